@@ -1,0 +1,1 @@
+"""Request scheduler: HTTP front door, hit lookup, global queue, engine assignment."""

@@ -1,0 +1,1 @@
+"""Storage gateway: all storage I/O of one node (its storage NIC)."""

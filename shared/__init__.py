@@ -1,0 +1,1 @@
+"""Code shared by the services: messages, bus, config, tracing, model, kv, transport."""

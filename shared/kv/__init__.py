@@ -1,0 +1,1 @@
+"""KV-cache blocks: identity (chained hashes), Full Block format, allocators."""
