@@ -1,0 +1,180 @@
+"""ModelArch: the shapes of one model, parsed from a Hugging Face config.json.
+
+Owns the parsing of Llama / Qwen2 / DeepSeek-V2/V3/V3.2-style configs into one frozen
+dataclass and the shape-derived numbers every planner needs (parameter counts, KV
+bytes per token, FLOPs). It does not own any hardware or parallelism assumption:
+those live in `dualpath.plan`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from dualpath.presets import counts
+from dualpath.presets.counts import ParamCounts
+
+
+class ConfigError(ValueError):
+    """A config.json that lacks a field the architecture needs, or has a bad value."""
+
+    def __init__(self, source: str, key: str, why: str) -> None:
+        super().__init__(f"{source}: {key}: {why}")
+        self.source, self.key, self.why = source, key, why
+
+
+@dataclass(frozen=True)
+class ModelArch:
+    """One model's shapes. MoE fields are 0 for dense models; MLA fields 0 for GQA."""
+
+    name: str
+    model_type: str
+    num_layers: int
+    hidden: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int  # GQA head dim; for MLA the value head dim
+    vocab: int
+    intermediate: int  # dense MLP intermediate size
+    tie_embeddings: bool = False
+    attention_bias: bool = False  # Qwen2 has q/k/v biases
+    # MoE (DeepSeek): layers [first_dense_layers, num_layers) are MoE (when freq 1)
+    n_routed_experts: int = 0
+    n_shared_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate: int = 0
+    first_dense_layers: int = 0
+    moe_layer_freq: int = 1
+    # MLA (DeepSeek V2/V3): KV is one latent of kv_lora_rank + qk_rope_head_dim
+    q_lora_rank: int = 0  # 0 = no LoRA on Q (plain d -> H*(nope+rope))
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    # V3.2 sparse-attention indexer (0 = dense attention)
+    index_n_heads: int = 0
+    index_head_dim: int = 0
+    index_topk: int = 0
+
+    # ---- derived shape facts
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_routed_experts > 0
+
+    @property
+    def is_sparse(self) -> bool:
+        return self.index_topk > 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        if not self.is_moe:
+            return 0
+        return sum(1 for i in range(self.first_dense_layers, self.num_layers)
+                   if i % self.moe_layer_freq == 0)
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.num_layers - self.num_moe_layers
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Per-head q.k dot length: nope + rope for MLA, head_dim for GQA."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.head_dim
+
+    @property
+    def kv_cache_dim(self) -> int:
+        """Elements cached per token per layer: latent + rope (MLA) or 2*n_kv*head_dim."""
+        if self.is_mla:
+            return self.kv_lora_rank + self.qk_rope_head_dim
+        return 2 * self.num_kv_heads * self.head_dim
+
+    # ---- counts (delegated to pure functions in counts.py)
+    def attention_params_per_layer(self) -> int:
+        return counts.attention_per_layer(self)
+
+    def params(self) -> ParamCounts:
+        return counts.param_counts(self)
+
+    def kv_bytes_per_token(self, dtype_bytes: float) -> float:
+        """KV-cache bytes one token occupies across all layers (no indexer keys)."""
+        return self.num_layers * self.kv_cache_dim * dtype_bytes
+
+    def index_bytes_per_token(self, dtype_bytes: float) -> float:
+        """V3.2 indexer key cache per token, all layers (0 for dense attention)."""
+        return self.num_layers * self.index_head_dim * dtype_bytes
+
+    def prefill_flops_per_token(self) -> float:
+        """Linear-layer FLOPs per prefilled token: 2 * active non-embedding params."""
+        return counts.linear_flops_per_token(self)
+
+    def attention_flops(self, cached: int, new: int) -> float:
+        """Score + value FLOPs, all layers, for `new` tokens after `cached` ones (causal)."""
+        return counts.attention_flops(self, cached, new)
+
+    def replace(self, **changes: Any) -> "ModelArch":
+        return dataclasses.replace(self, **changes)
+
+
+def _get(cfg: dict[str, Any], source: str, key: str, default: Any = None) -> Any:
+    value = cfg.get(key, default)
+    if value is None:
+        raise ConfigError(source, key, "missing")
+    return value
+
+
+def _int(cfg: dict[str, Any], key: str, default: int = 0) -> int:
+    value = cfg.get(key)
+    return default if value is None else int(value)
+
+
+def from_config(cfg: dict[str, Any], name: str) -> ModelArch:
+    """Parse an HF config dict; raises ConfigError naming the first missing key."""
+    hidden = int(_get(cfg, name, "hidden_size"))
+    heads = int(_get(cfg, name, "num_attention_heads"))
+    mla = _int(cfg, "kv_lora_rank") > 0
+    head_dim = _int(cfg, "v_head_dim") if mla else _int(cfg, "head_dim", hidden // heads)
+    arch = ModelArch(
+        name=name,
+        model_type=str(cfg.get("model_type", "unknown")),
+        num_layers=int(_get(cfg, name, "num_hidden_layers")),
+        hidden=hidden,
+        num_heads=heads,
+        num_kv_heads=_int(cfg, "num_key_value_heads", heads),
+        head_dim=head_dim,
+        vocab=int(_get(cfg, name, "vocab_size")),
+        intermediate=int(_get(cfg, name, "intermediate_size")),
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        attention_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
+        n_routed_experts=_int(cfg, "n_routed_experts", _int(cfg, "num_experts")),
+        n_shared_experts=_int(cfg, "n_shared_experts"),
+        experts_per_token=_int(cfg, "num_experts_per_tok"),
+        moe_intermediate=_int(cfg, "moe_intermediate_size"),
+        first_dense_layers=_int(cfg, "first_k_dense_replace"),
+        moe_layer_freq=_int(cfg, "moe_layer_freq", 1) or 1,
+        q_lora_rank=_int(cfg, "q_lora_rank"),
+        kv_lora_rank=_int(cfg, "kv_lora_rank"),
+        qk_nope_head_dim=_int(cfg, "qk_nope_head_dim") if mla else 0,
+        qk_rope_head_dim=_int(cfg, "qk_rope_head_dim") if mla else 0,
+        v_head_dim=_int(cfg, "v_head_dim") if mla else 0,
+        index_n_heads=_int(cfg, "index_n_heads"),
+        index_head_dim=_int(cfg, "index_head_dim"),
+        index_topk=_int(cfg, "index_topk"),
+    )
+    _validate(arch)
+    return arch
+
+
+def _validate(arch: ModelArch) -> None:
+    for field in ("num_layers", "hidden", "num_heads", "num_kv_heads", "vocab", "head_dim"):
+        if getattr(arch, field) <= 0:
+            raise ConfigError(arch.name, field, f"must be > 0, got {getattr(arch, field)}")
+    if arch.num_heads % arch.num_kv_heads:
+        raise ConfigError(arch.name, "num_key_value_heads",
+                          f"{arch.num_kv_heads} does not divide {arch.num_heads} heads")
+    if arch.is_moe and (arch.experts_per_token <= 0 or arch.moe_intermediate <= 0):
+        raise ConfigError(arch.name, "num_experts_per_tok/moe_intermediate_size",
+                          "MoE config needs both > 0")

@@ -1,0 +1,25 @@
+"""`dualpath service <name> [settings]`: run one service on its own (bare-metal scaling)."""
+from __future__ import annotations
+
+import argparse
+import importlib
+
+SERVICES = {
+    "scheduler": "services.scheduler.app",
+    "prefill-engine": "services.prefill_engine.app",
+    "decode-engine": "services.decode_engine.app",
+    "traffic-manager": "services.traffic_manager.app",
+    "storage-gateway": "services.storage_gateway.app",
+}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("service", help="run one service process (settings: flags, DUALPATH_* env, --config TOML)",
+                       add_help=False)
+    p.add_argument("name", choices=sorted(SERVICES), help="which service")
+    p.add_argument("settings", nargs=argparse.REMAINDER, help="e.g. --nats nats://host:4222 --node n1")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    return importlib.import_module(SERVICES[args.name]).main(args.settings)

@@ -1,0 +1,92 @@
+"""`dualpath sim`: run the cluster simulator, the paper reproduction, or the P/D window.
+
+    dualpath sim --model ds-v3.2-660b --hardware h800 --topology 2P4D --trace gen:64k \
+        --agents 2000 --offline --modes basic,dualpath,oracle --json out.json
+    dualpath sim --reproduce [--quick] [--full]
+    dualpath sim --pd-window [--hardware dgx-h100]
+
+Heavy imports (numpy, the simulator) happen inside `run`, so `dualpath --help` stays fast.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("sim", help="discrete-event cluster simulation with the real policy",
+                              description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="ds-v3.2-660b", help="ds-v3.2-660b | ds-27b | qwen2.5-32b | config.json path")
+    p.add_argument("--hardware", default="h800", help="h800 | dgx-h100")
+    p.add_argument("--topology", default="2P4D", help="<P>P<D>D, e.g. 2P4D or 48P96D")
+    p.add_argument("--trace", default="gen:64k", help="gen:32k|gen:48k|gen:64k[:N base] or a JSONL path")
+    p.add_argument("--agents", type=int, default=500)
+    load = p.add_mutually_exclusive_group()
+    load.add_argument("--offline", action="store_true", help="all agents start at t=0 (default); report JCT")
+    load.add_argument("--aps", type=float, default=0.0, help="online: agents per second (Poisson)")
+    p.add_argument("--duration", type=float, default=600.0, help="online: simulated seconds")
+    p.add_argument("--modes", default="basic,dualpath,oracle")
+    p.add_argument("--assign", default="policy", choices=("policy", "rr"))
+    p.add_argument("--split", action="store_true", help="split each request's reads across both paths")
+    p.add_argument("--scale", type=float, default=1.0, help="shrink trajectory lengths (keeps hit ratio)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--pull", type=float, default=0.05, help="group pull period, s")
+    p.add_argument("--quota", type=float, default=0.3, help="intra-PE compute quota, s")
+    p.add_argument("--think", type=float, default=0.0, help="seconds between a turn and the next")
+    p.add_argument("--json", dest="json_path", help="write {config, runs: [...]} here")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--reproduce", action="store_true", help="paper reproduction table (spec section 8)")
+    p.add_argument("--quick", action="store_true", help="with --reproduce: smaller runs")
+    p.add_argument("--full", action="store_true", help="with --reproduce: include 48P96D / 48K agents")
+    p.add_argument("--pd-window", action="store_true", help="P/D window sweep (spec section 4)")
+    p.set_defaults(func=run)
+
+
+def parse_topology(text: str) -> tuple[int, int]:
+    m = re.fullmatch(r"(\d+)P(\d+)D", text.strip(), flags=re.IGNORECASE)
+    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+        from dualpath.cli import CliError
+        raise CliError(f"--topology must look like 2P4D, got {text!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.pd_window:
+        from dualpath.sim.hardware import HARDWARE, load_hardware
+        from dualpath.sim.window import format_report, sweep
+        names = [args.hardware] if args.hardware != "h800" else list(HARDWARE)
+        for name in names:
+            print(format_report(sweep(load_hardware(name))))
+        return 0
+    if args.reproduce:
+        from dualpath.sim.reproduce import main as reproduce
+        return reproduce(quick=args.quick, full=args.full, json_path=args.json_path)
+    return _simulate(args)
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    import json
+
+    from dualpath.sim.config import SimConfig
+    from dualpath.sim.engine import run_sim
+    from dualpath.sim.report import format_runs
+
+    P, D = parse_topology(args.topology)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    base = dict(model=args.model, hardware=args.hardware, P=P, D=D, trace=args.trace,
+                agents=args.agents, scale=args.scale, seed=args.seed, aps=args.aps,
+                duration_s=args.duration if args.aps > 0 else 0.0, assign=args.assign,
+                split=args.split, pull_s=args.pull, quota_s=args.quota, think_s=args.think,
+                progress=not args.no_progress)
+    try:
+        cfgs = [SimConfig(mode=m, **base) for m in modes]
+    except ValueError as exc:
+        from dualpath.cli import CliError
+        raise CliError(str(exc)) from None
+    runs = [run_sim(c) for c in cfgs]
+    print(format_runs(runs, title=f"{args.model} {args.topology} {args.hardware} {args.trace} "
+                                  f"agents={args.agents}" + (f" aps={args.aps}" if args.aps else " offline")))
+    if args.json_path:
+        with open(args.json_path, "w", encoding="utf-8") as fh:
+            json.dump({"config": base, "runs": [r.to_dict() for r in runs]}, fh, indent=1)
+    return 0

@@ -1,0 +1,122 @@
+"""The simulated cluster: nodes, engines, groups and their links.
+
+Owns topology and per-component counters (tok_e, seq_e, read_q, free KV); the decode
+batch state lives in decode.py, the prefill step logic in prefill.py.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from dualpath.sim.decode import DecodeState
+from dualpath.sim.hardware import Hardware
+from dualpath.sim.models import SimModel
+from dualpath.sim.resources import Link
+
+
+class Node:
+    __slots__ = ("nid", "role", "engines", "snic_r", "snic_w", "dram", "read_q")
+
+    def __init__(self, nid: int, role: str, hw: Hardware) -> None:
+        self.nid = nid
+        self.role = role
+        self.engines: list = []
+        self.snic_r = Link(f"{role}{nid}.snic_r", hw.snic_bw)
+        self.snic_w = Link(f"{role}{nid}.snic_w", hw.snic_bw)
+        self.dram = Link(f"{role}{nid}.dram", hw.dram_bw)
+        self.read_q = 0  # tokens queued or in flight on this node's storage reads
+
+
+class Engine:
+    """A PE or DE (one GPU) with its CNIC and the scheduler-visible counters."""
+
+    __slots__ = ("eid", "node", "group", "unit", "queue", "tok", "seq", "free", "cap",
+                 "cnic_r", "cnic_w", "attn_s", "decode")
+
+    def __init__(self, eid: int, node: Node, hw: Hardware) -> None:
+        self.eid = eid
+        self.node = node
+        self.group = None
+        self.unit = None  # PE: the step unit it computes in
+        self.queue: list = []  # PE: assigned requests not yet prefilled (FIFO)
+        self.tok = 0
+        self.seq = 0
+        self.free = 0  # DE: free KV tokens
+        self.cap = 0
+        self.cnic_r = Link(f"e{eid}.cnic_r", hw.cnic_bw)
+        self.cnic_w = Link(f"e{eid}.cnic_w", hw.cnic_bw)
+        self.attn_s = 0.0  # PE: total attention time
+        self.decode: DecodeState | None = None
+
+
+class Group:
+    """Engines that pull together; only its leader talks to the scheduler."""
+
+    __slots__ = ("gid", "role", "engines", "private", "queued", "tok")
+
+    def __init__(self, gid: int, role: str, engines: list[Engine]) -> None:
+        self.gid = gid
+        self.role = role
+        self.engines = engines
+        self.private: deque = deque()  # DE: level-2 private queue (policy Requests)
+        self.queued = 0  # DE: tokens waiting in `private`
+        self.tok = 0  # sum of tok_e
+
+
+class StepUnit:
+    """Engines that run forward steps together: a PE node under attention DP + EP (MoE),
+    or a single PE otherwise."""
+
+    __slots__ = ("engines", "busy", "batch", "step_s", "t_start")
+
+    def __init__(self, engines: list[Engine]) -> None:
+        self.engines = engines
+        self.busy = False
+        self.batch: list = []
+        self.step_s = 0.0
+        self.t_start = 0.0
+
+
+class Cluster:
+    def __init__(self, P: int, D: int, hw: Hardware, model: SimModel, group_nodes: int = 1) -> None:
+        if P < 1 or D < 1:
+            raise ValueError(f"need at least one prefill and one decode node, got {P}P{D}D")
+        self.hw = hw
+        self.pe_nodes = [Node(i, "p", hw) for i in range(P)]
+        self.de_nodes = [Node(P + i, "d", hw) for i in range(D)]
+        self.engines: list[Engine] = []
+        for node in self.pe_nodes + self.de_nodes:
+            for _ in range(hw.gpus):
+                e = Engine(len(self.engines), node, hw)
+                node.engines.append(e)
+                self.engines.append(e)
+        self.pes = [e for n in self.pe_nodes for e in n.engines]
+        self.des = [e for n in self.de_nodes for e in n.engines]
+        ep = D * hw.gpus
+        cap = model.kv_capacity_tokens(ep)
+        for e in self.des:
+            e.cap = e.free = cap
+            e.decode = DecodeState(model, ep)
+        self.pe_groups = self._groups(self.pe_nodes, "p", group_nodes, 0)
+        self.de_groups = self._groups(self.de_nodes, "d", group_nodes, len(self.pe_groups))
+        if model.moe:
+            self.units = [StepUnit(n.engines) for n in self.pe_nodes]
+        else:
+            self.units = [StepUnit([e]) for e in self.pes]
+        for u in self.units:
+            for e in u.engines:
+                e.unit = u
+
+    @staticmethod
+    def _groups(nodes: list[Node], role: str, per: int, first: int) -> list[Group]:
+        out = []
+        for i in range(0, len(nodes), per):
+            engines = [e for n in nodes[i:i + per] for e in n.engines]
+            g = Group(first + len(out), role, engines)
+            for e in engines:
+                e.group = g
+            out.append(g)
+        return out
+
+    @property
+    def nodes(self) -> list[Node]:
+        return self.pe_nodes + self.de_nodes

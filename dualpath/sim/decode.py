@@ -1,0 +1,81 @@
+"""A decode engine's running batch, advanced in aggregate (no per-token events).
+
+All running requests decode one token per step; the step time depends on the batch
+(weights + KV read from HBM). Between batch changes the engine advances a fractional
+step counter at 1/step_s; a request that joined at step j with n tokens to go finishes
+at step j + n. So each request costs two events (join, finish), not one per token.
+The summed context is exact: sum_i(prompt_i + 1 - j_i) + batch * steps.
+"""
+from __future__ import annotations
+
+import heapq
+
+from dualpath.sim.models import SimModel
+
+EPS = 1e-9
+
+
+class DecodeState:
+    __slots__ = ("model", "ep", "heap", "steps", "t_last", "step_s", "ctx_base", "capped",
+                 "version", "n")
+
+    def __init__(self, model: SimModel, ep: int) -> None:
+        self.model = model
+        self.ep = ep
+        self.heap: list = []  # (finish step, rid, request)
+        self.steps = 0.0
+        self.t_last = 0.0
+        self.step_s = 0.0
+        self.ctx_base = 0.0
+        self.capped = 0.0
+        self.version = 0
+        self.n = 0
+
+    def advance(self, now: float) -> None:
+        if self.n:
+            self.steps += (now - self.t_last) / self.step_s
+        self.t_last = now
+
+    def join(self, now: float, rid: int, req, prompt: int, todo: int) -> None:
+        """Add a request with `todo` tokens left to generate (todo >= 1)."""
+        self.advance(now)
+        self.n += 1
+        self.ctx_base += prompt + 1 - self.steps
+        topk = self.model.topk
+        if topk:
+            self.capped += min(prompt, topk)
+        heapq.heappush(self.heap, (self.steps + todo, rid, req, prompt, self.steps))
+        self._retime()
+
+    def pop_finished(self, now: float) -> list:
+        """Requests whose last token is out by `now` (advances the clock)."""
+        self.advance(now)
+        out = []
+        heap = self.heap
+        topk = self.model.topk
+        while heap and heap[0][0] <= self.steps + EPS:
+            _, _, req, prompt, joined = heapq.heappop(heap)
+            self.n -= 1
+            self.ctx_base -= prompt + 1 - joined
+            if topk:
+                self.capped -= min(prompt, topk)
+            out.append(req)
+        if out:
+            if not self.n:
+                self.ctx_base = self.capped = 0.0  # drop accumulated float error
+            self._retime()
+        return out
+
+    def _retime(self) -> None:
+        self.version += 1
+        if self.n:
+            ctx = self.ctx_base + self.n * self.steps
+            self.step_s = self.model.decode_step_s(self.n, ctx, self.capped, self.ep)
+        else:
+            self.step_s = 0.0
+
+    def next_finish(self) -> float:
+        """Time of the next departure (inf when idle)."""
+        if not self.heap:
+            return float("inf")
+        return self.t_last + max(0.0, self.heap[0][0] - self.steps) * self.step_s

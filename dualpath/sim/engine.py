@@ -1,0 +1,248 @@
+"""The event loop: requests flow queue -> assign -> read -> prefill -> PD -> decode.
+
+Events are (time, seq, handler, arg) in one heap. Per request: arrival, storage read
+completion(s), DE join, DE finish; prefill steps are shared by a step unit's batch and
+scheduler pulls by all groups. Links are fluid FIFO servers (resources.py), so queues
+cost no events. Offline: all agents start at t=0, JCT = last agent's end. Online:
+agents start by a Poisson process and the run stops at duration_s.
+"""
+from __future__ import annotations
+
+import heapq
+import time
+
+from dualpath.sim.cluster import Cluster, StepUnit
+from dualpath.sim.config import SimConfig
+from dualpath.sim.hardware import load_hardware
+from dualpath.sim.metrics import SimResult, collect
+from dualpath.sim.models import build_model
+from dualpath.sim.prefill import C_H2D, C_PD, C_PERSIST, Prefill, legs, stage_end
+from dualpath.sim.resources import transfer
+from dualpath.sim.scheduler import SimScheduler
+from dualpath.sim.workload import Req, load_workload, make_request
+from services.scheduler.policy import PeThresholds
+
+
+class Simulation:
+    def __init__(self, cfg: SimConfig) -> None:
+        self.cfg = cfg
+        self.hw = load_hardware(cfg.hardware)
+        self.model = build_model(cfg.model, self.hw)
+        self.c = Cluster(cfg.P, cfg.D, self.hw, self.model, cfg.group_nodes)
+        self.w = load_workload(cfg.trace, cfg.agents, cfg.scale, cfg.seed, cfg.aps)
+        self.kvb = self.model.kv_bytes
+        self.oracle = cfg.mode == "oracle"
+        self.th = self._thresholds()
+        read_rate = self.hw.snic_bw / self.kvb
+        self.sched = SimScheduler(self.c, self.th, cfg.mode, cfg.assign, cfg.split,
+                                  self._on_pe, self._on_de, read_rate)
+        self.prefill = Prefill(self.model, cfg.quota_s, cfg.chunk_align, self.oracle)
+        self.heap: list = []
+        self.seq = 0
+        self.now = 0.0
+        self.events = 0
+        self.tick_armed = False
+        n = len(self.w.agents)
+        self.ctx = [0] * n
+        self.turn = [0] * n
+        self.next_rid = 0
+        self.agents_done = 0
+        self.end_t = 0.0
+        self.t_arrive: list[float] = []
+        self.ttft: list[float] = []
+        self.tpot: list[float] = []
+        self.finished = 0
+        self.bar = None
+
+    def _thresholds(self) -> PeThresholds:
+        """alpha: tokens a node reads in alpha_s; beta: prompt tokens one PE handles in beta_s."""
+        alpha = int(self.hw.snic_bw / self.kvb * self.cfg.alpha_s)
+        hit = self.w.hit_ratio()
+        per_new = self.model.prefill_tokens_per_s(16384, 512)
+        beta = int(per_new / max(1.0 - hit, 0.01) * self.cfg.beta_s)
+        return PeThresholds(alpha=alpha, beta=beta)
+
+    # --- event plumbing -------------------------------------------------------------
+    def push(self, t: float, fn, arg) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, fn, arg))
+
+    def run(self) -> SimResult:
+        wall = time.perf_counter()
+        for a, t in enumerate(self.w.starts):
+            self.push(t, self._arrive, a)
+        total = self.w.total_requests
+        if self.cfg.progress:
+            from tqdm import tqdm
+            self.bar = tqdm(total=total, unit="req", mininterval=1.0, smoothing=0.1)
+        stop = self.cfg.duration_s if self.cfg.duration_s > 0 else float("inf")
+        heap, pop = self.heap, heapq.heappop
+        while heap:
+            t, _, fn, arg = pop(heap)
+            if t > stop:
+                break
+            self.now = t
+            fn(arg)
+            self.events += 1
+        if self.bar is not None:
+            self.bar.update(self.finished - self.bar.n)
+            self.bar.close()
+        span = self.end_t if self.cfg.duration_s <= 0 else min(self.now, stop)
+        return collect(self, span, time.perf_counter() - wall)
+
+    def _arm_tick(self) -> None:
+        if not self.tick_armed:
+            self.tick_armed = True
+            p = self.cfg.pull_s
+            self.push((int(self.now / p) + 1) * p, self._tick, None)
+
+    def _tick(self, _) -> None:
+        self.sched.tick()
+        self.tick_armed = False
+        if self.sched.pending():
+            self._arm_tick()
+
+    # --- request lifecycle ------------------------------------------------------------
+    def _arrive(self, a: int) -> None:
+        append, gen = self.w.turn(a, self.turn[a])
+        r = make_request(self.next_rid, a, self.ctx[a], append, gen, self.now)
+        self.next_rid += 1
+        self.sched.submit(r)
+        self._arm_tick()
+
+    def _on_pe(self, r: Req, e) -> None:
+        e.queue.append(r)
+        if self.cfg.mode == "basic":
+            self._issue_reads(r, r.hit, 0)
+        elif r.de is not None:
+            self._both_known(r)
+
+    def _on_de(self, r: Req, e) -> None:
+        if r.pe is None:
+            return
+        if r.reads_left < 0:
+            self._both_known(r)
+        elif r.reads_left == 0:
+            self._make_ready(r)
+
+    def _both_known(self, r: Req) -> None:
+        if self.oracle:
+            r.reads_left = 0
+            self._make_ready(r)
+            return
+        pe_hit, de_hit = self.sched.split_hit(r)
+        self._issue_reads(r, pe_hit, de_hit)
+
+    def _issue_reads(self, r: Req, pe_hit: int, de_hit: int) -> None:
+        r.pe_hit, r.de_hit = pe_hit, de_hit
+        r.reads_left = 0
+        for tokens, eng in ((pe_hit, r.pe), (de_hit, r.de)):
+            if tokens:
+                node = eng.node
+                node.read_q += tokens
+                nbytes = tokens * self.kvb
+                end = transfer(self.now, [(node.snic_r, nbytes), (node.dram, nbytes)])
+                r.reads_left += 1
+                self.push(end, self._read_done, (r, node, tokens))
+        if r.reads_left == 0 and r.de is not None:
+            self._make_ready(r)
+
+    def _read_done(self, arg) -> None:
+        r, node, tokens = arg
+        node.read_q -= tokens
+        r.reads_left -= 1
+        if r.reads_left == 0 and r.de is not None:
+            self._make_ready(r)
+
+    def _make_ready(self, r: Req) -> None:
+        r.ready = True
+        self._kick(r.pe.unit)
+
+    def _kick(self, unit: StepUnit) -> None:
+        if unit.busy:
+            return
+        dt = self.prefill.plan(unit, self.now)
+        if dt > 0:
+            unit.busy = True
+            unit.t_start = self.now
+            self.push(self.now + dt, self._step_end, unit)
+
+    def _step_end(self, unit: StepUnit) -> None:
+        now, kvb = self.now, self.kvb
+        for e, reqs, chunks in unit.batch:
+            gone = False
+            for r, c in zip(reqs, chunks):
+                r.done += c.bsz
+                if r.done < r.miss:
+                    continue
+                gone = True
+                r.t_first = now
+                e.tok -= r.prompt
+                e.seq -= 1
+                e.group.tok -= r.prompt
+                if self.oracle:
+                    self.push(now, self._join, r)
+                    continue
+                pd_end = max(now, stage_end(unit.t_start, C_PD, r, kvb))
+                join = transfer(pd_end, legs(C_H2D, r, r.hit * kvb, r.miss * kvb))
+                self.push(join, self._join, r)
+            if gone:
+                e.queue = [r for r in e.queue if r.done < r.miss]
+        unit.batch = []
+        unit.busy = False
+        self._kick(unit)
+
+    def _join(self, r: Req) -> None:
+        r.t_join = self.now
+        if r.gen <= 1:
+            self._finish(r)
+            return
+        d = r.de.decode
+        d.join(self.now, r.rid, r, r.prompt, r.gen - 1)
+        self._schedule_de(r.de)
+
+    def _schedule_de(self, e) -> None:
+        d = e.decode
+        if d.n:
+            self.push(d.next_finish(), self._de_finish, (e, d.version))
+
+    def _de_finish(self, arg) -> None:
+        e, version = arg
+        if version != e.decode.version:
+            return
+        for r in e.decode.pop_finished(self.now):
+            self._finish(r)
+        self._schedule_de(e)
+
+    def _finish(self, r: Req) -> None:
+        e, now = r.de, self.now
+        e.tok -= r.mem
+        e.seq -= 1
+        e.free += r.mem
+        e.group.tok -= r.mem
+        if not self.oracle:
+            transfer(now, legs(C_PERSIST, r, 0, 0, (r.miss + r.gen) * self.kvb))
+        self.t_arrive.append(r.t_arrive)
+        self.ttft.append(r.t_first - r.t_arrive)
+        if r.gen > 1:
+            self.tpot.append((now - r.t_join) / (r.gen - 1))
+        self.finished += 1
+        if self.bar is not None and self.finished % 5000 == 0:
+            self.bar.update(self.finished - self.bar.n)
+        a = r.agent
+        self.ctx[a] = r.prompt + r.gen
+        self.turn[a] += 1
+        if self.turn[a] < self.w.n_turns(a):
+            if self.cfg.think_s > 0:
+                self.push(now + self.cfg.think_s, self._arrive, a)
+            else:
+                self._arrive(a)
+        else:
+            self.agents_done += 1
+            self.end_t = now
+        if e.free > 0 and self.sched.pending():
+            self._arm_tick()
+
+
+def run_sim(cfg: SimConfig) -> SimResult:
+    return Simulation(cfg).run()

@@ -1,0 +1,111 @@
+"""What the simulated agents do: trajectories, agent copies, arrivals, requests.
+
+Owns turning a trace spec ("gen:64k", "gen:32k:500", or a JSONL path) into agents, and
+turning an agent's next turn into a simulated request with its hit / miss split (hits
+are whole 64-token blocks of earlier turns of the same agent, as in the paper).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dualpath.traces import expand_agents, generate, read_trajectories
+from dualpath.traces.generator import PRESETS
+
+BLOCK = 64
+
+
+class Req:
+    """One turn of one agent, as it moves through the simulated cluster."""
+
+    __slots__ = ("rid", "agent", "prompt", "hit", "miss", "gen", "t_arrive", "pe", "de",
+                 "pe_hit", "de_hit", "reads_left", "ready", "done", "t_first", "t_join", "mem")
+
+    def __init__(self, rid: int, agent: int, prompt: int, hit: int, gen: int, t: float) -> None:
+        self.rid = rid
+        self.agent = agent
+        self.prompt = prompt
+        self.hit = hit
+        self.miss = prompt - hit
+        self.gen = gen
+        self.t_arrive = t
+        self.pe = None
+        self.de = None
+        self.pe_hit = 0  # hit tokens read on the PE path
+        self.de_hit = 0  # hit tokens read on the DE path
+        self.reads_left = -1  # -1: reads not issued yet
+        self.ready = False  # hit KV in a DRAM buffer and DE known: can prefill
+        self.done = 0  # miss tokens computed so far
+        self.t_first = 0.0
+        self.t_join = 0.0
+        self.mem = prompt + gen  # KV tokens the DE holds at the end
+
+
+@dataclass
+class Workload:
+    base: list[tuple[tuple[int, int], ...]]  # turns of each base trajectory
+    agents: list[tuple[int, int]]  # (base index, prepended append or 0)
+    starts: list[float]  # start time of each agent
+
+    def n_turns(self, agent: int) -> int:
+        b, pre = self.agents[agent]
+        return len(self.base[b]) + (1 if pre else 0)
+
+    def turn(self, agent: int, k: int) -> tuple[int, int]:
+        b, pre = self.agents[agent]
+        if pre:
+            return (pre, 1) if k == 0 else self.base[b][k - 1]
+        return self.base[b][k]
+
+    @property
+    def total_requests(self) -> int:
+        return sum(self.n_turns(a) for a in range(len(self.agents)))
+
+    def hit_ratio(self) -> float:
+        """Token hit ratio of the base set (prompts weighted by length)."""
+        hit = tot = 0
+        for turns in self.base:
+            ctx = 0
+            for a, g in turns:
+                h = min((ctx // BLOCK) * BLOCK, ctx + a - 1)
+                hit += h
+                tot += ctx + a
+                ctx += a + g
+        return hit / max(tot, 1)
+
+
+def make_request(rid: int, agent: int, ctx: int, append: int, gen: int, t: float) -> Req:
+    """The request of a turn whose earlier turns total `ctx` tokens."""
+    prompt = ctx + append
+    hit = min((ctx // BLOCK) * BLOCK, prompt - 1)  # the last prompt token is always computed
+    return Req(rid, agent, prompt, hit, gen, t)
+
+
+def load_workload(trace: str, agents: int, scale: float = 1.0, seed: int = 0,
+                  aps: float = 0.0) -> Workload:
+    """Agents for a trace spec; online (aps > 0) start times are Poisson at `aps`/s."""
+    if trace.startswith("gen:"):
+        parts = trace.split(":")
+        name = parts[1].lower()
+        if name not in PRESETS:
+            raise ValueError(f"unknown generated trace {name!r}; known: {', '.join(PRESETS)}")
+        n_base = int(parts[2]) if len(parts) > 2 else 500
+        trajs = generate(name, n_base, seed=seed, scale=scale)
+    else:
+        trajs = read_trajectories(trace)
+        if scale != 1.0:
+            trajs = [_scaled(t.turns, scale) for t in trajs]  # type: ignore[misc]
+    base = [t if isinstance(t, tuple) else t.turns for t in trajs]
+    specs = expand_agents(len(base), agents, seed)
+    if aps > 0:
+        gaps = np.random.default_rng([seed, 7]).exponential(1.0 / aps, size=len(specs))
+        starts = np.cumsum(gaps).tolist()
+    else:
+        starts = [0.0] * len(specs)
+    return Workload(base, specs, starts)
+
+
+def _scaled(turns: tuple[tuple[int, int], ...], scale: float) -> tuple[tuple[int, int], ...]:
+    return tuple((max(1 if i == 0 else 0, round(a * scale)), max(1, round(g * scale)))
+                 for i, (a, g) in enumerate(turns))

@@ -1,0 +1,17 @@
+"""Hot ops of the model, each with its plain-torch reference (test oracle + CPU fallback).
+
+Modules (one op each):
+  attention   attention returning (out, lse); GQA, causal by absolute positions, empty shards
+  lse_merge   N-way merge of partial (out, lse); empty shards (lse=-inf) contribute nothing
+  decode      split-KV decode attention: `decode_attention(q, k, v)` is the engine API
+  dcp         decode context parallelism: position p on shard p mod N, merged by LSE
+  ring        ring (pass-KV) attention with online softmax, simulated or over torch.distributed
+  ulysses     sequence <-> head layout switch and Ulysses attention
+  partition   contiguous / zigzag / interleave causal partitions and per-rank work
+  bench       `python -m kernels.bench`: errors per dtype and split-KV vs single-pass timings
+No fused (Triton/CUDA) kernel ships yet: every entry point runs its torch reference,
+which also runs on CUDA tensors. Shapes are documented in each module.
+"""
+from kernels.decode import decode_attention, decode_attention_batch
+
+__all__ = ["decode_attention", "decode_attention_batch"]

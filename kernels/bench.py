@@ -1,0 +1,84 @@
+"""`python -m kernels.bench`: kernel error vs an fp64 oracle per dtype, and split-KV
+decode time vs single-pass attention at 4K/16K/64K context on this machine.
+
+Prints two tables; `--quick` uses fewer repeats. Owns no kernel code.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from kernels import attention as attn
+from kernels import dcp, decode, partition, ring
+
+
+def _rand(shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    return torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)
+
+
+def errors(dtype: torch.dtype) -> dict[str, float]:
+    """Max abs error of each op against fp64 single-pass attention on the same inputs."""
+    g = torch.Generator().manual_seed(0)
+    h, hkv, t, d = 16, 4, 1000, 64
+    q, k, v = (_rand(s, dtype, g) for s in ((4, h, d), (t, hkv, d), (t, hkv, d)))
+    oracle = decode.reference(q.double(), k.double(), v.double())
+    qf = _rand((t, h, d), dtype, g)  # a full causal sequence for the ring
+    qb, kb, vb = (x.transpose(0, 1)[None] for x in (qf, k, v))  # (1, H, T, D) layouts
+    pos = partition.positions(t, 4, "zigzag")
+    outs, _, _ = ring.ring_attention(*(partition.split(x, pos, 2) for x in (qb, kb, vb)), pos)
+    ring_ref = attn.reference(*(x.double() for x in (qb, kb, vb)), causal=True)[0]
+    return {
+        "attention": _err(decode.reference(q, k, v), oracle),
+        "split-KV decode": _err(decode.split_kv(q, k, v, split_size=128)[0], oracle),
+        "DCP (N=8)": _err(dcp.dcp_attention(q, dcp.shard(k, 8), dcp.shard(v, 8))[0], oracle),
+        "ring (N=4, zigzag)": _err(partition.unsplit(outs, pos, 2), ring_ref),
+    }
+
+
+def _err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((x.double() - ref).abs().max())
+
+
+def _time(fn, repeats: int) -> float:
+    fn()  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e3
+
+
+def timings(contexts: list[int], repeats: int, split: int) -> list[tuple[int, float, float]]:
+    """(ctx, single-pass ms, split-KV ms) for one decode query, 32 q heads, 8 kv heads."""
+    g = torch.Generator().manual_seed(1)
+    rows = []
+    for t in contexts:
+        q, k, v = (_rand(s, torch.float32, g) for s in ((1, 32, 128), (t, 8, 128), (t, 8, 128)))
+        single = _time(lambda: decode.reference(q, k, v), repeats)
+        split_ms = _time(lambda: decode.split_kv(q, k, v, split_size=split), repeats)
+        rows.append((t, single, split_ms))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repeats")
+    ap.add_argument("--split", type=int, default=decode.DEFAULT_SPLIT, help="split size")
+    args = ap.parse_args(argv)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print("max abs error vs fp64 oracle (H=16, Hkv=4, T=1000, D=64, 4 queries, causal)")
+    for dtype in (torch.float32, torch.bfloat16):
+        errs = errors(dtype)
+        print(f"  {str(dtype):15s} " + "  ".join(f"{k}: {v:.2e}" for k, v in errs.items()))
+    print(f"decode time, 1 query, H=32, Hkv=8, D=128, fp32, split {args.split} (best of runs)")
+    print(f"  {'ctx':>6s}  {'single-pass ms':>14s}  {'split-KV ms':>11s}  {'ratio':>5s}")
+    for t, a, b in timings([4096, 16384, 65536], 3 if args.quick else 10, args.split):
+        print(f"  {t:>6d}  {a:>14.2f}  {b:>11.2f}  {b / a:>5.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

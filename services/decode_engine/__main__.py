@@ -1,0 +1,5 @@
+import sys
+
+from services.decode_engine.app import main
+
+sys.exit(main())

@@ -1,0 +1,229 @@
+"""Decode-engine wiring: admission of handed-off prompts and the continuous-batching loop.
+
+Sequence for one request:
+  `de.<id>.admit` DecodeAdmit (KV already in this engine's TM buffer) -> Ack
+  -> waits for free KV blocks (FIFO) -> TM `load` copies buffer -> KV memory, frees buffer
+  -> joins the running batch; every step: one token per sequence, published on the
+     request's output subject; a sequence leaves on stop / length / cancel and frees its blocks.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+
+from opentelemetry import trace
+
+from services.decode_engine.config import DecodeConfig
+from services.decode_engine.running import RunningSeq, admit_order, finish_reason
+from shared.bus import BusError, Delivery
+from shared.engine.kv_memory import KVMemory
+from shared.engine.requests import EngineRequest, RecentSet, generator_seed, stop_ids
+from shared.engine.worker import ModelWorker
+from shared.messages.registry import EngineAnnounce
+from shared.messages.stream import TokenEvent
+from shared.messages.tm import LoadKV, PushDone, Release
+from shared.messages.work import Ack, Cancel, DecodeAdmit
+from shared.runtime import Service, service_main
+
+log = logging.getLogger("decode")
+tracer = trace.get_tracer("decode-engine")
+
+
+class DecodeService(Service):
+    name = "decode-engine"
+
+    def __init__(self, cfg: DecodeConfig):
+        super().__init__(cfg)
+        self.engine = cfg.engine or f"de-{cfg.node}-{os.getpid()}"
+        self.waiting: list[EngineRequest] = []  # admitted, KV in the buffer, no blocks yet
+        self.admits: dict[str, DecodeAdmit] = {}
+        self.ready: list[RunningSeq] = []  # KV in KV memory, joining at the next step
+        self.running: list[RunningSeq] = []
+        self.held: dict[str, EngineRequest] = {}  # every request this engine holds
+        self.cancelled = RecentSet()  # cancels that may arrive before their admission
+        self.wake = asyncio.Event()
+        self.loaded = None
+        self.kv: KVMemory | None = None
+        self.worker = ModelWorker(cfg.threads)
+        m = self.metrics
+        self.m_tokens = m.counter("decode_tokens_total", "Tokens generated")
+        self.m_step = m.histogram("decode_step_seconds", "Decode step time (one token per running sequence)")
+        self.m_batch = m.gauge("decode_running", "Sequences in the running batch")
+        self.m_free = m.gauge("kv_free_blocks", "Free KV blocks", ("engine",))
+        self.m_load = m.histogram("decode_kv_load_seconds", "Buffer -> KV memory copy time")
+
+    async def start(self) -> None:
+        from shared.model.loader import load_model
+
+        self.loaded = await self.worker.run(load_model, self.cfg.model, seed=self.cfg.seed, dtype=self.cfg.dtype)
+        self.kv = KVMemory(self.loaded.config, self.cfg.kv_blocks, self.cfg.block_size, tag="de-kv")
+        await self.bus.subscribe(self.subjects.decode_admit(self.engine), DecodeAdmit, self._on_admit)
+        await self.bus.subscribe(self.subjects.cancel, Cancel, self._on_cancel)
+        self.spawn(self._loop(), name="decode-loop")
+
+    def announce(self) -> EngineAnnounce:
+        kv = self.kv
+        return EngineAnnounce(
+            instance=self.instance, node=self.cfg.node, metrics_url=self.metrics_url, pid=os.getpid(),
+            engine=self.engine, role="decode", group=self.cfg.group or self.cfg.node,
+            model_id=self.loaded.model_id if self.loaded else "", max_context=self._max_context(),
+            seq=len(self.held), tok=sum(r.tokens for r in self.held.values()),
+            free_blocks=kv.alloc.free if kv else 0, total_blocks=kv.alloc.n_slots if kv else 0,
+            kv=kv.layout() if kv else None)
+
+    def _max_context(self) -> int:
+        if not self.loaded:
+            return 0
+        return min(self.loaded.config.max_position, self.cfg.kv_blocks * self.cfg.block_size)
+
+    async def stop(self) -> None:
+        for req in list(self.held.values()):
+            await self._finish(req, "error", "decode engine shutting down")
+        self.worker.close()
+        if self.kv:
+            self.kv.close()
+
+    # admission ----------------------------------------------------------------
+    async def _on_admit(self, msg: DecodeAdmit, d: Delivery) -> None:
+        if msg.req_id in self.cancelled:
+            await d.respond(Ack(False, "request was cancelled"))
+            return
+        if msg.prompt_len + 1 > self._max_context():
+            await d.respond(Ack(False, f"prompt of {msg.prompt_len} tokens exceeds context {self._max_context()}"))
+            return
+        req = EngineRequest(msg.req_id, list(msg.prompt), msg.sampling, msg.reply, d.ctx)
+        req.generated.append(msg.first_token)
+        self.held[req.req_id] = req
+        self.admits[req.req_id] = msg
+        self.waiting.append(req)
+        await d.respond(Ack())
+        self.wake.set()
+
+    def _blocks_needed(self, req: EngineRequest) -> int:
+        admit = self.admits[req.req_id]
+        limit = min(admit.prompt_len + req.sampling.max_tokens, self._max_context())
+        return self.kv.blocks_for(limit)
+
+    def _start_loads(self) -> None:
+        room = self.cfg.max_running - len(self.running) - len(self.ready)
+        for req in admit_order(self.waiting, self.kv.alloc.free, self._blocks_needed, room):
+            self.waiting.remove(req)
+            req.blocks = self.kv.alloc.allocate(req.req_id, self._blocks_needed(req))
+            self.spawn(self._load(req), name=f"load-{req.req_id}")
+        self.m_free.labels(self.engine).set(self.kv.alloc.free)
+
+    async def _load(self, req: EngineRequest) -> None:
+        admit = self.admits.pop(req.req_id)
+        n = len(admit.buf_slots)
+        t0 = time.perf_counter()
+        with tracer.start_as_current_span("kv_load", context=req.ctx,
+                                          attributes={"req_id": req.req_id, "blocks": n, "engine": self.engine}):
+            try:
+                done = await self.bus.request(self.subjects.tm(self.engine, "load"),
+                                              LoadKV(req.req_id, admit.buf_slots, req.blocks[:n]), PushDone,
+                                              timeout=self.cfg.load_timeout_s)
+                if not done.ok:
+                    raise BusError("load", done.error)
+            except BusError as exc:
+                await self._finish(req, "error", f"KV load failed: {exc.reason}")
+                return
+        self.m_load.observe(time.perf_counter() - t0)
+        if req.cancelled:
+            self._release(req)
+            return
+        limit = min(admit.prompt_len + req.sampling.max_tokens, self._max_context())
+        seq = RunningSeq(req, pos=admit.prompt_len, last=req.generated[-1], max_pos=limit,
+                         stops=stop_ids(req.sampling, self.loaded.config.eos_ids))
+        self.ready.append(seq)
+        self.wake.set()
+
+    async def _on_cancel(self, msg: Cancel, d: Delivery) -> None:
+        self.cancelled.add(msg.req_id)
+        req = self.held.get(msg.req_id)
+        log.info("cancel %s (%s)%s", msg.req_id, msg.reason, "" if req else " - not held")
+        if req is None:
+            return
+        req.cancelled = True
+        if req in self.waiting:
+            self.waiting.remove(req)
+            self.admits.pop(req.req_id, None)
+            await self.bus.publish(self.subjects.tm(self.engine, "release"), Release(req.req_id))
+            self._release(req)
+        self.wake.set()
+
+    # decode loop ----------------------------------------------------------------
+    async def _loop(self) -> None:
+        while True:
+            self._start_loads()
+            self.running += self.ready
+            self.ready = []
+            for seq in [s for s in self.running if s.req.cancelled]:
+                self.running.remove(seq)
+                self._release(seq.req)
+            self.m_batch.set(len(self.running))
+            if not self.running:
+                self.wake.clear()
+                await self.wake.wait()
+                continue
+            await self._step()
+
+    async def _step(self) -> None:
+        batch = list(self.running)
+        t0 = time.perf_counter()
+        try:
+            tokens = await self.worker.run(self._forward, batch)
+        except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the engine
+            log.exception("decode step failed")
+            for seq in batch:
+                self.running.remove(seq)
+                await self._finish(seq.req, "error", f"decode step failed: {exc}")
+            return
+        self.m_step.observe(time.perf_counter() - t0)
+        self.m_tokens.inc(len(batch))
+        for seq, tok in zip(batch, tokens):
+            index = seq.index
+            seq.req.generated.append(tok)
+            seq.pos += 1
+            seq.last = tok
+            reason = finish_reason(seq, tok)
+            await self.bus.publish(seq.req.reply, TokenEvent(seq.req.req_id, [tok], index, finish=reason,
+                                                             source=self.engine))
+            if reason:
+                self.running.remove(seq)
+                self._release(seq.req)
+
+    def _forward(self, batch: list[RunningSeq]) -> list[int]:
+        """Model thread: one token for every running sequence."""
+        import torch
+
+        from shared.model.batch import ForwardBatch, SeqSlice
+        from shared.model.sampling import sample
+
+        fb = ForwardBatch([SeqSlice([s.last], s.pos, s.req.blocks) for s in batch])
+        with torch.inference_mode():
+            logits = self.loaded.model.forward(fb, self.kv.cache)
+        gens = []
+        for s in batch:
+            seed = generator_seed(s.req.sampling, s.index)
+            gens.append(torch.Generator().manual_seed(seed) if seed is not None else None)
+        return sample(logits, [s.req.sampling.temperature for s in batch], [s.req.sampling.top_p for s in batch], gens)
+
+    # helpers ----------------------------------------------------------------------
+    async def _finish(self, req: EngineRequest, finish: str, error: str = "") -> None:
+        await self.bus.publish(req.reply, TokenEvent(req.req_id, [], len(req.generated), finish=finish, error=error,
+                                                     source=self.engine))
+        self._release(req)
+
+    def _release(self, req: EngineRequest) -> None:
+        self.held.pop(req.req_id, None)
+        self.admits.pop(req.req_id, None)
+        if self.kv:
+            self.kv.alloc.release(req.req_id)
+            self.m_free.labels(self.engine).set(self.kv.alloc.free)
+        self.wake.set()
+
+
+def main(argv: list[str] | None = None) -> int:
+    return service_main("decode_engine", DecodeConfig, DecodeService, argv)

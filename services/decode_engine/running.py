@@ -1,0 +1,48 @@
+"""The running batch of a decode engine: sequences, their positions, and when they finish.
+
+Pure: no torch, no I/O. Progress is a counter (`pos`: tokens whose KV is in the
+cache), not a phase flag. A sequence joins after its prompt KV is in KV memory and
+leaves when it stops, hits its length, or is cancelled -- every step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared.engine.requests import EngineRequest
+
+
+@dataclass
+class RunningSeq:
+    req: EngineRequest
+    pos: int  # KV of positions [0, pos) is in the cache; the next input sits at pos
+    last: int  # the newest generated token (input of the next step)
+    max_pos: int  # context limit for this sequence (blocks reserved up to here)
+    stops: set[int] = field(default_factory=set)
+
+    @property
+    def index(self) -> int:
+        """Index (in the generated sequence) of the token the next step produces."""
+        return len(self.req.generated)
+
+
+def finish_reason(seq: RunningSeq, token: int) -> str:
+    """Why `seq` stops after producing `token` ("" = keep going)."""
+    if token in seq.stops:
+        return "stop"
+    if len(seq.req.generated) >= seq.req.sampling.max_tokens:
+        return "length"
+    if seq.pos + 1 >= seq.max_pos:
+        return "length"
+    return ""
+
+
+def admit_order(waiting: list[EngineRequest], free_blocks: int, blocks_needed, room: int) -> list[EngineRequest]:
+    """FIFO prefix of `waiting` that fits free KV blocks and the batch room."""
+    chosen: list[EngineRequest] = []
+    for req in waiting:
+        need = blocks_needed(req)
+        if len(chosen) >= room or need > free_blocks:
+            break
+        chosen.append(req)
+        free_blocks -= need
+    return chosen

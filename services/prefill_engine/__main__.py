@@ -1,0 +1,5 @@
+import sys
+
+from services.prefill_engine.app import main
+
+sys.exit(main())

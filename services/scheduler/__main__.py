@@ -1,0 +1,5 @@
+import sys
+
+from services.scheduler.app import main
+
+sys.exit(main())

@@ -1,0 +1,192 @@
+"""HTTP handlers of the front door: /v1/models, /v1/completions, /v1/chat/completions,
+/health, /metrics.
+
+A request: read the body (413 past the limit) -> validate (4xx JSON) -> tokenize ->
+submit to the scheduler -> stream server-sent events or answer once. The stream races
+"next event" against "client left"; when the client leaves, the request is cancelled
+everywhere so both engines free its KV.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import TYPE_CHECKING, AsyncIterator
+
+from opentelemetry import trace
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from services.scheduler.inflight import InFlight
+from services.scheduler.protocol import (ApiError, ChatRequest, CompletionRequest, check_sampling, chunk_body,
+                                         completion_body, decode_body, new_id, stop_list, usage)
+from services.scheduler.stops import StopMatcher
+from shared.messages.work import Sampling
+
+if TYPE_CHECKING:
+    from services.scheduler.app import SchedulerService
+
+tracer = trace.get_tracer("scheduler")
+
+
+def build_app(svc: "SchedulerService") -> Starlette:
+    async def models(request: Request) -> Response:
+        mid = svc.model_id()
+        data = [{"id": mid, "object": "model", "created": 0, "owned_by": "dualpath"}] if mid else []
+        return JSONResponse({"object": "list", "data": data})
+
+    async def health(request: Request) -> Response:
+        now = time.monotonic()
+        pes, des = svc.view.assignable("prefill", now), svc.view.assignable("decode", now)
+        ok = bool(pes and des)
+        return JSONResponse({"status": "ok" if ok else "degraded", "prefill_engines": len(pes),
+                             "decode_engines": len(des), "queued": len(svc.dispatcher.queue),
+                             "running": len(svc.inflight)}, status_code=200 if ok else 503)
+
+    async def completions(request: Request) -> Response:
+        return await _handle(svc, request, chat=False)
+
+    async def chat(request: Request) -> Response:
+        return await _handle(svc, request, chat=True)
+
+    routes = [
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", svc.metrics.endpoint, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes)
+    app.add_exception_handler(ApiError, lambda req, exc: JSONResponse(exc.body(), status_code=exc.status))
+    app.add_exception_handler(404, lambda req, exc: _error(404, f"no route {req.url.path}"))
+    app.add_exception_handler(405, lambda req, exc: _error(405, f"method {req.method} not allowed"))
+    return app
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse(ApiError(status, message).body(), status_code=status)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"body of {declared} bytes exceeds the {limit}-byte limit")
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, f"body exceeds the {limit}-byte limit")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ApiError(400, "client disconnected while sending the body") from None
+    return b"".join(chunks)
+
+
+def _prepare(svc: "SchedulerService", body: bytes, chat: bool):
+    req = decode_body(body, ChatRequest if chat else CompletionRequest)
+    mid = svc.model_id()
+    if not mid:
+        raise ApiError(503, "no engine has announced a model yet", kind="service_unavailable")
+    if not svc.accepts_model(req.model):
+        raise ApiError(404, f"model {req.model!r} is not served here (serving {mid!r})", "model", "model_not_found")
+    if chat:
+        if not req.messages:
+            raise ApiError(400, "messages is empty", "messages")
+        text = svc.tokenizer.apply_chat_template([{"role": m.role, "content": m.content} for m in req.messages])
+        prompt = svc.tokenizer.encode(text)
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    else:
+        if isinstance(req.prompt, str):
+            prompt = svc.tokenizer.encode(req.prompt) if req.prompt else []
+        else:
+            prompt = list(req.prompt)
+            bad = [t for t in prompt if not 0 <= t < svc.tokenizer.vocab_size]
+            if bad:
+                raise ApiError(400, f"token id {bad[0]} outside the vocabulary (0..{svc.tokenizer.vocab_size - 1})",
+                               "prompt")
+        max_tokens = req.max_tokens
+    max_tokens = check_sampling(req, max_tokens, len(prompt), svc.view.max_context())
+    stops = stop_list(req.stop)
+    sampling = Sampling(temperature=req.temperature, top_p=req.top_p, seed=req.seed, max_tokens=max_tokens,
+                        ignore_eos=req.ignore_eos)
+    return req, prompt, sampling, stops, mid
+
+
+async def _handle(svc: "SchedulerService", request: Request, chat: bool) -> Response:
+    body = await _read_body(request, svc.cfg.max_body_bytes)
+    req, prompt, sampling, stops, mid = _prepare(svc, body, chat)
+    rid = new_id("chatcmpl" if chat else "cmpl")
+    span = tracer.start_span("POST " + request.url.path, attributes={
+        "req_id": rid, "prompt_tokens": len(prompt), "max_tokens": sampling.max_tokens, "stream": req.stream})
+    rec = InFlight(rid, prompt, sampling, ctx=trace.set_span_in_context(span))
+    svc.submit(rec)
+    events = _events(svc, rec, stops, span)
+    if req.stream:
+        return StreamingResponse(_sse(events, rid, mid, chat), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Request-Id": rid})
+    text, finish, error = [], None, ""
+    async for delta, fin, err in events:
+        text.append(delta)
+        finish, error = fin or finish, err or error
+    if finish == "error":
+        kind = "service_unavailable" if "no engine" in error else "engine_error"
+        return JSONResponse(ApiError(503 if "no engine" in error else 500, error, kind=kind).body(),
+                            status_code=503 if "no engine" in error else 500)
+    use = usage(len(prompt), rec.next_index, rec.cached_tokens)
+    body = completion_body(rid, mid, chat, "".join(text), finish, use)
+    if req.return_token_ids:
+        body["choices"][0].update(prompt_token_ids=prompt, token_ids=rec.tokens)
+    return JSONResponse(body)
+
+
+async def _events(svc: "SchedulerService", rec: InFlight, stops: list[str], span) -> AsyncIterator[tuple[str, str, str]]:
+    """(text delta, finish reason or "", error) per engine event; cancels the request if abandoned."""
+    from shared.model.tokenizer import IncrementalDecoder
+
+    decoder = IncrementalDecoder(svc.tokenizer)
+    matcher = StopMatcher(stops)
+    status = "cancelled"
+    try:
+        while True:
+            ev = await rec.events.get()
+            delta = decoder.push(ev.tokens) if ev.tokens else ""
+            if ev.finish and ev.finish != "error":
+                delta += decoder.finish()
+            delta, hit = matcher.feed(delta, final=bool(ev.finish))
+            if hit:
+                status = "ok"
+                await svc.cancel(rec, "stop sequence")
+                yield delta, "stop", ""
+                return
+            if ev.finish:
+                status = "error" if ev.finish == "error" else "ok"
+                if ev.error:
+                    span.set_attribute("error", ev.error)
+                yield delta, ev.finish, ev.error
+                return
+            if delta:
+                yield delta, "", ""
+    finally:
+        if status == "cancelled":
+            await asyncio.shield(svc.cancel(rec, "client disconnected"))
+        span.set_attribute("completion_tokens", rec.next_index)
+        span.set_attribute("cached_tokens", rec.cached_tokens)
+        span.end()
+        svc.finish(rec, status)
+
+
+async def _sse(events: AsyncIterator[tuple[str, str, str]], rid: str, mid: str, chat: bool) -> AsyncIterator[str]:
+    first = True
+    try:
+        async for delta, finish, error in events:
+            if finish == "error":
+                yield f"data: {json.dumps({'error': {'message': error, 'type': 'engine_error', 'code': 500}})}\n\n"
+                break
+            yield f"data: {json.dumps(chunk_body(rid, mid, chat, delta, finish or None, first))}\n\n"
+            first = False
+        yield "data: [DONE]\n\n"
+    finally:
+        await events.aclose()

@@ -1,0 +1,183 @@
+"""Scheduler wiring: the HTTP front door, the bus, the mesh view, dispatch and liveness.
+
+Owns the lifecycle of every accepted request until its last event reaches the client.
+Policy lives in `dispatch` (and `policy/`); protocol in `protocol`; HTTP handlers in `api`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+
+from opentelemetry import trace
+
+from services.scheduler.config import SchedulerConfig
+from services.scheduler.dispatch import Dispatcher, EngineLoad, Job
+from services.scheduler.inflight import InFlight
+from services.scheduler.view import MeshView
+from shared.bus import Delivery
+from shared.http import HttpServer
+from shared.messages.registry import Announce, SchedulerAnnounce
+from shared.messages.stream import TokenEvent
+from shared.messages.work import Cancel, PrefillWork
+from shared.runtime import Service, service_main
+
+log = logging.getLogger("scheduler")
+tracer = trace.get_tracer("scheduler")
+
+
+class SchedulerService(Service):
+    name = "scheduler"
+
+    def __init__(self, cfg: SchedulerConfig):
+        super().__init__(cfg)
+        from shared.model.tokenizer import load_tokenizer
+
+        self.tokenizer = load_tokenizer(cfg.model)
+        self.view = MeshView(timeout_s=cfg.liveness_timeout_s)
+        self.dispatcher = Dispatcher()
+        self.inflight: dict[str, InFlight] = {}
+        self.kick = asyncio.Event()
+        self.http: HttpServer | None = None
+        m = self.metrics
+        self.m_requests = m.counter("requests_total", "Requests answered", ("status",))
+        self.m_prompt = m.counter("prompt_tokens_total", "Prompt tokens accepted")
+        self.m_gen = m.counter("generation_tokens_total", "Tokens generated")
+        self.m_cached = m.counter("cached_prompt_tokens_total", "Prompt tokens served from the store")
+        self.m_ttft = m.histogram("time_to_first_token_seconds", "TTFT")
+        self.m_tpot = m.histogram("time_per_output_token_seconds", "TPOT",
+                                  buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2))
+        self.m_queue = m.gauge("queue_length", "Requests waiting for an engine")
+        self.m_running = m.gauge("requests_running", "Requests assigned and not finished")
+        self.m_engines = m.gauge("engines_live", "Assignable engines", ("role",))
+
+    @property
+    def output_subject(self) -> str:
+        return self.subjects.output(self.instance)
+
+    async def start(self) -> None:
+        from services.scheduler.api import build_app
+
+        await self.bus.subscribe(self.subjects.heartbeat, Announce, self._on_announce)
+        await self.bus.subscribe(self.output_subject, TokenEvent, self._on_event)
+        self.http = HttpServer(build_app(self), self.cfg.http_host, self.cfg.http_port)
+        self.spawn(self.http.serve(), name="api-http")
+        self.spawn(self._dispatch_loop(), name="dispatch")
+        self.spawn(self._liveness_loop(), name="liveness")
+        log.info("serving on %s", self.http.url)
+
+    def announce(self) -> SchedulerAnnounce:
+        return SchedulerAnnounce(instance=self.instance, node=self.cfg.node, metrics_url=self.metrics_url,
+                                 pid=os.getpid(), http_url=self.http.url if self.http else "",
+                                 queued=len(self.dispatcher.queue))
+
+    async def stop(self) -> None:
+        for rec in list(self.inflight.values()):
+            rec.fail("scheduler shutting down")
+        if self.http:
+            self.http.stop()
+
+    # model identity ---------------------------------------------------------------
+    def model_id(self) -> str:
+        if self.cfg.served_model_name:
+            return self.cfg.served_model_name
+        ids = self.view.model_ids()
+        return ids[0] if ids else ""
+
+    def accepts_model(self, name: str | None) -> bool:
+        return name is None or name == self.model_id() or name in self.view.model_ids()
+
+    # requests ---------------------------------------------------------------------
+    def submit(self, rec: InFlight) -> None:
+        self.inflight[rec.req_id] = rec
+        self.dispatcher.enqueue(Job(rec.req_id, len(rec.prompt), rec.sampling.max_tokens))
+        self.m_prompt.inc(len(rec.prompt))
+        self.m_queue.set(len(self.dispatcher.queue))
+        self.kick.set()
+
+    async def cancel(self, rec: InFlight, reason: str) -> None:
+        """The client left (or a stop string matched): free the request everywhere."""
+        self.dispatcher.remove(rec.req_id)
+        if not rec.finished:
+            rec.finished = "cancelled"
+        await self.bus.publish(self.subjects.cancel, Cancel(rec.req_id, reason))
+
+    def finish(self, rec: InFlight, status: str) -> None:
+        if self.inflight.pop(rec.req_id, None) is None:
+            return
+        self.m_requests.labels(status).inc()
+        self.m_gen.inc(rec.next_index)
+        self.m_cached.inc(rec.cached_tokens)
+        if rec.first_at:
+            self.m_ttft.observe(rec.ttft)
+        if rec.next_index > 1:
+            self.m_tpot.observe(rec.tpot)
+        self.m_running.set(sum(1 for r in self.inflight.values() if r.pe))
+        self.kick.set()
+
+    # bus handlers -------------------------------------------------------------------
+    async def _on_announce(self, msg, d: Delivery) -> None:
+        self.view.update(msg, time.monotonic())
+        self.kick.set()
+
+    async def _on_event(self, ev: TokenEvent, d: Delivery) -> None:
+        rec = self.inflight.get(ev.req_id)
+        if rec is None:
+            return
+        out = rec.accept(ev)
+        if out is not None:
+            rec.events.put_nowait(out)
+
+    # loops ----------------------------------------------------------------------------
+    async def _dispatch_loop(self) -> None:
+        while True:
+            await self.kick.wait()
+            self.kick.clear()
+            await self._assign()
+
+    def _loads(self, role: str, now: float) -> list[EngineLoad]:
+        loads = []
+        for eng in self.view.assignable(role, now):
+            mine = [r for r in self.inflight.values() if (r.pe if role == "prefill" else r.de) == eng.engine]
+            loads.append(EngineLoad(eng.engine, tok=sum(len(r.prompt) + r.sampling.max_tokens for r in mine),
+                                    seq=len(mine), capacity_tokens=eng.total_blocks * eng.kv.block_size))
+        return loads
+
+    async def _assign(self) -> None:
+        now = time.monotonic()
+        pes, des = self._loads("prefill", now), self._loads("decode", now)
+        self.m_engines.labels("prefill").set(len(pes))
+        self.m_engines.labels("decode").set(len(des))
+        for a in self.dispatcher.assign(pes, des):
+            rec = self.inflight.get(a.req_id)
+            if rec is None:
+                continue
+            rec.pe, rec.de, rec.assigned_at = a.pe, a.de, time.monotonic()
+            with tracer.start_as_current_span("assign", context=rec.ctx, attributes={
+                    "req_id": rec.req_id, "pe": a.pe, "de": a.de,
+                    "queue_wait_s": rec.assigned_at - rec.arrived}):
+                work = PrefillWork(rec.req_id, rec.prompt, rec.sampling, a.de, self.output_subject)
+                await self.bus.publish(self.subjects.prefill_work(a.pe), work)
+        self.m_queue.set(len(self.dispatcher.queue))
+        self.m_running.set(sum(1 for r in self.inflight.values() if r.pe))
+
+    async def _liveness_loop(self) -> None:
+        while True:
+            await asyncio.sleep(min(0.5, self.cfg.liveness_timeout_s / 3))
+            now = time.monotonic()
+            for engine in self.view.dead_engines(now):
+                log.warning("engine %s stopped heartbeating; failing its requests", engine)
+                self.view.forget(engine)
+                for rec in list(self.inflight.values()):
+                    if engine in (rec.pe, rec.de) and not rec.finished:
+                        rec.fail(f"engine {engine} stopped responding")
+            for rec in list(self.inflight.values()):
+                if not rec.pe and now - rec.arrived > self.cfg.assign_timeout_s:
+                    self.dispatcher.remove(rec.req_id)
+                    rec.fail("no engine available to serve the request")
+            self.kick.set()
+
+
+def main(argv: list[str] | None = None) -> int:
+    return service_main("scheduler", SchedulerConfig, SchedulerService, argv)

@@ -1,0 +1,23 @@
+"""Scheduler settings."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.config import require
+from shared.runtime import CommonConfig
+
+
+@dataclass(frozen=True)
+class SchedulerConfig(CommonConfig):
+    http_host: str = "127.0.0.1"  # the OpenAI-style front door binds here
+    http_port: int = 8000
+    model: str = "smollm2"  # tokenizer source: must name the same model the engines serve
+    served_model_name: str = ""  # id clients send as `model`; empty = the engines' model id
+    max_body_bytes: int = 4 << 20  # larger bodies get 413
+    liveness_timeout_s: float = 3.0  # an engine silent this long is dropped; its requests fail
+    assign_timeout_s: float = 120.0  # a request that no engine takes in this time fails (503)
+
+    def validate(self) -> None:
+        require(0 < self.http_port < 65536 or self.http_port == 0, "http_port", self.http_port, "not a port")
+        require(self.max_body_bytes > 0, "max_body_bytes", self.max_body_bytes, "must be > 0")
+        require(self.liveness_timeout_s > 0, "liveness_timeout_s", self.liveness_timeout_s, "must be > 0")

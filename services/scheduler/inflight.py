@@ -1,0 +1,70 @@
+"""Requests the scheduler has accepted and not yet answered: their events and timings.
+
+Events from engines arrive on the scheduler's output subject and are routed here by
+request id; duplicates (an index already seen) are dropped so the client never sees a
+token twice. No I/O: the HTTP layer reads `events`.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from shared.messages.stream import TokenEvent
+from shared.messages.work import Sampling
+
+
+@dataclass
+class InFlight:
+    req_id: str
+    prompt: list[int]
+    sampling: Sampling
+    pe: str = ""
+    de: str = ""
+    arrived: float = field(default_factory=time.monotonic)
+    assigned_at: float = 0.0
+    first_at: float = 0.0
+    last_at: float = 0.0
+    next_index: int = 0  # index of the next token expected
+    cached_tokens: int = 0
+    tokens: list[int] = field(default_factory=list)  # every token delivered, in order
+    finished: str = ""
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    ctx: object = None  # trace context of the request's root span
+
+    def accept(self, ev: TokenEvent) -> TokenEvent | None:
+        """Keep only tokens not seen yet; returns the event to deliver (or None)."""
+        if self.finished:
+            return None
+        skip = max(0, self.next_index - ev.index)
+        tokens = ev.tokens[skip:]
+        if ev.index > self.next_index:
+            return None  # a gap would reorder the stream; engines never produce one
+        now = time.monotonic()
+        if tokens:
+            if not self.first_at:
+                self.first_at = now
+            self.last_at = now
+        self.next_index += len(tokens)
+        self.tokens += tokens
+        if ev.cached_tokens:
+            self.cached_tokens = ev.cached_tokens
+        if ev.finish:
+            self.finished = ev.finish
+        if not tokens and not ev.finish:
+            return None
+        return TokenEvent(ev.req_id, tokens, ev.index + skip, ev.finish, ev.error, ev.source, ev.cached_tokens)
+
+    def fail(self, error: str) -> None:
+        if not self.finished:
+            self.events.put_nowait(TokenEvent(self.req_id, [], self.next_index, finish="error", error=error))
+            self.finished = "error"
+
+    @property
+    def ttft(self) -> float:
+        return self.first_at - self.arrived if self.first_at else 0.0
+
+    @property
+    def tpot(self) -> float:
+        n = self.next_index
+        return (self.last_at - self.first_at) / (n - 1) if n > 1 and self.first_at else 0.0

@@ -1,0 +1,99 @@
+"""Decode-engine assignment in two levels (spec 7.3).
+
+Level 1 (`pick_de_group`): the global pool, drained when any DE group pulls, goes to
+the DE group with the smallest total tok. Level 2 (`assign_decode`): inside the pulling
+group, place requests of its private queue on engines whose free KV memory fits them,
+preferring engines that stay at or below the high-token threshold Z (smallest seq_e
+first), otherwise the fitting engine with the smallest tok_e.
+
+Example: two engines, free memory 10 and 10, tok 0 and 8, seq 0 and 1; queue r1(len 4,
+mem 4), r2(len 4, mem 4). R = {r1, r2} (8 <= 20), Z = 1.05 * (8 + 8) / 2 = 8.4.
+r1: both fit and both stay <= Z? engine 2 would reach 12 > Z, so only engine 1
+qualifies -> engine 1 (tok 4). r2: engine 1 -> 8 <= Z qualifies -> engine 1.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Mapping, Sequence
+
+from services.scheduler.policy.types import Assignment, EngineReport, Request
+
+Z_FACTOR = 1.05
+LOOKAHEAD = 16  # queue entries scanned past |R| for requests that still fit somewhere
+
+
+def pick_de_group(group_tokens: Mapping[int, int]) -> int:
+    """Level 1: the DE group with the smallest total tok (ties: smallest group id)."""
+    if not group_tokens:
+        raise ValueError("pick_de_group needs at least one DE group")
+    return min(group_tokens.items(), key=lambda kv: (kv[1], kv[0]))[0]
+
+
+def fit_count(queue: deque[Request], free_total: int) -> int:
+    """|R|: how many requests from the head would fit if memory had no fragmentation."""
+    used = n = 0
+    for req in queue:
+        if used + req.mem > free_total:
+            break
+        used += req.mem
+        n += 1
+    return n
+
+
+def z_threshold(queue: deque[Request], reports: Sequence[EngineReport], factor: float = Z_FACTOR) -> float:
+    """Z = factor * (sum of len(r) over R + sum of tok_e) / |engines|."""
+    n = fit_count(queue, sum(r.free_mem for r in reports))
+    r_tokens = sum(queue[i].tokens for i in range(n))
+    return factor * (r_tokens + sum(r.tokens for r in reports)) / len(reports)
+
+
+def assign_decode(
+    queue: deque[Request],
+    reports: Sequence[EngineReport],
+    factor: float = Z_FACTOR,
+    lookahead: int = LOOKAHEAD,
+) -> list[Assignment]:
+    """Level 2 for one DE group; removes the placed requests from `queue`.
+
+    Scans from the head; a request that fits no engine keeps its place. The scan ends
+    after |R| + lookahead entries or when no engine has memory left, so its cost stays
+    bounded when the group is full.
+    """
+    if not reports or not queue:
+        return []
+    tok = [r.tokens for r in reports]
+    seq = [r.seq for r in reports]
+    free = [r.free_mem for r in reports]
+    n_fit = fit_count(queue, sum(free))
+    z = factor * (sum(queue[i].tokens for i in range(n_fit)) + sum(tok)) / len(reports)
+    out: list[Assignment] = []
+    kept: list[Request] = []
+    scanned = 0
+    limit = n_fit + lookahead
+    while queue and scanned < limit and max(free) > 0:
+        req = queue.popleft()
+        scanned += 1
+        i = _choose_engine(req, tok, seq, free, z)
+        if i < 0:
+            kept.append(req)
+            continue
+        tok[i] += req.tokens
+        seq[i] += 1
+        free[i] -= req.mem
+        out.append(Assignment(req.rid, reports[i].engine))
+    queue.extendleft(reversed(kept))
+    return out
+
+
+def _choose_engine(req: Request, tok: list[int], seq: list[int], free: list[int], z: float) -> int:
+    """Index of the engine for `req`, or -1 when no engine's free memory fits it."""
+    best_low = best_high = -1
+    for i in range(len(tok)):
+        if free[i] < req.mem:
+            continue
+        if tok[i] + req.tokens <= z:
+            if best_low < 0 or (seq[i], tok[i]) < (seq[best_low], tok[best_low]):
+                best_low = i
+        elif best_high < 0 or (tok[i], seq[i]) < (tok[best_high], seq[best_high]):
+            best_high = i
+    return best_low if best_low >= 0 else best_high

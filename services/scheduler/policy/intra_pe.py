@@ -1,0 +1,128 @@
+"""Intra-PE batching under a compute quota (spec 7.5).
+
+Owns the attention-time model over (cached, bsz) pairs and the batch planner: take a
+PE's ready requests in FIFO order while the estimated attention time of the batch stays
+within the quota; the first request that would exceed it gets the largest chunk that
+still fits (binary search), and the batch ends there (chunked prefill).
+
+Example: quota 0.3 s; requests a(cached 0, remaining 4096), b(cached 30000, remaining
+500). If a costs 0.1 s and a+b would cost 0.45 s, b gets the largest bsz' <= 500 with
+t(a, b[:bsz']) <= 0.3 s, rounded down to `align` tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionModel:
+    """Estimated attention time of a forward batch, in seconds.
+
+    For one request with `cached` tokens of KV and `bsz` new tokens, token i of the new
+    ones attends to cached + i tokens. Terms (all seconds):
+      per_pair * sum_i (cached + i)                 full attention (or a sparse indexer)
+      per_capped_pair * sum_i min(cached + i, cap)  attention over at most `cap` tokens
+                                                    (sliding window / top-k sparse)
+      per_token * bsz                               per-token projections in attention
+    plus `per_batch` once per batch. Coefficients come from FLOPs fitted to profiled time.
+    """
+
+    per_pair: float = 0.0
+    per_capped_pair: float = 0.0
+    cap: int = 0
+    per_token: float = 0.0
+    per_batch: float = 0.0
+
+    def request_time(self, cached: int, bsz: int) -> float:
+        """Attention time of one request's `bsz` new tokens after `cached` tokens."""
+        if bsz <= 0:
+            return 0.0
+        pairs = bsz * cached + bsz * (bsz + 1) // 2
+        t = self.per_pair * pairs + self.per_token * bsz
+        if self.per_capped_pair:
+            t += self.per_capped_pair * _capped_pairs(cached, bsz, self.cap)
+        return t
+
+    def batch_time(self, pairs: Iterable[tuple[int, int]]) -> float:
+        """Attention time of a batch given its (cached, bsz) pairs."""
+        total = sum(self.request_time(c, b) for c, b in pairs)
+        return total + self.per_batch if total > 0 else 0.0
+
+
+def _capped_pairs(cached: int, bsz: int, cap: int) -> int:
+    """sum over i = 1..bsz of min(cached + i, cap)."""
+    if cached >= cap:
+        return bsz * cap
+    below = min(bsz, cap - cached)  # tokens whose span is still under the cap
+    return below * cached + below * (below + 1) // 2 + (bsz - below) * cap
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillWork:
+    """A ready request on a PE: `cached` tokens have KV (hit + computed), `remaining` to go."""
+
+    rid: int
+    cached: int
+    remaining: int
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Compute `bsz` tokens of request `rid` after its `cached` tokens in this batch."""
+
+    rid: int
+    cached: int
+    bsz: int
+
+
+def plan_batch(
+    work: Iterable[PrefillWork],
+    model: AttentionModel,
+    quota: float,
+    align: int = 1,
+    max_tokens: int = 0,
+) -> list[Chunk]:
+    """Chunks for one forward batch; empty only when `work` has nothing to compute.
+
+    `work` may be a lazy iterable: it is consumed only until the quota is full.
+
+    FIFO; a request that would push the estimate over `quota` is cut to the largest
+    multiple of `align` that fits (binary search on the monotone time), and ends the
+    batch. The first chunk of a batch always has at least min(align, remaining) tokens
+    so that progress is guaranteed. `max_tokens` (> 0) caps the batch's new tokens.
+    """
+    out: list[Chunk] = []
+    used = model.per_batch
+    budget_tokens = max_tokens if max_tokens > 0 else -1
+    for w in work:
+        if w.remaining <= 0:
+            continue
+        want = w.remaining if budget_tokens < 0 else min(w.remaining, budget_tokens)
+        cost = model.request_time(w.cached, want)
+        if used + cost <= quota and want == w.remaining:
+            out.append(Chunk(w.rid, w.cached, want))
+            used += cost
+            budget_tokens = budget_tokens - want if budget_tokens >= 0 else -1
+            continue
+        bsz = _largest_fit(model, w.cached, want, quota - used, align)
+        if bsz <= 0 and not out:
+            bsz = min(align, w.remaining)
+        if bsz > 0:
+            out.append(Chunk(w.rid, w.cached, bsz))
+        break
+    return out
+
+
+def _largest_fit(model: AttentionModel, cached: int, hi: int, room: float, align: int) -> int:
+    """Largest bsz <= hi (a multiple of `align`, or hi itself) with time <= room; 0 if none."""
+    if model.request_time(cached, hi) <= room:
+        return hi
+    lo_u, hi_u = 0, hi // align  # search in units of `align`; unit 0 always fits
+    while lo_u < hi_u:
+        mid = (lo_u + hi_u + 1) // 2
+        if model.request_time(cached, mid * align) <= room:
+            lo_u = mid
+        else:
+            hi_u = mid - 1
+    return lo_u * align

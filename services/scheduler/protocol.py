@@ -1,0 +1,125 @@
+"""The OpenAI-style HTTP protocol: request bodies, validation, errors, response bodies.
+
+Owns what a client may send and what it gets back; no I/O. Validation failures are
+`ApiError`s (status, message, param) rendered as `{"error": {...}}` JSON with a 4xx.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+
+import msgspec
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind = status, message, param, kind
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}
+
+
+class ChatMessage(msgspec.Struct):
+    role: str
+    content: str
+
+
+class _Common(msgspec.Struct, kw_only=True):
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    ignore_eos: bool = False  # vLLM extension: generate exactly max_tokens
+    return_token_ids: bool = False  # vLLM extension: prompt and completion token ids in the choice
+    n: int = 1
+
+
+class CompletionRequest(_Common, kw_only=True):
+    prompt: str | list[int]
+
+
+class ChatRequest(_Common, kw_only=True):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+
+
+def decode_body(raw: bytes, tp: type) -> msgspec.Struct:
+    try:
+        return msgspec.json.decode(raw, type=tp)
+    except msgspec.ValidationError as exc:
+        param = str(exc).rsplit("`$.", 1)[-1].rstrip("`") if "`$." in str(exc) else None
+        raise ApiError(400, f"invalid request: {exc}", param) from None
+    except msgspec.DecodeError as exc:
+        raise ApiError(400, f"malformed JSON: {exc}") from None
+
+
+def stop_list(stop: str | list[str] | None) -> list[str]:
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else list(stop)
+    if len(stops) > 8:
+        raise ApiError(400, "at most 8 stop sequences", "stop")
+    if any(not s for s in stops):
+        raise ApiError(400, "stop sequences must be non-empty", "stop")
+    return stops
+
+
+def check_sampling(req: _Common, max_tokens: int | None, prompt_len: int, context: int) -> int:
+    """Validate sampling fields against the model; returns the effective max_tokens."""
+    if req.n != 1:
+        raise ApiError(400, "only n=1 is supported", "n")
+    if req.temperature < 0:
+        raise ApiError(400, f"temperature must be >= 0, got {req.temperature}", "temperature")
+    if not 0 < req.top_p <= 1:
+        raise ApiError(400, f"top_p must be in (0, 1], got {req.top_p}", "top_p")
+    if prompt_len == 0:
+        raise ApiError(400, "prompt is empty", "prompt")
+    if prompt_len >= context:
+        raise ApiError(400, f"prompt has {prompt_len} tokens; the model's context is {context}", "prompt")
+    room = context - prompt_len
+    if max_tokens is None:
+        return min(16, room)
+    if max_tokens <= 0:
+        raise ApiError(400, f"max_tokens must be > 0, got {max_tokens}", "max_tokens")
+    if max_tokens > room:
+        raise ApiError(400, f"max_tokens={max_tokens} exceeds the {room} tokens left in the context "
+                            f"({prompt_len} prompt tokens of {context})", "max_tokens")
+    return max_tokens
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def usage(prompt: int, completion: int, cached: int) -> dict:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def completion_body(rid: str, model: str, chat: bool, text: str, finish: str | None, use: dict | None) -> dict:
+    now = int(time.time())
+    if chat:
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+        body = {"id": rid, "object": "chat.completion", "created": now, "model": model, "choices": [choice]}
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        body = {"id": rid, "object": "text_completion", "created": now, "model": model, "choices": [choice]}
+    if use is not None:
+        body["usage"] = use
+    return body
+
+
+def chunk_body(rid: str, model: str, chat: bool, text: str, finish: str | None, first: bool) -> dict:
+    now = int(time.time())
+    if chat:
+        delta = {"content": text}
+        if first:
+            delta["role"] = "assistant"
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        return {"id": rid, "object": "chat.completion.chunk", "created": now, "model": model, "choices": [choice]}
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    return {"id": rid, "object": "text_completion", "created": now, "model": model, "choices": [choice]}

@@ -1,0 +1,76 @@
+"""The scheduler's view of the live mesh, built only from announcements (no static list).
+
+An engine is assignable while it and its traffic-manager have announced within
+`timeout_s`, its TM is attached to its KV memory, and neither said it is leaving.
+Pure: the caller passes the clock.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared.messages.registry import (Announce, EngineAnnounce, GatewayAnnounce, SchedulerAnnounce,
+                                      TrafficManagerAnnounce)
+
+
+@dataclass
+class Seen:
+    msg: Announce
+    at: float
+
+
+@dataclass
+class MeshView:
+    timeout_s: float = 3.0
+    engines: dict[str, Seen] = field(default_factory=dict)  # engine id -> last announce
+    tms: dict[str, Seen] = field(default_factory=dict)  # engine id -> its TM's last announce
+    gateways: dict[str, Seen] = field(default_factory=dict)  # node -> gateway
+    schedulers: dict[str, Seen] = field(default_factory=dict)
+
+    def update(self, msg: Announce, now: float) -> None:
+        table, key = self._slot(msg)
+        if table is None:
+            return
+        if msg.leaving:
+            table.pop(key, None)
+        else:
+            table[key] = Seen(msg, now)
+
+    def _slot(self, msg: Announce):
+        if isinstance(msg, EngineAnnounce):
+            return self.engines, msg.engine
+        if isinstance(msg, TrafficManagerAnnounce):
+            return self.tms, msg.engine
+        if isinstance(msg, GatewayAnnounce):
+            return self.gateways, msg.node
+        if isinstance(msg, SchedulerAnnounce):
+            return self.schedulers, msg.instance
+        return None, ""
+
+    def alive(self, seen: Seen | None, now: float) -> bool:
+        return seen is not None and now - seen.at <= self.timeout_s
+
+    def assignable(self, role: str, now: float) -> list[EngineAnnounce]:
+        out = []
+        for eid, seen in self.engines.items():
+            eng: EngineAnnounce = seen.msg
+            tm = self.tms.get(eid)
+            if eng.role == role and self.alive(seen, now) and self.alive(tm, now) and tm.msg.ready and eng.kv:
+                out.append(eng)
+        return sorted(out, key=lambda e: e.engine)
+
+    def dead_engines(self, now: float) -> list[str]:
+        """Engines (or their TMs) that stopped heartbeating; the caller fails their requests."""
+        dead = [eid for eid, seen in self.engines.items() if not self.alive(seen, now)]
+        dead += [eid for eid, seen in self.tms.items() if not self.alive(seen, now) and eid in self.engines]
+        return sorted(set(dead))
+
+    def forget(self, engine: str) -> None:
+        self.engines.pop(engine, None)
+        self.tms.pop(engine, None)
+
+    def model_ids(self) -> list[str]:
+        return sorted({s.msg.model_id for s in self.engines.values() if s.msg.model_id})
+
+    def max_context(self) -> int:
+        ctx = [s.msg.max_context for s in self.engines.values() if s.msg.max_context]
+        return min(ctx) if ctx else 0

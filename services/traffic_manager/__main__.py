@@ -1,0 +1,5 @@
+import sys
+
+from services.traffic_manager.app import main
+
+sys.exit(main())

@@ -1,0 +1,27 @@
+"""Traffic-manager settings."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.config import require
+from shared.runtime import CommonConfig
+
+BACKENDS = ("auto", "shm", "tcp", "verbs")
+
+
+@dataclass(frozen=True)
+class TrafficManagerConfig(CommonConfig):
+    engine: str = ""  # the engine this TM serves (required)
+    transport: str = "auto"  # auto | shm | tcp | verbs
+    data_port: int = 0  # data-plane listener (tcp); 0 = any free port
+    buffer_mb: int = 512  # DRAM buffer (PE/DE buffer) in MiB, POSIX shared memory
+    transfer_timeout_s: float = 30.0  # every KV transfer has a deadline
+    latency_weight: int = 99  # traffic-class weights (latency : bulk), work-conserving
+    bulk_weight: int = 1
+
+    def validate(self) -> None:
+        require(bool(self.engine), "engine", self.engine, "name the engine this traffic-manager serves")
+        require(self.transport in BACKENDS, "transport", self.transport, f"one of {', '.join(BACKENDS)}")
+        require(self.buffer_mb > 0, "buffer_mb", self.buffer_mb, "must be > 0")
+        require(self.latency_weight > 0 and self.bulk_weight > 0, "latency_weight/bulk_weight",
+                (self.latency_weight, self.bulk_weight), "weights must be > 0")

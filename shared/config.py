@@ -1,0 +1,126 @@
+"""Settings: one frozen dataclass per service, filled from defaults < TOML < env < CLI.
+
+Owns the loading rules only; each service declares its own dataclass in its
+`config.py`. Every field has a default that serves the local run. Environment
+overrides use one prefix: `DUALPATH_<FIELD>` (upper case), e.g. `DUALPATH_NATS_URL`.
+A TOML file may hold a `[common]` table and one table per service name
+(`[scheduler]`, `[prefill_engine]`, ...). A bad setting fails at start naming the key.
+Only entry points call `load_config`; everything below receives the frozen object.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Mapping, TypeVar
+
+ENV_PREFIX = "DUALPATH_"
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used; `key` names it, `value` is what was given."""
+
+    def __init__(self, key: str, value: object, reason: str):
+        super().__init__(f"bad setting {key}={value!r}: {reason}")
+        self.key, self.value, self.reason = key, value, reason
+
+
+def _base_type(tp: Any) -> tuple[Any, bool]:
+    """(inner type, optional?) for `X | None`."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0], len(args) < len(typing.get_args(tp))
+    return tp, False
+
+
+def _coerce(key: str, raw: Any, tp: Any) -> Any:
+    inner, optional = _base_type(tp)
+    if optional and (raw is None or (isinstance(raw, str) and raw.lower() in ("", "none", "null"))):
+        return None
+    try:
+        if inner is bool:
+            if isinstance(raw, bool):
+                return raw
+            text = str(raw).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise ValueError("expected true/false")
+        if inner is int:
+            if isinstance(raw, bool):
+                raise ValueError("expected an integer")
+            return int(raw)
+        if inner is float:
+            return float(raw)
+        if inner is str:
+            if not isinstance(raw, (str, int, float)):
+                raise ValueError("expected a string")
+            return str(raw)
+        if typing.get_origin(inner) is tuple:
+            items = raw.split(",") if isinstance(raw, str) else list(raw)
+            (elem, *_rest) = typing.get_args(inner) or (str,)
+            return tuple(_coerce(key, x.strip() if isinstance(x, str) else x, elem) for x in items if x != "")
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(key, raw, str(exc) or f"expected {inner}") from None
+    return raw
+
+
+def read_toml(path: str | Path | None, section: str) -> dict[str, Any]:
+    """The `[common]` table merged with the service's own table (service wins)."""
+    if not path:
+        return {}
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError("config", str(path), "file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("config", str(path), f"not valid TOML: {exc}") from None
+    merged = dict(data.get("common", {}))
+    merged.update(data.get(section, {}))
+    return merged
+
+
+def load_config(
+    cls: type[T],
+    section: str,
+    *,
+    file: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> T:
+    """Build `cls` from defaults < TOML(file) < env < overrides (CLI), validating each key."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for key, raw in read_toml(file, section).items():
+        if key not in fields:
+            raise ConfigError(f"{section}.{key}", raw, "unknown setting")
+        values[key] = _coerce(key, raw, hints[key])
+    env = os.environ if env is None else env
+    for name in fields:
+        env_key = ENV_PREFIX + name.upper()
+        if env_key in env:
+            values[name] = _coerce(env_key, env[env_key], hints[name])
+    for key, raw in (overrides or {}).items():
+        if raw is None:
+            continue
+        if key not in fields:
+            raise ConfigError(key, raw, "unknown setting")
+        values[key] = _coerce(key, raw, hints[key])
+    cfg = cls(**values)
+    check = getattr(cfg, "validate", None)
+    if check is not None:
+        check()
+    return cfg
+
+
+def require(cond: bool, key: str, value: object, reason: str) -> None:
+    """Raise ConfigError naming `key` unless `cond` holds (used by `validate()` methods)."""
+    if not cond:
+        raise ConfigError(key, value, reason)

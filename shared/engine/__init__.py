@@ -1,0 +1,1 @@
+"""What both engines share: KV memory in shared memory, the model thread, engine config."""

@@ -1,0 +1,27 @@
+"""Settings both engine services share (each adds its own in services/<engine>/config.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.config import require
+from shared.runtime import CommonConfig
+
+
+@dataclass(frozen=True)
+class EngineConfig(CommonConfig):
+    engine: str = ""  # engine id; empty = derived from node and pid
+    group: str = ""  # engine group (all engines of a node share one); empty = node
+    model: str = "smollm2"  # preset (smollm2, tiny), .gguf path, or HF directory
+    seed: int = 0  # random-init seed (tiny / random presets)
+    dtype: str = "float32"
+    kv_blocks: int = 256  # paged KV cache size in blocks
+    block_size: int = 64  # tokens per KV block
+    threads: int = 0  # torch threads; 0 = torch default
+
+    def validate(self) -> None:
+        require(self.kv_blocks > 0, "kv_blocks", self.kv_blocks, "must be > 0")
+        require(self.block_size > 0 and self.block_size % 8 == 0, "block_size", self.block_size,
+                "must be a positive multiple of 8")
+        require(self.dtype in ("float32", "bfloat16", "float16"), "dtype", self.dtype,
+                "float32, bfloat16 or float16")
+        require(self.threads >= 0, "threads", self.threads, "must be >= 0")

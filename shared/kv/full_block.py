@@ -1,0 +1,183 @@
+"""The Full Block on-disk format: a 4 KiB header, then the payload layer after layer.
+
+A stored block file is ``HEADER_SIZE`` (4096) header bytes followed by exactly
+``payload_length`` payload bytes (``KVLayout.payload_bytes``): layer 0's Layer Block,
+then layer 1's, ... (each ``(2, block_size, n_kv_heads, head_dim)``, K then V). The
+header is padded to 4 KiB so the payload starts page-aligned (O_DIRECT-able) and can
+be read straight into a buffer slice with one ``preadv`` of two iovecs.
+
+Header (little-endian; byte table in ``docs/kv-format.md``)::
+
+    0    8  magic  b"DPKVBLK\\0"       48  4  n_layers        64  8  payload_length
+    8    2  format version (1)        52  4  block_size      72  8  payload xxh3_64
+    10   2  dtype code                56  4  n_kv_heads      80  .. zero (reserved)
+    12   4  header size (4096)        60  4  head_dim        4088 8 header xxh3_64
+    16  16  model fingerprint                                      of bytes [0, 4088)
+    32  16  block key
+
+Owns: ``encode_header``, ``decode_header``, ``payload_checksum``, ``payload_hasher``,
+``verify_payload``, ``check_checksum``,
+``layer_block_range`` and the typed format errors.
+Does not own: file I/O, naming or eviction (``services/storage_gateway/store.py``).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import xxhash
+
+from shared.kv.layout import KVLayout, dtype_name
+
+MAGIC = b"DPKVBLK\x00"
+FORMAT_VERSION = 1
+HEADER_SIZE = 4096
+_FIELDS = struct.Struct("<8sHHI16s16sIIIIQQ")  # bytes [0, 80)
+_HEADER_SUM = struct.Struct("<Q")
+_HEADER_SUM_AT = HEADER_SIZE - _HEADER_SUM.size  # 4088
+
+
+class FullBlockError(ValueError):
+    """Base of every Full Block format error: the block must be treated as a miss."""
+
+
+class BadMagic(FullBlockError):
+    def __init__(self, got: bytes) -> None:
+        super().__init__(f"bad Full Block magic {got!r}")
+        self.got = got
+
+
+class BadVersion(FullBlockError):
+    def __init__(self, got: int, supported: int = FORMAT_VERSION) -> None:
+        super().__init__(f"Full Block format version {got}, supported {supported}")
+        self.got = got
+        self.supported = supported
+
+
+class FingerprintMismatch(FullBlockError):
+    def __init__(self, expected: bytes, got: bytes) -> None:
+        super().__init__(f"fingerprint {got.hex()} != expected {expected.hex()}")
+        self.expected = expected
+        self.got = got
+
+
+class KeyMismatch(FullBlockError):
+    def __init__(self, expected: bytes, got: bytes) -> None:
+        super().__init__(f"block key {got.hex()} != expected {expected.hex()}")
+        self.expected = expected
+        self.got = got
+
+
+class SizeMismatch(FullBlockError):
+    def __init__(self, expected: int, got: int, what: str = "payload") -> None:
+        super().__init__(f"{what} size {got} != expected {expected}")
+        self.expected = expected
+        self.got = got
+        self.what = what
+
+
+class ChecksumMismatch(FullBlockError):
+    def __init__(self, key: bytes, part: str = "payload") -> None:
+        super().__init__(f"{part} checksum mismatch for block {key.hex()}")
+        self.key = key
+        self.part = part  # "header" or "payload"
+
+
+@dataclass(frozen=True, slots=True)
+class FullBlockHeader:
+    key: bytes
+    fingerprint: bytes
+    layout: KVLayout
+    payload_length: int
+    checksum: int  # xxh3_64 of the payload
+    version: int = FORMAT_VERSION
+
+
+def payload_checksum(payload: memoryview | bytes) -> int:
+    """xxh3_64 of the payload, computed in place (no copy)."""
+    return xxhash.xxh3_64_intdigest(payload)
+
+
+def payload_hasher() -> xxhash.xxh3_64:
+    """A streaming hasher whose ``intdigest()`` equals ``payload_checksum`` of the
+    bytes fed to it (lets a reader verify each chunk while it is cache-hot)."""
+    return xxhash.xxh3_64()
+
+
+def check_checksum(header: FullBlockHeader, checksum: int) -> None:
+    if checksum != header.checksum:
+        raise ChecksumMismatch(header.key, part="payload")
+
+
+def layer_block_range(layout: KVLayout, layer: int) -> tuple[int, int]:
+    """(offset, length) of one Layer Block within a Full Block payload."""
+    return layout.layer_block_range(layer)
+
+
+def encode_header(
+    key: bytes, fingerprint: bytes, layout: KVLayout, checksum: int
+) -> bytearray:
+    """The ``HEADER_SIZE`` header bytes of one block (checksum = of its payload)."""
+    buf = bytearray(HEADER_SIZE)
+    _FIELDS.pack_into(
+        buf, 0, MAGIC, FORMAT_VERSION, layout.dtype_code, HEADER_SIZE,
+        fingerprint, key, layout.n_layers, layout.block_size,
+        layout.n_kv_heads, layout.head_dim, layout.payload_bytes, checksum,
+    )  # fmt: skip
+    _HEADER_SUM.pack_into(buf, _HEADER_SUM_AT, _header_sum(buf))
+    return buf
+
+
+def _header_sum(buf: bytes | bytearray | memoryview) -> int:
+    return xxhash.xxh3_64_intdigest(memoryview(buf)[:_HEADER_SUM_AT])
+
+
+def decode_header(
+    buf: bytes | bytearray | memoryview,
+    *,
+    expected_key: bytes | None = None,
+    expected_fingerprint: bytes | None = None,
+    expected_layout: KVLayout | None = None,
+) -> FullBlockHeader:
+    """Parse and verify a header; raises a ``FullBlockError`` subclass on any fault."""
+    if len(buf) < HEADER_SIZE:
+        raise SizeMismatch(HEADER_SIZE, len(buf), what="header")
+    (magic, version, dcode, hsize, fp, key, n_layers, block_size, n_kv_heads,
+     head_dim, plen, checksum) = _FIELDS.unpack_from(buf, 0)  # fmt: skip
+    if magic != MAGIC:
+        raise BadMagic(magic)
+    if version != FORMAT_VERSION:
+        raise BadVersion(version)
+    if _HEADER_SUM.unpack_from(buf, _HEADER_SUM_AT)[0] != _header_sum(buf):
+        raise ChecksumMismatch(expected_key or key, part="header")
+    if hsize != HEADER_SIZE:
+        raise SizeMismatch(HEADER_SIZE, hsize, what="header")
+    if expected_fingerprint is not None and fp != expected_fingerprint:
+        raise FingerprintMismatch(expected_fingerprint, fp)
+    if expected_key is not None and key != expected_key:
+        raise KeyMismatch(expected_key, key)
+    layout = _layout(dcode, n_layers, block_size, n_kv_heads, head_dim)
+    _check_sizes(layout, plen, expected_layout)
+    return FullBlockHeader(key, fp, layout, plen, checksum, version)
+
+
+def _layout(dcode: int, n_layers: int, bs: int, heads: int, dim: int) -> KVLayout:
+    try:
+        return KVLayout(n_layers, heads, dim, dtype_name(dcode), bs)
+    except ValueError as exc:  # unknown dtype or a zero dim: a corrupt header
+        raise SizeMismatch(0, 0, what=f"layout ({exc})") from exc
+
+
+def _check_sizes(layout: KVLayout, plen: int, expected: KVLayout | None) -> None:
+    if plen != layout.payload_bytes:
+        raise SizeMismatch(layout.payload_bytes, plen)
+    if expected is not None and layout != expected:
+        raise SizeMismatch(expected.payload_bytes, plen, what=f"layout {layout}")
+
+
+def verify_payload(header: FullBlockHeader, payload: memoryview | bytes) -> None:
+    """Raise ``SizeMismatch`` / ``ChecksumMismatch`` unless the payload matches."""
+    if len(payload) != header.payload_length:
+        raise SizeMismatch(header.payload_length, len(payload))
+    check_checksum(header, payload_checksum(payload))

@@ -1,0 +1,140 @@
+"""Block identity: the model fingerprint and chained block keys.
+
+A block key names a prefix, not a chunk: ``h_i = H(h_{i-1} || tokens_i)`` where
+``tokens_i`` are the ``block_size`` token ids of block ``i`` as little-endian int32 and
+``h_{-1}`` is the model fingerprint, so the same tokens under another model, dtype or
+layout never share a key. ``H`` is xxh3-128 (16-byte keys). Only full blocks get keys.
+
+Keys are stable across processes and hosts (no Python ``hash()``, fixed byte order)
+and are rendered as lowercase hex for file names (``key_hex``).
+
+Example: tokens ``[t0..t127]`` with block_size 64 -> two keys
+``k0 = H(fp || t0..t63)``, ``k1 = H(k0 || t64..t127)``; a trailing partial block
+(tokens 128..150) gets no key.
+
+Owns: ``ModelFingerprint``, ``block_hashes``, ``chain_hash``, ``key_hex``.
+Does not own: where blocks live (``services/storage_gateway/store.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import xxhash
+
+from shared.kv.layout import KVLayout
+
+KEY_BYTES = 16
+FINGERPRINT_BYTES = 16
+LAYOUT_VERSION = 1  # bump when the paged-KV layout (axis order, K/V split) changes
+_TOKEN_DTYPE = np.dtype("<i4")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFingerprint:
+    """Everything that makes stored KV bytes of one model (in)compatible."""
+
+    model_id: str
+    dtype: str
+    block_size: int
+    n_layers: int
+    n_kv_heads: int
+    head_dim: int
+    layout_version: int = LAYOUT_VERSION
+
+    @classmethod
+    def from_layout(
+        cls, model_id: str, layout: KVLayout, layout_version: int = LAYOUT_VERSION
+    ) -> ModelFingerprint:
+        return cls(
+            model_id=model_id,
+            dtype=layout.dtype,
+            block_size=layout.block_size,
+            n_layers=layout.n_layers,
+            n_kv_heads=layout.n_kv_heads,
+            head_dim=layout.head_dim,
+            layout_version=layout_version,
+        )
+
+    @property
+    def layout(self) -> KVLayout:
+        return KVLayout(
+            n_layers=self.n_layers,
+            n_kv_heads=self.n_kv_heads,
+            head_dim=self.head_dim,
+            dtype=self.dtype,
+            block_size=self.block_size,
+        )
+
+    def canonical(self) -> bytes:
+        """The exact bytes hashed into the digest (a fixed, versioned text form)."""
+        fields = (
+            f"dualpath-kv/v{self.layout_version}",
+            self.model_id,
+            self.dtype,
+            f"bs={self.block_size}",
+            f"L={self.n_layers}",
+            f"H={self.n_kv_heads}",
+            f"D={self.head_dim}",
+        )
+        return "\x1f".join(fields).encode("utf-8")
+
+    def digest(self) -> bytes:
+        """16-byte stable digest; the salt of every block key of this model."""
+        return xxhash.xxh3_128_digest(self.canonical())
+
+
+def _as_tokens(token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Token ids as contiguous little-endian int32; out-of-range ids raise
+    ``OverflowError`` (numpy would silently wrap an int64 array)."""
+    if isinstance(token_ids, np.ndarray) and token_ids.dtype != _TOKEN_DTYPE:
+        info = np.iinfo(_TOKEN_DTYPE)
+        if token_ids.size and (token_ids.min() < info.min or token_ids.max() > info.max):
+            raise OverflowError("token id outside int32")
+    return np.ascontiguousarray(token_ids, dtype=_TOKEN_DTYPE)
+
+
+def chain_hash(parent: bytes, block_tokens: Sequence[int] | np.ndarray) -> bytes:
+    """Key of one block given its parent's key (or the fingerprint for block 0).
+
+    Used by decode to key each block the moment it fills.
+    """
+    data = _as_tokens(block_tokens)
+    h = xxhash.xxh3_128(parent)
+    h.update(memoryview(data).cast("B"))
+    return h.digest()
+
+
+def block_hashes(
+    token_ids: Sequence[int] | np.ndarray, block_size: int, fingerprint: bytes
+) -> list[bytes]:
+    """Chained keys of every full block of ``token_ids`` (partial tail ignored)."""
+    if block_size <= 0:
+        raise ValueError("block_size must be > 0")
+    tokens = _as_tokens(token_ids)
+    n_full = len(tokens) // block_size
+    raw = memoryview(tokens[: n_full * block_size]).cast("B")
+    stride = block_size * _TOKEN_DTYPE.itemsize
+    keys: list[bytes] = []
+    parent = fingerprint
+    for i in range(n_full):
+        h = xxhash.xxh3_128(parent)
+        h.update(raw[i * stride : (i + 1) * stride])
+        parent = h.digest()
+        keys.append(parent)
+    return keys
+
+
+def key_hex(key: bytes) -> str:
+    """Lowercase hex of a key: its file name stem."""
+    return key.hex()
+
+
+def key_from_hex(text: str) -> bytes:
+    """Inverse of ``key_hex``; ``ValueError`` on a malformed name."""
+    key = bytes.fromhex(text)
+    if len(key) != KEY_BYTES:
+        raise ValueError(f"block key must be {KEY_BYTES} bytes, got {len(key)}")
+    return key

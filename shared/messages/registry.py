@@ -1,0 +1,64 @@
+"""Announcements: every service publishes one on `{ns}.hb` at start and then as a heartbeat.
+
+The scheduler's view of live engines, traffic-managers and gateways is built only
+from these (no static peer list): a new process joins by announcing; one that stops
+heartbeating for `liveness_timeout_s` is dropped from assignment.
+"""
+from __future__ import annotations
+
+import msgspec
+
+
+class Base(msgspec.Struct, tag_field="kind", omit_defaults=True):
+    instance: str  # unique per process (uuid)
+    node: str  # host/node name the process serves
+    metrics_url: str = ""  # where its /metrics is served
+    pid: int = 0
+    leaving: bool = False  # sent once on clean shutdown: drop me now
+
+
+class KVLayout(msgspec.Struct, omit_defaults=True):
+    """How an engine's paged KV memory is laid out, so its TM can address blocks."""
+
+    shm_name: str  # POSIX shm segment holding (num_blocks, n_layers, 2, block_size, kv_heads, head_dim)
+    num_blocks: int
+    block_size: int  # tokens per block
+    n_layers: int
+    block_nbytes: int  # one Full Block payload (all layers)
+    layer_block_nbytes: int  # one Layer Block
+
+
+class EngineAnnounce(Base, tag="engine"):
+    engine: str = ""  # engine id (also its TM's key)
+    role: str = "prefill"  # prefill | decode
+    group: str = ""  # engine group; its leader talks to the scheduler
+    model_id: str = ""
+    max_context: int = 0
+    seq: int = 0  # requests assigned and not finished (seq_e)
+    tok: int = 0  # tokens of those requests (tok_e)
+    free_blocks: int = 0
+    total_blocks: int = 0
+    kv: KVLayout | None = None
+
+
+class TrafficManagerAnnounce(Base, tag="tm"):
+    engine: str = ""  # the engine this TM serves
+    endpoint: bytes = b""  # msgpack-encoded transport EndpointDesc
+    buffer_bytes: int = 0
+    buffer_free_bytes: int = 0
+    ready: bool = False  # attached to its engine's KV memory
+
+
+class GatewayAnnounce(Base, tag="gateway"):
+    read_q_blocks: int = 0
+    read_q_bytes: int = 0
+    store_root: str = ""
+
+
+class SchedulerAnnounce(Base, tag="scheduler"):
+    http_url: str = ""
+    queued: int = 0
+
+
+Announce = EngineAnnounce | TrafficManagerAnnounce | GatewayAnnounce | SchedulerAnnounce
+decoder = msgspec.msgpack.Decoder(Announce)

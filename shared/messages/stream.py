@@ -1,0 +1,18 @@
+"""Token stream back to the scheduler: hot path, so array_like and gc-free."""
+from __future__ import annotations
+
+import msgspec
+
+
+class TokenEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    req_id: str
+    tokens: list[int]  # new token ids, in order
+    index: int = 0  # position of tokens[0] in the generated sequence (0 = first token)
+    finish: str = ""  # "" while running; stop | length | error | cancelled
+    error: str = ""
+    source: str = ""  # engine id that produced the event
+    cached_tokens: int = 0  # set on the first event: prompt tokens served from the store
+
+
+encoder = msgspec.msgpack.Encoder()
+decoder = msgspec.msgpack.Decoder(TokenEvent)

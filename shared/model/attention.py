@@ -1,0 +1,175 @@
+"""Attention over the paged KV cache, and the cache-free reference attention.
+
+Owns: the per-step index tensors (StepIndex, built once and shared by every layer),
+writing new K/V into cache slots, and causal attention of the new tokens over
+positions [0, own position]. Sequences with one new token (decode) are attended in one
+padded, batched SDPA call; sequences with several new tokens (prefill, chunked
+prefill) get one SDPA call each. Linear layers are the caller's business.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from shared.model.batch import ForwardBatch, SeqSlice
+
+
+@dataclass(frozen=True)
+class DecodeGroup:
+    """All single-token sequences of a step, attended together (padded)."""
+
+    rows: torch.Tensor  # (B,) long: index into the step's N tokens
+    tables: torch.Tensor  # (B, max_blocks) long: block tables, padded with block 0
+    mask: torch.Tensor  # (B, 1, 1, max_blocks * block_size) bool: key is a real position
+
+
+@dataclass(frozen=True)
+class PrefillSlice:
+    """One multi-token sequence of a step, attended alone."""
+
+    first: int  # index into N of its first new token
+    count: int  # new tokens
+    start_pos: int  # cached tokens before them
+    table: torch.Tensor  # (n_blocks,) long: blocks covering positions [0, end)
+    mask: torch.Tensor | None  # (count, end) bool, None when start_pos == 0 (plain causal)
+
+
+@dataclass(frozen=True)
+class StepIndex:
+    tokens: torch.Tensor  # (N,) long: all new tokens, sequences concatenated
+    positions: torch.Tensor  # (N,) long: position of each new token
+    write_blocks: torch.Tensor  # (N,) long: cache block each new K/V goes to
+    write_rows: torch.Tensor  # (N,) long: row inside that block
+    last_index: torch.Tensor  # (n_seqs,) long: index into N of each sequence's last token
+    decode: DecodeGroup | None
+    prefills: list[PrefillSlice]
+
+    @staticmethod
+    def build(batch: ForwardBatch, block_size: int) -> StepIndex:
+        tokens: list[int] = []
+        positions: list[int] = []
+        blocks: list[int] = []
+        for s in batch:
+            s.check(block_size)
+            pos = range(s.start_pos, s.end_pos)
+            tokens.extend(s.token_ids)
+            positions.extend(pos)
+            blocks.extend(s.block_table[p // block_size] for p in pos)
+        lens = torch.tensor([len(s.token_ids) for s in batch], dtype=torch.long)
+        pos_t = torch.tensor(positions, dtype=torch.long)
+        firsts = (torch.cumsum(lens, 0) - lens).tolist()
+        return StepIndex(
+            tokens=torch.tensor(tokens, dtype=torch.long),
+            positions=pos_t,
+            write_blocks=torch.tensor(blocks, dtype=torch.long),
+            write_rows=pos_t % block_size,
+            last_index=torch.cumsum(lens, 0) - 1,
+            decode=_decode_group(list(batch), firsts, block_size),
+            prefills=[_prefill_slice(s, f, block_size) for s, f in zip(batch, firsts) if len(s.token_ids) > 1],
+        )
+
+
+def _decode_group(seqs: list[SeqSlice], firsts: list[int], block_size: int) -> DecodeGroup | None:
+    picked = [(s, f) for s, f in zip(seqs, firsts) if len(s.token_ids) == 1]
+    if not picked:
+        return None
+    n_blocks = [-(-s.end_pos // block_size) for s, _ in picked]
+    width = max(n_blocks)
+    tables = torch.zeros(len(picked), width, dtype=torch.long)
+    for i, ((s, _), n) in enumerate(zip(picked, n_blocks)):
+        tables[i, :n] = torch.tensor(s.block_table[:n], dtype=torch.long)
+    ends = torch.tensor([s.end_pos for s, _ in picked])
+    mask = torch.arange(width * block_size)[None, :] < ends[:, None]  # (B, L)
+    rows = torch.tensor([f for _, f in picked], dtype=torch.long)
+    return DecodeGroup(rows=rows, tables=tables, mask=mask[:, None, None, :])
+
+
+def _prefill_slice(s: SeqSlice, first: int, block_size: int) -> PrefillSlice:
+    n_blocks = -(-s.end_pos // block_size)
+    mask = None
+    if s.start_pos > 0:
+        q_pos = torch.arange(s.start_pos, s.end_pos)
+        mask = torch.arange(s.end_pos)[None, :] <= q_pos[:, None]  # (T, S)
+    table = torch.tensor(s.block_table[:n_blocks], dtype=torch.long)
+    return PrefillSlice(first, len(s.token_ids), s.start_pos, table, mask)
+
+
+def write_kv(layer_kv: torch.Tensor, idx: StepIndex, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Store the new tokens' K/V (N, n_kv, hd) in their cache slots.
+
+    layer_kv: (num_blocks, 2, block_size, n_kv, hd), one layer of the cache.
+    """
+    layer_kv[:, 0][idx.write_blocks, idx.write_rows] = k
+    layer_kv[:, 1][idx.write_blocks, idx.write_rows] = v
+
+
+def paged_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_kv: torch.Tensor, idx: StepIndex
+) -> torch.Tensor:
+    """Causal attention of the new tokens; returns (N, n_heads, hd).
+
+    q: (N, n_heads, hd); k, v: (N, n_kv, hd) the new tokens' K/V, already written to
+    layer_kv. Cached positions are read from layer_kv.
+    """
+    out = torch.empty_like(q)
+    if idx.decode is not None:
+        out[idx.decode.rows] = _decode_attention(q, layer_kv, idx.decode)
+    for p in idx.prefills:
+        out[p.first : p.first + p.count] = _prefill_attention(q, k, v, layer_kv, p)
+    return out
+
+
+def _gather(layer_kv: torch.Tensor, kv: int, blocks: torch.Tensor) -> torch.Tensor:
+    """K (kv=0) or V (kv=1) rows of `blocks` (any shape), flattened to (n * bs, n_kv, hd).
+
+    index_select copies each block's contiguous slab; advanced indexing on the same
+    strided view is several times slower.
+    """
+    slabs = layer_kv[:, kv].index_select(0, blocks.reshape(-1))  # (n, bs, n_kv, hd)
+    return slabs.view(-1, *slabs.shape[-2:])
+
+
+def _decode_attention(q: torch.Tensor, layer_kv: torch.Tensor, g: DecodeGroup) -> torch.Tensor:
+    b = g.tables.shape[0]
+    kc = _gather(layer_kv, 0, g.tables).view(b, -1, *layer_kv.shape[-2:]).transpose(1, 2)  # (B, n_kv, L, hd)
+    vc = _gather(layer_kv, 1, g.tables).view(b, -1, *layer_kv.shape[-2:]).transpose(1, 2)
+    qd = q[g.rows].unsqueeze(2)  # (B, nh, 1, hd)
+    o = F.scaled_dot_product_attention(qd, kc, vc, attn_mask=g.mask, enable_gqa=True)
+    return o.squeeze(2)  # (B, nh, hd)
+
+
+def _prefill_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_kv: torch.Tensor, p: PrefillSlice
+) -> torch.Tensor:
+    qs = q[p.first : p.first + p.count].transpose(0, 1)  # (nh, T, hd)
+    if p.mask is None:  # nothing cached: the whole context is the new tokens
+        ks = k[p.first : p.first + p.count].transpose(0, 1)  # (n_kv, T, hd)
+        vs = v[p.first : p.first + p.count].transpose(0, 1)
+    else:
+        end = p.start_pos + p.count
+        ks = _gather(layer_kv, 0, p.table)[:end].transpose(0, 1)  # (n_kv, S, hd)
+        vs = _gather(layer_kv, 1, p.table)[:end].transpose(0, 1)
+    o = F.scaled_dot_product_attention(
+        qs.unsqueeze(0), ks.unsqueeze(0), vs.unsqueeze(0),
+        attn_mask=p.mask, is_causal=p.mask is None, enable_gqa=True,
+    )  # (1, nh, T, hd)
+    return o[0].transpose(0, 1)  # (T, nh, hd)
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Plain causal attention by explicit softmax (the oracle; no SDPA, no cache).
+
+    q: (T, nh, hd); k, v: (T, n_kv, hd) -> (T, nh, hd).
+    """
+    t, nh, hd = q.shape
+    rep = nh // k.shape[1]
+    kr = k.repeat_interleave(rep, dim=1).transpose(0, 1)  # (nh, T, hd)
+    vr = v.repeat_interleave(rep, dim=1).transpose(0, 1)
+    scores = q.transpose(0, 1) @ kr.transpose(1, 2) / math.sqrt(hd)  # (nh, T, T)
+    future = torch.ones(t, t, dtype=torch.bool).triu(1)
+    scores = scores.masked_fill(future, float("-inf"))
+    return (scores.softmax(-1) @ vr).transpose(0, 1)  # (T, nh, hd)

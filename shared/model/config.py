@@ -1,0 +1,54 @@
+"""ModelConfig: the architecture of one decoder, as one frozen dataclass.
+
+Owns shapes and special ids only; it holds no weights and imports no torch, so the
+scheduler and the planners can read it too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "tiny"  # human-readable model name
+    vocab_size: int = 259  # rows of the embedding / columns of the logits
+    hidden_size: int = 128  # residual stream width (d_model)
+    intermediate_size: int = 384  # SwiGLU hidden width
+    n_layers: int = 4  # decoder blocks
+    n_heads: int = 4  # query heads
+    n_kv_heads: int = 2  # key/value heads (GQA: n_heads % n_kv_heads == 0)
+    head_dim: int = 32  # per-head width (usually hidden_size // n_heads)
+    rope_theta: float = 10000.0  # RoPE base frequency
+    rms_eps: float = 1e-5  # RMSNorm epsilon
+    max_position: int = 4096  # context length the model was trained for
+    tie_embeddings: bool = True  # lm_head shares the embedding matrix
+    attn_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
+    bos_id: int | None = None  # beginning-of-sequence token, if the model uses one
+    eos_ids: tuple[int, ...] = ()  # any of these ends generation
+    dtype: str = "float32"  # weight and KV dtype ("float32" on CPU)
+
+    def __post_init__(self) -> None:
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads={self.n_heads} not a multiple of n_kv_heads={self.n_kv_heads}")
+        if self.dtype not in _ITEMSIZE:
+            raise ValueError(f"dtype={self.dtype!r} not one of {sorted(_ITEMSIZE)}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element of weights and KV."""
+        return _ITEMSIZE[self.dtype]
+
+    @property
+    def kv_bytes_per_token_per_layer(self) -> int:
+        """K and V of one token in one layer, in bytes."""
+        return 2 * self.n_kv_heads * self.head_dim * self.itemsize
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of one token across all layers, in bytes."""
+        return self.n_layers * self.kv_bytes_per_token_per_layer

@@ -1,0 +1,52 @@
+"""Choosing the next token from logits: greedy, temperature, nucleus (top-p), seeded.
+
+Owns per-row sampling of one step. Each request brings its own torch.Generator (made
+from its seed by `make_generator`), so its tokens do not depend on which other
+requests share the batch. temperature == 0 means greedy (argmax, no randomness).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def make_generator(seed: int | None) -> torch.Generator:
+    """A CPU generator seeded with `seed` (or from OS entropy when None)."""
+    g = torch.Generator()
+    if seed is None:
+        g.seed()
+    else:
+        g.manual_seed(seed)
+    return g
+
+
+def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Zero all but the smallest set of most likely tokens whose mass reaches top_p.
+
+    probs: (vocab,) summing to 1 -> (vocab,) renormalized.
+    """
+    if top_p >= 1.0:
+        return probs
+    sorted_p, order = probs.sort(descending=True)
+    before = sorted_p.cumsum(0) - sorted_p  # mass of strictly more likely tokens
+    sorted_p = sorted_p.masked_fill(before >= top_p, 0.0)  # the top token always stays
+    kept = torch.zeros_like(probs).scatter_(0, order, sorted_p)
+    return kept / kept.sum()
+
+
+def sample(
+    logits: torch.Tensor,
+    temperature: Sequence[float],
+    top_p: Sequence[float],
+    generators: Sequence[torch.Generator | None],
+) -> list[int]:
+    """One token per row of logits (n, vocab); per-row temperature, top_p, generator."""
+    logits = logits.float()
+    out = logits.argmax(-1).tolist()  # greedy for every row; sampled rows overwritten
+    for i, t in enumerate(temperature):
+        if t > 0.0:
+            probs = top_p_filter(torch.softmax(logits[i] / t, -1), top_p[i])
+            out[i] = int(torch.multinomial(probs, 1, generator=generators[i]).item())
+    return out

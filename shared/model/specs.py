@@ -1,0 +1,36 @@
+"""Model specs: the one string that names a model everywhere (config files, CLI). No torch.
+
+    "tiny"              random-init small model + byte tokenizer (seeded)
+    "random:<json>"     random-init of any shape: ModelConfig fields as JSON, over tiny's
+    "smollm2"           the default real model (fetched into the cache if missing)
+    "/path/m.gguf"      a GGUF file (llama architecture, gpt2 byte-level BPE tokenizer)
+    "/path/hf_dir"      a Hugging Face directory: config.json + *.safetensors + tokenizer.json
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class UnknownModelSpec(ValueError):
+    def __init__(self, spec: str) -> None:
+        super().__init__(f"unknown model spec {spec!r}: want tiny, random:<json>, smollm2, a .gguf file or an HF directory")
+        self.spec = spec
+
+
+def resolve_spec(spec: str) -> tuple[str, str | None]:
+    """(kind, argument): kind is tiny | random | gguf | hf; argument a path or JSON."""
+    if spec == "tiny":
+        return "tiny", None
+    if spec.startswith("random:"):
+        return "random", spec[len("random:") :]
+    if spec == "smollm2":
+        from shared.model.fetch import ensure_default_model
+
+        return "gguf", str(ensure_default_model())
+    path = Path(spec).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return "gguf", str(path)
+    if path.is_dir() and (path / "config.json").is_file():
+        return "hf", str(path)
+    raise UnknownModelSpec(spec)

@@ -1,0 +1,64 @@
+"""OpenTelemetry set-up and trace-context propagation through NATS headers.
+
+Owns the tracer provider of one process. Spans are exported over OTLP/HTTP when
+`OTEL_EXPORTER_OTLP_ENDPOINT` is set (e.g. a Jaeger all-in-one at :4318), otherwise
+they are created but dropped. Context travels as W3C `traceparent` in NATS headers.
+"""
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+
+_provider: TracerProvider | None = None
+
+
+def setup_tracing(service: str, instance: str, exporter: SpanExporter | None = None) -> TracerProvider:
+    """Install the process-wide provider once; later calls return the same one."""
+    global _provider
+    if _provider is not None:
+        return _provider
+    resource = Resource.create({"service.name": service, "service.instance.id": instance})
+    provider = TracerProvider(resource=resource)
+    if exporter is None and os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter()
+    if exporter is not None:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    _provider = provider
+    return provider
+
+
+def shutdown_tracing() -> None:
+    """Flush pending spans (called from every service's shutdown path)."""
+    if _provider is not None:
+        _provider.force_flush(timeout_millis=3000)
+        _provider.shutdown()
+
+
+def tracer(name: str) -> trace.Tracer:
+    return trace.get_tracer(name)
+
+
+def inject_headers(headers: dict[str, str] | None = None, ctx: otel_context.Context | None = None) -> dict[str, str]:
+    """Headers carrying the current (or given) trace context."""
+    headers = dict(headers or {})
+    propagate.inject(headers, context=ctx)
+    return headers
+
+
+def extract_context(headers: Mapping[str, str] | None) -> otel_context.Context:
+    return propagate.extract(dict(headers or {}))
+
+
+def trace_id_hex(ctx: otel_context.Context | None = None) -> str:
+    span = trace.get_current_span(ctx)
+    sc = span.get_span_context()
+    return format(sc.trace_id, "032x") if sc.is_valid else ""

@@ -1,0 +1,145 @@
+"""The data-plane contract: descriptors, traffic classes, ops, Endpoint and Peer.
+
+Owns the types every backend (shm, tcp, verbs) implements and every traffic-manager
+uses; owns no I/O. Bulk KV bytes move only through these calls, never over NATS; what
+travels over NATS is an `EndpointDesc` (msgspec, so it can ride in any control message).
+
+Model: an endpoint owns named *regions* (its DRAM buffer, its engine's KV memory). A
+transfer is one-sided: the initiator names (remote region, offset, length) and the
+remote CPU runs no per-transfer logic beyond what the backend needs.
+
+Example sequence (PE traffic-manager pulls two layer blocks from a DE buffer):
+    ep = create_endpoint("tcp", node="pe0"); await ep.start()
+    ep.register("kv", kv_shm.buf, shm_name=kv_shm.name)
+    # ... DE TM announced de_desc = de_ep.desc() over NATS ...
+    peer = await ep.connect(de_desc)
+    await peer.read([Op("kv", 0, "buf", 4096, 96 << 10),
+                     Op("kv", 96 << 10, "buf", 200704, 96 << 10)], TrafficClass.LATENCY)
+    # returns once both blocks are in local "kv"; PeerGone / TransferTimeout otherwise.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import os
+import socket
+
+import msgspec
+
+
+class TrafficClass(enum.IntEnum):
+    """Two classes on every link (DESIGN §5)."""
+
+    LATENCY = 0  # layer blocks on the critical path of a running prefill
+    BULK = 1  # storage prefetch for queued work, persistence of decoded blocks
+
+
+class Op(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """One contiguous copy. For write/copy_local: local -> remote; for read: remote -> local.
+
+    For `Endpoint.copy_local`, `remote_region` names another region of the same endpoint.
+    """
+
+    local_region: str
+    local_offset: int
+    remote_region: str
+    remote_offset: int
+    length: int
+
+
+class RegionDesc(msgspec.Struct, omit_defaults=True, frozen=True):
+    """A registered region as announced to peers (immutable: descs are shared)."""
+
+    name: str
+    size: int
+    rid: int = 0  # small wire id (tcp header field), unique per endpoint
+    shm: str = ""  # POSIX shm segment name when the region lives in /dev/shm
+    addr: int = 0  # verbs: virtual address the MR was registered at
+    rkey: int = 0  # verbs: remote key of the MR
+
+
+class EndpointDesc(msgspec.Struct, omit_defaults=True):
+    """Everything a peer needs to connect; re-read `desc()` after registering regions."""
+
+    backend: str  # "shm" | "tcp" | "verbs"
+    node: str  # the TM's logical id (topology name), for errors and logs
+    host_id: str  # same value <=> same host and same /dev/shm (shm fast path allowed)
+    pid: int = 0  # owner process, for shm liveness checks
+    host: str = ""
+    port: int = 0
+    regions: list[RegionDesc] = []
+    alive: str = ""  # shm: liveness segment name (byte 0 is 1 while the endpoint is open)
+    gid: str = ""  # verbs: port GID (hex), RoCE / global routing
+    lid: int = 0  # verbs: port LID (InfiniBand)
+    sl: dict[int, int] = {}  # verbs: TrafficClass -> service level of that class's QP
+
+    def region(self, name: str) -> RegionDesc | None:
+        for r in self.regions:
+            if r.name == name:
+                return r
+        return None
+
+
+def host_id() -> str:
+    """Identify this host *and* its /dev/shm mount: equal ids can share segments."""
+    boot = ""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        pass
+    try:
+        dev = os.stat("/dev/shm").st_dev
+    except OSError:
+        dev = -1
+    return f"{socket.gethostname()}/{boot}/{dev}"
+
+
+class Peer(abc.ABC):
+    """A connection from a local endpoint to one remote endpoint."""
+
+    name: str
+
+    @abc.abstractmethod
+    async def write(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None) -> None:
+        """Copy local -> remote for every op; returns when all bytes are in the remote region."""
+
+    @abc.abstractmethod
+    async def read(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None) -> None:
+        """Copy remote -> local for every op; returns when all bytes are in the local region."""
+
+    def refresh(self, remote: EndpointDesc) -> None:
+        """Take a newer announcement of the same remote (regions registered after connect)."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Drop the connection; in-flight transfers fail with PeerGone."""
+
+
+class Endpoint(abc.ABC):
+    """One traffic-manager's side of the data plane."""
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Bind servers / open devices. Regions may be registered before or after."""
+
+    @abc.abstractmethod
+    def desc(self) -> EndpointDesc:
+        """The current announcement (includes every region registered so far)."""
+
+    @abc.abstractmethod
+    def register(self, name: str, buf: memoryview, *, shm_name: str = "") -> RegionDesc:
+        """Make `buf` addressable as `name`; `shm_name` if it is a /dev/shm segment."""
+
+    @abc.abstractmethod
+    async def connect(self, remote: EndpointDesc) -> Peer:
+        """Open a peer to `remote` (shm fast path where possible under "auto")."""
+
+    @abc.abstractmethod
+    async def copy_local(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None) -> None:
+        """Copy between two local regions (buffer <-> KV memory: H2D/D2H), class-scheduled."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Stop serving; peers connected to us see PeerGone."""

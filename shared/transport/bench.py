@@ -1,0 +1,170 @@
+"""`python -m shared.transport.bench`: data-plane figures against their baselines.
+
+Owns the benchmark only. Prints, for 64 MiB moved in layer-block-sized pieces (96 KiB):
+tcp backend vs a raw loopback socket, shm backend vs an in-process memcpy, and the
+latency-class transfer time of one layer block on an idle link vs with bulk traffic
+saturating the same link (tcp, DRR 99:1). Runs on uvloop, like the services.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import threading
+import time
+
+import numpy as np
+
+from . import Op, ShmRegion, TrafficClass, create_endpoint, new_name
+
+MIB = 1 << 20
+BLOCK = 96 << 10
+
+
+def raw_socket_seconds(total: int, block: int) -> float:
+    """Blocking loopback socket: sendall per block, receiver recv_into one buffer."""
+    lsock = socket.create_server(("127.0.0.1", 0))
+    src, dst = memoryview(os.urandom(total)), memoryview(bytearray(total))
+
+    def recv() -> None:
+        conn, _ = lsock.accept()
+        got = 0
+        while got < total:
+            got += conn.recv_into(dst[got:])
+        conn.sendall(b"k")
+        conn.close()
+
+    th = threading.Thread(target=recv)
+    th.start()
+    s = socket.create_connection(lsock.getsockname())
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    t = time.perf_counter()
+    for off in range(0, total, block):
+        s.sendall(src[off : off + block])
+    s.recv(1)
+    dt = time.perf_counter() - t
+    th.join()
+    s.close()
+    lsock.close()
+    return dt
+
+
+def memcpy_seconds(total: int, block: int) -> float:
+    a, b = ShmRegion.create(new_name("bm"), total), ShmRegion.create(new_name("bm"), total)
+    try:
+        best = float("inf")
+        for _ in range(3):
+            t = time.perf_counter()
+            for off in range(0, total, block):
+                b.buf[off : off + block] = a.buf[off : off + block]
+            best = min(best, time.perf_counter() - t)
+        return best
+    finally:
+        for r in (a, b):
+            r.close()
+            r.unlink()
+
+
+class Rig:
+    """Two endpoints of one backend with `total`-byte shm regions, connected."""
+
+    def __init__(self, backend: str, total: int) -> None:
+        self.backend, self.total = backend, total
+
+    async def __aenter__(self) -> Rig:
+        self.a = create_endpoint(self.backend, node="pe")
+        self.b = create_endpoint(self.backend, node="de")
+        self.ra, self.rb = ShmRegion.create(new_name("bm"), self.total), ShmRegion.create(new_name("bm"), self.total)
+        self.ra.buf[:] = os.urandom(self.total)
+        await self.a.start()
+        await self.b.start()
+        self.a.register("kv", self.ra.buf, shm_name=self.ra.name)
+        self.b.register("buf", self.rb.buf, shm_name=self.rb.name)
+        self.peer = await self.a.connect(self.b.desc())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.peer.close()
+        await self.a.close()
+        await self.b.close()
+        for r in (self.ra, self.rb):
+            r.close()
+            r.unlink()
+
+    def ops(self, block: int, n: int | None = None) -> list[Op]:
+        count = self.total // block if n is None else n
+        return [Op("kv", i * block, "buf", i * block, block) for i in range(count)]
+
+
+async def backend_seconds(backend: str, total: int, block: int) -> float:
+    async with Rig(backend, total) as rig:
+        ops, best = rig.ops(block), float("inf")
+        for _ in range(3):
+            t = time.perf_counter()
+            await rig.peer.write(ops, TrafficClass.BULK)
+            best = min(best, time.perf_counter() - t)
+        assert rig.ra.buf[: len(ops) * block] == rig.rb.buf[: len(ops) * block]
+        return best
+
+
+async def latency_seconds(total: int, block: int, samples: int) -> tuple[float, float]:
+    """Median time of one latency-class block write: idle, then under saturating bulk."""
+    async with Rig("tcp", total) as rig:
+        one = rig.ops(block, 1)
+
+        async def measure() -> float:
+            ts = []
+            for _ in range(samples):
+                t = time.perf_counter()
+                await rig.peer.write(one, TrafficClass.LATENCY)
+                ts.append(time.perf_counter() - t)
+                await asyncio.sleep(0.001)
+            return statistics.median(ts)
+
+        idle = await measure()
+        stop = asyncio.Event()
+
+        async def bulk() -> None:
+            big = [Op("kv", block, "buf", block, total - block)]
+            while not stop.is_set():
+                await rig.peer.write(big, TrafficClass.BULK)
+
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(bulk())
+            await asyncio.sleep(0.05)
+            busy = await measure()
+            stop.set()
+        return idle, busy
+
+
+async def run(total: int, block: int, samples: int) -> None:
+    raw = raw_socket_seconds(total, block)
+    tcp = await backend_seconds("tcp", total, block)
+    mem = memcpy_seconds(total, block)
+    shm = await backend_seconds("shm", total, block)
+    idle, busy = await latency_seconds(total, block, samples)
+    gb = total / 1e9
+    print(f"payload: {total // MIB} MiB in {block // 1024} KiB pieces")
+    print(f"tcp  backend {gb / tcp:6.2f} GB/s | raw socket {gb / raw:6.2f} GB/s | tcp/raw time ratio {tcp / raw:.2f}x")
+    print(f"shm  backend {gb / shm:6.2f} GB/s | memcpy     {gb / mem:6.2f} GB/s | shm/memcpy time ratio {shm / mem:.2f}x")
+    print(f"latency class, one {block // 1024} KiB block over tcp: idle {idle * 1e6:.0f} us | "
+          f"under saturating bulk {busy * 1e6:.0f} us | +{(busy / idle - 1) * 100:.0f}%")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--mib", type=int, default=64)
+    ap.add_argument("--block-kib", type=int, default=96)
+    ap.add_argument("--samples", type=int, default=200)
+    args = ap.parse_args()
+    np.random.seed(0)
+    import uvloop
+
+    uvloop.run(run(args.mib * MIB, args.block_kib << 10, args.samples))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""Traffic classes on a software-scheduled link (tcp, shm): deficit round robin over bytes.
+
+Owns the pure scheduler (`DrrScheduler`, `split`) and a small async sender
+(`ClassSender`) that drains it onto one link. Verbs links do not use this: there each
+class is its own QP with its own service level and the fabric arbitrates.
+
+Model: every transfer is cut into chunks of at most CHUNK bytes (`split`), so a latency
+op never waits behind more than one batch of bulk bytes. Each class has a FIFO and a
+deficit counter; a class's quantum is weight * CHUNK bytes. The scheduler is
+work-conserving: a class with an empty queue banks no credit and is skipped, so bulk
+alone gets the whole link.
+
+Example (weights 99:1, CHUNK 256 KiB): bulk pushes 40 chunks, latency pushes 3.
+pop -> L, L, L (latency credit 99*CHUNK covers them), then B, B, ... (only bulk left).
+With both queues always full: 99 latency chunks, 1 bulk chunk, 99 latency, ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+CHUNK = 256 << 10
+DEFAULT_WEIGHTS = (99, 1)
+
+
+def split(offset: int, length: int, chunk: int = CHUNK) -> list[tuple[int, int]]:
+    """Cut [offset, offset+length) into (offset, length) pieces of at most `chunk`."""
+    if length <= chunk:
+        return [(offset, length)]
+    return [(offset + o, min(chunk, length - o)) for o in range(0, length, chunk)]
+
+
+class DrrScheduler(Generic[T]):
+    """Deficit round robin across classes 0..n-1; items carry their byte size."""
+
+    def __init__(self, weights: Sequence[int] = DEFAULT_WEIGHTS, quantum: int = CHUNK) -> None:
+        if not weights or any(w <= 0 for w in weights):
+            raise ValueError(f"weights must be positive, got {weights!r}")
+        self._quantum = [w * quantum for w in weights]
+        self._queues: list[deque[tuple[T, int]]] = [deque() for _ in weights]
+        self._deficit = [0] * len(weights)
+        self._cur = 0
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def push(self, cls: int, item: T, nbytes: int) -> None:
+        self._queues[cls].append((item, nbytes))
+        self._count += 1
+
+    def pop(self) -> tuple[int, T] | None:
+        """Next (class, item) in DRR order, or None when every queue is empty."""
+        if not self._count:
+            return None
+        while True:
+            q = self._queues[self._cur]
+            if q and self._deficit[self._cur] >= q[0][1]:
+                return self._take(self._cur)
+            if not q:
+                self._deficit[self._cur] = 0  # idle classes bank no credit
+            self._cur = (self._cur + 1) % len(self._queues)
+            if self._queues[self._cur]:
+                self._deficit[self._cur] += self._quantum[self._cur]
+
+    def pop_batch(self, max_bytes: int) -> list[tuple[int, T]]:
+        """Pop in DRR order until `max_bytes` would be exceeded (always at least one)."""
+        out: list[tuple[int, T]] = []
+        total = 0
+        while self._count:
+            nxt = self._peek_size()
+            if out and total + nxt > max_bytes:
+                break
+            got = self.pop()
+            assert got is not None
+            out.append(got)
+            total += nxt
+        return out
+
+    def _peek_size(self) -> int:
+        for i in range(len(self._queues)):
+            q = self._queues[(self._cur + i) % len(self._queues)]
+            if q:
+                return q[0][1]
+        return 0
+
+    def _take(self, cls: int) -> tuple[int, T]:
+        item, nbytes = self._queues[cls].popleft()
+        self._deficit[cls] -= nbytes
+        self._count -= 1
+        if not self._queues[cls]:
+            self._deficit[cls] = 0
+        return cls, item
+
+
+class ClassSender(Generic[T]):
+    """Drains a DrrScheduler onto one link through `emit(batch)`, one batch at a time.
+
+    `submit` never blocks; `run` is the worker (its owner runs it as a task). `emit`
+    gets the items of one batch (<= batch_bytes, DRR order) and sends them with one
+    syscall where the link allows. If `emit` raises, `on_error` gets the exception and
+    the sender stops.
+    """
+
+    def __init__(
+        self,
+        emit: Callable[[list[T]], Awaitable[None]],
+        weights: Sequence[int] = DEFAULT_WEIGHTS,
+        batch_bytes: int = CHUNK,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self._sched: DrrScheduler[T] = DrrScheduler(weights, CHUNK)
+        self._emit = emit
+        self._batch_bytes = batch_bytes
+        self._on_error = on_error
+        self._wake = asyncio.Event()
+        self.sent_bytes = [0] * len(weights)
+
+    def submit(self, cls: int, item: T, nbytes: int) -> None:
+        self._sched.push(cls, item, nbytes)
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            if not len(self._sched):
+                self._wake.clear()
+                await self._wake.wait()
+            batch = self._sched.pop_batch(self._batch_bytes)
+            try:
+                await self._emit([item for _, item in batch])
+                del batch  # no views kept alive while idle
+            except Exception as exc:  # the link is broken: report once, stop
+                if self._on_error is not None:
+                    self._on_error(exc)
+                return

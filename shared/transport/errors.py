@@ -1,0 +1,69 @@
+"""Typed data-plane errors: every failure that crosses the transport boundary.
+
+Owns the exception classes only. Each carries the fields a caller needs to decide what
+to do (retry elsewhere, drop the peer, fix a bad offset) without parsing a message.
+"""
+
+from __future__ import annotations
+
+
+class TransportError(Exception):
+    """Base class of every data-plane error."""
+
+
+class BackendUnavailable(TransportError):
+    """A backend cannot run here (no RDMA device, pyverbs missing)."""
+
+    def __init__(self, backend: str, reason: str) -> None:
+        super().__init__(f"backend {backend!r} unavailable: {reason}")
+        self.backend = backend
+        self.reason = reason
+
+
+class RegionNotFound(TransportError):
+    """A region name (or wire id) is not registered on the side that was asked."""
+
+    def __init__(self, name: str, where: str = "local") -> None:
+        super().__init__(f"{where} region {name!r} not registered")
+        self.name = name
+        self.where = where
+
+
+class OutOfBounds(TransportError):
+    """offset+length does not fit inside the region."""
+
+    def __init__(self, region: str, offset: int, length: int, size: int) -> None:
+        super().__init__(f"region {region!r}: [{offset}, {offset}+{length}) outside size {size}")
+        self.region = region
+        self.offset = offset
+        self.length = length
+        self.size = size
+
+
+class PeerGone(TransportError):
+    """The remote endpoint closed, died or its connection broke."""
+
+    def __init__(self, peer: str, reason: str = "") -> None:
+        super().__init__(f"peer {peer!r} gone" + (f": {reason}" if reason else ""))
+        self.peer = peer
+        self.reason = reason
+
+
+class TransferTimeout(TransportError):
+    """A transfer did not complete before its deadline."""
+
+    def __init__(self, peer: str, timeout: float, nbytes: int) -> None:
+        super().__init__(f"transfer of {nbytes} B with {peer!r} exceeded {timeout:.3f}s")
+        self.peer = peer
+        self.timeout = timeout
+        self.nbytes = nbytes
+
+
+class RemoteError(TransportError):
+    """The remote side rejected a request for a reason with no closer class."""
+
+    def __init__(self, peer: str, code: int, detail: str) -> None:
+        super().__init__(f"peer {peer!r} error {code}: {detail}")
+        self.peer = peer
+        self.code = code
+        self.detail = detail

@@ -1,0 +1,99 @@
+"""What every endpoint has locally: regions, copy worker, liveness marker, announcement.
+
+Owns `LocalSide`, the shared half of all backends: region registration, `copy_local`
+(buffer <-> KV memory, class-scheduled on the CopyWorker), the liveness segment peers on
+the same host check (byte 0 is 1 while open), and the base `EndpointDesc`. Backends add
+their wire (server, QPs) on top.
+
+Example: `register("buf", shm.buf, shm_name=shm.name)` -> RegionDesc(rid=1, shm=...);
+`await copy_local([Op("buf", 0, "kv", 8192, 4096)], LATENCY)` copies buf[0:4096] into
+kv[8192:12288].
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from .aio import deadline
+from .base import EndpointDesc, Op, RegionDesc, TrafficClass, host_id
+from .classes import DEFAULT_WEIGHTS
+from .copier import CopyWorker
+from .regions import RegionTable
+from .shm_region import ShmRegion, new_name
+
+
+class Liveness:
+    """A one-page shm segment whose byte 0 says whether its endpoint is open."""
+
+    def __init__(self) -> None:
+        self.region = ShmRegion.create(new_name("alive"), 4096)
+        self.region.buf[0] = 1
+
+    @property
+    def name(self) -> str:
+        return self.region.name
+
+    def close(self) -> None:
+        self.region.buf[0] = 0
+        self.region.unlink()
+        self.region.close()
+
+
+def process_alive(pid: int) -> bool:
+    if pid <= 0 or pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class LocalSide:
+    """Regions + local copies + liveness; subclassed by each backend's Endpoint."""
+
+    backend = "local"
+
+    def __init__(self, node: str, weights: Sequence[int] = DEFAULT_WEIGHTS, timeout: float | None = None) -> None:
+        self.node = node
+        self.weights = tuple(weights)
+        self.timeout = timeout
+        self.regions = RegionTable()
+        self.copier = CopyWorker(self.weights, name=f"dp-copy-{node}")
+        self.liveness = Liveness()
+        self.host_id = host_id()
+        self._closed = False
+
+    def register(self, name: str, buf: memoryview, *, shm_name: str = "") -> RegionDesc:
+        return self.regions.add(name, buf, shm_name=shm_name)
+
+    def base_desc(self, **extra: object) -> EndpointDesc:
+        return EndpointDesc(
+            backend=self.backend, node=self.node, host_id=self.host_id, pid=os.getpid(),
+            regions=self.regions.descs(), alive=self.liveness.name, **extra,  # type: ignore[arg-type]
+        )
+
+    async def copy_local(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None) -> None:
+        """Copy local_region[local_offset:] -> remote_region[remote_offset:] (both local)."""
+        pairs = [
+            (self.regions.resolve(o.remote_region, o.remote_offset, o.length),
+             self.regions.resolve(o.local_region, o.local_offset, o.length))
+            for o in ops
+        ]
+        async with deadline(timeout if timeout is not None else self.timeout, self.node, _nbytes(ops)):
+            await self.copier.copy(pairs, int(cls))
+
+    def close_local(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.liveness.close()
+        self.copier.close()
+        self.regions.clear()
+
+
+def _nbytes(ops: list[Op]) -> int:
+    return sum(o.length for o in ops)

@@ -1,0 +1,77 @@
+"""Local region table: name/wire-id -> memoryview, with bounds checks.
+
+Owns the bookkeeping every backend shares; owns no I/O. `resolve` is on the hot path of
+every op, so it is a dict lookup plus one comparison and a slice.
+
+Example: `t.add("buf", mv)` -> RegionDesc(name="buf", size=len(mv), rid=1);
+`t.resolve("buf", 4096, 512)` -> mv[4096:4608]; `t.resolve("buf", len(mv), 1)` raises
+OutOfBounds("buf", len(mv), 1, len(mv)); `t.by_rid(9, 0, 1)` raises RegionNotFound("#9").
+"""
+
+from __future__ import annotations
+
+from .base import RegionDesc
+from .errors import OutOfBounds, RegionNotFound
+
+
+def as_bytes_view(buf: memoryview | bytearray) -> memoryview:
+    """A flat, writable, unsigned-byte view of `buf` (any C-contiguous buffer)."""
+    mv = memoryview(buf)
+    if mv.readonly:
+        raise ValueError("region buffer must be writable")
+    if not mv.c_contiguous:
+        raise ValueError("region buffer must be C-contiguous")
+    return mv.cast("B") if (mv.format != "B" or mv.ndim != 1) else mv
+
+
+def check_bounds(region: str, offset: int, length: int, size: int) -> None:
+    if offset < 0 or length < 0 or offset + length > size:
+        raise OutOfBounds(region, offset, length, size)
+
+
+class RegionTable:
+    """Regions of one endpoint. Ids start at 1 and are never reused."""
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, tuple[RegionDesc, memoryview]] = {}
+        self._by_rid: dict[int, tuple[RegionDesc, memoryview]] = {}
+        self._next = 1
+
+    def add(self, name: str, buf: memoryview | bytearray, *, shm_name: str = "", **extra: int) -> RegionDesc:
+        if name in self._by_name:
+            raise ValueError(f"region {name!r} already registered")
+        mv = as_bytes_view(buf)
+        desc = RegionDesc(name=name, size=len(mv), rid=self._next, shm=shm_name, **extra)
+        self._next += 1
+        self._by_name[name] = self._by_rid[desc.rid] = (desc, mv)
+        return desc
+
+    def descs(self) -> list[RegionDesc]:
+        return [d for d, _ in self._by_name.values()]
+
+    def desc(self, name: str) -> RegionDesc:
+        try:
+            return self._by_name[name][0]
+        except KeyError:
+            raise RegionNotFound(name) from None
+
+    def resolve(self, name: str, offset: int, length: int) -> memoryview:
+        try:
+            desc, mv = self._by_name[name]
+        except KeyError:
+            raise RegionNotFound(name) from None
+        check_bounds(name, offset, length, desc.size)
+        return mv[offset : offset + length]
+
+    def by_rid(self, rid: int, offset: int, length: int) -> memoryview:
+        try:
+            desc, mv = self._by_rid[rid]
+        except KeyError:
+            raise RegionNotFound(f"#{rid}") from None
+        check_bounds(desc.name, offset, length, desc.size)
+        return mv[offset : offset + length]
+
+    def clear(self) -> None:
+        """Forget every region (views are released by their owners)."""
+        self._by_name.clear()
+        self._by_rid.clear()

@@ -1,0 +1,66 @@
+"""Backends by name: `create_endpoint("shm" | "tcp" | "verbs" | "auto", ...)`.
+
+Owns the name -> factory table and the "auto" rule; a backend's heavy import (pyverbs)
+happens only inside its factory.
+
+"auto": verbs when an RDMA device is present, else tcp; either way a peer on the same
+host whose regions are all shm segments is served by the shm fast path (ShmPeer).
+Example: `ep = create_endpoint("auto", node="pe0-tm")` on a laptop -> TcpEndpoint with
+shm_fast_path=True; `await ep.connect(de_desc)` -> ShmPeer if de_desc.host_id matches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .base import Endpoint
+from .classes import DEFAULT_WEIGHTS
+from .errors import BackendUnavailable
+
+
+def _shm(node: str, host: str, port: int, weights: Sequence[int], **opts: Any) -> Endpoint:
+    from .shm import ShmEndpoint
+
+    return ShmEndpoint(node, weights, timeout=opts.get("timeout"))
+
+
+def _tcp(node: str, host: str, port: int, weights: Sequence[int], **opts: Any) -> Endpoint:
+    from .tcp import TcpEndpoint
+
+    return TcpEndpoint(node, host, port, weights, timeout=opts.get("timeout"),
+                       shm_fast_path=opts.get("shm_fast_path", False))
+
+
+def _verbs(node: str, host: str, port: int, weights: Sequence[int], **opts: Any) -> Endpoint:
+    from .verbs import VerbsEndpoint  # imports pyverbs
+
+    return VerbsEndpoint(node, host, port, weights, **opts)
+
+
+def _auto(node: str, host: str, port: int, weights: Sequence[int], **opts: Any) -> Endpoint:
+    opts.setdefault("shm_fast_path", True)
+    try:
+        return _verbs(node, host, port, weights, **opts)
+    except BackendUnavailable:
+        return _tcp(node, host, port, weights, **opts)
+
+
+BACKENDS: dict[str, Callable[..., Endpoint]] = {"shm": _shm, "tcp": _tcp, "verbs": _verbs, "auto": _auto}
+
+
+def create_endpoint(
+    backend: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    node: str = "tm",
+    weights: Sequence[int] = DEFAULT_WEIGHTS,
+    **opts: Any,
+) -> Endpoint:
+    """Build an endpoint (not started). opts: timeout (s), shm_fast_path, verbs: device, port_num, gid_index, sl."""
+    try:
+        factory = BACKENDS[backend]
+    except KeyError:
+        raise ValueError(f"unknown transport backend {backend!r}; choose from {sorted(BACKENDS)}") from None
+    return factory(node, host, port, weights, **opts)

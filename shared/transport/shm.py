@@ -1,0 +1,131 @@
+"""The shm backend: peers on the same host copy straight into each other's segments.
+
+Owns `ShmEndpoint` (no server: regions are /dev/shm segments announced by name) and
+`ShmPeer` (attaches the remote's segments lazily and copies with the CopyWorker). The
+same `ShmPeer` is the "auto" fast path of the tcp and verbs endpoints when the remote
+has the same `host_id` and its regions are shm segments.
+
+Example: DE TM announces desc(regions=[RegionDesc("buf", 1 GiB, shm="dp-buf-ab12")],
+alive="dp-alive-cd34", pid=4242). PE TM: `peer = await ep.connect(desc)` maps
+dp-alive-cd34; `await peer.write([Op("kv", 0, "buf", 0, 96K)], LATENCY)` maps dp-buf-ab12
+once, checks the liveness byte and pid 4242, then copies kv[0:96K] -> buf[0:96K].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .aio import deadline
+from .base import Endpoint, EndpointDesc, Op, Peer, RegionDesc, TrafficClass
+from .classes import DEFAULT_WEIGHTS
+from .copier import CopyWorker, Pair
+from .errors import PeerGone, RegionNotFound, TransportError
+from .local import LocalSide, process_alive
+from .regions import RegionTable, check_bounds
+from .shm_region import ShmRegion
+
+
+def shm_reachable(local_host_id: str, remote: EndpointDesc) -> bool:
+    """True when `remote` can be served by plain shared memory from here."""
+    return remote.host_id == local_host_id and bool(remote.alive) and all(r.shm for r in remote.regions)
+
+
+class ShmPeer(Peer):
+    """Copies to/from a same-host endpoint's segments (see module docstring)."""
+
+    def __init__(self, regions: RegionTable, copier: CopyWorker, remote: EndpointDesc, timeout: float | None) -> None:
+        self.name = remote.node
+        self._regions = regions
+        self._copier = copier
+        self._remote = remote
+        self._timeout = timeout
+        self._maps: dict[str, ShmRegion] = {}
+        try:
+            self._alive = ShmRegion.attach(remote.alive)
+        except FileNotFoundError:
+            raise PeerGone(self.name, "liveness segment missing") from None
+        self._closed = False
+
+    def refresh(self, remote: EndpointDesc) -> None:
+        self._remote = remote
+
+    async def write(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None) -> None:
+        pairs = [(self._view(o), self._regions.resolve(o.local_region, o.local_offset, o.length)) for o in ops]
+        await self._run(pairs, cls, timeout)
+
+    async def read(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None) -> None:
+        pairs = [(self._regions.resolve(o.local_region, o.local_offset, o.length), self._view(o)) for o in ops]
+        await self._run(pairs, cls, timeout)
+
+    async def _run(self, pairs: list[Pair], cls: TrafficClass, timeout: float | None) -> None:
+        self._check_alive()
+        nbytes = sum(len(d) for d, _ in pairs)
+        async with deadline(timeout if timeout is not None else self._timeout, self.name, nbytes):
+            await self._copier.copy(pairs, int(cls))
+
+    def _check_alive(self) -> None:
+        if self._closed:
+            raise PeerGone(self.name, "peer closed locally")
+        if self._alive.buf[0] != 1:
+            raise PeerGone(self.name, "remote endpoint closed")
+        if not process_alive(self._remote.pid):
+            raise PeerGone(self.name, f"process {self._remote.pid} exited")
+
+    def _view(self, op: Op) -> memoryview:
+        seg = self._maps.get(op.remote_region)
+        if seg is None:
+            seg = self._attach(self._remote_desc(op.remote_region))
+        check_bounds(op.remote_region, op.remote_offset, op.length, seg.size)
+        return seg.buf[op.remote_offset : op.remote_offset + op.length]
+
+    def _remote_desc(self, name: str) -> RegionDesc:
+        desc = self._remote.region(name)
+        if desc is None or not desc.shm:
+            raise RegionNotFound(name, where="remote")
+        return desc
+
+    def _attach(self, desc: RegionDesc) -> ShmRegion:
+        self._check_alive()
+        try:
+            seg = ShmRegion.attach(desc.shm)
+        except FileNotFoundError:
+            raise PeerGone(self.name, f"segment {desc.shm} gone") from None
+        self._maps[desc.name] = seg
+        return seg
+
+    async def close(self) -> None:
+        self._closed = True
+        for seg in [*self._maps.values(), self._alive]:
+            try:
+                seg.close()
+            except BufferError:  # a view is still referenced: the GC unmaps it later
+                pass
+        self._maps.clear()
+
+
+class ShmEndpoint(LocalSide, Endpoint):
+    """Same-host-only endpoint; register regions with `shm_name` to make them reachable."""
+
+    backend = "shm"
+
+    def __init__(self, node: str, weights: Sequence[int] = DEFAULT_WEIGHTS, timeout: float | None = None) -> None:
+        super().__init__(node, weights, timeout)
+        self._peers: list[ShmPeer] = []
+
+    async def start(self) -> None:
+        return None
+
+    def desc(self) -> EndpointDesc:
+        return self.base_desc()
+
+    async def connect(self, remote: EndpointDesc) -> Peer:
+        if remote.host_id != self.host_id:
+            raise TransportError(f"shm backend cannot reach {remote.node!r} on another host")
+        peer = ShmPeer(self.regions, self.copier, remote, self.timeout)
+        self._peers.append(peer)
+        return peer
+
+    async def close(self) -> None:
+        for p in self._peers:
+            await p.close()
+        self.close_local()

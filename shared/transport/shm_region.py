@@ -1,0 +1,101 @@
+"""POSIX shared-memory regions, without multiprocessing's resource_tracker.
+
+Owns: creating, attaching, closing and unlinking one segment under /dev/shm. In Python
+3.11 `multiprocessing.shared_memory` registers even *attached* segments with the
+resource tracker, which unlinks them when the attaching process exits; a traffic-
+manager attaching its engine's KV cache would then destroy it. Here only the creator
+(or whoever calls `unlink`) ever removes a segment.
+
+Example: the engine calls `ShmRegion.create(new_name("kv"), 64 << 20)` and announces the
+name; its traffic-manager calls `ShmRegion.attach(name)` and writes into `.buf`; the TM
+exiting leaves the segment intact; the engine calls `close()` then `unlink()`.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import uuid
+
+SHM_DIR = "/dev/shm"
+PREFIX = "dp-"
+
+
+def new_name(tag: str = "r") -> str:
+    """A unique, prefixed segment name, e.g. `dp-kv-3f2a...`."""
+    return f"{PREFIX}{tag}-{uuid.uuid4().hex[:16]}"
+
+
+def _path(name: str) -> str:
+    if "/" in name or not name:
+        raise ValueError(f"bad shm name {name!r}")
+    return os.path.join(SHM_DIR, name)
+
+
+class ShmRegion:
+    """One mapped segment; `.buf` is a writable byte memoryview of the whole segment."""
+
+    def __init__(self, name: str, mm: mmap.mmap, owner: bool) -> None:
+        self.name = name
+        self.size = len(mm)
+        self.owner = owner  # created here (not a rule about who unlinks; a hint)
+        self._mm: mmap.mmap | None = mm
+        self.buf: memoryview = memoryview(mm)
+
+    @classmethod
+    def create(cls, name: str, size: int) -> ShmRegion:
+        """Create a new zero-filled segment; fails if `name` already exists."""
+        if size <= 0:
+            raise ValueError(f"shm size must be > 0, got {size}")
+        fd = os.open(_path(name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            return cls(name, mmap.mmap(fd, size), owner=True)
+        finally:
+            os.close(fd)
+
+    @classmethod
+    def attach(cls, name: str) -> ShmRegion:
+        """Map an existing segment (FileNotFoundError if it does not exist)."""
+        fd = os.open(_path(name), os.O_RDWR)
+        try:
+            size = os.fstat(fd).st_size
+            return cls(name, mmap.mmap(fd, size), owner=False)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        """Unmap; the segment stays until someone unlinks it. Idempotent.
+
+        If slices of `.buf` are still alive elsewhere (a view held by a finished task's
+        frame, a numpy array), the mapping is dropped here and unmapped by the garbage
+        collector once the last view goes: never an error on a shutdown path.
+        """
+        if self._mm is None:
+            return
+        mm, self._mm = self._mm, None
+        try:
+            self.buf.release()
+            mm.close()
+        except BufferError:
+            pass
+
+    def unlink(self) -> None:
+        """Remove the name from /dev/shm; existing mappings stay valid. Idempotent."""
+        try:
+            os.unlink(_path(self.name))
+        except FileNotFoundError:
+            pass
+
+    @property
+    def closed(self) -> bool:
+        return self._mm is None
+
+    def __enter__(self) -> ShmRegion:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"ShmRegion({self.name!r}, size={self.size}, owner={self.owner})"

@@ -1,0 +1,280 @@
+"""The tcp backend: one asyncio server per endpoint; per peer, one socket per traffic class.
+
+Owns `TcpEndpoint` (accept loop + region table), `_ServerConn` (services the frames a
+remote initiator sends: writes land in the region by `recv_into` a slice, reads are
+answered with DATA frames) and `TcpPeer` (the initiator: frames ops, schedules them by
+class, matches ACK / DATA / ERR to pending transfers). Wire format: tcp_wire.py.
+
+Example: `await peer.write([Op("kv", 0, "buf", 0, 300K)], BULK)` -> req 5 is cut into
+WRITE frames of 256K and 44K (the last with ACK_ME), queued in the BULK FIFO; the
+ClassSender sends each batch with one sendmsg; the server reads the payloads into
+"buf" and answers ACK(5); the reader task resolves req 5's future. If the socket closes
+first, every pending transfer fails with PeerGone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import socket
+from collections.abc import Sequence
+
+from .aio import TaskOwner, deadline
+from .base import Endpoint, EndpointDesc, Op, Peer, TrafficClass
+from .classes import DEFAULT_WEIGHTS, ClassSender, split
+from .errors import OutOfBounds, PeerGone, RegionNotFound, RemoteError, TransportError
+from .local import LocalSide
+from .regions import RegionTable, check_bounds
+from .shm import ShmPeer, shm_reachable
+from .tcp_wire import ACK_ME, HLEN, FrameSock, Kind, decode_error, encode_error, header
+
+Bufs = list[bytes | memoryview]
+
+
+def _flatten(batch: list[Bufs]) -> Bufs:
+    return [b for frame in batch for b in frame]
+
+
+class _Pending:
+    __slots__ = ("fut", "dests", "left")
+
+    def __init__(self, fut: asyncio.Future[None], dests: list[memoryview]) -> None:
+        self.fut = fut
+        self.dests = dests  # reads: idx -> local slice
+        self.left = len(dests)
+
+
+class _Link:
+    """A FrameSock plus its class-scheduled sender task; shared by both sides."""
+
+    def __init__(self, fs: FrameSock, weights: Sequence[int], on_gone: object) -> None:
+        self.fs = fs
+        self.tasks = TaskOwner()
+        self.sender: ClassSender[Bufs] = ClassSender(self._emit, weights, on_error=on_gone)  # type: ignore[arg-type]
+        self.tasks.spawn(self.sender.run(), "dp-tcp-send")
+
+    async def _emit(self, batch: list[Bufs]) -> None:
+        await self.fs.sendv(_flatten(batch))
+
+    async def close(self) -> None:
+        await self.tasks.aclose()
+        self.fs.close()
+
+
+class _ServerConn:
+    """Serves one initiator's frames against the endpoint's regions."""
+
+    def __init__(self, sock: socket.socket, regions: RegionTable, weights: Sequence[int]) -> None:
+        self.regions = regions
+        self.done = asyncio.Event()
+        self.link = _Link(FrameSock(sock), weights, self._gone)
+        self.link.tasks.spawn(self._serve(), "dp-tcp-serve")
+
+    def _gone(self, exc: BaseException) -> None:
+        self.done.set()
+
+    async def _serve(self) -> None:
+        try:
+            while True:
+                await self._frame(*await self.link.fs.read_header())
+        except (OSError, ConnectionError):
+            self.done.set()
+
+    async def _frame(self, kind: int, cls: int, flags: int, req: int, rid: int, idx: int, off: int, n: int) -> None:
+        fs, send = self.link.fs, self.link.sender.submit
+        try:
+            if kind == Kind.WRITE:
+                dst = self._view(rid, off, n)
+                await fs.read_into(dst)
+                if flags & ACK_ME:
+                    send(TrafficClass.LATENCY, [header(Kind.ACK, cls, 0, req, rid, idx, 0, 0)], HLEN)
+            elif kind == Kind.READ:
+                src = self._view(rid, off, n)
+                send(cls, [header(Kind.DATA, cls, 0, req, rid, idx, off, n), src], HLEN + n)
+        except TransportError as exc:
+            if kind == Kind.WRITE:
+                await fs.skip(n)
+            body = encode_error(exc)
+            send(TrafficClass.LATENCY, [header(Kind.ERR, cls, 0, req, rid, idx, 0, len(body)), body], HLEN)
+
+    def _view(self, rid: int, off: int, n: int) -> memoryview:
+        return self.regions.by_rid(rid, off, n)
+
+    async def close(self) -> None:
+        await self.link.close()
+
+
+class TcpPeer(Peer):
+    """Initiator side of one connection (see module docstring)."""
+
+    def __init__(self, socks: list[socket.socket], local: RegionTable, remote: EndpointDesc, lp: LocalSide) -> None:
+        self.name = remote.node
+        self._local = local
+        self._remote = remote
+        self._timeout = lp.timeout
+        self._pending: dict[int, _Pending] = {}
+        self._reqs = itertools.count(1)
+        self._gone_reason = ""
+        # one connection per class (like one QP per class): bulk bytes queued in kernel
+        # buffers never sit in front of a latency frame; each sender still runs DRR.
+        self.links = [_Link(FrameSock(s), lp.weights, self._fail_all) for s in socks]
+        for link in self.links:
+            link.tasks.spawn(self._recv(link.fs), "dp-tcp-recv")
+
+    @classmethod
+    async def open(cls, remote: EndpointDesc, lp: LocalSide) -> TcpPeer:
+        loop = asyncio.get_running_loop()
+        socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in TrafficClass]
+        try:
+            for sock in socks:
+                sock.setblocking(False)
+                await asyncio.wait_for(loop.sock_connect(sock, (remote.host, remote.port)), 10)
+        except (OSError, TimeoutError) as exc:
+            for sock in socks:
+                sock.close()
+            raise PeerGone(remote.node, f"connect {remote.host}:{remote.port}: {exc}") from None
+        return cls(socks, lp.regions, remote, lp)
+
+    def refresh(self, remote: EndpointDesc) -> None:
+        self._remote = remote
+
+    async def write(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None) -> None:
+        frames = [(self._rid(o), o, self._local.resolve(o.local_region, o.local_offset, o.length)) for o in ops]
+        req, fut = self._begin([])
+        pieces = [(rid, o.remote_offset + p, src[p : p + n]) for rid, o, src in frames for p, n in split(0, o.length)]
+        for i, (rid, roff, payload) in enumerate(pieces):
+            flags = ACK_ME if i == len(pieces) - 1 else 0
+            hdr = header(Kind.WRITE, cls, flags, req, rid, i, roff, len(payload))
+            self.links[cls].sender.submit(cls, [hdr, payload], HLEN + len(payload))
+        await self._wait(req, fut, sum(o.length for o in ops), timeout)
+
+    async def read(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None) -> None:
+        asks = [(self._rid(o), o, self._local.resolve(o.local_region, o.local_offset, o.length)) for o in ops]
+        pieces = [(rid, o.remote_offset + p, dst[p : p + n]) for rid, o, dst in asks for p, n in split(0, o.length)]
+        req, fut = self._begin([dst for _, _, dst in pieces])
+        for i, (rid, roff, dst) in enumerate(pieces):
+            self.links[cls].sender.submit(cls, [header(Kind.READ, cls, 0, req, rid, i, roff, len(dst))], HLEN)
+        await self._wait(req, fut, sum(o.length for o in ops), timeout)
+
+    def _rid(self, op: Op) -> int:
+        desc = self._remote.region(op.remote_region)
+        if desc is None:
+            raise RegionNotFound(op.remote_region, where="remote")
+        check_bounds(op.remote_region, op.remote_offset, op.length, desc.size)
+        return desc.rid
+
+    def _begin(self, dests: list[memoryview]) -> tuple[int, asyncio.Future[None]]:
+        if self._gone_reason:
+            raise PeerGone(self.name, self._gone_reason)
+        req = next(self._reqs) & 0xFFFFFFFF
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[req] = _Pending(fut, dests)
+        if not dests:
+            self._pending[req].left = 1
+        return req, fut
+
+    async def _wait(self, req: int, fut: asyncio.Future[None], nbytes: int, timeout: float | None) -> None:
+        try:
+            async with deadline(timeout if timeout is not None else self._timeout, self.name, nbytes):
+                await fut
+        finally:
+            self._pending.pop(req, None)
+
+    async def _recv(self, fs: FrameSock) -> None:
+        try:
+            while True:
+                kind, _, _, req, _, idx, _, n = await fs.read_header()
+                await self._on_frame(fs, kind, req, idx, n)
+        except (OSError, ConnectionError) as exc:
+            self._fail_all(exc)
+
+    async def _on_frame(self, fs: FrameSock, kind: int, req: int, idx: int, n: int) -> None:
+        p = self._pending.get(req)
+        if kind == Kind.DATA:
+            if p is None or p.fut.done():
+                await fs.skip(n)
+                return
+            await fs.read_into(p.dests[idx])
+            p.left -= 1
+            if not p.left:
+                p.fut.set_result(None)
+        elif kind == Kind.ACK and p is not None and not p.fut.done():
+            p.fut.set_result(None)
+        elif kind == Kind.ERR:
+            err = decode_error(await fs.read_bytes(n))
+            if p is not None and not p.fut.done():
+                p.fut.set_exception(self._typed(err))
+
+    def _typed(self, e: object) -> TransportError:
+        code, name = getattr(e, "code"), getattr(e, "name")
+        if code == 1:
+            return RegionNotFound(name, where="remote")
+        if code == 2:
+            return OutOfBounds(name, e.offset, e.length, e.size)  # type: ignore[attr-defined]
+        return RemoteError(self.name, code, e.detail)  # type: ignore[attr-defined]
+
+    def _fail_all(self, exc: BaseException) -> None:
+        self._gone_reason = self._gone_reason or f"{type(exc).__name__}: {exc}"
+        for p in self._pending.values():
+            if not p.fut.done():
+                p.fut.set_exception(PeerGone(self.name, self._gone_reason))
+
+    async def close(self) -> None:
+        self._fail_all(ConnectionAbortedError("closed locally"))
+        for link in self.links:
+            await link.close()
+
+
+class TcpEndpoint(LocalSide, Endpoint):
+    """Listens on host:port; `shm_fast_path` serves same-host peers with ShmPeer."""
+
+    backend = "tcp"
+
+    def __init__(self, node: str, host: str = "127.0.0.1", port: int = 0,
+                 weights: Sequence[int] = DEFAULT_WEIGHTS, timeout: float | None = None,
+                 shm_fast_path: bool = False) -> None:
+        super().__init__(node, weights, timeout)
+        self.host, self.port = host, port
+        self.shm_fast_path = shm_fast_path
+        self._tasks = TaskOwner()
+        self._listener: socket.socket | None = None
+        self._conns: list[_ServerConn] = []
+        self._peers: list[Peer] = []
+
+    async def start(self) -> None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        sock.listen(128)
+        sock.setblocking(False)
+        self._listener, self.port = sock, sock.getsockname()[1]
+        self._tasks.spawn(self._accept(sock), "dp-tcp-accept")
+
+    async def _accept(self, lsock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            sock, _ = await loop.sock_accept(lsock)
+            self._conns = [c for c in self._conns if not c.done.is_set()] + [
+                _ServerConn(sock, self.regions, self.weights)]
+
+    def desc(self) -> EndpointDesc:
+        return self.base_desc(host=self.host, port=self.port)
+
+    async def connect(self, remote: EndpointDesc) -> Peer:
+        peer: Peer
+        if self.shm_fast_path and shm_reachable(self.host_id, remote):
+            peer = ShmPeer(self.regions, self.copier, remote, self.timeout)
+        else:
+            peer = await TcpPeer.open(remote, self)
+        self._peers.append(peer)
+        return peer
+
+    async def close(self) -> None:
+        await self._tasks.aclose()
+        if self._listener is not None:
+            self._listener.close()
+        for c in self._conns:
+            await c.close()
+        for p in self._peers:
+            await p.close()
+        self.close_local()

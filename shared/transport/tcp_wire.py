@@ -1,0 +1,169 @@
+"""The tcp backend's wire: a 32-byte frame header and a non-blocking framed socket.
+
+Owns the frame format and the socket I/O primitives (`FrameSock`): vectored sends (many
+frames, one `sendmsg`) and receives that land payloads straight in a region slice.
+
+Frame = Header [+ payload of `length` bytes]:
+    kind u8 | cls u8 | flags u16 | req u32 | rid u32 | idx u32 | offset u64 | length u64
+    WRITE  i->s  payload = bytes for region rid at offset; flags ACK_ME on a transfer's last frame
+    READ   i->s  no payload; asks for region rid [offset, offset+length), tagged (req, idx)
+    DATA   s->i  payload = those bytes, tagged (req, idx): the initiator knows where they go
+    ACK    s->i  write transfer `req` complete (all its frames were written, in order)
+    ERR    s->i  payload = msgpack WireError; transfer `req` failed on the server
+Example: write of 2 ops = [WRITE(req 7, idx 0) + 96K][WRITE(req 7, idx 1, ACK_ME) + 96K]
+in one sendmsg -> the server reads each payload into its region -> ACK(req 7).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import socket
+import struct
+
+import msgspec
+
+from .errors import OutOfBounds, RegionNotFound, TransportError
+
+HEADER = struct.Struct("<BBHIIIQQ")
+HLEN = HEADER.size  # 32
+IOV_MAX = 512  # buffers per sendmsg (Linux allows 1024)
+STAGING = 256 << 10
+
+
+class Kind(enum.IntEnum):
+    WRITE = 1
+    READ = 2
+    DATA = 3
+    ACK = 4
+    ERR = 5
+
+
+ACK_ME = 1
+
+
+class WireError(msgspec.Struct, array_like=True):
+    """Why the server refused a frame; decoded back into the typed exception."""
+
+    code: int  # 1 region not found, 2 out of bounds, 3 other
+    name: str = ""
+    offset: int = 0
+    length: int = 0
+    size: int = 0
+    detail: str = ""
+
+
+def encode_error(exc: TransportError) -> bytes:
+    if isinstance(exc, RegionNotFound):
+        return msgspec.msgpack.encode(WireError(1, exc.name))
+    if isinstance(exc, OutOfBounds):
+        return msgspec.msgpack.encode(WireError(2, exc.region, exc.offset, exc.length, exc.size))
+    return msgspec.msgpack.encode(WireError(3, detail=str(exc)))
+
+
+_ERR_DECODER = msgspec.msgpack.Decoder(WireError)
+
+
+def decode_error(payload: bytes) -> WireError:
+    return _ERR_DECODER.decode(payload)
+
+
+def header(kind: Kind, cls: int, flags: int, req: int, rid: int, idx: int, offset: int, length: int) -> bytes:
+    return HEADER.pack(kind, cls, flags, req, rid, idx, offset, length)
+
+
+class FrameSock:
+    """A non-blocking stream socket: `sendv` (vectored) and a staged frame reader."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = sock
+        self._loop = asyncio.get_running_loop()
+        self._stage = bytearray(STAGING)
+        self._sview = memoryview(self._stage)
+        self._start = 0
+        self._end = 0
+
+    async def sendv(self, bufs: list[bytes | memoryview]) -> None:
+        """Send every buffer, in order, with as few sendmsg calls as the kernel allows."""
+        while bufs:
+            try:
+                n = self.sock.sendmsg(bufs[:IOV_MAX])
+            except BlockingIOError:
+                n = 0
+            bufs = _advance(bufs, n)
+            if bufs:
+                await self._writable()
+
+    async def _writable(self) -> None:
+        fut = self._loop.create_future()
+        fd = self.sock.fileno()
+        self._loop.add_writer(fd, _set_once, fut)
+        try:
+            await fut
+        finally:
+            self._loop.remove_writer(fd)
+
+    async def read_header(self) -> tuple[int, int, int, int, int, int, int, int]:
+        """Next header; raises ConnectionResetError at EOF."""
+        while self._end - self._start < HLEN:
+            await self._fill()
+        h = HEADER.unpack_from(self._stage, self._start)
+        self._start += HLEN
+        return h
+
+    async def read_into(self, dst: memoryview) -> None:
+        """Fill `dst` exactly: staged bytes first, the rest straight from the socket."""
+        n = min(len(dst), self._end - self._start)
+        if n:
+            dst[:n] = self._sview[self._start : self._start + n]
+            self._start += n
+        while n < len(dst):
+            got = await self._loop.sock_recv_into(self.sock, dst[n:])
+            if not got:
+                raise ConnectionResetError("peer closed")
+            n += got
+
+    async def read_bytes(self, length: int) -> bytes:
+        out = bytearray(length)
+        await self.read_into(memoryview(out))
+        return bytes(out)
+
+    async def skip(self, length: int) -> None:
+        """Discard `length` payload bytes (refused or orphaned frames)."""
+        scratch = memoryview(bytearray(min(length, STAGING) or 1))
+        while length:
+            n = min(length, len(scratch))
+            await self.read_into(scratch[:n])
+            length -= n
+
+    async def _fill(self) -> None:
+        if self._start:
+            rest = self._end - self._start
+            self._stage[:rest] = bytes(self._sview[self._start : self._end])  # < HLEN bytes
+            self._start, self._end = 0, rest
+        got = await self._loop.sock_recv_into(self.sock, self._sview[self._end :])
+        if not got:
+            raise ConnectionResetError("peer closed")
+        self._end += got
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _set_once(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _advance(bufs: list[bytes | memoryview], n: int) -> list[bytes | memoryview]:
+    """Drop the first `n` bytes from a buffer list."""
+    i = 0
+    while i < len(bufs) and n >= len(bufs[i]):
+        n -= len(bufs[i])
+        i += 1
+    rest = bufs[i:]
+    if n and rest:
+        rest[0] = memoryview(rest[0])[n:]
+    return rest

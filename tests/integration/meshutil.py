@@ -1,0 +1,97 @@
+"""Helpers for integration tests: start a real mesh, watch its announcements, call its API."""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from contextlib import contextmanager
+
+import httpx
+import msgspec
+import nats
+
+from dualpath.mesh import Mesh, MeshSpec
+from shared.messages.registry import Announce, EngineAnnounce
+
+
+def tiny_mesh(tmp_path, **kw) -> Mesh:
+    spec = MeshSpec(model=kw.pop("model", "tiny"), port=0, kv_blocks=kw.pop("kv_blocks", 64),
+                    buffer_mb=kw.pop("buffer_mb", 16), log_dir=str(tmp_path / "logs"),
+                    store=kw.pop("store", str(tmp_path / "store")), threads=kw.pop("threads", 1),
+                    extra=kw.pop("extra", {"scheduler": {"liveness-timeout-s": "2"}}),
+                    env={"DUALPATH_HEARTBEAT_S": "0.2", **kw.pop("env", {})}, **kw)
+    return Mesh(spec)
+
+
+class Announcements:
+    """Collects the latest EngineAnnounce per engine from `{ns}.hb`, in a background thread."""
+
+    def __init__(self, mesh: Mesh):
+        self.mesh = mesh
+        self.engines: dict[str, EngineAnnounce] = {}
+        self.history: list[tuple[float, str, int, int]] = []  # (time, engine, seq, free_blocks)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+        self._ready = threading.Event()
+
+    async def _run(self) -> None:
+        nc = await nats.connect(self.mesh.nats_url)
+        dec = msgspec.msgpack.Decoder(Announce)
+
+        async def on(m):
+            msg = dec.decode(m.data)
+            if isinstance(msg, EngineAnnounce):
+                self.engines[msg.engine] = msg
+                self.history.append((time.monotonic(), msg.engine, msg.seq, msg.free_blocks))
+
+        await nc.subscribe(f"{self.mesh.spec.namespace}.hb", cb=on)
+        self._ready.set()
+        while not self._stop.is_set():
+            await asyncio.sleep(0.05)
+        await nc.close()
+
+    def __enter__(self) -> "Announcements":
+        self._thread.start()
+        self._ready.wait(5)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def free_blocks(self) -> dict[str, int]:
+        return {e: a.free_blocks for e, a in self.engines.items()}
+
+    def wait_for(self, pred, timeout: float = 10.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if pred(self):
+                return True
+            time.sleep(0.1)
+        return False
+
+
+def complete(url: str, body: dict, path: str = "/v1/completions", timeout: float = 60.0) -> httpx.Response:
+    return httpx.post(url + path, json=body, timeout=timeout)
+
+
+def stream(url: str, body: dict, path: str = "/v1/completions", timeout: float = 60.0) -> list[dict | str]:
+    """All SSE data payloads of a streamed request (JSON-decoded; "[DONE]" kept as a string)."""
+    out: list[dict | str] = []
+    with httpx.stream("POST", url + path, json={**body, "stream": True}, timeout=timeout) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                data = line[6:]
+                out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+@contextmanager
+def running(mesh: Mesh):
+    mesh.start(timeout=120)
+    try:
+        yield mesh
+    finally:
+        mesh.stop()

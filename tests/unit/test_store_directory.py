@@ -1,0 +1,206 @@
+"""Directory store: atomic writes, verified zero-copy reads, corruption as a miss,
+restart, and reads surviving concurrent unlinks."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from services.storage_gateway.errors import BlockCorrupt, BlockMissing
+from services.storage_gateway.store import DirectoryStore, WriteOutcome
+from shared.kv.full_block import HEADER_SIZE, SizeMismatch
+from shared.kv.hashing import ModelFingerprint
+from shared.kv.layout import KVLayout
+from tests.unit.store_util import (
+    FILE_BYTES,
+    LAYOUT,
+    PAYLOAD,
+    fill,
+    make_keys,
+    make_store,
+    payload_for,
+    read_back,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def test_write_then_read_into_a_buffer_slice(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    key = make_keys(1)[0]
+    assert store.write(key, memoryview(payload_for(key))) is WriteOutcome.WRITTEN
+    assert os.path.getsize(store.path_for(key)) == FILE_BYTES
+    # Read into the middle of a larger (shared-memory-like) buffer.
+    buf = np.zeros(3 * PAYLOAD, np.uint8)
+    assert store.read_into(key, memoryview(buf)[PAYLOAD : 2 * PAYLOAD]) == PAYLOAD
+    assert np.array_equal(buf[PAYLOAD : 2 * PAYLOAD], payload_for(key))
+    assert not buf[:PAYLOAD].any() and not buf[2 * PAYLOAD :].any()
+    stats = store.stats()
+    assert (stats.blocks_written, stats.blocks_read, stats.bytes_read) == (1, 1, PAYLOAD)
+    store.check_integrity()
+
+
+def test_existing_block_is_skipped_and_no_temp_files_remain(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    key = make_keys(1)[0]
+    fill(store, [key])
+    assert store.write(key, memoryview(payload_for(key))) is WriteOutcome.EXISTS
+    assert store.stats().write_skipped == 1
+    leftovers = [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
+    assert leftovers == []
+
+
+def test_wrong_payload_size_is_refused(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    with pytest.raises(SizeMismatch):
+        store.write(make_keys(1)[0], memoryview(bytes(PAYLOAD - 1)))
+
+
+def test_missing_block_is_a_typed_miss(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    key = make_keys(1)[0]
+    with pytest.raises(BlockMissing) as err:
+        read_back(store, key)
+    assert err.value.key == key
+    assert store.stats().read_misses == 1
+
+
+def _flip(offset: int) -> object:
+    def corrupt(path: str) -> None:
+        with open(path, "r+b") as f:
+            f.seek(offset)
+            byte = f.read(1)
+            f.seek(offset)
+            f.write(bytes([byte[0] ^ 0x5A]))
+
+    return corrupt
+
+
+def _truncate(path: str) -> None:
+    os.truncate(path, FILE_BYTES - 100)
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (_flip(HEADER_SIZE + 123), "payload checksum"),
+        (_flip(40), "header checksum"),
+        (_flip(2), "magic"),
+        (_truncate, "file size"),
+    ],
+    ids=["payload-byte", "header-byte", "magic", "truncated"],
+)
+def test_corrupt_block_is_deleted_counted_and_then_missing(
+    tmp_path: Path, damage: object, reason: str
+) -> None:
+    store = make_store(tmp_path)
+    key = make_keys(1)[0]
+    fill(store, [key])
+    damage(store.path_for(key))  # type: ignore[operator]
+    with pytest.raises(BlockCorrupt) as err:
+        read_back(store, key)
+    assert err.value.key == key and reason in err.value.reason
+    assert not os.path.exists(store.path_for(key))
+    assert store.stats().corrupt == 1
+    with pytest.raises(BlockMissing):
+        read_back(store, key)
+    assert store.longest_prefix([key]) == 0
+    store.check_integrity()
+
+
+def test_large_blocks_are_verified_chunk_by_chunk(tmp_path: Path) -> None:
+    # 512 KiB payload: read and hashed in several chunks after the header.
+    big = KVLayout(n_layers=8, n_kv_heads=4, head_dim=64, dtype="float16", block_size=64)
+    fp = ModelFingerprint.from_layout("big", big).digest()
+    store = DirectoryStore(tmp_path, fp, big)
+    key = make_keys(1)[0]
+    payload = np.random.default_rng(1).integers(0, 256, big.payload_bytes, dtype=np.uint8)
+    store.write(key, memoryview(payload))
+    out = np.zeros(big.payload_bytes, np.uint8)
+    store.read_into(key, memoryview(out))
+    assert np.array_equal(out, payload)
+    _flip(HEADER_SIZE + big.payload_bytes - 3)(store.path_for(key))  # type: ignore[operator]
+    with pytest.raises(BlockCorrupt, match="payload checksum"):
+        store.read_into(key, memoryview(out))
+
+
+def test_a_block_of_another_model_or_key_is_corrupt(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    a, b = make_keys(2)
+    fill(store, [a])
+    other_fp = ModelFingerprint.from_layout("other-model", LAYOUT).digest()
+    other = DirectoryStore(tmp_path, other_fp, LAYOUT)
+    fill(other, [b])
+    os.replace(other.path_for(b), _place(store, b))  # right name, wrong model
+    with pytest.raises(BlockCorrupt, match="fingerprint"):
+        read_back(store, b)
+    os.link(store.path_for(a), _place(store, b))  # right model, wrong key
+    with pytest.raises(BlockCorrupt, match="block key"):
+        read_back(store, b)
+    assert np.array_equal(read_back(store, a), payload_for(a))  # the original is intact
+
+
+def _place(store: DirectoryStore, key: bytes) -> str:
+    path = store.path_for(key)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    return path
+
+
+def test_a_store_with_another_layout_never_serves_the_block(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    key = make_keys(1)[0]
+    fill(store, [key])
+    bigger = KVLayout(n_layers=3, n_kv_heads=2, head_dim=32, dtype="float16", block_size=16)
+    wrong = DirectoryStore(tmp_path, store.fingerprint, bigger)  # misconfigured reader
+    with pytest.raises(BlockCorrupt):
+        wrong.read_into(key, memoryview(bytearray(bigger.payload_bytes)))
+
+
+def test_restart_sees_blocks_and_rebuilds_lru_from_mtimes(tmp_path: Path) -> None:
+    keys = make_keys(4)
+    first = make_store(tmp_path)
+    fill(first, keys)
+    for age, key in enumerate(keys):  # keys[0] newest ... keys[3] oldest
+        t = 1_700_000_000 - 100 * age
+        os.utime(first.path_for(key), (t, t))
+    again = make_store(tmp_path)
+    assert again.longest_prefix(keys) == 4
+    assert again.resident_keys() == list(reversed(keys))
+    assert again.stats().bytes == 4 * FILE_BYTES
+    assert np.array_equal(read_back(again, keys[2]), payload_for(keys[2]))
+    again.check_integrity()
+
+
+def test_restart_removes_stale_temp_files_only(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    key = make_keys(1)[0]
+    fill(store, [key])
+    folder = os.path.dirname(store.path_for(key))
+    stale, fresh = os.path.join(folder, ".a.1.x.tmp"), os.path.join(folder, ".b.2.y.tmp")
+    for path in (stale, fresh):
+        Path(path).write_bytes(b"partial")
+    os.utime(stale, (1_000_000, 1_000_000))
+    make_store(tmp_path)
+    assert not os.path.exists(stale) and os.path.exists(fresh)
+
+
+def test_read_survives_the_file_being_evicted_by_another_gateway(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reader = make_store(tmp_path)
+    key = make_keys(1)[0]
+    fill(reader, [key])
+    original = reader._read_fd
+    evicted: list[int] = []
+
+    def evict_between_open_and_read(*args: object) -> None:
+        other = make_store(tmp_path, capacity_bytes=0)  # evicts everything it sees
+        evicted.append(other.stats().evictions)
+        original(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(reader, "_read_fd", evict_between_open_and_read)
+    assert np.array_equal(read_back(reader, key), payload_for(key))
+    assert evicted == [1] and not os.path.exists(reader.path_for(key))
