@@ -53,10 +53,12 @@ def _coerce(key: str, raw: Any, tp: Any) -> Any:
                 return False
             raise ValueError("expected true/false")
         if inner is int:
-            if isinstance(raw, bool):
+            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
                 raise ValueError("expected an integer")
             return int(raw)
         if inner is float:
+            if isinstance(raw, bool):
+                raise ValueError("expected a number")
             return float(raw)
         if inner is str:
             if not isinstance(raw, (str, int, float)):

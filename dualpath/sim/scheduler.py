@@ -40,7 +40,6 @@ class SimScheduler:
     def submit(self, r: Req) -> None:
         self.reqs[r.rid] = r
         self.pe_queue.append(Request(r.rid, r.prompt))
-        self.de_pool.append(Request(r.rid, r.mem, r.mem))
 
     def pending(self) -> bool:
         return bool(self.pe_queue or self.de_pool or any(g.private for g in self.c.de_groups))
@@ -90,8 +89,10 @@ class SimScheduler:
         e.seq += 1
         e.group.tok += r.prompt
         r.pe = e
-        if r.de is not None:
-            del self.reqs[r.rid]
+        # A request enters the DE pool only once it holds a PE: DE memory is reserved
+        # at assignment, so reserving it for requests still queued for a PE could
+        # deadlock (full PEs waiting for DE memory held by requests waiting for a PE).
+        self.de_pool.append(Request(r.rid, r.mem, r.mem))
         self.on_pe(r, e)
 
     def _give_de(self, r: Req, e: Engine) -> None:
@@ -100,8 +101,7 @@ class SimScheduler:
         e.free -= r.mem
         e.group.tok += r.mem
         r.de = e
-        if r.pe is not None:
-            del self.reqs[r.rid]
+        del self.reqs[r.rid]
         self.on_de(r, e)
 
     def _tick_rr(self) -> None:

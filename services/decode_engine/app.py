@@ -16,10 +16,12 @@ import time
 from opentelemetry import trace
 
 from services.decode_engine.config import DecodeConfig
-from services.decode_engine.running import RunningSeq, admit_order, finish_reason
+from services.decode_engine.persist import Persister
+from services.decode_engine.running import RunningSeq, admit_order, filled_block, finish_reason
 from shared.bus import BusError, Delivery
 from shared.engine.kv_memory import KVMemory
 from shared.engine.requests import EngineRequest, RecentSet, generator_seed, stop_ids
+from shared.engine.store_layout import store_layout
 from shared.engine.worker import ModelWorker
 from shared.messages.registry import EngineAnnounce
 from shared.messages.stream import TokenEvent
@@ -46,6 +48,7 @@ class DecodeService(Service):
         self.wake = asyncio.Event()
         self.loaded = None
         self.kv: KVMemory | None = None
+        self.persister: Persister | None = None
         self.worker = ModelWorker(cfg.threads)
         m = self.metrics
         self.m_tokens = m.counter("decode_tokens_total", "Tokens generated")
@@ -59,6 +62,7 @@ class DecodeService(Service):
 
         self.loaded = await self.worker.run(load_model, self.cfg.model, seed=self.cfg.seed, dtype=self.cfg.dtype)
         self.kv = KVMemory(self.loaded.config, self.cfg.kv_blocks, self.cfg.block_size, tag="de-kv")
+        self.persister = Persister(self, store_layout(self.loaded.model_id, self.loaded.config, self.cfg.block_size))
         await self.bus.subscribe(self.subjects.decode_admit(self.engine), DecodeAdmit, self._on_admit)
         await self.bus.subscribe(self.subjects.cancel, Cancel, self._on_cancel)
         self.spawn(self._loop(), name="decode-loop")
@@ -71,7 +75,7 @@ class DecodeService(Service):
             model_id=self.loaded.model_id if self.loaded else "", max_context=self._max_context(),
             seq=len(self.held), tok=sum(r.tokens for r in self.held.values()),
             free_blocks=kv.alloc.free if kv else 0, total_blocks=kv.alloc.n_slots if kv else 0,
-            kv=kv.layout() if kv else None)
+            kv=kv.layout() if kv else None, store=self.persister.layout if self.kv else None)
 
     def _max_context(self) -> int:
         if not self.loaded:
@@ -136,6 +140,7 @@ class DecodeService(Service):
         limit = min(admit.prompt_len + req.sampling.max_tokens, self._max_context())
         seq = RunningSeq(req, pos=admit.prompt_len, last=req.generated[-1], max_pos=limit,
                          stops=stop_ids(req.sampling, self.loaded.config.eos_ids))
+        self.persister.prompt(seq, admit)
         self.ready.append(seq)
         self.wake.set()
 
@@ -187,6 +192,9 @@ class DecodeService(Service):
             seq.req.generated.append(tok)
             seq.pos += 1
             seq.last = tok
+            block = filled_block(seq, self.cfg.block_size)
+            if block is not None:
+                self.persister.generated(seq, block)
             reason = finish_reason(seq, tok)
             await self.bus.publish(seq.req.reply, TokenEvent(seq.req.req_id, [tok], index, finish=reason,
                                                              source=self.engine))
@@ -217,6 +225,9 @@ class DecodeService(Service):
         self._release(req)
 
     def _release(self, req: EngineRequest) -> None:
+        if self.persister and self.persister.busy(req.req_id):
+            self.persister.release_later(req)  # its blocks are still being copied out
+            return
         self.held.pop(req.req_id, None)
         self.admits.pop(req.req_id, None)
         if self.kv:

@@ -18,6 +18,13 @@ class RunningSeq:
     last: int  # the newest generated token (input of the next step)
     max_pos: int  # context limit for this sequence (blocks reserved up to here)
     stops: set[int] = field(default_factory=set)
+    keys: list[str] = field(default_factory=list)  # hex store keys of the full blocks so far
+
+    def context(self, start: int, end: int) -> list[int]:
+        """Token ids at positions [start, end) (prompt, then generated tokens)."""
+        prompt = self.req.prompt
+        full = prompt + self.req.generated
+        return full[start:end] if end <= len(full) else full[start:]
 
     @property
     def index(self) -> int:
@@ -46,3 +53,10 @@ def admit_order(waiting: list[EngineRequest], free_blocks: int, blocks_needed, r
         chosen.append(req)
         free_blocks -= need
     return chosen
+
+
+def filled_block(seq: RunningSeq, block_size: int) -> int | None:
+    """Index of the block that the last step completed, if it completed one."""
+    if seq.pos % block_size == 0 and seq.pos // block_size - 1 >= len(seq.keys):
+        return seq.pos // block_size - 1
+    return None

@@ -16,13 +16,15 @@ from opentelemetry import trace
 
 from services.prefill_engine.batching import Candidate, take_batch
 from services.prefill_engine.config import PrefillConfig
+from services.prefill_engine.layers import LayerGate, LoadProgress
 from shared.bus import BusError, Delivery
 from shared.engine.kv_memory import KVMemory
 from shared.engine.requests import EngineRequest, generator_seed, stop_ids
 from shared.engine.worker import ModelWorker
 from shared.messages.registry import EngineAnnounce
 from shared.messages.stream import TokenEvent
-from shared.messages.tm import PushDone, PushKV, Release
+from shared.engine.store_layout import store_layout
+from shared.messages.tm import FetchKV, LayerLoaded, PushDone, PushKV, Release
 from shared.messages.work import Ack, Cancel, DecodeAdmit, PrefillWork
 from shared.runtime import Service, service_main
 
@@ -36,10 +38,15 @@ class PrefillService(Service):
     def __init__(self, cfg: PrefillConfig):
         super().__init__(cfg)
         self.engine = cfg.engine or f"pe-{cfg.node}-{os.getpid()}"
-        self.queue: list[tuple[EngineRequest, PrefillWork]] = []
+        self.queue: list[tuple[EngineRequest, PrefillWork]] = []  # ready to compute (hits loaded or none)
+        self.fetching: list[tuple[EngineRequest, PrefillWork]] = []  # waiting for blocks / the storage read
+        self.loads: dict[str, LoadProgress] = {}  # layer progress of requests loading stored KV
+        self.hit_tokens: dict[str, int] = {}  # tokens served from the store, per request
+        self.store = None
         self.active: dict[str, EngineRequest] = {}
         self.wake = asyncio.Event()
         self._in_step: set[str] = set()  # requests inside the running forward
+        self._loading: list[tuple[EngineRequest, PrefillWork]] = []  # storage read in flight
         self.loaded = None
         self.kv: KVMemory | None = None
         self.worker = ModelWorker(cfg.threads)
@@ -56,7 +63,9 @@ class PrefillService(Service):
 
         self.loaded = await self.worker.run(load_model, self.cfg.model, seed=self.cfg.seed, dtype=self.cfg.dtype)
         self.kv = KVMemory(self.loaded.config, self.cfg.kv_blocks, self.cfg.block_size, tag="pe-kv")
+        self.store = store_layout(self.loaded.model_id, self.loaded.config, self.cfg.block_size)
         await self.bus.subscribe(self.subjects.prefill_work(self.engine), PrefillWork, self._on_work)
+        await self.bus.subscribe(self.subjects.prefill_loaded(self.engine), LayerLoaded, self._on_loaded)
         await self.bus.subscribe(self.subjects.cancel, Cancel, self._on_cancel)
         self.spawn(self._loop(), name="prefill-loop")
 
@@ -68,7 +77,7 @@ class PrefillService(Service):
             engine=self.engine, role="prefill", group=self.cfg.group or self.cfg.node,
             model_id=self.loaded.model_id if self.loaded else "", max_context=self._max_context(),
             seq=len(self.active), tok=tok, free_blocks=kv.alloc.free if kv else 0,
-            total_blocks=kv.alloc.n_slots if kv else 0, kv=kv.layout() if kv else None)
+            total_blocks=kv.alloc.n_slots if kv else 0, kv=kv.layout() if kv else None, store=self.store)
 
     def _max_context(self) -> int:
         if not self.loaded:
@@ -90,8 +99,48 @@ class PrefillService(Service):
                                                          error="prompt longer than the engine's KV memory"))
             return
         self.active[req.req_id] = req
-        self.queue.append((req, msg))
-        self.m_queue.set(len(self.queue))
+        if self._usable_hits(msg):
+            self.fetching.append((req, msg))
+        else:
+            self.queue.append((req, msg))
+        self.m_queue.set(len(self.queue) + len(self.fetching))
+        self.wake.set()
+
+    def _usable_hits(self, msg: PrefillWork) -> int:
+        """Hit blocks worth loading: at least the prompt's last token is always computed."""
+        return min(msg.hit_blocks, len(msg.block_keys), (len(msg.prompt) - 1) // self.cfg.block_size)
+
+    def _start_fetches(self) -> None:
+        """FIFO: give waiting hit requests their KV blocks and ask the TM to load the hits."""
+        kv = self.kv
+        while self.fetching and kv.alloc.can_allocate(kv.blocks_for(len(self.fetching[0][0].prompt))):
+            req, work = self.fetching.pop(0)
+            req.blocks = kv.alloc.allocate(req.req_id, kv.blocks_for(len(req.prompt)))
+            n = self._usable_hits(work)
+            self.loads[req.req_id] = LoadProgress(req.req_id)
+            fetch = FetchKV(req.req_id, work.block_keys[:n], req.blocks[:n], work.read_node or self.cfg.node,
+                            self.store)
+            self._loading.append((req, work))
+            self.spawn(self.bus.publish(self.subjects.tm(self.engine, "fetch"), fetch, ctx=req.ctx))
+
+    async def _on_loaded(self, msg: LayerLoaded, d: Delivery) -> None:
+        prog = self.loads.get(msg.req_id)
+        if prog is None:
+            return
+        if msg.layer >= 0:
+            prog.mark(msg.layer)
+            req = self.active.get(msg.req_id)
+            if req is not None and req.cancelled and self._copies_done(req):
+                self._release(req)
+            return
+        entry = next((e for e in self._loading if e[0].req_id == msg.req_id), None)
+        if entry is None:
+            return
+        self._loading.remove(entry)
+        self.hit_tokens[msg.req_id] = msg.blocks * self.cfg.block_size
+        if msg.blocks == 0:
+            self.loads.pop(msg.req_id, None)  # a miss after all: compute the whole prompt
+        self.queue.append(entry)
         self.wake.set()
 
     async def _on_cancel(self, msg: Cancel, d: Delivery) -> None:
@@ -100,6 +149,9 @@ class PrefillService(Service):
             return
         req.cancelled = True
         self.queue = [(r, w) for r, w in self.queue if r.req_id != msg.req_id]
+        self.fetching = [(r, w) for r, w in self.fetching if r.req_id != msg.req_id]
+        if req.req_id in self.loads and any(r.req_id == msg.req_id for r, _ in self._loading):
+            return  # the TM is still writing into its blocks: released when the read is done
         if not req.blocks or req.req_id not in self._in_step:
             self._release(req)
 
@@ -108,6 +160,9 @@ class PrefillService(Service):
         while True:
             await self.wake.wait()
             self.wake.clear()
+            self._start_fetches()
+            self.queue = [(r, w) for r, w in self.queue if not (r.cancelled and self._drop(r))]
+            self.m_queue.set(len(self.queue) + len(self.fetching))
             while self.queue:
                 batch = self._pick()
                 if not batch:
@@ -116,13 +171,15 @@ class PrefillService(Service):
 
     def _pick(self) -> list[tuple[EngineRequest, PrefillWork]]:
         kv = self.kv
-        cands = [Candidate(r.req_id, len(r.prompt), kv.blocks_for(len(r.prompt))) for r, _ in self.queue]
+        cands = [Candidate(r.req_id, len(r.prompt) - self.hit_tokens.get(r.req_id, 0),
+                           0 if r.blocks else kv.blocks_for(len(r.prompt))) for r, _ in self.queue]
         chosen = {c.req_id for c in take_batch(cands, self.cfg.max_batch_tokens, kv.alloc.free)}
         batch = [(r, w) for r, w in self.queue if r.req_id in chosen]
         self.queue = [(r, w) for r, w in self.queue if r.req_id not in chosen]
         self.m_queue.set(len(self.queue))
         for r, _ in batch:
-            r.blocks = kv.alloc.allocate(r.req_id, kv.blocks_for(len(r.prompt)))
+            if not r.blocks:
+                r.blocks = kv.alloc.allocate(r.req_id, kv.blocks_for(len(r.prompt)))
         self.m_free.labels(self.engine).set(kv.alloc.free)
         return batch
 
@@ -145,6 +202,10 @@ class PrefillService(Service):
             self._in_step = set()
         self.m_step.observe(time.perf_counter() - t0)
         for (r, w), span, tok in zip(batch, spans, firsts):
+            prog = self.loads.get(r.req_id)
+            span.set_attributes({"hit_tokens": self.hit_tokens.get(r.req_id, 0),
+                                 "computed_tokens": len(r.prompt) - self.hit_tokens.get(r.req_id, 0),
+                                 "layer_wait_s": prog.waited_s if prog else 0.0})
             span.end()
             self.m_requests.inc()
             self.m_tokens.inc(len(r.prompt))
@@ -157,9 +218,11 @@ class PrefillService(Service):
         from shared.model.batch import ForwardBatch, SeqSlice
         from shared.model.sampling import sample
 
-        batch = ForwardBatch([SeqSlice(r.prompt, 0, r.blocks) for r in reqs])
+        hits = [self.hit_tokens.get(r.req_id, 0) for r in reqs]
+        batch = ForwardBatch([SeqSlice(r.prompt[h:], h, r.blocks) for r, h in zip(reqs, hits)])
+        gate = LayerGate([self.loads[r.req_id] for r in reqs if r.req_id in self.loads], self.cfg.handoff_timeout_s)
         with torch.inference_mode():
-            logits = self.loaded.model.forward(batch, self.kv.cache)
+            logits = self.loaded.model.forward(batch, self.kv.cache, gate)
         gens = []
         for r in reqs:
             seed = generator_seed(r.sampling, 0)
@@ -171,7 +234,9 @@ class PrefillService(Service):
         sp = req.sampling
         done = first in stop_ids(sp, self.loaded.config.eos_ids)
         finish = "stop" if done else ("length" if sp.max_tokens <= 1 else "")
-        await self._emit(TokenEvent(req.req_id, [first], 0, finish=finish, source=self.engine), req)
+        cached = self.hit_tokens.get(req.req_id, 0)
+        await self._emit(TokenEvent(req.req_id, [first], 0, finish=finish, source=self.engine, cached_tokens=cached),
+                         req)
         if finish or req.cancelled:
             self._release(req)
             return
@@ -188,7 +253,8 @@ class PrefillService(Service):
                 if req.cancelled:
                     raise BusError("push", "cancelled")
                 admit = DecodeAdmit(req.req_id, len(req.prompt), first, sp, req.reply, pushed.slots,
-                                    pe_engine=self.engine, prompt=req.prompt)
+                                    pe_engine=self.engine, prompt=req.prompt, block_keys=work.block_keys,
+                                    persisted_blocks=work.hit_blocks)
                 ack = await self.bus.request(self.subjects.decode_admit(work.de_engine), admit, Ack,
                                              timeout=self.cfg.handoff_timeout_s)
                 if not ack.ok:
@@ -209,8 +275,24 @@ class PrefillService(Service):
         await self.bus.publish(req.reply, TokenEvent(req.req_id, [], finish="error", error=error, source=self.engine))
         self._release(req)
 
+    def _copies_done(self, req: EngineRequest) -> bool:
+        """No storage read or layer copy still targets this request's KV blocks."""
+        prog = self.loads.get(req.req_id)
+        if any(r.req_id == req.req_id for r, _ in self._loading):
+            return False
+        hits = self.hit_tokens.get(req.req_id, 0)
+        return prog is None or hits == 0 or prog.layers >= self.loaded.config.n_layers
+
+    def _drop(self, req: EngineRequest) -> bool:
+        """Cancelled and queued: release now, or when its last layer copy lands."""
+        if self._copies_done(req):
+            self._release(req)
+        return True
+
     def _release(self, req: EngineRequest) -> None:
         self.active.pop(req.req_id, None)
+        self.loads.pop(req.req_id, None)
+        self.hit_tokens.pop(req.req_id, None)
         if self.kv:
             self.kv.alloc.release(req.req_id)
             self.m_free.labels(self.engine).set(self.kv.alloc.free)

@@ -122,6 +122,7 @@ async def _handle(svc: "SchedulerService", request: Request, chat: bool) -> Resp
     span = tracer.start_span("POST " + request.url.path, attributes={
         "req_id": rid, "prompt_tokens": len(prompt), "max_tokens": sampling.max_tokens, "stream": req.stream})
     rec = InFlight(rid, prompt, sampling, ctx=trace.set_span_in_context(span))
+    await svc.lookup_hits(rec)
     svc.submit(rec)
     events = _events(svc, rec, stops, span)
     if req.stream:

@@ -16,9 +16,11 @@ from services.scheduler.config import SchedulerConfig
 from services.scheduler.dispatch import Dispatcher, EngineLoad, Job
 from services.scheduler.inflight import InFlight
 from services.scheduler.view import MeshView
-from shared.bus import Delivery
+from shared.bus import BusError, Delivery
 from shared.http import HttpServer
+from shared.engine.store_layout import prompt_keys
 from shared.messages.registry import Announce, SchedulerAnnounce
+from shared.messages.storage import HitQuery, HitReply
 from shared.messages.stream import TokenEvent
 from shared.messages.work import Cancel, PrefillWork
 from shared.runtime import Service, service_main
@@ -89,6 +91,24 @@ class SchedulerService(Service):
         return name is None or name == self.model_id() or name in self.view.model_ids()
 
     # requests ---------------------------------------------------------------------
+    async def lookup_hits(self, rec: InFlight) -> None:
+        """Key the prompt's full blocks and ask a storage-gateway how many leading ones are stored."""
+        layout = self.view.store_layout()
+        if layout is None:
+            return
+        rec.block_keys = prompt_keys(layout, rec.prompt)
+        if not rec.block_keys:
+            return
+        with tracer.start_as_current_span("hit_lookup", context=rec.ctx,
+                                          attributes={"req_id": rec.req_id, "blocks": len(rec.block_keys)}) as span:
+            try:
+                reply = await self.bus.request(self.subjects.sg_any("hit"), HitQuery(layout, rec.block_keys),
+                                               HitReply, timeout=2.0)
+                rec.hit_blocks = reply.blocks
+            except BusError as exc:
+                span.set_attribute("error", exc.reason)  # no gateway: everything is a miss
+            span.set_attribute("hit_blocks", rec.hit_blocks)
+
     def submit(self, rec: InFlight) -> None:
         self.inflight[rec.req_id] = rec
         self.dispatcher.enqueue(Job(rec.req_id, len(rec.prompt), rec.sampling.max_tokens))
@@ -157,7 +177,9 @@ class SchedulerService(Service):
             with tracer.start_as_current_span("assign", context=rec.ctx, attributes={
                     "req_id": rec.req_id, "pe": a.pe, "de": a.de,
                     "queue_wait_s": rec.assigned_at - rec.arrived}):
-                work = PrefillWork(rec.req_id, rec.prompt, rec.sampling, a.de, self.output_subject)
+                work = PrefillWork(rec.req_id, rec.prompt, rec.sampling, a.de, self.output_subject,
+                                   block_keys=rec.block_keys, hit_blocks=rec.hit_blocks,
+                                   read_node=self.view.node_of(a.pe))
                 await self.bus.publish(self.subjects.prefill_work(a.pe), work)
         self.m_queue.set(len(self.dispatcher.queue))
         self.m_running.set(sum(1 for r in self.inflight.values() if r.pe))

@@ -29,6 +29,8 @@ class InFlight:
     cached_tokens: int = 0
     tokens: list[int] = field(default_factory=list)  # every token delivered, in order
     finished: str = ""
+    block_keys: list[str] = field(default_factory=list)  # prompt's full-block keys
+    hit_blocks: int = 0  # leading keys present in the store at arrival
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     ctx: object = None  # trace context of the request's root span
 

@@ -74,3 +74,14 @@ class MeshView:
     def max_context(self) -> int:
         ctx = [s.msg.max_context for s in self.engines.values() if s.msg.max_context]
         return min(ctx) if ctx else 0
+
+    def store_layout(self):
+        """The store layout the engines announce (all engines of a mesh serve one model)."""
+        for seen in self.engines.values():
+            if seen.msg.store is not None:
+                return seen.msg.store
+        return None
+
+    def node_of(self, engine: str) -> str:
+        seen = self.engines.get(engine)
+        return seen.msg.node if seen else ""

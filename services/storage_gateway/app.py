@@ -1,11 +1,32 @@
-"""Storage-gateway wiring: announces the node's read queue; owns the node's storage I/O."""
+"""Storage-gateway wiring: the node's storage NIC over NATS.
+
+Owns every storage read and write of its node: hit queries, Full Block reads
+straight into a traffic-manager's shared-memory buffer, background writes from it.
+One store namespace per model fingerprint; one read and one write token bucket for
+the whole node (the emulated SNIC), shared by all of them.
+"""
 from __future__ import annotations
 
+import logging
 import os
+import time
 
+from opentelemetry import trace
+
+from services.storage_gateway.bucket import TokenBucket
 from services.storage_gateway.config import GatewayConfig
+from services.storage_gateway.engine import GatewayCore
+from services.storage_gateway.store import DirectoryStore
+from shared.bus import Delivery
+from shared.kv.hashing import key_from_hex
+from shared.kv.layout import KVLayout
 from shared.messages.registry import GatewayAnnounce
+from shared.messages.storage import HitQuery, HitReply, ReadBlocks, ReadDone, StoreLayout, WriteBlock, WriteDone
 from shared.runtime import Service, service_main
+from shared.transport.shm_region import ShmRegion
+
+log = logging.getLogger("gateway")
+tracer = trace.get_tracer("storage-gateway")
 
 
 class GatewayService(Service):
@@ -14,13 +35,109 @@ class GatewayService(Service):
     def __init__(self, cfg: GatewayConfig):
         super().__init__(cfg)
         os.makedirs(cfg.store_root, exist_ok=True)
+        self.read_bucket = TokenBucket.from_gbps(cfg.snic_read_gbps)
+        self.write_bucket = TokenBucket.from_gbps(cfg.snic_write_gbps)
+        self.cores: dict[str, GatewayCore] = {}  # fingerprint -> core
+        self.buffers: dict[str, ShmRegion] = {}  # attached TM buffers by shm name
+        m = self.metrics
+        self.m_read = m.counter("storage_read_bytes_total", "Bytes read from the store", ("node",))
+        self.m_write = m.counter("storage_write_bytes_total", "Bytes written to the store", ("node",))
+        self.m_blocks = m.counter("storage_blocks_total", "Blocks by outcome", ("outcome",))
+        self.m_read_s = m.histogram("storage_read_seconds", "Read request time (incl. queueing)")
+        self.m_queue = m.gauge("storage_read_queue_bytes", "Pending read bytes (read_q)", ("node",))
 
     async def start(self) -> None:
-        pass
+        s, node = self.subjects, self.cfg.node
+        await self.bus.subscribe(s.sg(node, "read"), ReadBlocks, self._on_read)
+        await self.bus.subscribe(s.sg(node, "write"), WriteBlock, self._on_write)
+        await self.bus.subscribe(s.sg_any("hit"), HitQuery, self._on_hit, queue="hit")
 
     def announce(self) -> GatewayAnnounce:
+        blocks, nbytes = self.read_queue()
         return GatewayAnnounce(instance=self.instance, node=self.cfg.node, metrics_url=self.metrics_url,
-                               pid=os.getpid(), store_root=self.cfg.store_root)
+                               pid=os.getpid(), store_root=self.cfg.store_root, read_q_blocks=blocks,
+                               read_q_bytes=nbytes)
+
+    def read_queue(self) -> tuple[int, int]:
+        snaps = [c.queue_snapshot() for c in self.cores.values()]
+        return sum(s.pending_blocks for s in snaps), sum(s.pending_bytes for s in snaps)
+
+    async def stop(self) -> None:
+        for core in self.cores.values():
+            core.close()
+        for region in self.buffers.values():
+            region.close()
+
+    # helpers ------------------------------------------------------------------------
+    def core(self, layout: StoreLayout) -> GatewayCore:
+        core = self.cores.get(layout.fingerprint)
+        if core is None:
+            kv = KVLayout(n_layers=layout.n_layers, n_kv_heads=layout.n_kv_heads, head_dim=layout.head_dim,
+                          dtype=layout.dtype, block_size=layout.block_size)
+            cap = int(self.cfg.capacity_gb * 1e9) or None
+            store = DirectoryStore(self.cfg.store_root, bytes.fromhex(layout.fingerprint), kv, cap)
+            core = self.cores[layout.fingerprint] = GatewayCore(store, self.read_bucket, self.write_bucket,
+                                                                self.cfg.io_threads)
+        return core
+
+    def buffer(self, shm: str) -> memoryview:
+        region = self.buffers.get(shm)
+        if region is None:
+            region = self.buffers[shm] = ShmRegion.attach(shm)
+        return region.buf
+
+    # handlers -------------------------------------------------------------------------
+    async def _on_hit(self, q: HitQuery, d: Delivery) -> None:
+        try:
+            n = await self.core(q.layout).hit_length_async([key_from_hex(k) for k in q.keys])
+        except Exception as exc:  # noqa: BLE001 - a bad query is answered, not fatal
+            await d.respond(HitReply(error=str(exc)))
+            return
+        await d.respond(HitReply(blocks=n))
+
+    async def _on_read(self, msg: ReadBlocks, d: Delivery) -> None:
+        self.spawn(self._read(msg, d), name=f"read-{msg.req_id}")
+
+    async def _read(self, msg: ReadBlocks, d: Delivery) -> None:
+        t0 = time.perf_counter()
+        with tracer.start_as_current_span("storage_read", context=d.ctx, attributes={
+                "req_id": msg.req_id, "node": self.cfg.node, "blocks": len(msg.keys)}) as span:
+            try:
+                core = self.core(msg.layout)
+                self.m_queue.labels(self.cfg.node).set(self.read_queue()[1])
+                res = await core.read_blocks([key_from_hex(k) for k in msg.keys], self.buffer(msg.shm), msg.offsets)
+            except Exception as exc:  # noqa: BLE001
+                span.record_exception(exc)
+                await d.respond(ReadDone(error=str(exc)))
+                return
+            dt = time.perf_counter() - t0
+            span.set_attributes({"bytes": res.bytes, "blocks_ok": res.blocks, "stop_reason": res.stop_reason or ""})
+        self.m_read.labels(self.cfg.node).inc(res.bytes)
+        self.m_blocks.labels("read").inc(res.blocks)
+        if res.stop_reason:
+            self.m_blocks.labels("miss_" + res.stop_reason.split(":")[0][:20]).inc()
+        self.m_read_s.observe(dt)
+        self.m_queue.labels(self.cfg.node).set(self.read_queue()[1])
+        await d.respond(ReadDone(blocks=res.blocks, bytes=res.bytes, seconds=dt, stop_reason=res.stop_reason or ""))
+
+    async def _on_write(self, msg: WriteBlock, d: Delivery) -> None:
+        self.spawn(self._write(msg, d), name=f"write-{msg.key[:8]}")
+
+    async def _write(self, msg: WriteBlock, d: Delivery) -> None:
+        with tracer.start_as_current_span("storage_write", context=d.ctx, attributes={"key": msg.key}):
+            try:
+                core = self.core(msg.layout)
+                size = core.store.layout.payload_bytes
+                view = self.buffer(msg.shm)[msg.offset:msg.offset + size]
+                outcome = await core.write_block(key_from_hex(msg.key), view)
+            except Exception as exc:  # noqa: BLE001
+                await d.respond(WriteDone(error=str(exc)))
+                return
+        name = outcome.name.lower()
+        if name == "written":
+            self.m_write.labels(self.cfg.node).inc(size)
+        self.m_blocks.labels(name).inc()
+        await d.respond(WriteDone(outcome=name))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,8 +17,8 @@ def default_store() -> str:
 class GatewayConfig(CommonConfig):
     store: str = ""  # store root (a directory or shared POSIX mount); empty = user cache dir
     capacity_gb: float = 0.0  # byte limit with LRU eviction; 0 = unlimited
-    read_gbps: float = 0.0  # storage-NIC read cap (emulation); 0 = uncapped
-    write_gbps: float = 0.0  # storage-NIC write cap (emulation); 0 = uncapped
+    snic_read_gbps: float = 0.0  # emulated storage-NIC read cap in Gbit/s (a test setting); 0 = uncapped
+    snic_write_gbps: float = 0.0  # emulated storage-NIC write cap in Gbit/s; 0 = uncapped
     io_threads: int = 4
 
     @property
@@ -27,6 +27,6 @@ class GatewayConfig(CommonConfig):
 
     def validate(self) -> None:
         require(self.capacity_gb >= 0, "capacity_gb", self.capacity_gb, "must be >= 0")
-        require(self.read_gbps >= 0, "read_gbps", self.read_gbps, "must be >= 0")
-        require(self.write_gbps >= 0, "write_gbps", self.write_gbps, "must be >= 0")
+        require(self.snic_read_gbps >= 0, "snic_read_gbps", self.snic_read_gbps, "must be >= 0")
+        require(self.snic_write_gbps >= 0, "snic_write_gbps", self.snic_write_gbps, "must be >= 0")
         require(self.io_threads > 0, "io_threads", self.io_threads, "must be > 0")

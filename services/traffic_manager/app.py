@@ -18,10 +18,11 @@ import msgspec
 from opentelemetry import trace
 
 from services.traffic_manager.config import TrafficManagerConfig
+from services.traffic_manager.store_path import StorePath
 from shared.bus import BusError, Delivery
 from shared.kv.allocator import OutOfSlots, SlotAllocator
-from shared.messages.registry import Announce, EngineAnnounce, KVLayout, TrafficManagerAnnounce
-from shared.messages.tm import LoadKV, PushDone, PushKV, Release, Reserve, Reserved
+from shared.messages.registry import Announce, EngineAnnounce, KVRegion, TrafficManagerAnnounce
+from shared.messages.tm import FetchKV, LoadKV, PushDone, PushKV, Release, Reserve, Reserved, SaveKV
 from shared.messages.work import Cancel
 from shared.runtime import Service, service_main
 from shared.transport.base import EndpointDesc, Op, Peer, TrafficClass
@@ -40,11 +41,12 @@ class TrafficManagerService(Service):
         super().__init__(cfg)
         self.buffer = ShmRegion.create(new_name("tm-buf"), cfg.buffer_mb << 20)
         self.endpoint = None
-        self.layout: KVLayout | None = None
+        self.layout: KVRegion | None = None
         self.kv_region: ShmRegion | None = None
         self.slots: SlotAllocator | None = None
         self.remote: dict[str, EndpointDesc] = {}  # engine -> its TM's endpoint
         self.peers: dict[str, Peer] = {}
+        self.store_path = StorePath(self)
         m = self.metrics
         self.m_bytes = m.counter("tm_bytes_total", "Bytes moved on the data plane", ("kind",))
         self.m_xfer = m.histogram("tm_transfer_seconds", "Transfer time", ("kind",))
@@ -64,6 +66,8 @@ class TrafficManagerService(Service):
         await self.bus.subscribe(s.tm(e, "reserve"), Reserve, self._on_reserve)
         await self.bus.subscribe(s.tm(e, "load"), LoadKV, self._on_load)
         await self.bus.subscribe(s.tm(e, "release"), Release, self._on_release)
+        await self.bus.subscribe(s.tm(e, "fetch"), FetchKV, self._on_fetch)
+        await self.bus.subscribe(s.tm(e, "save"), SaveKV, self._on_save)
         await self.bus.subscribe(s.cancel, Cancel, self._on_release)
 
     def announce(self) -> TrafficManagerAnnounce:
@@ -102,7 +106,7 @@ class TrafficManagerService(Service):
             if msg.engine in self.peers:
                 self.peers[msg.engine].refresh(desc)
 
-    def _attach(self, layout: KVLayout) -> None:
+    def _attach(self, layout: KVRegion) -> None:
         if self.layout is not None and self.layout.shm_name == layout.shm_name:
             return
         if self.kv_region is not None:  # the engine restarted with new KV memory
@@ -199,7 +203,25 @@ class TrafficManagerService(Service):
 
     def _free(self, req_id: str) -> None:
         if self.slots is not None and self.slots.release(req_id):
+            self.note_free()
+
+    def note_free(self) -> None:
+        if self.slots is not None:
             self.m_free.set(self.slots.free * self.layout.block_nbytes)
+
+    # storage paths (store_path.py) ---------------------------------------------------------
+    async def _on_fetch(self, msg: FetchKV, d: Delivery) -> None:
+        if self.slots is None:
+            return
+        self.spawn(self.store_path.fetch(msg, d), name=f"fetch-{msg.req_id}")
+
+    async def _on_save(self, msg: SaveKV, d: Delivery) -> None:
+        if self.slots is None:
+            from shared.messages.tm import SaveCopied
+
+            await d.respond(SaveCopied(0, error="KV memory not attached"))
+            return
+        self.spawn(self.store_path.save(msg, d), name=f"save-{msg.req_id}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,7 +7,7 @@ Owns the segment, the cache view and the block allocator; not the model.
 from __future__ import annotations
 
 from shared.kv.allocator import SlotAllocator
-from shared.messages.registry import KVLayout
+from shared.messages.registry import KVRegion
 from shared.model.config import ModelConfig
 from shared.model.kv_cache import PagedKVCache
 from shared.transport.shm_region import ShmRegion, new_name
@@ -21,14 +21,14 @@ class KVMemory:
         self.alloc = SlotAllocator(num_blocks)
         self.block_size = block_size
         c = self.cache
-        self._layout = KVLayout(shm_name=self.region.name, num_blocks=c.num_blocks, block_size=c.block_size,
+        self._layout = KVRegion(shm_name=self.region.name, num_blocks=c.num_blocks, block_size=c.block_size,
                                 n_layers=c.n_layers, block_nbytes=c.block_nbytes,
                                 layer_block_nbytes=c.layer_block_nbytes)
 
     def blocks_for(self, n_tokens: int) -> int:
         return -(-n_tokens // self.block_size)
 
-    def layout(self) -> KVLayout:
+    def layout(self) -> KVRegion:
         return self._layout
 
     def close(self) -> None:

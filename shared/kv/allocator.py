@@ -38,12 +38,15 @@ class SlotAllocator:
         return n <= len(self._free)
 
     def allocate(self, owner: str, n: int) -> list[int]:
+        if n < 0:
+            raise ValueError(f"cannot allocate {n} slots")
         if n > len(self._free):
             raise OutOfSlots(n, len(self._free))
         slots = [self._free.pop() for _ in range(n)]
         for s in slots:
             self._owner[s] = owner
-        self._held[owner].extend(slots)
+        if slots:  # an owner holding nothing is not listed by owners()
+            self._held[owner].extend(slots)
         return slots
 
     def held(self, owner: str) -> list[int]:

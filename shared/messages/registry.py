@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import msgspec
 
+from shared.messages.storage import StoreLayout
+
 
 class Base(msgspec.Struct, tag_field="kind", omit_defaults=True):
     instance: str  # unique per process (uuid)
@@ -17,7 +19,7 @@ class Base(msgspec.Struct, tag_field="kind", omit_defaults=True):
     leaving: bool = False  # sent once on clean shutdown: drop me now
 
 
-class KVLayout(msgspec.Struct, omit_defaults=True):
+class KVRegion(msgspec.Struct, omit_defaults=True):
     """How an engine's paged KV memory is laid out, so its TM can address blocks."""
 
     shm_name: str  # POSIX shm segment holding (num_blocks, n_layers, 2, block_size, kv_heads, head_dim)
@@ -38,7 +40,8 @@ class EngineAnnounce(Base, tag="engine"):
     tok: int = 0  # tokens of those requests (tok_e)
     free_blocks: int = 0
     total_blocks: int = 0
-    kv: KVLayout | None = None
+    kv: KVRegion | None = None
+    store: StoreLayout | None = None  # how this engine's blocks are named and sized in the store
 
 
 class TrafficManagerAnnounce(Base, tag="tm"):

@@ -15,6 +15,9 @@ class Subjects:
     def prefill_work(self, engine: str) -> str:
         return f"{self.ns}.pe.{engine}.work"
 
+    def prefill_loaded(self, engine: str) -> str:
+        return f"{self.ns}.pe.{engine}.loaded"
+
     def decode_admit(self, engine: str) -> str:
         return f"{self.ns}.de.{engine}.admit"
 

@@ -6,10 +6,17 @@ Push (PE side, after prefill):
   TM --PushDone--> PE (slots, bytes). The PE then admits the request on the DE.
 Load (DE side): DE --LoadKV--> its TM: copy buffer slots -> KV blocks, free the slots.
 Release: free a request's slots (cancel, failure).
+Fetch (PE read path): PE --FetchKV--> its TM; TM has its node's gateway read the hit
+  blocks into the buffer, announces LayerLoaded(layer=-1, blocks) on `pe.<id>.loaded`,
+  then copies layer after layer into KV memory, announcing each layer as it lands.
+Save (DE persistence): DE --SaveKV--> its TM: copy full blocks KV -> buffer (bulk), reply
+  SaveCopied (the DE may now free those blocks), then write them through the gateway.
 """
 from __future__ import annotations
 
 import msgspec
+
+from shared.messages.storage import StoreLayout
 
 
 class PushKV(msgspec.Struct, omit_defaults=True):
@@ -47,3 +54,31 @@ class LoadKV(msgspec.Struct, omit_defaults=True):
 
 class Release(msgspec.Struct, omit_defaults=True):
     req_id: str
+
+
+class FetchKV(msgspec.Struct, omit_defaults=True):
+    req_id: str
+    keys: list[str]  # hit block keys, in prompt order
+    dst_blocks: list[int]  # KV blocks receiving them, same order
+    node: str  # whose storage-gateway reads
+    layout: StoreLayout
+
+
+class LayerLoaded(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    req_id: str
+    blocks: int  # leading hit blocks that were read and verified (the rest is a miss)
+    layer: int  # -1: storage read finished; l >= 0: layers 0..l are in KV memory
+    error: str = ""
+
+
+class SaveKV(msgspec.Struct, omit_defaults=True):
+    req_id: str
+    blocks: list[int]  # full KV blocks to persist
+    keys: list[str]  # their hex keys
+    node: str  # whose storage-gateway writes
+    layout: StoreLayout
+
+
+class SaveCopied(msgspec.Struct, omit_defaults=True):
+    copied: int = 0  # blocks copied out of KV memory (the rest skipped: buffer full)
+    error: str = ""

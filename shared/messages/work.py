@@ -28,8 +28,9 @@ class PrefillWork(msgspec.Struct, omit_defaults=True):
     sampling: Sampling
     de_engine: str  # where the KV goes after prefill
     reply: str  # output subject of the scheduler that owns the request
-    hit_blocks: list[str] = []  # stored block keys (hex) to load instead of computing
-    read_path: str = "pe"  # pe | de (which node's gateway reads the hit blocks)
+    block_keys: list[str] = []  # hex keys of the prompt's full blocks (chained hashes)
+    hit_blocks: int = 0  # leading block_keys present in the store (load instead of compute)
+    read_node: str = ""  # node whose storage-gateway reads the hit blocks
 
 
 class DecodeAdmit(msgspec.Struct, omit_defaults=True):
@@ -41,7 +42,7 @@ class DecodeAdmit(msgspec.Struct, omit_defaults=True):
     buf_slots: list[int]  # DE-buffer byte offsets, one per prompt block, in order
     pe_engine: str = ""
     prompt: list[int] = []  # the prompt's token ids (block hashing for persistence)
-    block_keys: list[str] = []  # stored keys of the prompt's full blocks (for persistence)
+    block_keys: list[str] = []  # hex keys of the prompt's full blocks (for persistence)
     persisted_blocks: int = 0  # leading blocks already in the store
 
 

@@ -92,7 +92,7 @@ def test_hf_directory_loads_and_matches_the_source_model(tmp_path, model_type, s
     assert ids == src.tokenizer.encode("héllo, paged world")
     torch.testing.assert_close(hf.model.forward_reference(ids), src.model.forward_reference(ids), atol=1e-5, rtol=0)
     assert hf.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}]).startswith("<|im_start|>user\nhi")
-    assert hf.model_id == f"hf:{tmp_path.name}"
+    assert hf.model_id == tmp_path.name
 
 
 def _llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -148,7 +148,7 @@ def test_gguf_with_llama_cpp_permuted_qk_loads_to_the_same_model(tmp_path):
     assert lm.tokenizer.encode("hello") == [259, 108, 108, 111]  # the one merge applied
     ids = [259, 108, 108, 111, 44, 32, 257]
     torch.testing.assert_close(lm.model.forward_reference(ids), src.model.forward_reference(ids), atol=1e-5, rtol=0)
-    assert lm.model_id == "gguf:tiny.gguf"
+    assert lm.model_id == "tiny"
 
 
 def test_reference_generate_equals_greedy_over_full_recompute():

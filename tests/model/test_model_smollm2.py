@@ -33,7 +33,7 @@ def test_config_read_from_gguf_metadata(smol):
     assert (c.n_layers, c.hidden_size, c.n_heads, c.n_kv_heads, c.head_dim) == (30, 576, 9, 3, 64)
     assert (c.intermediate_size, c.vocab_size, c.max_position, c.rope_theta) == (1536, 49152, 8192, 100000.0)
     assert c.tie_embeddings and c.bos_id == 1 and 2 in c.eos_ids
-    assert smol.model_id == "gguf:SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert smol.model_id == "SmolLM2-135M-Instruct"
 
 
 def test_tokenizer_known_ids_and_round_trip(smol):

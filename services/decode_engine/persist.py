@@ -1,0 +1,80 @@
+"""Persistence from the decode side: every full block is saved the moment it fills.
+
+Prompt blocks the store did not have (the PE computed them) are saved on admission;
+each generated block when decoding completes it. Saving is background work of the
+traffic-manager (bulk class) and never stalls a decode step; the engine keeps a
+request's KV blocks until the TM has copied them out (`busy`), so a block is never
+reused while its bytes are on their way to the store.
+"""
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from services.decode_engine.running import RunningSeq
+from shared.bus import BusError
+from shared.kv.hashing import chain_hash, key_hex
+from shared.messages.storage import StoreLayout
+from shared.messages.tm import SaveCopied, SaveKV
+from shared.messages.work import DecodeAdmit
+
+if TYPE_CHECKING:
+    from services.decode_engine.app import DecodeService
+    from shared.engine.requests import EngineRequest
+
+log = logging.getLogger("decode.persist")
+
+
+class Persister:
+    def __init__(self, svc: "DecodeService", layout: StoreLayout):
+        self.svc, self.layout = svc, layout
+        self.pending: Counter[str] = Counter()  # req_id -> saves not yet copied out
+        self.deferred: dict[str, "EngineRequest"] = {}
+        self.m_saved = svc.metrics.counter("decode_persisted_blocks_total", "Full blocks handed to persistence")
+
+    def prompt(self, seq: RunningSeq, admit: DecodeAdmit) -> None:
+        """On admission: keys of the prompt's full blocks; save those the store lacks."""
+        n_full = admit.prompt_len // self.layout.block_size
+        seq.keys = list(admit.block_keys[:n_full])
+        start = min(admit.persisted_blocks, len(seq.keys))
+        if start < len(seq.keys):
+            self._save(seq, list(range(start, len(seq.keys))))
+
+    def generated(self, seq: RunningSeq, block: int) -> None:
+        """Decoding just filled `block`: key it (chained on the previous key) and save it."""
+        bs = self.layout.block_size
+        if block != len(seq.keys):
+            return  # a gap (prompt keys unknown): nothing to chain on
+        parent = bytes.fromhex(seq.keys[-1]) if seq.keys else bytes.fromhex(self.layout.fingerprint)
+        seq.keys.append(key_hex(chain_hash(parent, seq.context(block * bs, (block + 1) * bs))))
+        self._save(seq, [block])
+
+    def _save(self, seq: RunningSeq, blocks: list[int]) -> None:
+        req = seq.req
+        self.pending[req.req_id] += 1
+        msg = SaveKV(req.req_id, [req.blocks[b] for b in blocks], [seq.keys[b] for b in blocks],
+                     self.svc.cfg.node, self.layout)
+        self.svc.spawn(self._request(req, msg), name=f"persist-{req.req_id}")
+
+    async def _request(self, req: "EngineRequest", msg: SaveKV) -> None:
+        svc = self.svc
+        try:
+            res = await svc.bus.request(svc.subjects.tm(svc.engine, "save"), msg, SaveCopied,
+                                        timeout=svc.cfg.load_timeout_s, ctx=req.ctx)
+            self.m_saved.inc(res.copied)
+        except BusError as exc:
+            log.warning("persist of %s failed: %s", req.req_id, exc.reason)
+        finally:
+            self.pending[req.req_id] -= 1
+            if self.pending[req.req_id] <= 0:
+                del self.pending[req.req_id]
+                later = self.deferred.pop(req.req_id, None)
+                if later is not None:
+                    svc._release(later)
+
+    def busy(self, req_id: str) -> bool:
+        return self.pending.get(req_id, 0) > 0
+
+    def release_later(self, req: "EngineRequest") -> None:
+        self.deferred[req.req_id] = req

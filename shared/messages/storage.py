@@ -1,0 +1,63 @@
+"""Storage-gateway control (`{ns}.sg.<node>.<verb>`, hit queries on `{ns}.sg.any.hit`).
+
+Bytes never ride here: a read names the traffic-manager buffer (a POSIX shm segment)
+and the offsets the gateway writes Full Block payloads into; a write names where the
+payload sits. Example (PE read path):
+  PE TM --ReadBlocks(keys, shm, offsets)--> its node's gateway
+  gateway reads each block file straight into the buffer, verifies it -> ReadDone(blocks_ok)
+"""
+from __future__ import annotations
+
+import msgspec
+
+
+class StoreLayout(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Which model's blocks: the fingerprint names the store namespace; dims size the blocks."""
+
+    fingerprint: str  # hex digest of ModelFingerprint
+    model_id: str
+    n_layers: int
+    n_kv_heads: int
+    head_dim: int
+    dtype: str
+    block_size: int
+
+
+class HitQuery(msgspec.Struct, omit_defaults=True):
+    layout: StoreLayout
+    keys: list[str]  # hex block keys of the prompt's full blocks, in order
+
+
+class HitReply(msgspec.Struct, omit_defaults=True):
+    blocks: int = 0  # leading keys present in the store
+    error: str = ""
+
+
+class ReadBlocks(msgspec.Struct, omit_defaults=True):
+    req_id: str
+    layout: StoreLayout
+    keys: list[str]
+    shm: str  # destination buffer segment
+    offsets: list[int]  # byte offset in `shm` of each block's payload
+    bulk: bool = False  # prefetch for queued work (lower priority)
+
+
+class ReadDone(msgspec.Struct, omit_defaults=True):
+    blocks: int = 0  # leading blocks read and verified
+    bytes: int = 0
+    seconds: float = 0.0
+    wait_s: float = 0.0  # time spent queued behind other reads / the bandwidth cap
+    stop_reason: str = ""  # why the chain stopped early (missing, corrupt, ...)
+    error: str = ""
+
+
+class WriteBlock(msgspec.Struct, omit_defaults=True):
+    layout: StoreLayout
+    key: str
+    shm: str
+    offset: int
+
+
+class WriteDone(msgspec.Struct, omit_defaults=True):
+    outcome: str = ""  # written | exists | no_space
+    error: str = ""

@@ -1,0 +1,45 @@
+"""One request through the mesh yields ONE trace with spans from every service it passes."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.integration.meshutil import complete, tiny_mesh
+from tests.integration.otlp_receiver import OtlpReceiver
+
+pytestmark = pytest.mark.integration
+
+
+def test_one_request_one_trace_across_services(tmp_path):
+    with OtlpReceiver() as otlp:
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+        mesh = tiny_mesh(tmp_path, env=env)
+        mesh.start(timeout=120)
+        try:
+            r = complete(mesh.url, {"prompt": "trace me " * 30, "max_tokens": 6, "temperature": 0,
+                                    "ignore_eos": True})
+            assert r.status_code == 200, r.text
+            rid = r.json()["id"]
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                roots = [s for s in otlp.spans if s.attributes.get("req_id") == rid and not s.parent_id]
+                services = {s.service for s in otlp.spans if roots and s.trace_id == roots[0].trace_id}
+                if len(services) >= 4 and any(s.name == "kv_h2d" for s in otlp.spans):
+                    break
+                time.sleep(0.2)
+        finally:
+            mesh.stop()
+    roots = [s for s in otlp.spans if s.attributes.get("req_id") == rid and not s.parent_id]
+    assert len(roots) == 1, roots
+    trace_spans = [s for s in otlp.spans if s.trace_id == roots[0].trace_id]
+    mine = [s for s in otlp.spans if s.attributes.get("req_id") == rid]
+    assert {s.trace_id for s in mine} == {roots[0].trace_id}, "a span of the request left its trace"
+    assert {s.service for s in trace_spans} >= {"scheduler", "prefill-engine", "decode-engine", "traffic-manager"}
+    names = {(s.service, s.name) for s in trace_spans}
+    assert ("traffic-manager", "kv_transfer") in names  # PE-side TM: the PD transfer
+    assert ("traffic-manager", "kv_reserve") in names and ("traffic-manager", "kv_h2d") in names  # DE-side TM
+    xfer = next(s for s in trace_spans if s.name == "kv_transfer")
+    assert xfer.attributes["bytes"] > 0 and xfer.attributes["blocks"] >= 1
+    ids = {s.span_id for s in trace_spans}
+    assert all(s.parent_id in ids for s in trace_spans if s.parent_id), "a span's parent is missing"
