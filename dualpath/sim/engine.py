@@ -94,7 +94,8 @@ class Simulation:
         if not self.tick_armed:
             self.tick_armed = True
             p = self.cfg.pull_s
-            self.push((int(self.now / p) + 1) * p, self._tick, None)
+            k = int(self.now / p + 1e-6) + 1  # next grid point strictly after now
+            self.push(k * p, self._tick, None)
 
     def _tick(self, _) -> None:
         self.sched.tick()

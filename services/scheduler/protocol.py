@@ -5,6 +5,7 @@ Owns what a client may send and what it gets back; no I/O. Validation failures a
 """
 from __future__ import annotations
 
+import re
 import time
 import uuid
 
@@ -51,10 +52,18 @@ def decode_body(raw: bytes, tp: type) -> msgspec.Struct:
     try:
         return msgspec.json.decode(raw, type=tp)
     except msgspec.ValidationError as exc:
-        param = str(exc).rsplit("`$.", 1)[-1].rstrip("`") if "`$." in str(exc) else None
-        raise ApiError(400, f"invalid request: {exc}", param) from None
+        raise ApiError(400, f"invalid request: {exc}", _param(str(exc))) from None
     except msgspec.DecodeError as exc:
         raise ApiError(400, f"malformed JSON: {exc}") from None
+
+
+def _param(error: str) -> str | None:
+    """The field a msgspec error names: "... - at `$.a[0].b`" and/or "missing required field `c`"."""
+    path = error.rsplit("`$.", 1)[-1].rstrip("`") if "`$." in error else ""
+    missing = re.search(r"missing required field `([^`]+)`", error)
+    if missing:
+        path = f"{path}.{missing.group(1)}" if path else missing.group(1)
+    return path or None
 
 
 def stop_list(stop: str | list[str] | None) -> list[str]:

@@ -34,17 +34,17 @@ def test_stop_in_one_delta_cuts_before_it():
 
 
 def test_stop_split_across_deltas_is_found_and_not_emitted():
-    m = StopMatcher(["END"])
+    m = StopMatcher(["END"])  # holds back the last len("END") - 1 characters
     assert m.feed("abcE") == ("ab", False)
-    assert m.feed("N") == ("", False)
-    assert m.feed("Dtail") == ("c", True)
+    assert m.feed("N") == ("c", False)
+    assert m.feed("Dtail") == ("", True)
 
 
 def test_text_that_only_looked_like_a_stop_is_released():
     m = StopMatcher(["END"])
     assert m.feed("abEN") == ("ab", False)
-    assert m.feed("Xyz") == ("EN", False)
-    assert m.feed("", final=True) == ("Xyz", False)
+    assert m.feed("Xyz") == ("ENX", False)
+    assert m.feed("", final=True) == ("yz", False)
 
 
 def test_held_text_is_released_at_final():

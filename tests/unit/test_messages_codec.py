@@ -1,0 +1,197 @@
+"""Control-plane messages: msgpack round-trips, the tagged Announce union, schema evolution."""
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+import types
+import typing
+
+import msgspec
+import pytest
+
+import shared.messages as messages_pkg
+from shared.messages import registry, stream
+from shared.messages.registry import Announce, EngineAnnounce, GatewayAnnounce, SchedulerAnnounce, \
+    TrafficManagerAnnounce
+from shared.messages.stream import TokenEvent
+from shared.messages.subjects import Subjects
+from shared.messages.work import Sampling
+
+pytestmark = pytest.mark.unit
+
+MODULES = [importlib.import_module(f"shared.messages.{m.name}") for m in pkgutil.iter_modules(messages_pkg.__path__)]
+STRUCTS = sorted({cls for mod in MODULES for _, cls in inspect.getmembers(mod, inspect.isclass)
+                  if issubclass(cls, msgspec.Struct) and cls.__module__ == mod.__name__},
+                 key=lambda c: (c.__module__, c.__name__))
+UNION_MEMBERS = typing.get_args(Announce)
+
+
+def sample(tp, name: str):
+    """A value of type `tp` that differs from any field default (so omit_defaults cannot hide it)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return sample(next(a for a in typing.get_args(tp) if a is not type(None)), name)
+    if origin is list:
+        (elem,) = typing.get_args(tp)
+        return [sample(elem, name), sample(elem, name + "2")]
+    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+        return build(tp)
+    if tp is bool:
+        return True
+    if tp is int:
+        return 7 + len(name)
+    if tp is float:
+        return 1.5 + len(name)
+    if tp is str:
+        return f"v-{name}"
+    if tp is bytes:
+        return b"\x00\x01" + name.encode()
+    raise AssertionError(f"no sample for {tp!r} ({name}); extend sample()")
+
+
+def build(cls):
+    hints = typing.get_type_hints(cls)
+    fields = msgspec.structs.fields(cls)
+    values = {}
+    for f in fields:
+        tp = hints[f.name]
+        values[f.name] = (not f.default) if tp is bool and not f.required else sample(tp, f.name)
+    return cls(**values)
+
+
+@pytest.mark.parametrize("cls", STRUCTS, ids=lambda c: f"{c.__module__.rsplit('.', 1)[-1]}.{c.__name__}")
+def test_every_struct_round_trips_through_msgpack_with_every_field_set(cls):
+    msg = build(cls)
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(msg), type=cls) == msg
+
+
+@pytest.mark.parametrize("cls", STRUCTS, ids=lambda c: f"{c.__module__.rsplit('.', 1)[-1]}.{c.__name__}")
+def test_every_struct_round_trips_with_only_required_fields(cls):
+    hints = typing.get_type_hints(cls)
+    required = {f.name: sample(hints[f.name], f.name) for f in msgspec.structs.fields(cls) if f.required}
+    msg = cls(**required)
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(msg), type=cls) == msg
+
+
+def test_message_families_are_all_found():
+    found = {c.__module__.rsplit(".", 1)[-1] for c in STRUCTS}
+    assert {"registry", "stream", "tm", "work"} <= found
+    assert len(STRUCTS) >= 15
+
+
+@pytest.mark.parametrize("cls", UNION_MEMBERS, ids=lambda c: c.__name__)
+def test_announce_union_decodes_each_member_by_its_tag(cls):
+    msg = build(cls)
+    got = registry.decoder.decode(msgspec.msgpack.encode(msg))
+    assert type(got) is cls and got == msg
+
+
+def test_announce_tags_are_distinct_and_named():
+    tags = {c.__struct_config__.tag for c in UNION_MEMBERS}
+    assert tags == {"engine", "tm", "gateway", "scheduler"}
+
+
+def test_announce_wire_form_is_a_map_tagged_by_kind():
+    raw = msgspec.msgpack.decode(msgspec.msgpack.encode(GatewayAnnounce("g1", "n1", read_q_blocks=3)))
+    assert raw == {"kind": "gateway", "instance": "g1", "node": "n1", "read_q_blocks": 3}
+
+
+def test_announce_omits_defaults_on_the_wire():
+    raw = msgspec.msgpack.decode(msgspec.msgpack.encode(EngineAnnounce("i", "n")))
+    assert raw == {"kind": "engine", "instance": "i", "node": "n"}
+
+
+def test_leaving_flag_survives_the_union_decoder():
+    msg = TrafficManagerAnnounce("t", "n", engine="pe0", leaving=True)
+    got = registry.decoder.decode(msgspec.msgpack.encode(msg))
+    assert isinstance(got, TrafficManagerAnnounce) and got.leaving is True
+
+
+def test_unknown_announce_kind_is_a_validation_error():
+    with pytest.raises(msgspec.ValidationError):
+        registry.decoder.decode(msgspec.msgpack.encode({"kind": "martian", "instance": "i", "node": "n"}))
+
+
+def test_announce_missing_required_field_is_a_validation_error():
+    with pytest.raises(msgspec.ValidationError):
+        registry.decoder.decode(msgspec.msgpack.encode({"kind": "engine", "instance": "i"}))
+
+
+# --- schema evolution ----------------------------------------------------------------------------
+
+def test_older_decoder_reads_newer_announce_with_an_extra_field():
+    class EngineAnnounceV2(registry.Base, tag="engine"):  # a future version, one more field
+        engine: str = ""
+        role: str = "prefill"
+        gpu_util: float = 0.0
+        extras: dict[str, int] = {}
+
+    newer = EngineAnnounceV2("i", "n", engine="pe7", role="decode", gpu_util=0.75, extras={"a": 1})
+    got = registry.decoder.decode(msgspec.msgpack.encode(newer))
+    assert isinstance(got, EngineAnnounce)
+    assert (got.instance, got.node, got.engine, got.role) == ("i", "n", "pe7", "decode")
+
+
+@pytest.mark.parametrize("cls", STRUCTS, ids=lambda c: f"{c.__module__.rsplit('.', 1)[-1]}.{c.__name__}")
+def test_every_struct_tolerates_an_unknown_extra_field(cls):
+    msg = build(cls)
+    wire = msgspec.msgpack.decode(msgspec.msgpack.encode(msg))
+    if isinstance(wire, dict):
+        wire["zz_future_field"] = [1, {"nested": True}]
+    else:  # array_like: new fields are appended at the end
+        wire.append({"future": 1})
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(wire), type=cls) == msg
+
+
+def test_newer_decoder_fills_defaults_for_fields_an_older_sender_lacks():
+    old = {"kind": "tm", "instance": "t", "node": "n", "engine": "pe0"}  # no buffer/ready fields
+    got = registry.decoder.decode(msgspec.msgpack.encode(old))
+    assert (got.ready, got.buffer_bytes, got.endpoint) == (False, 0, b"")
+
+
+def test_token_event_is_array_like_in_field_order():
+    raw = msgspec.msgpack.decode(stream.encoder.encode(TokenEvent("r", [1, 2], 5, source="pe0")))
+    assert raw[:3] == ["r", [1, 2], 5] and raw[5] == "pe0"
+    full = TokenEvent("r", [1], 3, "stop", "", "de0", 64)
+    assert stream.decoder.decode(stream.encoder.encode(full)) == full
+
+
+def test_token_event_from_an_older_sender_with_fewer_trailing_fields():
+    got = stream.decoder.decode(msgspec.msgpack.encode(["r", [9], 4, "length"]))
+    assert got == TokenEvent("r", [9], 4, "length")
+    assert (got.source, got.cached_tokens) == ("", 0)
+
+
+def test_token_event_wrong_type_is_rejected():
+    with pytest.raises(msgspec.ValidationError):
+        stream.decoder.decode(msgspec.msgpack.encode(["r", "not-a-list"]))
+
+
+def test_sampling_defaults_are_greedy_sixteen_tokens():
+    s = msgspec.msgpack.decode(msgspec.msgpack.encode({}), type=Sampling)
+    assert (s.temperature, s.top_p, s.seed, s.max_tokens, s.ignore_eos, s.stop_token_ids) == \
+        (0.0, 1.0, None, 16, False, [])
+
+
+def test_sampling_seed_null_round_trips_as_none():
+    s = msgspec.msgpack.decode(msgspec.msgpack.encode({"seed": None}), type=Sampling)
+    assert s.seed is None
+
+
+# --- subjects ---------------------------------------------------------------------------------------
+
+def test_subjects_are_prefixed_by_namespace():
+    s = Subjects("ns1")
+    assert s.heartbeat == "ns1.hb"
+    assert s.prefill_work("pe0") == "ns1.pe.pe0.work"
+    assert s.decode_admit("de0") == "ns1.de.de0.admit"
+    assert s.cancel == "ns1.cancel"
+    assert s.output("sch1") == "ns1.out.sch1"
+    assert s.tm("pe0", "push") == "ns1.tm.pe0.push"
+    assert s.sg("node1", "read") == "ns1.sg.node1.read"
+    assert s.sg_any("hit") == "ns1.sg.any.hit"
+
+
+def test_default_namespace_is_dp():
+    assert Subjects().heartbeat == "dp.hb"
