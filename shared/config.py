@@ -73,19 +73,19 @@ def _coerce(key: str, raw: Any, tp: Any) -> Any:
     return raw
 
 
-def read_toml(path: str | Path | None, section: str) -> dict[str, Any]:
-    """The `[common]` table merged with the service's own table (service wins)."""
+def read_toml(path: str | Path | None, section: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(`[common]` table, the service's own table) of a settings file."""
     if not path:
-        return {}
+        return {}, {}
     try:
         data = tomllib.loads(Path(path).read_text())
     except FileNotFoundError:
         raise ConfigError("config", str(path), "file not found") from None
+    except OSError as exc:
+        raise ConfigError("config", str(path), f"cannot read: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("config", str(path), f"not valid TOML: {exc}") from None
-    merged = dict(data.get("common", {}))
-    merged.update(data.get(section, {}))
-    return merged
+    return dict(data.get("common", {})), dict(data.get(section, {}))
 
 
 def load_config(
@@ -100,10 +100,14 @@ def load_config(
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     hints = typing.get_type_hints(cls)
     values: dict[str, Any] = {}
-    for key, raw in read_toml(file, section).items():
+    common, own = read_toml(file, section)
+    for key, raw in common.items():  # [common] is shared: keys another service uses are skipped
+        if key in fields:
+            values[key] = _coerce(f"common.{key}", raw, hints[key])
+    for key, raw in own.items():
         if key not in fields:
             raise ConfigError(f"{section}.{key}", raw, "unknown setting")
-        values[key] = _coerce(key, raw, hints[key])
+        values[key] = _coerce(f"{section}.{key}", raw, hints[key])
     env = os.environ if env is None else env
     for name in fields:
         env_key = ENV_PREFIX + name.upper()

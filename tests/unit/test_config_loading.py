@@ -100,7 +100,19 @@ def test_env_key_is_upper_case_field_name_with_prefix():
 
 
 def test_empty_file_argument_means_no_file():
-    assert read_toml(None, "demo") == {} and read_toml("", "demo") == {}
+    assert read_toml(None, "demo") == ({}, {}) and read_toml("", "demo") == ({}, {})
+
+
+def test_common_keys_another_service_uses_are_skipped(tmp_path):
+    f = toml(tmp_path, '[common]\nmodel = "tiny"\nport = 3\n')
+    assert load(file=f).port == 3  # `model` belongs to other services: not an error here
+
+
+def test_unknown_key_in_the_service_table_is_an_error(tmp_path):
+    f = toml(tmp_path, '[demo]\nmodel = "tiny"\n')
+    with pytest.raises(ConfigError) as info:
+        load(file=f)
+    assert info.value.key == "demo.model"
 
 
 # --- types -----------------------------------------------------------------------------
@@ -139,13 +151,13 @@ def test_int_field_accepts_surrounding_whitespace_and_sign():
 def test_toml_boolean_for_int_field_is_rejected(tmp_path):
     with pytest.raises(ConfigError) as info:
         load(file=toml(tmp_path, "[demo]\nport = true\n"))
-    assert info.value.key == "port"
+    assert info.value.key == "demo.port"
 
 
 def test_toml_fractional_float_for_int_field_is_rejected_not_truncated(tmp_path):
     with pytest.raises(ConfigError) as info:
         load(file=toml(tmp_path, "[demo]\nport = 8000.7\n"))
-    assert info.value.key == "port"
+    assert info.value.key == "demo.port"
 
 
 def test_toml_integral_float_for_int_field_is_accepted(tmp_path):
@@ -156,7 +168,7 @@ def test_toml_integral_float_for_int_field_is_accepted(tmp_path):
 def test_toml_boolean_for_float_field_is_rejected(tmp_path):
     with pytest.raises(ConfigError) as info:
         load(file=toml(tmp_path, "[demo]\nratio = true\n"))
-    assert info.value.key == "ratio"
+    assert info.value.key == "demo.ratio"
 
 
 def test_float_field_parses_text_and_toml_ints(tmp_path):
@@ -174,7 +186,7 @@ def test_bad_float_names_the_key():
 def test_str_field_rejects_a_toml_table(tmp_path):
     with pytest.raises(ConfigError) as info:
         load(file=toml(tmp_path, "[demo]\nname = {a = 1}\n"))
-    assert info.value.key == "name"
+    assert info.value.key == "demo.name"
 
 
 def test_str_field_takes_numbers_as_text(tmp_path):
@@ -206,7 +218,7 @@ def test_bad_tuple_element_names_the_key():
 def test_scalar_toml_value_for_tuple_field_is_rejected(tmp_path):
     with pytest.raises(ConfigError) as info:
         load(file=toml(tmp_path, "[demo]\nports = 5\n"))
-    assert info.value.key == "ports"
+    assert info.value.key == "demo.ports"
 
 
 @pytest.mark.parametrize("text", ["", "none", "None", "NULL"])

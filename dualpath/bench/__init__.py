@@ -1,0 +1,1 @@
+"""Benchmarks: mesh overhead against one process (`python -m dualpath.bench.overhead`)."""

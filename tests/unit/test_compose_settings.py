@@ -1,0 +1,82 @@
+"""deploy/compose/dualpath.toml and docs/configuration.md match the config dataclasses.
+
+The example file lists every setting at its default; it must load for every service
+section, hold nothing a service would reject, miss no field, and be exactly what
+deploy/compose/gen_settings.py renders from the code (so neither drifts).
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from services.decode_engine.config import DecodeConfig
+from services.prefill_engine.config import PrefillConfig
+from services.scheduler.config import SchedulerConfig
+from services.storage_gateway.config import GatewayConfig
+from services.traffic_manager.config import TrafficManagerConfig
+from shared.config import load_config
+from shared.runtime import CommonConfig
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "deploy" / "compose" / "dualpath.toml"
+DOC = ROOT / "docs" / "configuration.md"
+SECTIONS = {
+    "scheduler": SchedulerConfig,
+    "prefill_engine": PrefillConfig,
+    "decode_engine": DecodeConfig,
+    "traffic_manager": TrafficManagerConfig,
+    "storage_gateway": GatewayConfig,
+}
+# Identities with no sensible shared default; validate() insists on them.
+REQUIRED = {"traffic_manager": {"engine": "e0"}}
+
+
+def generator():
+    spec = importlib.util.spec_from_file_location("gen_settings", ROOT / "deploy" / "compose" / "gen_settings.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("section", sorted(SECTIONS))
+def test_example_loads_for_every_service_at_the_defaults(section):
+    cls = SECTIONS[section]
+    required = REQUIRED.get(section, {})
+    cfg = load_config(cls, section, file=EXAMPLE, env={}, overrides=required)
+    assert cfg == cls(**required)
+
+
+@pytest.mark.parametrize("section", sorted(SECTIONS))
+def test_example_names_every_setting_once(section):
+    data = tomllib.loads(EXAMPLE.read_text())
+    common, own = set(data["common"]), set(data[section])
+    assert not common & own, f"[{section}] repeats [common] keys {common & own}"
+    fields = {f.name for f in dataclasses.fields(SECTIONS[section])}
+    assert common | own == fields, f"[{section}]: missing {fields - common - own}, unknown {common | own - fields}"
+
+
+def test_common_table_holds_only_settings_every_service_has():
+    data = tomllib.loads(EXAMPLE.read_text())
+    assert set(data["common"]) == {f.name for f in dataclasses.fields(CommonConfig)}
+    assert set(data) == {"common", *SECTIONS}
+
+
+def test_example_and_docs_are_what_the_generator_renders():
+    gen = generator()
+    hint = "stale: run .venv/bin/python deploy/compose/gen_settings.py"
+    assert EXAMPLE.read_text() == gen.render_toml(), hint
+    doc = DOC.read_text()
+    assert doc == gen.splice_doc(doc), hint
+
+
+def test_docs_table_lists_every_setting_with_its_env_variable():
+    doc = DOC.read_text()
+    for cls in (CommonConfig, *SECTIONS.values()):
+        for f in dataclasses.fields(cls):
+            assert f"| `{f.name}` | `DUALPATH_{f.name.upper()}` |" in doc, f.name

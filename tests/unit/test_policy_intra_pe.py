@@ -1,0 +1,48 @@
+"""Intra-PE batching: attention-time model, compute quota, chunk binary search (7.5)."""
+import pytest
+
+from services.scheduler.policy import AttentionModel, PrefillWork, plan_batch
+
+pytestmark = pytest.mark.unit
+M = AttentionModel(per_pair=1e-6, per_token=1e-5)
+
+
+def test_attention_time_counts_causal_pairs_and_tokens():
+    assert M.request_time(10, 2) == pytest.approx((10 * 2 + 3) * 1e-6 + 2e-5)
+    assert M.batch_time([(10, 2), (0, 0)]) == pytest.approx(M.request_time(10, 2))
+
+
+def test_capped_pairs_for_sparse_attention():
+    m = AttentionModel(per_capped_pair=1.0, cap=5)
+    assert m.request_time(3, 4) == 4 + 5 + 5 + 5  # spans 4,5,6,7 capped at 5
+    assert m.request_time(100, 2) == 10
+
+
+def test_fifo_until_quota_then_a_binary_searched_chunk():
+    work = [PrefillWork(1, 0, 100), PrefillWork(2, 0, 100), PrefillWork(3, 0, 100)]
+    one = M.request_time(0, 100)
+    quota = one * 1.5
+    out = plan_batch(work, M, quota)
+    assert [c.rid for c in out] == [1, 2]
+    bsz = out[1].bsz
+    assert 0 < bsz < 100
+    assert M.batch_time([(0, 100), (0, bsz)]) <= quota < M.batch_time([(0, 100), (0, bsz + 1)])
+
+
+def test_chunks_are_aligned_and_a_huge_first_request_still_progresses():
+    out = plan_batch([PrefillWork(7, 5000, 4096)], M, quota=1e-9, align=64)
+    assert [(c.rid, c.cached, c.bsz) for c in out] == [(7, 5000, 64)]
+    out = plan_batch([PrefillWork(7, 0, 4096)], M, quota=M.request_time(0, 1000), align=64)
+    assert out[0].bsz % 64 == 0 and M.request_time(0, out[0].bsz) <= M.request_time(0, 1000)
+
+
+def test_lazy_work_is_consumed_only_as_far_as_needed():
+    seen = []
+
+    def gen():
+        for i in range(100):
+            seen.append(i)
+            yield PrefillWork(i, 0, 1000)
+
+    plan_batch(gen(), M, quota=M.request_time(0, 1000) * 2.5)
+    assert len(seen) == 3

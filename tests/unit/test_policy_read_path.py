@@ -1,0 +1,34 @@
+"""Read-path choice and the split-read variant (spec 7.4)."""
+import pytest
+
+from services.scheduler.policy import ReadPath, choose_path, split_read
+
+pytestmark = pytest.mark.unit
+
+
+def test_shorter_queue_wins_and_ties_read_on_the_pe_path():
+    assert choose_path(10, 5) is ReadPath.DE
+    assert choose_path(5, 10) is ReadPath.PE
+    assert choose_path(7, 7) is ReadPath.PE
+
+
+def test_split_balances_drain_times():
+    pe, de = split_read(10, pe_read_q=100, de_read_q=0)
+    assert (pe, de) == (4, 6)
+    assert abs((100 + pe * 64) - (de * 64)) <= 64
+
+
+def test_split_sends_everything_to_an_idle_side_when_the_other_is_far_behind():
+    assert split_read(10, pe_read_q=1000, de_read_q=0) == (0, 10)
+    assert split_read(10, pe_read_q=0, de_read_q=1000) == (10, 0)
+
+
+def test_split_accounts_for_unequal_rates():
+    pe, de = split_read(30, 0, 0, pe_rate=2.0, de_rate=1.0)
+    assert (pe, de) == (20, 10)
+
+
+def test_split_rejects_bad_input_and_handles_zero_blocks():
+    assert split_read(0, 5, 5) == (0, 0)
+    with pytest.raises(ValueError):
+        split_read(3, 0, 0, pe_rate=0)

@@ -1,0 +1,61 @@
+"""Small end-to-end simulations: conservation, mode ordering, CLI JSON shape."""
+import json
+from dataclasses import replace
+
+import pytest
+
+from dualpath.cli import CliError, main
+from dualpath.sim.config import SimConfig
+from dualpath.sim.engine import Simulation, run_sim
+
+pytestmark = pytest.mark.unit
+SMALL = SimConfig(model="ds-v3.2-660b", P=1, D=2, trace="gen:32k:40", agents=400, scale=0.25)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return {m: run_sim(replace(SMALL, mode=m)) for m in ("basic", "dualpath", "oracle")}
+
+
+def test_every_request_finishes_exactly_once(runs):
+    total = Simulation(SMALL).w.total_requests
+    for r in runs.values():
+        assert r.requests == total and r.agents_done == SMALL.agents
+
+
+def test_storage_bound_ordering_basic_slower_than_dualpath_slower_than_oracle(runs):
+    assert runs["basic"].jct_s > 1.05 * runs["dualpath"].jct_s
+    assert runs["basic"].ttft_mean_s > 1.5 * runs["dualpath"].ttft_mean_s  # storage queueing
+    assert runs["dualpath"].jct_s >= runs["oracle"].jct_s * 0.999
+    assert runs["oracle"].snic_read_gb == [0.0, 0.0, 0.0]
+
+
+def test_basic_reads_only_on_prefill_nodes_dualpath_uses_decode_snics(runs):
+    assert sum(runs["basic"].snic_read_gb[1:]) == 0.0
+    assert sum(runs["dualpath"].snic_read_gb[1:]) > 0.3 * sum(runs["dualpath"].snic_read_gb)
+
+
+def test_round_robin_and_split_variants_also_conserve_requests():
+    small = replace(SMALL, agents=60)
+    total = Simulation(small).w.total_requests
+    for cfg in (replace(small, assign="rr"), replace(small, split=True)):
+        assert run_sim(cfg).requests == total
+
+
+def test_cli_writes_the_documented_json(tmp_path, capsys):
+    out = tmp_path / "o.json"
+    rc = main(["sim", "--model", "ds-27b", "--topology", "1P1D", "--trace", "gen:32k:10",
+               "--agents", "10", "--scale", "0.2", "--modes", "basic,dualpath", "--no-progress",
+               "--json", str(out)])
+    assert rc == 0 and "dualpath" in capsys.readouterr().out
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["mode"] for r in runs] == ["basic", "dualpath"]
+    for key in ("jct_s", "snic_max_over_avg", "attn_max_over_avg", "ttft_p50_s", "tpot_p50_s"):
+        assert all(isinstance(r[key], float) for r in runs)
+
+
+def test_cli_rejects_a_bad_topology():
+    from dualpath.sim.cli import parse_topology
+    assert parse_topology("48P96D") == (48, 96)
+    with pytest.raises(CliError):
+        parse_topology("2x4")
