@@ -36,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
                     store=args.store, nats_url=args.nats, log_dir=args.log_dir)
     mesh = Mesh(spec)
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C, or a supervisor's stop
+        signal.signal(sig, lambda *_: stop.set())
     print(f"starting the mesh (logs in {mesh.log_dir}) ...", flush=True)
     try:
         mesh.start()

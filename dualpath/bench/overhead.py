@@ -35,9 +35,9 @@ def in_process(model: str, n_prompt: int, n_decode: int, repeat: int) -> dict:
     bs = 64
     per_seq = -(-(n_prompt + n_decode + 1) // bs)
 
-    def run(batch: int) -> tuple[float, float]:
+    def run(batch: int, n: int = n_prompt) -> tuple[float, float]:
         kv = PagedKVCache.allocate(lm.config, per_seq * batch, bs)
-        seqs = [(_prompt(lm.tokenizer, n_prompt), list(range(i * per_seq, (i + 1) * per_seq))) for i in range(batch)]
+        seqs = [(_prompt(lm.tokenizer, n), list(range(i * per_seq, (i + 1) * per_seq))) for i in range(batch)]
         with torch.inference_mode():
             t0 = time.perf_counter()
             logits = lm.model.forward(ForwardBatch([SeqSlice(p, 0, b) for p, b in seqs]), kv)
@@ -45,15 +45,18 @@ def in_process(model: str, n_prompt: int, n_decode: int, repeat: int) -> dict:
             last = logits.argmax(-1).tolist()
             t1 = time.perf_counter()
             for step in range(n_decode):
-                fb = ForwardBatch([SeqSlice([t], n_prompt + step, b) for t, (_, b) in zip(last, seqs)])
+                fb = ForwardBatch([SeqSlice([t], n + step, b) for t, (_, b) in zip(last, seqs)])
                 last = lm.model.forward(fb, kv).argmax(-1).tolist()
             tps = batch * n_decode / (time.perf_counter() - t1)
         return ttft, tps
 
     ttft = statistics.median(run(1)[0] for _ in range(repeat))
     tps1 = statistics.median(run(1)[1] for _ in range(repeat))
-    tps8 = statistics.median(run(8)[1] for _ in range(max(1, repeat // 2)))
+    tps8 = statistics.median(run(8, BATCH_PROMPT)[1] for _ in range(max(1, repeat // 2)))
     return {"ttft_s": ttft, "decode_tps_b1": tps1, "decode_tps_b8": tps8}
+
+
+BATCH_PROMPT = 128  # prompt length of the batch-8 decode runs (decode-bound, not prefill-bound)
 
 
 def _stream(url: str, prompt: list[int], n: int) -> tuple[float, float, int]:
@@ -61,6 +64,7 @@ def _stream(url: str, prompt: list[int], n: int) -> tuple[float, float, int]:
     t0 = time.perf_counter()
     first = last = 0.0
     count = 0
+    _stream.windows = getattr(_stream, "windows", [])
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):
@@ -68,6 +72,7 @@ def _stream(url: str, prompt: list[int], n: int) -> tuple[float, float, int]:
                 first = first or now
                 last = now
                 count += 1
+    _stream.windows.append((first, last, count))
     return first - t0, last - first, count
 
 
@@ -83,10 +88,12 @@ def through_mesh(model: str, n_prompt: int, n_decode: int, repeat: int) -> tuple
         ttft = statistics.median(_stream(mesh.url, _prompt(tok, n_prompt), 1)[0] for _ in range(repeat))
         runs = [_stream(mesh.url, _prompt(tok, n_prompt), n_decode) for _ in range(repeat)]
         tps1 = statistics.median((c - 1) / span for _, span, c in runs if span > 0)
-        t0 = time.perf_counter()
+        _stream.windows = []
         with cf.ThreadPoolExecutor(8) as pool:
-            outs = list(pool.map(lambda _: _stream(mesh.url, _prompt(tok, n_prompt), n_decode), range(8)))
-        tps8 = sum(c for *_, c in outs) / (time.perf_counter() - t0)
+            list(pool.map(lambda _: _stream(mesh.url, _prompt(tok, BATCH_PROMPT), n_decode), range(8)))
+        # decode rate while all 8 stream: tokens after each first token, over the common window
+        end = max(w[1] for w in _stream.windows)
+        tps8 = sum(w[2] - 1 for w in _stream.windows) / (end - min(w[0] for w in _stream.windows))
         rss = {p.name: _peak_rss_mb(p.popen.pid) for p in mesh.procs}
     finally:
         mesh.stop()
@@ -113,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     one = in_process(args.model, args.prompt_tokens, args.decode, args.repeat)
     mesh, rss = through_mesh(args.model, args.prompt_tokens, args.decode, args.repeat)
-    print(f"model {args.model}, prompt {args.prompt_tokens} tokens, decode {args.decode} tokens, medians of {args.repeat}")
+    print(f"model {args.model}, prompt {args.prompt_tokens} tokens (batch 8: {BATCH_PROMPT}), "
+          f"decode {args.decode} tokens, medians of {args.repeat}")
     print(f"{'':22}{'one process':>14}{'mesh':>12}{'mesh/one':>10}")
     for key, label in (("ttft_s", "TTFT (s)"), ("decode_tps_b1", "decode tok/s, batch 1"),
                        ("decode_tps_b8", "decode tok/s, batch 8")):
