@@ -125,11 +125,15 @@ class DecodeService(Service):
         with tracer.start_as_current_span("kv_load", context=req.ctx,
                                           attributes={"req_id": req.req_id, "blocks": n, "engine": self.engine}):
             try:
+                if admit.oracle:
+                    raise _Skip  # oracle mode: no KV was moved, nothing to copy
                 done = await self.bus.request(self.subjects.tm(self.engine, "load"),
                                               LoadKV(req.req_id, admit.buf_slots, req.blocks[:n]), PushDone,
                                               timeout=self.cfg.load_timeout_s)
                 if not done.ok:
                     raise BusError("load", done.error)
+            except _Skip:
+                pass
             except BusError as exc:
                 await self._finish(req, "error", f"KV load failed: {exc.reason}")
                 return
@@ -140,7 +144,10 @@ class DecodeService(Service):
         limit = min(admit.prompt_len + req.sampling.max_tokens, self._max_context())
         seq = RunningSeq(req, pos=admit.prompt_len, last=req.generated[-1], max_pos=limit,
                          stops=stop_ids(req.sampling, self.loaded.config.eos_ids))
-        self.persister.prompt(seq, admit)
+        if not admit.oracle:
+            self.persister.prompt(seq, admit)
+        else:
+            seq.persist = False  # oracle: nothing is persisted
         self.ready.append(seq)
         self.wake.set()
 
@@ -193,7 +200,7 @@ class DecodeService(Service):
             seq.pos += 1
             seq.last = tok
             block = filled_block(seq, self.cfg.block_size)
-            if block is not None:
+            if block is not None and seq.persist:
                 self.persister.generated(seq, block)
             reason = finish_reason(seq, tok)
             await self.bus.publish(seq.req.reply, TokenEvent(seq.req.req_id, [tok], index, finish=reason,
@@ -234,6 +241,10 @@ class DecodeService(Service):
             self.kv.alloc.release(req.req_id)
             self.m_free.labels(self.engine).set(self.kv.alloc.free)
         self.wake.set()
+
+
+class _Skip(Exception):
+    """Internal: the KV load is skipped (oracle mode)."""
 
 
 def main(argv: list[str] | None = None) -> int:

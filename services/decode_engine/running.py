@@ -19,6 +19,7 @@ class RunningSeq:
     max_pos: int  # context limit for this sequence (blocks reserved up to here)
     stops: set[int] = field(default_factory=set)
     keys: list[str] = field(default_factory=list)  # hex store keys of the full blocks so far
+    persist: bool = True  # save full blocks as they fill (off in the oracle mode)
 
     def context(self, start: int, end: int) -> list[int]:
         """Token ids at positions [start, end) (prompt, then generated tokens)."""

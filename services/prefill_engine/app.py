@@ -42,6 +42,7 @@ class PrefillService(Service):
         self.fetching: list[tuple[EngineRequest, PrefillWork]] = []  # waiting for blocks / the storage read
         self.loads: dict[str, LoadProgress] = {}  # layer progress of requests loading stored KV
         self.hit_tokens: dict[str, int] = {}  # tokens served from the store, per request
+        self.staged: dict[str, tuple[list[int], list[int]]] = {}  # DE path: (DE-buffer slots, blocks in them)
         self.store = None
         self.active: dict[str, EngineRequest] = {}
         self.wake = asyncio.Event()
@@ -99,7 +100,10 @@ class PrefillService(Service):
                                                          error="prompt longer than the engine's KV memory"))
             return
         self.active[req.req_id] = req
-        if self._usable_hits(msg):
+        if msg.mode == "oracle":  # no I/O: the hit KV is taken as present (output not meaningful)
+            self.hit_tokens[req.req_id] = self._usable_hits(msg) * self.cfg.block_size
+            self.queue.append((req, msg))
+        elif self._usable_hits(msg):
             self.fetching.append((req, msg))
         else:
             self.queue.append((req, msg))
@@ -119,7 +123,8 @@ class PrefillService(Service):
             n = self._usable_hits(work)
             self.loads[req.req_id] = LoadProgress(req.req_id)
             fetch = FetchKV(req.req_id, work.block_keys[:n], req.blocks[:n], work.read_node or self.cfg.node,
-                            self.store)
+                            self.store, pe_blocks=work.pe_blocks if work.mode == "dualpath" else -1,
+                            de_engine=work.de_engine, de_node=work.de_node, prompt_blocks=len(req.blocks))
             self._loading.append((req, work))
             self.spawn(self.bus.publish(self.subjects.tm(self.engine, "fetch"), fetch, ctx=req.ctx))
 
@@ -138,6 +143,8 @@ class PrefillService(Service):
             return
         self._loading.remove(entry)
         self.hit_tokens[msg.req_id] = msg.blocks * self.cfg.block_size
+        if msg.de_slots:
+            self.staged[msg.req_id] = (msg.de_slots, msg.de_hits)
         if msg.blocks == 0:
             self.loads.pop(msg.req_id, None)  # a miss after all: compute the whole prompt
         self.queue.append(entry)
@@ -244,17 +251,21 @@ class PrefillService(Service):
         with tracer.start_as_current_span("pd_handoff", context=req.ctx,
                                           attributes={"req_id": req.req_id, "de_engine": work.de_engine}):
             try:
-                pushed = await self.bus.request(
-                    self.subjects.tm(self.engine, "push"),
-                    PushKV(req.req_id, req.blocks, work.de_engine, len(req.prompt)), PushDone,
-                    timeout=self.cfg.handoff_timeout_s)
+                if work.mode == "oracle":
+                    pushed = PushDone()  # no PD transfer in the oracle mode
+                else:
+                    slots, skip = self.staged.get(req.req_id, ([], []))
+                    pushed = await self.bus.request(
+                        self.subjects.tm(self.engine, "push"),
+                        PushKV(req.req_id, req.blocks, work.de_engine, len(req.prompt), dst_slots=slots, skip=skip),
+                        PushDone, timeout=self.cfg.handoff_timeout_s)
                 if not pushed.ok:
                     raise BusError("push", pushed.error)
                 if req.cancelled:
                     raise BusError("push", "cancelled")
                 admit = DecodeAdmit(req.req_id, len(req.prompt), first, sp, req.reply, pushed.slots,
                                     pe_engine=self.engine, prompt=req.prompt, block_keys=work.block_keys,
-                                    persisted_blocks=work.hit_blocks)
+                                    persisted_blocks=work.hit_blocks, oracle=work.mode == "oracle")
                 ack = await self.bus.request(self.subjects.decode_admit(work.de_engine), admit, Ack,
                                              timeout=self.cfg.handoff_timeout_s)
                 if not ack.ok:
@@ -293,6 +304,7 @@ class PrefillService(Service):
         self.active.pop(req.req_id, None)
         self.loads.pop(req.req_id, None)
         self.hit_tokens.pop(req.req_id, None)
+        self.staged.pop(req.req_id, None)
         if self.kv:
             self.kv.alloc.release(req.req_id)
             self.m_free.labels(self.engine).set(self.kv.alloc.free)

@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from services.scheduler.inflight import InFlight
-from services.scheduler.protocol import (ApiError, ChatRequest, CompletionRequest, check_sampling, chunk_body,
+from services.scheduler.protocol import (MODES, ApiError, ChatRequest, CompletionRequest, check_sampling, chunk_body,
                                          completion_body, decode_body, new_id, stop_list, usage)
 from services.scheduler.stops import StopMatcher
 from shared.messages.work import Sampling
@@ -45,6 +45,13 @@ def build_app(svc: "SchedulerService") -> Starlette:
                              "decode_engines": len(des), "queued": len(svc.dispatcher.queue),
                              "running": len(svc.inflight)}, status_code=200 if ok else 503)
 
+    async def mesh(request: Request) -> Response:
+        """The live mesh as the scheduler sees it: every announced process and where its metrics are."""
+        snap = svc.view.snapshot(time.monotonic(), svc.cfg.mode)
+        snap.update(model=svc.model_id(), vocab_size=svc.tokenizer.vocab_size, max_context=svc.view.max_context(),
+                    block_size=(svc.view.store_layout().block_size if svc.view.store_layout() else 0))
+        return JSONResponse(snap)
+
     async def completions(request: Request) -> Response:
         return await _handle(svc, request, chat=False)
 
@@ -56,6 +63,7 @@ def build_app(svc: "SchedulerService") -> Starlette:
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
+        Route("/v1/mesh", mesh, methods=["GET"]),
         Route("/metrics", svc.metrics.endpoint, methods=["GET"]),
     ]
     app = Starlette(routes=routes)
@@ -112,6 +120,8 @@ def _prepare(svc: "SchedulerService", body: bytes, chat: bool):
     stops = stop_list(req.stop)
     sampling = Sampling(temperature=req.temperature, top_p=req.top_p, seed=req.seed, max_tokens=max_tokens,
                         ignore_eos=req.ignore_eos)
+    if req.dualpath_mode is not None and req.dualpath_mode not in MODES:
+        raise ApiError(400, f"dualpath_mode must be one of {', '.join(MODES)}", "dualpath_mode")
     return req, prompt, sampling, stops, mid
 
 
@@ -121,12 +131,14 @@ async def _handle(svc: "SchedulerService", request: Request, chat: bool) -> Resp
     rid = new_id("chatcmpl" if chat else "cmpl")
     span = tracer.start_span("POST " + request.url.path, attributes={
         "req_id": rid, "prompt_tokens": len(prompt), "max_tokens": sampling.max_tokens, "stream": req.stream})
-    rec = InFlight(rid, prompt, sampling, ctx=trace.set_span_in_context(span))
+    rec = InFlight(rid, prompt, sampling, ctx=trace.set_span_in_context(span),
+                   mode=req.dualpath_mode or svc.cfg.mode)
     await svc.lookup_hits(rec)
     svc.submit(rec)
     events = _events(svc, rec, stops, span)
     if req.stream:
-        return StreamingResponse(_sse(events, rid, mid, chat), media_type="text/event-stream",
+        final = _usage_chunk(body, rec, rid, mid, chat, req.return_token_ids)
+        return StreamingResponse(_sse(events, rid, mid, chat, final), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Request-Id": rid})
     text, finish, error = [], None, ""
     async for delta, fin, err in events:
@@ -179,7 +191,24 @@ async def _events(svc: "SchedulerService", rec: InFlight, stops: list[str], span
         svc.finish(rec, status)
 
 
-async def _sse(events: AsyncIterator[tuple[str, str, str]], rid: str, mid: str, chat: bool) -> AsyncIterator[str]:
+def _usage_chunk(body: bytes, rec: InFlight, rid: str, mid: str, chat: bool, token_ids: bool):
+    """With `stream_options: {"include_usage": true}` (OpenAI's convention): a callable making the
+    last chunk — empty choices, the usage (with cached_tokens) and, with return_token_ids, the ids."""
+    opts = json.loads(body).get("stream_options")
+    if not (isinstance(opts, dict) and opts.get("include_usage")):
+        return None
+
+    def make() -> dict:
+        chunk = {**chunk_body(rid, mid, chat, "", None, False), "choices": [],
+                 "usage": usage(len(rec.prompt), rec.next_index, rec.cached_tokens)}
+        if token_ids:
+            chunk["token_ids"] = list(rec.tokens)
+        return chunk
+    return make
+
+
+async def _sse(events: AsyncIterator[tuple[str, str, str]], rid: str, mid: str, chat: bool,
+               final=None) -> AsyncIterator[str]:
     first = True
     try:
         async for delta, finish, error in events:
@@ -188,6 +217,9 @@ async def _sse(events: AsyncIterator[tuple[str, str, str]], rid: str, mid: str, 
                 break
             yield f"data: {json.dumps(chunk_body(rid, mid, chat, delta, finish or None, first))}\n\n"
             first = False
+        else:
+            if final is not None:
+                yield f"data: {json.dumps(final())}\n\n"
         yield "data: [DONE]\n\n"
     finally:
         await events.aclose()

@@ -15,6 +15,7 @@ from opentelemetry import trace
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.dispatch import Dispatcher, EngineLoad, Job
 from services.scheduler.inflight import InFlight
+from services.scheduler.paths import OracleIndex, ReadQueues
 from services.scheduler.view import MeshView
 from shared.bus import BusError, Delivery
 from shared.http import HttpServer
@@ -41,6 +42,8 @@ class SchedulerService(Service):
         self.dispatcher = Dispatcher()
         self.inflight: dict[str, InFlight] = {}
         self.kick = asyncio.Event()
+        self.reads = ReadQueues()
+        self.oracle = OracleIndex()
         self.http: HttpServer | None = None
         m = self.metrics
         self.m_requests = m.counter("requests_total", "Requests answered", ("status",))
@@ -99,6 +102,9 @@ class SchedulerService(Service):
         rec.block_keys = prompt_keys(layout, rec.prompt)
         if not rec.block_keys:
             return
+        if rec.mode == "oracle":  # no store: the oracle's own index of what would be stored
+            rec.hit_blocks = self.oracle.hits(rec.block_keys)
+            return
         with tracer.start_as_current_span("hit_lookup", context=rec.ctx,
                                           attributes={"req_id": rec.req_id, "blocks": len(rec.block_keys)}) as span:
             try:
@@ -126,6 +132,11 @@ class SchedulerService(Service):
     def finish(self, rec: InFlight, status: str) -> None:
         if self.inflight.pop(rec.req_id, None) is None:
             return
+        self.reads.done(rec.req_id)
+        if rec.mode == "oracle" and status == "ok" and rec.tokens:
+            layout = self.view.store_layout()
+            if layout is not None:  # what decode would have persisted: prompt + generated KV
+                self.oracle.add(prompt_keys(layout, rec.prompt + rec.tokens[:-1]))
         self.m_requests.labels(status).inc()
         self.m_gen.inc(rec.next_index)
         self.m_cached.inc(rec.cached_tokens)
@@ -147,6 +158,8 @@ class SchedulerService(Service):
             return
         out = rec.accept(ev)
         if out is not None:
+            if out.index == 0:
+                self.reads.done(rec.req_id)  # prefill is over: its storage reads are done
             rec.events.put_nowait(out)
 
     # loops ----------------------------------------------------------------------------
@@ -174,12 +187,21 @@ class SchedulerService(Service):
             if rec is None:
                 continue
             rec.pe, rec.de, rec.assigned_at = a.pe, a.de, time.monotonic()
+            pe_node, de_node = self.view.node_of(a.pe), self.view.node_of(a.de)
+            bs = self.view.store_layout().block_size if self.view.store_layout() else 64
+            usable = min(rec.hit_blocks, (len(rec.prompt) - 1) // bs)
+            path = self.reads.decide(rec.mode, usable if rec.mode != "oracle" else 0, pe_node, de_node, bs)
+            self.reads.hold(rec.req_id, path, pe_node, de_node, bs)
             with tracer.start_as_current_span("assign", context=rec.ctx, attributes={
-                    "req_id": rec.req_id, "pe": a.pe, "de": a.de,
-                    "queue_wait_s": rec.assigned_at - rec.arrived}):
+                    "req_id": rec.req_id, "pe": a.pe, "de": a.de, "mode": rec.mode,
+                    "queue_wait_s": rec.assigned_at - rec.arrived, "hit_blocks": rec.hit_blocks,
+                    "read_path": path.path, "pe_path_blocks": path.pe_blocks, "de_path_blocks": path.de_blocks,
+                    "pe_read_queue_tokens": path.pe_queue, "de_read_queue_tokens": path.de_queue,
+                    "read_path_reason": path.reason}):
                 work = PrefillWork(rec.req_id, rec.prompt, rec.sampling, a.de, self.output_subject,
-                                   block_keys=rec.block_keys, hit_blocks=rec.hit_blocks,
-                                   read_node=self.view.node_of(a.pe))
+                                   block_keys=rec.block_keys, hit_blocks=rec.hit_blocks, read_node=pe_node,
+                                   mode=rec.mode, pe_blocks=path.pe_blocks if path.de_blocks else -1,
+                                   de_node=de_node)
                 await self.bus.publish(self.subjects.prefill_work(a.pe), work)
         self.m_queue.set(len(self.dispatcher.queue))
         self.m_running.set(sum(1 for r in self.inflight.values() if r.pe))

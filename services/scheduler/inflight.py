@@ -31,6 +31,7 @@ class InFlight:
     finished: str = ""
     block_keys: list[str] = field(default_factory=list)  # prompt's full-block keys
     hit_blocks: int = 0  # leading keys present in the store at arrival
+    mode: str = "dualpath"  # load mode for this request (deployment default or benchmark override)
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     ctx: object = None  # trace context of the request's root span
 

@@ -12,6 +12,9 @@ import uuid
 import msgspec
 
 
+MODES = ("dualpath", "basic", "oracle")  # load modes: both paths / PE path only / no I/O (upper bound)
+
+
 class ApiError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
         super().__init__(message)
@@ -36,6 +39,7 @@ class _Common(msgspec.Struct, kw_only=True):
     stream: bool = False
     ignore_eos: bool = False  # vLLM extension: generate exactly max_tokens
     return_token_ids: bool = False  # vLLM extension: prompt and completion token ids in the choice
+    dualpath_mode: str | None = None  # benchmark override of the deployment's load mode (see MODES)
     n: int = 1
 
 

@@ -85,3 +85,22 @@ class MeshView:
     def node_of(self, engine: str) -> str:
         seen = self.engines.get(engine)
         return seen.msg.node if seen else ""
+
+    def snapshot(self, now: float, mode: str) -> dict:
+        """JSON-ready view: every live process, its role, node and metrics URL (for tools)."""
+        def rows(table: dict) -> list[dict]:
+            out = []
+            for seen in table.values():
+                m = seen.msg
+                row = {"kind": type(m).__name__.replace("Announce", "").lower(), "instance": m.instance,
+                       "node": m.node, "metrics_url": m.metrics_url, "age_s": round(now - seen.at, 3),
+                       "alive": self.alive(seen, now)}
+                for field in ("engine", "role", "seq", "tok", "free_blocks", "total_blocks", "read_q_blocks",
+                              "read_q_bytes", "buffer_free_bytes", "ready"):
+                    if hasattr(m, field):
+                        row[field] = getattr(m, field)
+                out.append(row)
+            return out
+
+        return {"mode": mode, "engines": rows(self.engines), "traffic_managers": rows(self.tms),
+                "gateways": rows(self.gateways), "schedulers": rows(self.schedulers)}

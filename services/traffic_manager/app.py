@@ -22,7 +22,7 @@ from services.traffic_manager.store_path import StorePath
 from shared.bus import BusError, Delivery
 from shared.kv.allocator import OutOfSlots, SlotAllocator
 from shared.messages.registry import Announce, EngineAnnounce, KVRegion, TrafficManagerAnnounce
-from shared.messages.tm import FetchKV, LoadKV, PushDone, PushKV, Release, Reserve, Reserved, SaveKV
+from shared.messages.tm import FetchKV, LoadKV, PushDone, PushKV, Release, Reserve, Reserved, SaveKV, Stage
 from shared.messages.work import Cancel
 from shared.runtime import Service, service_main
 from shared.transport.base import EndpointDesc, Op, Peer, TrafficClass
@@ -47,6 +47,8 @@ class TrafficManagerService(Service):
         self.remote: dict[str, EndpointDesc] = {}  # engine -> its TM's endpoint
         self.peers: dict[str, Peer] = {}
         self.store_path = StorePath(self)
+        self.busy: set[str] = set()  # requests whose slots a storage read still targets
+        self.free_later: set[str] = set()  # released while busy: freed when the read ends
         m = self.metrics
         self.m_bytes = m.counter("tm_bytes_total", "Bytes moved on the data plane", ("kind",))
         self.m_xfer = m.histogram("tm_transfer_seconds", "Transfer time", ("kind",))
@@ -68,6 +70,7 @@ class TrafficManagerService(Service):
         await self.bus.subscribe(s.tm(e, "release"), Release, self._on_release)
         await self.bus.subscribe(s.tm(e, "fetch"), FetchKV, self._on_fetch)
         await self.bus.subscribe(s.tm(e, "save"), SaveKV, self._on_save)
+        await self.bus.subscribe(s.tm(e, "stage"), Stage, self._on_stage)
         await self.bus.subscribe(s.cancel, Cancel, self._on_release)
 
     def announce(self) -> TrafficManagerAnnounce:
@@ -141,14 +144,22 @@ class TrafficManagerService(Service):
             try:
                 if not self.layout:
                     raise BusError("push", "engine KV memory not attached yet")
-                res = await self.bus.request(self.subjects.tm(msg.dst_engine, "reserve"),
-                                             Reserve(msg.req_id, len(msg.src_blocks)), Reserved,
-                                             timeout=self.cfg.transfer_timeout_s)
-                if not res.ok:
-                    raise BusError("reserve", res.error)
-                ops = [Op("kv", b * bn, "buf", slot, bn) for b, slot in zip(msg.src_blocks, res.slots)]
-                peer = await self._peer(msg.dst_engine)
-                await peer.write(ops, TrafficClass.LATENCY, timeout=self.cfg.transfer_timeout_s)
+                if msg.dst_slots:  # DE read path: slots were reserved when the hits were staged
+                    res = Reserved(slots=msg.dst_slots)
+                else:
+                    res = await self.bus.request(self.subjects.tm(msg.dst_engine, "reserve"),
+                                                 Reserve(msg.req_id, len(msg.src_blocks)), Reserved,
+                                                 timeout=self.cfg.transfer_timeout_s)
+                    if not res.ok:
+                        raise BusError("reserve", res.error)
+                skip = set(msg.skip)  # blocks whose stored KV is already in the DE buffer
+                ops = [Op("kv", b * bn, "buf", slot, bn)
+                       for i, (b, slot) in enumerate(zip(msg.src_blocks, res.slots)) if i not in skip]
+                nbytes = bn * len(ops)
+                span.set_attributes({"bytes": nbytes, "blocks_sent": len(ops), "blocks_skipped": len(skip)})
+                if ops:
+                    peer = await self._peer(msg.dst_engine)
+                    await peer.write(ops, TrafficClass.LATENCY, timeout=self.cfg.transfer_timeout_s)
             except Exception as exc:  # noqa: BLE001 - BusError and transport errors both end the push
                 span.record_exception(exc)
                 await d.respond(PushDone(ok=False, error=str(exc)))
@@ -202,8 +213,17 @@ class TrafficManagerService(Service):
         self._free(msg.req_id)
 
     def _free(self, req_id: str) -> None:
+        if req_id in self.busy:
+            self.free_later.add(req_id)
+            return
         if self.slots is not None and self.slots.release(req_id):
             self.note_free()
+
+    def unbusy(self, req_id: str) -> None:
+        self.busy.discard(req_id)
+        if req_id in self.free_later:
+            self.free_later.discard(req_id)
+            self._free(req_id)
 
     def note_free(self) -> None:
         if self.slots is not None:
@@ -214,6 +234,14 @@ class TrafficManagerService(Service):
         if self.slots is None:
             return
         self.spawn(self.store_path.fetch(msg, d), name=f"fetch-{msg.req_id}")
+
+    async def _on_stage(self, msg: Stage, d: Delivery) -> None:
+        if self.slots is None:
+            from shared.messages.tm import Staged
+
+            await d.respond(Staged(error="KV memory not attached"))
+            return
+        self.spawn(self.store_path.stage(msg, d), name=f"stage-{msg.req_id}")
 
     async def _on_save(self, msg: SaveKV, d: Delivery) -> None:
         if self.slots is None:

@@ -10,6 +10,7 @@ A request's slots are never freed while a gateway read or write still targets th
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -19,7 +20,7 @@ from opentelemetry import trace
 from shared.bus import BusError, Delivery
 from shared.kv.allocator import OutOfSlots
 from shared.messages.storage import ReadBlocks, ReadDone, WriteBlock, WriteDone
-from shared.messages.tm import FetchKV, LayerLoaded, SaveCopied, SaveKV
+from shared.messages.tm import FetchKV, LayerLoaded, SaveCopied, SaveKV, Stage, Staged
 from shared.transport.base import Op, TrafficClass
 
 if TYPE_CHECKING:
@@ -39,47 +40,108 @@ class StorePath:
 
     # fetch -------------------------------------------------------------------------------
     async def fetch(self, msg: FetchKV, d: Delivery) -> None:
-        svc, lay = self.svc, self.svc.layout
+        """Load a request's hit blocks: keys[:k] on the PE path, keys[k:] on the DE path."""
+        svc = self.svc
         subject = svc.subjects.prefill_loaded(svc.cfg.engine)
+        n = len(msg.keys)
+        k = n if msg.pe_blocks < 0 else min(msg.pe_blocks, n)
         owner = f"{msg.req_id}/fetch"
         with tracer.start_as_current_span("kv_fetch", context=d.ctx, attributes={
-                "req_id": msg.req_id, "blocks": len(msg.keys), "node": msg.node, "path": "pe"}) as span:
-            try:
-                slots = svc.slots.allocate(owner, len(msg.keys))
-            except OutOfSlots as exc:
-                await svc.bus.publish(subject, LayerLoaded(msg.req_id, 0, -1, error=f"PE buffer full: {exc}"))
-                return
+                "req_id": msg.req_id, "blocks": n, "pe_path_blocks": k, "de_path_blocks": n - k,
+                "pe_node": msg.node, "de_node": msg.de_node}) as span:
             try:
                 t0 = time.perf_counter()
-                offsets = [s * lay.block_nbytes for s in slots]
-                try:
-                    done = await svc.bus.request(
-                        svc.subjects.sg(msg.node, "read"),
-                        ReadBlocks(msg.req_id, msg.layout, msg.keys, svc.buffer.name, offsets), ReadDone,
-                        timeout=svc.cfg.transfer_timeout_s)
-                except BusError as exc:
-                    done = ReadDone(error=exc.reason)
-                n = done.blocks
+                (pe_ok, offsets, pe_err), staged = await asyncio.gather(
+                    self._read_local(msg, msg.keys[:k], owner),
+                    self._stage_remote(msg, k) if k < n else _none())
                 self.m_layer_wait.labels("read").observe(time.perf_counter() - t0)
-                span.set_attributes({"blocks_ok": n, "bytes": done.bytes, "read_s": done.seconds,
-                                     "stop_reason": done.stop_reason or done.error})
-                await svc.bus.publish(subject, LayerLoaded(msg.req_id, n, -1, error=done.error))
-                if n:
-                    await self._layers(msg, offsets[:n], msg.dst_blocks[:n], subject)
+                de_ok = staged.blocks if staged else 0
+                hits = pe_ok if pe_ok < k else k + de_ok
+                de_hits = list(range(k, hits))
+                span.set_attributes({"blocks_ok": hits, "pe_ok": pe_ok, "de_ok": de_ok,
+                                     "error": pe_err or (staged.error if staged else "")})
+                await svc.bus.publish(subject, LayerLoaded(
+                    msg.req_id, hits, -1, error=pe_err, de_slots=staged.slots if staged else [], de_hits=de_hits))
+                if hits:
+                    local = [(off, b) for off, b in zip(offsets[:min(pe_ok, hits)], msg.dst_blocks)]
+                    remote = [(staged.slots[i], msg.dst_blocks[i]) for i in de_hits]
+                    await self._layers(msg, local, remote, subject)
             finally:
                 svc.slots.release(owner)
                 svc.note_free()
 
-    async def _layers(self, msg: FetchKV, offsets: list[int], blocks: list[int], subject: str) -> None:
+    async def _read_local(self, msg: FetchKV, keys: list[str], owner: str) -> tuple[int, list[int], str]:
+        """PE path: this node's gateway reads `keys` into this TM's buffer."""
+        svc = self.svc
+        if not keys:
+            return 0, [], ""
+        try:
+            slots = svc.slots.allocate(owner, len(keys))
+        except OutOfSlots as exc:
+            return 0, [], f"PE buffer full: {exc}"
+        offsets = [s * svc.layout.block_nbytes for s in slots]
+        try:
+            done = await svc.bus.request(svc.subjects.sg(msg.node, "read"),
+                                         ReadBlocks(msg.req_id, msg.layout, keys, svc.buffer.name, offsets),
+                                         ReadDone, timeout=svc.cfg.transfer_timeout_s)
+        except BusError as exc:
+            return 0, offsets, exc.reason
+        return done.blocks, offsets, done.error
+
+    async def _stage_remote(self, msg: FetchKV, k: int) -> Staged:
+        """DE path: the DE's TM reserves the prompt's slots and its gateway reads keys[k:] into them."""
+        svc = self.svc
+        try:
+            return await svc.bus.request(
+                svc.subjects.tm(msg.de_engine, "stage"),
+                Stage(msg.req_id, msg.prompt_blocks, k, msg.keys[k:], msg.de_node, msg.layout), Staged,
+                timeout=svc.cfg.transfer_timeout_s)
+        except BusError as exc:
+            return Staged(error=exc.reason)
+
+    async def _layers(self, msg: FetchKV, local: list[tuple[int, int]], remote: list[tuple[int, int]],
+                      subject: str) -> None:
+        """Layer after layer: PE-buffer blocks by local copy, DE-buffer blocks by a one-sided read."""
         svc, lay = self.svc, self.svc.layout
         lb, bn = lay.layer_block_nbytes, lay.block_nbytes
+        peer = await svc._peer(msg.de_engine) if remote else None
         t0 = time.perf_counter()
         for layer in range(lay.n_layers):
-            ops = [Op("buf", off + layer * lb, "kv", b * bn + layer * lb, lb) for off, b in zip(offsets, blocks)]
-            await svc.endpoint.copy_local(ops, TrafficClass.LATENCY, timeout=svc.cfg.transfer_timeout_s)
-            await svc.bus.publish(subject, LayerLoaded(msg.req_id, len(blocks), layer))
-        svc.m_bytes.labels("h2d_layers").inc(bn * len(blocks))
+            loc = [Op("buf", off + layer * lb, "kv", b * bn + layer * lb, lb) for off, b in local]
+            rem = [Op("kv", b * bn + layer * lb, "buf", off + layer * lb, lb) for off, b in remote]
+            await asyncio.gather(
+                svc.endpoint.copy_local(loc, TrafficClass.LATENCY, timeout=svc.cfg.transfer_timeout_s) if loc
+                else _none(),
+                peer.read(rem, TrafficClass.LATENCY, timeout=svc.cfg.transfer_timeout_s) if rem else _none())
+            await svc.bus.publish(subject, LayerLoaded(msg.req_id, len(local) + len(remote), layer))
+        svc.m_bytes.labels("h2d_layers").inc(bn * len(local))
+        svc.m_bytes.labels("de_path_pull").inc(bn * len(remote))
         self.m_layer_wait.labels("h2d").observe(time.perf_counter() - t0)
+
+    # stage (DE side of the DE read path) ----------------------------------------------------
+    async def stage(self, msg: Stage, d: Delivery) -> None:
+        svc = self.svc
+        bn = svc.layout.block_nbytes
+        with tracer.start_as_current_span("kv_stage", context=d.ctx, attributes={
+                "req_id": msg.req_id, "blocks": len(msg.keys), "node": msg.node, "path": "de"}) as span:
+            try:
+                slots = [s * bn for s in svc.slots.allocate(msg.req_id, msg.prompt_blocks)]
+            except OutOfSlots as exc:
+                await d.respond(Staged(error=f"DE buffer full: {exc}"))
+                return
+            svc.busy.add(msg.req_id)
+            try:
+                offsets = slots[msg.first:msg.first + len(msg.keys)]
+                done = await svc.bus.request(svc.subjects.sg(msg.node, "read"),
+                                             ReadBlocks(msg.req_id, msg.layout, msg.keys, svc.buffer.name, offsets),
+                                             ReadDone, timeout=svc.cfg.transfer_timeout_s)
+            except BusError as exc:
+                done = ReadDone(error=exc.reason)
+            finally:
+                svc.unbusy(msg.req_id)
+            span.set_attributes({"blocks_ok": done.blocks, "bytes": done.bytes})
+            svc.note_free()
+            await d.respond(Staged(slots=slots, blocks=done.blocks, error=done.error))
 
     # save --------------------------------------------------------------------------------
     async def save(self, msg: SaveKV, d: Delivery) -> None:
@@ -121,3 +183,7 @@ class StorePath:
         finally:
             svc.slots.release(owner)
             svc.note_free()
+
+
+async def _none():
+    return None

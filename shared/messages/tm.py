@@ -24,6 +24,8 @@ class PushKV(msgspec.Struct, omit_defaults=True):
     src_blocks: list[int]  # PE KV block ids, in prompt order
     dst_engine: str  # the DE whose TM buffer receives them
     n_tokens: int = 0
+    dst_slots: list[int] = []  # DE-buffer slots already reserved (DE read path), one per src block
+    skip: list[int] = []  # block indexes already in the DE buffer (DE-path hits): not sent
 
 
 class PushDone(msgspec.Struct, omit_defaults=True):
@@ -60,14 +62,37 @@ class FetchKV(msgspec.Struct, omit_defaults=True):
     req_id: str
     keys: list[str]  # hit block keys, in prompt order
     dst_blocks: list[int]  # KV blocks receiving them, same order
-    node: str  # whose storage-gateway reads
+    node: str  # whose storage-gateway reads the PE-path part
     layout: StoreLayout
+    pe_blocks: int = -1  # keys[:pe_blocks] on the PE path, the rest on the DE path; -1 = all PE
+    de_engine: str = ""  # DE-path: the DE whose TM stages the blocks in its buffer
+    de_node: str = ""  # DE-path: the DE's node (its gateway reads)
+    prompt_blocks: int = 0  # DE-path: DE-buffer slots to reserve for the whole prompt
 
 
 class LayerLoaded(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     req_id: str
     blocks: int  # leading hit blocks that were read and verified (the rest is a miss)
     layer: int  # -1: storage read finished; l >= 0: layers 0..l are in KV memory
+    error: str = ""
+    de_slots: list[int] = []  # DE-path: DE-buffer slots reserved for the whole prompt
+    de_hits: list[int] = []  # DE-path: block indexes whose stored KV sits in those slots
+
+
+class Stage(msgspec.Struct, omit_defaults=True):
+    """DE read path: reserve buffer slots for a whole prompt; read hit blocks into some of them."""
+
+    req_id: str
+    prompt_blocks: int  # slots to reserve (one per prompt block)
+    first: int  # index of the first block read here
+    keys: list[str]  # keys of blocks first, first+1, ...
+    node: str  # the DE's node (gateway)
+    layout: StoreLayout
+
+
+class Staged(msgspec.Struct, omit_defaults=True):
+    slots: list[int] = []  # buffer offsets, one per prompt block
+    blocks: int = 0  # leading `keys` read and verified
     error: str = ""
 
 

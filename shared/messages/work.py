@@ -30,7 +30,10 @@ class PrefillWork(msgspec.Struct, omit_defaults=True):
     reply: str  # output subject of the scheduler that owns the request
     block_keys: list[str] = []  # hex keys of the prompt's full blocks (chained hashes)
     hit_blocks: int = 0  # leading block_keys present in the store (load instead of compute)
-    read_node: str = ""  # node whose storage-gateway reads the hit blocks
+    read_node: str = ""  # the PE's node: its storage-gateway reads the PE-path hit blocks
+    mode: str = "dualpath"  # dualpath | basic | oracle (no KV I/O at all: an upper bound)
+    pe_blocks: int = -1  # hit blocks [0, pe_blocks) on the PE path, the rest on the DE path; -1 = all PE
+    de_node: str = ""  # the DE's node (its storage-gateway reads the DE-path hit blocks)
 
 
 class DecodeAdmit(msgspec.Struct, omit_defaults=True):
@@ -44,6 +47,7 @@ class DecodeAdmit(msgspec.Struct, omit_defaults=True):
     prompt: list[int] = []  # the prompt's token ids (block hashing for persistence)
     block_keys: list[str] = []  # hex keys of the prompt's full blocks (for persistence)
     persisted_blocks: int = 0  # leading blocks already in the store
+    oracle: bool = False  # no KV moved: nothing to load, nothing to persist
 
 
 class Cancel(msgspec.Struct, omit_defaults=True):

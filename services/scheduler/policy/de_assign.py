@@ -70,7 +70,8 @@ def assign_decode(
     kept: list[Request] = []
     scanned = 0
     limit = n_fit + lookahead
-    while queue and scanned < limit and max(free) > 0:
+    with_room = sum(1 for f in free if f > 0)
+    while queue and scanned < limit and with_room:
         req = queue.popleft()
         scanned += 1
         i = _choose_engine(req, tok, seq, free, z)
@@ -79,6 +80,8 @@ def assign_decode(
             continue
         tok[i] += req.tokens
         seq[i] += 1
+        if free[i] > 0 and free[i] - req.mem <= 0:
+            with_room -= 1
         free[i] -= req.mem
         out.append(Assignment(req.rid, reports[i].engine))
     queue.extendleft(reversed(kept))

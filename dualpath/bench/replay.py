@@ -1,0 +1,174 @@
+"""Drivers that replay jobs against a mesh over HTTP (asyncio + httpx, streaming SSE).
+
+One turn = one streamed `POST /v1/completions` with `ignore_eos` and the traced length;
+its last chunk (`stream_options.include_usage` + `return_token_ids`) carries the cached
+tokens and the generated ids that the next turn's prompt appends. A job is a closed loop:
+turn i+1 starts when turn i ends.
+- offline: every job starts at t=0; JCT = last turn end.
+- online: job k starts at its Poisson arrival (rate `aps`) or its recorded arrival (Mooncake).
+Owns the HTTP client side and the progress bar; the numbers are summarised in metrics.py.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+
+import httpx
+import numpy as np
+
+from dualpath.bench.workload import Job
+
+
+@dataclass(slots=True)
+class TurnResult:
+    job: str
+    turn: int
+    prompt_tokens: int
+    gen_tokens: int
+    start: float  # seconds since the run's t0
+    ttft: float
+    ttst: float  # time to the second token (nan with gen == 1)
+    end: float
+    cached_tokens: int
+    error: str = ""
+
+    @property
+    def tpot(self) -> float:
+        """Mean time per output token after the first."""
+        n = self.gen_tokens - 1
+        return (self.end - self.start - self.ttft) / n if n > 0 else float("nan")
+
+
+@dataclass
+class RunResult:
+    mode: str
+    kind: str  # offline | online
+    aps: float | None
+    turns: list[TurnResult] = field(default_factory=list)
+    job_ends: dict[str, float] = field(default_factory=dict)
+    wall_s: float = 0.0
+    t0_unix: float = 0.0
+
+
+class Progress:
+    """A one-line text bar on stderr, redrawn at most 5 times a second."""
+
+    def __init__(self, total: int, label: str, stream=sys.stderr, enabled: bool = True):
+        self.total, self.label, self.stream, self.enabled = max(total, 1), label, stream, enabled
+        self.done, self._last = 0, 0.0
+
+    def step(self, n: int = 1) -> None:
+        self.done += n
+        now = time.monotonic()
+        if self.enabled and (now - self._last > 0.2 or self.done >= self.total):
+            self._last = now
+            filled = int(30 * self.done / self.total)
+            self.stream.write(f"\r{self.label:<24} [{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total}")
+            if self.done >= self.total:
+                self.stream.write("\n")
+            self.stream.flush()
+
+
+async def one_turn(client: httpx.AsyncClient, url: str, prompt: list[int], gen: int, mode: str,
+                   t0: float) -> tuple[TurnResult, list[int]]:
+    """Stream one completion; returns its timings and the generated token ids."""
+    body = {"prompt": prompt, "max_tokens": gen, "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}, "return_token_ids": True, "dualpath_mode": mode}
+    start = time.perf_counter()
+    stamps: list[float] = []
+    ids: list[int] = []
+    cached, err = 0, ""
+    async with client.stream("POST", url + "/v1/completions", json=body) as r:
+        if r.status_code != 200:
+            err = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+        else:
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    err = str(chunk["error"].get("message", chunk["error"]))
+                elif chunk.get("choices"):
+                    stamps.append(time.perf_counter())
+                if "usage" in chunk:
+                    cached = chunk["usage"]["prompt_tokens_details"]["cached_tokens"]
+                    ids = list(chunk.get("token_ids", []))
+    end = time.perf_counter()
+    ttft = stamps[0] - start if stamps else float("nan")
+    ttst = stamps[1] - start if len(stamps) > 1 else float("nan")
+    if not err and len(ids) != gen:
+        err = f"got {len(ids)} token ids, wanted {gen}"
+    res = TurnResult("", 0, len(prompt), gen, start - t0, ttft, ttst, end - t0, cached, err)
+    return res, ids
+
+
+async def run_job(client: httpx.AsyncClient, url: str, job: Job, t0: float, out: RunResult,
+                  progress: Progress) -> None:
+    context: list[int] = []
+    for i, (append, gen) in enumerate(job.turns):
+        prompt = context + list(append)
+        res, ids = await one_turn(client, url, prompt, gen, job.mode, t0)
+        res.job, res.turn = job.id, i
+        out.turns.append(res)
+        progress.step()
+        if res.error:
+            progress.step(len(job.turns) - i - 1)
+            break
+        context = prompt + ids
+    out.job_ends[job.id] = time.perf_counter() - t0
+
+
+def poisson_arrivals(n: int, aps: float, seed: int) -> list[float]:
+    """Arrival times (s) of n agents at `aps` agents per second (exponential gaps, first at 0)."""
+    gaps = np.random.default_rng([seed, 7]).exponential(1.0 / aps, n)
+    return np.concatenate(([0.0], np.cumsum(gaps[1:]))).tolist() if n else []
+
+
+async def _drive(url: str, jobs: list[Job], arrivals: list[float], mode: str, kind: str, aps: float | None,
+                 show: bool, timeout: float) -> RunResult:
+    out = RunResult(mode, kind, aps, t0_unix=time.time())
+    progress = Progress(sum(len(j.turns) for j in jobs), f"{kind} {mode}" + (f" @{aps:g}" if aps else ""),
+                        enabled=show)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits) as client:
+        t0 = time.perf_counter()
+
+        async def start_at(job: Job, at: float) -> None:
+            await asyncio.sleep(max(0.0, at - (time.perf_counter() - t0)))
+            await run_job(client, url, job, t0, out, progress)
+
+        async with asyncio.TaskGroup() as tg:
+            for job, at in zip(jobs, arrivals):
+                tg.create_task(start_at(job, at))
+        out.wall_s = time.perf_counter() - t0
+    return out
+
+
+def offline(url: str, jobs: list[Job], mode: str, show: bool = True, timeout: float = 600) -> RunResult:
+    return asyncio.run(_drive(url, jobs, [0.0] * len(jobs), mode, "offline", None, show, timeout))
+
+
+def online(url: str, jobs: list[Job], mode: str, aps: float, seed: int = 0, show: bool = True,
+           timeout: float = 600) -> RunResult:
+    recorded = all(j.arrival_s is not None for j in jobs)
+    arrivals = [j.arrival_s for j in jobs] if recorded else poisson_arrivals(len(jobs), aps, seed)
+    return asyncio.run(_drive(url, jobs, arrivals, mode, "online", aps, show, timeout))
+
+
+def probe(url: str, lo: int, hi: int, n_prompt: int = 256, n_gen: int = 16, repeat: int = 2) -> tuple[float, float]:
+    """(prefill tokens/s, decode seconds/token) of one engine: best of `repeat` fresh prompts."""
+    async def go() -> tuple[float, float]:
+        best_p, best_d = 0.0, float("inf")
+        async with httpx.AsyncClient(timeout=120) as client:
+            for k in range(repeat):
+                prompt = np.random.default_rng([int(time.time() * 1e6) % (1 << 31), k]).integers(lo, hi, n_prompt)
+                res, _ = await one_turn(client, url, prompt.tolist(), n_gen, "oracle", time.perf_counter())
+                if res.error:
+                    raise RuntimeError(f"probe request failed: {res.error}")
+                best_p = max(best_p, n_prompt / res.ttft)
+                best_d = min(best_d, res.tpot)
+        return best_p, best_d
+    return asyncio.run(go())

@@ -1,0 +1,91 @@
+"""Storage bytes read per node over time, scraped from every storage-gateway's /metrics.
+
+A `Scraper` polls `dualpath_storage_read_bytes_total{node=...}` and
+`dualpath_storage_blocks_total{outcome="read"}` of each gateway listed by `GET /v1/mesh`
+in a background thread; `window(t0, t1)` gives the bytes each node read between two
+moments and the KV bytes per block (for the lower bound). Owns nothing else.
+"""
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import httpx
+
+_SAMPLE = re.compile(r'^dualpath_(storage_read_bytes_total|storage_blocks_total)\{([^}]*)\}\s+([0-9.eE+-]+)', re.M)
+
+
+def parse_metrics(text: str) -> tuple[dict[str, float], float]:
+    """Prometheus text -> ({node: read bytes}, blocks read)."""
+    by_node: dict[str, float] = {}
+    blocks = 0.0
+    for name, labels, value in _SAMPLE.findall(text):
+        lab = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        if name == "storage_read_bytes_total":
+            by_node[lab.get("node", "?")] = by_node.get(lab.get("node", "?"), 0.0) + float(value)
+        elif lab.get("outcome") == "read":
+            blocks += float(value)
+    return by_node, blocks
+
+
+class Scraper:
+    def __init__(self, url: str, period_s: float = 0.5):
+        self.url, self.period = url, period_s
+        self.samples: list[tuple[float, str, float, float]] = []  # (unix time, node, read bytes, blocks)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="bench-scrape", daemon=True)
+        self.gateways: list[tuple[str, str]] = []  # (node, metrics url)
+
+    def discover(self) -> None:
+        mesh = httpx.get(self.url + "/v1/mesh", timeout=10).json()
+        self.gateways = sorted({(g["node"], g["metrics_url"]) for g in mesh.get("gateways", []) if g.get("metrics_url")})
+
+    def scrape_once(self) -> None:
+        now = time.time()
+        for node, murl in self.gateways:
+            try:
+                by_node, blocks = parse_metrics(httpx.get(murl, timeout=2).text)
+            except httpx.HTTPError:
+                continue
+            self.samples.append((now, node, by_node.get(node, sum(by_node.values())), blocks))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period):
+            self.scrape_once()
+
+    def __enter__(self) -> "Scraper":
+        self.discover()
+        self.scrape_once()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.scrape_once()
+
+    def _at(self, node: str, t: float) -> tuple[float, float]:
+        """(bytes, blocks) of the last sample of `node` at or before t (the first after, if none)."""
+        rows = [s for s in self.samples if s[1] == node]
+        before = [s for s in rows if s[0] <= t]
+        s = before[-1] if before else (rows[0] if rows else (t, node, 0.0, 0.0))
+        return s[2], s[3]
+
+    def window(self, t0: float, t1: float) -> tuple[dict[str, float], float]:
+        """({node: bytes read in [t0, t1]}, bytes per block read in the window (0 if none))."""
+        out, nbytes, nblocks = {}, 0.0, 0.0
+        for node, _ in self.gateways:
+            b0, k0 = self._at(node, t0)
+            b1, k1 = self._at(node, t1)
+            out[node] = b1 - b0
+            nbytes, nblocks = nbytes + b1 - b0, nblocks + k1 - k0
+        return out, (nbytes / nblocks if nblocks else 0.0)
+
+    def series(self, t0: float, t1: float) -> dict[str, list[tuple[float, float]]]:
+        """Per node, (seconds since t0, bytes read since t0) for the samples in [t0, t1]."""
+        out: dict[str, list[tuple[float, float]]] = {}
+        for node, _ in self.gateways:
+            b0, _ = self._at(node, t0)
+            out[node] = [(s[0] - t0, s[2] - b0) for s in self.samples if s[1] == node and t0 <= s[0] <= t1]
+        return out

@@ -1,0 +1,130 @@
+"""What the benchmark replays: traces -> per-mode jobs of token-id turns.
+
+A `Job` is one agent (or one Mooncake request): turns of (append token ids, generated
+length). Turn i+1's prompt is turn i's prompt + turn i's generated ids + its own append,
+so the replayer, not this module, fills in the generated ids. Every (mode, job) draws its
+appended tokens from its own seed, so the copies that different modes replay share no
+stored prefix; a Mooncake request maps hash ids to blocks salted by the mode, which keeps
+sharing within a mode and none across modes. Owns trace loading (`--trace` specs) and
+token content; knows nothing about HTTP.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dualpath.traces import Trajectory, expand_agents, generate, read_trajectories
+from dualpath.traces.generator import PRESETS
+
+MODES = ("basic", "dualpath", "oracle")
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    id: str
+    mode: str
+    turns: tuple[tuple[tuple[int, ...], int], ...]  # (append ids, gen tokens)
+    arrival_s: float | None = None  # recorded arrival (Mooncake); None = scheduled by the driver
+
+    @property
+    def prompt_lengths(self) -> list[int]:
+        out, ctx = [], 0
+        for a, g in self.turns:
+            out.append(ctx + len(a))
+            ctx += len(a) + g
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """The trace as loaded: either trajectories or Mooncake requests (never both)."""
+
+    name: str
+    trajectories: tuple[Trajectory, ...] = ()
+    agents: tuple[tuple[int, int], ...] = ()  # (base index, synthetic first-round append) per agent
+    mooncake: tuple = ()  # MooncakeRequest, ...
+    scale: float = 1.0
+    time_scale: float = 1.0
+
+
+def token_range(model: str, vocab_size: int) -> tuple[int, int]:
+    """Ids that are ordinary tokens: printable bytes for the tiny byte model, else a safe middle."""
+    if vocab_size <= 512:
+        return 32, 127
+    return 100, vocab_size - 1000
+
+
+def load(spec: str, agents: int | None, scale: float, seed: int = 0, time_scale: float = 1.0) -> Workload:
+    """`gen:32k` | `gen:48k` | `gen:64k` | `mooncake:PATH` | PATH (trajectory JSONL)."""
+    if spec.startswith("mooncake:"):
+        from dualpath.traces.mooncake import read_mooncake
+
+        reqs = read_mooncake(spec.split(":", 1)[1])
+        return Workload(spec, mooncake=tuple(reqs[:agents] if agents else reqs), scale=scale, time_scale=time_scale)
+    if spec.startswith("gen:"):
+        name = spec.split(":", 1)[1].lower()
+        if name not in PRESETS:
+            raise ValueError(f"unknown generator preset {name!r} (choose {', '.join(PRESETS)})")
+        n = agents or 8
+        base = generate(name, n, seed=seed, scale=scale)
+    else:
+        base = [_scaled(t, scale) for t in read_trajectories(spec)]
+        n = agents or len(base)
+    return Workload(spec, tuple(base), tuple(expand_agents(len(base), n, seed)), scale=scale)
+
+
+def _scaled(t: Trajectory, scale: float) -> Trajectory:
+    if scale == 1.0:
+        return t
+    turns = tuple((max(1 if i == 0 else 0, round(a * scale)), max(1, round(g * scale)))
+                  for i, (a, g) in enumerate(t.turns))
+    return Trajectory(t.id, turns, t.meta)
+
+
+def jobs(w: Workload, mode: str, lo: int, hi: int, seed: int = 0, max_context: int = 0) -> list[Job]:
+    """The jobs one mode replays; turns past `max_context` (prompt + gen) are cut off."""
+    salt = MODES.index(mode) if mode in MODES else abs(hash(mode)) % 997
+    if w.mooncake:
+        return _mooncake_jobs(w, mode, lo, hi, seed * 1000 + salt, max_context)
+    out = []
+    for k, (base, pre) in enumerate(w.agents):
+        rng = np.random.default_rng([seed, salt, k])
+        traj = w.trajectories[base]
+        turns = [(a, g) for a, g in traj.turns]
+        # the synthetic first round of copies (gen = 1), plus a random first round for every
+        # agent: a mode's copy never shares a prefix with another mode's (or agent's) copy
+        turns = ([(pre, 1)] if pre else []) + turns
+        built, ctx = [], 0
+        for a, g in turns:
+            if max_context and ctx + a + g > max_context:
+                break
+            built.append((tuple(rng.integers(lo, hi, a).tolist()), g))
+            ctx += a + g
+        if built:
+            out.append(Job(f"{mode}/{traj.id}#{k}", mode, tuple(built)))
+    return out
+
+
+def _mooncake_jobs(w: Workload, mode: str, lo: int, hi: int, salt: int, max_context: int) -> list[Job]:
+    from dualpath.traces.mooncake import output_length, prompt_tokens
+
+    out = []
+    t0 = w.mooncake[0].timestamp_ms
+    for i, r in enumerate(w.mooncake):
+        prompt = prompt_tokens(r, i, lo, hi, salt, w.scale)
+        gen = output_length(r, w.scale)
+        if max_context and len(prompt) + gen > max_context:
+            prompt = prompt[: max(1, max_context - gen)]
+        arrival = (r.timestamp_ms - t0) / 1000.0 * w.time_scale
+        out.append(Job(f"{mode}/mc{i}", mode, ((tuple(prompt), gen),), arrival_s=arrival))
+    return out
+
+
+def expected_hit_tokens(job: Job, block: int) -> int:
+    """Prompt tokens a perfect store serves from within the job: earlier turns' full blocks."""
+    hit, ctx = 0, 0
+    for a, g in job.turns:
+        hit += (ctx // block) * block
+        ctx += len(a) + g
+    return hit
