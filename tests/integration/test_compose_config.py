@@ -95,7 +95,17 @@ def test_engines_can_scale(services):
         svc = services[name]
         assert "container_name" not in svc, f"{name} has a fixed container_name: cannot scale"
         assert not svc.get("ports"), f"{name} publishes a host port: replicas would clash"
-        assert int(svc["shm_size"]) >= 1 << 30, f"{name}: /dev/shm too small for KV memory + TM buffer"
+
+
+
+def test_each_node_shares_one_dev_shm_between_its_engines_and_its_gateway(services, rendered):
+    for engine, gateway, vol in (("prefill-engine", "storage-gateway-prefill", "shm-prefill"),
+                                 ("decode-engine", "storage-gateway-decode", "shm-decode")):
+        for name in (engine, gateway):
+            mounts = {v["target"]: v.get("source") for v in services[name]["volumes"]}
+            assert mounts.get("/dev/shm") == vol, f"{name} does not mount the node's /dev/shm ({vol})"
+        opts = rendered["volumes"][vol]["driver_opts"]
+        assert opts["type"] == "tmpfs" and "size=" in opts["o"]
 
 
 def test_nats_runs_jetstream_with_a_volume_and_health_check(services):

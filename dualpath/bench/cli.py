@@ -1,0 +1,226 @@
+"""`dualpath bench`: replay agent traces against a mesh; offline JCT or online SLO capacity.
+
+    dualpath bench --trace gen:32k --agents 4 --scale 0.05 --offline --modes basic,dualpath,oracle
+    dualpath bench --up --model tiny --snic-gbs 0.2 --trace gen:32k --search-aps --report out/
+
+Modes run one after another on the same mesh, each in its own time window (so bytes
+read per node are attributable to one mode), in a rotating order across load levels so
+slow drift of the machine hits every mode alike; their token contents differ, so no mode
+reuses another's stored KV. Wiring only: measurement is in replay.py, numbers in
+metrics.py and bound.py, output in report.py.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import re
+import sys
+import tempfile
+import time
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="replay agent traces: offline JCT, online TTFT/TPOT and SLO capacity")
+    p.add_argument("--trace", required=True, help="trajectory JSONL path, gen:32k|gen:48k|gen:64k, or mooncake:PATH")
+    p.add_argument("--agents", type=int, default=0, help="agents (default: 4 for gen:, the whole file otherwise)")
+    p.add_argument("--scale", type=float, default=0.05, help="multiply every trace length (keeps the hit ratio)")
+    p.add_argument("--max-turns", type=int, default=0, help="replay at most this many turns per agent (0 = all)")
+    p.add_argument("--time-scale", type=float, default=1.0, help="Mooncake: multiply recorded arrival times")
+    p.add_argument("--seed", type=int, default=0, help="trace seed (token contents are fresh every run)")
+    load = p.add_mutually_exclusive_group(required=True)
+    load.add_argument("--offline", action="store_true", help="all agents start together; report JCT")
+    load.add_argument("--aps", type=float, help="online: Poisson arrivals at this many agents per second")
+    load.add_argument("--search-aps", action="store_true", help="online: find the highest APS that meets the SLO")
+    p.add_argument("--modes", default="basic,dualpath,oracle", help="comma-separated load modes")
+    p.add_argument("--aps-start", type=float, default=0.5, help="--search-aps: first level")
+    p.add_argument("--search-steps", type=int, default=4, help="--search-aps: load levels per mode")
+    p.add_argument("--slo-ttft", type=float, default=4.0, help="SLO on TTFT in seconds")
+    p.add_argument("--slo-tpot", type=float, default=0.050, help="SLO on TPOT in seconds")
+    p.add_argument("--slo-target", type=float, default=0.9, help="share of turns that must meet the SLO")
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="a running mesh")
+    p.add_argument("--up", action="store_true", help="start a mesh on this machine for the run")
+    p.add_argument("--model", default="smollm2", help="--up: model preset, .gguf or HF directory")
+    p.add_argument("--topology", default="1P1D", help="--up: prefill and decode nodes, e.g. 1P2D")
+    p.add_argument("--kv-blocks", type=int, default=256, help="--up: KV blocks per engine")
+    p.add_argument("--snic-gbs", type=float, default=0.0,
+                   help="storage-NIC read/write cap per node in Gbit/s (--up: emulated; else: declared, for the bound)")
+    p.add_argument("--no-probe", action="store_true", help="skip measuring prefill/decode rates (bound loses terms)")
+    p.add_argument("--json", help="write the JSON document here")
+    p.add_argument("--report", help="write report.md, report.json and PNG plots into this directory")
+    p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run)
+
+
+def parse_topology(text: str) -> tuple[int, int]:
+    m = re.fullmatch(r"(\d+)P(\d+)D", text.strip().upper())
+    if not m or min(int(m[1]), int(m[2])) < 1:
+        raise ValueError(f"--topology {text!r}: expected like 1P1D or 2P4D")
+    return int(m[1]), int(m[2])
+
+
+def run(args: argparse.Namespace) -> int:
+    from dualpath.cli import CliError
+    from dualpath.bench.workload import MODES
+
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise CliError(f"--modes: unknown mode {bad[0] if bad else '(none)'} (choose from {', '.join(MODES)})")
+    if not 0 < args.scale <= 1:
+        raise CliError(f"--scale must be in (0, 1], got {args.scale}")
+    if args.aps is not None and args.aps <= 0:
+        raise CliError("--aps must be > 0")
+    try:
+        topo = parse_topology(args.topology)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if not args.up:
+        return _bench(args, args.url, modes)
+    from dualpath.mesh import Mesh, MeshError, MeshSpec
+
+    extra = {"scheduler": {"liveness-timeout-s": "5"}}
+    if args.snic_gbs:
+        extra["storage_gateway"] = {"snic-read-gbps": str(args.snic_gbs), "snic-write-gbps": str(args.snic_gbs)}
+    tmp = tempfile.mkdtemp(prefix="dualpath-bench-")
+    spec = MeshSpec(model=args.model, port=0, prefill=topo[0], decode=topo[1], kv_blocks=args.kv_blocks,
+                    buffer_mb=64, threads=1, store=f"{tmp}/store", log_dir=f"{tmp}/logs", extra=extra)
+    mesh = Mesh(spec)
+    print(f"starting a {args.topology} mesh of {args.model} (logs in {tmp}/logs) ...", file=sys.stderr, flush=True)
+    try:
+        mesh.start(timeout=300)
+        return _bench(args, mesh.url, modes)
+    except MeshError as exc:
+        print(f"dualpath bench: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        mesh.stop()
+
+
+def _bench(args: argparse.Namespace, url: str, modes: list[str]) -> int:
+    import httpx
+
+    from dualpath.bench import replay, report
+    from dualpath.bench.bound import Capacity
+    from dualpath.bench.metrics import ApsSearch, Slo
+    from dualpath.bench.scrape import Scraper
+    from dualpath.bench.workload import jobs, load, token_range
+
+    mesh = httpx.get(url + "/v1/mesh", timeout=10).json()
+    lo, hi = token_range(mesh["model"], mesh["vocab_size"])
+    wl = load(args.trace, args.agents or None, args.scale, args.seed, args.time_scale)
+    nonce = random.SystemRandom().randrange(1 << 30)  # fresh token contents: nothing from an earlier run hits
+    per_mode = {m: _cap_turns(jobs(wl, m, lo, hi, nonce, mesh.get("max_context") or 0), args.max_turns)
+                for m in modes}
+    cap = _capacity(args, url, mesh, lo, hi)
+    slo = Slo(args.slo_ttft, args.slo_tpot, args.slo_target)
+    show = not args.no_progress
+    doc = {"trace": args.trace, "config": {
+        "model": mesh["model"], "url": url, "agents": len(per_mode[modes[0]]), "scale": args.scale,
+        "max_turns": args.max_turns or None, "snic_gbit_s_per_node": args.snic_gbs or None,
+        "prefill_tok_s": _r(cap.prefill_tps), "decode_s_per_tok": _r(cap.tpot_s, 4),
+        "prefill_nodes": cap.prefill_nodes, "decode_nodes": cap.decode_nodes,
+        "block_size": mesh.get("block_size")}, "runs": []}
+    kv_bytes_per_block = [0.0]
+    with Scraper(url) as scraper:
+        def measure(mode: str, aps: float | None, order: int) -> dict:
+            t0 = time.time()
+            if aps is None:
+                r = replay.offline(url, per_mode[mode], mode, show, args.timeout)
+            else:
+                r = replay.online(url, per_mode[mode], mode, aps, args.seed + order, show, args.timeout)
+            time.sleep(scraper.period * 1.5)  # let the scraper see the run's last reads
+            scraper.scrape_once()
+            by_node, bpb = scraper.window(t0, time.time())
+            if bpb:
+                kv_bytes_per_block[0] = bpb
+            row = _row(r, slo, by_node, scraper.series(t0, time.time()))
+            doc["runs"].append(row)
+            return row
+
+        if args.offline:
+            for mode in modes:
+                measure(mode, None, 0)
+        elif args.aps is not None:
+            for mode in modes:
+                measure(mode, args.aps, 0)
+        else:
+            searches = {m: ApsSearch(args.aps_start) for m in modes}
+            for step in range(args.search_steps):
+                order = modes[step % len(modes):] + modes[: step % len(modes)]  # rotate: drift hits all alike
+                for mode in order:
+                    aps = searches[mode].next()
+                    row = measure(mode, aps, step)
+                    searches[mode].record(aps, row["slo_attainment"] >= slo.target and row["errors"] == 0)
+            doc["search"] = {m: s.best for m, s in searches.items()}
+    _bounds(doc, cap, kv_bytes_per_block[0] or None, mesh.get("block_size") or 64, per_mode)
+    doc = report.clean(doc)
+    if args.report:
+        print(report.write_report(doc, args.report))
+    else:
+        print(report.markdown(doc))
+    if args.json:
+        report.write_json(doc, args.json)
+    return 1 if any(r["errors"] for r in doc["runs"]) else 0
+
+
+def _cap_turns(js: list, max_turns: int) -> list:
+    from dataclasses import replace
+
+    return [replace(j, turns=j.turns[:max_turns]) for j in js] if max_turns else js
+
+
+def _r(v, digits: int = 1):
+    return None if v is None else round(v, digits)
+
+
+def _capacity(args, url: str, mesh: dict, lo: int, hi: int):
+    from dualpath.bench import replay
+    from dualpath.bench.bound import Capacity
+
+    engines = [e for e in mesh.get("engines", []) if e.get("alive", True)]
+    p_nodes = {e["node"] for e in engines if e.get("role") == "prefill"}
+    d_nodes = {e["node"] for e in engines if e.get("role") == "decode"}
+    tps = tpot = None
+    if not args.no_probe:
+        n = min(256, max(64, (mesh.get("max_context") or 512) // 4))
+        tps, tpot = replay.probe(url, lo, hi, n_prompt=n, n_gen=8)
+    return Capacity(read_bytes_per_s=args.snic_gbs * 1e9 / 8 if args.snic_gbs else None,
+                    prefill_nodes=len(p_nodes) or 1, decode_nodes=len(d_nodes) or 1,
+                    prefill_engines=sum(1 for e in engines if e.get("role") == "prefill") or 1,
+                    prefill_tps=tps, tpot_s=tpot)
+
+
+def _row(r, slo, by_node: dict, series: dict) -> dict:
+    from dualpath.bench.metrics import summarise
+
+    row = summarise(r, slo)
+    row["storage_read_bytes_per_node"] = by_node
+    row["storage_series"] = series
+    row["_chains"] = _chains(r)
+    return row
+
+
+def _chains(r) -> list[list[tuple[int, int]]]:
+    by_job: dict[str, list] = {}
+    for t in sorted(r.turns, key=lambda t: (t.job, t.turn)):
+        if not t.error:
+            by_job.setdefault(t.job, []).append((t.prompt_tokens - t.cached_tokens, t.gen_tokens))
+    return list(by_job.values())
+
+
+def _bounds(doc: dict, cap, bytes_per_block: float | None, block: int, per_mode: dict) -> None:
+    from dualpath.bench.bound import lower_bound
+
+    doc["config"]["kv_bytes_per_block"] = bytes_per_block
+    for row in doc["runs"]:
+        chains = row.pop("_chains")
+        if row["kind"] != "offline":
+            row["jct_lower_bound_s"] = None
+            continue
+        hit_bytes = row["cached_tokens"] * (bytes_per_block or 0.0) / block
+        miss = row["prompt_tokens"] - row["cached_tokens"]
+        b = lower_bound(row["mode"], hit_bytes, miss, chains, cap)
+        row["bound"] = b
+        row["jct_lower_bound_s"] = b["bound_s"]
+        row["jct_over_bound"] = row["jct_s"] / b["bound_s"] if b["bound_s"] else None
