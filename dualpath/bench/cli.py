@@ -23,7 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="replay agent traces: offline JCT, online TTFT/TPOT and SLO capacity")
     p.add_argument("--trace", required=True, help="trajectory JSONL path, gen:32k|gen:48k|gen:64k, or mooncake:PATH")
     p.add_argument("--agents", type=int, default=0, help="agents (default: 4 for gen:, the whole file otherwise)")
-    p.add_argument("--scale", type=float, default=0.05, help="multiply every trace length (keeps the hit ratio)")
+    p.add_argument("--scale", type=float, default=None,
+                   help="multiply every trace length, keeping the hit ratio (default 0.05 for gen:, else 1)")
     p.add_argument("--max-turns", type=int, default=0, help="replay at most this many turns per agent (0 = all)")
     p.add_argument("--time-scale", type=float, default=1.0, help="Mooncake: multiply recorded arrival times")
     p.add_argument("--seed", type=int, default=0, help="trace seed (token contents are fresh every run)")
@@ -67,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
         raise CliError(f"--modes: unknown mode {bad[0] if bad else '(none)'} (choose from {', '.join(MODES)})")
+    if args.scale is None:
+        args.scale = 0.05 if args.trace.startswith("gen:") else 1.0
     if not 0 < args.scale <= 1:
         raise CliError(f"--scale must be in (0, 1], got {args.scale}")
     if args.aps is not None and args.aps <= 0:

@@ -130,7 +130,8 @@ def plots(doc: dict, out_dir: str | Path) -> list[str]:
         a1.legend(fontsize=7)
         a2.legend(fontsize=7)
         written.append(_save(fig, out / "ttft_tpot_vs_aps.png", plt))
-    series = [r for r in doc["runs"] if r.get("storage_series")]
+    last = {r["mode"]: r for r in doc["runs"] if r.get("storage_series")}  # one panel per mode: its last run
+    series = list(last.values())
     if series:
         fig, axes = plt.subplots(1, len(series), figsize=(4 * len(series), 3.2), squeeze=False)
         for ax, r in zip(axes[0], series):

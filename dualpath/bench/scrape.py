@@ -30,7 +30,7 @@ def parse_metrics(text: str) -> tuple[dict[str, float], float]:
 
 
 class Scraper:
-    def __init__(self, url: str, period_s: float = 0.5):
+    def __init__(self, url: str, period_s: float = 0.2):
         self.url, self.period = url, period_s
         self.samples: list[tuple[float, str, float, float]] = []  # (unix time, node, read bytes, blocks)
         self._stop = threading.Event()
@@ -87,5 +87,6 @@ class Scraper:
         out: dict[str, list[tuple[float, float]]] = {}
         for node, _ in self.gateways:
             b0, _ = self._at(node, t0)
-            out[node] = [(s[0] - t0, s[2] - b0) for s in self.samples if s[1] == node and t0 <= s[0] <= t1]
+            out[node] = [(0.0, 0.0)] + [(s[0] - t0, s[2] - b0) for s in self.samples
+                                        if s[1] == node and t0 <= s[0] <= t1]
         return out

@@ -30,6 +30,7 @@ from shared.messages.work import Ack, Cancel, DecodeAdmit
 from shared.runtime import Service, service_main
 
 log = logging.getLogger("decode")
+STEP_SAMPLE = 16  # a decode_step event on the request's decode span every this many tokens
 tracer = trace.get_tracer("decode-engine")
 
 
@@ -148,6 +149,8 @@ class DecodeService(Service):
             self.persister.prompt(seq, admit)
         else:
             seq.persist = False  # oracle: nothing is persisted
+        seq.span = tracer.start_span("decode", context=req.ctx, attributes={
+            "req_id": req.req_id, "engine": self.engine, "prompt_tokens": admit.prompt_len})
         self.ready.append(seq)
         self.wake.set()
 
@@ -173,6 +176,9 @@ class DecodeService(Service):
             self.ready = []
             for seq in [s for s in self.running if s.req.cancelled]:
                 self.running.remove(seq)
+                if seq.span is not None:
+                    seq.span.set_attribute("finish_reason", "cancelled")
+                    seq.span.end()
                 self._release(seq.req)
             self.m_batch.set(len(self.running))
             if not self.running:
@@ -190,6 +196,9 @@ class DecodeService(Service):
             log.exception("decode step failed")
             for seq in batch:
                 self.running.remove(seq)
+                if seq.span is not None:
+                    seq.span.record_exception(exc)
+                    seq.span.end()
                 await self._finish(seq.req, "error", f"decode step failed: {exc}")
             return
         self.m_step.observe(time.perf_counter() - t0)
@@ -203,9 +212,15 @@ class DecodeService(Service):
             if block is not None and seq.persist:
                 self.persister.generated(seq, block)
             reason = finish_reason(seq, tok)
+            if seq.span is not None and (index % STEP_SAMPLE == 1 or reason):
+                seq.span.add_event("decode_step", {"index": index, "batch_size": len(batch),
+                                                   "step_s": round(time.perf_counter() - t0, 6)})
             await self.bus.publish(seq.req.reply, TokenEvent(seq.req.req_id, [tok], index, finish=reason,
                                                              source=self.engine))
             if reason:
+                if seq.span is not None:
+                    seq.span.set_attributes({"completion_tokens": len(seq.req.generated), "finish_reason": reason})
+                    seq.span.end()
                 self.running.remove(seq)
                 self._release(seq.req)
 

@@ -7,6 +7,7 @@ leaves when it stops, hits its length, or is cancelled -- every step.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from shared.engine.requests import EngineRequest
 
@@ -20,6 +21,7 @@ class RunningSeq:
     stops: set[int] = field(default_factory=set)
     keys: list[str] = field(default_factory=list)  # hex store keys of the full blocks so far
     persist: bool = True  # save full blocks as they fill (off in the oracle mode)
+    span: Any = None  # the request's decode span (OpenTelemetry), ended when it leaves
 
     def context(self, start: int, end: int) -> list[int]:
         """Token ids at positions [start, end) (prompt, then generated tokens)."""

@@ -194,12 +194,16 @@ class PrefillService(Service):
         spans = [tracer.start_span("prefill", context=r.ctx, attributes={
             "req_id": r.req_id, "engine": self.engine, "prompt_tokens": len(r.prompt), "batch_size": len(batch)})
             for r, _ in batch]
+        # one forward serves the whole batch: its own span, linked to every request it computes
+        step_span = tracer.start_span("prefill_batch", links=[trace.Link(sp.get_span_context()) for sp in spans],
+                                      attributes={"engine": self.engine, "batch_size": len(batch)})
         self._in_step = {r.req_id for r, _ in batch}
         t0 = time.perf_counter()
         try:
             firsts = await self.worker.run(self._forward, [r for r, _ in batch])
         except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the engine
             log.exception("prefill step failed")
+            step_span.end()
             for (r, _), span in zip(batch, spans):
                 span.record_exception(exc)
                 span.end()
@@ -208,6 +212,7 @@ class PrefillService(Service):
         finally:
             self._in_step = set()
         self.m_step.observe(time.perf_counter() - t0)
+        step_span.end()
         for (r, w), span, tok in zip(batch, spans, firsts):
             prog = self.loads.get(r.req_id)
             span.set_attributes({"hit_tokens": self.hit_tokens.get(r.req_id, 0),

@@ -18,6 +18,7 @@ class Span:
     span_id: str
     parent_id: str
     attributes: dict
+    links: tuple[str, ...] = ()  # span ids this span links to
 
 
 class OtlpReceiver:
@@ -53,8 +54,9 @@ class OtlpReceiver:
                 for s in ss.spans:
                     attrs = {a.key: _value(a.value) for a in s.attributes}
                     with self._lock:
+                        links = tuple(link.span_id.hex() for link in s.links)
                         self.spans.append(Span(service, s.name, s.trace_id.hex(), s.span_id.hex(),
-                                               s.parent_span_id.hex(), attrs))
+                                               s.parent_span_id.hex(), attrs, links))
 
     def __enter__(self) -> "OtlpReceiver":
         self._thread.start()

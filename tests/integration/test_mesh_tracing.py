@@ -39,7 +39,13 @@ def test_one_request_one_trace_across_services(tmp_path):
     names = {(s.service, s.name) for s in trace_spans}
     assert ("traffic-manager", "kv_transfer") in names  # PE-side TM: the PD transfer
     assert ("traffic-manager", "kv_reserve") in names and ("traffic-manager", "kv_h2d") in names  # DE-side TM
+    assert ("decode-engine", "decode") in names and ("scheduler", "assign") in names
+    assign = next(s for s in trace_spans if s.name == "assign")
+    assert assign.attributes["pe"] and assign.attributes["de"] and "read_path" in assign.attributes
     xfer = next(s for s in trace_spans if s.name == "kv_transfer")
     assert xfer.attributes["bytes"] > 0 and xfer.attributes["blocks"] >= 1
+    prefill = next(s for s in trace_spans if s.name == "prefill")
+    batch = [s for s in otlp.spans if s.name == "prefill_batch" and prefill.span_id in s.links]
+    assert batch, "the batched forward has its own span, linked to the requests it computes"
     ids = {s.span_id for s in trace_spans}
     assert all(s.parent_id in ids for s in trace_spans if s.parent_id), "a span's parent is missing"
