@@ -3,7 +3,7 @@
     bound = max(hit KV bytes / summed read bandwidth of the nodes allowed to read,
                 prefill compute (miss tokens) / summed prefill rate,
                 the longest serial chain of one job: sum over its turns of
-                miss / one engine's prefill rate + gen x the best time per output token)
+                miss / one engine's prefill rate + (gen - 1) x the best time per output token)
 
 Nodes allowed to read: basic -> the prefill nodes (PE path only); dualpath -> every
 node; oracle -> none (no I/O: the storage term is 0). A term whose rate is unknown
@@ -38,7 +38,7 @@ def lower_bound(mode: str, hit_bytes: float, miss_tokens: int, chains: list[list
     compute = miss_tokens / (cap.prefill_engines * cap.prefill_tps) if cap.prefill_tps else None
     serial = None
     if cap.prefill_tps and cap.tpot_s is not None:
-        serial = max((sum(m / cap.prefill_tps + g * cap.tpot_s for m, g in c) for c in chains), default=0.0)
+        serial = max((sum(m / cap.prefill_tps + (g - 1) * cap.tpot_s for m, g in c) for c in chains), default=0.0)
     terms = {"storage_s": storage, "compute_s": compute, "serial_s": serial}
     known = [v for v in terms.values() if v is not None]
     return {**terms, "bound_s": max(known) if known else None, "reading_nodes": nodes,

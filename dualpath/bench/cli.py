@@ -104,7 +104,6 @@ def _bench(args: argparse.Namespace, url: str, modes: list[str]) -> int:
     import httpx
 
     from dualpath.bench import replay, report
-    from dualpath.bench.bound import Capacity
     from dualpath.bench.metrics import ApsSearch, Slo
     from dualpath.bench.scrape import Scraper
     from dualpath.bench.workload import jobs, load, token_range
@@ -113,13 +112,17 @@ def _bench(args: argparse.Namespace, url: str, modes: list[str]) -> int:
     lo, hi = token_range(mesh["model"], mesh["vocab_size"])
     wl = load(args.trace, args.agents or None, args.scale, args.seed, args.time_scale)
     nonce = random.SystemRandom().randrange(1 << 30)  # fresh token contents: nothing from an earlier run hits
-    per_mode = {m: _cap_turns(jobs(wl, m, lo, hi, nonce, mesh.get("max_context") or 0), args.max_turns)
-                for m in modes}
+    runs_done = [0]
+
+    def fresh_jobs(mode: str) -> list:
+        """This run's copy of the workload: new token contents each run, so no run hits another's KV."""
+        runs_done[0] += 1
+        return _cap_turns(jobs(wl, mode, lo, hi, nonce + runs_done[0], mesh.get("max_context") or 0), args.max_turns)
     cap = _capacity(args, url, mesh, lo, hi)
     slo = Slo(args.slo_ttft, args.slo_tpot, args.slo_target)
     show = not args.no_progress
     doc = {"trace": args.trace, "config": {
-        "model": mesh["model"], "url": url, "agents": len(per_mode[modes[0]]), "scale": args.scale,
+        "model": mesh["model"], "url": url, "agents": len(wl.agents or wl.mooncake), "scale": args.scale,
         "max_turns": args.max_turns or None, "snic_gbit_s_per_node": args.snic_gbs or None,
         "prefill_tok_s": _r(cap.prefill_tps), "decode_s_per_tok": _r(cap.tpot_s, 4),
         "prefill_nodes": cap.prefill_nodes, "decode_nodes": cap.decode_nodes,
@@ -127,11 +130,12 @@ def _bench(args: argparse.Namespace, url: str, modes: list[str]) -> int:
     kv_bytes_per_block = [0.0]
     with Scraper(url) as scraper:
         def measure(mode: str, aps: float | None, order: int) -> dict:
+            js = fresh_jobs(mode)
             t0 = time.time()
             if aps is None:
-                r = replay.offline(url, per_mode[mode], mode, show, args.timeout)
+                r = replay.offline(url, js, mode, show, args.timeout)
             else:
-                r = replay.online(url, per_mode[mode], mode, aps, args.seed + order, show, args.timeout)
+                r = replay.online(url, js, mode, aps, args.seed + order, show, args.timeout)
             time.sleep(scraper.period * 1.5)  # let the scraper see the run's last reads
             scraper.scrape_once()
             by_node, bpb = scraper.window(t0, time.time())
@@ -156,7 +160,7 @@ def _bench(args: argparse.Namespace, url: str, modes: list[str]) -> int:
                     row = measure(mode, aps, step)
                     searches[mode].record(aps, row["slo_attainment"] >= slo.target and row["errors"] == 0)
             doc["search"] = {m: s.best for m, s in searches.items()}
-    _bounds(doc, cap, kv_bytes_per_block[0] or None, mesh.get("block_size") or 64, per_mode)
+    _bounds(doc, cap, kv_bytes_per_block[0] or None, mesh.get("block_size") or 64)
     doc = report.clean(doc)
     if args.report:
         print(report.write_report(doc, args.report))
@@ -212,7 +216,7 @@ def _chains(r) -> list[list[tuple[int, int]]]:
     return list(by_job.values())
 
 
-def _bounds(doc: dict, cap, bytes_per_block: float | None, block: int, per_mode: dict) -> None:
+def _bounds(doc: dict, cap, bytes_per_block: float | None, block: int) -> None:
     from dualpath.bench.bound import lower_bound
 
     doc["config"]["kv_bytes_per_block"] = bytes_per_block

@@ -14,6 +14,7 @@ from opentelemetry import trace
 
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.dispatch import Dispatcher, EngineLoad, Job
+from services.scheduler.policy import PeThresholds
 from services.scheduler.inflight import InFlight
 from services.scheduler.paths import OracleIndex, ReadQueues
 from services.scheduler.view import MeshView
@@ -39,7 +40,7 @@ class SchedulerService(Service):
 
         self.tokenizer = load_tokenizer(cfg.model)
         self.view = MeshView(timeout_s=cfg.liveness_timeout_s)
-        self.dispatcher = Dispatcher()
+        self.dispatcher = Dispatcher(PeThresholds(alpha=cfg.pe_alpha_tokens, beta=cfg.pe_beta_tokens))
         self.inflight: dict[str, InFlight] = {}
         self.kick = asyncio.Event()
         self.reads = ReadQueues()
@@ -119,7 +120,7 @@ class SchedulerService(Service):
         self.inflight[rec.req_id] = rec
         self.dispatcher.enqueue(Job(rec.req_id, len(rec.prompt), rec.sampling.max_tokens))
         self.m_prompt.inc(len(rec.prompt))
-        self.m_queue.set(len(self.dispatcher.queue))
+        self.m_queue.set(self.dispatcher.waiting())
         self.kick.set()
 
     async def cancel(self, rec: InFlight, reason: str) -> None:
@@ -173,8 +174,17 @@ class SchedulerService(Service):
         loads = []
         for eng in self.view.assignable(role, now):
             mine = [r for r in self.inflight.values() if (r.pe if role == "prefill" else r.de) == eng.engine]
-            loads.append(EngineLoad(eng.engine, tok=sum(len(r.prompt) + r.sampling.max_tokens for r in mine),
-                                    seq=len(mine), capacity_tokens=eng.total_blocks * eng.kv.block_size))
+            if role == "prefill":  # tok_e on the PE side: prompt tokens still to prefill
+                held = [self.inflight[q] for q, pe in self.dispatcher.pe_of.items()
+                        if pe == eng.engine and q in self.inflight]  # PE chosen, DE not yet
+                mine = [r for r in mine if not r.first_at] + held
+                tok = sum(len(r.prompt) for r in mine)
+            else:
+                tok = sum(len(r.prompt) + r.sampling.max_tokens for r in mine)
+            loads.append(EngineLoad(eng.engine, tok=tok, seq=len(mine),
+                                    capacity_tokens=eng.total_blocks * eng.kv.block_size,
+                                    group=eng.group or eng.node, node=eng.node,
+                                    read_q=self.reads.pending.get(eng.node, 0)))
         return loads
 
     async def _assign(self) -> None:
@@ -203,7 +213,7 @@ class SchedulerService(Service):
                                    mode=rec.mode, pe_blocks=path.pe_blocks if path.de_blocks else -1,
                                    de_node=de_node)
                 await self.bus.publish(self.subjects.prefill_work(a.pe), work)
-        self.m_queue.set(len(self.dispatcher.queue))
+        self.m_queue.set(self.dispatcher.waiting())
         self.m_running.set(sum(1 for r in self.inflight.values() if r.pe))
 
     async def _liveness_loop(self) -> None:

@@ -16,10 +16,14 @@ class SchedulerConfig(CommonConfig):
     max_body_bytes: int = 4 << 20  # larger bodies get 413
     liveness_timeout_s: float = 3.0  # an engine silent this long is dropped; its requests fail
     assign_timeout_s: float = 120.0  # a request that no engine takes in this time fails (503)
+    pe_alpha_tokens: int = 50_000  # Algorithm 1 alpha: a "short" node read queue (~3 s of storage reads)
+    pe_beta_tokens: int = 4_096  # Algorithm 1 beta: a prefill engine's token cap (~5 s of prefill on a CPU)
     mode: str = "dualpath"  # dualpath (choose/split read paths) | basic (PE path only) | oracle (no KV I/O)
 
     def validate(self) -> None:
         require(0 < self.http_port < 65536 or self.http_port == 0, "http_port", self.http_port, "not a port")
         require(self.max_body_bytes > 0, "max_body_bytes", self.max_body_bytes, "must be > 0")
         require(self.mode in ("dualpath", "basic", "oracle"), "mode", self.mode, "dualpath, basic or oracle")
+        require(self.pe_alpha_tokens >= 0, "pe_alpha_tokens", self.pe_alpha_tokens, "must be >= 0")
+        require(self.pe_beta_tokens > 0, "pe_beta_tokens", self.pe_beta_tokens, "must be > 0")
         require(self.liveness_timeout_s > 0, "liveness_timeout_s", self.liveness_timeout_s, "must be > 0")

@@ -1,9 +1,11 @@
 """`python -m shared.transport.bench`: data-plane figures against their baselines.
 
 Owns the benchmark only. Prints, for 64 MiB moved in layer-block-sized pieces (96 KiB):
-tcp backend vs a raw loopback socket, shm backend vs an in-process memcpy, and the
-latency-class transfer time of one layer block on an idle link vs with bulk traffic
-saturating the same link (tcp, DRR 99:1). Runs on uvloop, like the services.
+tcp backend vs a raw loopback socket, shm backend vs an in-process memcpy; then, per
+backend (tcp, shm), the latency-class pull time of one layer block and of one layer of
+a batch of hit blocks, idle vs under saturating bulk, with each TM in its own process
+(bench_isolation.py), and bulk throughput alone vs beside latency work. Runs on uvloop,
+like the services.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 import numpy as np
 
 from . import Op, ShmRegion, TrafficClass, create_endpoint, new_name
+from .bench_isolation import isolation, report
 
 MIB = 1 << 20
 BLOCK = 96 << 10
@@ -110,60 +113,35 @@ async def backend_seconds(backend: str, total: int, block: int) -> float:
         return best
 
 
-async def latency_seconds(total: int, block: int, samples: int) -> tuple[float, float]:
-    """Median time of one latency-class block write: idle, then under saturating bulk."""
-    async with Rig("tcp", total) as rig:
-        one = rig.ops(block, 1)
-
-        async def measure() -> float:
-            ts = []
-            for _ in range(samples):
-                t = time.perf_counter()
-                await rig.peer.write(one, TrafficClass.LATENCY)
-                ts.append(time.perf_counter() - t)
-                await asyncio.sleep(0.001)
-            return statistics.median(ts)
-
-        idle = await measure()
-        stop = asyncio.Event()
-
-        async def bulk() -> None:
-            big = [Op("kv", block, "buf", block, total - block)]
-            while not stop.is_set():
-                await rig.peer.write(big, TrafficClass.BULK)
-
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(bulk())
-            await asyncio.sleep(0.05)
-            busy = await measure()
-            stop.set()
-        return idle, busy
-
-
-async def run(total: int, block: int, samples: int) -> None:
+async def throughput(total: int, block: int) -> None:
     raw = raw_socket_seconds(total, block)
     tcp = await backend_seconds("tcp", total, block)
     mem = memcpy_seconds(total, block)
     shm = await backend_seconds("shm", total, block)
-    idle, busy = await latency_seconds(total, block, samples)
     gb = total / 1e9
     print(f"payload: {total // MIB} MiB in {block // 1024} KiB pieces")
     print(f"tcp  backend {gb / tcp:6.2f} GB/s | raw socket {gb / raw:6.2f} GB/s | tcp/raw time ratio {tcp / raw:.2f}x")
     print(f"shm  backend {gb / shm:6.2f} GB/s | memcpy     {gb / mem:6.2f} GB/s | shm/memcpy time ratio {shm / mem:.2f}x")
-    print(f"latency class, one {block // 1024} KiB block over tcp: idle {idle * 1e6:.0f} us | "
-          f"under saturating bulk {busy * 1e6:.0f} us | +{(busy / idle - 1) * 100:.0f}%")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--mib", type=int, default=64)
     ap.add_argument("--block-kib", type=int, default=96)
-    ap.add_argument("--samples", type=int, default=200)
+    ap.add_argument("--samples", type=int, default=150)
+    ap.add_argument("--layer-blocks", type=int, default=16, help="hit blocks pulled per layer")
+    ap.add_argument("--backends", default="tcp,shm")
+    ap.add_argument("--no-throughput", action="store_true")
     args = ap.parse_args()
     np.random.seed(0)
     import uvloop
 
-    uvloop.run(run(args.mib * MIB, args.block_kib << 10, args.samples))
+    block = args.block_kib << 10
+    if not args.no_throughput:
+        uvloop.run(throughput(args.mib * MIB, block))
+    for backend in args.backends.split(","):
+        r = isolation(backend, 64 * MIB, block, args.layer_blocks, args.samples)
+        print("\n".join(report(r, block, args.layer_blocks)))
 
 
 if __name__ == "__main__":

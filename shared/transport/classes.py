@@ -18,9 +18,12 @@ With both queues always full: 99 latency chunks, 1 bulk chunk, 99 latency, ...
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
+
+from .gate import BulkGate
 
 T = TypeVar("T")
 CHUNK = 256 << 10
@@ -97,13 +100,50 @@ class DrrScheduler(Generic[T]):
         return cls, item
 
 
+class LinkGate:
+    """The asyncio face of a `BulkGate` shared by every link of one endpoint.
+
+    Latency work brackets itself with `open()` / `close()` and reports bytes with
+    `served()`; a bulk frame about to move (sent or read) first awaits `bulk_turn(n)`,
+    which returns at once when no latency work is open (the common, idle case).
+    """
+
+    def __init__(self, weights: Sequence[int] = DEFAULT_WEIGHTS) -> None:
+        self.policy = BulkGate(weights)
+        self._changed = asyncio.Event()
+
+    def open(self) -> None:
+        self.policy.open()
+
+    def close(self) -> None:
+        self.policy.close()
+        if not self.policy.busy:
+            self._changed.set()
+
+    def served(self, nbytes: int) -> None:
+        self.policy.served(nbytes)
+        self._changed.set()
+
+    async def bulk_turn(self, nbytes: int) -> None:
+        while not self.policy.admit(nbytes, time.monotonic()):
+            self._changed.clear()
+            try:
+                async with asyncio.timeout(self.policy.wait_hint(time.monotonic())):
+                    await self._changed.wait()
+            except TimeoutError:
+                pass
+
+
 class ClassSender(Generic[T]):
     """Drains a DrrScheduler onto one link through `emit(batch)`, one batch at a time.
 
     `submit` never blocks; `run` is the worker (its owner runs it as a task). `emit`
     gets the items of one batch (<= batch_bytes, DRR order) and sends them with one
     syscall where the link allows. If `emit` raises, `on_error` gets the exception and
-    the sender stops.
+    the sender stops. With a `gate`: a batch holding bulk bytes first awaits its turn,
+    latency bytes sent are credited, and `submit(..., hold=True)` keeps the gate open
+    until that item is on the wire. The worker yields to the loop after every batch: a
+    socket that always has room must not starve the other links' readers.
     """
 
     def __init__(
@@ -112,28 +152,49 @@ class ClassSender(Generic[T]):
         weights: Sequence[int] = DEFAULT_WEIGHTS,
         batch_bytes: int = CHUNK,
         on_error: Callable[[BaseException], None] | None = None,
+        gate: LinkGate | None = None,
     ) -> None:
-        self._sched: DrrScheduler[T] = DrrScheduler(weights, CHUNK)
+        self._sched: DrrScheduler[tuple[T, bool, int]] = DrrScheduler(weights, CHUNK)
         self._emit = emit
         self._batch_bytes = batch_bytes
         self._on_error = on_error
+        self._gate = gate
         self._wake = asyncio.Event()
-        self.sent_bytes = [0] * len(weights)
 
-    def submit(self, cls: int, item: T, nbytes: int) -> None:
-        self._sched.push(cls, item, nbytes)
+    def submit(self, cls: int, item: T, nbytes: int, *, hold: bool = False) -> None:
+        hold = hold and self._gate is not None
+        if hold:
+            self._gate.open()  # type: ignore[union-attr]
+        self._sched.push(cls, (item, hold, nbytes), nbytes)
         self._wake.set()
 
     async def run(self) -> None:
-        while True:
-            if not len(self._sched):
-                self._wake.clear()
-                await self._wake.wait()
-            batch = self._sched.pop_batch(self._batch_bytes)
-            try:
-                await self._emit([item for _, item in batch])
-                del batch  # no views kept alive while idle
-            except Exception as exc:  # the link is broken: report once, stop
-                if self._on_error is not None:
-                    self._on_error(exc)
-                return
+        try:
+            while True:
+                if not len(self._sched):
+                    self._wake.clear()
+                    await self._wake.wait()
+                if not await self._send(self._sched.pop_batch(self._batch_bytes)):
+                    return
+                await asyncio.sleep(0)
+        finally:
+            while (got := self._sched.pop()) is not None:  # never sent: release their holds
+                if got[1][1]:
+                    self._gate.close()  # type: ignore[union-attr]
+
+    async def _send(self, batch: list[tuple[int, tuple[T, bool, int]]]) -> bool:
+        gate = self._gate
+        try:
+            if gate is not None and any(c for c, _ in batch):
+                await gate.bulk_turn(sum(n for c, (_, _, n) in batch if c))
+            await self._emit([item for _, (item, _, _) in batch])
+            return True
+        except Exception as exc:  # the link is broken: report once, stop
+            if self._on_error is not None:
+                self._on_error(exc)
+            return False
+        finally:
+            if gate is not None:
+                gate.served(sum(n for c, (_, _, n) in batch if not c))
+                for _ in range(sum(1 for _, (_, h, _) in batch if h)):
+                    gate.close()

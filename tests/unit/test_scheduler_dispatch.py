@@ -1,139 +1,98 @@
-"""Dispatcher: one FIFO queue; least-loaded PE, least-loaded DE that can hold the request."""
+"""Dispatcher: the scheduler's queues driven by the pure policy (Algorithm 1, two-level DE)."""
 from __future__ import annotations
 
 import pytest
 
-from services.scheduler.dispatch import Assignment, Dispatcher, EngineLoad, Job
+from services.scheduler.dispatch import Dispatcher, EngineLoad, Job
+from services.scheduler.policy import PeThresholds
 
 pytestmark = pytest.mark.unit
 
 
-def queue(*jobs: Job) -> Dispatcher:
+def pe(name, tok=0, read_q=0, group="p0"):
+    return EngineLoad(name, tok=tok, group=group, node=group, read_q=read_q)
+
+
+def de(name, tok=0, cap=10_000, group="d0", seq=0):
+    return EngineLoad(name, tok=tok, seq=seq, capacity_tokens=cap, group=group, node=group)
+
+
+def jobs(d: Dispatcher, *sizes, gen=10):
+    for i, n in enumerate(sizes):
+        d.enqueue(Job(f"r{i}", n, gen))
+
+
+def test_every_request_gets_both_engines_in_fifo_order():
     d = Dispatcher()
-    for j in jobs:
-        d.enqueue(j)
-    return d
+    jobs(d, 100, 200, 300)
+    out = d.assign([pe("pe0")], [de("de0")])
+    assert [a.req_id for a in out] == ["r0", "r1", "r2"]
+    assert all(a.pe == "pe0" and a.de == "de0" for a in out)
+    assert d.waiting() == 0
 
 
-def job(rid: str, prompt: int = 10, gen: int = 10) -> Job:
-    return Job(rid, prompt, gen)
+def test_prefill_goes_to_the_least_loaded_ideal_engine_and_loads_update():
+    d = Dispatcher()
+    jobs(d, 100, 100)
+    pes = [pe("a", tok=500), pe("b", tok=50)]
+    out = d.assign(pes, [de("de0")])
+    assert [a.pe for a in out] == ["b", "b"]  # b stays smallest (50 -> 150 -> 250 < 500)
+    assert pes[1].tok == 250 and pes[1].seq == 2
 
 
-def pe(name: str, tok: int = 0, seq: int = 0) -> EngineLoad:
-    return EngineLoad(name, tok=tok, seq=seq)
+def test_ideal_engines_before_disk_pressured_ones():
+    d = Dispatcher(PeThresholds(alpha=1000, beta=10_000))
+    jobs(d, 100)
+    out = d.assign([pe("pressured", tok=0, read_q=5000), pe("ideal", tok=900)],
+                   [de("de0")])
+    assert out[0].pe == "ideal"
 
 
-def de(name: str, cap: int = 1000, tok: int = 0, seq: int = 0) -> EngineLoad:
-    return EngineLoad(name, tok=tok, seq=seq, capacity_tokens=cap)
+def test_overloaded_prefill_engines_get_nothing_and_the_queue_waits():
+    d = Dispatcher(PeThresholds(alpha=1000, beta=1000))
+    jobs(d, 100, 100)
+    assert d.assign([pe("busy", tok=1500)], [de("de0")]) == []
+    assert d.waiting() == 2
+    out = d.assign([pe("busy", tok=0)], [de("de0")])
+    assert [a.req_id for a in out] == ["r0", "r1"]
 
 
-def test_job_tokens_are_prompt_plus_max_tokens():
-    assert Job("r", 7, 5).tokens == 12
+def test_decode_pool_goes_to_the_group_with_fewest_tokens():
+    d = Dispatcher()
+    jobs(d, 100)
+    out = d.assign([pe("pe0")], [de("x0", tok=900, group="gx"), de("y0", tok=100, group="gy")])
+    assert out[0].de == "y0"
 
 
-def test_requests_are_assigned_in_arrival_order():
-    d = queue(job("r1"), job("r2"), job("r3"))
-    out = d.assign([pe("p")], [de("d")])
-    assert [a.req_id for a in out] == ["r1", "r2", "r3"]
-    assert not d.queue
+def test_request_that_fits_no_decode_engine_waits_while_later_ones_are_placed():
+    d = Dispatcher()
+    jobs(d, 5000, 100, gen=0)
+    out = d.assign([pe("pe0")], [de("de0", cap=1000)])
+    assert [a.req_id for a in out] == ["r1"]  # level 2 is not strictly FIFO
+    assert d.waiting() == 1
+    out = d.assign([pe("pe0")], [de("de0", cap=10_000)])
+    assert [a.req_id for a in out] == ["r0"] and out[0].pe == "pe0"  # kept its prefill engine
 
 
-def test_nothing_is_assigned_without_prefill_or_decode_engines():
-    d = queue(job("r1"))
-    assert d.assign([], [de("d")]) == []
-    assert d.assign([pe("p")], []) == []
-    assert [j.req_id for j in d.queue] == ["r1"]
+def test_decode_engine_memory_is_never_overcommitted():
+    d = Dispatcher()
+    jobs(d, 400, 400, 400, gen=0)
+    des = [de("de0", cap=1000)]
+    out = d.assign([pe("pe0")], des)
+    assert len(out) == 2 and des[0].tok == 800
 
 
-def test_empty_queue_assigns_nothing():
-    assert Dispatcher().assign([pe("p")], [de("d")]) == []
+def test_no_engines_means_no_assignment():
+    d = Dispatcher()
+    jobs(d, 10)
+    assert d.assign([], [de("de0")]) == [] and d.assign([pe("pe0")], []) == []
+    assert d.waiting() == 1
 
 
-def test_prefill_engine_with_fewest_outstanding_tokens_wins():
-    out = queue(job("r")).assign([pe("p0", tok=50), pe("p1", tok=20), pe("p2", tok=30)], [de("d")])
-    assert out == [Assignment("r", "p1", "d")]
-
-
-def test_decode_engine_with_fewest_outstanding_tokens_wins():
-    out = queue(job("r")).assign([pe("p")], [de("d0", tok=300), de("d1", tok=100), de("d2", tok=200)])
-    assert out[0].de == "d1"
-
-
-def test_ties_break_on_sequences_then_engine_name():
-    out = queue(job("r1")).assign([pe("pb", seq=1), pe("pa", seq=2), pe("pc", seq=1)],
-                                  [de("db"), de("da")])
-    assert (out[0].pe, out[0].de) == ("pb", "da")
-
-
-def test_loads_are_updated_in_place_and_spread_later_requests():
-    pes, des = [pe("p0"), pe("p1")], [de("d0"), de("d1")]
-    out = queue(job("r1", 10, 10), job("r2", 10, 10)).assign(pes, des)
-    assert [(a.pe, a.de) for a in out] == [("p0", "d0"), ("p1", "d1")]
-    assert [(e.tok, e.seq) for e in pes + des] == [(20, 1)] * 4
-
-
-def test_decode_engine_must_have_room_for_prompt_plus_max_tokens():
-    # d0 is least loaded but too small; d1 has room
-    out = queue(job("r", 60, 40)).assign([pe("p")], [de("d0", cap=99), de("d1", cap=500, tok=300, seq=3)])
-    assert out[0].de == "d1"
-
-
-def test_decode_engine_exactly_full_fits():
-    out = queue(job("r", 60, 40)).assign([pe("p")], [de("d", cap=150, tok=50, seq=1)])
-    assert out == [Assignment("r", "p", "d")]
-
-
-def test_prefill_choice_ignores_decode_capacity():
-    out = queue(job("r", 60, 40)).assign([pe("p", tok=10 ** 6)], [de("d", cap=100)])
-    assert out[0].pe == "p"
-
-
-def test_head_that_fits_no_decode_engine_blocks_the_queue():
-    d = queue(job("big", 900, 100), job("small", 1, 1))
-    out = d.assign([pe("p")], [de("d", cap=500)])
-    assert out == []
-    assert [j.req_id for j in d.queue] == ["big", "small"]  # FIFO: small does not overtake
-
-
-def test_head_blocked_by_load_proceeds_once_load_drops():
-    d = queue(job("r1", 50, 50), job("r2", 50, 50))
-    des = [de("d", cap=150)]
-    assert [a.req_id for a in d.assign([pe("p")], des)] == ["r1"]
-    assert [j.req_id for j in d.queue] == ["r2"]
-    des[0].tok, des[0].seq = 0, 0  # r1 finished
-    assert [a.req_id for a in d.assign([pe("p")], des)] == ["r2"]
-
-
-def test_assignment_stops_at_first_blocked_request_but_keeps_earlier_ones():
-    d = queue(job("a", 40, 10), job("b", 40, 10), job("c", 1, 1))
-    out = d.assign([pe("p")], [de("d", cap=100)])
-    assert [a.req_id for a in out] == ["a", "b"]
-    assert [j.req_id for j in d.queue] == ["c"]
-    d2 = queue(job("a", 40, 10), job("b", 60, 10), job("c", 1, 1))
-    assert [a.req_id for a in d2.assign([pe("p")], [de("d", cap=100)])] == ["a"]
-    assert [j.req_id for j in d2.queue] == ["b", "c"]
-
-
-def test_remove_drops_a_queued_request():
-    d = queue(job("r1"), job("r2"), job("r3"))
-    assert d.remove("r2") is True
-    assert [j.req_id for j in d.queue] == ["r1", "r3"]
-
-
-def test_remove_unknown_request_returns_false():
-    d = queue(job("r1"))
-    assert d.remove("nope") is False
-    assert len(d.queue) == 1
-
-
-def test_removed_request_is_never_assigned():
-    d = queue(job("r1"), job("r2"))
-    d.remove("r1")
-    assert [a.req_id for a in d.assign([pe("p")], [de("d")])] == ["r2"]
-
-
-def test_removing_the_blocked_head_unblocks_the_queue():
-    d = queue(job("big", 900, 100), job("small", 1, 1))
-    assert d.assign([pe("p")], [de("d", cap=500)]) == []
-    d.remove("big")
-    assert [a.req_id for a in d.assign([pe("p")], [de("d", cap=500)])] == ["small"]
+def test_remove_drops_a_request_wherever_it_waits():
+    d = Dispatcher()
+    jobs(d, 5000, 100, gen=0)
+    d.assign([pe("pe0")], [de("de0", cap=1000)])  # r0 now waits in a DE group's queue
+    assert d.remove("r0") and d.waiting() == 0
+    jobs(d, 10)
+    assert d.remove("r0") and not d.remove("nope")
