@@ -48,6 +48,7 @@ def summarise(run, slo: Slo) -> dict:
         "hit_ratio": (sum(t.cached_tokens for t in ok) / prompt) if prompt else 0.0,
         "prompt_tokens": prompt, "cached_tokens": sum(t.cached_tokens for t in ok),
         "gen_tokens": sum(t.gen_tokens for t in ok),
+        "error_samples": sorted({t.error for t in run.turns if t.error})[:3],
     }
     for name, key in (("ttft", "ttft"), ("ttst", "ttst"), ("tpot", "tpot")):
         vals = [getattr(t, key) for t in ok]

@@ -57,6 +57,10 @@ def markdown(doc: dict) -> str:
                          f"| {_f(r['ttst_p50_s'])} | {_f(_ms(r['tpot_p50_s']), '', 1)} | {_f(_ms(r['tpot_p99_s']), '', 1)} "
                          f"| {r['slo_attainment']:.1%} | {_f(r['hit_ratio'])} | {r['turns']} | {r['errors']} |")
         lines.append("")
+    errs = [f"- {r['mode']}" + (f" @{r['aps']:g} APS" if r.get("aps") else "") + f": {e}"
+            for r in doc["runs"] for e in r.get("error_samples") or []]
+    if errs:
+        lines += ["## Failed turns (samples)", ""] + errs + [""]
     if doc.get("search"):
         lines += ["## Capacity at SLO (highest APS meeting the target)", ""]
         lines += [f"- {m}: {_f(v, ' APS', 3)}" for m, v in doc["search"].items()]

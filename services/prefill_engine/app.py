@@ -14,9 +14,10 @@ import time
 
 from opentelemetry import trace
 
-from services.prefill_engine.batching import Candidate, take_batch
 from services.prefill_engine.config import PrefillConfig
 from services.prefill_engine.layers import LayerGate, LoadProgress
+from services.scheduler.policy.intra_pe import AttentionModel, plan_batch
+from services.scheduler.policy.intra_pe import PrefillWork as Work
 from shared.bus import BusError, Delivery
 from shared.engine.kv_memory import KVMemory
 from shared.engine.requests import EngineRequest, generator_seed, stop_ids
@@ -42,6 +43,9 @@ class PrefillService(Service):
         self.fetching: list[tuple[EngineRequest, PrefillWork]] = []  # waiting for blocks / the storage read
         self.loads: dict[str, LoadProgress] = {}  # layer progress of requests loading stored KV
         self.hit_tokens: dict[str, int] = {}  # tokens served from the store, per request
+        self.progress: dict[str, int] = {}  # prompt tokens with KV in memory (chunked prefill)
+        self.attn_model = AttentionModel(per_pair=cfg.attn_per_pair_s, per_token=cfg.attn_per_token_s,
+                                         per_batch=cfg.attn_per_batch_s)
         self.staged: dict[str, tuple[list[int], list[int]]] = {}  # DE path: (DE-buffer slots, blocks in them)
         self.store = None
         self.active: dict[str, EngineRequest] = {}
@@ -176,70 +180,96 @@ class PrefillService(Service):
                     break  # out of KV memory: wait for hand-offs to free blocks
                 await self._prefill(batch)
 
-    def _pick(self) -> list[tuple[EngineRequest, PrefillWork]]:
+    def _pick(self) -> list[tuple[EngineRequest, PrefillWork, int, int]]:
+        """The next forward: (request, work, cached, bsz) chunks planned under the compute quota."""
         kv = self.kv
-        cands = [Candidate(r.req_id, len(r.prompt) - self.hit_tokens.get(r.req_id, 0),
-                           0 if r.blocks else kv.blocks_for(len(r.prompt))) for r, _ in self.queue]
-        chosen = {c.req_id for c in take_batch(cands, self.cfg.max_batch_tokens, kv.alloc.free)}
-        batch = [(r, w) for r, w in self.queue if r.req_id in chosen]
-        self.queue = [(r, w) for r, w in self.queue if r.req_id not in chosen]
-        self.m_queue.set(len(self.queue))
-        for r, _ in batch:
+        ready = []
+        for r, w in self.queue:  # FIFO: KV memory for the head first; stop at the first that does not fit
             if not r.blocks:
-                r.blocks = kv.alloc.allocate(r.req_id, kv.blocks_for(len(r.prompt)))
+                need = kv.blocks_for(len(r.prompt))
+                if not kv.alloc.can_allocate(need):
+                    break
+                r.blocks = kv.alloc.allocate(r.req_id, need)
+            ready.append((r, w))
         self.m_free.labels(self.engine).set(kv.alloc.free)
-        return batch
+        work = [Work(i, self._done(r), len(r.prompt) - self._done(r)) for i, (r, _) in enumerate(ready)]
+        chunks = plan_batch(work, self.attn_model, self.cfg.compute_quota_s, align=16,
+                            max_tokens=self.cfg.max_batch_tokens)
+        return [(ready[c.rid][0], ready[c.rid][1], c.cached, c.bsz) for c in chunks]
 
-    async def _prefill(self, batch: list[tuple[EngineRequest, PrefillWork]]) -> None:
-        spans = [tracer.start_span("prefill", context=r.ctx, attributes={
-            "req_id": r.req_id, "engine": self.engine, "prompt_tokens": len(r.prompt), "batch_size": len(batch)})
-            for r, _ in batch]
+    def _done(self, req: EngineRequest) -> int:
+        """Tokens of the prompt whose KV is in KV memory (stored hits + computed chunks)."""
+        return self.progress.get(req.req_id, self.hit_tokens.get(req.req_id, 0))
+
+    async def _prefill(self, batch: list[tuple[EngineRequest, PrefillWork, int, int]]) -> None:
+        spans = [tracer.start_span("prefill_chunk", context=r.ctx, attributes={
+            "req_id": r.req_id, "engine": self.engine, "prompt_tokens": len(r.prompt), "cached": c, "bsz": n,
+            "batch_size": len(batch)}) for r, _, c, n in batch]
         # one forward serves the whole batch: its own span, linked to every request it computes
         step_span = tracer.start_span("prefill_batch", links=[trace.Link(sp.get_span_context()) for sp in spans],
-                                      attributes={"engine": self.engine, "batch_size": len(batch)})
-        self._in_step = {r.req_id for r, _ in batch}
+                                      attributes={"engine": self.engine, "batch_size": len(batch),
+                                                  "tokens": sum(n for *_, n in batch)})
+        self._in_step = {r.req_id for r, *_ in batch}
         t0 = time.perf_counter()
         try:
-            firsts = await self.worker.run(self._forward, [r for r, _ in batch])
+            firsts = await self.worker.run(self._forward, batch)
         except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the engine
             log.exception("prefill step failed")
             step_span.end()
-            for (r, _), span in zip(batch, spans):
+            for (r, *_), span in zip(batch, spans):
                 span.record_exception(exc)
                 span.end()
+                self.queue = [(q, w) for q, w in self.queue if q is not r]
                 await self._fail(r, f"prefill failed: {exc}")
             return
         finally:
             self._in_step = set()
         self.m_step.observe(time.perf_counter() - t0)
         step_span.end()
-        for (r, w), span, tok in zip(batch, spans, firsts):
+        for (r, w, c, n), span, tok in zip(batch, spans, firsts):
+            if r.cancelled:
+                span.end()
+                self.queue = [(q, x) for q, x in self.queue if q is not r]
+                self._drop(r)
+                continue
+            self.progress[r.req_id] = c + n
+            self.m_tokens.inc(n)
             prog = self.loads.get(r.req_id)
             span.set_attributes({"hit_tokens": self.hit_tokens.get(r.req_id, 0),
-                                 "computed_tokens": len(r.prompt) - self.hit_tokens.get(r.req_id, 0),
                                  "layer_wait_s": prog.waited_s if prog else 0.0})
             span.end()
+            if tok is None:
+                continue  # chunked prefill: the rest of the prompt in a later forward
+            self.queue = [(q, x) for q, x in self.queue if q is not r]
             self.m_requests.inc()
-            self.m_tokens.inc(len(r.prompt))
             self.spawn(self._handoff(r, w, tok), name=f"handoff-{r.req_id}")
+        self.m_queue.set(len(self.queue) + len(self.fetching))
 
-    def _forward(self, reqs: list[EngineRequest]) -> list[int]:
-        """Model thread: one batched prefill, then the first token of each request."""
+    def _forward(self, batch: list[tuple[EngineRequest, PrefillWork, int, int]]) -> list[int | None]:
+        """Model thread: one batched forward of the chunks; the first token of each finished prompt."""
         import torch
 
         from shared.model.batch import ForwardBatch, SeqSlice
         from shared.model.sampling import sample
 
-        hits = [self.hit_tokens.get(r.req_id, 0) for r in reqs]
-        batch = ForwardBatch([SeqSlice(r.prompt[h:], h, r.blocks) for r, h in zip(reqs, hits)])
-        gate = LayerGate([self.loads[r.req_id] for r in reqs if r.req_id in self.loads], self.cfg.handoff_timeout_s)
+        fb = ForwardBatch([SeqSlice(r.prompt[c:c + n], c, r.blocks) for r, _, c, n in batch])
+        gate = LayerGate([self.loads[r.req_id] for r, *_ in batch if r.req_id in self.loads],
+                         self.cfg.handoff_timeout_s)
         with torch.inference_mode():
-            logits = self.loaded.model.forward(batch, self.kv.cache, gate)
+            logits = self.loaded.model.forward(fb, self.kv.cache, gate)
+        last = [i for i, (r, _, c, n) in enumerate(batch) if c + n >= len(r.prompt)]
+        if not last:
+            return [None] * len(batch)
+        reqs = [batch[i][0] for i in last]
         gens = []
         for r in reqs:
             seed = generator_seed(r.sampling, 0)
             gens.append(torch.Generator().manual_seed(seed) if seed is not None else None)
-        return sample(logits, [r.sampling.temperature for r in reqs], [r.sampling.top_p for r in reqs], gens)
+        toks = sample(logits[last], [r.sampling.temperature for r in reqs], [r.sampling.top_p for r in reqs], gens)
+        out: list[int | None] = [None] * len(batch)
+        for i, t in zip(last, toks):
+            out[i] = t
+        return out
 
     # hand-off ---------------------------------------------------------------
     async def _handoff(self, req: EngineRequest, work: PrefillWork, first: int) -> None:
@@ -310,6 +340,7 @@ class PrefillService(Service):
         self.loads.pop(req.req_id, None)
         self.hit_tokens.pop(req.req_id, None)
         self.staged.pop(req.req_id, None)
+        self.progress.pop(req.req_id, None)
         if self.kv:
             self.kv.alloc.release(req.req_id)
             self.m_free.labels(self.engine).set(self.kv.alloc.free)

@@ -9,10 +9,17 @@ from shared.engine.config import EngineConfig
 
 @dataclass(frozen=True)
 class PrefillConfig(EngineConfig):
-    max_batch_tokens: int = 4096  # prompt tokens computed in one forward
+    max_batch_tokens: int = 4096  # prompt tokens computed in one forward (hard cap)
+    compute_quota_s: float = 4.0  # estimated attention time per forward; a longer prompt is chunked (spec 7.5)
+    attn_per_token_s: float = 2.0e-3  # attention-time model: seconds per new token (profiled on this CPU)
+    attn_per_pair_s: float = 2.0e-8  # ... per (new token, attended token) pair
+    attn_per_batch_s: float = 1.0e-3  # ... once per forward
     handoff_timeout_s: float = 30.0  # deadline for pushing KV to the decode engine
 
     def validate(self) -> None:
         super().validate()
         require(self.max_batch_tokens > 0, "max_batch_tokens", self.max_batch_tokens, "must be > 0")
+        require(self.compute_quota_s > 0, "compute_quota_s", self.compute_quota_s, "must be > 0")
+        require(min(self.attn_per_token_s, self.attn_per_pair_s, self.attn_per_batch_s) >= 0,
+                "attn_per_*_s", (self.attn_per_token_s, self.attn_per_pair_s), "must be >= 0")
         require(self.handoff_timeout_s > 0, "handoff_timeout_s", self.handoff_timeout_s, "must be > 0")

@@ -56,6 +56,15 @@ class DrrScheduler(Generic[T]):
         self._queues[cls].append((item, nbytes))
         self._count += 1
 
+    def push_front(self, cls: int, item: T, nbytes: int) -> None:
+        """Put a preempted item's remainder back at the head of its FIFO."""
+        self._queues[cls].appendleft((item, nbytes))
+        self._count += 1
+
+    def queued(self, cls: int) -> int:
+        """Items waiting in class `cls` (a lock-free peek is fine for a hint)."""
+        return len(self._queues[cls])
+
     def pop(self) -> tuple[int, T] | None:
         """Next (class, item) in DRR order, or None when every queue is empty."""
         if not self._count:

@@ -9,7 +9,9 @@ copied inline (no thread hop).
 Example: `await w.copy([(kv[0:96K], buf[0:96K]), ...], TrafficClass.LATENCY)`:
 the pairs are cut into <= CHUNK pieces, queued in the LATENCY FIFO, the thread pops
 them in DRR order (99:1 against BULK), and the last piece's completion resolves the
-future on the loop via call_soon_threadsafe.
+future on the loop via call_soon_threadsafe. A bulk chunk is copied in SLICE pieces; if
+latency work is queued between two slices, the rest of the chunk goes back to the head
+of the BULK FIFO and the thread pops again (latency waits for one slice, not one chunk).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from .classes import CHUNK, DEFAULT_WEIGHTS, DrrScheduler, split
 
 INLINE_BYTES = 64 << 10  # below this, with an idle worker, copy on the loop
 NUMPY_BYTES = 32 << 10  # at or above this, copy via numpy (GIL released)
+SLICE = 64 << 10  # a bulk chunk is copied in slices; latency work preempts between them
 
 Pair = tuple[memoryview, memoryview]  # (dst, src), equal lengths
 
@@ -107,9 +110,27 @@ class CopyWorker:
                     return
                 self._busy = True
                 batch = self._sched.pop_batch(CHUNK)
-            for _, (dst, src, job) in batch:
-                self._one(dst, src, job)
+            for cls, (dst, src, job) in batch:
+                if cls and len(dst) > SLICE:
+                    self._bulk(cls, dst, src, job)
+                else:
+                    self._one(dst, src, job)
             del batch, dst, src, job  # drop views now: lets shm regions unmap on close
+
+    def _bulk(self, cls: int, dst: memoryview, src: memoryview, job: _Job) -> None:
+        """Copy a bulk chunk slice by slice; if latency work is queued, requeue the rest."""
+        done = 0
+        while len(dst) - done > SLICE:
+            if self._sched.queued(0) and not job.fut.done():
+                with self._cond:
+                    self._sched.push_front(cls, (dst[done:], src[done:], job), len(dst) - done)
+                return
+            try:
+                copy_pair(dst[done : done + SLICE], src[done : done + SLICE])
+            except Exception:  # a bad view: let _one fail the job
+                break
+            done += SLICE
+        self._one(dst[done:], src[done:], job)
 
     def _one(self, dst: memoryview, src: memoryview, job: _Job) -> None:
         exc: BaseException | None = None

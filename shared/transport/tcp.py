@@ -21,12 +21,12 @@ from collections.abc import Sequence
 
 from .aio import TaskOwner, deadline
 from .base import Endpoint, EndpointDesc, Op, Peer, TrafficClass
-from .classes import DEFAULT_WEIGHTS, ClassSender, split
+from .classes import DEFAULT_WEIGHTS, ClassSender, LinkGate, split
 from .errors import OutOfBounds, PeerGone, RegionNotFound, RemoteError, TransportError
 from .local import LocalSide
 from .regions import RegionTable, check_bounds
 from .shm import ShmPeer, shm_reachable
-from .tcp_wire import ACK_ME, HLEN, FrameSock, Kind, decode_error, encode_error, header
+from .tcp_wire import ACK_ME, HLEN, FrameSock, Kind, cap_kernel_queue, decode_error, encode_error, header
 
 Bufs = list[bytes | memoryview]
 
@@ -47,10 +47,10 @@ class _Pending:
 class _Link:
     """A FrameSock plus its class-scheduled sender task; shared by both sides."""
 
-    def __init__(self, fs: FrameSock, weights: Sequence[int], on_gone: object) -> None:
+    def __init__(self, fs: FrameSock, weights: Sequence[int], on_gone: object, gate: LinkGate) -> None:
         self.fs = fs
         self.tasks = TaskOwner()
-        self.sender: ClassSender[Bufs] = ClassSender(self._emit, weights, on_error=on_gone)  # type: ignore[arg-type]
+        self.sender: ClassSender[Bufs] = ClassSender(self._emit, weights, on_error=on_gone, gate=gate)  # type: ignore[arg-type]
         self.tasks.spawn(self.sender.run(), "dp-tcp-send")
 
     async def _emit(self, batch: list[Bufs]) -> None:
@@ -64,10 +64,13 @@ class _Link:
 class _ServerConn:
     """Serves one initiator's frames against the endpoint's regions."""
 
-    def __init__(self, sock: socket.socket, regions: RegionTable, weights: Sequence[int]) -> None:
+    def __init__(self, sock: socket.socket, regions: RegionTable, weights: Sequence[int], gate: LinkGate) -> None:
         self.regions = regions
+        self.gate = gate
         self.done = asyncio.Event()
-        self.link = _Link(FrameSock(sock), weights, self._gone)
+        self._writing: set[int] = set()  # latency write reqs mid-transfer (gate held open)
+        self._capped = False  # the kernel queue is capped once the conn is seen to carry bulk
+        self.link = _Link(FrameSock(sock), weights, self._gone, gate)
         self.link.tasks.spawn(self._serve(), "dp-tcp-serve")
 
     def _gone(self, exc: BaseException) -> None:
@@ -79,18 +82,42 @@ class _ServerConn:
                 await self._frame(*await self.link.fs.read_header())
         except (OSError, ConnectionError):
             self.done.set()
+        finally:
+            for _ in self._writing:
+                self.gate.close()
+            self._writing.clear()
+
+    async def _receive(self, cls: int, flags: int, req: int, dst: memoryview) -> None:
+        """Land one WRITE payload; latency writes hold the gate open from first frame to last."""
+        if cls != TrafficClass.LATENCY:
+            await self.gate.bulk_turn(len(dst))
+            await self.link.fs.read_into(dst)
+            return
+        if req not in self._writing:
+            self._writing.add(req)
+            self.gate.open()
+        try:
+            await self.link.fs.read_into(dst)
+            self.gate.served(len(dst))
+        finally:
+            if flags & ACK_ME:
+                self._writing.discard(req)
+                self.gate.close()
 
     async def _frame(self, kind: int, cls: int, flags: int, req: int, rid: int, idx: int, off: int, n: int) -> None:
         fs, send = self.link.fs, self.link.sender.submit
+        if cls != TrafficClass.LATENCY and not self._capped:
+            self._capped = True
+            cap_kernel_queue(fs.sock)
         try:
             if kind == Kind.WRITE:
-                dst = self._view(rid, off, n)
-                await fs.read_into(dst)
+                await self._receive(cls, flags, req, self._view(rid, off, n))
                 if flags & ACK_ME:
                     send(TrafficClass.LATENCY, [header(Kind.ACK, cls, 0, req, rid, idx, 0, 0)], HLEN)
             elif kind == Kind.READ:
                 src = self._view(rid, off, n)
-                send(cls, [header(Kind.DATA, cls, 0, req, rid, idx, off, n), src], HLEN + n)
+                send(cls, [header(Kind.DATA, cls, 0, req, rid, idx, off, n), src], HLEN + n,
+                     hold=cls == TrafficClass.LATENCY)
         except TransportError as exc:
             if kind == Kind.WRITE:
                 await fs.skip(n)
@@ -113,11 +140,14 @@ class TcpPeer(Peer):
         self._remote = remote
         self._timeout = lp.timeout
         self._pending: dict[int, _Pending] = {}
+        self._latency: set[int] = set()  # reqs of open latency transfers
         self._reqs = itertools.count(1)
         self._gone_reason = ""
+        self._gate: LinkGate = lp.gate  # type: ignore[attr-defined]
         # one connection per class (like one QP per class): bulk bytes queued in kernel
-        # buffers never sit in front of a latency frame; each sender still runs DRR.
-        self.links = [_Link(FrameSock(s), lp.weights, self._fail_all) for s in socks]
+        # buffers never sit in front of a latency frame; the endpoint's gate ranks the
+        # classes across connections (gate.py), each sender still runs DRR.
+        self.links = [_Link(FrameSock(s), lp.weights, self._fail_all, self._gate) for s in socks]
         for link in self.links:
             link.tasks.spawn(self._recv(link.fs), "dp-tcp-recv")
 
@@ -125,6 +155,7 @@ class TcpPeer(Peer):
     async def open(cls, remote: EndpointDesc, lp: LocalSide) -> TcpPeer:
         loop = asyncio.get_running_loop()
         socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in TrafficClass]
+        cap_kernel_queue(socks[TrafficClass.BULK])  # before connect: sets the window scale
         try:
             for sock in socks:
                 sock.setblocking(False)
@@ -140,7 +171,7 @@ class TcpPeer(Peer):
 
     async def write(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None) -> None:
         frames = [(self._rid(o), o, self._local.resolve(o.local_region, o.local_offset, o.length)) for o in ops]
-        req, fut = self._begin([])
+        req, fut = self._begin([], cls)
         pieces = [(rid, o.remote_offset + p, src[p : p + n]) for rid, o, src in frames for p, n in split(0, o.length)]
         for i, (rid, roff, payload) in enumerate(pieces):
             flags = ACK_ME if i == len(pieces) - 1 else 0
@@ -151,7 +182,7 @@ class TcpPeer(Peer):
     async def read(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None) -> None:
         asks = [(self._rid(o), o, self._local.resolve(o.local_region, o.local_offset, o.length)) for o in ops]
         pieces = [(rid, o.remote_offset + p, dst[p : p + n]) for rid, o, dst in asks for p, n in split(0, o.length)]
-        req, fut = self._begin([dst for _, _, dst in pieces])
+        req, fut = self._begin([dst for _, _, dst in pieces], cls)
         for i, (rid, roff, dst) in enumerate(pieces):
             self.links[cls].sender.submit(cls, [header(Kind.READ, cls, 0, req, rid, i, roff, len(dst))], HLEN)
         await self._wait(req, fut, sum(o.length for o in ops), timeout)
@@ -163,10 +194,14 @@ class TcpPeer(Peer):
         check_bounds(op.remote_region, op.remote_offset, op.length, desc.size)
         return desc.rid
 
-    def _begin(self, dests: list[memoryview]) -> tuple[int, asyncio.Future[None]]:
+    def _begin(self, dests: list[memoryview], cls: TrafficClass) -> tuple[int, asyncio.Future[None]]:
+        """Register transfer `req`; a latency transfer holds the gate open until it ends."""
         if self._gone_reason:
             raise PeerGone(self.name, self._gone_reason)
         req = next(self._reqs) & 0xFFFFFFFF
+        if cls == TrafficClass.LATENCY:
+            self._latency.add(req)
+            self._gate.open()
         fut = asyncio.get_running_loop().create_future()
         self._pending[req] = _Pending(fut, dests)
         if not dests:
@@ -179,22 +214,29 @@ class TcpPeer(Peer):
                 await fut
         finally:
             self._pending.pop(req, None)
+            if req in self._latency:
+                self._latency.discard(req)
+                self._gate.close()
 
     async def _recv(self, fs: FrameSock) -> None:
         try:
             while True:
-                kind, _, _, req, _, idx, _, n = await fs.read_header()
-                await self._on_frame(fs, kind, req, idx, n)
+                kind, cls, _, req, _, idx, _, n = await fs.read_header()
+                await self._on_frame(fs, kind, cls, req, idx, n)
         except (OSError, ConnectionError) as exc:
             self._fail_all(exc)
 
-    async def _on_frame(self, fs: FrameSock, kind: int, req: int, idx: int, n: int) -> None:
+    async def _on_frame(self, fs: FrameSock, kind: int, cls: int, req: int, idx: int, n: int) -> None:
         p = self._pending.get(req)
         if kind == Kind.DATA:
             if p is None or p.fut.done():
                 await fs.skip(n)
                 return
+            if cls != TrafficClass.LATENCY:
+                await self._gate.bulk_turn(n)
             await fs.read_into(p.dests[idx])
+            if cls == TrafficClass.LATENCY:
+                self._gate.served(n)
             p.left -= 1
             if not p.left:
                 p.fut.set_result(None)
@@ -237,6 +279,7 @@ class TcpEndpoint(LocalSide, Endpoint):
         self.host, self.port = host, port
         self.shm_fast_path = shm_fast_path
         self._tasks = TaskOwner()
+        self.gate = LinkGate(self.weights)  # ranks classes across all of this endpoint's links
         self._listener: socket.socket | None = None
         self._conns: list[_ServerConn] = []
         self._peers: list[Peer] = []
@@ -255,7 +298,7 @@ class TcpEndpoint(LocalSide, Endpoint):
         while True:
             sock, _ = await loop.sock_accept(lsock)
             self._conns = [c for c in self._conns if not c.done.is_set()] + [
-                _ServerConn(sock, self.regions, self.weights)]
+                _ServerConn(sock, self.regions, self.weights, self.gate)]
 
     def desc(self) -> EndpointDesc:
         return self.base_desc(host=self.host, port=self.port)

@@ -6,58 +6,11 @@ import types
 import pytest
 
 from services.decode_engine.running import RunningSeq, admit_order, finish_reason
-from services.prefill_engine.batching import Candidate, take_batch
 from shared.engine import requests as requests_mod
 from shared.engine.requests import EngineRequest, RecentSet, generator_seed, stop_ids
 from shared.messages.work import Sampling
 
 pytestmark = pytest.mark.unit
-
-
-# --- prefill: take_batch ----------------------------------------------------------------------
-
-def cands(*spec: tuple[int, int]) -> list[Candidate]:
-    return [Candidate(f"r{i}", tokens, blocks) for i, (tokens, blocks) in enumerate(spec)]
-
-
-def names(batch) -> list[str]:
-    return [c.req_id for c in batch]
-
-
-def test_batch_takes_fifo_prefix_within_token_budget():
-    q = cands((100, 2), (200, 4), (300, 5), (10, 1))
-    assert names(take_batch(q, max_tokens=300, free_blocks=100)) == ["r0", "r1"]
-
-
-def test_batch_may_fill_the_token_budget_exactly():
-    assert names(take_batch(cands((100, 1), (200, 1)), 300, 10)) == ["r0", "r1"]
-
-
-def test_head_larger_than_token_budget_runs_alone():
-    q = cands((5000, 10), (1, 1))
-    assert names(take_batch(q, max_tokens=4096, free_blocks=100)) == ["r0"]
-
-
-def test_head_that_does_not_fit_memory_yields_an_empty_batch():
-    assert take_batch(cands((10, 9), (10, 1)), max_tokens=4096, free_blocks=8) == []
-
-
-def test_batch_stops_at_first_request_that_does_not_fit_memory_no_overtaking():
-    q = cands((10, 4), (10, 5), (10, 1))
-    assert names(take_batch(q, 4096, free_blocks=8)) == ["r0"]
-
-
-def test_batch_stops_at_first_request_over_budget_no_overtaking():
-    q = cands((100, 1), (400, 1), (1, 1))
-    assert names(take_batch(q, 300, 100)) == ["r0"]
-
-
-def test_blocks_may_fill_free_memory_exactly():
-    assert names(take_batch(cands((1, 3), (1, 5)), 4096, 8)) == ["r0", "r1"]
-
-
-def test_empty_queue_gives_empty_batch():
-    assert take_batch([], 100, 100) == []
 
 
 # --- decode: finish_reason, admit_order --------------------------------------------------------
