@@ -56,6 +56,7 @@ class MeshSpec:
     store: str = ""  # store root; empty = the gateway's default (user cache dir)
     namespace: str = field(default_factory=lambda: "dp" + uuid.uuid4().hex[:8])
     nats_url: str = ""  # use an existing NATS; empty = start an embedded nats-server
+    nats_args: list[str] = field(default_factory=list)  # extra nats-server flags (auth, -js, ...)
     threads: int = 0  # torch threads per engine
     buffer_mb: int = 256
     log_dir: str = ""
@@ -113,7 +114,7 @@ class Mesh:
         if self.nats_url:
             return
         port = free_port(self.spec.host)
-        self._spawn("nats", [nats_server_binary(), "-a", self.spec.host, "-p", str(port)])
+        self._spawn("nats", [nats_server_binary(), "-a", self.spec.host, "-p", str(port), *self.spec.nats_args])
         self.nats_url = f"nats://{self.spec.host}:{port}"
         _wait_port(self.spec.host, port, 10, self.procs[-1])
 

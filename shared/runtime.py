@@ -45,6 +45,15 @@ class CommonConfig:
     metrics_port: int = 0  # /metrics port; 0 = any free port (announced)
     heartbeat_s: float = 0.5  # announce period
     log_level: str = "info"
+    # NATS credentials (any one scheme); secrets never appear in logs, traces or repr()
+    nats_user: str = ""
+    nats_password: str = dataclasses.field(default="", repr=False)
+    nats_token: str = dataclasses.field(default="", repr=False)
+    nats_creds: str = ""  # path of a .creds file (JWT + nkey seed)
+    nats_nkey_seed: str = ""  # path of an nkey seed file
+    nats_tls_ca: str = ""  # CA bundle: enables TLS to the NATS server
+    nats_tls_cert: str = ""  # client certificate (mutual TLS)
+    nats_tls_key: str = ""  # client key (mutual TLS)
 
 
 class Service(ABC):
@@ -105,7 +114,7 @@ async def run_service(svc: Service, stop: asyncio.Event | None = None) -> None:
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError):
             pass
-    svc.bus = await Bus.connect(svc.cfg.nats_url, svc.instance)
+    svc.bus = await Bus.connect(svc.cfg.nats_url, svc.instance, **nats_options(svc.cfg))
     routes = [Route("/metrics", svc.metrics.endpoint)] + svc.routes()
     http = HttpServer(Starlette(routes=routes), svc.cfg.host, svc.cfg.metrics_port)
     svc.metrics_url = http.url + "/metrics"
@@ -138,6 +147,27 @@ async def _leave(svc: Service) -> None:
             await svc.bus.nc.flush(timeout=1)
         except Exception:  # noqa: BLE001 - best effort on the way out
             pass
+
+
+def nats_options(cfg: CommonConfig) -> dict[str, Any]:
+    """nats-py connect options for the configured credentials (user/password, token, creds, nkey, TLS)."""
+    opts: dict[str, Any] = {}
+    if cfg.nats_user:
+        opts.update(user=cfg.nats_user, password=cfg.nats_password)
+    if cfg.nats_token:
+        opts["token"] = cfg.nats_token
+    if cfg.nats_creds:
+        opts["user_credentials"] = cfg.nats_creds
+    if cfg.nats_nkey_seed:
+        opts["nkeys_seed"] = cfg.nats_nkey_seed
+    if cfg.nats_tls_ca or cfg.nats_tls_cert:
+        import ssl
+
+        ctx = ssl.create_default_context(cafile=cfg.nats_tls_ca or None)
+        if cfg.nats_tls_cert:
+            ctx.load_cert_chain(cfg.nats_tls_cert, cfg.nats_tls_key or None)
+        opts["tls"] = ctx
+    return opts
 
 
 def config_parser(prog: str, cfg_cls: type) -> argparse.ArgumentParser:

@@ -43,6 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="smollm2", help="--up: model preset, .gguf or HF directory")
     p.add_argument("--topology", default="1P1D", help="--up: prefill and decode nodes, e.g. 1P2D")
     p.add_argument("--kv-blocks", type=int, default=256, help="--up: KV blocks per engine")
+    p.add_argument("--buffer-mb", type=int, default=256, help="--up: DRAM buffer per traffic manager (MB)")
     p.add_argument("--snic-gbs", type=float, default=0.0,
                    help="storage-NIC read/write cap per node in Gbit/s (--up: emulated; else: declared, for the bound)")
     p.add_argument("--no-probe", action="store_true", help="skip measuring prefill/decode rates (bound loses terms)")
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         extra["storage_gateway"] = {"snic-read-gbps": str(args.snic_gbs), "snic-write-gbps": str(args.snic_gbs)}
     tmp = tempfile.mkdtemp(prefix="dualpath-bench-")
     spec = MeshSpec(model=args.model, port=0, prefill=topo[0], decode=topo[1], kv_blocks=args.kv_blocks,
-                    buffer_mb=64, threads=1, store=f"{tmp}/store", log_dir=f"{tmp}/logs", extra=extra)
+                    buffer_mb=args.buffer_mb, threads=1, store=f"{tmp}/store", log_dir=f"{tmp}/logs", extra=extra)
     mesh = Mesh(spec)
     print(f"starting a {args.topology} mesh of {args.model} (logs in {tmp}/logs) ...", file=sys.stderr, flush=True)
     try:

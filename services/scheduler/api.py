@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING, AsyncIterator
 
 from opentelemetry import trace
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from services.scheduler.auth import ApiKeyMiddleware
 from services.scheduler.inflight import InFlight
 from services.scheduler.protocol import (MODES, ApiError, ChatRequest, CompletionRequest, check_sampling, chunk_body,
                                          completion_body, decode_body, new_id, stop_list, usage)
@@ -66,7 +68,7 @@ def build_app(svc: "SchedulerService") -> Starlette:
         Route("/v1/mesh", mesh, methods=["GET"]),
         Route("/metrics", svc.metrics.endpoint, methods=["GET"]),
     ]
-    app = Starlette(routes=routes)
+    app = Starlette(routes=routes, middleware=[Middleware(ApiKeyMiddleware, keys=svc.cfg.api_keys)])
     app.add_exception_handler(ApiError, lambda req, exc: JSONResponse(exc.body(), status_code=exc.status))
     app.add_exception_handler(404, lambda req, exc: _error(404, f"no route {req.url.path}"))
     app.add_exception_handler(405, lambda req, exc: _error(405, f"method {req.method} not allowed"))

@@ -7,7 +7,7 @@ from shared.config import require
 from shared.runtime import CommonConfig
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class SchedulerConfig(CommonConfig):
     http_host: str = "127.0.0.1"  # the OpenAI-style front door binds here
     http_port: int = 8000
@@ -18,6 +18,7 @@ class SchedulerConfig(CommonConfig):
     assign_timeout_s: float = 120.0  # a request that no engine takes in this time fails (503)
     pe_alpha_tokens: int = 50_000  # Algorithm 1 alpha: a "short" node read queue (~3 s of storage reads)
     pe_beta_tokens: int = 4_096  # Algorithm 1 beta: a prefill engine's token cap (~5 s of prefill on a CPU)
+    api_keys: tuple[str, ...] = ()  # Bearer keys required on the API when set (DUALPATH_API_KEYS=k1,k2); /health stays open
     mode: str = "dualpath"  # dualpath (choose/split read paths) | basic (PE path only) | oracle (no KV I/O)
 
     def validate(self) -> None:
@@ -27,3 +28,7 @@ class SchedulerConfig(CommonConfig):
         require(self.pe_alpha_tokens >= 0, "pe_alpha_tokens", self.pe_alpha_tokens, "must be >= 0")
         require(self.pe_beta_tokens > 0, "pe_beta_tokens", self.pe_beta_tokens, "must be > 0")
         require(self.liveness_timeout_s > 0, "liveness_timeout_s", self.liveness_timeout_s, "must be > 0")
+
+    def __repr__(self) -> str:  # never print the API keys
+        return f"SchedulerConfig(http={self.http_host}:{self.http_port}, model={self.model}, mode={self.mode}, " \
+               f"api_keys={len(self.api_keys)} configured)"

@@ -61,6 +61,16 @@ class DrrScheduler(Generic[T]):
         self._queues[cls].appendleft((item, nbytes))
         self._count += 1
 
+    def pop_class(self, cls: int, max_bytes: int) -> list[tuple[int, T]]:
+        """Pop FIFO items of one class up to `max_bytes` (at least one), outside DRR order."""
+        q, out, total = self._queues[cls], [], 0
+        while q and (not out or total + q[0][1] <= max_bytes):
+            item, nbytes = q.popleft()
+            self._count -= 1
+            total += nbytes
+            out.append((cls, item))
+        return out
+
     def queued(self, cls: int) -> int:
         """Items waiting in class `cls` (a lock-free peek is fine for a hint)."""
         return len(self._queues[cls])
@@ -133,14 +143,22 @@ class LinkGate:
         self.policy.served(nbytes)
         self._changed.set()
 
-    async def bulk_turn(self, nbytes: int) -> None:
+    def poke(self) -> None:
+        """Wake bulk waiters to re-check (e.g. their own link got latency work)."""
+        self._changed.set()
+
+    async def bulk_turn(self, nbytes: int, preempt: Callable[[], bool] | None = None) -> bool:
+        """Wait until a bulk frame of `nbytes` may move (True), or `preempt()` is true (False)."""
         while not self.policy.admit(nbytes, time.monotonic()):
+            if preempt is not None and preempt():
+                return False
             self._changed.clear()
             try:
                 async with asyncio.timeout(self.policy.wait_hint(time.monotonic())):
                     await self._changed.wait()
             except TimeoutError:
                 pass
+        return True
 
 
 class ClassSender(Generic[T]):
@@ -176,6 +194,8 @@ class ClassSender(Generic[T]):
             self._gate.open()  # type: ignore[union-attr]
         self._sched.push(cls, (item, hold, nbytes), nbytes)
         self._wake.set()
+        if not cls and self._gate is not None:
+            self._gate.poke()  # a bulk batch of this link held at the gate lets it pass
 
     async def run(self) -> None:
         try:
@@ -193,9 +213,17 @@ class ClassSender(Generic[T]):
 
     async def _send(self, batch: list[tuple[int, tuple[T, bool, int]]]) -> bool:
         gate = self._gate
+        if gate is not None and any(c for c, _ in batch):
+            if not all(c for c, _ in batch):  # mixed: latency goes first, bulk may wait
+                if not await self._send([x for x in batch if not x[0]]):
+                    return False
+                batch = [x for x in batch if x[0]]
+            nbulk = sum(n for c, (_, _, n) in batch if c)
+            # latency items of this link never wait behind a held bulk batch
+            while not await gate.bulk_turn(nbulk, lambda: self._sched.queued(0) > 0):
+                if not await self._send(self._sched.pop_class(0, self._batch_bytes)):
+                    return False
         try:
-            if gate is not None and any(c for c, _ in batch):
-                await gate.bulk_turn(sum(n for c, (_, _, n) in batch if c))
             await self._emit([item for _, (item, _, _) in batch])
             return True
         except Exception as exc:  # the link is broken: report once, stop
