@@ -333,7 +333,8 @@ def test_every_service_field_can_be_set_from_env(cls, section, needed):
     # a field whose type the loader cannot coerce would come through as a raw string
     for f in dataclasses.fields(cls):
         default = getattr(cls(), f.name) if f.name != "engine" or cls is not TrafficManagerConfig else "pe0"
-        env = {"DUALPATH_" + f.name.upper(): str(default).lower() if isinstance(default, bool) else str(default)}
+        text = ",".join(map(str, default)) if isinstance(default, tuple) else str(default)
+        env = {"DUALPATH_" + f.name.upper(): text.lower() if isinstance(default, bool) else text}
         cfg = load(cls, section, env=env, overrides=needed if f.name not in needed else {})
         assert getattr(cfg, f.name) == default, f.name
 
