@@ -10,6 +10,7 @@ Load (DE side): copy buffer slots -> KV blocks (local H2D), free the slots.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -47,6 +48,7 @@ class TrafficManagerService(Service):
         self.remote: dict[str, EndpointDesc] = {}  # engine -> its TM's endpoint
         self.peers: dict[str, Peer] = {}
         self.store_path = StorePath(self)
+        self.freed = asyncio.Event()  # set whenever buffer slots are released
         self.busy: set[str] = set()  # requests whose slots a storage read still targets
         self.free_later: set[str] = set()  # released while busy: freed when the read ends
         m = self.metrics
@@ -170,14 +172,35 @@ class TrafficManagerService(Service):
             await d.respond(PushDone(slots=res.slots, nbytes=nbytes, seconds=dt))
 
     # reserve / load / release (DE side) --------------------------------------------------
+    async def allocate_wait(self, owner: str, n: int) -> list[int]:
+        """Buffer slots for `owner`, waiting (up to the transfer deadline) for others to free some."""
+        if n > self.slots.n_slots:
+            raise OutOfSlots(n, self.slots.n_slots)
+        deadline = time.monotonic() + self.cfg.transfer_timeout_s
+        while True:
+            try:
+                return self.slots.allocate(owner, n)
+            except OutOfSlots:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                self.freed.clear()
+                try:
+                    await asyncio.wait_for(self.freed.wait(), left)
+                except asyncio.TimeoutError:
+                    pass
+
     async def _on_reserve(self, msg: Reserve, d: Delivery) -> None:
         if self.slots is None:
             await d.respond(Reserved(ok=False, error="engine KV memory not attached yet"))
             return
+        self.spawn(self._reserve(msg, d), name=f"reserve-{msg.req_id}")
+
+    async def _reserve(self, msg: Reserve, d: Delivery) -> None:
         with tracer.start_as_current_span("kv_reserve", context=d.ctx,
                                           attributes={"req_id": msg.req_id, "blocks": msg.n_blocks}):
             try:
-                slots = self.slots.allocate(msg.req_id, msg.n_blocks)
+                slots = await self.allocate_wait(msg.req_id, msg.n_blocks)
             except OutOfSlots as exc:
                 await d.respond(Reserved(ok=False, error=f"DE buffer full: {exc}"))
                 return
@@ -226,6 +249,7 @@ class TrafficManagerService(Service):
             self._free(req_id)
 
     def note_free(self) -> None:
+        self.freed.set()
         if self.slots is not None:
             self.m_free.set(self.slots.free * self.layout.block_nbytes)
 

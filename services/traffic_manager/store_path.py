@@ -76,7 +76,7 @@ class StorePath:
         if not keys:
             return 0, [], ""
         try:
-            slots = svc.slots.allocate(owner, len(keys))
+            slots = await svc.allocate_wait(owner, len(keys))
         except OutOfSlots as exc:
             return 0, [], f"PE buffer full: {exc}"
         offsets = [s * svc.layout.block_nbytes for s in slots]
@@ -125,7 +125,7 @@ class StorePath:
         with tracer.start_as_current_span("kv_stage", context=d.ctx, attributes={
                 "req_id": msg.req_id, "blocks": len(msg.keys), "node": msg.node, "path": "de"}) as span:
             try:
-                slots = [s * bn for s in svc.slots.allocate(msg.req_id, msg.prompt_blocks)]
+                slots = [s * bn for s in await svc.allocate_wait(msg.req_id, msg.prompt_blocks)]
             except OutOfSlots as exc:
                 await d.respond(Staged(error=f"DE buffer full: {exc}"))
                 return
