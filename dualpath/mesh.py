@@ -114,7 +114,8 @@ class Mesh:
         if self.nats_url:
             return
         port = free_port(self.spec.host)
-        self._spawn("nats", [nats_server_binary(), "-a", self.spec.host, "-p", str(port), *self.spec.nats_args])
+        js = ["-js", "-sd", str(self.log_dir / "jetstream")]  # JetStream: the scheduler's request journal
+        self._spawn("nats", [nats_server_binary(), "-a", self.spec.host, "-p", str(port), *js, *self.spec.nats_args])
         self.nats_url = f"nats://{self.spec.host}:{port}"
         _wait_port(self.spec.host, port, 10, self.procs[-1])
 

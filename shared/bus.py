@@ -58,6 +58,26 @@ class Bus:
 
     @classmethod
     async def connect(cls, url: str, name: str, **opts: Any) -> "Bus":
+        """Connect; on a lost server, retry forever every 0.25 s. Subscriptions are restored by
+        nats-py on reconnect and publishes made meanwhile are buffered and sent then."""
+        nc: Client | None = None
+
+        async def on_error(exc: Exception) -> None:
+            if isinstance(exc, OSError):  # refused/reset while the server is away: one line, no traceback
+                log.debug("nats: %s", exc)
+            else:
+                log.warning("nats: %s: %s", type(exc).__name__, exc)
+
+        async def on_disconnected() -> None:
+            if nc is not None and not nc.is_closed:  # a close (shutdown) also calls this
+                log.warning("disconnected from NATS; reconnecting")
+
+        async def on_reconnected() -> None:
+            log.info("reconnected to NATS at %s", nc.connected_url.netloc if nc and nc.connected_url else "?")
+
+        opts.setdefault("error_cb", on_error)
+        opts.setdefault("disconnected_cb", on_disconnected)
+        opts.setdefault("reconnected_cb", on_reconnected)
         nc = await nats.connect(
             servers=url.split(","),
             name=name,

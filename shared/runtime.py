@@ -1,8 +1,8 @@
 """The common life of a service process: config -> uvloop -> lifespan -> signals -> drain.
 
 Owns: the CLI flags every service shares (generated from its config dataclass),
-logging and tracing set-up, the bus connection, the `/metrics` server, the
-heartbeat loop, and the one TaskGroup that owns every task of the service.
+logging and tracing set-up, the bus connection (and its drop counters on `/metrics`),
+the `/metrics` server, the heartbeat loop, and the one TaskGroup that owns every task of the service.
 Shutdown: SIGTERM/SIGINT -> stop Event -> announce `leaving` -> service.stop()
 -> cancel tasks -> drain the bus -> flush spans.
 """
@@ -20,6 +20,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from prometheus_client.core import CounterMetricFamily
 from starlette.applications import Starlette
 from starlette.routing import Route
 
@@ -94,6 +95,20 @@ class Service(ABC):
         return task
 
 
+class BusCounters:
+    """A Prometheus collector reading the bus's own counters at scrape time (the bus stays
+    metrics-free): messages dropped undecoded, and handlers that raised."""
+
+    def __init__(self, bus: Bus):
+        self.bus = bus
+
+    def collect(self):
+        yield CounterMetricFamily("dualpath_bus_bad_messages", "Bus messages dropped: did not decode",
+                                  value=self.bus.bad_messages)
+        yield CounterMetricFamily("dualpath_bus_handler_errors", "Bus handlers that raised (message dropped)",
+                                  value=self.bus.handler_errors)
+
+
 async def _heartbeat(svc: Service, stop: asyncio.Event) -> None:
     while not stop.is_set():
         try:
@@ -115,6 +130,7 @@ async def run_service(svc: Service, stop: asyncio.Event | None = None) -> None:
         except (NotImplementedError, RuntimeError):
             pass
     svc.bus = await Bus.connect(svc.cfg.nats_url, svc.instance, **nats_options(svc.cfg))
+    svc.metrics.registry.register(BusCounters(svc.bus))
     routes = [Route("/metrics", svc.metrics.endpoint)] + svc.routes()
     http = HttpServer(Starlette(routes=routes), svc.cfg.host, svc.cfg.metrics_port)
     svc.metrics_url = http.url + "/metrics"

@@ -85,7 +85,7 @@ class DecodeService(Service):
 
     async def stop(self) -> None:
         for req in list(self.held.values()):
-            await self._finish(req, "error", "decode engine shutting down")
+            await self._finish(req, "error", "decode engine shutting down", retryable=True)
         self.worker.close()
         if self.kv:
             self.kv.close()
@@ -136,7 +136,7 @@ class DecodeService(Service):
             except _Skip:
                 pass
             except BusError as exc:
-                await self._finish(req, "error", f"KV load failed: {exc.reason}")
+                await self._finish(req, "error", f"KV load failed: {exc.reason}", retryable=True)
                 return
         self.m_load.observe(time.perf_counter() - t0)
         if req.cancelled:
@@ -241,9 +241,9 @@ class DecodeService(Service):
         return sample(logits, [s.req.sampling.temperature for s in batch], [s.req.sampling.top_p for s in batch], gens)
 
     # helpers ----------------------------------------------------------------------
-    async def _finish(self, req: EngineRequest, finish: str, error: str = "") -> None:
+    async def _finish(self, req: EngineRequest, finish: str, error: str = "", retryable: bool = False) -> None:
         await self.bus.publish(req.reply, TokenEvent(req.req_id, [], len(req.generated), finish=finish, error=error,
-                                                     source=self.engine))
+                                                     source=self.engine, retryable=retryable))
         self._release(req)
 
     def _release(self, req: EngineRequest) -> None:

@@ -15,7 +15,7 @@ import time
 from opentelemetry import trace
 
 from services.prefill_engine.config import PrefillConfig
-from services.prefill_engine.layers import LayerGate, LoadProgress
+from services.prefill_engine.layers import LayerGate, LoadError, LoadProgress
 from services.scheduler.policy.intra_pe import AttentionModel, plan_batch
 from services.scheduler.policy.intra_pe import PrefillWork as Work
 from shared.bus import BusError, Delivery
@@ -91,7 +91,7 @@ class PrefillService(Service):
 
     async def stop(self) -> None:
         for req in list(self.active.values()):
-            await self._fail(req, "prefill engine shutting down")
+            await self._fail(req, "prefill engine shutting down", retryable=True)
         self.worker.close()
         if self.kv:
             self.kv.close()
@@ -220,7 +220,7 @@ class PrefillService(Service):
                 span.record_exception(exc)
                 span.end()
                 self.queue = [(q, w) for q, w in self.queue if q is not r]
-                await self._fail(r, f"prefill failed: {exc}")
+                await self._fail(r, f"prefill failed: {exc}", retryable=isinstance(exc, LoadError))
             return
         finally:
             self._in_step = set()
@@ -307,7 +307,7 @@ class PrefillService(Service):
                     raise BusError("admit", ack.error)
             except BusError as exc:
                 if not req.cancelled:
-                    await self._fail(req, f"KV hand-off to {work.de_engine} failed: {exc.reason}")
+                    await self._fail(req, f"KV hand-off to {work.de_engine} failed: {exc.reason}", retryable=True)
                 await self.bus.publish(self.subjects.tm(work.de_engine, "release"), Release(req.req_id))
             finally:
                 self._release(req)
@@ -317,8 +317,9 @@ class PrefillService(Service):
     async def _emit(self, ev: TokenEvent, req: EngineRequest) -> None:
         await self.bus.publish(req.reply, ev, ctx=req.ctx)
 
-    async def _fail(self, req: EngineRequest, error: str) -> None:
-        await self.bus.publish(req.reply, TokenEvent(req.req_id, [], finish="error", error=error, source=self.engine))
+    async def _fail(self, req: EngineRequest, error: str, retryable: bool = False) -> None:
+        await self.bus.publish(req.reply, TokenEvent(req.req_id, [], finish="error", error=error, source=self.engine,
+                                                     retryable=retryable))
         self._release(req)
 
     def _copies_done(self, req: EngineRequest) -> bool:

@@ -1,5 +1,5 @@
 """HTTP handlers of the front door: /v1/models, /v1/completions, /v1/chat/completions,
-/health, /metrics.
+/health, /metrics, /openapi.json.
 
 A request: read the body (413 past the limit) -> validate (4xx JSON) -> tokenize ->
 submit to the scheduler -> stream server-sent events or answer once. The stream races
@@ -22,6 +22,7 @@ from starlette.routing import Route
 
 from services.scheduler.auth import ApiKeyMiddleware
 from services.scheduler.inflight import InFlight
+from services.scheduler.openapi import openapi_document
 from services.scheduler.protocol import (MODES, ApiError, ChatRequest, CompletionRequest, check_sampling, chunk_body,
                                          completion_body, decode_body, new_id, stop_list, usage)
 from services.scheduler.stops import StopMatcher
@@ -67,6 +68,7 @@ def build_app(svc: "SchedulerService") -> Starlette:
         Route("/health", health, methods=["GET"]),
         Route("/v1/mesh", mesh, methods=["GET"]),
         Route("/metrics", svc.metrics.endpoint, methods=["GET"]),
+        Route("/openapi.json", lambda request: JSONResponse(openapi_document()), methods=["GET"]),
     ]
     app = Starlette(routes=routes, middleware=[Middleware(ApiKeyMiddleware, keys=svc.cfg.api_keys)])
     app.add_exception_handler(ApiError, lambda req, exc: JSONResponse(exc.body(), status_code=exc.status))

@@ -10,12 +10,15 @@ import logging
 import os
 import time
 
+import msgspec
+
 from opentelemetry import trace
 
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.dispatch import Dispatcher, EngineLoad, Job
 from services.scheduler.policy import PeThresholds
 from services.scheduler.inflight import InFlight
+from services.scheduler.journal import Accepted, Journal, JournalError, JournalUnavailable
 from services.scheduler.paths import OracleIndex, ReadQueues
 from services.scheduler.view import MeshView
 from shared.bus import BusError, Delivery
@@ -46,6 +49,7 @@ class SchedulerService(Service):
         self.reads = ReadQueues()
         self.oracle = OracleIndex()
         self.http: HttpServer | None = None
+        self.journal: Journal | None = None
         m = self.metrics
         self.m_requests = m.counter("requests_total", "Requests answered", ("status",))
         self.m_prompt = m.counter("prompt_tokens_total", "Prompt tokens accepted")
@@ -57,6 +61,7 @@ class SchedulerService(Service):
         self.m_queue = m.gauge("queue_length", "Requests waiting for an engine")
         self.m_running = m.gauge("requests_running", "Requests assigned and not finished")
         self.m_engines = m.gauge("engines_live", "Assignable engines", ("role",))
+        self.m_resumes = m.counter("request_resumes_total", "Requests resumed on other engines after a failure")
 
     @property
     def output_subject(self) -> str:
@@ -67,6 +72,15 @@ class SchedulerService(Service):
 
         await self.bus.subscribe(self.subjects.heartbeat, Announce, self._on_announce)
         await self.bus.subscribe(self.output_subject, TokenEvent, self._on_event)
+        if self.cfg.journal:
+            journal = Journal(self.bus.nc, self.cfg.namespace)
+            try:
+                await journal.ensure()
+                self.journal = journal
+                self.spawn(journal.run(), name="journal")
+                self.spawn(self._recover(), name="journal-recover")
+            except JournalUnavailable as exc:
+                log.warning("%s; running without a request journal", exc)
         self.http = HttpServer(build_app(self), self.cfg.http_host, self.cfg.http_port)
         self.spawn(self.http.serve(), name="api-http")
         self.spawn(self._dispatch_loop(), name="dispatch")
@@ -100,7 +114,7 @@ class SchedulerService(Service):
         layout = self.view.store_layout()
         if layout is None:
             return
-        rec.block_keys = prompt_keys(layout, rec.prompt)
+        rec.block_keys = prompt_keys(layout, rec.work_prompt)
         if not rec.block_keys:
             return
         if rec.mode == "oracle":  # no store: the oracle's own index of what would be stored
@@ -118,6 +132,8 @@ class SchedulerService(Service):
 
     def submit(self, rec: InFlight) -> None:
         self.inflight[rec.req_id] = rec
+        if self.journal:
+            self.journal.note_accepted(Accepted(rec.req_id, time.time(), len(rec.prompt), rec.sampling, self.instance))
         self.dispatcher.enqueue(Job(rec.req_id, len(rec.prompt), rec.sampling.max_tokens))
         self.m_prompt.inc(len(rec.prompt))
         self.m_queue.set(self.dispatcher.waiting())
@@ -128,11 +144,39 @@ class SchedulerService(Service):
         self.dispatcher.remove(rec.req_id)
         if not rec.finished:
             rec.finished = "cancelled"
-        await self.bus.publish(self.subjects.cancel, Cancel(rec.req_id, reason))
+        await self.bus.publish(self.subjects.cancel, Cancel(rec.wire_id, reason))
+
+    def resume(self, rec: InFlight, why: str) -> bool:
+        """Run the request again elsewhere, after the tokens already streamed (False: give up)."""
+        if rec.finished or rec.attempt >= self.cfg.max_resumes:
+            return False
+        self.spawn(self.bus.publish(self.subjects.cancel, Cancel(rec.wire_id, "resumed elsewhere")))
+        self.reads.done(rec.req_id)
+        self.dispatcher.remove(rec.req_id)
+        remaining = rec.restart()
+        trace.get_current_span().add_event("resume", {"req_id": rec.req_id, "why": why, "attempt": rec.attempt})
+        log.warning("resuming %s (attempt %d, %d tokens streamed): %s", rec.req_id, rec.attempt, rec.step0, why)
+        self.m_resumes.inc()
+        if remaining <= 0:
+            rec.events.put_nowait(TokenEvent(rec.req_id, [], rec.next_index, finish="length"))
+            rec.finished = "length"
+            return True
+        self.spawn(self._requeue(rec, remaining), name=f"resume-{rec.req_id}")
+        return True
+
+    async def _requeue(self, rec: InFlight, remaining: int) -> None:
+        with tracer.start_as_current_span("resume", context=rec.ctx, attributes={
+                "req_id": rec.req_id, "attempt": rec.attempt, "tokens_streamed": rec.step0}):
+            await self.lookup_hits(rec)
+        if rec.req_id in self.inflight and not rec.finished:
+            self.dispatcher.enqueue(Job(rec.req_id, len(rec.work_prompt), remaining))
+            self.kick.set()
 
     def finish(self, rec: InFlight, status: str) -> None:
         if self.inflight.pop(rec.req_id, None) is None:
             return
+        if self.journal:
+            self.journal.note_finished(rec.req_id, status, rec.next_index)
         self.reads.done(rec.req_id)
         if rec.mode == "oracle" and status == "ok" and rec.tokens:
             layout = self.view.store_layout()
@@ -148,15 +192,37 @@ class SchedulerService(Service):
         self.m_running.set(sum(1 for r in self.inflight.values() if r.pe))
         self.kick.set()
 
+    async def _recover(self) -> None:
+        """Requests an earlier life of this scheduler accepted and never answered: their clients are
+        gone. Cancel every attempt on the engines (frees their KV) and count them failed."""
+        await asyncio.sleep(self.cfg.liveness_timeout_s)  # hear live peer schedulers first: theirs are not ours
+        live = set(self.view.schedulers)
+        try:
+            lost = [a for a in await self.journal.unfinished() if a.scheduler not in live]
+        except JournalError as exc:
+            log.warning("journal not read, nothing recovered: %s", exc)
+            return
+        for acc in lost:
+            for attempt in range(self.cfg.max_resumes + 1):  # engines know wire ids: req_id#attempt
+                await self.bus.publish(self.subjects.cancel, Cancel(f"{acc.req_id}#{attempt}", "scheduler restarted"))
+            self.m_requests.labels("error").inc()
+            self.journal.note_finished(acc.req_id, "error", 0)  # the next restart does not redo it
+        if lost:
+            log.warning("%d requests left unfinished by a previous scheduler: cancelled, counted failed", len(lost))
+
     # bus handlers -------------------------------------------------------------------
     async def _on_announce(self, msg, d: Delivery) -> None:
         self.view.update(msg, time.monotonic())
         self.kick.set()
 
     async def _on_event(self, ev: TokenEvent, d: Delivery) -> None:
-        rec = self.inflight.get(ev.req_id)
-        if rec is None:
+        base, _, attempt = ev.req_id.partition("#")
+        rec = self.inflight.get(base)
+        if rec is None or attempt != str(rec.attempt):
+            return  # an old attempt of a resumed request
+        if ev.finish == "error" and ev.retryable and self.resume(rec, ev.error):
             return
+        ev = msgspec.structs.replace(ev, req_id=base, index=ev.index + rec.step0)
         out = rec.accept(ev)
         if out is not None:
             if out.index == 0:
@@ -199,7 +265,7 @@ class SchedulerService(Service):
             rec.pe, rec.de, rec.assigned_at = a.pe, a.de, time.monotonic()
             pe_node, de_node = self.view.node_of(a.pe), self.view.node_of(a.de)
             bs = self.view.store_layout().block_size if self.view.store_layout() else 64
-            usable = min(rec.hit_blocks, (len(rec.prompt) - 1) // bs)
+            usable = min(rec.hit_blocks, (len(rec.work_prompt) - 1) // bs)
             path = self.reads.decide(rec.mode, usable if rec.mode != "oracle" else 0, pe_node, de_node, bs)
             self.reads.hold(rec.req_id, path, pe_node, de_node, bs)
             with tracer.start_as_current_span("assign", context=rec.ctx, attributes={
@@ -208,7 +274,7 @@ class SchedulerService(Service):
                     "read_path": path.path, "pe_path_blocks": path.pe_blocks, "de_path_blocks": path.de_blocks,
                     "pe_read_queue_tokens": path.pe_queue, "de_read_queue_tokens": path.de_queue,
                     "read_path_reason": path.reason}):
-                work = PrefillWork(rec.req_id, rec.prompt, rec.sampling, a.de, self.output_subject,
+                work = PrefillWork(rec.wire_id, rec.work_prompt, rec.work_sampling(), a.de, self.output_subject,
                                    block_keys=rec.block_keys, hit_blocks=rec.hit_blocks, read_node=pe_node,
                                    mode=rec.mode, pe_blocks=path.pe_blocks if path.de_blocks else -1,
                                    de_node=de_node)
@@ -221,15 +287,22 @@ class SchedulerService(Service):
             await asyncio.sleep(min(0.5, self.cfg.liveness_timeout_s / 3))
             now = time.monotonic()
             for engine in self.view.dead_engines(now):
-                log.warning("engine %s stopped heartbeating; failing its requests", engine)
+                log.warning("engine %s stopped heartbeating; resuming its requests elsewhere", engine)
                 self.view.forget(engine)
                 for rec in list(self.inflight.values()):
-                    if engine in (rec.pe, rec.de) and not rec.finished:
-                        rec.fail(f"engine {engine} stopped responding")
+                    if engine not in (rec.pe, rec.de) or rec.finished:
+                        continue
+                    if engine == rec.pe and rec.de != engine and rec.next_index > rec.step0 + 1:
+                        continue  # its decode engine already holds it: the prefill side is done
+                    why = f"engine {engine} stopped responding"
+                    if not self.resume(rec, why):
+                        rec.fail(why)
+                        self.spawn(self.bus.publish(self.subjects.cancel, Cancel(rec.wire_id, why)))
             for rec in list(self.inflight.values()):
                 if not rec.pe and now - rec.arrived > self.cfg.assign_timeout_s:
                     self.dispatcher.remove(rec.req_id)
                     rec.fail("no engine available to serve the request")
+                    self.spawn(self.bus.publish(self.subjects.cancel, Cancel(rec.wire_id, "not assigned in time")))
             self.kick.set()
 
 

@@ -2,7 +2,7 @@
 
 A pure ASGI middleware: requests without a valid key get 401 with a JSON error body;
 keys are compared in constant time (hmac.compare_digest) against every configured key;
-paths in `open_paths` (/health by default) stay open. The key itself is never logged.
+paths in `open_paths` (/health and /openapi.json by default) stay open. The key itself is never logged.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import json
 
 
 class ApiKeyMiddleware:
-    def __init__(self, app, keys: tuple[str, ...], open_paths: tuple[str, ...] = ("/health",)):
+    def __init__(self, app, keys: tuple[str, ...], open_paths: tuple[str, ...] = ("/health", "/openapi.json")):
         self.app = app
         self.keys = [k.encode() for k in keys if k]
         self.open_paths = open_paths

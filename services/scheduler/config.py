@@ -16,10 +16,12 @@ class SchedulerConfig(CommonConfig):
     max_body_bytes: int = 4 << 20  # larger bodies get 413
     liveness_timeout_s: float = 3.0  # an engine silent this long is dropped; its requests fail
     assign_timeout_s: float = 120.0  # a request that no engine takes in this time fails (503)
+    max_resumes: int = 2  # times a request is resumed elsewhere after an engine/transfer failure
     pe_alpha_tokens: int = 50_000  # Algorithm 1 alpha: a "short" node read queue (~3 s of storage reads)
     pe_beta_tokens: int = 4_096  # Algorithm 1 beta: a prefill engine's token cap (~5 s of prefill on a CPU)
     api_keys: tuple[str, ...] = ()  # Bearer keys required on the API when set (DUALPATH_API_KEYS=k1,k2); /health stays open
     mode: str = "dualpath"  # dualpath (choose/split read paths) | basic (PE path only) | oracle (no KV I/O)
+    journal: bool = True  # record accepted/finished requests on JetStream (off, or no -js on the server: run without)
 
     def validate(self) -> None:
         require(0 < self.http_port < 65536 or self.http_port == 0, "http_port", self.http_port, "not a port")

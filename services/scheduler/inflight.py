@@ -7,6 +7,8 @@ token twice. No I/O: the HTTP layer reads `events`.
 from __future__ import annotations
 
 import asyncio
+
+import msgspec
 import time
 from dataclasses import dataclass, field
 
@@ -32,6 +34,8 @@ class InFlight:
     block_keys: list[str] = field(default_factory=list)  # prompt's full-block keys
     hit_blocks: int = 0  # leading keys present in the store at arrival
     mode: str = "dualpath"  # load mode for this request (deployment default or benchmark override)
+    attempt: int = 0  # resumed requests run as new attempts on other engines
+    step0: int = 0  # tokens delivered before the current attempt started
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     ctx: object = None  # trace context of the request's root span
 
@@ -57,6 +61,29 @@ class InFlight:
         if not tokens and not ev.finish:
             return None
         return TokenEvent(ev.req_id, tokens, ev.index + skip, ev.finish, ev.error, ev.source, ev.cached_tokens)
+
+    @property
+    def wire_id(self) -> str:
+        """The id engines see: one per attempt, so cancelling an old attempt spares the new one."""
+        return f"{self.req_id}#{self.attempt}"
+
+    @property
+    def work_prompt(self) -> list[int]:
+        """What the current attempt prefills: the prompt plus every token already streamed."""
+        return self.prompt + self.tokens[: self.step0]
+
+    def work_sampling(self) -> Sampling:
+        return msgspec.structs.replace(self.sampling, max_tokens=self.sampling.max_tokens - self.step0,
+                                       step0=self.step0)
+
+    def restart(self) -> int:
+        """Begin a new attempt after the tokens delivered so far; returns the tokens still to generate."""
+        self.attempt += 1
+        self.step0 = self.next_index
+        self.pe = self.de = ""
+        self.hit_blocks = 0
+        self.block_keys = []
+        return self.sampling.max_tokens - self.step0
 
     def fail(self, error: str) -> None:
         if not self.finished:

@@ -59,6 +59,8 @@ def decode_body(raw: bytes, tp: type) -> msgspec.Struct:
         raise ApiError(400, f"invalid request: {exc}", _param(str(exc))) from None
     except msgspec.DecodeError as exc:
         raise ApiError(400, f"malformed JSON: {exc}") from None
+    except RecursionError:  # msgspec's nesting limit (e.g. 10,000 `[` in an ignored field)
+        raise ApiError(400, "malformed JSON: nested too deeply") from None
 
 
 def _param(error: str) -> str | None:
@@ -89,6 +91,8 @@ def check_sampling(req: _Common, max_tokens: int | None, prompt_len: int, contex
         raise ApiError(400, f"temperature must be >= 0, got {req.temperature}", "temperature")
     if not 0 < req.top_p <= 1:
         raise ApiError(400, f"top_p must be in (0, 1], got {req.top_p}", "top_p")
+    if req.seed is not None and not -(2 ** 63) <= req.seed < 2 ** 64:  # what the bus (msgpack) can carry
+        raise ApiError(400, f"seed must fit in 64 bits, got {req.seed}", "seed")
     if prompt_len == 0:
         raise ApiError(400, "prompt is empty", "prompt")
     if prompt_len >= context:

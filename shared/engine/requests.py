@@ -38,7 +38,7 @@ def generator_seed(sampling: Sampling, step: int) -> int | None:
     """Per-step seed so a seeded request samples identically wherever each step runs."""
     if sampling.seed is None:
         return None
-    return (sampling.seed * 1_000_003 + step) & 0x7FFF_FFFF_FFFF_FFFF
+    return (sampling.seed * 1_000_003 + sampling.step0 + step) & 0x7FFF_FFFF_FFFF_FFFF
 
 
 class RecentSet:

@@ -12,6 +12,7 @@ class TokenEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     error: str = ""
     source: str = ""  # engine id that produced the event
     cached_tokens: int = 0  # set on the first event: prompt tokens served from the store
+    retryable: bool = False  # an error caused by the mesh (a lost peer, a transfer deadline), not the request
 
 
 encoder = msgspec.msgpack.Encoder()

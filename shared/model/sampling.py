@@ -31,7 +31,9 @@ def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
         return probs
     sorted_p, order = probs.sort(descending=True)
     before = sorted_p.cumsum(0) - sorted_p  # mass of strictly more likely tokens
-    sorted_p = sorted_p.masked_fill(before >= top_p, 0.0)  # the top token always stays
+    drop = before >= top_p
+    drop[0] = False  # the top token always stays (also when top_p rounds to 0 in float32)
+    sorted_p = sorted_p.masked_fill(drop, 0.0)
     kept = torch.zeros_like(probs).scatter_(0, order, sorted_p)
     return kept / kept.sum()
 
@@ -47,6 +49,9 @@ def sample(
     out = logits.argmax(-1).tolist()  # greedy for every row; sampled rows overwritten
     for i, t in enumerate(temperature):
         if t > 0.0:
-            probs = top_p_filter(torch.softmax(logits[i] / t, -1), top_p[i])
+            # a tiny t must not give NaN: shift so the top logit is 0 (logits / t would overflow
+            # to inf), and keep t a normal float32 (a smaller one rounds to 0 and 0 / 0 is NaN)
+            t = max(t, torch.finfo(torch.float32).tiny)
+            probs = top_p_filter(torch.softmax((logits[i] - logits[i].max()) / t, -1), top_p[i])
             out[i] = int(torch.multinomial(probs, 1, generator=generators[i]).item())
     return out

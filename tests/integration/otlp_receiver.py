@@ -19,6 +19,8 @@ class Span:
     parent_id: str
     attributes: dict
     links: tuple[str, ...] = ()  # span ids this span links to
+    start_ns: int = 0
+    end_ns: int = 0
 
 
 class OtlpReceiver:
@@ -56,7 +58,8 @@ class OtlpReceiver:
                     with self._lock:
                         links = tuple(link.span_id.hex() for link in s.links)
                         self.spans.append(Span(service, s.name, s.trace_id.hex(), s.span_id.hex(),
-                                               s.parent_span_id.hex(), attrs, links))
+                                               s.parent_span_id.hex(), attrs, links, s.start_time_unix_nano,
+                                               s.end_time_unix_nano))
 
     def __enter__(self) -> "OtlpReceiver":
         self._thread.start()

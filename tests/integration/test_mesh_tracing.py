@@ -44,7 +44,7 @@ def test_one_request_one_trace_across_services(tmp_path):
     assert assign.attributes["pe"] and assign.attributes["de"] and "read_path" in assign.attributes
     xfer = next(s for s in trace_spans if s.name == "kv_transfer")
     assert xfer.attributes["bytes"] > 0 and xfer.attributes["blocks"] >= 1
-    prefill = next(s for s in trace_spans if s.name == "prefill")
+    prefill = next(s for s in trace_spans if s.name == "prefill_chunk")
     batch = [s for s in otlp.spans if s.name == "prefill_batch" and prefill.span_id in s.links]
     assert batch, "the batched forward has its own span, linked to the requests it computes"
     ids = {s.span_id for s in trace_spans}

@@ -1,0 +1,199 @@
+"""The request journal: which requests a scheduler accepted and which it finished, on JetStream.
+
+Owns the stream `DP_<ns>_REQUESTS` (subjects `{ns}.journal.>`, file storage, bounded
+by age and count) and the two record types written to it. It does not own what a
+restarted scheduler does with `unfinished()` (the wiring in app.py does: cancel each
+request on `{ns}.cancel` and count it failed).
+
+One request's sequence:
+  accept  -> `{ns}.journal.accepted`  Accepted(req_id, ...)   Nats-Msg-Id = req_id
+  answer  -> `{ns}.journal.finished`  Finished(req_id, ...)   Nats-Msg-Id = req_id + ":finished"
+  restart -> unfinished() = accepted minus finished (a set fold, so the order in which
+             the two records land does not matter), read with an ordered consumer.
+A retry of the same req_id within the duplicate window is stored once (server-side
+deduplication by Nats-Msg-Id).
+
+Writing is best-effort: `accepted`/`finished` never raise for a NATS failure (they log,
+count `failures` and return False). On the request path use `note_accepted`/`note_finished`
+instead: they only queue the record (never block, never raise) for the one writer task
+`run()`, which the service owns; a full queue drops the record and counts a failure. Only `ensure()` raises: `JournalUnavailable` when the server
+has no JetStream, which the caller logs before running without a journal.
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import re
+import time
+
+import msgspec
+import nats
+import nats.js.errors
+from nats.js import JetStreamContext
+from nats.js.api import ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
+
+from shared.messages.work import Sampling
+
+log = logging.getLogger("journal")
+
+
+class Accepted(msgspec.Struct, tag="accepted", omit_defaults=True):
+    req_id: str
+    accepted_at: float  # wall clock (time.time()): unlike monotonic time it means something after a restart
+    prompt_tokens: int
+    sampling: Sampling
+    scheduler: str  # instance that owns the request (a restarted scheduler with a stable --instance finds its own)
+    idempotency_key: str = ""  # the client's Idempotency-Key header, when it sent one
+
+
+class Finished(msgspec.Struct, tag="finished", omit_defaults=True):
+    req_id: str
+    status: str  # ok | error | cancelled (the scheduler's requests_total label)
+    tokens: int = 0  # completion tokens delivered
+    finished_at: float = 0.0
+
+
+Entry = Accepted | Finished
+_encoder = msgspec.json.Encoder()  # JSON: readable with `nats stream view` when debugging a restart
+_decoder = msgspec.json.Decoder(Entry)
+
+
+def encode(entry: Entry) -> bytes:
+    return _encoder.encode(entry)
+
+
+def decode(data: bytes) -> Entry:
+    return _decoder.decode(data)
+
+
+def fold(entries) -> list[Accepted]:
+    """Accepted minus finished, in acceptance order. A `Finished` may precede its `Accepted`."""
+    accepted: dict[str, Accepted] = {}
+    finished: set[str] = set()
+    for e in entries:
+        if isinstance(e, Accepted):
+            accepted.setdefault(e.req_id, e)
+        else:
+            finished.add(e.req_id)
+    return [a for rid, a in accepted.items() if rid not in finished]
+
+
+def stream_name(namespace: str) -> str:
+    """`DP_<ns>_REQUESTS`; characters a stream name may not hold (. * > space /) become `_`."""
+    return f"DP_{re.sub(r'[^A-Za-z0-9_-]', '_', namespace)}_REQUESTS"
+
+
+class JournalUnavailable(RuntimeError):
+    """The server cannot hold the journal (JetStream not enabled, or no reply): run without one."""
+
+    def __init__(self, server: str, reason: str):
+        super().__init__(f"request journal unavailable on {server}: {reason}")
+        self.server, self.reason = server, reason
+
+
+class JournalError(RuntimeError):
+    """Reading the journal failed part-way: `stream` and `reason`."""
+
+    def __init__(self, stream: str, reason: str):
+        super().__init__(f"{stream}: {reason}")
+        self.stream, self.reason = stream, reason
+
+
+class Journal:
+    def __init__(self, nc: nats.NATS, namespace: str, *, max_age_s: float = 24 * 3600,
+                 max_msgs: int = 1_000_000, duplicate_window_s: float = 120.0, timeout_s: float = 1.0):
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream(timeout=timeout_s)
+        self.stream = stream_name(namespace)
+        self.prefix = f"{namespace}.journal"
+        self.max_age_s, self.max_msgs, self.duplicate_window_s = max_age_s, max_msgs, duplicate_window_s
+        self.timeout_s = timeout_s
+        self.failures = 0  # records that could not be written (NATS down, stream gone, queue full)
+        self.queue: asyncio.Queue[tuple[str, str, Entry, str]] = asyncio.Queue(maxsize=10_000)
+
+    async def ensure(self) -> None:
+        """Create the stream, or bring an existing one to this configuration."""
+        cfg = StreamConfig(name=self.stream, subjects=[self.prefix + ".>"], storage=StorageType.FILE,
+                           max_age=self.max_age_s, max_msgs=self.max_msgs,
+                           duplicate_window=self.duplicate_window_s)
+        server = self.nc.connected_url.netloc if self.nc.connected_url else "?"
+        try:
+            try:
+                await self.js.add_stream(cfg)
+            except nats.js.errors.BadRequestError:  # exists with another configuration
+                await self.js.update_stream(cfg)
+        except nats.js.errors.ServiceUnavailableError:
+            raise JournalUnavailable(server, "JetStream is not enabled (start nats-server with -js)") from None
+        except (nats.errors.TimeoutError, nats.js.errors.APIError) as exc:
+            raise JournalUnavailable(server, f"{type(exc).__name__}: {exc}") from None
+
+    async def accepted(self, req_id: str, record: Accepted) -> bool:
+        return await self._write("accepted", req_id, record, req_id)
+
+    async def finished(self, req_id: str, status: str, tokens: int) -> bool:
+        rec = Finished(req_id, status, tokens, time.time())
+        return await self._write("finished", req_id, rec, req_id + ":finished")
+
+    def note_accepted(self, record: Accepted) -> None:
+        self._note(("accepted", record.req_id, record, record.req_id))
+
+    def note_finished(self, req_id: str, status: str, tokens: int) -> None:
+        self._note(("finished", req_id, Finished(req_id, status, tokens, time.time()), req_id + ":finished"))
+
+    def _note(self, item: tuple[str, str, Entry, str]) -> None:
+        try:
+            self.queue.put_nowait(item)
+        except asyncio.QueueFull:
+            self.failures += 1
+            log.warning("journal queue full: %s %s not recorded", item[0], item[1])
+
+    async def run(self) -> None:
+        """The writer: records from `note_*`, in order, one at a time. Runs until cancelled."""
+        while True:
+            await self._write(*await self.queue.get())
+
+    async def _write(self, verb: str, req_id: str, entry: Entry, msg_id: str) -> bool:
+        try:
+            await self.js.publish(f"{self.prefix}.{verb}", encode(entry), headers={"Nats-Msg-Id": msg_id})
+            return True
+        except Exception as exc:  # noqa: BLE001 - best effort: a journal write never fails a request
+            self.failures += 1
+            log.warning("journal %s %s not recorded: %s", verb, req_id, type(exc).__name__)
+            return False
+
+    async def unfinished(self, since: float | None = None, scheduler: str | None = None) -> list[Accepted]:
+        """Requests accepted (at or after `since`, wall clock; by `scheduler` if given) with no
+        `finished` record yet. Several schedulers share one stream: with more than one, give each a
+        stable `--instance` and pass it here, or a restarted one would cancel its live peers' work."""
+        cfg = ConsumerConfig(deliver_policy=DeliverPolicy.ALL, inactive_threshold=30.0)
+        if since is not None:
+            cfg.deliver_policy = DeliverPolicy.BY_START_TIME
+            cfg.opt_start_time = datetime.datetime.fromtimestamp(since, datetime.timezone.utc)
+        try:
+            sub = await self.js.subscribe(self.prefix + ".>", stream=self.stream, ordered_consumer=True,
+                                          config=cfg)
+        except (nats.errors.Error, nats.js.errors.Error) as exc:
+            raise JournalError(self.stream, f"cannot open a consumer: {type(exc).__name__}: {exc}") from None
+        entries: list[Entry] = []
+        try:
+            info = await sub.consumer_info()
+            if info.num_pending == 0 and info.delivered.consumer_seq == 0:
+                return []
+            while True:
+                msg = await sub.next_msg(timeout=max(self.timeout_s, 2.0))
+                try:
+                    entries.append(decode(msg.data))
+                except msgspec.DecodeError as exc:  # a bad record is logged and skipped
+                    log.warning("journal: skipped bad record %s: %s", msg.metadata.sequence.stream, exc)
+                if msg.metadata.num_pending == 0:
+                    break
+        except nats.errors.TimeoutError:
+            raise JournalError(self.stream, f"read stalled after {len(entries)} records") from None
+        finally:
+            try:
+                await sub.unsubscribe()
+            except nats.errors.Error:
+                pass
+        return [r for r in fold(entries) if (since is None or r.accepted_at >= since)
+                and (scheduler is None or r.scheduler == scheduler)]

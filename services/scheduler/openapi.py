@@ -1,0 +1,88 @@
+"""The OpenAPI 3.1 description of the front door, served at `GET /openapi.json`.
+
+Owns the document only: paths, responses and the error schema. Request body schemas
+are generated from the msgspec Structs in `protocol` (`msgspec.json.schema_components`),
+so the description cannot drift from what the handlers decode. Validation rules the
+types cannot express (ranges, the context check) live in `protocol.check_sampling`.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import msgspec
+
+from services.scheduler.protocol import ChatRequest, CompletionRequest
+
+REF = "#/components/schemas/{name}"
+
+ERROR_SCHEMA = {
+    "title": "Error",
+    "type": "object",
+    "properties": {"error": {
+        "type": "object",
+        "properties": {
+            "message": {"type": "string"},
+            "type": {"type": "string"},  # invalid_request_error | authentication_error | ...
+            "param": {"anyOf": [{"type": "string"}, {"type": "null"}]},  # the offending field, when known
+            "code": {"anyOf": [{"type": "integer"}, {"type": "string"}, {"type": "null"}]},
+        },
+        "required": ["message", "type", "param", "code"],
+    }},
+    "required": ["error"],
+}
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": REF.format(name=name)}
+
+
+def _json(schema: dict, description: str) -> dict:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _errors(*codes: int) -> dict:
+    text = {400: "invalid request", 401: "missing or invalid API key", 404: "model not served",
+            413: "body too large", 500: "engine error", 503: "no engine available"}
+    return {str(c): _json(_ref("Error"), text[c]) for c in codes}
+
+
+def _generate(body: str, summary: str) -> dict:
+    ok = {"description": "a completion (JSON), or server-sent events ending in `data: [DONE]` when stream=true",
+          "content": {"application/json": {"schema": {"type": "object"}},
+                      "text/event-stream": {"schema": {"type": "string"}}}}
+    return {"post": {
+        "summary": summary,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(body)}}},
+        "responses": {"200": ok, **_errors(400, 401, 404, 413, 500, 503)},
+    }}
+
+
+def _get(summary: str, *errors: int, open_: bool = False) -> dict:
+    op = {"summary": summary, "responses": {"200": _json({"type": "object"}, "ok"), **_errors(*errors)}}
+    if open_:
+        op["security"] = []  # no API key needed
+    return {"get": op}
+
+
+@lru_cache(maxsize=1)
+def openapi_document() -> dict:
+    """The whole document (built once; the types do not change while the process runs)."""
+    _, components = msgspec.json.schema_components((CompletionRequest, ChatRequest), ref_template=REF)
+    components["Error"] = ERROR_SCHEMA
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "dualpath", "version": "1",
+                 "description": "OpenAI-style completions served by a PD-disaggregated mesh."},
+        "paths": {
+            "/v1/models": _get("the served model", 401),
+            "/v1/completions": _generate("CompletionRequest", "complete a prompt (text or token ids)"),
+            "/v1/chat/completions": _generate("ChatRequest", "complete a chat"),
+            "/health": _get("live prefill/decode engines (503 when either is missing)", 503, open_=True),
+            "/v1/mesh": _get("the live mesh as the scheduler sees it", 401),
+        },
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}],  # only enforced when the scheduler has API keys configured
+    }
