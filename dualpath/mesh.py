@@ -69,6 +69,7 @@ class Proc:
     name: str
     popen: subprocess.Popen
     log: Path
+    argv: list[str] = field(default_factory=list)
     expected_exit: bool = False  # killed on purpose (tests): not a failure
 
     def tail(self, n: int = 40) -> str:
@@ -97,7 +98,7 @@ class Mesh:
         popen = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                  cwd=os.getcwd())
         fh.close()
-        proc = Proc(name, popen, log)
+        proc = Proc(name, popen, log, argv)
         self.procs.append(proc)
         return proc
 
@@ -179,6 +180,13 @@ class Mesh:
         proc.expected_exit = True
         proc.popen.send_signal(sig)
         proc.popen.wait(10)
+
+    def restart(self, proc: Proc) -> Proc:
+        """Start the same process again (same name, same flags): a crashed service coming back."""
+        if proc.popen.poll() is None:
+            self.kill(proc)
+        self.procs.remove(proc)
+        return self._spawn(proc.name, proc.argv)
 
     def stop(self, timeout: float = 15.0) -> None:
         """SIGTERM every service (NATS last), then SIGKILL what is still running."""

@@ -17,6 +17,8 @@ import uuid
 
 import httpx
 
+from dualpath.bench.procstat import status_mb
+
 
 def _prompt(tok, n: int) -> list[int]:
     words = f"{uuid.uuid4().hex} " + "the agent reads the tool output and plans the next step " * (n // 8 + 2)
@@ -94,20 +96,10 @@ def through_mesh(model: str, n_prompt: int, n_decode: int, repeat: int) -> tuple
         # decode rate while all 8 stream: tokens after each first token, over the common window
         end = max(w[1] for w in _stream.windows)
         tps8 = sum(w[2] - 1 for w in _stream.windows) / (end - min(w[0] for w in _stream.windows))
-        rss = {p.name: _peak_rss_mb(p.popen.pid) for p in mesh.procs}
+        rss = {p.name: status_mb(p.popen.pid, "VmHWM") for p in mesh.procs}
     finally:
         mesh.stop()
     return {"ttft_s": ttft, "decode_tps_b1": tps1, "decode_tps_b8": tps8}, rss
-
-
-def _peak_rss_mb(pid: int) -> float:
-    try:
-        for line in open(f"/proc/{pid}/status"):
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
 
 
 def main(argv: list[str] | None = None) -> int:

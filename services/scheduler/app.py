@@ -61,6 +61,7 @@ class SchedulerService(Service):
         self.m_queue = m.gauge("queue_length", "Requests waiting for an engine")
         self.m_running = m.gauge("requests_running", "Requests assigned and not finished")
         self.m_engines = m.gauge("engines_live", "Assignable engines", ("role",))
+        self.m_loop_errors = m.counter("loop_errors_total", "Exceptions caught in the scheduler's loops", ("loop",))
         self.m_resumes = m.counter("request_resumes_total", "Requests resumed on other engines after a failure")
 
     @property
@@ -234,7 +235,11 @@ class SchedulerService(Service):
         while True:
             await self.kick.wait()
             self.kick.clear()
-            await self._assign()
+            try:
+                await self._assign()
+            except Exception:  # noqa: BLE001 - a bad request must never stop dispatching
+                log.exception("dispatch failed; continuing")
+                self.m_loop_errors.labels("dispatch").inc()
 
     def _loads(self, role: str, now: float) -> list[EngineLoad]:
         loads = []
@@ -285,25 +290,33 @@ class SchedulerService(Service):
     async def _liveness_loop(self) -> None:
         while True:
             await asyncio.sleep(min(0.5, self.cfg.liveness_timeout_s / 3))
-            now = time.monotonic()
-            for engine in self.view.dead_engines(now):
-                log.warning("engine %s stopped heartbeating; resuming its requests elsewhere", engine)
-                self.view.forget(engine)
-                for rec in list(self.inflight.values()):
-                    if engine not in (rec.pe, rec.de) or rec.finished:
-                        continue
-                    if engine == rec.pe and rec.de != engine and rec.next_index > rec.step0 + 1:
-                        continue  # its decode engine already holds it: the prefill side is done
-                    why = f"engine {engine} stopped responding"
-                    if not self.resume(rec, why):
-                        rec.fail(why)
-                        self.spawn(self.bus.publish(self.subjects.cancel, Cancel(rec.wire_id, why)))
+            try:
+                self._check_liveness()
+            except Exception:  # noqa: BLE001
+                log.exception("liveness check failed; continuing")
+                self.m_loop_errors.labels("liveness").inc()
+
+    def _check_liveness(self) -> None:
+        """Resume (or fail) the requests of engines that went silent; expire unassigned requests."""
+        now = time.monotonic()
+        for engine in self.view.dead_engines(now):
+            log.warning("engine %s stopped heartbeating; resuming its requests elsewhere", engine)
+            self.view.forget(engine)
             for rec in list(self.inflight.values()):
-                if not rec.pe and now - rec.arrived > self.cfg.assign_timeout_s:
-                    self.dispatcher.remove(rec.req_id)
-                    rec.fail("no engine available to serve the request")
-                    self.spawn(self.bus.publish(self.subjects.cancel, Cancel(rec.wire_id, "not assigned in time")))
-            self.kick.set()
+                if engine not in (rec.pe, rec.de) or rec.finished:
+                    continue
+                if engine == rec.pe and rec.de != engine and rec.next_index > rec.step0 + 1:
+                    continue  # its decode engine already holds it: the prefill side is done
+                why = f"engine {engine} stopped responding"
+                if not self.resume(rec, why):
+                    rec.fail(why)
+                    self.spawn(self.bus.publish(self.subjects.cancel, Cancel(rec.wire_id, why)))
+        for rec in list(self.inflight.values()):
+            if not rec.pe and now - rec.queued_at > self.cfg.assign_timeout_s:
+                self.dispatcher.remove(rec.req_id)
+                rec.fail("no engine available to serve the request")
+                self.spawn(self.bus.publish(self.subjects.cancel, Cancel(rec.wire_id, "not assigned in time")))
+        self.kick.set()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,7 @@ class InFlight:
     de: str = ""
     arrived: float = field(default_factory=time.monotonic)
     assigned_at: float = 0.0
+    queued_at: float = field(default_factory=time.monotonic)  # entered the queue (again, when resumed)
     first_at: float = 0.0
     last_at: float = 0.0
     next_index: int = 0  # index of the next token expected
@@ -79,6 +80,7 @@ class InFlight:
     def restart(self) -> int:
         """Begin a new attempt after the tokens delivered so far; returns the tokens still to generate."""
         self.attempt += 1
+        self.queued_at = time.monotonic()
         self.step0 = self.next_index
         self.pe = self.de = ""
         self.hit_blocks = 0

@@ -1,0 +1,210 @@
+"""Soak under faults: agents in closed loops near capacity while processes are killed and restarted.
+
+    python -m dualpath.bench.soak [--minutes 3] [--agents 6] [--fault-every 20] [--json PATH]
+
+Every request must end as completed or as a clean error (an HTTP 4xx/5xx with a JSON
+body, or an SSE error event) within the client timeout; anything else is LOST. Prints
+the fault table (fault, requests in flight, completed, failed cleanly, lost, recovery
+time), each long-lived service's resident memory after warm-up vs at the end, and TTFT
+p50/p99 in the first vs the last window.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import signal
+import statistics
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+import httpx
+
+from dualpath.bench.procstat import status_mb
+from dualpath.mesh import Mesh, MeshSpec
+
+FAULTS = ("decode-", "prefill-", "tm-p", "gateway-p")  # the process killed, in turn
+
+
+@dataclass
+class Outcome:
+    t: float
+    ok: bool
+    clean_error: bool
+    ttft: float
+
+
+@dataclass
+class FaultRow:
+    fault: str
+    at: float
+    in_flight: int = 0
+    completed: int = 0
+    failed_cleanly: int = 0
+    lost: int = 0
+    recovery_s: float = 0.0
+
+
+@dataclass
+class Soak:
+    mesh: Mesh
+    timeout: float = 60.0
+    outcomes: list[Outcome] = field(default_factory=list)
+    inflight: dict[int, float] = field(default_factory=dict)  # request serial -> start time
+    lost: int = 0
+    stop: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    serial: int = 0
+
+    def agent(self, seed: int) -> None:
+        rng = random.Random(seed)
+        with httpx.Client(timeout=self.timeout) as client:
+            while not self.stop.is_set():
+                context = f"agent {seed} session {rng.random():.6f}: " + "tool output line; " * rng.randint(5, 40)
+                for _turn in range(rng.randint(2, 6)):
+                    if self.stop.is_set():
+                        return
+                    text = self.request(client, context, rng.randint(8, 48))
+                    if text is None:
+                        break
+                    context += text + " tool: ok; " * rng.randint(1, 10)
+
+    def request(self, client: httpx.Client, prompt: str, n: int) -> str | None:
+        with self.lock:
+            self.serial += 1
+            me = self.serial
+            self.inflight[me] = time.monotonic()
+        t0 = time.monotonic()
+        ttft, ok, clean, text = 0.0, False, False, []
+        body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True, "stream": True}
+        try:
+            with client.stream("POST", self.mesh.url + "/v1/completions", json=body) as r:
+                if r.status_code != 200:
+                    clean = "error" in json.loads(r.read() or b"{}")
+                else:
+                    for line in r.iter_lines():
+                        if not line.startswith("data: "):
+                            continue
+                        data = line[6:]
+                        if data == "[DONE]":
+                            ok = not clean
+                            break
+                        ev = json.loads(data)
+                        if "error" in ev:
+                            clean = True
+                            continue
+                        ttft = ttft or time.monotonic() - t0
+                        text.append(ev["choices"][0]["text"])
+        except (httpx.HTTPError, ValueError):
+            pass  # a timeout or a broken stream: lost
+        with self.lock:
+            self.inflight.pop(me, None)
+            self.outcomes.append(Outcome(time.monotonic(), ok, clean and not ok, ttft))
+            if not ok and not clean:
+                self.lost += 1
+        return "".join(text) if ok else None
+
+
+def _healthy(mesh: Mesh, pes: int, des: int) -> bool:
+    try:
+        h = httpx.get(mesh.url + "/health", timeout=2).json()
+        return h.get("prefill_engines", 0) >= pes and h.get("decode_engines", 0) >= des
+    except (httpx.HTTPError, ValueError):
+        return False
+
+
+def inject(soak: Soak, prefix: str, restart_after: float) -> FaultRow:
+    mesh = soak.mesh
+    victim = next(p for p in mesh.procs if p.name.startswith(prefix) and p.popen.poll() is None)
+    row = FaultRow(victim.name, time.monotonic(), in_flight=len(soak.inflight))
+    before = set(soak.inflight)
+    mesh.kill(victim, signal.SIGKILL)
+    time.sleep(restart_after)
+    mesh.restart(victim)
+    t_restart = time.monotonic()
+    while not _healthy(mesh, 2, 2) and time.monotonic() - t_restart < 60:
+        time.sleep(0.2)
+    row.recovery_s = time.monotonic() - row.at
+    deadline = time.monotonic() + soak.timeout
+    while set(soak.inflight) & before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    done = [o for o in soak.outcomes if o.t >= row.at]
+    row.completed = sum(o.ok for o in done)
+    row.failed_cleanly = sum(o.clean_error for o in done)
+    row.lost = len(set(soak.inflight) & before)  # still hanging after the client timeout
+    return row
+
+
+def run(minutes: float, agents: int, fault_every: float, warmup: float) -> dict:
+    extra = {"scheduler": {"liveness-timeout-s": "2", "assign-timeout-s": "20"}}
+    spec = MeshSpec(model="tiny", port=0, prefill=2, decode=2, kv_blocks=128, buffer_mb=32, threads=1, extra=extra,
+                    env={"DUALPATH_HEARTBEAT_S": "0.2"})
+    mesh = Mesh(spec).start(timeout=120)
+    soak = Soak(mesh)
+    threads = [threading.Thread(target=soak.agent, args=(i,), daemon=True) for i in range(agents)]
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(warmup)
+        stable = {p.name: p.popen.pid for p in mesh.procs if not p.name.startswith(FAULTS) and p.name != "nats"}
+        rss0 = {n: status_mb(pid) for n, pid in stable.items()}
+        t_start, rows, k = time.monotonic(), [], 0
+        while time.monotonic() - t_start < minutes * 60:
+            time.sleep(fault_every)
+            rows.append(inject(soak, FAULTS[k % len(FAULTS)], restart_after=2.0))
+            k += 1
+        rss1 = {n: status_mb(pid) for n, pid in stable.items()}
+    finally:
+        soak.stop.set()
+        for t in threads:
+            t.join(soak.timeout + 5)
+        mesh.stop()
+    window = max(30.0, minutes * 60 / 4)
+    first = [o.ttft for o in soak.outcomes if o.ok and o.t - t_start < window]
+    last = [o.ttft for o in soak.outcomes if o.ok and o.t > soak.outcomes[-1].t - window]
+    return {"faults": [asdict(r) for r in rows], "requests": len(soak.outcomes),
+            "completed": sum(o.ok for o in soak.outcomes), "failed_cleanly": sum(o.clean_error for o in soak.outcomes),
+            "lost": soak.lost, "rss_mb_after_warmup": rss0, "rss_mb_end": rss1,
+            "ttft_first": _pcts(first), "ttft_last": _pcts(last)}
+
+
+def _pcts(xs: list[float]) -> dict:
+    if not xs:
+        return {"n": 0}
+    xs = sorted(xs)
+    return {"n": len(xs), "p50_s": statistics.median(xs), "p99_s": xs[min(len(xs) - 1, int(0.99 * len(xs)))]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--minutes", type=float, default=3.0)
+    ap.add_argument("--agents", type=int, default=6)
+    ap.add_argument("--fault-every", type=float, default=20.0)
+    ap.add_argument("--warmup", type=float, default=20.0)
+    ap.add_argument("--json", default="")
+    a = ap.parse_args(argv)
+    res = run(a.minutes, a.agents, a.fault_every, a.warmup)
+    print(f"{'fault (SIGKILL, restart 2 s later)':36}{'in flight':>10}{'completed':>10}{'failed ok':>10}"
+          f"{'lost':>6}{'recovery s':>12}")
+    for r in res["faults"]:
+        print(f"{r['fault']:36}{r['in_flight']:>10}{r['completed']:>10}{r['failed_cleanly']:>10}{r['lost']:>6}"
+              f"{r['recovery_s']:>12.1f}")
+    print(f"requests {res['requests']}: completed {res['completed']}, failed cleanly {res['failed_cleanly']}, "
+          f"lost {res['lost']}")
+    print("resident memory (MiB), after warm-up -> end:")
+    for name, mb in res["rss_mb_after_warmup"].items():
+        end = res["rss_mb_end"][name]
+        print(f"  {name:24}{mb:8.1f} -> {end:8.1f}  ({(end - mb) / mb * 100 if mb else 0:+.1f}%)")
+    f, l_ = res["ttft_first"], res["ttft_last"]
+    if f.get("n") and l_.get("n"):
+        print(f"TTFT first window p50 {f['p50_s'] * 1e3:.0f} ms p99 {f['p99_s'] * 1e3:.0f} ms; "
+              f"last window p50 {l_['p50_s'] * 1e3:.0f} ms p99 {l_['p99_s'] * 1e3:.0f} ms")
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(res, fh, indent=2)
+    return 0 if res["lost"] == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
