@@ -13,11 +13,14 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import signal
 import statistics
 import threading
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import httpx
 
@@ -136,10 +139,42 @@ def inject(soak: Soak, prefix: str, restart_after: float) -> FaultRow:
     return row
 
 
+def leaks(mesh: Mesh, timeout: float = 20.0) -> list[str]:
+    """Engines or traffic-managers not back to all-free once the load is gone (empty = none)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        view = httpx.get(mesh.url + "/v1/mesh", timeout=5).json()
+        bad = [f"{e['engine']}: {e['free_blocks']}/{e['total_blocks']} KV blocks free"
+               for e in view["engines"] if e["free_blocks"] != e["total_blocks"] or e["seq"]]
+        bad += [f"tm {t['engine']}: buffer {t['buffer_free_bytes']}/{t['buffer_bytes']} free"
+                for t in view["traffic_managers"] if t["buffer_free_bytes"] != t["buffer_bytes"]]
+        if not bad or time.monotonic() > deadline:
+            return bad
+        time.sleep(0.5)
+
+
+def torn_blocks(store: Path) -> list[str]:
+    """Stored Full Blocks whose header or payload checksum does not verify (empty = none)."""
+    from shared.kv.full_block import HEADER_SIZE, decode_header, verify_payload
+
+    bad = []
+    for path in store.rglob("*.kvb"):
+        data = path.read_bytes()
+        try:
+            verify_payload(decode_header(data[:HEADER_SIZE]), memoryview(data)[HEADER_SIZE:])
+        except Exception as exc:  # noqa: BLE001 - any failure is a torn or bad block
+            bad.append(f"{path.name}: {exc}")
+    return bad
+
+
 def run(minutes: float, agents: int, fault_every: float, warmup: float) -> dict:
-    extra = {"scheduler": {"liveness-timeout-s": "2", "assign-timeout-s": "20"}}
+    deadline = "4"  # transfer deadlines (the defaults are 30 s): a dead peer is given up on quickly
+    extra = {"scheduler": {"liveness-timeout-s": "2", "assign-timeout-s": "20"},
+             "prefill_engine": {"handoff-timeout-s": deadline}, "decode_engine": {"load-timeout-s": deadline},
+             "traffic_manager": {"transfer-timeout-s": deadline}}
+    store = Path(tempfile.mkdtemp(prefix="dualpath-soak-store-"))
     spec = MeshSpec(model="tiny", port=0, prefill=2, decode=2, kv_blocks=128, buffer_mb=32, threads=1, extra=extra,
-                    env={"DUALPATH_HEARTBEAT_S": "0.2"})
+                    env={"DUALPATH_HEARTBEAT_S": "0.2"}, store=str(store))
     mesh = Mesh(spec).start(timeout=120)
     soak = Soak(mesh)
     threads = [threading.Thread(target=soak.agent, args=(i,), daemon=True) for i in range(agents)]
@@ -155,18 +190,22 @@ def run(minutes: float, agents: int, fault_every: float, warmup: float) -> dict:
             rows.append(inject(soak, FAULTS[k % len(FAULTS)], restart_after=2.0))
             k += 1
         rss1 = {n: status_mb(pid) for n, pid in stable.items()}
-    finally:
         soak.stop.set()
         for t in threads:
             t.join(soak.timeout + 5)
+        leaked = leaks(mesh)
+    finally:
+        soak.stop.set()
         mesh.stop()
+    torn = torn_blocks(store)
+    shutil.rmtree(store, ignore_errors=True)
     window = max(30.0, minutes * 60 / 4)
     first = [o.ttft for o in soak.outcomes if o.ok and o.t - t_start < window]
     last = [o.ttft for o in soak.outcomes if o.ok and o.t > soak.outcomes[-1].t - window]
     return {"faults": [asdict(r) for r in rows], "requests": len(soak.outcomes),
             "completed": sum(o.ok for o in soak.outcomes), "failed_cleanly": sum(o.clean_error for o in soak.outcomes),
             "lost": soak.lost, "rss_mb_after_warmup": rss0, "rss_mb_end": rss1,
-            "ttft_first": _pcts(first), "ttft_last": _pcts(last)}
+            "ttft_first": _pcts(first), "ttft_last": _pcts(last), "leaks": leaked, "torn_blocks": torn}
 
 
 def _pcts(xs: list[float]) -> dict:
@@ -196,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, mb in res["rss_mb_after_warmup"].items():
         end = res["rss_mb_end"][name]
         print(f"  {name:24}{mb:8.1f} -> {end:8.1f}  ({(end - mb) / mb * 100 if mb else 0:+.1f}%)")
+    print(f"after the load: {len(res['leaks'])} engines/TMs not back to all-free {res['leaks'] or ''}; "
+          f"{len(res['torn_blocks'])} torn stored blocks")
     f, l_ = res["ttft_first"], res["ttft_last"]
     if f.get("n") and l_.get("n"):
         print(f"TTFT first window p50 {f['p50_s'] * 1e3:.0f} ms p99 {f['p99_s'] * 1e3:.0f} ms; "
@@ -203,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(res, fh, indent=2)
-    return 0 if res["lost"] == 0 else 1
+    return 0 if res["lost"] == 0 and not res["leaks"] and not res["torn_blocks"] else 1
 
 
 if __name__ == "__main__":

@@ -131,6 +131,22 @@ class PrefillService(Service):
                             de_engine=work.de_engine, de_node=work.de_node, prompt_blocks=len(req.blocks))
             self._loading.append((req, work))
             self.spawn(self.bus.publish(self.subjects.tm(self.engine, "fetch"), fetch, ctx=req.ctx))
+            self.spawn(self._fetch_deadline(req), name=f"fetch-deadline-{req.req_id}")
+
+    async def _fetch_deadline(self, req: EngineRequest) -> None:
+        """Every transfer has a deadline: a storage read that never reports (its traffic-manager died)
+        fails the request as retryable; its blocks are freed one more deadline later, when no copy
+        of that fetch can still be writing into them."""
+        await asyncio.sleep(self.cfg.handoff_timeout_s)
+        entry = next((e for e in self._loading if e[0] is req), None)
+        if entry is None:
+            return
+        self._loading.remove(entry)
+        if not req.cancelled:
+            await self._fail(req, "stored KV did not arrive before the transfer deadline", retryable=True,
+                             release=False)
+        await asyncio.sleep(self.cfg.handoff_timeout_s)
+        self._release(req)
 
     async def _on_loaded(self, msg: LayerLoaded, d: Delivery) -> None:
         prog = self.loads.get(msg.req_id)
@@ -317,9 +333,11 @@ class PrefillService(Service):
     async def _emit(self, ev: TokenEvent, req: EngineRequest) -> None:
         await self.bus.publish(req.reply, ev, ctx=req.ctx)
 
-    async def _fail(self, req: EngineRequest, error: str, retryable: bool = False) -> None:
+    async def _fail(self, req: EngineRequest, error: str, retryable: bool = False, release: bool = True) -> None:
         await self.bus.publish(req.reply, TokenEvent(req.req_id, [], finish="error", error=error, source=self.engine,
                                                      retryable=retryable))
+        if not release:
+            return
         self._release(req)
 
     def _copies_done(self, req: EngineRequest) -> bool:
@@ -334,7 +352,14 @@ class PrefillService(Service):
         """Cancelled and queued: release now, or when its last layer copy lands."""
         if self._copies_done(req):
             self._release(req)
+        else:  # the last layer copy frees it; the deadline does if that copy never comes
+            self.spawn(self._release_after_deadline(req), name=f"release-{req.req_id}")
         return True
+
+    async def _release_after_deadline(self, req: EngineRequest) -> None:
+        await asyncio.sleep(self.cfg.handoff_timeout_s)
+        if self.active.get(req.req_id) is req:
+            self._release(req)
 
     def _release(self, req: EngineRequest) -> None:
         self.active.pop(req.req_id, None)

@@ -16,3 +16,5 @@ def test_short_soak_with_faults_loses_no_request():
     for row in res["faults"]:
         assert row["lost"] == 0 and row["recovery_s"] < 30, row
     assert res["requests"] == res["completed"] + res["failed_cleanly"] + res["lost"]
+    assert res["leaks"] == [], "KV blocks or buffer slots not freed after the faults"
+    assert res["torn_blocks"] == [], "a stored block does not verify"
