@@ -5,7 +5,7 @@
 Every request must end as completed or as a clean error (an HTTP 4xx/5xx with a JSON
 body, or an SSE error event) within the client timeout; anything else is LOST. Prints
 the fault table (fault, requests in flight, completed, failed cleanly, lost, recovery
-time), each long-lived service's resident memory after warm-up vs at the end, and TTFT
+time), each long-lived service's own memory (RssAnon) after warm-up vs at the end, and TTFT
 p50/p99 in the first vs the last window.
 """
 from __future__ import annotations
@@ -171,7 +171,8 @@ def run(minutes: float, agents: int, fault_every: float, warmup: float) -> dict:
     deadline = "4"  # transfer deadlines (the defaults are 30 s): a dead peer is given up on quickly
     extra = {"scheduler": {"liveness-timeout-s": "2", "assign-timeout-s": "20"},
              "prefill_engine": {"handoff-timeout-s": deadline}, "decode_engine": {"load-timeout-s": deadline},
-             "traffic_manager": {"transfer-timeout-s": deadline}}
+             "traffic_manager": {"transfer-timeout-s": deadline},
+             "storage_gateway": {"capacity-gb": "0.05"}}  # a bounded store: LRU eviction runs all along
     store = Path(tempfile.mkdtemp(prefix="dualpath-soak-store-"))
     spec = MeshSpec(model="tiny", port=0, prefill=2, decode=2, kv_blocks=128, buffer_mb=32, threads=1, extra=extra,
                     env={"DUALPATH_HEARTBEAT_S": "0.2"}, store=str(store))
@@ -183,13 +184,15 @@ def run(minutes: float, agents: int, fault_every: float, warmup: float) -> dict:
             t.start()
         time.sleep(warmup)
         stable = {p.name: p.popen.pid for p in mesh.procs if not p.name.startswith(FAULTS) and p.name != "nats"}
-        rss0 = {n: status_mb(pid) for n, pid in stable.items()}
+        # RssAnon: the process's own heap. VmRSS also counts shared-memory pages (KV memory, TM
+        # buffers) as they are first touched, which grows toward their fixed size and is not a leak.
+        rss0 = {n: status_mb(pid, "RssAnon") for n, pid in stable.items()}
         t_start, rows, k = time.monotonic(), [], 0
         while time.monotonic() - t_start < minutes * 60:
             time.sleep(fault_every)
             rows.append(inject(soak, FAULTS[k % len(FAULTS)], restart_after=2.0))
             k += 1
-        rss1 = {n: status_mb(pid) for n, pid in stable.items()}
+        rss1 = {n: status_mb(pid, "RssAnon") for n, pid in stable.items()}
         soak.stop.set()
         for t in threads:
             t.join(soak.timeout + 5)
@@ -231,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['recovery_s']:>12.1f}")
     print(f"requests {res['requests']}: completed {res['completed']}, failed cleanly {res['failed_cleanly']}, "
           f"lost {res['lost']}")
-    print("resident memory (MiB), after warm-up -> end:")
+    print("resident anonymous memory (RssAnon, MiB), after warm-up -> end:")
     for name, mb in res["rss_mb_after_warmup"].items():
         end = res["rss_mb_end"][name]
         print(f"  {name:24}{mb:8.1f} -> {end:8.1f}  ({(end - mb) / mb * 100 if mb else 0:+.1f}%)")

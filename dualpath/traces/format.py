@@ -79,17 +79,22 @@ def _parse_turn(t: object, i: int, path: str, line: int) -> tuple[int, int]:
     return a, g
 
 
-def read_trajectories(path: str | Path) -> list[Trajectory]:
-    """All trajectories of a JSONL file (blank lines skipped)."""
+def read_jsonl(path: str | Path, parse, what: str) -> list:
+    """`parse(text, path, line)` of every non-blank line; an empty file is an error naming `what`."""
     p = str(path)
     out = []
     with open(p, encoding="utf-8") as fh:
         for n, text in enumerate(fh, start=1):
             if text.strip():
-                out.append(parse_line(text, p, n))
+                out.append(parse(text, p, n))
     if not out:
-        raise TraceFormatError(p, 0, "no trajectories in file")
+        raise TraceFormatError(p, 0, f"no {what} in file")
     return out
+
+
+def read_trajectories(path: str | Path) -> list[Trajectory]:
+    """All trajectories of a JSONL file (blank lines skipped)."""
+    return read_jsonl(path, parse_line, "trajectories")
 
 
 def write_trajectories(path: str | Path, trajs: Iterable[Trajectory]) -> int:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dualpath.traces.format import TraceFormatError
+from dualpath.traces.format import TraceFormatError, read_jsonl
 
 MOONCAKE_BLOCK = 512  # tokens per hash id in the published traces
 
@@ -57,15 +57,7 @@ def _is_int(v: object) -> bool:
 
 def read_mooncake(path: str | Path) -> list[MooncakeRequest]:
     """Every request of a Mooncake JSONL file, in file order (blank lines skipped)."""
-    p = str(path)
-    out = []
-    with open(p, encoding="utf-8") as fh:
-        for n, text in enumerate(fh, start=1):
-            if text.strip():
-                out.append(parse_line(text, p, n))
-    if not out:
-        raise TraceFormatError(p, 0, "no requests in file")
-    return out
+    return read_jsonl(path, parse_line, "requests")
 
 
 def block_size_for(scale: float, align: int = 64) -> int:

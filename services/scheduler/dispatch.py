@@ -79,6 +79,7 @@ class Dispatcher:
         before = len(self.de_pool)
         self.de_pool = [j for j in self.de_pool if j.req_id != req_id]
         self.pe_of.pop(req_id, None)
+        self._ids.pop(req_id, None)
         return found or len(self.de_pool) != before
 
     def assign(self, pes: list[EngineLoad], des: list[EngineLoad]) -> list[Assignment]:

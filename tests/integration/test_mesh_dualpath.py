@@ -50,16 +50,6 @@ def mesh(tmp_path_factory):
     m.stop()
 
 
-@pytest.fixture(scope="module")
-def reference():
-    import torch
-
-    from shared.model.loader import load_model
-
-    torch.set_num_threads(1)
-    return load_model("tiny", seed=0)
-
-
 def _two_turns(mesh, mode: str):
     p1 = f"[{mode} {uuid.uuid4().hex[:8]}] agent log: " + "step ok; " * 50
     r1 = complete(mesh.url, {"prompt": p1, "max_tokens": 70, "temperature": 0, "ignore_eos": True,

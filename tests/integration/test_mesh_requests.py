@@ -20,16 +20,6 @@ def mesh(tmp_path_factory):
     m.stop()
 
 
-@pytest.fixture(scope="module")
-def reference():
-    import torch
-
-    from shared.model.loader import load_model
-
-    torch.set_num_threads(1)
-    return load_model("tiny", seed=0)
-
-
 def test_models_lists_the_served_model(mesh):
     r = httpx.get(mesh.url + "/v1/models", timeout=10)
     assert r.status_code == 200

@@ -32,16 +32,6 @@ def _wait_persisted(store: Path, at_least: int, timeout: float = 10.0) -> int:
     return n
 
 
-@pytest.fixture(scope="module")
-def reference():
-    import torch
-
-    from shared.model.loader import load_model
-
-    torch.set_num_threads(1)
-    return load_model("tiny", seed=0)
-
-
 def test_second_turn_reuses_stored_blocks_and_matches(tmp_path, reference):
     from shared.model.reference import generate
 
