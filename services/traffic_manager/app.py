@@ -21,6 +21,7 @@ from opentelemetry import trace
 from services.traffic_manager.config import TrafficManagerConfig
 from services.traffic_manager.store_path import StorePath
 from shared.bus import BusError, Delivery
+from shared.engine.requests import RecentSet
 from shared.kv.allocator import OutOfSlots, SlotAllocator
 from shared.messages.registry import Announce, EngineAnnounce, KVRegion, TrafficManagerAnnounce
 from shared.messages.tm import FetchKV, LoadKV, PushDone, PushKV, Release, Reserve, Reserved, SaveKV, Stage
@@ -49,6 +50,7 @@ class TrafficManagerService(Service):
         self.peers: dict[str, Peer] = {}
         self.store_path = StorePath(self)
         self.freed = asyncio.Event()  # set whenever buffer slots are released
+        self.cancelled = RecentSet()  # released/cancelled ids: a reservation arriving after them is dropped
         self.busy: set[str] = set()  # requests whose slots a storage read still targets
         self.free_later: set[str] = set()  # released while busy: freed when the read ends
         m = self.metrics
@@ -178,6 +180,8 @@ class TrafficManagerService(Service):
             raise OutOfSlots(n, self.slots.n_slots)
         deadline = time.monotonic() + self.cfg.transfer_timeout_s
         while True:
+            if owner in self.cancelled:
+                raise OutOfSlots(n, 0)  # cancelled while waiting: never hold slots for it
             try:
                 return self.slots.allocate(owner, n)
             except OutOfSlots:
@@ -233,6 +237,7 @@ class TrafficManagerService(Service):
         await d.respond(PushDone(nbytes=nbytes, seconds=dt))
 
     async def _on_release(self, msg, d: Delivery) -> None:
+        self.cancelled.add(msg.req_id)
         self._free(msg.req_id)
 
     def _free(self, req_id: str) -> None:
