@@ -18,6 +18,10 @@ import torch.nn.functional as F
 from shared.model.batch import ForwardBatch, SeqSlice
 
 
+SPLIT_KV_THRESHOLD = 4096  # decode contexts longer than this use split-KV attention + LSE merge
+SPLIT_KV_SIZE = 2048  # tokens per KV split
+
+
 @dataclass(frozen=True)
 class DecodeGroup:
     """All single-token sequences of a step, attended together (padded)."""
@@ -134,6 +138,29 @@ def _gather(layer_kv: torch.Tensor, kv: int, blocks: torch.Tensor) -> torch.Tens
 
 
 def _decode_attention(q: torch.Tensor, layer_kv: torch.Tensor, g: DecodeGroup) -> torch.Tensor:
+    """Decode rows: short contexts in one padded SDPA; long ones by split-KV + LSE merge (kernels/)."""
+    ends = g.mask[:, 0, 0, :].sum(-1)  # (B,) context length of each sequence
+    long = (ends > SPLIT_KV_THRESHOLD).nonzero().flatten().tolist()
+    if not long:
+        return _decode_padded(q, layer_kv, g)
+    from kernels import decode_attention  # split-KV decode: the plain-torch path on CPU
+
+    out = torch.empty(len(ends), *q.shape[1:], dtype=q.dtype)
+    long_set = set(long)
+    short = [i for i in range(len(ends)) if i not in long_set]
+    if short:
+        sel = torch.tensor(short)
+        sub = DecodeGroup(rows=g.rows[sel], tables=g.tables[sel], mask=g.mask[sel])
+        out[sel] = _decode_padded(q, layer_kv, sub)
+    for i in long:
+        t = int(ends[i])
+        k = _gather(layer_kv, 0, g.tables[i])[:t]  # (T, n_kv, hd)
+        v = _gather(layer_kv, 1, g.tables[i])[:t]
+        out[i] = decode_attention(q[g.rows[i]], k, v, split_size=SPLIT_KV_SIZE)  # (nh, hd)
+    return out
+
+
+def _decode_padded(q: torch.Tensor, layer_kv: torch.Tensor, g: DecodeGroup) -> torch.Tensor:
     b = g.tables.shape[0]
     kc = _gather(layer_kv, 0, g.tables).view(b, -1, *layer_kv.shape[-2:]).transpose(1, 2)  # (B, n_kv, L, hd)
     vc = _gather(layer_kv, 1, g.tables).view(b, -1, *layer_kv.shape[-2:]).transpose(1, 2)
