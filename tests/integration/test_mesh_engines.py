@@ -30,10 +30,15 @@ def test_added_engines_take_work_without_restart(tmp_path):
         with Announcements(mesh) as ann:
             assert ann.wait_for(lambda a: len(a.engines) == 4, 60), ann.engines.keys()
             assert ann.wait_for(lambda a: httpx.get(mesh.url + "/health").json()["prefill_engines"] == 2, 30)
-            bodies = [{"prompt": f"spread {i} " * 10, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+            # overlapping requests, arriving a little apart (as agents do): every pull sees a fresh load
+            bodies = [{"prompt": f"spread {i} " * 10, "max_tokens": 400, "temperature": 0, "ignore_eos": True}
                       for i in range(8)]
             with cf.ThreadPoolExecutor(8) as pool:
-                results = list(pool.map(lambda b: complete(mesh.url, b), bodies))
+                futures = []
+                for b in bodies:
+                    futures.append(pool.submit(complete, mesh.url, b))
+                    time.sleep(0.05)
+                results = [f.result() for f in futures]
             assert all(r.status_code == 200 for r in results)
             engines = dict(ann.engines)
         for eng in engines.values():
