@@ -208,6 +208,9 @@ class Mesh:
                 except subprocess.TimeoutExpired:
                     p.popen.kill()
                     p.popen.wait()
+        from shared.transport.shm_region import reap_orphans
+
+        reap_orphans()  # KV memory and buffers of processes that were killed (-9) and never unlinked
 
     def __enter__(self) -> "Mesh":
         return self.start()

@@ -10,11 +10,12 @@ from shared.kv.allocator import SlotAllocator
 from shared.messages.registry import KVRegion
 from shared.model.config import ModelConfig
 from shared.model.kv_cache import PagedKVCache
-from shared.transport.shm_region import ShmRegion, new_name
+from shared.transport.shm_region import ShmRegion, new_name, reap_orphans
 
 
 class KVMemory:
     def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, tag: str = "kv"):
+        reap_orphans()  # a predecessor killed with -9 left its KV memory behind
         size = PagedKVCache.nbytes_for(cfg, num_blocks, block_size)
         self.region = ShmRegion.create(new_name(tag), size)
         self.cache = PagedKVCache.from_buffer(self.region.buf, cfg, num_blocks, block_size)

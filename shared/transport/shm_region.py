@@ -22,8 +22,47 @@ PREFIX = "dp-"
 
 
 def new_name(tag: str = "r") -> str:
-    """A unique, prefixed segment name, e.g. `dp-kv-3f2a...`."""
-    return f"{PREFIX}{tag}-{uuid.uuid4().hex[:16]}"
+    """A unique, prefixed segment name carrying its creator's pid, e.g. `dp-kv-4242-3f2a...`."""
+    return f"{PREFIX}{tag}-{os.getpid()}-{uuid.uuid4().hex[:16]}"
+
+
+def _creator(name: str) -> int | None:
+    """The creating pid encoded by `new_name` (None for names it did not make)."""
+    parts = name.rsplit("-", 2)
+    if len(parts) != 3 or not name.startswith(PREFIX) or not parts[1].isdigit():
+        return None
+    return int(parts[1])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_orphans(shm_dir: str = SHM_DIR) -> list[str]:
+    """Unlink segments whose creator process is gone (it was killed before it could unlink them).
+
+    Processes that still map such a segment keep their mapping; only the name goes.
+    """
+    reaped = []
+    try:
+        names = os.listdir(shm_dir)
+    except OSError:
+        return reaped
+    for name in names:
+        pid = _creator(name)
+        if pid is not None and not _alive(pid):
+            try:
+                os.unlink(os.path.join(shm_dir, name))
+                reaped.append(name)
+            except OSError:
+                pass
+    return reaped
 
 
 def _path(name: str) -> str:

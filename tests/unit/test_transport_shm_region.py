@@ -72,3 +72,17 @@ def test_bad_names_and_sizes_are_rejected():
         ShmRegion.create("a/b", 10)
     with pytest.raises(ValueError):
         ShmRegion.create(new_name("t"), 0)
+
+
+def test_segments_of_dead_creators_are_reaped_and_live_ones_kept(tmp_path):
+    from shared.transport.shm_region import reap_orphans
+
+    mine = new_name("test")
+    assert f"-{os.getpid()}-" in mine
+    (tmp_path / mine).write_bytes(b"x")
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = f"dp-test-{int(child.stdout)}-{'0' * 16}"  # its creator has exited
+    (tmp_path / dead).write_bytes(b"x")
+    (tmp_path / "dp-legacy-name").write_bytes(b"x")  # not made by new_name: never touched
+    assert reap_orphans(str(tmp_path)) == [dead]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine, "dp-legacy-name"])
