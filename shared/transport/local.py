@@ -40,18 +40,6 @@ class Liveness:
         self.region.close()
 
 
-def process_alive(pid: int) -> bool:
-    if pid <= 0 or pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class LocalSide:
     """Regions + local copies + liveness; subclassed by each backend's Endpoint."""
 

@@ -20,9 +20,9 @@ from .base import Endpoint, EndpointDesc, Op, Peer, RegionDesc, TrafficClass
 from .classes import DEFAULT_WEIGHTS
 from .copier import CopyWorker, Pair
 from .errors import PeerGone, RegionNotFound, TransportError
-from .local import LocalSide, process_alive
+from .local import LocalSide
 from .regions import RegionTable, check_bounds
-from .shm_region import ShmRegion
+from .shm_region import ShmRegion, process_alive
 
 
 def shm_reachable(local_host_id: str, remote: EndpointDesc) -> bool:

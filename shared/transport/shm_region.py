@@ -34,7 +34,10 @@ def _creator(name: str) -> int | None:
     return int(parts[1])
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether `pid` is a live process (this one always counts as alive)."""
+    if pid <= 0 or pid == os.getpid():
+        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -56,7 +59,7 @@ def reap_orphans(shm_dir: str = SHM_DIR) -> list[str]:
         return reaped
     for name in names:
         pid = _creator(name)
-        if pid is not None and not _alive(pid):
+        if pid is not None and not process_alive(pid):
             try:
                 os.unlink(os.path.join(shm_dir, name))
                 reaped.append(name)
