@@ -47,6 +47,7 @@ class PrefillService(Service):
         self.attn_model = AttentionModel(per_pair=cfg.attn_per_pair_s, per_token=cfg.attn_per_token_s,
                                          per_batch=cfg.attn_per_batch_s)
         self.staged: dict[str, tuple[list[int], list[int]]] = {}  # DE path: (DE-buffer slots, blocks in them)
+        self.de_held: dict[str, str] = {}  # DE read path: request -> the DE engine whose TM holds slots for it
         self.store = None
         self.active: dict[str, EngineRequest] = {}
         self.wake = asyncio.Event()
@@ -130,6 +131,8 @@ class PrefillService(Service):
                             self.store, pe_blocks=work.pe_blocks if work.mode == "dualpath" else -1,
                             de_engine=work.de_engine, de_node=work.de_node, prompt_blocks=len(req.blocks))
             self._loading.append((req, work))
+            if work.mode == "dualpath" and work.pe_blocks < n:
+                self.de_held[req.req_id] = work.de_engine
             self.spawn(self.bus.publish(self.subjects.tm(self.engine, "fetch"), fetch, ctx=req.ctx))
             self.spawn(self._fetch_deadline(req), name=f"fetch-deadline-{req.req_id}")
 
@@ -296,6 +299,7 @@ class PrefillService(Service):
         await self._emit(TokenEvent(req.req_id, [first], 0, finish=finish, source=self.engine, cached_tokens=cached),
                          req)
         if finish or req.cancelled:
+            self._drop_de_slots(req)  # finished here (e.g. one token): the DE never loads them
             self._release(req)
             return
         t0 = time.perf_counter()
@@ -321,6 +325,7 @@ class PrefillService(Service):
                                              timeout=self.cfg.handoff_timeout_s)
                 if not ack.ok:
                     raise BusError("admit", ack.error)
+                self.de_held.pop(req.req_id, None)  # the decode side owns (and frees) its slots now
             except BusError as exc:
                 if not req.cancelled:
                     await self._fail(req, f"KV hand-off to {work.de_engine} failed: {exc.reason}", retryable=True)
@@ -333,7 +338,15 @@ class PrefillService(Service):
     async def _emit(self, ev: TokenEvent, req: EngineRequest) -> None:
         await self.bus.publish(req.reply, ev, ctx=req.ctx)
 
+    def _drop_de_slots(self, req: EngineRequest) -> None:
+        """The DE buffer slots staged for a request that will not reach that DE: free them."""
+        engine = self.de_held.pop(req.req_id, None)
+        if engine:
+            self.spawn(self.bus.publish(self.subjects.tm(engine, "release"), Release(req.req_id)),
+                       name=f"release-de-{req.req_id}")
+
     async def _fail(self, req: EngineRequest, error: str, retryable: bool = False, release: bool = True) -> None:
+        self._drop_de_slots(req)
         await self.bus.publish(req.reply, TokenEvent(req.req_id, [], finish="error", error=error, source=self.engine,
                                                      retryable=retryable))
         if not release:
@@ -366,6 +379,7 @@ class PrefillService(Service):
         self.loads.pop(req.req_id, None)
         self.hit_tokens.pop(req.req_id, None)
         self.staged.pop(req.req_id, None)
+        self.de_held.pop(req.req_id, None)
         self.progress.pop(req.req_id, None)
         if self.kv:
             self.kv.alloc.release(req.req_id)

@@ -2,17 +2,20 @@
 store, with the node's read queue. asyncio API, no NATS (``app.py`` wires it).
 
 One ``read_blocks`` call, keys ``[k0, k1, k2]`` at ``offsets`` in ``dest``:
-enqueue 3 blocks on the read queue; each block takes an I/O slot (FIFO across
-calls), its bytes from the read bucket (the emulated SNIC), then runs
-``store.read_into`` on the read pool straight into ``dest[off:off+payload]``. If
-``k1`` is missing or corrupt the chain stops there: ``k2`` is skipped (or its
-bytes ignored if already in flight) and the result says 1 block. Every block is
-dequeued when it finishes, whatever the outcome. Cancelling the call waits for
+enqueue 3 blocks on the read queue; reserve their bytes from the read bucket (the
+emulated SNIC) on arrival, so requests are paced FIFO, and wait once; then one I/O
+slot runs ``store.read_into`` for k0, k1, k2 in turn on the read pool, straight into
+``dest[off:off+payload]``. If ``k1`` is missing or corrupt the chain stops there:
+``k2`` is not read and the result says 1 block. The blocks are dequeued when the
+request finishes, whatever the outcome. One wait and one thread hop per request (not
+per block) keeps the gateway's CPU per request low. Cancelling the call waits for
 reads already on a thread so ``dest`` is quiet when the cancellation surfaces.
 
-Writes (decode persisting filled blocks) are background: each waits until the
-read queue is empty (at most ``max_write_defer_s``), then takes write-bucket
-bytes and runs on its own small pool, so reads never queue behind writes.
+Writes (decode persisting filled blocks) are background: each takes write-bucket
+bytes (the SNIC is full duplex: reads and writes have their own buckets) and runs
+on its own small pool, so reads never queue behind writes. With
+``max_write_defer_s`` > 0 (a shared disk) a write first waits, at most that long,
+until the read queue is empty.
 
 Owns: ``GatewayCore``, ``ReadResult``.
 Does not own: files (``store.py``), rate (``bucket.py``), counts (``read_queue.py``).
@@ -66,7 +69,7 @@ class GatewayCore:
         io_threads: int = 4,
         *,
         write_threads: int = 1,
-        max_write_defer_s: float = 1.0,
+        max_write_defer_s: float = 0.0,
     ) -> None:
         self.store = store
         self._read_bucket = read_bucket or TokenBucket(None)
@@ -105,10 +108,12 @@ class GatewayCore:
         self._queue.enqueue(n, n * size)
         self._reads_idle.clear()
         try:
-            async with asyncio.TaskGroup() as tg:
-                for i, (key, off) in enumerate(zip(keys, offsets, strict=True)):
-                    tg.create_task(self._read_one(i, key, view[off : off + size], chain))
+            await self._take_read_bytes(n * size)
+            async with self._slots:
+                await _in_thread(self._read_pool, self._read_chain, keys,
+                                 [view[off : off + size] for off in offsets], chain)
         finally:
+            self._queue.dequeue(n, n * size)
             self._queue.finish_request()
             self._note_idle()
         return ReadResult(
@@ -119,23 +124,29 @@ class GatewayCore:
             stop_reason=chain.reason,
         )
 
-    async def _read_one(self, i: int, key: bytes, slot: memoryview, chain: _Chain) -> None:
-        size = len(slot)
+    async def _take_read_bytes(self, nbytes: int) -> None:
+        """The request's bytes from the read bucket, reserved on arrival (so FIFO across
+        requests) with one wait: the emulated SNIC is paced per request, not per block."""
+        delay = self._read_bucket.reserve(nbytes)
+        if delay <= 0:
+            return
         try:
-            async with self._slots:
-                if i > chain.stop:
-                    return
-                await self._read_bucket.acquire(size)
-                if i > chain.stop:
-                    return
-                await _in_thread(self._read_pool, self.store.read_into, key, slot)
-        except BlockUnavailable as exc:
-            chain.fail(i, key, exc.reason)
-        except OSError as exc:  # EIO, ESTALE, EACCES...: a miss, not a crash
-            chain.fail(i, key, f"{type(exc).__name__}: {exc}")
-        finally:
-            self._queue.dequeue(1, size)
-            self._note_idle()
+            await asyncio.sleep(delay)
+        except asyncio.CancelledError:
+            self._read_bucket.refund(nbytes)
+            raise
+
+    def _read_chain(self, keys: Sequence[bytes], slots: Sequence[memoryview], chain: _Chain) -> None:
+        """I/O thread: read blocks in order into their slots; stop at the first that fails."""
+        for i, (key, slot) in enumerate(zip(keys, slots, strict=True)):
+            try:
+                self.store.read_into(key, slot)
+            except BlockUnavailable as exc:
+                chain.fail(i, key, exc.reason)
+                return
+            except OSError as exc:  # EIO, ESTALE, EACCES...: a miss, not a crash
+                chain.fail(i, key, f"{type(exc).__name__}: {exc}")
+                return
 
     def _note_idle(self) -> None:
         if self._queue.idle:
@@ -154,7 +165,7 @@ class GatewayCore:
         return await _in_thread(self._write_pool, self.store.write, key, payload)
 
     async def _yield_to_reads(self) -> None:
-        if self._reads_idle.is_set():
+        if self._max_write_defer_s <= 0 or self._reads_idle.is_set():
             return
         try:
             await asyncio.wait_for(self._reads_idle.wait(), self._max_write_defer_s)

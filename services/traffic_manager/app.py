@@ -10,7 +10,6 @@ Load (DE side): copy buffer slots -> KV blocks (local H2D), free the slots.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import time
@@ -20,6 +19,7 @@ from opentelemetry import trace
 
 from services.traffic_manager.config import TrafficManagerConfig
 from services.traffic_manager.store_path import StorePath
+from services.traffic_manager.waitline import WaitLine
 from shared.bus import BusError, Delivery
 from shared.engine.requests import RecentSet
 from shared.kv.allocator import OutOfSlots, SlotAllocator
@@ -49,10 +49,10 @@ class TrafficManagerService(Service):
         self.remote: dict[str, EndpointDesc] = {}  # engine -> its TM's endpoint
         self.peers: dict[str, Peer] = {}
         self.store_path = StorePath(self)
-        self.freed = asyncio.Event()  # set whenever buffer slots are released
         self.cancelled = RecentSet()  # released/cancelled ids: a reservation arriving after them is dropped
         self.busy: set[str] = set()  # requests whose slots a storage read still targets
         self.free_later: set[str] = set()  # released while busy: freed when the read ends
+        self.line: WaitLine | None = None  # who waits for buffer room (set with the slots)
         m = self.metrics
         self.m_bytes = m.counter("tm_bytes_total", "Bytes moved on the data plane", ("kind",))
         self.m_xfer = m.histogram("tm_transfer_seconds", "Transfer time", ("kind",))
@@ -122,6 +122,7 @@ class TrafficManagerService(Service):
         self.endpoint.register("kv", self.kv_region.buf, shm_name=layout.shm_name)
         self.layout = layout
         self.slots = SlotAllocator(max(1, self.buffer.size // layout.block_nbytes))
+        self.line = WaitLine(self.slots)
         self.m_free.set(self.slots.free * layout.block_nbytes)
         log.info("attached KV memory %s (%d blocks)", layout.shm_name, layout.num_blocks)
 
@@ -175,24 +176,12 @@ class TrafficManagerService(Service):
 
     # reserve / load / release (DE side) --------------------------------------------------
     async def allocate_wait(self, owner: str, n: int) -> list[int]:
-        """Buffer slots for `owner`, waiting (up to the transfer deadline) for others to free some."""
-        if n > self.slots.n_slots:
-            raise OutOfSlots(n, self.slots.n_slots)
-        deadline = time.monotonic() + self.cfg.transfer_timeout_s
-        while True:
-            if owner in self.cancelled:
-                raise OutOfSlots(n, 0)  # cancelled while waiting: never hold slots for it
-            try:
-                return self.slots.allocate(owner, n)
-            except OutOfSlots:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise
-                self.freed.clear()
-                try:
-                    await asyncio.wait_for(self.freed.wait(), left)
-                except asyncio.TimeoutError:
-                    pass
+        """Buffer slots for `owner`, waiting in line (up to the transfer deadline) for room."""
+        return await self.line.allocate(owner, n, self.cfg.transfer_timeout_s, lambda o: o in self.cancelled)
+
+    def spare_slots(self) -> int:
+        """Free slots nobody is waiting for (what best-effort persistence may take)."""
+        return self.line.spare()
 
     async def _on_reserve(self, msg: Reserve, d: Delivery) -> None:
         if self.slots is None:
@@ -254,7 +243,8 @@ class TrafficManagerService(Service):
             self._free(req_id)
 
     def note_free(self) -> None:
-        self.freed.set()
+        if self.line is not None:
+            self.line.note_free()
         if self.slots is not None:
             self.m_free.set(self.slots.free * self.layout.block_nbytes)
 

@@ -20,13 +20,18 @@ from opentelemetry import trace
 from shared.bus import BusError, Delivery
 from shared.kv.allocator import OutOfSlots
 from shared.messages.storage import ReadBlocks, ReadDone, WriteBlock, WriteDone
-from shared.messages.tm import FetchKV, LayerLoaded, SaveCopied, SaveKV, Stage, Staged
+from shared.messages.tm import FetchKV, LayerLoaded, Reserve, Reserved, SaveCopied, SaveKV, Stage, Staged
 from shared.transport.base import Op, TrafficClass
 
 if TYPE_CHECKING:
     from services.traffic_manager.app import TrafficManagerService
 
 log = logging.getLogger("tm.store")
+# Layers copied within this long of the last `LayerLoaded` are announced together (the
+# message names the highest layer in place): a small model's layers copy in microseconds,
+# and one message per layer would cost more CPU than the copies. A layer that takes
+# longer than this is still announced the moment it lands.
+LAYER_NOTIFY_GAP_S = 0.001
 tracer = trace.get_tracer("traffic-manager")
 
 
@@ -51,9 +56,7 @@ class StorePath:
                 "pe_node": msg.node, "de_node": msg.de_node}) as span:
             try:
                 t0 = time.perf_counter()
-                (pe_ok, offsets, pe_err), staged = await asyncio.gather(
-                    self._read_local(msg, msg.keys[:k], owner),
-                    self._stage_remote(msg, k) if k < n else _none())
+                (pe_ok, offsets, pe_err), staged = await self._both_paths(msg, k, owner)
                 self.m_layer_wait.labels("read").observe(time.perf_counter() - t0)
                 de_ok = staged.blocks if staged else 0
                 hits = pe_ok if pe_ok < k else k + de_ok
@@ -88,16 +91,42 @@ class StorePath:
             return 0, offsets, exc.reason
         return done.blocks, offsets, done.error
 
-    async def _stage_remote(self, msg: FetchKV, k: int) -> Staged:
-        """DE path: the DE's TM reserves the prompt's slots and its gateway reads keys[k:] into them."""
+    async def _reserve_remote(self, msg: FetchKV) -> Reserved:
+        """A split read first holds the prompt's DE-buffer slots, and only then takes PE-buffer
+        slots: one order for the two buffers, so no two fetches each hold one and wait for the
+        other (with both buffers full that hold-and-wait stalled every split until its deadline)."""
+        svc = self.svc
+        try:
+            return await svc.bus.request(svc.subjects.tm(msg.de_engine, "reserve"),
+                                         Reserve(msg.req_id, msg.prompt_blocks), Reserved,
+                                         timeout=svc.cfg.transfer_timeout_s)
+        except BusError as exc:
+            return Reserved(ok=False, error=exc.reason)
+
+    async def _stage_remote(self, msg: FetchKV, k: int, slots: list[int] | None = None) -> Staged:
+        """DE path: the DE's TM reserves the prompt's slots (unless given) and its gateway reads
+        keys[k:] into them."""
         svc = self.svc
         try:
             return await svc.bus.request(
                 svc.subjects.tm(msg.de_engine, "stage"),
-                Stage(msg.req_id, msg.prompt_blocks, k, msg.keys[k:], msg.de_node, msg.layout), Staged,
-                timeout=svc.cfg.transfer_timeout_s)
+                Stage(msg.req_id, msg.prompt_blocks, k, msg.keys[k:], msg.de_node, msg.layout, slots=slots or []),
+                Staged, timeout=svc.cfg.transfer_timeout_s)
         except BusError as exc:
             return Staged(error=exc.reason)
+
+    async def _both_paths(self, msg: FetchKV, k: int, owner: str):
+        """Read keys[:k] on the PE path and keys[k:] on the DE path at the same time."""
+        n = len(msg.keys)
+        if k == n:
+            return await self._read_local(msg, msg.keys, owner), None
+        if k == 0:
+            return (0, [], ""), await self._stage_remote(msg, 0)
+        res = await self._reserve_remote(msg)
+        if not res.ok:  # no DE-buffer room: the PE path alone; the rest is computed
+            return await self._read_local(msg, msg.keys[:k], owner), Staged(error=res.error)
+        return await asyncio.gather(self._read_local(msg, msg.keys[:k], owner),
+                                    self._stage_remote(msg, k, res.slots))
 
     async def _layers(self, msg: FetchKV, local: list[tuple[int, int]], remote: list[tuple[int, int]],
                       subject: str) -> None:
@@ -105,7 +134,7 @@ class StorePath:
         svc, lay = self.svc, self.svc.layout
         lb, bn = lay.layer_block_nbytes, lay.block_nbytes
         peer = await svc._peer(msg.de_engine) if remote else None
-        t0 = time.perf_counter()
+        t0 = last = time.perf_counter()
         for layer in range(lay.n_layers):
             loc = [Op("buf", off + layer * lb, "kv", b * bn + layer * lb, lb) for off, b in local]
             rem = [Op("kv", b * bn + layer * lb, "buf", off + layer * lb, lb) for off, b in remote]
@@ -113,7 +142,10 @@ class StorePath:
                 svc.endpoint.copy_local(loc, TrafficClass.LATENCY, timeout=svc.cfg.transfer_timeout_s) if loc
                 else _none(),
                 peer.read(rem, TrafficClass.LATENCY, timeout=svc.cfg.transfer_timeout_s) if rem else _none())
-            await svc.bus.publish(subject, LayerLoaded(msg.req_id, len(local) + len(remote), layer))
+            now = time.perf_counter()
+            if layer == lay.n_layers - 1 or now - last >= LAYER_NOTIFY_GAP_S:
+                await svc.bus.publish(subject, LayerLoaded(msg.req_id, len(local) + len(remote), layer))
+                last = now
         svc.m_bytes.labels("h2d_layers").inc(bn * len(local))
         svc.m_bytes.labels("de_path_pull").inc(bn * len(remote))
         self.m_layer_wait.labels("h2d").observe(time.perf_counter() - t0)
@@ -124,8 +156,12 @@ class StorePath:
         bn = svc.layout.block_nbytes
         with tracer.start_as_current_span("kv_stage", context=d.ctx, attributes={
                 "req_id": msg.req_id, "blocks": len(msg.keys), "node": msg.node, "path": "de"}) as span:
+            if msg.slots and not set(msg.slots) <= {s * bn for s in svc.slots.held(msg.req_id)}:
+                # released (cancelled) since they were reserved: they may be someone else's now
+                await d.respond(Staged(error="reserved slots were released"))
+                return
             try:
-                slots = [s * bn for s in await svc.allocate_wait(msg.req_id, msg.prompt_blocks)]
+                slots = msg.slots or [s * bn for s in await svc.allocate_wait(msg.req_id, msg.prompt_blocks)]
             except OutOfSlots as exc:
                 await d.respond(Staged(error=f"DE buffer full: {exc}"))
                 return
@@ -147,7 +183,7 @@ class StorePath:
     async def save(self, msg: SaveKV, d: Delivery) -> None:
         svc, lay = self.svc, self.svc.layout
         owner = f"{msg.req_id}/save/{msg.keys[0][:12] if msg.keys else ''}"
-        n = min(len(msg.blocks), svc.slots.free)
+        n = min(len(msg.blocks), svc.spare_slots())
         if n < len(msg.blocks):
             self.m_saved.labels("skipped_buffer_full").inc(len(msg.blocks) - n)
         if n == 0:

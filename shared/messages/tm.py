@@ -88,6 +88,7 @@ class Stage(msgspec.Struct, omit_defaults=True):
     keys: list[str]  # keys of blocks first, first+1, ...
     node: str  # the DE's node (gateway)
     layout: StoreLayout
+    slots: list[int] = []  # already reserved for req_id (byte offsets, one per prompt block); empty = reserve here
 
 
 class Staged(msgspec.Struct, omit_defaults=True):

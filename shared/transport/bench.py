@@ -131,6 +131,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=150)
     ap.add_argument("--layer-blocks", type=int, default=16, help="hit blocks pulled per layer")
     ap.add_argument("--backends", default="tcp,shm")
+    ap.add_argument("--rounds", type=int, default=3, help="isolation: idle/busy rounds; figures are medians")
     ap.add_argument("--no-throughput", action="store_true")
     args = ap.parse_args()
     np.random.seed(0)
@@ -140,7 +141,7 @@ def main() -> None:
     if not args.no_throughput:
         uvloop.run(throughput(args.mib * MIB, block))
     for backend in args.backends.split(","):
-        r = isolation(backend, 64 * MIB, block, args.layer_blocks, args.samples)
+        r = isolation(backend, 64 * MIB, block, args.layer_blocks, args.samples, args.rounds)
         print("\n".join(report(r, block, args.layer_blocks)))
 
 

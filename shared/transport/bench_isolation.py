@@ -181,18 +181,31 @@ async def _measure(backend: str, desc: bytes, size: int, block: int, nblocks: in
     return Result(backend, Figures(idle1, same1, other1), Figures(idleN, sameN, otherN), alone, busy)
 
 
-def isolation(backend: str, size: int, block: int, nblocks: int, samples: int) -> Result:
-    """Start the target process, measure from this process, stop the target."""
+def isolation(backend: str, size: int, block: int, nblocks: int, samples: int, rounds: int = 3) -> Result:
+    """Start the target process, measure from this process `rounds` times, stop the target.
+
+    Each round measures idle, same-link and other-TM back to back, so slow drift of a
+    shared machine hits all three alike; every figure is the median over the rounds.
+    """
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
     target = ctx.Process(target=target_main, args=(backend, size, child), daemon=True)
     target.start()
     try:
         desc = parent.recv_bytes()
-        return _run(_measure(backend, desc, size, block, nblocks, samples, ctx))
+        runs = [_run(_measure(backend, desc, size, block, nblocks, samples, ctx)) for _ in range(max(1, rounds))]
     finally:
         parent.send_bytes(b"stop")
         target.join(10)
+    return _median(runs)
+
+
+def _median(runs: list[Result]) -> Result:
+    def figs(get: Any) -> Figures:
+        return Figures(*(statistics.median(getattr(get(r), f) for r in runs) for f in ("idle", "same_link", "other_tm")))
+
+    return Result(runs[0].backend, figs(lambda r: r.single), figs(lambda r: r.layer),
+                  statistics.median(r.bulk_alone for r in runs), statistics.median(r.bulk_busy for r in runs))
 
 
 def report(r: Result, block: int, nblocks: int) -> list[str]:
@@ -202,7 +215,7 @@ def report(r: Result, block: int, nblocks: int) -> list[str]:
                 f"{pct(f.same_link):>6} | bulk other TM {f.other_tm * 1e6:6.0f} us {pct(f.other_tm):>6}")
 
     return [
-        f"latency class over {r.backend} (target TM in its own process), median pull time:",
+        f"latency class over {r.backend} (target TM in its own process), median pull time (median of rounds):",
         line(f"one {block >> 10} KiB block", r.single),
         line(f"layer of {nblocks} blocks", r.layer),
         f"  bulk pull throughput: alone {r.bulk_alone:.2f} GB/s | while latency pulls run {r.bulk_busy:.2f} GB/s",

@@ -93,3 +93,42 @@ def test_oracle_moves_no_kv_bytes(mesh):
 def test_unknown_mode_is_rejected(mesh):
     r = complete(mesh.url, {"prompt": "x", "max_tokens": 2, "dualpath_mode": "fastest"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "dualpath_mode"
+
+
+def _de_buffer_free(url: str) -> float:
+    mesh = httpx.get(url + "/v1/mesh", timeout=10).json()
+    tm = next(t for t in mesh["traffic_managers"] if t["node"] == "d1")
+    for line in httpx.get(tm["metrics_url"], timeout=10).text.splitlines():
+        if line.startswith("dualpath_tm_buffer_free_bytes "):
+            return float(line.split()[1])
+    raise AssertionError("no tm_buffer_free_bytes gauge")
+
+
+def _settled(url: str, timeout: float = 10.0) -> float:
+    """The DE buffer's free bytes once they stop changing (persistence writes are background)."""
+    last, deadline = -1.0, time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        now = _de_buffer_free(url)
+        if now == last:
+            return now
+        last = now
+        time.sleep(0.5)
+    return last
+
+
+def test_staged_slots_are_freed_when_the_prompt_finishes_at_prefill(mesh):
+    """A DE-path request whose only token comes from prefill never reaches the decode
+    engine: the DE buffer slots its hits were staged in must still be freed."""
+    p1 = f"[one-token {uuid.uuid4().hex[:8]}] agent log: " + "step ok; " * 50
+    r1 = complete(mesh.url, {"prompt": p1, "max_tokens": 8, "temperature": 0, "ignore_eos": True})
+    assert r1.status_code == 200, r1.text
+    idle = _settled(mesh.url)
+    probe = Probe(mesh.url)
+    before = probe.snap()
+    r2 = complete(mesh.url, {"prompt": p1 + r1.json()["choices"][0]["text"], "max_tokens": 1,
+                             "dualpath_mode": "dualpath"})
+    assert r2.status_code == 200, r2.text
+    assert r2.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 4 * 64
+    staged = probe.delta(before, probe.snap(), ("gateway", "d1"), "dualpath_storage_read_bytes_total")
+    assert staged > 0  # some hits really went through the DE buffer
+    assert _settled(mesh.url) == idle
