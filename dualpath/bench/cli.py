@@ -46,11 +46,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--buffer-mb", type=int, default=256, help="--up: DRAM buffer per traffic manager (MB)")
     p.add_argument("--snic-gbs", type=float, default=0.0,
                    help="storage-NIC read/write cap per node in Gbit/s (--up: emulated; else: declared, for the bound)")
+    p.add_argument("--set", action="append", default=[], metavar="SERVICE.KEY=VALUE",
+                   help="--up: a service setting, e.g. scheduler.pe-beta-tokens=32768 (repeatable)")
     p.add_argument("--no-probe", action="store_true", help="skip measuring prefill/decode rates (bound loses terms)")
     p.add_argument("--json", help="write the JSON document here")
     p.add_argument("--report", help="write report.md, report.json and PNG plots into this directory")
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--data-plane", action="store_true",
+                   help="also measure the data plane (tcp vs raw socket, shm vs memcpy, latency class under bulk)")
     p.set_defaults(func=run)
 
 
@@ -86,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
     extra = {"scheduler": {"liveness-timeout-s": "5"}}
     if args.snic_gbs:
         extra["storage_gateway"] = {"snic-read-gbps": str(args.snic_gbs), "snic-write-gbps": str(args.snic_gbs)}
+    for service, key, value in _settings(args.set):
+        extra.setdefault(service, {})[key] = value
     tmp = tempfile.mkdtemp(prefix="dualpath-bench-")
     spec = MeshSpec(model=args.model, port=0, prefill=topo[0], decode=topo[1], kv_blocks=args.kv_blocks,
                     buffer_mb=args.buffer_mb, threads=1, store=f"{tmp}/store", log_dir=f"{tmp}/logs", extra=extra)
@@ -162,6 +168,12 @@ def _bench(args: argparse.Namespace, url: str, modes: list[str]) -> int:
                     searches[mode].record(aps, row["slo_attainment"] >= slo.target and row["errors"] == 0)
             doc["search"] = {m: s.best for m, s in searches.items()}
     _bounds(doc, cap, kv_bytes_per_block[0] or None, mesh.get("block_size") or 64)
+    doc["ratios"] = report.ratios(doc)
+    if args.data_plane:
+        from shared.transport.bench import figures
+
+        print("measuring the data plane (tcp, shm) ...", file=sys.stderr, flush=True)
+        doc["data_plane"] = figures()
     doc = report.clean(doc)
     if args.report:
         print(report.write_report(doc, args.report))
@@ -170,6 +182,23 @@ def _bench(args: argparse.Namespace, url: str, modes: list[str]) -> int:
     if args.json:
         report.write_json(doc, args.json)
     return 1 if any(r["errors"] for r in doc["runs"]) else 0
+
+
+SERVICES = ("scheduler", "prefill_engine", "decode_engine", "traffic_manager", "storage_gateway")
+
+
+def _settings(items: list[str]) -> list[tuple[str, str, str]]:
+    """`--set scheduler.pe-beta-tokens=32768` -> ("scheduler", "pe-beta-tokens", "32768")."""
+    from dualpath.cli import CliError
+
+    out = []
+    for item in items:
+        m = re.fullmatch(r"([a-z_-]+)\.([a-z0-9_-]+)=(.*)", item.strip())
+        service = m[1].replace("-", "_") if m else ""
+        if not m or service not in SERVICES:
+            raise CliError(f"--set {item!r}: expected SERVICE.KEY=VALUE with SERVICE one of {', '.join(SERVICES)}")
+        out.append((service, m[2].replace("_", "-"), m[3]))
+    return out
 
 
 def _cap_turns(js: list, max_turns: int) -> list:

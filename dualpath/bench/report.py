@@ -22,6 +22,23 @@ def _mb(b: float) -> str:
     return f"{b / 1e6:.2f}"
 
 
+def ratios(doc: dict) -> dict:
+    """The DualPath headline ratios of an offline run (modes present in it only):
+    speedup over basic (basic JCT / dualpath JCT), distance from oracle (dualpath JCT /
+    oracle JCT), and the spread of storage bytes read across nodes (max/avg, dualpath)."""
+    jct = {r["mode"]: r["jct_s"] for r in doc["runs"] if r["kind"] == "offline" and r.get("jct_s")}
+    out = {}
+    if "dualpath" in jct and "basic" in jct:
+        out["dualpath_speedup_over_basic"] = jct["basic"] / jct["dualpath"]
+    if "dualpath" in jct and "oracle" in jct:
+        out["dualpath_over_oracle"] = jct["dualpath"] / jct["oracle"]
+    dp = next((r for r in doc["runs"] if r["kind"] == "offline" and r["mode"] == "dualpath"), None)
+    reads = list((dp or {}).get("storage_read_bytes_per_node", {}).values())
+    if reads and sum(reads) > 0:
+        out["dualpath_read_bytes_max_over_avg"] = max(reads) / (sum(reads) / len(reads))
+    return out
+
+
 def markdown(doc: dict) -> str:
     cfg = doc.get("config", {})
     lines = [f"# dualpath bench: {doc.get('trace', '?')}", ""]
@@ -46,6 +63,11 @@ def markdown(doc: dict) -> str:
             lines.append(f"- {r['mode']}: storage {_f(b.get('storage_s'))} s ({b.get('reading_nodes', '?')} reading "
                          f"nodes), compute {_f(b.get('compute_s'))} s, serial {_f(b.get('serial_s'))} s")
         lines.append("")
+        rat = doc.get("ratios") or {}
+        names = {"dualpath_speedup_over_basic": "dualpath speed-up over basic (basic JCT / dualpath JCT)",
+                 "dualpath_over_oracle": "dualpath JCT / oracle JCT",
+                 "dualpath_read_bytes_max_over_avg": "dualpath storage bytes read per node, max / avg"}
+        lines += [f"- {names[k]}: {_f(v, 'x', 2)}" for k, v in rat.items()] + ([""] if rat else [])
     if online:
         slo = online[0]["slo"]
         lines += [f"## Online (Poisson arrivals; SLO TTFT <= {slo['ttft_s']} s, TPOT <= {slo['tpot_s'] * 1000:g} ms, "
@@ -65,6 +87,11 @@ def markdown(doc: dict) -> str:
         lines += ["## Capacity at SLO (highest APS meeting the target)", ""]
         lines += [f"- {m}: {_f(v, ' APS', 3)}" for m, v in doc["search"].items()]
         lines.append("")
+    if doc.get("data_plane"):
+        from shared.transport.bench import lines as data_plane_lines
+
+        lines += ["## Data plane (python -m shared.transport.bench)", "", "```"] + data_plane_lines(doc["data_plane"]) \
+            + ["```", ""]
     if doc.get("plots"):
         lines += ["## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in doc["plots"]] + [""]
     return "\n".join(lines)

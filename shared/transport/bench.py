@@ -11,10 +11,8 @@ like the services.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import socket
-import statistics
 import threading
 import time
 
@@ -113,15 +111,49 @@ async def backend_seconds(backend: str, total: int, block: int) -> float:
         return best
 
 
-async def throughput(total: int, block: int) -> None:
+async def _throughput(total: int, block: int) -> dict:
     raw = raw_socket_seconds(total, block)
     tcp = await backend_seconds("tcp", total, block)
     mem = memcpy_seconds(total, block)
     shm = await backend_seconds("shm", total, block)
     gb = total / 1e9
-    print(f"payload: {total // MIB} MiB in {block // 1024} KiB pieces")
-    print(f"tcp  backend {gb / tcp:6.2f} GB/s | raw socket {gb / raw:6.2f} GB/s | tcp/raw time ratio {tcp / raw:.2f}x")
-    print(f"shm  backend {gb / shm:6.2f} GB/s | memcpy     {gb / mem:6.2f} GB/s | shm/memcpy time ratio {shm / mem:.2f}x")
+    return {"payload_mib": total // MIB, "piece_kib": block // 1024,
+            "tcp_gb_s": gb / tcp, "raw_socket_gb_s": gb / raw, "tcp_over_raw_time": tcp / raw,
+            "shm_gb_s": gb / shm, "memcpy_gb_s": gb / mem, "shm_over_memcpy_time": shm / mem}
+
+
+def throughput_lines(t: dict) -> list[str]:
+    return [f"payload: {t['payload_mib']} MiB in {t['piece_kib']} KiB pieces",
+            f"tcp  backend {t['tcp_gb_s']:6.2f} GB/s | raw socket {t['raw_socket_gb_s']:6.2f} GB/s "
+            f"| tcp/raw time ratio {t['tcp_over_raw_time']:.2f}x",
+            f"shm  backend {t['shm_gb_s']:6.2f} GB/s | memcpy     {t['memcpy_gb_s']:6.2f} GB/s "
+            f"| shm/memcpy time ratio {t['shm_over_memcpy_time']:.2f}x"]
+
+
+def figures(mib: int = 64, block: int = BLOCK, layer_blocks: int = 16, samples: int = 150, rounds: int = 3,
+            backends: tuple[str, ...] = ("tcp", "shm"), with_throughput: bool = True) -> dict:
+    """Every figure of this bench as one JSON-able dict (`dualpath bench --data-plane` reports it)."""
+    import uvloop
+
+    out: dict = {}
+    if with_throughput:
+        out["throughput"] = uvloop.run(_throughput(mib * MIB, block))
+    out["isolation"] = {}
+    for backend in backends:
+        r = isolation(backend, 64 * MIB, block, layer_blocks, samples, rounds)
+        out["isolation"][backend] = {
+            "piece_kib": block // 1024, "layer_blocks": layer_blocks,
+            "one_block_s": vars(r.single), "one_layer_s": vars(r.layer),
+            "bulk_alone_gb_s": r.bulk_alone, "bulk_beside_latency_gb_s": r.bulk_busy,
+            "lines": report(r, block, layer_blocks)}
+    return out
+
+
+def lines(fig: dict) -> list[str]:
+    out = throughput_lines(fig["throughput"]) if "throughput" in fig else []
+    for iso in fig["isolation"].values():
+        out += iso["lines"]
+    return out
 
 
 def main() -> None:
@@ -135,14 +167,9 @@ def main() -> None:
     ap.add_argument("--no-throughput", action="store_true")
     args = ap.parse_args()
     np.random.seed(0)
-    import uvloop
-
-    block = args.block_kib << 10
-    if not args.no_throughput:
-        uvloop.run(throughput(args.mib * MIB, block))
-    for backend in args.backends.split(","):
-        r = isolation(backend, 64 * MIB, block, args.layer_blocks, args.samples, args.rounds)
-        print("\n".join(report(r, block, args.layer_blocks)))
+    fig = figures(args.mib, args.block_kib << 10, args.layer_blocks, args.samples, args.rounds,
+                  tuple(args.backends.split(",")), not args.no_throughput)
+    print("\n".join(lines(fig)))
 
 
 if __name__ == "__main__":

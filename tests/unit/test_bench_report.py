@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from dualpath.bench.report import clean, markdown, write_json, write_report
+from dualpath.bench.report import clean, markdown, ratios, write_json, write_report
 from dualpath.bench.scrape import parse_metrics
 
 pytestmark = pytest.mark.unit
@@ -26,6 +26,18 @@ def test_offline_report_prints_the_bound_and_the_ratio():
     assert "| basic | 12.000 | 4.000 | 3.00x | storage_s |" in text
     assert "| dualpath | 6.000 | 4.000 | 1.50x |" in text
     assert "d1:1.00 p0:3.00" in text
+
+
+def test_headline_ratios_of_an_offline_run():
+    doc = {"runs": [_run("basic"), _run("dualpath", jct=6.0), _run("oracle", jct=5.0)]}
+    doc["ratios"] = r = ratios(doc)
+    assert r["dualpath_speedup_over_basic"] == pytest.approx(2.0)
+    assert r["dualpath_over_oracle"] == pytest.approx(1.2)
+    assert r["dualpath_read_bytes_max_over_avg"] == pytest.approx(3e6 / 2e6)  # p0 3 MB, d1 1 MB
+    text = markdown(clean({"trace": "t", **doc}))
+    assert "dualpath speed-up over basic (basic JCT / dualpath JCT): 2.00x" in text
+    assert "dualpath JCT / oracle JCT: 1.20x" in text
+    assert ratios({"runs": [_run("basic")]}) == {}  # nothing to compare
 
 
 def test_online_report_has_slo_and_search():

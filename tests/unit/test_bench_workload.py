@@ -52,3 +52,14 @@ def test_token_range_avoids_special_ids():
     assert token_range("tiny@seed0", 259) == (32, 127)
     lo, hi = token_range("smollm2", 49152)
     assert lo >= 3 and hi <= 49152 - 1000
+
+
+def test_set_flags_name_a_service_and_a_setting():
+    from dualpath.bench.cli import _settings
+    from dualpath.cli import CliError
+
+    assert _settings(["scheduler.pe-beta-tokens=32768", "storage-gateway.io_threads=2"]) == [
+        ("scheduler", "pe-beta-tokens", "32768"), ("storage_gateway", "io-threads", "2")]
+    for bad in ("pe-beta-tokens=1", "gateway.x=1", "scheduler.=3"):
+        with pytest.raises(CliError, match="--set"):
+            _settings([bad])
