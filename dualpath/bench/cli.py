@@ -184,20 +184,34 @@ def _bench(args: argparse.Namespace, url: str, modes: list[str]) -> int:
     return 1 if any(r["errors"] for r in doc["runs"]) else 0
 
 
-SERVICES = ("scheduler", "prefill_engine", "decode_engine", "traffic_manager", "storage_gateway")
+CONFIGS = {  # --set SERVICE -> (module, config class): keys are checked before a mesh starts
+    "scheduler": ("services.scheduler.config", "SchedulerConfig"),
+    "prefill_engine": ("services.prefill_engine.config", "PrefillConfig"),
+    "decode_engine": ("services.decode_engine.config", "DecodeConfig"),
+    "traffic_manager": ("services.traffic_manager.config", "TrafficManagerConfig"),
+    "storage_gateway": ("services.storage_gateway.config", "GatewayConfig"),
+}
 
 
 def _settings(items: list[str]) -> list[tuple[str, str, str]]:
     """`--set scheduler.pe-beta-tokens=32768` -> ("scheduler", "pe-beta-tokens", "32768")."""
+    import dataclasses
+    import importlib
+
     from dualpath.cli import CliError
 
     out = []
     for item in items:
         m = re.fullmatch(r"([a-z_-]+)\.([a-z0-9_-]+)=(.*)", item.strip())
         service = m[1].replace("-", "_") if m else ""
-        if not m or service not in SERVICES:
-            raise CliError(f"--set {item!r}: expected SERVICE.KEY=VALUE with SERVICE one of {', '.join(SERVICES)}")
-        out.append((service, m[2].replace("_", "-"), m[3]))
+        if not m or service not in CONFIGS:
+            raise CliError(f"--set {item!r}: expected SERVICE.KEY=VALUE with SERVICE one of {', '.join(CONFIGS)}")
+        module, cls = CONFIGS[service]
+        fields = {f.name for f in dataclasses.fields(getattr(importlib.import_module(module), cls))}
+        key = m[2].replace("-", "_")
+        if key not in fields:
+            raise CliError(f"--set {item!r}: {service} has no setting {key!r} (see docs/configuration.md)")
+        out.append((service, key.replace("_", "-"), m[3]))
     return out
 
 

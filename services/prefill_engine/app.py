@@ -48,6 +48,7 @@ class PrefillService(Service):
                                          per_batch=cfg.attn_per_batch_s)
         self.staged: dict[str, tuple[list[int], list[int]]] = {}  # DE path: (DE-buffer slots, blocks in them)
         self.de_held: dict[str, str] = {}  # DE read path: request -> the DE engine whose TM holds slots for it
+        self.fetch_deadlines: dict[str, float] = {}  # request -> monotonic time its storage read must report by
         self.store = None
         self.active: dict[str, EngineRequest] = {}
         self.wake = asyncio.Event()
@@ -134,13 +135,17 @@ class PrefillService(Service):
             if work.mode == "dualpath" and work.pe_blocks < n:
                 self.de_held[req.req_id] = work.de_engine
             self.spawn(self.bus.publish(self.subjects.tm(self.engine, "fetch"), fetch, ctx=req.ctx))
+            self.fetch_deadlines[req.req_id] = time.monotonic() + self.cfg.handoff_timeout_s
             self.spawn(self._fetch_deadline(req), name=f"fetch-deadline-{req.req_id}")
 
     async def _fetch_deadline(self, req: EngineRequest) -> None:
         """Every transfer has a deadline: a storage read that never reports (its traffic-manager died)
         fails the request as retryable; its blocks are freed one more deadline later, when no copy
-        of that fetch can still be writing into them."""
-        await asyncio.sleep(self.cfg.handoff_timeout_s)
+        of that fetch can still be writing into them. A read the TM reports queued (layer -2)
+        gets the queue's wait on top."""
+        while (left := self.fetch_deadlines.get(req.req_id, 0.0) - time.monotonic()) > 0:
+            await asyncio.sleep(left)
+        self.fetch_deadlines.pop(req.req_id, None)
         entry = next((e for e in self._loading if e[0] is req), None)
         if entry is None:
             return
@@ -154,6 +159,10 @@ class PrefillService(Service):
     async def _on_loaded(self, msg: LayerLoaded, d: Delivery) -> None:
         prog = self.loads.get(msg.req_id)
         if prog is None:
+            return
+        if msg.layer == -2:  # queued behind other storage reads: the deadline waits for the queue
+            if (at := self.fetch_deadlines.get(msg.req_id)) is not None:
+                self.fetch_deadlines[msg.req_id] = max(at, time.monotonic() + self.cfg.handoff_timeout_s + msg.eta_s)
             return
         if msg.layer >= 0:
             prog.mark(msg.layer)
@@ -340,8 +349,7 @@ class PrefillService(Service):
 
     def _drop_de_slots(self, req: EngineRequest) -> None:
         """The DE buffer slots staged for a request that will not reach that DE: free them."""
-        engine = self.de_held.pop(req.req_id, None)
-        if engine:
+        if engine := self.de_held.pop(req.req_id, None):
             self.spawn(self.bus.publish(self.subjects.tm(engine, "release"), Release(req.req_id)),
                        name=f"release-de-{req.req_id}")
 

@@ -23,7 +23,8 @@ from starlette.routing import Route
 from services.scheduler.auth import ApiKeyMiddleware
 from services.scheduler.inflight import InFlight
 from services.scheduler.openapi import openapi_document
-from services.scheduler.protocol import (MODES, ApiError, ChatRequest, CompletionRequest, check_sampling, chunk_body,
+from services.scheduler.protocol import (MODES, ApiError, ChatRequest, CompletionRequest, StreamOptions, check_sampling,
+                                         chunk_body,
                                          completion_body, decode_body, new_id, stop_list, usage)
 from services.scheduler.stops import StopMatcher
 from shared.messages.work import Sampling
@@ -141,7 +142,7 @@ async def _handle(svc: "SchedulerService", request: Request, chat: bool) -> Resp
     svc.submit(rec)
     events = _events(svc, rec, stops, span)
     if req.stream:
-        final = _usage_chunk(body, rec, rid, mid, chat, req.return_token_ids)
+        final = _usage_chunk(req.stream_options, rec, rid, mid, chat, req.return_token_ids)
         return StreamingResponse(_sse(events, rid, mid, chat, final), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Request-Id": rid})
     text, finish, error = [], None, ""
@@ -195,11 +196,11 @@ async def _events(svc: "SchedulerService", rec: InFlight, stops: list[str], span
         svc.finish(rec, status)
 
 
-def _usage_chunk(body: bytes, rec: InFlight, rid: str, mid: str, chat: bool, token_ids: bool):
+def _usage_chunk(opts: StreamOptions | None, rec: InFlight, rid: str, mid: str, chat: bool, token_ids: bool):
     """With `stream_options: {"include_usage": true}` (OpenAI's convention): a callable making the
-    last chunk — empty choices, the usage (with cached_tokens) and, with return_token_ids, the ids."""
-    opts = json.loads(body).get("stream_options")
-    if not (isinstance(opts, dict) and opts.get("include_usage")):
+    last chunk — empty choices, the usage (with cached_tokens) and, with return_token_ids, the ids.
+    (The options come from the decoded request: the raw body may hold bytes that are not UTF-8.)"""
+    if opts is None or not opts.include_usage:
         return None
 
     def make() -> dict:

@@ -29,6 +29,10 @@ class ChatMessage(msgspec.Struct):
     content: str
 
 
+class StreamOptions(msgspec.Struct, kw_only=True):
+    include_usage: bool = False  # OpenAI: a last chunk with empty choices and the usage
+
+
 class _Common(msgspec.Struct, kw_only=True):
     model: str | None = None
     max_tokens: int | None = None
@@ -37,6 +41,7 @@ class _Common(msgspec.Struct, kw_only=True):
     stop: str | list[str] | None = None
     seed: int | None = None
     stream: bool = False
+    stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # vLLM extension: generate exactly max_tokens
     return_token_ids: bool = False  # vLLM extension: prompt and completion token ids in the choice
     dualpath_mode: str | None = None  # benchmark override of the deployment's load mode (see MODES)

@@ -56,7 +56,7 @@ class GatewayService(Service):
         blocks, nbytes = self.read_queue()
         return GatewayAnnounce(instance=self.instance, node=self.cfg.node, metrics_url=self.metrics_url,
                                pid=os.getpid(), store_root=self.cfg.store_root, read_q_blocks=blocks,
-                               read_q_bytes=nbytes)
+                               read_q_bytes=nbytes, read_bytes_per_s=self.read_bucket.rate or 0.0)
 
     def read_queue(self) -> tuple[int, int]:
         snaps = [c.queue_snapshot() for c in self.cores.values()]

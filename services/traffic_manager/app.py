@@ -10,6 +10,7 @@ Load (DE side): copy buffer slots -> KV blocks (local H2D), free the slots.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -23,7 +24,7 @@ from services.traffic_manager.waitline import WaitLine
 from shared.bus import BusError, Delivery
 from shared.engine.requests import RecentSet
 from shared.kv.allocator import OutOfSlots, SlotAllocator
-from shared.messages.registry import Announce, EngineAnnounce, KVRegion, TrafficManagerAnnounce
+from shared.messages.registry import Announce, EngineAnnounce, GatewayAnnounce, KVRegion, TrafficManagerAnnounce
 from shared.messages.tm import FetchKV, LoadKV, PushDone, PushKV, Release, Reserve, Reserved, SaveKV, Stage
 from shared.messages.work import Cancel
 from shared.runtime import Service, service_main
@@ -53,6 +54,8 @@ class TrafficManagerService(Service):
         self.busy: set[str] = set()  # requests whose slots a storage read still targets
         self.free_later: set[str] = set()  # released while busy: freed when the read ends
         self.line: WaitLine | None = None  # who waits for buffer room (set with the slots)
+        self.gateways: dict[str, GatewayAnnounce] = {}  # node -> its storage-gateway's last announcement
+        self.reading: dict[str, int] = {}  # node -> bytes this TM asked that node's gateway for, not yet read
         m = self.metrics
         self.m_bytes = m.counter("tm_bytes_total", "Bytes moved on the data plane", ("kind",))
         self.m_xfer = m.histogram("tm_transfer_seconds", "Transfer time", ("kind",))
@@ -99,7 +102,9 @@ class TrafficManagerService(Service):
 
     # directory ------------------------------------------------------------------
     async def _on_announce(self, msg, d: Delivery) -> None:
-        if isinstance(msg, EngineAnnounce) and msg.engine == self.cfg.engine and msg.kv is not None:
+        if isinstance(msg, GatewayAnnounce):
+            self.gateways[msg.node] = msg
+        elif isinstance(msg, EngineAnnounce) and msg.engine == self.cfg.engine and msg.kv is not None:
             self._attach(msg.kv)
         elif isinstance(msg, TrafficManagerAnnounce) and msg.engine != self.cfg.engine and msg.endpoint:
             if msg.leaving:
@@ -134,6 +139,25 @@ class TrafficManagerService(Service):
                 raise BusError(engine, "no traffic-manager announced for that engine")
             peer = self.peers[engine] = await self.endpoint.connect(desc)
         return peer
+
+    def read_wait(self, node: str, nbytes: int = 0) -> float:
+        """Seconds a read of `nbytes` queued now at `node`'s gateway waits for its storage NIC
+        (from the gateway's last announcement; 0 when uncapped or unknown). Storage deadlines
+        add it: a read queued behind minutes of others is slow, not lost."""
+        g = self.gateways.get(node)
+        if g is None or g.read_bytes_per_s <= 0:
+            return 0.0
+        # the announcement may be a heartbeat old: this TM's own outstanding reads are known now
+        return (max(g.read_q_bytes, self.reading.get(node, 0)) + nbytes) / g.read_bytes_per_s
+
+    @contextlib.contextmanager
+    def read_at(self, node: str, nbytes: int):
+        """Count `nbytes` as outstanding at `node` for as long as the block runs."""
+        self.reading[node] = self.reading.get(node, 0) + nbytes
+        try:
+            yield
+        finally:
+            self.reading[node] -= nbytes
 
     # push (PE side) ------------------------------------------------------------------
     async def _on_push(self, msg: PushKV, d: Delivery) -> None:

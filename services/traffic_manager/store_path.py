@@ -56,6 +56,7 @@ class StorePath:
                 "pe_node": msg.node, "de_node": msg.de_node}) as span:
             try:
                 t0 = time.perf_counter()
+                await self._announce_queue(msg, k, subject)
                 (pe_ok, offsets, pe_err), staged = await self._both_paths(msg, k, owner)
                 self.m_layer_wait.labels("read").observe(time.perf_counter() - t0)
                 de_ok = staged.blocks if staged else 0
@@ -73,6 +74,20 @@ class StorePath:
                 svc.slots.release(owner)
                 svc.note_free()
 
+    def _deadline(self, node: str, blocks: int) -> float:
+        """A storage read's deadline: the transfer deadline after the queue ahead of it drains
+        (1.5x the announced wait: the announcement is up to a heartbeat old)."""
+        return self.svc.cfg.transfer_timeout_s + 1.5 * self.svc.read_wait(node, blocks * self.svc.layout.block_nbytes)
+
+    async def _announce_queue(self, msg: FetchKV, k: int, subject: str) -> None:
+        """Tell the engine when its read waits behind a storage queue long enough to matter for
+        its fetch deadline (layer -2): deep queues are what a storage-bound node looks like."""
+        n = len(msg.keys)
+        wait = max(self._deadline(msg.node, k), self._deadline(msg.de_node, n - k) if k < n else 0.0)
+        wait -= self.svc.cfg.transfer_timeout_s
+        if wait > 0.25 * self.svc.cfg.transfer_timeout_s:
+            await self.svc.bus.publish(subject, LayerLoaded(msg.req_id, 0, -2, eta_s=round(wait, 3)))
+
     async def _read_local(self, msg: FetchKV, keys: list[str], owner: str) -> tuple[int, list[int], str]:
         """PE path: this node's gateway reads `keys` into this TM's buffer."""
         svc = self.svc
@@ -84,9 +99,11 @@ class StorePath:
             return 0, [], f"PE buffer full: {exc}"
         offsets = [s * svc.layout.block_nbytes for s in slots]
         try:
-            done = await svc.bus.request(svc.subjects.sg(msg.node, "read"),
-                                         ReadBlocks(msg.req_id, msg.layout, keys, svc.buffer.name, offsets),
-                                         ReadDone, timeout=svc.cfg.transfer_timeout_s)
+            deadline = self._deadline(msg.node, len(keys))
+            with svc.read_at(msg.node, len(keys) * svc.layout.block_nbytes):
+                done = await svc.bus.request(svc.subjects.sg(msg.node, "read"),
+                                             ReadBlocks(msg.req_id, msg.layout, keys, svc.buffer.name, offsets),
+                                             ReadDone, timeout=deadline)
         except BusError as exc:
             return 0, offsets, exc.reason
         return done.blocks, offsets, done.error
@@ -108,10 +125,12 @@ class StorePath:
         keys[k:] into them."""
         svc = self.svc
         try:
-            return await svc.bus.request(
-                svc.subjects.tm(msg.de_engine, "stage"),
-                Stage(msg.req_id, msg.prompt_blocks, k, msg.keys[k:], msg.de_node, msg.layout, slots=slots or []),
-                Staged, timeout=svc.cfg.transfer_timeout_s)
+            deadline = self._deadline(msg.de_node, len(msg.keys) - k)
+            with svc.read_at(msg.de_node, (len(msg.keys) - k) * svc.layout.block_nbytes):
+                return await svc.bus.request(
+                    svc.subjects.tm(msg.de_engine, "stage"),
+                    Stage(msg.req_id, msg.prompt_blocks, k, msg.keys[k:], msg.de_node, msg.layout, slots=slots or []),
+                    Staged, timeout=deadline)
         except BusError as exc:
             return Staged(error=exc.reason)
 
@@ -168,9 +187,11 @@ class StorePath:
             svc.busy.add(msg.req_id)
             try:
                 offsets = slots[msg.first:msg.first + len(msg.keys)]
-                done = await svc.bus.request(svc.subjects.sg(msg.node, "read"),
-                                             ReadBlocks(msg.req_id, msg.layout, msg.keys, svc.buffer.name, offsets),
-                                             ReadDone, timeout=svc.cfg.transfer_timeout_s)
+                deadline = self._deadline(msg.node, len(msg.keys))
+                with svc.read_at(msg.node, len(msg.keys) * bn):
+                    done = await svc.bus.request(svc.subjects.sg(msg.node, "read"),
+                                                 ReadBlocks(msg.req_id, msg.layout, msg.keys, svc.buffer.name, offsets),
+                                                 ReadDone, timeout=deadline)
             except BusError as exc:
                 done = ReadDone(error=exc.reason)
             finally:

@@ -56,6 +56,7 @@ class GatewayAnnounce(Base, tag="gateway"):
     read_q_blocks: int = 0
     read_q_bytes: int = 0
     store_root: str = ""
+    read_bytes_per_s: float = 0.0  # the storage NIC's read rate when capped (0 = uncapped): queue wait = bytes / rate
 
 
 class SchedulerAnnounce(Base, tag="scheduler"):

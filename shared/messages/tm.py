@@ -73,10 +73,11 @@ class FetchKV(msgspec.Struct, omit_defaults=True):
 class LayerLoaded(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     req_id: str
     blocks: int  # leading hit blocks that were read and verified (the rest is a miss)
-    layer: int  # -1: storage read finished; l >= 0: layers 0..l are in KV memory
+    layer: int  # -2: queued behind other reads (see eta_s); -1: storage read finished; l >= 0: layers 0..l in KV memory
     error: str = ""
     de_slots: list[int] = []  # DE-path: DE-buffer slots reserved for the whole prompt
     de_hits: list[int] = []  # DE-path: block indexes whose stored KV sits in those slots
+    eta_s: float = 0.0  # layer -2: the storage queue ahead of this read, in seconds (the deadline waits for it)
 
 
 class Stage(msgspec.Struct, omit_defaults=True):

@@ -176,3 +176,18 @@ def test_client_disconnect_frees_kv_on_both_engines(mesh):
         assert ann.wait_for(lambda a: fresh(a) == start, 15), (start, fresh(ann))
         decoded = _metric(de.metrics_url, "dualpath_decode_tokens_total") - decoded_before
         assert 0 < decoded < 3599, f"generation was not cut short ({decoded} tokens)"
+
+
+def test_stream_usage_option_and_bodies_that_are_not_utf8(mesh):
+    body = {"prompt": "usage check", "max_tokens": 5, "temperature": 0, "ignore_eos": True,
+            "stream_options": {"include_usage": True}}
+    events = stream(mesh.url, body)
+    last = events[-2]
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] == 5
+    assert "usage" not in stream(mesh.url, {**body, "stream_options": {"include_usage": False}})[-2]
+    r = complete(mesh.url, {**body, "stream_options": "yes"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options"
+    # a key with a byte that is not UTF-8 (found by the fuzz test): answered, never a 500
+    raw = b'{"prompt": "hi", "ma\x80_tokens": 3, "max_tokens": 2, "stream": true}'
+    r = httpx.post(mesh.url + "/v1/completions", content=raw, timeout=30, headers={"Content-Type": "application/json"})
+    assert r.status_code < 500, r.text

@@ -60,6 +60,6 @@ def test_set_flags_name_a_service_and_a_setting():
 
     assert _settings(["scheduler.pe-beta-tokens=32768", "storage-gateway.io_threads=2"]) == [
         ("scheduler", "pe-beta-tokens", "32768"), ("storage_gateway", "io-threads", "2")]
-    for bad in ("pe-beta-tokens=1", "gateway.x=1", "scheduler.=3"):
+    for bad in ("pe-beta-tokens=1", "gateway.x=1", "scheduler.=3", "decode_engine.handoff-timeout-s=9"):
         with pytest.raises(CliError, match="--set"):
             _settings([bad])
