@@ -74,17 +74,19 @@ class StorePath:
                 svc.slots.release(owner)
                 svc.note_free()
 
+    def _queue_wait(self, node: str, blocks: int) -> float:
+        """1.5x the wait of a read of `blocks` queued at `node` now (announcements lag a heartbeat)."""
+        return 1.5 * self.svc.read_wait(node, blocks * self.svc.layout.block_nbytes)
+
     def _deadline(self, node: str, blocks: int) -> float:
-        """A storage read's deadline: the transfer deadline after the queue ahead of it drains
-        (1.5x the announced wait: the announcement is up to a heartbeat old)."""
-        return self.svc.cfg.transfer_timeout_s + 1.5 * self.svc.read_wait(node, blocks * self.svc.layout.block_nbytes)
+        """A storage read's deadline: the transfer deadline after the queue ahead of it drains."""
+        return self.svc.cfg.transfer_timeout_s + self._queue_wait(node, blocks)
 
     async def _announce_queue(self, msg: FetchKV, k: int, subject: str) -> None:
         """Tell the engine when its read waits behind a storage queue long enough to matter for
         its fetch deadline (layer -2): deep queues are what a storage-bound node looks like."""
         n = len(msg.keys)
-        wait = max(self._deadline(msg.node, k), self._deadline(msg.de_node, n - k) if k < n else 0.0)
-        wait -= self.svc.cfg.transfer_timeout_s
+        wait = max(self._queue_wait(msg.node, k), self._queue_wait(msg.de_node, n - k) if k < n else 0.0)
         if wait > 0.25 * self.svc.cfg.transfer_timeout_s:
             await self.svc.bus.publish(subject, LayerLoaded(msg.req_id, 0, -2, eta_s=round(wait, 3)))
 
