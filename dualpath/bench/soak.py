@@ -167,7 +167,9 @@ def torn_blocks(store: Path) -> list[str]:
     return bad
 
 
-def run(minutes: float, agents: int, fault_every: float, warmup: float) -> dict:
+def run(minutes: float, agents: int, fault_every: float, warmup: float, min_faults: int = 0) -> dict:
+    """Soak for `minutes`, a fault every `fault_every` s, and at least `min_faults` faults however
+    long their recoveries take (a test that needs every kind of fault asks for len(FAULTS))."""
     deadline = "4"  # transfer deadlines (the defaults are 30 s): a dead peer is given up on quickly
     extra = {"scheduler": {"liveness-timeout-s": "2", "assign-timeout-s": "20"},
              "prefill_engine": {"handoff-timeout-s": deadline}, "decode_engine": {"load-timeout-s": deadline},
@@ -188,7 +190,7 @@ def run(minutes: float, agents: int, fault_every: float, warmup: float) -> dict:
         # buffers) as they are first touched, which grows toward their fixed size and is not a leak.
         rss0 = {n: status_mb(pid, "RssAnon") for n, pid in stable.items()}
         t_start, rows, k = time.monotonic(), [], 0
-        while time.monotonic() - t_start < minutes * 60:
+        while time.monotonic() - t_start < minutes * 60 or k < min_faults:
             time.sleep(fault_every)
             rows.append(inject(soak, FAULTS[k % len(FAULTS)], restart_after=2.0))
             k += 1

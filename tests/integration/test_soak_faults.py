@@ -9,7 +9,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 def test_short_soak_with_faults_loses_no_request():
     from dualpath.bench.soak import FAULTS, run
 
-    res = run(minutes=0.6, agents=3, fault_every=7.0, warmup=4.0)
+    res = run(minutes=0.6, agents=3, fault_every=7.0, warmup=4.0, min_faults=len(FAULTS))
     assert res["requests"] > 50 and res["completed"] > 0
     assert res["lost"] == 0, res
     assert {row["fault"].split("-")[0] for row in res["faults"]} >= {f.split("-")[0] for f in FAULTS}
