@@ -4,6 +4,7 @@ Modules (one op each):
   attention   attention returning (out, lse); GQA, causal by absolute positions, empty shards
   lse_merge   N-way merge of partial (out, lse); empty shards (lse=-inf) contribute nothing
   decode      split-KV decode attention: `decode_attention(q, k, v)` is the engine API
+  paged_decode  a decode batch straight from the paged cache: ragged contexts, one gather, GQA grouped
   dcp         decode context parallelism: position p on shard p mod N, merged by LSE
   ring        ring (pass-KV) attention with online softmax, simulated or over torch.distributed
   ulysses     sequence <-> head layout switch and Ulysses attention
@@ -13,5 +14,6 @@ No fused (Triton/CUDA) kernel ships yet: every entry point runs its torch refere
 which also runs on CUDA tensors. Shapes are documented in each module.
 """
 from kernels.decode import decode_attention, decode_attention_batch
+from kernels.paged_decode import paged_decode
 
-__all__ = ["decode_attention", "decode_attention_batch"]
+__all__ = ["decode_attention", "decode_attention_batch", "paged_decode"]

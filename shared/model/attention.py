@@ -2,8 +2,8 @@
 
 Owns: the per-step index tensors (StepIndex, built once and shared by every layer),
 writing new K/V into cache slots, and causal attention of the new tokens over
-positions [0, own position]. Sequences with one new token (decode) are attended in one
-padded, batched SDPA call; sequences with several new tokens (prefill, chunked
+positions [0, own position]. Sequences with one new token (decode) are attended together,
+ragged and unpadded (kernels.paged_decode); sequences with several new tokens (prefill, chunked
 prefill) get one SDPA call each. Linear layers are the caller's business.
 """
 
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels import decode_attention, paged_decode
 from shared.model.batch import ForwardBatch, SeqSlice
 
 
@@ -24,11 +25,11 @@ SPLIT_KV_SIZE = 2048  # tokens per KV split
 
 @dataclass(frozen=True)
 class DecodeGroup:
-    """All single-token sequences of a step, attended together (padded)."""
+    """All single-token sequences of a step, attended together (ragged, unpadded)."""
 
     rows: torch.Tensor  # (B,) long: index into the step's N tokens
     tables: torch.Tensor  # (B, max_blocks) long: block tables, padded with block 0
-    mask: torch.Tensor  # (B, 1, 1, max_blocks * block_size) bool: key is a real position
+    lens: list[int]  # (B,) context length of each sequence, its new token included
 
 
 @dataclass(frozen=True)
@@ -86,10 +87,8 @@ def _decode_group(seqs: list[SeqSlice], firsts: list[int], block_size: int) -> D
     tables = torch.zeros(len(picked), width, dtype=torch.long)
     for i, ((s, _), n) in enumerate(zip(picked, n_blocks)):
         tables[i, :n] = torch.tensor(s.block_table[:n], dtype=torch.long)
-    ends = torch.tensor([s.end_pos for s, _ in picked])
-    mask = torch.arange(width * block_size)[None, :] < ends[:, None]  # (B, L)
     rows = torch.tensor([f for _, f in picked], dtype=torch.long)
-    return DecodeGroup(rows=rows, tables=tables, mask=mask[:, None, None, :])
+    return DecodeGroup(rows=rows, tables=tables, lens=[s.end_pos for s, _ in picked])
 
 
 def _prefill_slice(s: SeqSlice, first: int, block_size: int) -> PrefillSlice:
@@ -138,35 +137,24 @@ def _gather(layer_kv: torch.Tensor, kv: int, blocks: torch.Tensor) -> torch.Tens
 
 
 def _decode_attention(q: torch.Tensor, layer_kv: torch.Tensor, g: DecodeGroup) -> torch.Tensor:
-    """Decode rows: short contexts in one padded SDPA; long ones by split-KV + LSE merge (kernels/)."""
-    ends = g.mask[:, 0, 0, :].sum(-1)  # (B,) context length of each sequence
-    long = (ends > SPLIT_KV_THRESHOLD).nonzero().flatten().tolist()
+    """Decode rows: contexts up to SPLIT_KV_THRESHOLD in one ragged pass over the paged cache
+    (kernels.paged_decode), longer ones by split-KV + LSE merge (kernels.decode)."""
+    qd = q[g.rows]  # (B, nh, hd)
+    long = [i for i, t in enumerate(g.lens) if t > SPLIT_KV_THRESHOLD]
     if not long:
-        return _decode_padded(q, layer_kv, g)
-    from kernels import decode_attention  # split-KV decode: the plain-torch path on CPU
-
-    out = torch.empty(len(ends), *q.shape[1:], dtype=q.dtype)
+        return paged_decode(qd, layer_kv, g.tables, g.lens)
+    out = torch.empty_like(qd)
     long_set = set(long)
-    short = [i for i in range(len(ends)) if i not in long_set]
+    short = [i for i in range(len(g.lens)) if i not in long_set]
     if short:
         sel = torch.tensor(short)
-        sub = DecodeGroup(rows=g.rows[sel], tables=g.tables[sel], mask=g.mask[sel])
-        out[sel] = _decode_padded(q, layer_kv, sub)
+        out[sel] = paged_decode(qd[sel], layer_kv, g.tables[sel], [g.lens[i] for i in short])
     for i in long:
-        t = int(ends[i])
+        t = g.lens[i]
         k = _gather(layer_kv, 0, g.tables[i])[:t]  # (T, n_kv, hd)
         v = _gather(layer_kv, 1, g.tables[i])[:t]
-        out[i] = decode_attention(q[g.rows[i]], k, v, split_size=SPLIT_KV_SIZE)  # (nh, hd)
+        out[i] = decode_attention(qd[i], k, v, split_size=SPLIT_KV_SIZE)  # (nh, hd)
     return out
-
-
-def _decode_padded(q: torch.Tensor, layer_kv: torch.Tensor, g: DecodeGroup) -> torch.Tensor:
-    b = g.tables.shape[0]
-    kc = _gather(layer_kv, 0, g.tables).view(b, -1, *layer_kv.shape[-2:]).transpose(1, 2)  # (B, n_kv, L, hd)
-    vc = _gather(layer_kv, 1, g.tables).view(b, -1, *layer_kv.shape[-2:]).transpose(1, 2)
-    qd = q[g.rows].unsqueeze(2)  # (B, nh, 1, hd)
-    o = F.scaled_dot_product_attention(qd, kc, vc, attn_mask=g.mask, enable_gqa=True)
-    return o.squeeze(2)  # (B, nh, hd)
 
 
 def _prefill_attention(

@@ -1,0 +1,81 @@
+"""Decode attention straight from a paged KV cache: one new token per sequence, ragged contexts.
+
+Owns `paged_decode(q, layer_kv, tables, lens)`, the decode engine's per-layer attention for
+contexts short enough for one pass (long ones go through `kernels.decode`'s split-KV path).
+
+Why not one padded SDPA call: a decode batch mixes contexts of a few hundred and a few
+thousand tokens. Padding every sequence to the longest one copies (and attends) up to several
+times the real context, and SDPA's GQA path on CPU expands K/V per query head. Here the
+blocks of every sequence are gathered once, unpadded, with one `index_select` for K and one
+for V (the only copy: each block's slab is contiguous in the cache), and each sequence's
+query heads are grouped by their KV head, so the scores are a (Hkv, H/Hkv, D) x (D, T)
+product over views of the gathered K/V: no padding, no per-head expansion.
+
+Shapes:
+  q        (B, H, D)                         the new token of each sequence
+  layer_kv (num_blocks, 2, bs, Hkv, D)       one layer of the cache (K = [:, 0], V = [:, 1])
+  tables   (B, max_blocks) long              block tables (rows may be padded past `lens`)
+  lens     list of B ints                    context length of each sequence, new token included
+  out      (B, H, D)
+
+`reference` is the plain-torch oracle: each sequence's KV gathered position by position and
+attended by `kernels.decode.reference` (explicit softmax).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from kernels import decode
+
+
+def _check(q: Tensor, layer_kv: Tensor, tables: Tensor, lens: list[int]) -> None:
+    if q.dim() != 3 or layer_kv.dim() != 5 or layer_kv.shape[1] != 2 or tables.dim() != 2:
+        raise ValueError(f"want q (B,H,D), layer_kv (N,2,bs,Hkv,D), tables (B,max_blocks); got "
+                         f"{tuple(q.shape)}, {tuple(layer_kv.shape)}, {tuple(tables.shape)}")
+    b, h = q.shape[0], q.shape[1]
+    hkv, bs = layer_kv.shape[3], layer_kv.shape[2]
+    if tables.shape[0] != b or len(lens) != b:
+        raise ValueError(f"{b} queries but {tables.shape[0]} block tables and {len(lens)} lengths")
+    if h % hkv:
+        raise ValueError(f"{h} query heads are not a multiple of {hkv} KV heads")
+    for i, t in enumerate(lens):
+        if not 1 <= t <= tables.shape[1] * bs:
+            raise ValueError(f"sequence {i}: context length {t} outside [1, {tables.shape[1] * bs}]")
+
+
+def paged_decode(q: Tensor, layer_kv: Tensor, tables: Tensor, lens: list[int], *,
+                 scale: float | None = None) -> Tensor:
+    """Attention of each sequence's new token over its paged context: (B, H, D)."""
+    _check(q, layer_kv, tables, lens)
+    b, h, d = q.shape
+    bs, hkv = layer_kv.shape[2], layer_kv.shape[3]
+    n_blocks = [-(-t // bs) for t in lens]
+    flat = torch.cat([tables[i, :n] for i, n in enumerate(n_blocks)])
+    k = layer_kv[:, 0].index_select(0, flat).view(-1, hkv, d)  # (sum of blocks * bs, Hkv, D)
+    v = layer_kv[:, 1].index_select(0, flat).view(-1, hkv, layer_kv.shape[-1])
+    qg = q.view(b, hkv, h // hkv, d) * (scale if scale is not None else d ** -0.5)
+    out = torch.empty(b, hkv, h // hkv, layer_kv.shape[-1], dtype=q.dtype)
+    start = 0
+    for i, t in enumerate(lens):
+        ki = k[start:start + t].permute(1, 2, 0)  # (Hkv, D, T): a view
+        vi = v[start:start + t].transpose(0, 1)  # (Hkv, T, Dv)
+        scores = torch.bmm(qg[i], ki).float()  # (Hkv, H/Hkv, T)
+        torch.bmm(scores.softmax(-1).to(v.dtype), vi, out=out[i])
+        start += n_blocks[i] * bs
+    return out.view(b, h, -1)
+
+
+def reference(q: Tensor, layer_kv: Tensor, tables: Tensor, lens: list[int], *,
+              scale: float | None = None) -> Tensor:
+    """Plain torch: positions gathered one by one, explicit softmax per sequence."""
+    _check(q, layer_kv, tables, lens)
+    bs = layer_kv.shape[2]
+    outs = []
+    for i, t in enumerate(lens):
+        pos = torch.arange(t)
+        blocks = tables[i][pos // bs]
+        k = layer_kv[blocks, 0, pos % bs]  # (T, Hkv, D)
+        v = layer_kv[blocks, 1, pos % bs]
+        outs.append(decode.reference(q[i][None], k, v, scale=scale)[0])
+    return torch.stack(outs)
