@@ -7,7 +7,7 @@ Why not one padded SDPA call: a decode batch mixes contexts of a few hundred and
 thousand tokens. Padding every sequence to the longest one copies (and attends) up to several
 times the real context, and SDPA's GQA path on CPU expands K/V per query head. Here the
 blocks of every sequence are gathered once, unpadded, with one `index_select` for K and one
-for V (the only copy: each block's slab is contiguous in the cache), and each sequence's
+for V over a view whose rows are whole blocks (the only copy: one memcpy per block), and each sequence's
 query heads are grouped by their KV head, so the scores are a (Hkv, H/Hkv, D) x (D, T)
 product over views of the gathered K/V: no padding, no per-head expansion.
 
@@ -44,6 +44,22 @@ def _check(q: Tensor, layer_kv: Tensor, tables: Tensor, lens: list[int]) -> None
             raise ValueError(f"sequence {i}: context length {t} outside [1, {tables.shape[1] * bs}]")
 
 
+def gather_blocks(layer_kv: Tensor, kv: int, blocks: Tensor) -> Tensor:
+    """K (kv=0) or V (kv=1) of `blocks` (1-D long), copied out: (len(blocks) * bs, Hkv, D).
+
+    One block's K (or V) is a contiguous slab, but the slabs of one layer sit a whole block
+    (every layer) apart. `index_select` over that 4-D strided view walks it element by element;
+    over a 2-D view whose rows are the slabs it copies each row with one memcpy (~3-4x faster
+    on a 30-layer cache).
+    """
+    src = layer_kv[:, kv]  # (num_blocks, bs, Hkv, D)
+    slab = src[0].numel()
+    if src[0].is_contiguous():
+        rows = src.as_strided((src.shape[0], slab), (src.stride(0), 1))
+        return rows.index_select(0, blocks).view(-1, *src.shape[2:])
+    return src.index_select(0, blocks).reshape(-1, *src.shape[2:])
+
+
 def paged_decode(q: Tensor, layer_kv: Tensor, tables: Tensor, lens: list[int], *,
                  scale: float | None = None) -> Tensor:
     """Attention of each sequence's new token over its paged context: (B, H, D)."""
@@ -52,8 +68,8 @@ def paged_decode(q: Tensor, layer_kv: Tensor, tables: Tensor, lens: list[int], *
     bs, hkv = layer_kv.shape[2], layer_kv.shape[3]
     n_blocks = [-(-t // bs) for t in lens]
     flat = torch.cat([tables[i, :n] for i, n in enumerate(n_blocks)])
-    k = layer_kv[:, 0].index_select(0, flat).view(-1, hkv, d)  # (sum of blocks * bs, Hkv, D)
-    v = layer_kv[:, 1].index_select(0, flat).view(-1, hkv, layer_kv.shape[-1])
+    k = gather_blocks(layer_kv, 0, flat)  # (sum of blocks * bs, Hkv, D)
+    v = gather_blocks(layer_kv, 1, flat)
     qg = q.view(b, hkv, h // hkv, d) * (scale if scale is not None else d ** -0.5)
     out = torch.empty(b, hkv, h // hkv, layer_kv.shape[-1], dtype=q.dtype)
     start = 0

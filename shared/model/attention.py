@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import decode_attention, paged_decode
+from kernels.paged_decode import gather_blocks
 from shared.model.batch import ForwardBatch, SeqSlice
 
 
@@ -127,13 +128,9 @@ def paged_attention(
 
 
 def _gather(layer_kv: torch.Tensor, kv: int, blocks: torch.Tensor) -> torch.Tensor:
-    """K (kv=0) or V (kv=1) rows of `blocks` (any shape), flattened to (n * bs, n_kv, hd).
-
-    index_select copies each block's contiguous slab; advanced indexing on the same
-    strided view is several times slower.
-    """
-    slabs = layer_kv[:, kv].index_select(0, blocks.reshape(-1))  # (n, bs, n_kv, hd)
-    return slabs.view(-1, *slabs.shape[-2:])
+    """K (kv=0) or V (kv=1) rows of `blocks` (any shape), flattened to (n * bs, n_kv, hd):
+    one memcpy per block (kernels.paged_decode.gather_blocks)."""
+    return gather_blocks(layer_kv, kv, blocks.reshape(-1))
 
 
 def _decode_attention(q: torch.Tensor, layer_kv: torch.Tensor, g: DecodeGroup) -> torch.Tensor:

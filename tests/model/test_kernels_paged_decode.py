@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kernels import paged_decode
-from kernels.paged_decode import reference
+from kernels.paged_decode import gather_blocks, reference
 from shared.model.attention import StepIndex, _decode_attention
 from shared.model.batch import ForwardBatch, SeqSlice
 
@@ -108,3 +108,15 @@ def test_bench_baseline_agrees_with_the_kernel():
     (b, tokens, padded_ms, paged_ms, diff), = paged_timings([3], repeats=1)
     assert b == 3 and 900 <= tokens <= 6000 and padded_ms > 0 and paged_ms > 0
     assert diff < 1e-4
+
+
+def test_gather_blocks_copies_the_slabs_of_one_layer_of_a_full_cache():
+    """The row view must pick the right layer's slabs out of a (blocks, layers, 2, ...) cache."""
+    data = torch.randn(7, 4, 2, 8, 2, 16)  # (num_blocks, n_layers, kv, bs, Hkv, D)
+    blocks = torch.tensor([5, 0, 3])
+    for layer in range(4):
+        for kv in (0, 1):
+            want = data[:, layer, kv][blocks].reshape(-1, 2, 16)
+            assert torch.equal(gather_blocks(data[:, layer], kv, blocks), want)
+    odd = data.transpose(3, 4)[:, 1]  # a slab that is not contiguous: the plain index_select path
+    assert torch.equal(gather_blocks(odd, 1, blocks), odd[:, 1][blocks].reshape(-1, 8, 16))
