@@ -7,7 +7,7 @@ Why not one padded SDPA call: a decode batch mixes contexts of a few hundred and
 thousand tokens. Padding every sequence to the longest one copies (and attends) up to several
 times the real context, and SDPA's GQA path on CPU expands K/V per query head. Here the
 blocks of every sequence are gathered once, unpadded, with one `index_select` for K and one
-for V over a view whose rows are whole blocks (the only copy: one memcpy per block), and each sequence's
+for V (the only copy: each block's slab is contiguous in the cache), and each sequence's
 query heads are grouped by their KV head, so the scores are a (Hkv, H/Hkv, D) x (D, T)
 product over views of the gathered K/V: no padding, no per-head expansion.
 
@@ -47,17 +47,11 @@ def _check(q: Tensor, layer_kv: Tensor, tables: Tensor, lens: list[int]) -> None
 def gather_blocks(layer_kv: Tensor, kv: int, blocks: Tensor) -> Tensor:
     """K (kv=0) or V (kv=1) of `blocks` (1-D long), copied out: (len(blocks) * bs, Hkv, D).
 
-    One block's K (or V) is a contiguous slab, but the slabs of one layer sit a whole block
-    (every layer) apart. `index_select` over that 4-D strided view walks it element by element;
-    over a 2-D view whose rows are the slabs it copies each row with one memcpy (~3-4x faster
-    on a 30-layer cache).
+    `index_select` copies each block's contiguous slab; advanced indexing on the same strided
+    view is several times slower.
     """
-    src = layer_kv[:, kv]  # (num_blocks, bs, Hkv, D)
-    slab = src[0].numel()
-    if src[0].is_contiguous():
-        rows = src.as_strided((src.shape[0], slab), (src.stride(0), 1))
-        return rows.index_select(0, blocks).view(-1, *src.shape[2:])
-    return src.index_select(0, blocks).reshape(-1, *src.shape[2:])
+    slabs = layer_kv[:, kv].index_select(0, blocks)  # (n, bs, Hkv, D)
+    return slabs.reshape(-1, *slabs.shape[-2:])
 
 
 def paged_decode(q: Tensor, layer_kv: Tensor, tables: Tensor, lens: list[int], *,

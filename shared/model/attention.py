@@ -128,8 +128,7 @@ def paged_attention(
 
 
 def _gather(layer_kv: torch.Tensor, kv: int, blocks: torch.Tensor) -> torch.Tensor:
-    """K (kv=0) or V (kv=1) rows of `blocks` (any shape), flattened to (n * bs, n_kv, hd):
-    one memcpy per block (kernels.paged_decode.gather_blocks)."""
+    """K (kv=0) or V (kv=1) rows of `blocks` (any shape), flattened to (n * bs, n_kv, hd)."""
     return gather_blocks(layer_kv, kv, blocks.reshape(-1))
 
 

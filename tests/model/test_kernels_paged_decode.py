@@ -111,12 +111,12 @@ def test_bench_baseline_agrees_with_the_kernel():
 
 
 def test_gather_blocks_copies_the_slabs_of_one_layer_of_a_full_cache():
-    """The row view must pick the right layer's slabs out of a (blocks, layers, 2, ...) cache."""
+    """The right layer's slabs out of a (blocks, layers, 2, ...) cache, contiguous slab or not."""
     data = torch.randn(7, 4, 2, 8, 2, 16)  # (num_blocks, n_layers, kv, bs, Hkv, D)
     blocks = torch.tensor([5, 0, 3])
     for layer in range(4):
         for kv in (0, 1):
             want = data[:, layer, kv][blocks].reshape(-1, 2, 16)
             assert torch.equal(gather_blocks(data[:, layer], kv, blocks), want)
-    odd = data.transpose(3, 4)[:, 1]  # a slab that is not contiguous: the plain index_select path
+    odd = data.transpose(3, 4)[:, 1]  # a slab that is not contiguous
     assert torch.equal(gather_blocks(odd, 1, blocks), odd[:, 1][blocks].reshape(-1, 8, 16))
