@@ -8,16 +8,15 @@ Prints three tables; `--quick` uses fewer repeats. Owns no kernel code.
 from __future__ import annotations
 
 import argparse
-import time
-
 import random
+import time
 
 import torch
 import torch.nn.functional as F
 
 from kernels import attention as attn
 from kernels import dcp, decode, partition, ring
-from kernels.paged_decode import paged_decode
+from kernels.paged_decode import gather_blocks, paged_decode
 
 
 def _rand(shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
@@ -72,8 +71,8 @@ def timings(contexts: list[int], repeats: int, split: int) -> list[tuple[int, fl
 def padded_sdpa(q: torch.Tensor, layer_kv: torch.Tensor, tables: torch.Tensor, lens: list[int]) -> torch.Tensor:
     """The baseline: every sequence gathered and padded to the longest, one masked GQA SDPA call."""
     b, bs = q.shape[0], layer_kv.shape[2]
-    k = layer_kv[:, 0].index_select(0, tables.reshape(-1)).view(b, -1, *layer_kv.shape[-2:]).transpose(1, 2)
-    v = layer_kv[:, 1].index_select(0, tables.reshape(-1)).view(b, -1, *layer_kv.shape[-2:]).transpose(1, 2)
+    k = gather_blocks(layer_kv, 0, tables.reshape(-1)).view(b, -1, *layer_kv.shape[-2:]).transpose(1, 2)
+    v = gather_blocks(layer_kv, 1, tables.reshape(-1)).view(b, -1, *layer_kv.shape[-2:]).transpose(1, 2)
     mask = torch.arange(tables.shape[1] * bs)[None, :] < torch.tensor(lens)[:, None]
     o = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=mask[:, None, None, :], enable_gqa=True)
     return o.squeeze(2)
