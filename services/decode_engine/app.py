@@ -50,7 +50,7 @@ class DecodeService(Service):
         self.loaded = None
         self.kv: KVMemory | None = None
         self.persister: Persister | None = None
-        self.worker = ModelWorker(cfg.threads)
+        self.worker = ModelWorker(cfg.threads, cfg.heap_keep_mb)
         m = self.metrics
         self.m_tokens = m.counter("decode_tokens_total", "Tokens generated")
         self.m_step = m.histogram("decode_step_seconds", "Decode step time (one token per running sequence)")

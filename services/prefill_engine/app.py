@@ -56,7 +56,7 @@ class PrefillService(Service):
         self._loading: list[tuple[EngineRequest, PrefillWork]] = []  # storage read in flight
         self.loaded = None
         self.kv: KVMemory | None = None
-        self.worker = ModelWorker(cfg.threads)
+        self.worker = ModelWorker(cfg.threads, cfg.heap_keep_mb)
         m = self.metrics
         self.m_requests = m.counter("prefill_requests_total", "Prompts prefilled")
         self.m_tokens = m.counter("prefill_tokens_total", "Prompt tokens computed")

@@ -17,6 +17,7 @@ class EngineConfig(CommonConfig):
     kv_blocks: int = 256  # paged KV cache size in blocks
     block_size: int = 64  # tokens per KV block
     threads: int = 0  # torch threads; 0 = torch default
+    heap_keep_mb: int = 1024  # freed chunks below this stay in the heap (no page faults per step); 0 = glibc default
 
     def validate(self) -> None:
         require(self.kv_blocks > 0, "kv_blocks", self.kv_blocks, "must be > 0")
@@ -25,3 +26,4 @@ class EngineConfig(CommonConfig):
         require(self.dtype in ("float32", "bfloat16", "float16"), "dtype", self.dtype,
                 "float32, bfloat16 or float16")
         require(self.threads >= 0, "threads", self.threads, "must be >= 0")
+        require(0 <= self.heap_keep_mb <= 2047, "heap_keep_mb", self.heap_keep_mb, "must be in [0, 2047]")

@@ -10,11 +10,14 @@ import functools
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, TypeVar
 
+from shared.engine.heap import keep_freed
+
 T = TypeVar("T")
 
 
 class ModelWorker:
-    def __init__(self, threads: int = 0):
+    def __init__(self, threads: int = 0, heap_keep_mb: int = 0):
+        keep_freed(heap_keep_mb)  # heap.py: step temporaries reuse mapped pages
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
         if threads > 0:
             self.pool.submit(_set_threads, threads).result()
