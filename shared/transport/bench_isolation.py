@@ -54,8 +54,16 @@ def bulk_ops(size: int, base: int = BULK_AT) -> list[Op]:
     return [Op("kv", base + i * BULK_PIECE, "buf", base + i * BULK_PIECE, BULK_PIECE) for i in range(n)]
 
 
-def layer_ops(block: int, n: int) -> list[Op]:
-    return [Op("kv", i * block, "buf", i * block, block) for i in range(n)]
+def layer_ops(block: int, n: int, base: int = 0) -> list[Op]:
+    return [Op("kv", base + i * block, "buf", base + i * block, block) for i in range(n)]
+
+
+def rotating(block: int, n: int) -> list[list[Op]]:
+    """Every distinct pull of `n` blocks in [0, BULK_AT): the samples cycle through them, as a
+    running prefill pulls a different layer each time. Pulling one range over and over would
+    time a copy whose bytes sit in the CPU cache when idle, and are evicted by bulk."""
+    span = n * block
+    return [layer_ops(block, n, base) for base in range(0, BULK_AT - span + 1, span)]
 
 
 # -- the target TM -----------------------------------------------------------------------
@@ -108,12 +116,12 @@ class Initiator:
             moved += sum(o.length for o in ops)
         return moved, time.perf_counter() - t
 
-    async def pull_times(self, ops: list[Op], samples: int) -> float:
-        """Median seconds of one latency-class pull of `ops` (1 ms apart)."""
+    async def pull_times(self, pulls: list[list[Op]], samples: int) -> float:
+        """Median seconds of one latency-class pull (1 ms apart), cycling through `pulls`."""
         ts = []
-        for _ in range(samples):
+        for i in range(samples):
             t = time.perf_counter()
-            await self.peer.read(ops, TrafficClass.LATENCY)
+            await self.peer.read(pulls[i % len(pulls)], TrafficClass.LATENCY)
             ts.append(time.perf_counter() - t)
             await asyncio.sleep(0.001)
         return statistics.median(ts)
@@ -145,7 +153,7 @@ class Result:
 async def _measure(backend: str, desc: bytes, size: int, block: int, nblocks: int,
                    samples: int, ctx: Any) -> Result:
     async with Initiator(backend, desc, size, "pe") as ini:
-        one, layer = layer_ops(block, 1), layer_ops(block, nblocks)
+        one, layer = rotating(block, 1), rotating(block, nblocks)
         await ini.pull_times(layer, 5)  # warm-up: maps, sockets, buffers
         idle1, idleN = await ini.pull_times(one, samples), await ini.pull_times(layer, samples)
 

@@ -5,9 +5,10 @@ remote initiator sends: writes land in the region by `recv_into` a slice, reads 
 answered with DATA frames) and `TcpPeer` (the initiator: frames ops, schedules them by
 class, matches ACK / DATA / ERR to pending transfers). Wire format: tcp_wire.py.
 
-Example: `await peer.write([Op("kv", 0, "buf", 0, 300K)], BULK)` -> req 5 is cut into
-WRITE frames of 256K and 44K (the last with ACK_ME), queued in the BULK FIFO; the
-ClassSender sends each batch with one sendmsg; the server reads the payloads into
+Example: `await peer.write([Op("kv", 0, "buf", 0, 150K)], BULK)` -> req 5 is cut into
+WRITE frames of 64K, 64K and 22K (bulk frames are at most BULK_CHUNK; latency frames
+CHUNK), the last with ACK_ME, queued in the BULK FIFO; the ClassSender sends each
+batch with one sendmsg; the server reads the payloads into
 "buf" and answers ACK(5); the reader task resolves req 5's future. If the socket closes
 first, every pending transfer fails with PeerGone.
 """
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 
 from .aio import TaskOwner, deadline
 from .base import Endpoint, EndpointDesc, Op, Peer, TrafficClass
-from .classes import DEFAULT_WEIGHTS, ClassSender, LinkGate, split
+from .classes import DEFAULT_WEIGHTS, ClassSender, LinkGate, chunk_for, split
 from .errors import OutOfBounds, PeerGone, RegionNotFound, RemoteError, TransportError
 from .local import LocalSide
 from .regions import RegionTable, check_bounds
@@ -172,7 +173,8 @@ class TcpPeer(Peer):
     async def write(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None) -> None:
         frames = [(self._rid(o), o, self._local.resolve(o.local_region, o.local_offset, o.length)) for o in ops]
         req, fut = self._begin([], cls)
-        pieces = [(rid, o.remote_offset + p, src[p : p + n]) for rid, o, src in frames for p, n in split(0, o.length)]
+        size = chunk_for(cls)
+        pieces = [(rid, o.remote_offset + p, src[p : p + n]) for rid, o, src in frames for p, n in split(0, o.length, size)]
         for i, (rid, roff, payload) in enumerate(pieces):
             flags = ACK_ME if i == len(pieces) - 1 else 0
             hdr = header(Kind.WRITE, cls, flags, req, rid, i, roff, len(payload))
@@ -181,7 +183,8 @@ class TcpPeer(Peer):
 
     async def read(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None) -> None:
         asks = [(self._rid(o), o, self._local.resolve(o.local_region, o.local_offset, o.length)) for o in ops]
-        pieces = [(rid, o.remote_offset + p, dst[p : p + n]) for rid, o, dst in asks for p, n in split(0, o.length)]
+        size = chunk_for(cls)
+        pieces = [(rid, o.remote_offset + p, dst[p : p + n]) for rid, o, dst in asks for p, n in split(0, o.length, size)]
         req, fut = self._begin([dst for _, _, dst in pieces], cls)
         for i, (rid, roff, dst) in enumerate(pieces):
             self.links[cls].sender.submit(cls, [header(Kind.READ, cls, 0, req, rid, i, roff, len(dst))], HLEN)

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from shared.transport.classes import CHUNK, ClassSender, DrrScheduler, split
+from shared.transport.classes import BULK_CHUNK, CHUNK, ClassSender, DrrScheduler, chunk_for, split
 
 pytestmark = pytest.mark.unit
 L, B = 0, 1
@@ -108,3 +108,29 @@ def test_class_sender_emits_batches_in_drr_order():
     assert sorted(flat) == ["b0", "b1", "b2", "b3", "l0"]
     assert all(len(b) <= 2 for b in seen)
     assert flat.index("l0") <= 3  # overtook the queued bulk after at most one batch
+
+
+def test_bulk_moves_in_small_batches_latency_in_large_ones():
+    """A bulk-only batch holds at most BULK_CHUNK bytes (a latency frame submitted meanwhile
+    waits for at most that); latency packs up to batch_bytes."""
+    assert chunk_for(L) == CHUNK and chunk_for(B) == BULK_CHUNK < CHUNK
+
+    async def main() -> list[list[str]]:
+        seen: list[list[str]] = []
+
+        async def emit(batch: list[str]) -> None:
+            seen.append(batch)
+            await asyncio.sleep(0)
+
+        sender: ClassSender[str] = ClassSender(emit, (99, 1), batch_bytes=CHUNK)
+        task = asyncio.get_running_loop().create_task(sender.run())
+        for cls, name, size in ((B, "b", BULK_CHUNK // 2), (L, "l", CHUNK // 4)):
+            for i in range(4):
+                sender.submit(cls, f"{name}{i}", size)
+            for _ in range(10):
+                await asyncio.sleep(0)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return seen
+
+    assert asyncio.run(main()) == [["b0", "b1"], ["b2", "b3"], ["l0", "l1", "l2", "l3"]]
