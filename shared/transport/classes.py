@@ -178,9 +178,9 @@ class ClassSender(Generic[T]):
     gets the items of one batch (<= batch_bytes, DRR order) and sends them with one
     syscall where the link allows; a batch of bulk alone is at most BULK_CHUNK bytes, so
     latency submitted meanwhile waits for one small batch. If `emit` raises, `on_error`
-    gets the exception and the sender stops. With a `gate`: a batch holding bulk bytes first awaits its turn,
-    latency bytes sent are credited, and `submit(..., hold=True)` keeps the gate open
-    until that item is on the wire. The worker yields to the loop after every batch: a
+    gets the exception and the sender stops. With a `gate`: a batch holding bulk bytes
+    first awaits its turn, latency bytes sent are credited, and `submit(..., hold=True)`
+    keeps the gate open until that item is on the wire. The worker yields to the loop after every batch: a
     socket that always has room must not starve the other links' readers.
     """
 
