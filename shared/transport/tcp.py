@@ -8,9 +8,9 @@ class, matches ACK / DATA / ERR to pending transfers). Wire format: tcp_wire.py.
 Example: `await peer.write([Op("kv", 0, "buf", 0, 300K)], BULK)` -> req 5 is cut into
 WRITE frames of 128K, 128K and 44K (bulk frames are at most BULK_CHUNK; latency frames
 CHUNK), the last with ACK_ME, queued in the BULK FIFO; the ClassSender sends each
-batch with one sendmsg; the server reads the payloads into
-"buf" and answers ACK(5); the reader task resolves req 5's future. If the socket closes
-first, every pending transfer fails with PeerGone.
+batch with one sendmsg; the server reads the payloads into "buf" and answers ACK(5);
+the reader task resolves req 5's future. If the socket closes first, every pending
+transfer fails with PeerGone.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
-from shared.engine.config import EngineConfig
 from shared.config import ConfigError
+from shared.engine.config import EngineConfig
 from shared.engine.heap import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, MIB, plan
 
 pytestmark = pytest.mark.unit
