@@ -3,6 +3,8 @@
 Each tool module exposes `register(subparsers)` which adds its parser and sets
 `func=<callable(args) -> int>`. Tool modules are imported only when listed here,
 and each keeps its heavy imports inside its `func`, so `dualpath --help` stays fast.
+Every parser in the tree formats its help with `HelpFormatter`: each flag's default
+is shown after its help text.
 """
 from __future__ import annotations
 
@@ -24,9 +26,30 @@ class CliError(Exception):
     """A bad command-line value; printed as `dualpath: error: ...` with exit code 2."""
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """Appends `(default: X)` to a flag's help unless the help already mentions its default or
+    there is none worth showing (None, False, an empty string: the help says what absence means)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (not action.option_strings or "default" in text or default is None or default is False
+                or default is argparse.SUPPRESS or (isinstance(default, (str, list)) and not default)):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose help shows defaults; subcommand parsers inherit the class."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dualpath", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser = Parser(prog="dualpath", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     for name, module in TOOLS.items():
         try:

@@ -3,9 +3,17 @@
 Used by `dualpath up`, by the benchmark's `--up` and by integration tests. Topology:
 `prefill` prefill nodes and `decode` decode nodes; each node runs one storage-gateway
 and, per engine, one engine process and one traffic-manager process.
+
+Ports are taken without a race: the launcher binds the scheduler's HTTP socket itself
+(a taken `port` fails here, at once, with `PortInUse`) and hands the listening socket
+to the scheduler process (`--http-fd`; a restarted scheduler gets the same one); the
+embedded nats-server binds any free port itself (`-p -1`) and reports it in a ports file.
+Logs go to `log_dir`; a temporary one is removed by `stop()` unless something failed
+(then `MeshError` names it and it stays for reading).
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -14,24 +22,23 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
+
+from shared.http import PortInUse, bind_socket
 
 
 class MeshError(RuntimeError):
-    """The mesh could not start: `process` names the one that failed, `log_tail` its last output."""
+    """The mesh could not start or a process died: `process` names it, `log` is its log file,
+    `log_tail` its last lines. `str()` is one line; the tail is for `--debug` and tests."""
 
-    def __init__(self, message: str, process: str = "", log_tail: str = ""):
-        super().__init__(f"{message}\n--- {process} log ---\n{log_tail}" if process else message)
-        self.process, self.log_tail = process, log_tail
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    def __init__(self, message: str, process: str = "", log: str = "", log_tail: str = ""):
+        super().__init__(f"{message} (log: {log})" if log else message)
+        self.process, self.log, self.log_tail = process, log, log_tail
 
 
 def nats_server_binary() -> str:
@@ -59,7 +66,7 @@ class MeshSpec:
     nats_args: list[str] = field(default_factory=list)  # extra nats-server flags (auth, -js, ...)
     threads: int = 0  # torch threads per engine
     buffer_mb: int = 256
-    log_dir: str = ""
+    log_dir: str = ""  # kept as given; empty = a temporary directory, removed at stop() unless a process failed
     extra: dict[str, dict[str, str]] = field(default_factory=dict)  # service -> {flag: value}
     env: dict[str, str] = field(default_factory=dict)
 
@@ -70,6 +77,7 @@ class Proc:
     popen: subprocess.Popen
     log: Path
     argv: list[str] = field(default_factory=list)
+    pass_fds: tuple[int, ...] = ()  # inherited sockets (the scheduler's HTTP listener)
     expected_exit: bool = False  # killed on purpose (tests): not a failure
 
     def tail(self, n: int = 40) -> str:
@@ -82,43 +90,56 @@ class Proc:
 class Mesh:
     def __init__(self, spec: MeshSpec):
         self.spec = spec
+        self.temp_logs = not spec.log_dir
         self.log_dir = Path(spec.log_dir or tempfile.mkdtemp(prefix="dualpath-mesh-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.keep_logs = not self.temp_logs  # a temporary log dir is kept only when something failed
         self.procs: list[Proc] = []
         self.nats_url = spec.nats_url
-        self.http_port = spec.port or free_port(spec.host)
-        self.url = f"http://{spec.host}:{self.http_port}"
+        self.http_sock: socket.socket | None = None
+        self.http_port = spec.port
+        self.url = f"http://{spec.host}:{spec.port}" if spec.port else ""  # final once start() bound the port
         self._seq = 0
 
     # processes ----------------------------------------------------------------------
-    def _spawn(self, name: str, argv: list[str]) -> Proc:
+    def _spawn(self, name: str, argv: list[str], pass_fds: tuple[int, ...] = ()) -> Proc:
         log = self.log_dir / f"{name}.log"
         env = {**os.environ, **self.spec.env, "PYTHONUNBUFFERED": "1"}
         fh = open(log, "ab")
         popen = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                 cwd=os.getcwd())
+                                 cwd=os.getcwd(), pass_fds=pass_fds)
         fh.close()
-        proc = Proc(name, popen, log, argv)
+        proc = Proc(name, popen, log, argv, pass_fds)
         self.procs.append(proc)
         return proc
 
-    def _service(self, name: str, module: str, flags: dict[str, object]) -> Proc:
+    def _service(self, name: str, module: str, flags: dict[str, object], pass_fds: tuple[int, ...] = ()) -> Proc:
         common = {"nats-url": self.nats_url, "namespace": self.spec.namespace, "host": self.spec.host}
         merged = {**common, **flags, **self.spec.extra.get(module, {})}
         argv = [sys.executable, "-m", f"services.{module}"]
         for key, value in merged.items():
             if value is not None and value != "":
                 argv += [f"--{key}", str(value)]
-        return self._spawn(name, argv)
+        return self._spawn(name, argv, pass_fds)
 
-    def start_nats(self) -> None:
+    def bind_http(self) -> str:
+        """Bind the scheduler's listening socket (PortInUse when `port` is taken); returns the URL."""
+        if self.http_sock is None:
+            self.http_sock = bind_socket(self.spec.host, self.spec.port, "port")
+            self.http_port = self.http_sock.getsockname()[1]
+            self.url = f"http://{self.spec.host}:{self.http_port}"
+        return self.url
+
+    def start_nats(self, timeout: float = 15.0) -> None:
         if self.nats_url:
             return
-        port = free_port(self.spec.host)
+        ports = self.log_dir / "nats-ports"
+        ports.mkdir(exist_ok=True)
         js = ["-js", "-sd", str(self.log_dir / "jetstream")]  # JetStream: the scheduler's request journal
-        self._spawn("nats", [nats_server_binary(), "-a", self.spec.host, "-p", str(port), *js, *self.spec.nats_args])
+        proc = self._spawn("nats", [nats_server_binary(), "-a", self.spec.host, "-p", "-1",
+                                    "--ports_file_dir", str(ports), *js, *self.spec.nats_args])
+        port = _wait_ports_file(ports, proc, timeout)
         self.nats_url = f"nats://{self.spec.host}:{port}"
-        _wait_port(self.spec.host, port, 10, self.procs[-1])
 
     def add_node(self, role: str, node: str | None = None) -> list[Proc]:
         """Start one node's processes: a gateway and, per engine, an engine + its TM."""
@@ -136,42 +157,69 @@ class Mesh:
                 "node": node, "engine": engine, "transport": s.transport, "buffer-mb": s.buffer_mb}))
         return procs
 
-    def start(self, timeout: float = 180.0) -> "Mesh":
+    def start(self, timeout: float = 180.0, progress: Callable[[str], None] | None = None) -> "Mesh":
+        """Start everything and return once a completion would succeed: the scheduler serves and
+        at least one prefill and one decode engine are assignable. `progress` gets a line now and
+        then while it waits (what is ready so far)."""
         try:
+            self.bind_http()
             if self.spec.model == "smollm2":
-                from shared.model.fetch import ensure_default_model
+                from shared.model.fetch import default_model_path, ensure_default_model
 
+                if progress and not default_model_path().is_file():
+                    progress("fetching the default model (98 MB, once) ...")
                 ensure_default_model()
             self.start_nats()
+            fd = self.http_sock.fileno()
             self._service("scheduler", "scheduler", {"node": "sched", "model": self.spec.model,
-                                                     "http-host": self.spec.host, "http-port": self.http_port})
+                                                     "http-host": self.spec.host, "http-port": self.http_port,
+                                                     "http-fd": fd}, pass_fds=(fd,))
             for _ in range(self.spec.prefill):
                 self.add_node("prefill")
             for _ in range(self.spec.decode):
                 self.add_node("decode")
-            self.wait_healthy(timeout)
-        except BaseException:
+            self.wait_healthy(timeout, progress)
+        except BaseException as exc:
+            if not isinstance(exc, (KeyboardInterrupt, PortInUse)):
+                self.keep_logs = True
             self.stop()
             raise
         return self
 
-    def wait_healthy(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.check_alive()
+    def health(self) -> dict | None:
+        """The scheduler's /health document (200 or 503), or None while it does not answer."""
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as exc:
             try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
+                return json.loads(exc.read())
+            except ValueError:
+                return None
+        except (OSError, ValueError):
+            return None
+
+    def wait_healthy(self, timeout: float, progress: Callable[[str], None] | None = None) -> None:
+        t0 = time.monotonic()
+        said = t0
+        while time.monotonic() - t0 < timeout:
+            self.check_alive()
+            doc = self.health()
+            if doc is not None and doc.get("status") == "ok":
+                return
+            if progress and time.monotonic() - said >= 5:
+                said = time.monotonic()
+                progress(f"  {time.monotonic() - t0:.0f} s: " + _readiness(doc, self.spec))
             time.sleep(0.25)
-        raise MeshError(f"mesh not healthy after {timeout}s (logs in {self.log_dir})")
+        self.keep_logs = True
+        raise MeshError(f"mesh not ready after {timeout:.0f} s: {_readiness(self.health(), self.spec)} "
+                        f"(logs in {self.log_dir})")
 
     def check_alive(self) -> None:
         for p in self.procs:
             if p.popen.poll() is not None and not p.expected_exit:
-                raise MeshError(f"{p.name} exited with code {p.popen.returncode}", p.name, p.tail())
+                self.keep_logs = True
+                raise MeshError(f"{p.name} exited with code {p.popen.returncode}", p.name, str(p.log), p.tail())
 
     def find(self, prefix: str) -> list[Proc]:
         return [p for p in self.procs if p.name.startswith(prefix)]
@@ -186,10 +234,11 @@ class Mesh:
         if proc.popen.poll() is None:
             self.kill(proc)
         self.procs.remove(proc)
-        return self._spawn(proc.name, proc.argv)
+        return self._spawn(proc.name, proc.argv, proc.pass_fds)
 
     def stop(self, timeout: float = 15.0) -> None:
-        """SIGTERM every service (NATS last), then SIGKILL what is still running."""
+        """SIGTERM every service (NATS last), then SIGKILL what is still running; then release the
+        HTTP socket and remove a temporary log directory unless something failed."""
         services = [p for p in self.procs if p.name != "nats" and p.popen.poll() is None]
         for p in services:
             p.popen.send_signal(signal.SIGTERM)
@@ -208,9 +257,14 @@ class Mesh:
                 except subprocess.TimeoutExpired:
                     p.popen.kill()
                     p.popen.wait()
+        if self.http_sock is not None:
+            self.http_sock.close()
+            self.http_sock = None
         from shared.transport.shm_region import reap_orphans
 
         reap_orphans()  # KV memory and buffers of processes that were killed (-9) and never unlinked
+        if not self.keep_logs:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
 
     def __enter__(self) -> "Mesh":
         return self.start()
@@ -219,14 +273,27 @@ class Mesh:
         self.stop()
 
 
-def _wait_port(host: str, port: int, timeout: float, proc: Proc) -> None:
+def _readiness(doc: dict | None, spec: MeshSpec) -> str:
+    if doc is None:
+        return "the scheduler does not answer yet"
+    want_p, want_d = spec.prefill * spec.engines_per_node, spec.decode * spec.engines_per_node
+    return (f"prefill engines ready {doc.get('prefill_engines', 0)}/{want_p}, "
+            f"decode engines ready {doc.get('decode_engines', 0)}/{want_d}")
+
+
+def _wait_ports_file(ports: Path, proc: Proc, timeout: float) -> int:
+    """The client port nats-server reports in `<ports>/<binary>_<pid>.ports` once it listens."""
     deadline = time.monotonic() + timeout
+    pattern = f"*_{proc.popen.pid}.ports"
     while time.monotonic() < deadline:
         if proc.popen.poll() is not None:
-            raise MeshError("nats-server exited", proc.name, proc.tail())
-        try:
-            with socket.create_connection((host, port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise MeshError(f"nats-server not listening on {port}", proc.name, proc.tail())
+            raise MeshError(f"nats-server exited with code {proc.popen.returncode}", proc.name, str(proc.log),
+                            proc.tail())
+        for path in ports.glob(pattern):
+            try:
+                urls = json.loads(path.read_text())["nats"]
+                return int(urls[0].rsplit(":", 1)[1])
+            except (ValueError, KeyError, IndexError, OSError):
+                pass  # being written: read it again
+        time.sleep(0.05)
+    raise MeshError(f"nats-server reported no port within {timeout:g} s", proc.name, str(proc.log), proc.tail())

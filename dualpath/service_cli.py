@@ -1,4 +1,8 @@
-"""`dualpath service <name> [settings]`: run one service on its own (bare-metal scaling)."""
+"""`dualpath service <name> [settings]`: run one service on its own (bare-metal scaling).
+
+`dualpath service --help` lists the services; `dualpath service <name> --help` lists
+that service's settings (every one a flag, with its default and environment variable).
+"""
 from __future__ import annotations
 
 import argparse
@@ -15,9 +19,13 @@ SERVICES = {
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("service", help="run one service process (settings: flags, DUALPATH_* env, --config TOML)",
+                       description="Run one service process. Its settings come from flags, DUALPATH_* environment "
+                                   "variables or a TOML file (--config); `dualpath service NAME --help` lists them.",
                        add_help=False)
+    p.add_argument("-h", "--help", action="help", help="show this help message and exit")
     p.add_argument("name", choices=sorted(SERVICES), help="which service")
-    p.add_argument("settings", nargs=argparse.REMAINDER, help="e.g. --nats nats://host:4222 --node n1")
+    p.add_argument("settings", nargs=argparse.REMAINDER,
+                   help="that service's settings, e.g. --nats nats://host:4222 --node n1")
     p.set_defaults(func=run)
 
 

@@ -1,30 +1,45 @@
-"""`dualpath up`: the whole mesh on this machine with embedded defaults, until Ctrl-C."""
+"""`dualpath up`: the whole mesh on this machine with embedded defaults, until Ctrl-C.
+
+Prints the serving line only once a completion would succeed (the scheduler answers and
+a prefill and a decode engine are ready); until then, what it waits for every few
+seconds. A port that is taken or a process that dies is one line naming the port or the
+process's log, exit code 1 (`--debug` adds the traceback and the log's last lines).
+"""
 from __future__ import annotations
 
 import argparse
 import signal
+import sys
 import threading
+import traceback
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("up", help="run the whole mesh on this machine (nats-server + every service)")
+    p = sub.add_parser("up", help="run the whole mesh on this machine (nats-server + every service)",
+                       description="Run the whole mesh on this machine: an embedded nats-server and every service "
+                                   "as its own process, until Ctrl-C. Ready in about 10 s with --model tiny, "
+                                   "20-30 s with smollm2 (plus a one-time 98 MB download).")
     p.add_argument("--model", default="smollm2", help="preset (smollm2, tiny), a .gguf file or an HF directory")
-    p.add_argument("--port", type=int, default=8000, help="HTTP port of the OpenAI-style API")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port of the OpenAI-style API (0 = any free port)")
     p.add_argument("--host", default="127.0.0.1", help="bind address of every listener")
     p.add_argument("--prefill", type=int, default=1, help="prefill nodes")
     p.add_argument("--decode", type=int, default=1, help="decode nodes")
-    p.add_argument("--engines-per-node", type=int, default=1)
+    p.add_argument("--engines-per-node", type=int, default=1, help="engines (each with its traffic-manager) per node")
     p.add_argument("--kv-blocks", type=int, default=256, help="KV blocks per engine")
-    p.add_argument("--transport", default="auto", choices=["auto", "shm", "tcp", "verbs"])
-    p.add_argument("--store", default="", help="KV store directory (default: ~/.cache/dualpath/store)")
-    p.add_argument("--nats", default="", help="use this NATS server instead of starting one")
-    p.add_argument("--log-dir", default="", help="where each process writes its log")
+    p.add_argument("--transport", default="auto", choices=["auto", "shm", "tcp", "verbs"],
+                   help="data plane between traffic-managers (auto: shm within this host)")
+    p.add_argument("--store", default="", help="KV store directory (empty: ~/.cache/dualpath/store)")
+    p.add_argument("--nats", default="", help="use this NATS server (nats://host:port) instead of starting one")
+    p.add_argument("--log-dir", default="", help="keep each process's log here (empty: a temporary directory, "
+                                                 "removed on exit unless something failed)")
+    p.add_argument("--debug", action="store_true", help="on failure, print the traceback and the failed log's tail")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from dualpath.cli import CliError
     from dualpath.mesh import Mesh, MeshError, MeshSpec
+    from shared.http import PortInUse
 
     for name in ("prefill", "decode", "engines_per_node", "kv_blocks"):
         if getattr(args, name) <= 0:
@@ -35,21 +50,56 @@ def run(args: argparse.Namespace) -> int:
                     engines_per_node=args.engines_per_node, kv_blocks=args.kv_blocks, transport=args.transport,
                     store=args.store, nats_url=args.nats, log_dir=args.log_dir)
     mesh = Mesh(spec)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C, or a supervisor's stop
-        signal.signal(sig, lambda *_: stop.set())
-    print(f"starting the mesh (logs in {mesh.log_dir}) ...", flush=True)
+    stop = _Stop()
     try:
-        mesh.start()
+        mesh.bind_http()  # a taken --port fails here, before anything starts
+        where = mesh.log_dir if args.log_dir else f"{mesh.log_dir}, removed on exit unless something fails"
+        print(f"starting the mesh (logs: {where}) ...", flush=True)
+        mesh.start(progress=lambda line: print(line, flush=True))
+        stop.serving()
         print(f"serving {mesh.url}  (OpenAI API: {mesh.url}/v1/completions; Ctrl-C stops)", flush=True)
         while not stop.wait(1.0):
             mesh.check_alive()
     except KeyboardInterrupt:
-        pass
-    except MeshError as exc:
-        print(f"dualpath up: {exc}", flush=True)
+        print("stopped during start-up", flush=True)
+        return 130
+    except (PortInUse, MeshError) as exc:
+        if args.debug:
+            traceback.print_exc()
+            if getattr(exc, "log_tail", ""):
+                print(f"--- last lines of {exc.log} ---\n{exc.log_tail}", file=sys.stderr)
+        print(f"dualpath up: {exc}", file=sys.stderr, flush=True)
         return 1
     finally:
-        print("stopping ...", flush=True)
-        mesh.stop()
+        if stop.stopping() == "serving":
+            print("stopping ...", flush=True)
+        mesh.stop()  # after a failed start: already stopped, this only reaps
     return 0
+
+
+class _Stop:
+    """Ctrl-C / SIGTERM: during start-up they interrupt it (KeyboardInterrupt); once serving they end
+    the serve loop; while stopping they are ignored, so every child is still stopped and reaped."""
+
+    def __init__(self):
+        self.event = threading.Event()
+        self.state = "starting"
+        for sig in (signal.SIGINT, signal.SIGTERM):  # also when started with SIGINT ignored
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, *_) -> None:
+        if self.state == "starting":
+            self.state = "interrupted"
+            raise KeyboardInterrupt
+        self.event.set()
+
+    def serving(self) -> None:
+        self.state = "serving"
+
+    def stopping(self) -> str:
+        """Enter the stopping state; returns the state it leaves."""
+        was, self.state = self.state, "stopping"
+        return was
+
+    def wait(self, timeout: float) -> bool:
+        return self.event.wait(timeout)

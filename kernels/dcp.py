@@ -1,8 +1,8 @@
 """Decode context parallelism (DCP): KV sharded along the sequence, merged by LSE.
 
-Owns the sharding rule and the per-shard compute + merge of spec/parallelism.md
-section 5: position p lives on shard p mod N at slot p // N, so a new token lands on
-a known shard without rebalancing. Each shard attends the full Q over its local KV
+Owns the sharding rule and the per-shard compute + merge of docs/parallelism.md (decode
+context parallelism): position p lives on shard p mod N at slot p // N, so a new token
+lands on a known shard without rebalancing. Each shard attends the full Q over its local KV
 (causal by absolute position) and returns (out, lse); the LSE merge gives exactly
 the unsharded attention. A shard with no visible key (T < N) contributes nothing.
 Shards are simulated in one process (the merge is what crosses cards).

@@ -1,13 +1,16 @@
 """The control-plane bus: NATS with msgspec messages and trace context in headers.
 
-Owns the connection of one process. Handlers get the decoded message and a
+Owns the connection of one process (waiting for a server at start-up, up to a limit,
+and reconnecting forever once connected). Handlers get the decoded message and a
 `Delivery` (trace context, reply). A message that does not decode is logged,
 counted in `bad_messages` and dropped; a handler that raises is logged and
 counted in `handler_errors` -- neither ever stops a subscription loop.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, TypeVar
 
@@ -22,6 +25,50 @@ from shared.tracing import extract_context, inject_headers
 log = logging.getLogger("bus")
 T = TypeVar("T")
 _encoder = msgspec.msgpack.Encoder()
+
+
+RETRY_S = 0.25  # between connection attempts, at start-up and after a lost server
+REMIND_S = 10.0  # while waiting at start-up: one "still waiting" line this often
+
+
+class BusUnavailable(RuntimeError):
+    """No NATS server of `url` accepted a connection within `waited_s`; `reason` is the last error."""
+
+    def __init__(self, url: str, waited_s: float, reason: str):
+        super().__init__(f"no NATS server at {url} within {waited_s:g} s (last error: {reason}); "
+                         "start nats-server there, or point --nats-url at one (--nats-wait-s waits longer)")
+        self.url, self.waited_s, self.reason = url, waited_s, reason
+
+
+class _Waiting:
+    """What the initial connect has seen: for the one "waiting for NATS" line and the final error."""
+
+    def __init__(self, url: str, wait_s: float):
+        self.url, self.wait_s = url, wait_s
+        self.active, self.attempts, self.last = True, 0, ""
+        self.t0 = self.reminded = time.monotonic()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def failed(self, exc: Exception) -> None:
+        self.attempts += 1
+        self.last = str(exc) or type(exc).__name__
+        limit = f"giving up after {self.wait_s:g} s" if self.wait_s > 0 else "waiting without limit"
+        if self.attempts == 1:
+            log.warning("waiting for NATS at %s (%s); retrying every %g s, %s", self.url, self.last, RETRY_S, limit)
+        elif time.monotonic() - self.reminded >= REMIND_S:
+            self.reminded = time.monotonic()
+            log.warning("still waiting for NATS at %s after %.0f s (%s); %s", self.url, self.elapsed(), self.last,
+                        limit)
+
+
+async def _abandon(nc: Client) -> None:
+    """Close a client whose initial connect was given up or cancelled (never raises)."""
+    try:
+        await asyncio.shield(nc.close())
+    except BaseException:  # noqa: BLE001 - nothing to save on this path
+        pass
 
 
 class BusError(RuntimeError):
@@ -57,35 +104,48 @@ class Bus:
     _decoders: dict[Any, msgspec.msgpack.Decoder] = field(default_factory=dict)
 
     @classmethod
-    async def connect(cls, url: str, name: str, **opts: Any) -> "Bus":
-        """Connect; on a lost server, retry forever every 0.25 s. Subscriptions are restored by
-        nats-py on reconnect and publishes made meanwhile are buffered and sent then."""
-        nc: Client | None = None
+    async def connect(cls, url: str, name: str, *, wait_s: float = 60.0, **opts: Any) -> "Bus":
+        """Connect, waiting up to `wait_s` seconds (0 = forever) for a server of `url` to accept.
+
+        While none does, one warning says what it waits for and how often it retries (then one
+        line every REMIND_S); past `wait_s` it raises BusUnavailable with the last error. Once
+        connected, a lost server is retried forever every RETRY_S: subscriptions are restored
+        by nats-py on reconnect and publishes made meanwhile are buffered and sent then."""
+        nc = Client()
+        waiting = _Waiting(url, wait_s)
 
         async def on_error(exc: Exception) -> None:
-            if isinstance(exc, OSError):  # refused/reset while the server is away: one line, no traceback
+            if not nc.is_connected and waiting.active:
+                waiting.failed(exc)  # the initial connect: say what we wait for, not each refusal
+            elif isinstance(exc, OSError):  # refused/reset while the server is away: one line, no traceback
                 log.debug("nats: %s", exc)
             else:
                 log.warning("nats: %s: %s", type(exc).__name__, exc)
 
         async def on_disconnected() -> None:
-            if nc is not None and not nc.is_closed:  # a close (shutdown) also calls this
+            if not nc.is_closed and not waiting.active:  # a close (shutdown) also calls this
                 log.warning("disconnected from NATS; reconnecting")
 
         async def on_reconnected() -> None:
-            log.info("reconnected to NATS at %s", nc.connected_url.netloc if nc and nc.connected_url else "?")
+            log.info("reconnected to NATS at %s", nc.connected_url.netloc if nc.connected_url else "?")
 
         opts.setdefault("error_cb", on_error)
         opts.setdefault("disconnected_cb", on_disconnected)
         opts.setdefault("reconnected_cb", on_reconnected)
-        nc = await nats.connect(
-            servers=url.split(","),
-            name=name,
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.25,
-            connect_timeout=opts.pop("connect_timeout", 5),
-            **opts,
-        )
+        connecting = nc.connect(servers=url.split(","), name=name, max_reconnect_attempts=-1,
+                                reconnect_time_wait=RETRY_S, connect_timeout=opts.pop("connect_timeout", 5), **opts)
+        try:
+            await asyncio.wait_for(connecting, wait_s if wait_s > 0 else None)
+        except asyncio.TimeoutError:
+            await _abandon(nc)
+            raise BusUnavailable(url, wait_s, waiting.last or "no answer") from None
+        except BaseException:  # cancelled (the service was stopped while waiting), or a bad option
+            await _abandon(nc)
+            raise
+        finally:
+            waiting.active = False
+        if waiting.attempts:
+            log.info("connected to NATS at %s after %.1f s", url, waiting.elapsed())
         return cls(nc=nc, name=name)
 
     def decoder(self, tp: Any) -> msgspec.msgpack.Decoder:

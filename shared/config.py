@@ -4,13 +4,17 @@ Owns the loading rules only; each service declares its own dataclass in its
 `config.py`. Every field has a default that serves the local run. Environment
 overrides use one prefix: `DUALPATH_<FIELD>` (upper case), e.g. `DUALPATH_NATS_URL`.
 A TOML file may hold a `[common]` table and one table per service name
-(`[scheduler]`, `[prefill_engine]`, ...). A bad setting fails at start naming the key.
+(`[scheduler]`, `[prefill_engine]`, ...); given the class of the settings every service
+has (`common=`), a `[common]` key outside it is an error too. A bad setting fails at
+start naming the key.
 Only entry points call `load_config`; everything below receives the frozen object.
 """
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
+import re
 import tomllib
 import types
 import typing
@@ -95,13 +99,22 @@ def load_config(
     file: str | Path | None = None,
     env: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
+    common: type | None = None,
 ) -> T:
-    """Build `cls` from defaults < TOML(file) < env < overrides (CLI), validating each key."""
+    """Build `cls` from defaults < TOML(file) < env < overrides (CLI), validating each key.
+
+    `common`: the settings class every service shares; a `[common]` key that is not one of
+    its fields fails (it would silently do nothing for some service). Without it, `[common]`
+    keys that `cls` lacks are skipped."""
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     hints = typing.get_type_hints(cls)
     values: dict[str, Any] = {}
-    common, own = read_toml(file, section)
-    for key, raw in common.items():  # [common] is shared: keys another service uses are skipped
+    shared, own = read_toml(file, section)
+    everyone = {f.name for f in dataclasses.fields(common)} if common is not None else None
+    for key, raw in shared.items():
+        if everyone is not None and key not in everyone:
+            raise ConfigError(f"common.{key}", raw, "not a setting of every service: move it to the tables of "
+                                                    "the services that have it ([scheduler], [prefill_engine], ...)")
         if key in fields:
             values[key] = _coerce(f"common.{key}", raw, hints[key])
     for key, raw in own.items():
@@ -124,6 +137,28 @@ def load_config(
     if check is not None:
         check()
     return cfg
+
+
+_FIELD = re.compile(r"^\s+(\w+)\s*:[^=#]*=[^#]*?(?:#\s*(.*))?$")
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Field name -> the `# comment` after its declaration, over the class and its bases (subclass wins).
+
+    The comment is each setting's documentation: `--help` and docs/configuration.md show it."""
+    out: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            lines = inspect.getsource(klass).splitlines()
+        except (OSError, TypeError):
+            continue
+        for line in lines:
+            m = _FIELD.match(line)
+            if m and m.group(2):
+                out[m.group(1)] = m.group(2).strip()
+    return out
 
 
 def require(cond: bool, key: str, value: object, reason: str) -> None:

@@ -1,26 +1,63 @@
-"""A uvicorn server on a pre-bound socket, so port 0 works and the real port is known."""
+"""A uvicorn server on a pre-bound socket, so port 0 works and the real port is known.
+
+Owns binding a listener (or adopting one a parent process bound and passed down, so a
+launcher can pick the port without a race) and serving an ASGI app on it. A port that
+is taken fails at bind time with `PortInUse`, naming the address and the setting to change.
+"""
 from __future__ import annotations
 
+import errno
 import socket
 
 import uvicorn
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
+class PortInUse(OSError):
+    """`host:port` already has a listener; `setting` names what picks another port (e.g. `http_port`)."""
+
+    def __init__(self, host: str, port: int, setting: str = ""):
+        hint = f"; pick another with --{setting.replace('_', '-')}" if setting else ""
+        super().__init__(errno.EADDRINUSE, f"port {port} on {host} is in use{hint}")
+        self.host, self.port, self.setting = host, port, setting
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+def bind_socket(host: str, port: int, setting: str = "") -> socket.socket:
+    """A listening TCP socket on host:port (0 = any free port); PortInUse when the port is taken."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(512)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers only, never a live listener
+        sock.bind((host, port))
+        sock.listen(512)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise PortInUse(host, port, setting) from None
+        raise
     sock.set_inheritable(True)
     return sock
 
 
-class HttpServer:
-    """Serves an ASGI app; `url` is known as soon as it is constructed."""
+def adopt_socket(fd: int) -> socket.socket:
+    """The listening socket inherited as file descriptor `fd` (bound by a parent process)."""
+    sock = socket.socket(fileno=fd)
+    if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) != 1:
+        sock.detach()
+        raise OSError(errno.EINVAL, f"file descriptor {fd} is not a listening socket")
+    return sock
 
-    def __init__(self, app, host: str, port: int, *, limit_concurrency: int | None = None):
-        self.sock = bind_socket(host, port)
+
+class HttpServer:
+    """Serves an ASGI app; `url` is known as soon as it is constructed.
+
+    Binds `host:port` itself, or serves on `sock` when one is given (already listening)."""
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, *, sock: socket.socket | None = None,
+                 setting: str = "", limit_concurrency: int | None = None):
+        self.sock = sock if sock is not None else bind_socket(host, port, setting)
         self.host, self.port = self.sock.getsockname()[:2]
         config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False,
                                 limit_concurrency=limit_concurrency, timeout_graceful_shutdown=2)
@@ -40,3 +77,7 @@ class HttpServer:
 
     def stop(self) -> None:
         self.server.should_exit = True
+
+    def close(self) -> None:
+        """Release the socket of a server that never served (start-up stopped early)."""
+        self.sock.close()

@@ -1,15 +1,24 @@
 """The common life of a service process: config -> uvloop -> lifespan -> signals -> drain.
 
-Owns: the CLI flags every service shares (generated from its config dataclass),
-logging and tracing set-up, the bus connection (and its drop counters on `/metrics`),
-the `/metrics` server, the heartbeat loop, and the one TaskGroup that owns every task of the service.
-Shutdown: SIGTERM/SIGINT -> stop Event -> announce `leaving` -> service.stop()
--> cancel tasks -> drain the bus -> flush spans.
+Owns: the CLI flags every service shares (generated from its config dataclass, with each
+setting's comment as help), logging and tracing set-up, the bus connection (and its drop
+counters on `/metrics`), the `/metrics` server, the heartbeat loop, and the one TaskGroup
+that owns every task of the service.
+
+Start-up, in order: every setting is checked (exit 2 naming the key); the `/metrics`
+port is bound (a taken port fails now, not after the wait for NATS); NATS is awaited
+for up to `nats_wait_s`, saying so once; then `service.start()`. SIGTERM and SIGINT stop
+the process at every one of these points: before the event loop they raise `Stopped`,
+after it they set the stop Event that the NATS wait and `start()` are raced against.
+Shutdown: stop Event -> announce `leaving` -> service.stop() -> cancel tasks -> drain
+the bus -> flush spans; whatever the exit (short of SIGKILL), the shared-memory segments
+this process created are unlinked. A second stop signal exits at once.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -18,22 +27,28 @@ import sys
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Awaitable, Callable, TypeVar
+from urllib.parse import urlsplit
 
 from prometheus_client.core import CounterMetricFamily
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from shared.bus import Bus
-from shared.config import ConfigError, load_config
-from shared.http import HttpServer
+from shared.bus import Bus, BusUnavailable
+from shared.config import ConfigError, field_docs, load_config, require
+from shared.http import HttpServer, PortInUse
 from shared.logs import setup_logging
 from shared.messages.registry import Announce
 from shared.messages.subjects import Subjects
 from shared.metrics import Metrics
 from shared.tracing import setup_tracing, shutdown_tracing
+from shared.transport.shm_region import reap_orphans, unlink_own
 
 log = logging.getLogger("runtime")
+T = TypeVar("T")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+NATS_SCHEMES = ("nats", "tls", "ws", "wss")
 
 
 @dataclass(frozen=True)
@@ -45,11 +60,12 @@ class CommonConfig:
     host: str = "127.0.0.1"  # where this process's listeners bind (loopback by default)
     metrics_port: int = 0  # /metrics port; 0 = any free port (announced)
     heartbeat_s: float = 0.5  # announce period
-    log_level: str = "info"
+    log_level: str = "info"  # debug | info | warning | error
+    nats_wait_s: float = 60.0  # start-up: how long to wait for a reachable NATS server before giving up; 0 = forever
     # NATS credentials (any one scheme); secrets never appear in logs, traces or repr()
-    nats_user: str = ""
-    nats_password: str = dataclasses.field(default="", repr=False)
-    nats_token: str = dataclasses.field(default="", repr=False)
+    nats_user: str = ""  # user name (with nats_password)
+    nats_password: str = dataclasses.field(default="", repr=False)  # password of nats_user
+    nats_token: str = dataclasses.field(default="", repr=False)  # an authentication token
     nats_creds: str = ""  # path of a .creds file (JWT + nkey seed)
     nats_nkey_seed: str = ""  # path of an nkey seed file
     nats_tls_ca: str = ""  # CA bundle: enables TLS to the NATS server
@@ -121,27 +137,91 @@ async def _heartbeat(svc: Service, stop: asyncio.Event) -> None:
             pass
 
 
-async def run_service(svc: Service, stop: asyncio.Event | None = None) -> None:
-    stop = stop or asyncio.Event()
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGINT before the event loop took the signals over (start-up or exit)."""
+
+
+class StartFailed(RuntimeError):
+    """Building the service or its `start()` raised: `service` names it, `cause` is what it raised."""
+
+    def __init__(self, service: str, cause: BaseException):
+        super().__init__(f"{service} failed to start: {type(cause).__name__}: {cause}")
+        self.service, self.cause = service, cause
+
+
+async def _unless_stopped(work: Awaitable[T], stop: asyncio.Event) -> tuple[bool, T | None]:
+    """Run `work` until it finishes (True, its result) or `stop` is set first (False, None; it is cancelled).
+
+    Both tasks are owned here: each is awaited or cancelled before this returns."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if task.cancelled():
+        return False, None
+    return True, task.result()
+
+
+def _take_signals(stop: asyncio.Event) -> None:
+    """From now on SIGTERM/SIGINT set `stop`; a second one exits at once."""
     loop = asyncio.get_running_loop()
+
+    def on_signal(sig: int) -> None:
+        if stop.is_set():
+            log.warning("second %s while stopping: exiting now", signal.Signals(sig).name)
+            unlink_own()
+            os._exit(1)
+        log.info("%s: stopping", signal.Signals(sig).name)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal, sig)
         except (NotImplementedError, RuntimeError):
             pass
-    svc.bus = await Bus.connect(svc.cfg.nats_url, svc.instance, **nats_options(svc.cfg))
-    svc.metrics.registry.register(BusCounters(svc.bus))
+
+
+async def run_service(svc: Service, stop: asyncio.Event | None = None) -> None:
+    """The life of `svc` until `stop` (or SIGTERM/SIGINT). Raises PortInUse, BusUnavailable or
+    StartFailed when it cannot start; resources of a half-started service are released first."""
+    stop = stop or asyncio.Event()
+    _take_signals(stop)
+    cfg = svc.cfg
     routes = [Route("/metrics", svc.metrics.endpoint)] + svc.routes()
-    http = HttpServer(Starlette(routes=routes), svc.cfg.host, svc.cfg.metrics_port)
+    http = HttpServer(Starlette(routes=routes), cfg.host, cfg.metrics_port, setting="metrics_port")
     svc.metrics_url = http.url + "/metrics"
+    try:
+        connected, svc.bus = await _unless_stopped(
+            Bus.connect(cfg.nats_url, svc.instance, wait_s=cfg.nats_wait_s, **nats_options(cfg)), stop)
+    except BaseException:
+        http.close()
+        await asyncio.shield(_release(svc))
+        raise
+    if not connected:
+        http.close()
+        await asyncio.shield(_release(svc))
+        log.info("%s stopped while waiting for NATS", svc.instance)
+        return
+    svc.metrics.registry.register(BusCounters(svc.bus))
+    failure: BaseException | None = None
     try:
         async with asyncio.TaskGroup() as tg:
             svc.tasks = tg
             tg.create_task(http.serve(), name="metrics-http")
-            await svc.start()
-            svc.spawn(_heartbeat(svc, stop), name="heartbeat")
-            log.info("%s started", svc.instance, extra={"fields": {"metrics": svc.metrics_url}})
-            await stop.wait()
+            try:
+                started, _ = await _unless_stopped(svc.start(), stop)
+            except Exception as exc:  # noqa: BLE001 - reported as StartFailed once everything is released
+                started, failure = False, exc
+            if started:
+                svc.spawn(_heartbeat(svc, stop), name="heartbeat")
+                log.info("%s started", svc.instance, extra={"fields": {"metrics": svc.metrics_url}})
+                await stop.wait()
             await asyncio.shield(_leave(svc))
             http.stop()
             for task in list(svc.owned):
@@ -150,15 +230,25 @@ async def run_service(svc: Service, stop: asyncio.Event | None = None) -> None:
         await asyncio.shield(svc.bus.close())
         shutdown_tracing()
         log.info("%s stopped", svc.instance)
+    if failure is not None:
+        raise StartFailed(svc.name, failure) from failure
+
+
+async def _release(svc: Service) -> None:
+    """svc.stop() on a path that must go on whatever it raises (shutdown, a half-started service)."""
+    try:
+        await svc.stop()
+    except Exception:  # noqa: BLE001
+        log.exception("%s: stop() failed", svc.instance)
 
 
 async def _leave(svc: Service) -> None:
     try:
-        await svc.stop()
+        await _release(svc)
     finally:
-        msg = svc.announce()
-        msg.leaving = True
         try:
+            msg = svc.announce()
+            msg.leaving = True
             await svc.bus.publish(svc.subjects.heartbeat, msg)
             await svc.bus.nc.flush(timeout=1)
         except Exception:  # noqa: BLE001 - best effort on the way out
@@ -186,35 +276,103 @@ def nats_options(cfg: CommonConfig) -> dict[str, Any]:
     return opts
 
 
+def check_common(cfg: CommonConfig) -> None:
+    """The settings every service has, checked before anything is bound or connected."""
+    for url in cfg.nats_url.split(","):
+        parts = urlsplit(url.strip() if "://" in url else f"nats://{url.strip()}")
+        try:
+            port = parts.port
+        except ValueError:
+            port = -1
+        require(parts.scheme in NATS_SCHEMES and bool(parts.hostname) and port != -1, "nats_url", cfg.nats_url,
+                f"{url!r} is not a NATS URL like nats://host:4222")
+    require(cfg.log_level.lower() in LOG_LEVELS, "log_level", cfg.log_level, " | ".join(LOG_LEVELS))
+    require(0 <= cfg.metrics_port < 65536, "metrics_port", cfg.metrics_port, "not a port (0 = any free port)")
+    require(cfg.heartbeat_s > 0, "heartbeat_s", cfg.heartbeat_s, "must be > 0")
+    require(cfg.nats_wait_s >= 0, "nats_wait_s", cfg.nats_wait_s, "must be >= 0 (0 = wait forever)")
+    for key in ("nats_creds", "nats_nkey_seed", "nats_tls_ca", "nats_tls_cert", "nats_tls_key"):
+        path = getattr(cfg, key)
+        require(not path or Path(path).is_file(), key, path, "no such file")
+
+
 def config_parser(prog: str, cfg_cls: type) -> argparse.ArgumentParser:
-    """Every config field becomes a flag: `--nats-url`, `--node`, `--kv-blocks`, ..."""
-    parser = argparse.ArgumentParser(prog=prog)
-    parser.add_argument("--config", help="TOML settings file ([common] + a table per service)")
-    parser.add_argument("--nats", dest="nats_url", help="alias of --nats-url")
+    """Every config field becomes a flag: `--nats-url`, `--node`, `--kv-blocks`, ...
+
+    Flags default to None (so TOML and environment values below them win); the help of
+    each shows its meaning, the built-in default and the environment variable."""
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Settings come from flags > DUALPATH_<SETTING> environment > the TOML file "
+                               "(--config) > the defaults shown; see docs/configuration.md.")
+    parser.add_argument("--config", help="TOML settings file ([common] + a table per service); "
+                                         "default: $DUALPATH_CONFIG, else none")
+    docs = field_docs(cfg_cls)
     for f in dataclasses.fields(cfg_cls):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        shown = "(secret)" if not f.repr and default else repr(default)
+        text = f"{docs.get(f.name, f.name.replace('_', ' '))} (default: {shown}; env DUALPATH_{f.name.upper()})"
         if f.name == "nats_url":
-            parser.add_argument("--nats-url", dest="nats_url")
+            parser.add_argument("--nats-url", "--nats", dest="nats_url", metavar="URL", help=text)
             continue
-        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None, metavar="V")
+        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None, metavar="V",
+                            help=text.replace("%", "%%"))
     return parser
 
 
+def _install_stop_signals() -> None:
+    def stop(sig: int, frame: object) -> None:
+        raise Stopped(signal.Signals(sig).name)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+
 def service_main(section: str, cfg_cls: type, factory: Callable[[Any], Service], argv: list[str] | None = None) -> int:
-    """Entry point used by `python -m services.<name>` and `dualpath service <name>`."""
-    args = config_parser(f"dualpath service {section.replace('_', '-')}", cfg_cls).parse_args(argv)
+    """Entry point used by `python -m services.<name>` and `dualpath service <name>`.
+
+    Exit codes: 0 stopped by a signal or asked to; 1 could not start (one line on stderr
+    says why: a port in use, no NATS, start() failed); 2 a bad setting."""
+    name = section.replace("_", "-")
+    _install_stop_signals()
+    try:
+        return _serve(section, name, cfg_cls, factory, argv)
+    except KeyboardInterrupt:  # Stopped, or SIGINT after the loop gave the signal back
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # already on the way out
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        unlink_own()
+
+
+def _serve(section: str, name: str, cfg_cls: type, factory: Callable[[Any], Service], argv: list[str] | None) -> int:
+    args = config_parser(f"dualpath service {name}", cfg_cls).parse_args(argv)
     overrides = {k: v for k, v in vars(args).items() if k != "config" and v is not None}
     try:
-        cfg = load_config(cfg_cls, section, file=args.config or os.environ.get("DUALPATH_CONFIG"), overrides=overrides)
+        cfg = load_config(cfg_cls, section, file=args.config or os.environ.get("DUALPATH_CONFIG"),
+                          overrides=overrides, common=CommonConfig)
+        check_common(cfg)
     except ConfigError as exc:
         print(f"{section}: {exc}", file=sys.stderr)
         return 2
     setup_logging(section, cfg.log_level)
-    svc = factory(cfg)
-    setup_tracing(section.replace("_", "-"), svc.instance)
+    reap_orphans()  # segments of processes killed with SIGKILL before they could unlink them
     try:
+        try:
+            svc = factory(cfg)
+        except (PortInUse, ConfigError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - e.g. a model that cannot be found: one line, traceback in the log
+            raise StartFailed(name, exc) from exc
+        setup_tracing(name, svc.instance)
         import uvloop
 
         uvloop.run(run_service(svc))
-    except KeyboardInterrupt:
-        pass
+    except ConfigError as exc:
+        print(f"{section}: {exc}", file=sys.stderr)
+        return 2
+    except (PortInUse, BusUnavailable, StartFailed) as exc:
+        log.error("%s", exc, exc_info=isinstance(exc, StartFailed))
+        print(f"{name}: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        _install_stop_signals()  # the loop gave the signals back to their defaults
     return 0

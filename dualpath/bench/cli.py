@@ -1,13 +1,15 @@
 """`dualpath bench`: replay agent traces against a mesh; offline JCT or online SLO capacity.
 
     dualpath bench --trace gen:32k --agents 4 --scale 0.05 --offline --modes basic,dualpath,oracle
-    dualpath bench --up --model tiny --snic-gbs 0.2 --trace gen:32k --search-aps --report out/
+    dualpath bench --up --model tiny --snic-gbit 0.2 --trace gen:32k --search-aps --report out/
 
 Modes run one after another on the same mesh, each in its own time window (so bytes
 read per node are attributable to one mode), in a rotating order across load levels so
 slow drift of the machine hits every mode alike; their token contents differ, so no mode
-reuses another's stored KV. Wiring only: measurement is in replay.py, numbers in
-metrics.py and bound.py, output in report.py.
+reuses another's stored KV. With `--up` the mesh's store and logs live in one temporary
+directory, removed at the end; the logs stay (path printed) when the run failed, or go
+where `--log-dir` says. Wiring only: measurement is in replay.py, numbers in metrics.py
+and bound.py, output in report.py.
 """
 from __future__ import annotations
 
@@ -44,8 +46,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--topology", default="1P1D", help="--up: prefill and decode nodes, e.g. 1P2D")
     p.add_argument("--kv-blocks", type=int, default=256, help="--up: KV blocks per engine")
     p.add_argument("--buffer-mb", type=int, default=256, help="--up: DRAM buffer per traffic manager (MB)")
-    p.add_argument("--snic-gbs", type=float, default=0.0,
-                   help="storage-NIC read/write cap per node in Gbit/s (--up: emulated; else: declared, for the bound)")
+    p.add_argument("--snic-gbit", type=float, default=0.0,
+                   help="storage-NIC read/write cap per node in Gbit/s (--up: emulated; else: declared, for the "
+                        "bound); 0 = uncapped")
+    p.add_argument("--snic-gbs", dest="snic_gbs_old", type=float, metavar="GBIT",
+                   help="deprecated: the old name of --snic-gbit (its value was always Gbit/s, not GB/s)")
+    p.add_argument("--log-dir", default="", help="--up: keep the processes' logs here (empty: a temporary "
+                                                 "directory, removed at the end unless the run failed)")
     p.add_argument("--set", action="append", default=[], metavar="SERVICE.KEY=VALUE",
                    help="--up: a service setting, e.g. scheduler.pe-beta-tokens=32768 (repeatable)")
     p.add_argument("--no-probe", action="store_true", help="skip measuring prefill/decode rates (bound loses terms)")
@@ -83,28 +90,58 @@ def run(args: argparse.Namespace) -> int:
         topo = parse_topology(args.topology)
     except ValueError as exc:
         raise CliError(str(exc)) from None
+    _snic_flag(args)
     if not args.up:
         return _bench(args, args.url, modes)
-    from dualpath.mesh import Mesh, MeshError, MeshSpec
-
     extra = {"scheduler": {"liveness-timeout-s": "5"}}
-    if args.snic_gbs:
-        extra["storage_gateway"] = {"snic-read-gbps": str(args.snic_gbs), "snic-write-gbps": str(args.snic_gbs)}
+    if args.snic_gbit:
+        extra["storage_gateway"] = {"snic-read-gbps": str(args.snic_gbit), "snic-write-gbps": str(args.snic_gbit)}
     for service, key, value in _settings(args.set):
         extra.setdefault(service, {})[key] = value
+    return _bench_up(args, modes, topo, extra)
+
+
+def _snic_flag(args: argparse.Namespace) -> None:
+    """Fold the deprecated --snic-gbs into --snic-gbit, with a note."""
+    from dualpath.cli import CliError
+
+    if args.snic_gbs_old is None:
+        return
+    if args.snic_gbit and args.snic_gbit != args.snic_gbs_old:
+        raise CliError(f"--snic-gbs {args.snic_gbs_old:g} and --snic-gbit {args.snic_gbit:g} disagree: "
+                       "give only --snic-gbit")
+    print("dualpath bench: --snic-gbs is deprecated, use --snic-gbit (same value: Gbit/s)", file=sys.stderr)
+    args.snic_gbit = args.snic_gbs_old
+
+
+def _bench_up(args: argparse.Namespace, modes: list[str], topo: tuple[int, int], extra: dict) -> int:
+    """Start a mesh in a temporary directory (store + logs), bench it, stop it, clean up."""
+    import shutil
+
+    from dualpath.mesh import Mesh, MeshError, MeshSpec
+
     tmp = tempfile.mkdtemp(prefix="dualpath-bench-")
+    logs = args.log_dir or f"{tmp}/logs"
     spec = MeshSpec(model=args.model, port=0, prefill=topo[0], decode=topo[1], kv_blocks=args.kv_blocks,
-                    buffer_mb=args.buffer_mb, threads=1, store=f"{tmp}/store", log_dir=f"{tmp}/logs", extra=extra)
+                    buffer_mb=args.buffer_mb, threads=1, store=f"{tmp}/store", log_dir=logs, extra=extra)
     mesh = Mesh(spec)
-    print(f"starting a {args.topology} mesh of {args.model} (logs in {tmp}/logs) ...", file=sys.stderr, flush=True)
+    print(f"starting a {args.topology} mesh of {args.model} (logs in {logs}) ...", file=sys.stderr, flush=True)
+    failed = True
     try:
-        mesh.start(timeout=300)
-        return _bench(args, mesh.url, modes)
+        mesh.start(timeout=300, progress=lambda line: print(line, file=sys.stderr, flush=True))
+        code = _bench(args, mesh.url, modes)
+        failed = code != 0
+        return code
     except MeshError as exc:
         print(f"dualpath bench: {exc}", file=sys.stderr)
         return 1
     finally:
         mesh.stop()
+        shutil.rmtree(f"{tmp}/store", ignore_errors=True)
+        if failed and not args.log_dir:
+            print(f"dualpath bench: the mesh's logs are kept in {logs}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _bench(args: argparse.Namespace, url: str, modes: list[str]) -> int:
@@ -130,7 +167,7 @@ def _bench(args: argparse.Namespace, url: str, modes: list[str]) -> int:
     show = not args.no_progress
     doc = {"trace": args.trace, "config": {
         "model": mesh["model"], "url": url, "agents": len(wl.agents or wl.mooncake), "scale": args.scale,
-        "max_turns": args.max_turns or None, "snic_gbit_s_per_node": args.snic_gbs or None,
+        "max_turns": args.max_turns or None, "snic_gbit_s_per_node": args.snic_gbit or None,
         "prefill_tok_s": _r(cap.prefill_tps), "decode_s_per_tok": _r(cap.tpot_s, 4),
         "prefill_nodes": cap.prefill_nodes, "decode_nodes": cap.decode_nodes,
         "block_size": mesh.get("block_size")}, "runs": []}
@@ -236,7 +273,7 @@ def _capacity(args, url: str, mesh: dict, lo: int, hi: int):
     if not args.no_probe:
         n = min(256, max(64, (mesh.get("max_context") or 512) // 4))
         tps, tpot = replay.probe(url, lo, hi, n_prompt=n, n_gen=8)
-    return Capacity(read_bytes_per_s=args.snic_gbs * 1e9 / 8 if args.snic_gbs else None,
+    return Capacity(read_bytes_per_s=args.snic_gbit * 1e9 / 8 if args.snic_gbit else None,
                     prefill_nodes=len(p_nodes) or 1, decode_nodes=len(d_nodes) or 1,
                     prefill_engines=sum(1 for e in engines if e.get("role") == "prefill") or 1,
                     prefill_tps=tps, tpot_s=tpot)

@@ -1,10 +1,11 @@
 """The mesh's overhead: TTFT and decode tokens/s through the mesh beside the same model in one process.
 
-    python -m dualpath.bench.overhead [--model smollm2] [--prompt-tokens 1000] [--decode 48]
+    .venv/bin/python -m dualpath.bench.overhead [--model smollm2] [--prompt-tokens 1000] [--decode 48]
 
 Prints TTFT for one prompt, decode tokens/s at batch 1 and 8, the ratios (mesh / one
 process), and the peak resident memory (VmHWM) of every service process. Medians of
---repeat runs; each run uses a fresh prompt so no stored KV is reused.
+--repeat runs; each run uses a fresh prompt so no stored KV is reused. Progress goes to
+stderr as each phase starts; the whole run takes a few minutes with smollm2 on 2 cores.
 """
 from __future__ import annotations
 
@@ -12,12 +13,21 @@ import argparse
 import concurrent.futures as cf
 import json
 import statistics
+import sys
 import time
 import uuid
 
 import httpx
 
 from dualpath.bench.procstat import status_mb
+
+
+_T0 = time.monotonic()
+
+
+def say(what: str) -> None:
+    """One progress line on stderr, with the time since the start."""
+    print(f"[{time.monotonic() - _T0:5.0f} s] {what}", file=sys.stderr, flush=True)
 
 
 def _prompt(tok, n: int) -> list[int]:
@@ -33,6 +43,7 @@ def in_process(model: str, n_prompt: int, n_decode: int, repeat: int) -> dict:
     from shared.model.loader import load_model
 
     torch.set_num_threads(1)
+    say(f"one process: loading {model}")
     lm = load_model(model)
     bs = 64
     per_seq = -(-(n_prompt + n_decode + 1) // bs)
@@ -52,8 +63,11 @@ def in_process(model: str, n_prompt: int, n_decode: int, repeat: int) -> dict:
             tps = batch * n_decode / (time.perf_counter() - t1)
         return ttft, tps
 
+    say(f"one process: TTFT, {repeat} runs")
     ttft = statistics.median(run(1)[0] for _ in range(repeat))
+    say(f"one process: decode at batch 1, {repeat} runs of {n_decode} tokens")
     tps1 = statistics.median(run(1)[1] for _ in range(repeat))
+    say("one process: decode at batch 8")
     tps8 = statistics.median(run(8, BATCH_PROMPT)[1] for _ in range(max(1, repeat // 2)))
     return {"ttft_s": ttft, "decode_tps_b1": tps1, "decode_tps_b8": tps8}
 
@@ -84,12 +98,16 @@ def through_mesh(model: str, n_prompt: int, n_decode: int, repeat: int) -> tuple
 
     tok = load_tokenizer(model)
     mesh = Mesh(MeshSpec(model=model, port=0, kv_blocks=-(-(n_prompt + n_decode) // 64) * 8 + 8, threads=1))
-    mesh.start(timeout=300)
+    say("mesh: starting (nats-server + 7 service processes)")
+    mesh.start(timeout=300, progress=say)
     try:
         _stream(mesh.url, _prompt(tok, 64), 4)  # warm-up
+        say(f"mesh: TTFT, {repeat} runs")
         ttft = statistics.median(_stream(mesh.url, _prompt(tok, n_prompt), 1)[0] for _ in range(repeat))
+        say(f"mesh: decode at batch 1, {repeat} runs of {n_decode} tokens")
         runs = [_stream(mesh.url, _prompt(tok, n_prompt), n_decode) for _ in range(repeat)]
         tps1 = statistics.median((c - 1) / span for _, span, c in runs if span > 0)
+        say("mesh: decode at batch 8")
         _stream.windows = []
         with cf.ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda _: _stream(mesh.url, _prompt(tok, BATCH_PROMPT), n_decode), range(8)))
@@ -103,12 +121,14 @@ def through_mesh(model: str, n_prompt: int, n_decode: int, repeat: int) -> tuple
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--prompt-tokens", type=int, default=1000)
-    ap.add_argument("--decode", type=int, default=48)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--json", default="")
+    from dualpath.cli import HelpFormatter
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
+    ap.add_argument("--model", default="smollm2", help="preset (smollm2, tiny), a .gguf file or an HF directory")
+    ap.add_argument("--prompt-tokens", type=int, default=1000, help="prompt length of the TTFT and batch-1 runs")
+    ap.add_argument("--decode", type=int, default=48, help="tokens generated per decode run")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per figure (the median is printed)")
+    ap.add_argument("--json", default="", help="also write the figures to this JSON file")
     args = ap.parse_args(argv)
     one = in_process(args.model, args.prompt_tokens, args.decode, args.repeat)
     mesh, rss = through_mesh(args.model, args.prompt_tokens, args.decode, args.repeat)

@@ -1,12 +1,13 @@
 """Soak under faults: agents in closed loops near capacity while processes are killed and restarted.
 
-    python -m dualpath.bench.soak [--minutes 3] [--agents 6] [--fault-every 20] [--json PATH]
+    .venv/bin/python -m dualpath.bench.soak [--minutes 3] [--agents 6] [--fault-every 20] [--json PATH]
 
 Every request must end as completed or as a clean error (an HTTP 4xx/5xx with a JSON
 body, or an SSE error event) within the client timeout; anything else is LOST. Prints
 the fault table (fault, requests in flight, completed, failed cleanly, lost, recovery
 time), each long-lived service's own memory (RssAnon) after warm-up vs at the end, and TTFT
-p50/p99 in the first vs the last window.
+p50/p99 in the first vs the last window. Takes about a minute more than --minutes;
+each fault is reported on stderr as it is injected.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import random
 import shutil
 import signal
 import statistics
+import sys
 import threading
 import tempfile
 import time
@@ -178,6 +180,8 @@ def run(minutes: float, agents: int, fault_every: float, warmup: float, min_faul
     store = Path(tempfile.mkdtemp(prefix="dualpath-soak-store-"))
     spec = MeshSpec(model="tiny", port=0, prefill=2, decode=2, kv_blocks=128, buffer_mb=32, threads=1, extra=extra,
                     env={"DUALPATH_HEARTBEAT_S": "0.2"}, store=str(store))
+    print(f"starting a 2P2D tiny mesh, then {warmup:g} s of load before the first fault ...", file=sys.stderr,
+          flush=True)
     mesh = Mesh(spec).start(timeout=120)
     soak = Soak(mesh)
     threads = [threading.Thread(target=soak.agent, args=(i,), daemon=True) for i in range(agents)]
@@ -192,6 +196,8 @@ def run(minutes: float, agents: int, fault_every: float, warmup: float, min_faul
         t_start, rows, k = time.monotonic(), [], 0
         while time.monotonic() - t_start < minutes * 60 or k < min_faults:
             time.sleep(fault_every)
+            print(f"[{time.monotonic() - t_start:4.0f} s] fault {k + 1}: SIGKILL {FAULTS[k % len(FAULTS)]}",
+                  file=sys.stderr, flush=True)
             rows.append(inject(soak, FAULTS[k % len(FAULTS)], restart_after=2.0))
             k += 1
         rss1 = {n: status_mb(pid, "RssAnon") for n, pid in stable.items()}
@@ -221,12 +227,14 @@ def _pcts(xs: list[float]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--minutes", type=float, default=3.0)
-    ap.add_argument("--agents", type=int, default=6)
-    ap.add_argument("--fault-every", type=float, default=20.0)
-    ap.add_argument("--warmup", type=float, default=20.0)
-    ap.add_argument("--json", default="")
+    from dualpath.cli import HelpFormatter
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
+    ap.add_argument("--minutes", type=float, default=3.0, help="how long faults are injected")
+    ap.add_argument("--agents", type=int, default=6, help="agents in closed loops")
+    ap.add_argument("--fault-every", type=float, default=20.0, help="seconds between faults")
+    ap.add_argument("--warmup", type=float, default=20.0, help="seconds of load before the first fault")
+    ap.add_argument("--json", default="", help="also write the results to this JSON file")
     a = ap.parse_args(argv)
     res = run(a.minutes, a.agents, a.fault_every, a.warmup)
     print(f"{'fault (SIGKILL, restart 2 s later)':36}{'in flight':>10}{'completed':>10}{'failed ok':>10}"

@@ -1,4 +1,4 @@
-"""Usable HBM per card and the batch it holds (spec/parallelism.md section 3).
+"""Usable HBM per card and the batch it holds (docs/parallelism.md#memory-capacity-and-batch).
 
 usable = HBM - weights on the card - graph/comm/scratch buffers - margin;
 B_memory = usable / (state + KV bytes per request on this card);

@@ -146,39 +146,41 @@ def _add(sub: Any, name: str, fn: Callable, help_: str) -> argparse.ArgumentPars
 
 
 def _register_pd_attention(sub: Any) -> None:
-    p = _add(sub, "pd", cmd_pd, "safe P/D node-ratio window (spec/dualpath.md section 4)")
-    p.add_argument("--gpus-per-node", type=pos_int, required=True, help="g")
+    p = _add(sub, "pd", cmd_pd, "safe P/D node-ratio window (docs/design.md#the-pd-ratio-window)")
+    p.add_argument("--gpus-per-node", type=pos_int, required=True, help="g: GPUs (engines) per node")
     p.add_argument("--snic", type=pos_float, required=True,
                    help="s: a node's total SNIC bandwidth in units of one CNIC's bandwidth")
     p.add_argument("--cnic-gbs", type=pos_float, required=True, help="B: GB/s per CNIC")
     p.add_argument("--dram-gbs", type=pos_float, required=True, help="M: DRAM GB/s per node")
     p.add_argument("--ratio", type=pos_float, help="also show each link's load at this P/D")
-    p = _add(sub, "attention", cmd_attention, "attention TP x DP layouts of P cards")
+    p = _add(sub, "attention", cmd_attention, "attention TP x DP layouts of P cards "
+                                              "(docs/parallelism.md#attention-tp-or-dp)")
     _model_args(p)
-    p.add_argument("--cards", type=pos_int, required=True, help="P")
+    p.add_argument("--cards", type=pos_int, required=True, help="P: cards in the attention domain")
     p.add_argument("--batch", type=pos_int, required=True, help="B: global decode batch")
     p.add_argument("--ctx", type=pos_int, required=True, help="context tokens per request")
-    p.add_argument("--kv-dtype", choices=DTYPES, default="fp8")
-    p.add_argument("--weight-dtype", choices=DTYPES, default="fp8")
-    p.add_argument("--tpot-ms", type=pos_float, default=50.0, help="decode step time")
+    p.add_argument("--kv-dtype", choices=DTYPES, default="fp8", help="KV-cache element type")
+    p.add_argument("--weight-dtype", choices=DTYPES, default="fp8", help="weight element type")
+    p.add_argument("--tpot-ms", type=pos_float, default=50.0, help="decode step time, ms")
 
 
 def _register_moe_capacity(sub: Any) -> None:
-    p = _add(sub, "moe", cmd_moe, "MoE-TP vs MoE-EP over one domain")
+    p = _add(sub, "moe", cmd_moe, "MoE-TP vs MoE-EP over one domain (docs/parallelism.md#moe-tp-or-ep)")
     _model_args(p)
     p.add_argument("--ep", type=pos_int, required=True, help="P_EP: the MoE domain size")
     p.add_argument("--batch", type=pos_int, required=True, help="B: tokens per step in the domain")
     p.add_argument("--block-n", type=pos_int, default=128, help="GEMM tile width BN")
     p.add_argument("--block-m", type=pos_int, default=128, help="GEMM tile height BM")
-    p.add_argument("--weight-dtype", choices=DTYPES, default="fp8")
-    p = _add(sub, "capacity", cmd_capacity, "usable HBM per card and B_memory")
+    p.add_argument("--weight-dtype", choices=DTYPES, default="fp8", help="weight element type")
+    p = _add(sub, "capacity", cmd_capacity, "usable HBM per card and B_memory "
+                                            "(docs/parallelism.md#memory-capacity-and-batch)")
     _model_args(p)
     p.add_argument("--cards", type=pos_int, required=True, help="P (also the EP size)")
     p.add_argument("--hbm", type=pos_float, required=True, help="HBM per card, GB")
     p.add_argument("--ctx", type=pos_int, default=8192, help="KV tokens per request")
     p.add_argument("--attn-tp", type=pos_int, default=1, help="attention TP degree")
-    p.add_argument("--kv-dtype", choices=DTYPES, default="fp8")
-    p.add_argument("--weight-dtype", choices=DTYPES, default="fp8")
+    p.add_argument("--kv-dtype", choices=DTYPES, default="fp8", help="KV-cache element type")
+    p.add_argument("--weight-dtype", choices=DTYPES, default="fp8", help="weight element type")
     p.add_argument("--buffers-gb", type=float, default=4.0, help="graphs/comm/scratch per card")
     p.add_argument("--margin", type=float, default=0.05, help="fraction of HBM held back")
     p.add_argument("--state-mb", type=float, default=0.0, help="per-request state besides KV")
@@ -187,15 +189,17 @@ def _register_moe_capacity(sub: Any) -> None:
 
 
 def _register_cp_pp(sub: Any) -> None:
-    p = _add(sub, "cp", cmd_cp, "context parallelism routes and DCP limits")
+    p = _add(sub, "cp", cmd_cp, "context parallelism routes and DCP limits "
+                                "(docs/parallelism.md#context-parallelism-for-long-prefill)")
     _model_args(p)
     p.add_argument("--cards", type=pos_int, required=True, help="N: CP degree")
     p.add_argument("--seq", type=pos_int, required=True, help="T: prefill length")
     p.add_argument("--tp", type=int, default=0, help="decode TP group for DCP (default N)")
     p.add_argument("--batch", type=pos_int, default=1, help="decode batch for DCP traffic")
-    p = _add(sub, "pp", cmd_pp, "pipeline stage split and prefill chunk split")
-    p.add_argument("--layers", type=pos_int, required=True, help="L")
-    p.add_argument("--stages", type=pos_int, required=True, help="p")
+    p = _add(sub, "pp", cmd_pp, "pipeline stage split and prefill chunk split "
+                                "(docs/parallelism.md#pipeline-parallelism)")
+    p.add_argument("--layers", type=pos_int, required=True, help="L: model layers")
+    p.add_argument("--stages", type=pos_int, required=True, help="p: pipeline stages")
     p.add_argument("--tail", type=float, default=0.0, help="beta: last-stage tail in stages")
     p.add_argument("--chunks", type=pos_int, help="m: prefill chunks")
     p.add_argument("--attn-share", type=_share, default=1.0, help="a: attention share of time")
@@ -204,7 +208,8 @@ def _register_cp_pp(sub: Any) -> None:
 
 def register(subparsers: Any) -> None:
     plan = subparsers.add_parser("plan", help="parallelism planner (P/D window, TP/DP/EP/CP/PP)",
-                                 description="Parallelism planner: spec/parallelism.md")
+                                 description="Parallelism planner: the method is explained in "
+                                             "docs/parallelism.md, the P/D window in docs/design.md")
     sub = plan.add_subparsers(dest="plan_command", metavar="WHAT")
     sub.required = True
     _register_pd_attention(sub)

@@ -1,4 +1,4 @@
-"""Pipeline parallelism: stage layer split and prefill chunk split (spec section 6).
+"""Pipeline parallelism: stage layer split and prefill chunk split (docs/parallelism.md#pipeline-parallelism).
 
 Stage split: with a speculative-decoding tail worth beta stages on the last rank,
 the last stage gets about (L/p)*(1-beta) layers and the others share the rest

@@ -2,7 +2,7 @@
 
     dualpath sim --model ds-v3.2-660b --hardware h800 --topology 2P4D --trace gen:64k \
         --agents 2000 --offline --modes basic,dualpath,oracle --json out.json
-    dualpath sim --reproduce [--quick] [--full]
+    dualpath sim --reproduce [--quick] [--full]      # --quick: about 5 minutes on 2 cores
     dualpath sim --pd-window [--hardware dgx-h100]
 
 Heavy imports (numpy, the simulator) happen inside `run`, so `dualpath --help` stays fast.
@@ -20,25 +20,29 @@ def register(subparsers) -> None:
     p.add_argument("--hardware", default="h800", help="h800 | dgx-h100")
     p.add_argument("--topology", default="2P4D", help="<P>P<D>D, e.g. 2P4D or 48P96D")
     p.add_argument("--trace", default="gen:64k", help="gen:32k|gen:48k|gen:64k[:N base] or a JSONL path")
-    p.add_argument("--agents", type=int, default=500)
+    p.add_argument("--agents", type=int, default=500, help="agent trajectories replayed (offline: all at t=0)")
     load = p.add_mutually_exclusive_group()
     load.add_argument("--offline", action="store_true", help="all agents start at t=0 (default); report JCT")
-    load.add_argument("--aps", type=float, default=0.0, help="online: agents per second (Poisson)")
+    load.add_argument("--aps", type=float, default=0.0, help="online: agents per second (Poisson); 0 = offline")
     p.add_argument("--duration", type=float, default=600.0, help="online: simulated seconds")
-    p.add_argument("--modes", default="basic,dualpath,oracle")
-    p.add_argument("--assign", default="policy", choices=("policy", "rr"))
+    p.add_argument("--modes", default="basic,dualpath,oracle", help="comma-separated load modes, one run each")
+    p.add_argument("--assign", default="policy", choices=("policy", "rr"),
+                   help="engine assignment: the scheduler's policy, or round-robin (the baseline of the balance figure)")
     p.add_argument("--split", action="store_true", help="split each request's reads across both paths")
     p.add_argument("--scale", type=float, default=1.0, help="shrink trajectory lengths (keeps hit ratio)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="trace and arrival seed")
     p.add_argument("--pull", type=float, default=0.05, help="group pull period, s")
     p.add_argument("--quota", type=float, default=0.3, help="intra-PE compute quota, s")
     p.add_argument("--think", type=float, default=0.0, help="seconds between a turn and the next")
     p.add_argument("--json", dest="json_path", help="write {config, runs: [...]} here")
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--reproduce", action="store_true", help="paper reproduction table (spec section 8)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--reproduce", action="store_true",
+                   help="the paper's published figures beside simulated ones (docs/design.md#published-figures); "
+                        "--quick takes about 5 minutes on 2 cores, the default size far longer")
     p.add_argument("--quick", action="store_true", help="with --reproduce: smaller runs")
     p.add_argument("--full", action="store_true", help="with --reproduce: include 48P96D / 48K agents")
-    p.add_argument("--pd-window", action="store_true", help="P/D window sweep (spec section 4)")
+    p.add_argument("--pd-window", action="store_true",
+                   help="P/D window sweep per hardware preset (docs/design.md#the-pd-ratio-window)")
     p.set_defaults(func=run)
 
 

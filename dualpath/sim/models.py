@@ -4,7 +4,7 @@ Derives every number from the architecture (`dualpath.presets.load_arch`): KV by
 token, linear FLOPs per token, attention FLOPs per (query, key) pair (sparse-aware),
 weight bytes. Prefill runs at an MFU; decode is bound by HBM bandwidth over weights
 plus the KV it reads, plus a fixed per-step overhead (MoE all-to-all, launches).
-Efficiency factors are the "fitted to profiling" knobs of spec 7.5; defaults are
+Efficiency factors are the "fitted to profiling" knobs of docs/design.md; defaults are
 plausible for H800-class GPUs, not measured.
 """
 from __future__ import annotations

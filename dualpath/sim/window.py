@@ -1,4 +1,4 @@
-"""The P/D-ratio window of spec section 4, numerically, from the simulator's traffic table.
+"""The P/D-ratio window (docs/design.md#the-pd-ratio-window), numerically, from the simulator's traffic table.
 
 Under the section's assumptions (every SNIC reads at its full rate, reads of PE nodes
 take the PE path and of DE nodes the DE path, traffic spread evenly over engines), sum
@@ -37,7 +37,7 @@ def utilisation(hw: Hardware, ratio: float) -> dict[str, float]:
 
 
 def closed_form(hw: Hardware) -> dict[str, float]:
-    """Spec section 4's bounds on P/D (lower bound from PE CNIC write)."""
+    """The closed-form bounds on P/D (lower bound from PE CNIC write)."""
     g, s = hw.gpus, hw.s
     m = hw.dram_bw / (hw.cnic_gbps * 1e9 / 8) / s
     return {"pe.cnic_w": s / (g - s), "de.cnic_r": (g - 2 * s) / s,

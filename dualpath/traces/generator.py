@@ -1,4 +1,4 @@
-"""Seeded generator of agent trajectories calibrated to spec section 8's table.
+"""Seeded generator of agent trajectories calibrated to the published table (docs/design.md#agent-traces).
 
 Model of one trajectory (all draws from numpy's PCG64 seeded by (seed, index), so a
 trajectory does not depend on how many others are generated):
@@ -39,7 +39,7 @@ class TracePreset:
 
 @dataclass(frozen=True, slots=True)
 class TraceStats:
-    """The columns of spec section 8's table, plus the block-granular hit ratio."""
+    """The columns of the published trace table, plus the block-granular hit ratio."""
 
     n: int
     turns: float
@@ -56,7 +56,7 @@ PRESETS = {
     "48k": TracePreset("48k", 49152, 108.5, 0.68, 0.867, 0.17, 0.268),
     "64k": TracePreset("64k", 65536, 161, 0.72, 0.854, 0.16, 0.300),
 }
-PUBLISHED = {  # turns, append, gen, total, context (spec section 8)
+PUBLISHED = {  # turns, append, gen, total, context (docs/design.md#agent-traces)
     "32k": (60, 608, 148, 28639, 17183),
     "48k": (106, 474, 172, 42607, 25120),
     "64k": (157, 429, 176, 55958, 32721),
@@ -94,7 +94,7 @@ def expand_agents(n_base: int, n_agents: int, seed: int = 0) -> list[tuple[int, 
 
     The first n_base agents replay the base set as is; more agents sample a base
     trajectory and prepend a round of random tokens with gen = 1, so copies share no
-    prefix (spec section 8). The prepended append is 16..127 tokens.
+    prefix (as the paper did). The prepended append is 16..127 tokens.
     """
     if n_base < 1 or n_agents < 0:
         raise ValueError("need n_base >= 1 and n_agents >= 0")

@@ -24,7 +24,7 @@ from shared.engine.requests import EngineRequest, RecentSet, generator_seed, sto
 from shared.engine.store_layout import store_layout
 from shared.engine.worker import ModelWorker
 from shared.messages.registry import EngineAnnounce
-from shared.messages.stream import TokenEvent
+from shared.messages.stream import TokenEvent, TokenLogprob
 from shared.messages.tm import LoadKV, PushDone, Release
 from shared.messages.work import Ack, Cancel, DecodeAdmit
 from shared.runtime import Service, service_main
@@ -191,7 +191,7 @@ class DecodeService(Service):
         batch = list(self.running)
         t0 = time.perf_counter()
         try:
-            tokens = await self.worker.run(self._forward, batch)
+            tokens, lps = await self.worker.run(self._forward, batch)
         except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the engine
             log.exception("decode step failed")
             for seq in batch:
@@ -203,7 +203,7 @@ class DecodeService(Service):
             return
         self.m_step.observe(time.perf_counter() - t0)
         self.m_tokens.inc(len(batch))
-        for seq, tok in zip(batch, tokens):
+        for seq, tok, lp in zip(batch, tokens, lps):
             index = seq.index
             seq.req.generated.append(tok)
             seq.pos += 1
@@ -216,7 +216,7 @@ class DecodeService(Service):
                 seq.span.add_event("decode_step", {"index": index, "batch_size": len(batch),
                                                    "step_s": round(time.perf_counter() - t0, 6)})
             await self.bus.publish(seq.req.reply, TokenEvent(seq.req.req_id, [tok], index, finish=reason,
-                                                             source=self.engine))
+                                                             source=self.engine, logprobs=[lp] if lp is not None else []))
             if reason:
                 if seq.span is not None:
                     seq.span.set_attributes({"completion_tokens": len(seq.req.generated), "finish_reason": reason})
@@ -224,12 +224,13 @@ class DecodeService(Service):
                 self.running.remove(seq)
                 self._release(seq.req)
 
-    def _forward(self, batch: list[RunningSeq]) -> list[int]:
-        """Model thread: one token for every running sequence."""
+    def _forward(self, batch: list[RunningSeq]) -> tuple[list[int], list[TokenLogprob | None]]:
+        """Model thread: one token for every running sequence (and its log-probabilities, for the
+        sequences whose request asked for them)."""
         import torch
 
         from shared.model.batch import ForwardBatch, SeqSlice
-        from shared.model.sampling import sample
+        from shared.model.sampling import sample, token_logprobs
 
         fb = ForwardBatch([SeqSlice([s.last], s.pos, s.req.blocks) for s in batch])
         with torch.inference_mode():
@@ -238,7 +239,9 @@ class DecodeService(Service):
         for s in batch:
             seed = generator_seed(s.req.sampling, s.index)
             gens.append(torch.Generator().manual_seed(seed) if seed is not None else None)
-        return sample(logits, [s.req.sampling.temperature for s in batch], [s.req.sampling.top_p for s in batch], gens)
+        toks = sample(logits, [s.req.sampling.temperature for s in batch], [s.req.sampling.top_p for s in batch], gens)
+        lps = token_logprobs(logits, toks, [s.req.sampling.logprobs for s in batch])
+        return toks, [None if lp is None else TokenLogprob(*lp) for lp in lps]
 
     # helpers ----------------------------------------------------------------------
     async def _finish(self, req: EngineRequest, finish: str, error: str = "", retryable: bool = False) -> None:

@@ -23,7 +23,7 @@ from shared.engine.kv_memory import KVMemory
 from shared.engine.requests import EngineRequest, generator_seed, stop_ids
 from shared.engine.worker import ModelWorker
 from shared.messages.registry import EngineAnnounce
-from shared.messages.stream import TokenEvent
+from shared.messages.stream import TokenEvent, TokenLogprob
 from shared.engine.store_layout import store_layout
 from shared.messages.tm import FetchKV, LayerLoaded, PushDone, PushKV, Release
 from shared.messages.work import Ack, Cancel, DecodeAdmit, PrefillWork
@@ -270,15 +270,17 @@ class PrefillService(Service):
                 continue  # chunked prefill: the rest of the prompt in a later forward
             self.queue = [(q, x) for q, x in self.queue if q is not r]
             self.m_requests.inc()
-            self.spawn(self._handoff(r, w, tok), name=f"handoff-{r.req_id}")
+            self.spawn(self._handoff(r, w, *tok), name=f"handoff-{r.req_id}")
         self.m_queue.set(len(self.queue) + len(self.fetching))
 
-    def _forward(self, batch: list[tuple[EngineRequest, PrefillWork, int, int]]) -> list[int | None]:
-        """Model thread: one batched forward of the chunks; the first token of each finished prompt."""
+    def _forward(self, batch: list[tuple[EngineRequest, PrefillWork, int, int]]
+                 ) -> list[tuple[int, TokenLogprob | None] | None]:
+        """Model thread: one batched forward of the chunks; the first token of each finished prompt
+        (with its log-probabilities when the request asked for them)."""
         import torch
 
         from shared.model.batch import ForwardBatch, SeqSlice
-        from shared.model.sampling import sample
+        from shared.model.sampling import sample, token_logprobs
 
         fb = ForwardBatch([SeqSlice(r.prompt[c:c + n], c, r.blocks) for r, _, c, n in batch])
         gate = LayerGate([self.loads[r.req_id] for r, *_ in batch if r.req_id in self.loads],
@@ -294,19 +296,20 @@ class PrefillService(Service):
             seed = generator_seed(r.sampling, 0)
             gens.append(torch.Generator().manual_seed(seed) if seed is not None else None)
         toks = sample(logits[last], [r.sampling.temperature for r in reqs], [r.sampling.top_p for r in reqs], gens)
-        out: list[int | None] = [None] * len(batch)
-        for i, t in zip(last, toks):
-            out[i] = t
+        lps = token_logprobs(logits[last], toks, [r.sampling.logprobs for r in reqs])
+        out: list[tuple[int, TokenLogprob | None] | None] = [None] * len(batch)
+        for i, t, lp in zip(last, toks, lps):
+            out[i] = (t, None if lp is None else TokenLogprob(*lp))
         return out
 
     # hand-off ---------------------------------------------------------------
-    async def _handoff(self, req: EngineRequest, work: PrefillWork, first: int) -> None:
+    async def _handoff(self, req: EngineRequest, work: PrefillWork, first: int, lp: TokenLogprob | None) -> None:
         sp = req.sampling
         done = first in stop_ids(sp, self.loaded.config.eos_ids)
         finish = "stop" if done else ("length" if sp.max_tokens <= 1 else "")
         cached = self.hit_tokens.get(req.req_id, 0)
-        await self._emit(TokenEvent(req.req_id, [first], 0, finish=finish, source=self.engine, cached_tokens=cached),
-                         req)
+        await self._emit(TokenEvent(req.req_id, [first], 0, finish=finish, source=self.engine, cached_tokens=cached,
+                                    logprobs=[lp] if lp is not None else []), req)
         if finish or req.cancelled:
             self._drop_de_slots(req)  # finished here (e.g. one token): the DE never loads them
             self._release(req)

@@ -9,9 +9,10 @@ everywhere so both engines free its KV.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 from opentelemetry import trace
 from starlette.applications import Starlette
@@ -22,20 +23,25 @@ from starlette.routing import Route
 
 from services.scheduler.auth import ApiKeyMiddleware
 from services.scheduler.inflight import InFlight
+from services.scheduler.logprobs import LogprobTrack, Reported, logprobs_body
 from services.scheduler.openapi import openapi_document
 from services.scheduler.protocol import (MODES, ApiError, ChatRequest, CompletionRequest, StreamOptions, check_sampling,
                                          chunk_body,
-                                         completion_body, decode_body, new_id, stop_list, usage)
+                                         completion_body, decode_body, logprob_count, new_id, stop_list, usage)
 from services.scheduler.stops import StopMatcher
 from shared.messages.work import Sampling
+from shared.model.token_text import TokenText
 
 if TYPE_CHECKING:
     from services.scheduler.app import SchedulerService
 
 tracer = trace.get_tracer("scheduler")
+Event = tuple[str, str, str, list[Reported]]  # (text delta, finish reason or "", error, logprobs it reports)
 
 
 def build_app(svc: "SchedulerService") -> Starlette:
+    texts = TokenText(svc.tokenizer)  # how tokens read in log-probabilities (cached per id)
+
     async def models(request: Request) -> Response:
         mid = svc.model_id()
         data = [{"id": mid, "object": "model", "created": 0, "owned_by": "dualpath"}] if mid else []
@@ -57,10 +63,10 @@ def build_app(svc: "SchedulerService") -> Starlette:
         return JSONResponse(snap)
 
     async def completions(request: Request) -> Response:
-        return await _handle(svc, request, chat=False)
+        return await _handle(svc, request, texts, chat=False)
 
     async def chat(request: Request) -> Response:
-        return await _handle(svc, request, chat=True)
+        return await _handle(svc, request, texts, chat=True)
 
     routes = [
         Route("/v1/models", models, methods=["GET"]),
@@ -124,13 +130,13 @@ def _prepare(svc: "SchedulerService", body: bytes, chat: bool):
     max_tokens = check_sampling(req, max_tokens, len(prompt), svc.view.max_context())
     stops = stop_list(req.stop)
     sampling = Sampling(temperature=req.temperature, top_p=req.top_p, seed=req.seed, max_tokens=max_tokens,
-                        ignore_eos=req.ignore_eos)
+                        ignore_eos=req.ignore_eos, logprobs=logprob_count(req))
     if req.dualpath_mode is not None and req.dualpath_mode not in MODES:
         raise ApiError(400, f"dualpath_mode must be one of {', '.join(MODES)}", "dualpath_mode")
     return req, prompt, sampling, stops, mid
 
 
-async def _handle(svc: "SchedulerService", request: Request, chat: bool) -> Response:
+async def _handle(svc: "SchedulerService", request: Request, texts: TokenText, chat: bool) -> Response:
     body = await _read_body(request, svc.cfg.max_body_bytes)
     req, prompt, sampling, stops, mid = _prepare(svc, body, chat)
     rid = new_id("chatcmpl" if chat else "cmpl")
@@ -141,52 +147,62 @@ async def _handle(svc: "SchedulerService", request: Request, chat: bool) -> Resp
     await svc.lookup_hits(rec)
     svc.submit(rec)
     events = _events(svc, rec, stops, span)
+    show = None if sampling.logprobs is None else functools.partial(logprobs_body, text=texts, chat=chat)
     if req.stream:
         final = _usage_chunk(req.stream_options, rec, rid, mid, chat, req.return_token_ids)
-        return StreamingResponse(_sse(events, rid, mid, chat, final), media_type="text/event-stream",
+        return StreamingResponse(_sse(events, rid, mid, chat, final, show), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Request-Id": rid})
-    text, finish, error = [], None, ""
-    async for delta, fin, err in events:
+    text, finish, error, reported = [], None, "", []
+    async for delta, fin, err, lps in events:
         text.append(delta)
+        reported += lps
         finish, error = fin or finish, err or error
     if finish == "error":
         kind = "service_unavailable" if "no engine" in error else "engine_error"
         return JSONResponse(ApiError(503 if "no engine" in error else 500, error, kind=kind).body(),
                             status_code=503 if "no engine" in error else 500)
     use = usage(len(prompt), rec.next_index, rec.cached_tokens)
-    body = completion_body(rid, mid, chat, "".join(text), finish, use)
+    body = completion_body(rid, mid, chat, "".join(text), finish, use, show(reported) if show else None)
     if req.return_token_ids:
         body["choices"][0].update(prompt_token_ids=prompt, token_ids=rec.tokens)
     return JSONResponse(body)
 
 
-async def _events(svc: "SchedulerService", rec: InFlight, stops: list[str], span) -> AsyncIterator[tuple[str, str, str]]:
-    """(text delta, finish reason or "", error) per engine event; cancels the request if abandoned."""
+async def _events(svc: "SchedulerService", rec: InFlight, stops: list[str], span) -> AsyncIterator[Event]:
+    """(text delta, finish reason or "", error, logprobs to report) per engine event; cancels the
+    request if abandoned. Logprobs follow the text as logprobs.py describes."""
     from shared.model.tokenizer import IncrementalDecoder
 
     decoder = IncrementalDecoder(svc.tokenizer)
     matcher = StopMatcher(stops)
+    track = LogprobTrack() if rec.sampling.logprobs is not None else None
+    emitted = 0  # characters handed to the client so far
     status = "cancelled"
     try:
         while True:
             ev = await rec.events.get()
-            delta = decoder.push(ev.tokens) if ev.tokens else ""
+            if track is None:
+                delta = decoder.push(ev.tokens) if ev.tokens else ""
+            else:
+                delta = track.push(decoder, ev.tokens, ev.logprobs)
             if ev.finish and ev.finish != "error":
-                delta += decoder.finish()
+                delta += decoder.finish() if track is None else track.finish(decoder)
             delta, hit = matcher.feed(delta, final=bool(ev.finish))
+            emitted += len(delta)
+            lps = track.release(emitted, stopped=hit) if track is not None else []
             if hit:
                 status = "ok"
                 await svc.cancel(rec, "stop sequence")
-                yield delta, "stop", ""
+                yield delta, "stop", "", lps
                 return
             if ev.finish:
                 status = "error" if ev.finish == "error" else "ok"
                 if ev.error:
                     span.set_attribute("error", ev.error)
-                yield delta, ev.finish, ev.error
+                yield delta, ev.finish, ev.error, lps
                 return
-            if delta:
-                yield delta, "", ""
+            if delta or lps:
+                yield delta, "", "", lps
     finally:
         if status == "cancelled":
             await asyncio.shield(svc.cancel(rec, "client disconnected"))
@@ -212,15 +228,17 @@ def _usage_chunk(opts: StreamOptions | None, rec: InFlight, rid: str, mid: str, 
     return make
 
 
-async def _sse(events: AsyncIterator[tuple[str, str, str]], rid: str, mid: str, chat: bool,
-               final=None) -> AsyncIterator[str]:
+async def _sse(events: AsyncIterator[Event], rid: str, mid: str, chat: bool, final=None,
+               show: Callable[[list[Reported]], dict] | None = None) -> AsyncIterator[str]:
+    """Server-sent events; with `show`, each chunk carries the logprobs of the tokens it reports."""
     first = True
     try:
-        async for delta, finish, error in events:
+        async for delta, finish, error, lps in events:
             if finish == "error":
                 yield f"data: {json.dumps({'error': {'message': error, 'type': 'engine_error', 'code': 500}})}\n\n"
                 break
-            yield f"data: {json.dumps(chunk_body(rid, mid, chat, delta, finish or None, first))}\n\n"
+            chunk = chunk_body(rid, mid, chat, delta, finish or None, first, show(lps) if show else None)
+            yield f"data: {json.dumps(chunk)}\n\n"
             first = False
         else:
             if final is not None:

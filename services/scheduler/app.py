@@ -22,7 +22,7 @@ from services.scheduler.journal import Accepted, Journal, JournalError, JournalU
 from services.scheduler.paths import OracleIndex, ReadQueues
 from services.scheduler.view import MeshView
 from shared.bus import BusError, Delivery
-from shared.http import HttpServer
+from shared.http import HttpServer, adopt_socket, bind_socket
 from shared.engine.store_layout import prompt_keys
 from shared.messages.registry import Announce, SchedulerAnnounce
 from shared.messages.storage import HitQuery, HitReply
@@ -49,6 +49,8 @@ class SchedulerService(Service):
         self.reads = ReadQueues()
         self.oracle = OracleIndex()
         self.http: HttpServer | None = None
+        self.http_sock = adopt_socket(cfg.http_fd) if cfg.http_fd >= 0 else \
+            bind_socket(cfg.http_host, cfg.http_port, "http_port")  # before NATS: a taken port fails at once
         self.journal: Journal | None = None
         m = self.metrics
         self.m_requests = m.counter("requests_total", "Requests answered", ("status",))
@@ -82,7 +84,7 @@ class SchedulerService(Service):
                 self.spawn(self._recover(), name="journal-recover")
             except JournalUnavailable as exc:
                 log.warning("%s; running without a request journal", exc)
-        self.http = HttpServer(build_app(self), self.cfg.http_host, self.cfg.http_port)
+        self.http = HttpServer(build_app(self), sock=self.http_sock)
         self.spawn(self.http.serve(), name="api-http")
         self.spawn(self._dispatch_loop(), name="dispatch")
         self.spawn(self._liveness_loop(), name="liveness")
@@ -271,7 +273,8 @@ class SchedulerService(Service):
             pe_node, de_node = self.view.node_of(a.pe), self.view.node_of(a.de)
             bs = self.view.store_layout().block_size if self.view.store_layout() else 64
             usable = min(rec.hit_blocks, (len(rec.work_prompt) - 1) // bs)
-            path = self.reads.decide(rec.mode, usable if rec.mode != "oracle" else 0, pe_node, de_node, bs)
+            path = self.reads.decide(rec.mode, usable if rec.mode != "oracle" else 0, pe_node, de_node, bs,
+                                     force=self.cfg.read_path)
             self.reads.hold(rec.req_id, path, pe_node, de_node, bs)
             with tracer.start_as_current_span("assign", context=rec.ctx, attributes={
                     "req_id": rec.req_id, "pe": a.pe, "de": a.de, "mode": rec.mode,

@@ -10,7 +10,8 @@ from shared.runtime import CommonConfig
 @dataclass(frozen=True, repr=False)
 class SchedulerConfig(CommonConfig):
     http_host: str = "127.0.0.1"  # the OpenAI-style front door binds here
-    http_port: int = 8000
+    http_port: int = 8000  # the OpenAI-style front door's port
+    http_fd: int = -1  # a listening socket inherited from a launcher (dualpath up); -1 = bind http_host:http_port
     model: str = "smollm2"  # tokenizer source: must name the same model the engines serve
     served_model_name: str = ""  # id clients send as `model`; empty = the engines' model id
     max_body_bytes: int = 4 << 20  # larger bodies get 413
@@ -21,12 +22,15 @@ class SchedulerConfig(CommonConfig):
     pe_beta_tokens: int = 4_096  # Algorithm 1 beta: a prefill engine's token cap (~5 s of prefill on a CPU)
     api_keys: tuple[str, ...] = ()  # Bearer keys required on the API when set (DUALPATH_API_KEYS=k1,k2); /health stays open
     mode: str = "dualpath"  # dualpath (choose/split read paths) | basic (PE path only) | oracle (no KV I/O)
+    read_path: str = "auto"  # dualpath mode: auto (the policy splits hits across both paths) | pe | de (all on one)
     journal: bool = True  # record accepted/finished requests on JetStream (off, or no -js on the server: run without)
 
     def validate(self) -> None:
         require(0 < self.http_port < 65536 or self.http_port == 0, "http_port", self.http_port, "not a port")
+        require(self.http_fd >= -1, "http_fd", self.http_fd, "a file descriptor, or -1")
         require(self.max_body_bytes > 0, "max_body_bytes", self.max_body_bytes, "must be > 0")
         require(self.mode in ("dualpath", "basic", "oracle"), "mode", self.mode, "dualpath, basic or oracle")
+        require(self.read_path in ("auto", "pe", "de"), "read_path", self.read_path, "auto, pe or de")
         require(self.pe_alpha_tokens >= 0, "pe_alpha_tokens", self.pe_alpha_tokens, "must be >= 0")
         require(self.pe_beta_tokens > 0, "pe_beta_tokens", self.pe_beta_tokens, "must be > 0")
         require(self.liveness_timeout_s > 0, "liveness_timeout_s", self.liveness_timeout_s, "must be > 0")

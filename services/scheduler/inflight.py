@@ -61,7 +61,8 @@ class InFlight:
             self.finished = ev.finish
         if not tokens and not ev.finish:
             return None
-        return TokenEvent(ev.req_id, tokens, ev.index + skip, ev.finish, ev.error, ev.source, ev.cached_tokens)
+        return TokenEvent(ev.req_id, tokens, ev.index + skip, ev.finish, ev.error, ev.source, ev.cached_tokens,
+                          logprobs=ev.logprobs[skip:])
 
     @property
     def wire_id(self) -> str:

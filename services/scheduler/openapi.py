@@ -1,9 +1,10 @@
 """The OpenAPI 3.1 description of the front door, served at `GET /openapi.json`.
 
-Owns the document only: paths, responses and the error schema. Request body schemas
-are generated from the msgspec Structs in `protocol` (`msgspec.json.schema_components`),
-so the description cannot drift from what the handlers decode. Validation rules the
-types cannot express (ranges, the context check) live in `protocol.check_sampling`.
+Owns the document only: paths, responses, the error schema and the shapes of a
+choice's `logprobs` (written by logprobs.py). Request body schemas are generated from
+the msgspec Structs in `protocol` (`msgspec.json.schema_components`), so the
+description cannot drift from what the handlers decode. Validation rules the types
+cannot express (ranges, the context check) live in `protocol.check_sampling`.
 """
 from __future__ import annotations
 
@@ -32,6 +33,40 @@ ERROR_SCHEMA = {
 }
 
 
+_NUM = {"type": "number"}
+_BYTES = {"type": "array", "items": {"type": "integer"}}  # the token's UTF-8 bytes
+
+COMPLETION_LOGPROBS = {
+    "title": "CompletionLogprobs",
+    "description": "one entry per reported token (its text is at least partly in this choice's or chunk's text); "
+                   "log_softmax of the raw logits, before temperature and top_p",
+    "type": "object",
+    "properties": {
+        "tokens": {"type": "array", "items": {"type": "string"}},
+        "token_logprobs": {"type": "array", "items": _NUM},
+        "top_logprobs": {"type": "array", "items": {"type": "object", "additionalProperties": _NUM},
+                         "description": "the `logprobs` most likely tokens (text -> logprob); empty when 0"},
+        "text_offset": {"type": "array", "items": {"type": "integer"},
+                        "description": "where each token's text starts in the completion text (characters)"},
+    },
+    "required": ["tokens", "token_logprobs", "top_logprobs", "text_offset"],
+}
+
+_CHAT_TOKEN = {"token": {"type": "string"}, "logprob": _NUM, "bytes": _BYTES}
+CHAT_LOGPROBS = {
+    "title": "ChatLogprobs",
+    "description": "one entry per reported token; log_softmax of the raw logits, before temperature and top_p",
+    "type": "object",
+    "properties": {"content": {"type": "array", "items": {
+        "type": "object",
+        "properties": {**_CHAT_TOKEN, "top_logprobs": {"type": "array", "items": {
+            "type": "object", "properties": _CHAT_TOKEN, "required": list(_CHAT_TOKEN)}}},
+        "required": [*_CHAT_TOKEN, "top_logprobs"],
+    }}},
+    "required": ["content"],
+}
+
+
 def _ref(name: str) -> dict:
     return {"$ref": REF.format(name=name)}
 
@@ -46,9 +81,13 @@ def _errors(*codes: int) -> dict:
     return {str(c): _json(_ref("Error"), text[c]) for c in codes}
 
 
-def _generate(body: str, summary: str) -> dict:
-    ok = {"description": "a completion (JSON), or server-sent events ending in `data: [DONE]` when stream=true",
-          "content": {"application/json": {"schema": {"type": "object"}},
+def _generate(body: str, summary: str, logprobs: str) -> dict:
+    lp = {"anyOf": [_ref(logprobs), {"type": "null"}], "description": "null unless log-probabilities were asked for"}
+    choice = {"type": "object", "properties": {"logprobs": lp}}
+    answer = {"type": "object", "properties": {"choices": {"type": "array", "items": choice}}}
+    ok = {"description": "a completion (JSON), or server-sent events ending in `data: [DONE]` when stream=true "
+                         "(each chunk's choice has the same `logprobs` field, for the tokens it reports)",
+          "content": {"application/json": {"schema": answer},
                       "text/event-stream": {"schema": {"type": "string"}}}}
     return {"post": {
         "summary": summary,
@@ -69,14 +108,17 @@ def openapi_document() -> dict:
     """The whole document (built once; the types do not change while the process runs)."""
     _, components = msgspec.json.schema_components((CompletionRequest, ChatRequest), ref_template=REF)
     components["Error"] = ERROR_SCHEMA
+    components["CompletionLogprobs"] = COMPLETION_LOGPROBS
+    components["ChatLogprobs"] = CHAT_LOGPROBS
     return {
         "openapi": "3.1.0",
         "info": {"title": "dualpath", "version": "1",
                  "description": "OpenAI-style completions served by a PD-disaggregated mesh."},
         "paths": {
             "/v1/models": _get("the served model", 401),
-            "/v1/completions": _generate("CompletionRequest", "complete a prompt (text or token ids)"),
-            "/v1/chat/completions": _generate("ChatRequest", "complete a chat"),
+            "/v1/completions": _generate("CompletionRequest", "complete a prompt (text or token ids)",
+                                         "CompletionLogprobs"),
+            "/v1/chat/completions": _generate("ChatRequest", "complete a chat", "ChatLogprobs"),
             "/health": _get("live prefill/decode engines (503 when either is missing)", 503, open_=True),
             "/v1/mesh": _get("the live mesh as the scheduler sees it", 401),
         },

@@ -33,20 +33,29 @@ class ReadQueues:
     pending: Counter = field(default_factory=Counter)  # node -> hit tokens assigned, not yet read
     held: dict[str, dict[str, int]] = field(default_factory=dict)  # req_id -> {node: tokens}
 
-    def decide(self, mode: str, hit_blocks: int, pe_node: str, de_node: str, block_size: int) -> PathDecision:
+    def decide(self, mode: str, hit_blocks: int, pe_node: str, de_node: str, block_size: int,
+               force: str = "auto") -> PathDecision:
+        """`force` (dualpath mode only): "auto" = the policy's split, "pe" / "de" = every hit
+        block on that one path (the scheduler's `read_path` setting: tests, experiments)."""
         pq, dq = self.pending[pe_node], self.pending[de_node]
         if hit_blocks <= 0:
             return PathDecision(0, 0, pq, dq, "no hit")
         if mode != "dualpath" or pe_node == de_node:
             why = "basic mode: PE path only" if mode == "basic" else "PE and DE share a node"
             return PathDecision(hit_blocks, 0, pq, dq, why)
+        if force == "pe":
+            return PathDecision(hit_blocks, 0, pq, dq, "read_path setting: PE path only")
+        if force == "de":
+            return PathDecision(0, hit_blocks, pq, dq, "read_path setting: DE path only")
         pe_b, de_b = split_read(hit_blocks, pq, dq, block_tokens=block_size)
         why = f"split so both read queues drain together (PE {pq} + {pe_b * block_size}, " \
               f"DE {dq} + {de_b * block_size} tokens)"
         return PathDecision(pe_b, de_b, pq, dq, why)
 
     def hold(self, req_id: str, d: PathDecision, pe_node: str, de_node: str, block_size: int) -> None:
-        share = {pe_node: d.pe_blocks * block_size, de_node: d.de_blocks * block_size}
+        self.done(req_id)  # a second hold replaces the first; it never leaks pending tokens
+        share = Counter({pe_node: d.pe_blocks * block_size})
+        share[de_node] += d.de_blocks * block_size  # the same node twice (PE and DE share it): added, not replaced
         share = {n: t for n, t in share.items() if t}
         for node, tokens in share.items():
             self.pending[node] += tokens

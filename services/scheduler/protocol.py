@@ -8,11 +8,15 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from typing import Annotated
 
 import msgspec
 
 
 MODES = ("dualpath", "basic", "oracle")  # load modes: both paths / PE path only / no I/O (upper bound)
+MAX_LOGPROBS = 20  # most alternatives a token may report (OpenAI's and vLLM's default limit)
+
+TopN = Annotated[int, msgspec.Meta(ge=0, le=MAX_LOGPROBS)]
 
 
 class ApiError(Exception):
@@ -50,11 +54,19 @@ class _Common(msgspec.Struct, kw_only=True):
 
 class CompletionRequest(_Common, kw_only=True):
     prompt: str | list[int]
+    logprobs: Annotated[TopN | None, msgspec.Meta(
+        description="log-probabilities of each generated token and of its N most likely alternatives "
+                    "(the model's raw distribution, before temperature and top_p); null = none")] = None
 
 
 class ChatRequest(_Common, kw_only=True):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
+    logprobs: Annotated[bool | None, msgspec.Meta(
+        description="return the log-probability of each generated token (the model's raw distribution, "
+                    "before temperature and top_p)")] = None
+    top_logprobs: Annotated[TopN | None, msgspec.Meta(
+        description="also the N most likely alternatives of each token; needs logprobs=true")] = None
 
 
 def decode_body(raw: bytes, tp: type) -> msgspec.Struct:
@@ -113,6 +125,18 @@ def check_sampling(req: _Common, max_tokens: int | None, prompt_len: int, contex
     return max_tokens
 
 
+def logprob_count(req: _Common) -> int | None:
+    """The alternatives each generated token reports (Sampling.logprobs); None = no log-probabilities.
+    (The 0..MAX_LOGPROBS range is part of the field types, checked when the body is decoded.)"""
+    if isinstance(req, ChatRequest):
+        if not req.logprobs:
+            if req.top_logprobs is not None:
+                raise ApiError(400, "top_logprobs needs logprobs=true", "top_logprobs")
+            return None
+        return req.top_logprobs or 0
+    return getattr(req, "logprobs", None)
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
@@ -122,26 +146,31 @@ def usage(prompt: int, completion: int, cached: int) -> dict:
             "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-def completion_body(rid: str, model: str, chat: bool, text: str, finish: str | None, use: dict | None) -> dict:
+def completion_body(rid: str, model: str, chat: bool, text: str, finish: str | None, use: dict | None,
+                    logprobs: dict | None = None) -> dict:
+    """The whole answer; `logprobs` is the choice's log-probability object (logprobs.py), None when not asked."""
     now = int(time.time())
     if chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+                  "finish_reason": finish}
         body = {"id": rid, "object": "chat.completion", "created": now, "model": model, "choices": [choice]}
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
         body = {"id": rid, "object": "text_completion", "created": now, "model": model, "choices": [choice]}
     if use is not None:
         body["usage"] = use
     return body
 
 
-def chunk_body(rid: str, model: str, chat: bool, text: str, finish: str | None, first: bool) -> dict:
+def chunk_body(rid: str, model: str, chat: bool, text: str, finish: str | None, first: bool,
+               logprobs: dict | None = None) -> dict:
+    """One server-sent event; `logprobs` covers the tokens whose text this chunk carries (logprobs.py)."""
     now = int(time.time())
     if chat:
         delta = {"content": text}
         if first:
             delta["role"] = "assistant"
-        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         return {"id": rid, "object": "chat.completion.chunk", "created": now, "model": model, "choices": [choice]}
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
     return {"id": rid, "object": "text_completion", "created": now, "model": model, "choices": [choice]}

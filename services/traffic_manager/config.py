@@ -1,12 +1,14 @@
 """Traffic-manager settings."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from shared.config import require
 from shared.runtime import CommonConfig
 
 BACKENDS = ("auto", "shm", "tcp", "verbs")
+ALLOW_FAULTS = "DUALPATH_ALLOW_FAULTS"  # the environment must say this too before a fault switch is taken
 
 
 @dataclass(frozen=True)
@@ -18,6 +20,8 @@ class TrafficManagerConfig(CommonConfig):
     transfer_timeout_s: float = 30.0  # every KV transfer has a deadline
     latency_weight: int = 99  # traffic-class weights (latency : bulk), work-conserving
     bulk_weight: int = 1
+    fault_flip_de_bytes: bool = False  # TESTS ONLY, refused unless DUALPATH_ALLOW_FAULTS=1: corrupt each DE-path read after its checksum passed
+
 
     def validate(self) -> None:
         require(bool(self.engine), "engine", self.engine, "name the engine this traffic-manager serves")
@@ -25,3 +29,5 @@ class TrafficManagerConfig(CommonConfig):
         require(self.buffer_mb > 0, "buffer_mb", self.buffer_mb, "must be > 0")
         require(self.latency_weight > 0 and self.bulk_weight > 0, "latency_weight/bulk_weight",
                 (self.latency_weight, self.bulk_weight), "weights must be > 0")
+        require(not self.fault_flip_de_bytes or os.environ.get(ALLOW_FAULTS) == "1", "fault_flip_de_bytes", True,
+                f"a fault-injection switch for tests: it serves wrong KV on purpose; refused unless {ALLOW_FAULTS}=1")

@@ -19,7 +19,7 @@ from opentelemetry import trace
 
 from shared.bus import BusError, Delivery
 from shared.kv.allocator import OutOfSlots
-from shared.messages.storage import ReadBlocks, ReadDone, WriteBlock, WriteDone
+from shared.messages.storage import ReadBlocks, ReadDone, StoreLayout, WriteBlock, WriteDone
 from shared.messages.tm import FetchKV, LayerLoaded, Reserve, Reserved, SaveCopied, SaveKV, Stage, Staged
 from shared.transport.base import Op, TrafficClass
 
@@ -199,6 +199,9 @@ class StorePath:
             finally:
                 svc.unbusy(msg.req_id)
             span.set_attributes({"blocks_ok": done.blocks, "bytes": done.bytes})
+            if svc.cfg.fault_flip_de_bytes and done.blocks:
+                flip_layer_signs(svc.buffer.buf, slots[msg.first], msg.layout)
+                span.set_attribute("fault_injected", "flip_de_bytes")
             svc.note_free()
             await d.respond(Staged(slots=slots, blocks=done.blocks, error=done.error))
 
@@ -246,3 +249,17 @@ class StorePath:
 
 async def _none():
     return None
+
+
+def flip_layer_signs(buf: memoryview, offset: int, layout: StoreLayout) -> None:
+    """Fault injection (tests only, `fault_flip_de_bytes`): negate every K/V value of the middle
+    layer of the block at `offset` of `buf` -- bytes that passed the store's checksum, now wrong."""
+    import numpy as np
+
+    from shared.kv.layout import KVLayout
+
+    kv = KVLayout(layout.n_layers, layout.n_kv_heads, layout.head_dim, layout.dtype, layout.block_size)
+    itemsize, lb = kv.itemsize, kv.layer_bytes
+    start = offset + (layout.n_layers // 2) * lb
+    view = np.frombuffer(buf, dtype=np.uint8, count=lb, offset=start)
+    view[itemsize - 1::itemsize] ^= 0x80  # little-endian: the sign bit sits in each value's last byte

@@ -19,8 +19,13 @@ import torch
 from shared.model import tokenizer_build
 from shared.model.config import ModelConfig
 from shared.model.llama import Llama
+from shared.model.random_init import random_state
 from shared.model.specs import resolve_spec
 from shared.model.tokenizer import Tokenizer
+
+# The tiny preset's weights rule has a version: a store written under another rule never
+# serves this one's blocks (the model id is part of every block's fingerprint).
+TINY_ID = "tiny2"
 
 
 @dataclass(frozen=True)
@@ -28,34 +33,25 @@ class LoadedModel:
     model: Llama
     tokenizer: Tokenizer
     config: ModelConfig
-    model_id: str  # stable name of these exact weights (e.g. "tiny@seed0")
+    model_id: str  # stable name of these exact weights (e.g. "tiny2@seed0")
 
 
 def tiny_config(tok: Tokenizer, dtype: str = "float32", **overrides) -> ModelConfig:
-    """The tiny shape (4 layers, hidden 128, 4 heads, 2 KV heads) over the byte tokenizer."""
-    base = dict(name="tiny", vocab_size=tok.vocab_size, bos_id=tok.bos_id, eos_ids=tok.eos_ids, dtype=dtype)
+    """The tiny shape (4 layers, hidden 128, 4 heads, 2 KV heads, untied output rows) over the byte tokenizer."""
+    base = dict(name="tiny", vocab_size=tok.vocab_size, bos_id=tok.bos_id, eos_ids=tok.eos_ids, dtype=dtype,
+                tie_embeddings=False)
     return ModelConfig(**{**base, **overrides})
 
 
 def random_model(cfg: ModelConfig, seed: int = 0) -> Llama:
-    """A Llama of shape cfg with weights drawn from `seed` only (same seed, same weights,
-    in any process). Scales keep logits peaked so greedy decoding has clear winners."""
+    """A Llama of shape cfg with weights drawn from `seed` only (same seed, same weights, in
+    any process), by the context-sensitive rule of random_init.py."""
     model = _empty_model(cfg)
-    gen = torch.Generator().manual_seed(seed)
+    state = random_state(model, cfg, seed)
     with torch.no_grad():
-        for name, p in sorted(model.named_parameters()):
-            p.copy_(_init_value(name, p.shape, gen))
+        for name, p in model.named_parameters():
+            p.copy_(state[name])
     return _finish(model)
-
-
-def _init_value(name: str, shape: torch.Size, gen: torch.Generator) -> torch.Tensor:
-    if name.endswith("norm.weight"):
-        return torch.ones(shape)
-    if name.endswith(".bias"):
-        return torch.randn(shape, generator=gen) * 0.1
-    if name in ("embed_tokens.weight", "lm_head.weight"):
-        return torch.randn(shape, generator=gen) * 0.5
-    return torch.randn(shape, generator=gen) / shape[1] ** 0.5  # (out, in): unit-gain linear
 
 
 def _empty_model(cfg: ModelConfig) -> Llama:
@@ -93,7 +89,7 @@ def load_model(spec: str, *, seed: int = 0, dtype: str = "float32") -> LoadedMod
     if kind == "tiny":
         tok = tokenizer_build.tiny_tokenizer()
         cfg = tiny_config(tok, dtype)
-        return LoadedModel(random_model(cfg, seed), tok, cfg, f"tiny@seed{seed}")
+        return LoadedModel(random_model(cfg, seed), tok, cfg, f"{TINY_ID}@seed{seed}")
     if kind == "random":
         return _random_spec(arg, seed, dtype)
     if kind == "gguf":

@@ -2,15 +2,25 @@
 
 Owns nothing but a loop: one prefill `forward` of the whole prompt into a locally
 allocated PagedKVCache, then one-token decode steps, stopping at max_tokens or an
-end-of-sequence id.
+end-of-sequence id. `generate_detailed` also reports each chosen token's
+log-probability and the most likely alternatives, by the same function the engines use
+(`sampling.token_logprobs`); `generate` returns the ids only.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from shared.model.batch import ForwardBatch, SeqSlice
 from shared.model.kv_cache import PagedKVCache
 from shared.model.loader import LoadedModel
-from shared.model.sampling import make_generator, sample
+from shared.model.sampling import TokenLogprobs, make_generator, sample, token_logprobs
+
+
+@dataclass
+class Generation:
+    ids: list[int] = field(default_factory=list)  # generated ids (the eos id that ended generation included)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per id; empty when not asked for
 
 
 def generate(
@@ -25,16 +35,39 @@ def generate(
     block_size: int = 64,
 ) -> list[int]:
     """Generated ids (the eos id that ended generation included)."""
+    return _run(loaded, prompt_ids, max_tokens, temperature, top_p, seed, ignore_eos, block_size, None).ids
+
+
+def generate_detailed(
+    loaded: LoadedModel,
+    prompt_ids: list[int],
+    max_tokens: int,
+    *,
+    top_logprobs: int = 0,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int | None = 0,
+    ignore_eos: bool = False,
+    block_size: int = 64,
+) -> Generation:
+    """Generated ids and, per id, its log-probability and the `top_logprobs` most likely ids."""
+    return _run(loaded, prompt_ids, max_tokens, temperature, top_p, seed, ignore_eos, block_size, top_logprobs)
+
+
+def _run(loaded: LoadedModel, prompt_ids: list[int], max_tokens: int, temperature: float, top_p: float,
+         seed: int | None, ignore_eos: bool, block_size: int, top_n: int | None) -> Generation:
     total = len(prompt_ids) + max_tokens
     kv = PagedKVCache.allocate(loaded.config, -(-total // block_size), block_size)
     table = list(range(kv.num_blocks))
     gen = make_generator(seed)
-    out: list[int] = []
+    out = Generation()
     step = SeqSlice(list(prompt_ids), 0, table)
-    while len(out) < max_tokens:
+    while len(out.ids) < max_tokens:
         logits = loaded.model.forward(ForwardBatch([step]), kv)
         token = sample(logits, [temperature], [top_p], [gen])[0]
-        out.append(token)
+        out.ids.append(token)
+        if top_n is not None:
+            out.logprobs.append(token_logprobs(logits, [token], [top_n])[0])
         if token in loaded.config.eos_ids and not ignore_eos:
             break
         step = SeqSlice([token], step.end_pos, table)

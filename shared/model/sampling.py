@@ -1,15 +1,29 @@
-"""Choosing the next token from logits: greedy, temperature, nucleus (top-p), seeded.
+"""Choosing the next token from logits: greedy, temperature, nucleus (top-p), seeded;
+and the log-probabilities reported for the chosen token.
 
 Owns per-row sampling of one step. Each request brings its own torch.Generator (made
 from its seed by `make_generator`), so its tokens do not depend on which other
 requests share the batch. temperature == 0 means greedy (argmax, no randomness).
+
+`token_logprobs` is the one definition of a reported log-probability, used by both
+engines and the reference: log_softmax of the raw fp32 logits, before temperature and
+top-p (the model's own distribution, as vLLM reports it by default).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
+
+
+class TokenLogprobs(NamedTuple):
+    """The model's view of one chosen token (raw distribution, fp32 values as Python floats)."""
+
+    logprob: float  # of the token actually chosen, whether or not it is among the top
+    top_ids: list[int]  # the most likely ids, most likely first (as many as asked for)
+    top_logprobs: list[float]  # their log-probabilities, same order
 
 
 def make_generator(seed: int | None) -> torch.Generator:
@@ -54,4 +68,23 @@ def sample(
             t = max(t, torch.finfo(torch.float32).tiny)
             probs = top_p_filter(torch.softmax((logits[i] - logits[i].max()) / t, -1), top_p[i])
             out[i] = int(torch.multinomial(probs, 1, generator=generators[i]).item())
+    return out
+
+
+def token_logprobs(logits: torch.Tensor, chosen: Sequence[int],
+                   top_n: Sequence[int | None]) -> list[TokenLogprobs | None]:
+    """Per row of logits (n, vocab): the chosen token's log-probability and the top_n[i] most
+    likely alternatives; None for a row whose top_n is None (nothing is computed for it)."""
+    out: list[TokenLogprobs | None] = [None] * len(top_n)
+    rows = [i for i, n in enumerate(top_n) if n is not None]
+    if not rows:
+        return out
+    lp = torch.log_softmax(logits[rows].float(), -1)  # (r, vocab)
+    picked = lp.gather(1, torch.tensor([[chosen[i]] for i in rows], device=lp.device))[:, 0].tolist()
+    k = min(max(top_n[i] for i in rows), lp.shape[-1])
+    vals, ids = lp.topk(k, -1) if k else (lp[:, :0], lp[:, :0].long())  # sorted, most likely first
+    vals, ids = vals.tolist(), ids.tolist()
+    for j, i in enumerate(rows):
+        n = top_n[i]
+        out[i] = TokenLogprobs(picked[j], ids[j][:n], vals[j][:n])
     return out

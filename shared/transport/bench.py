@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import sys
 import threading
 import time
 
@@ -137,9 +138,11 @@ def figures(mib: int = 64, block: int = BLOCK, layer_blocks: int = 16, samples: 
 
     out: dict = {}
     if with_throughput:
+        print(f"throughput: {mib} MiB over tcp, a raw socket, shm and memcpy ...", file=sys.stderr, flush=True)
         out["throughput"] = uvloop.run(_throughput(mib * MIB, block))
     out["isolation"] = {}
     for backend in backends:
+        print(f"isolation over {backend}: {rounds} idle/busy rounds ...", file=sys.stderr, flush=True)
         r = isolation(backend, 64 * MIB, block, layer_blocks, samples, rounds)
         out["isolation"][backend] = {
             "piece_kib": block // 1024, "layer_blocks": layer_blocks,
@@ -157,14 +160,16 @@ def lines(fig: dict) -> list[str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--mib", type=int, default=64)
-    ap.add_argument("--block-kib", type=int, default=96)
-    ap.add_argument("--samples", type=int, default=150)
+    from dualpath.cli import HelpFormatter
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    ap.add_argument("--mib", type=int, default=64, help="throughput: MiB moved per backend")
+    ap.add_argument("--block-kib", type=int, default=96, help="piece size in KiB (one layer block)")
+    ap.add_argument("--samples", type=int, default=150, help="isolation: pulls timed per round")
     ap.add_argument("--layer-blocks", type=int, default=16, help="hit blocks pulled per layer")
-    ap.add_argument("--backends", default="tcp,shm")
+    ap.add_argument("--backends", default="tcp,shm", help="comma-separated backends for the isolation figures")
     ap.add_argument("--rounds", type=int, default=3, help="isolation: idle/busy rounds; figures are medians")
-    ap.add_argument("--no-throughput", action="store_true")
+    ap.add_argument("--no-throughput", action="store_true", help="skip the throughput figures")
     args = ap.parse_args()
     np.random.seed(0)
     fig = figures(args.mib, args.block_kib << 10, args.layer_blocks, args.samples, args.rounds,

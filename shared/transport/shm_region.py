@@ -68,6 +68,19 @@ def reap_orphans(shm_dir: str = SHM_DIR) -> list[str]:
     return reaped
 
 
+def unlink_own(shm_dir: str = SHM_DIR) -> list[str]:
+    """Unlink every segment this process created (on its way out, whatever stopped it)."""
+    mine = []
+    for name in os.listdir(shm_dir) if os.path.isdir(shm_dir) else []:
+        if _creator(name) == os.getpid():
+            try:
+                os.unlink(os.path.join(shm_dir, name))
+                mine.append(name)
+            except OSError:
+                pass
+    return mine
+
+
 def _path(name: str) -> str:
     if "/" in name or not name:
         raise ValueError(f"bad shm name {name!r}")

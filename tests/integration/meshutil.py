@@ -95,3 +95,29 @@ def running(mesh: Mesh):
         yield mesh
     finally:
         mesh.stop()
+
+
+def wait_until(pred, what: str, timeout: float = 30.0, interval: float = 0.05):
+    """Poll `pred()` until it returns something truthy, and return that. `timeout` is only a hang
+    guard: past it, an AssertionError names `what` and the last value `pred()` gave."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = pred()
+        if got:
+            return got
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"gave up after {timeout:g}s waiting for {what} (last: {got!r})")
+        time.sleep(interval)
+
+
+def wait_stored(store, keys: list[str], timeout: float = 30.0) -> None:
+    """Wait until every block of `keys` (hex, as `prompt_keys` gives them) is a file in the
+    directory store `store`. Persistence is background work; a block's file appears (by rename)
+    only once complete, and a file is what a lookup sees."""
+    from pathlib import Path
+
+    def missing() -> list[str]:
+        have = {p.stem for p in Path(store).rglob("*.kvb")}
+        return [k for k in keys if k not in have]
+
+    wait_until(lambda: not missing(), f"{len(keys)} blocks stored under {store}", timeout)

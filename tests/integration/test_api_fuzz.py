@@ -112,7 +112,7 @@ def _valid(schema: dict, comps: dict, facts: dict, name: str = "") -> st.SearchS
     if name == "dualpath_mode":
         return st.one_of(st.sampled_from(["dualpath", "basic", "oracle"]), TEXT)
     if name == "model":
-        return st.one_of(st.just("tiny@seed0"), TEXT)
+        return st.one_of(st.just("tiny2@seed0"), TEXT)
     if name == "role":
         return st.one_of(st.sampled_from(["user", "system", "assistant"]), TEXT)
     return TEXT

@@ -21,7 +21,7 @@ def mesh(tmp_path_factory):
 def test_offline_bench_writes_json_report_and_plots(mesh, tmp_path, capsys):
     out = tmp_path / "report"
     rc = main(["bench", "--url", mesh.url, "--trace", "gen:32k", "--agents", "3", "--scale", "0.05",
-               "--max-turns", "6", "--offline", "--snic-gbs", "0.5", "--json", str(tmp_path / "b.json"),
+               "--max-turns", "6", "--offline", "--snic-gbit", "0.5", "--json", str(tmp_path / "b.json"),
                "--report", str(out), "--no-progress"])
     assert rc == 0
     doc = json.loads((tmp_path / "b.json").read_text())

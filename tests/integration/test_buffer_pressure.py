@@ -4,17 +4,21 @@ Two faults this guards against, both found by `dualpath bench` with a small buff
 a split read that held PE-buffer slots while waiting for DE-buffer slots (and the
 reverse, in another request) stalled until the transfer deadline; and DE-buffer slots
 staged for a prompt that finished at the prefill engine were never freed.
+
+A stall is made to show as a failure, not as slowness: the traffic-managers' transfer
+deadline (120 s) is longer than the prefill engine's fetch deadline (30 s), so a fetch
+stalled on buffer slots fails at the prefill engine and is resumed elsewhere, which the
+resume counter shows.
 """
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 
 import httpx
 import pytest
 
-from tests.integration.meshutil import tiny_mesh
+from tests.integration.meshutil import tiny_mesh, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -44,25 +48,21 @@ async def _agent(client: httpx.AsyncClient, url: str, i: int) -> list[int]:
 def test_small_buffers_neither_stall_nor_leak(tmp_path):
     mesh = tiny_mesh(tmp_path, buffer_mb=2, kv_blocks=128,  # 16 slots of 128 KiB; prompts of 10+ blocks
                      extra={"scheduler": {"liveness-timeout-s": "2"},
-                            "traffic_manager": {"transfer-timeout-s": "20"}})
+                            "prefill_engine": {"handoff-timeout-s": "30"},
+                            "traffic_manager": {"transfer-timeout-s": "120"}})
     mesh.start(timeout=120)
     try:
         async def run() -> list[list[int]]:
             async with httpx.AsyncClient(timeout=60) as client:
                 return await asyncio.gather(*(_agent(client, mesh.url, i) for i in range(AGENTS)))
 
-        t0 = time.monotonic()
         cached = asyncio.run(run())
-        took = time.monotonic() - t0
-        assert took < 15, f"{AGENTS} agents x {TURNS} turns took {took:.1f}s: something waited for a deadline"
         assert any(c[-1] > 0 for c in cached)  # later turns really read stored KV
         m = httpx.get(mesh.url + "/v1/mesh", timeout=10).json()
-        assert _metric(mesh.url + "/metrics", "dualpath_request_resumes_total") == 0
+        resumes = _metric(mesh.url + "/metrics", "dualpath_request_resumes_total")
+        assert resumes == 0, f"{resumes:g} requests failed at a deadline (a stall on buffer slots) and were resumed"
         for tm in m["traffic_managers"]:  # every buffer slot comes back once persistence drains
-            deadline = time.monotonic() + 10
-            while _metric(tm["metrics_url"], "dualpath_tm_buffer_free_bytes") < 2 * (1 << 20) \
-                    and time.monotonic() < deadline:
-                time.sleep(0.2)
-            assert _metric(tm["metrics_url"], "dualpath_tm_buffer_free_bytes") == 2 * (1 << 20), tm["engine"]
+            wait_until(lambda: _metric(tm["metrics_url"], "dualpath_tm_buffer_free_bytes") == 2 * (1 << 20),
+                       f"every buffer slot of {tm['engine']}'s traffic-manager to be free")
     finally:
         mesh.stop()

@@ -98,10 +98,8 @@ def test_a_write_that_cannot_land_fails_softly(js_server):
 
     async def body(j: Journal):
         await j.js.delete_stream(stream_name(ns))  # nothing stores {ns}.journal.> any more
-        t0 = time.monotonic()
         ok = await j.accepted("lost", _acc("lost"))  # must not raise: the request goes on without it
-        return ok, time.monotonic() - t0, j.failures
+        return ok, j.failures
 
-    ok, elapsed, failures = asyncio.run(_with_journal(js_server.url, ns, body))
+    ok, failures = asyncio.run(_with_journal(js_server.url, ns, body))
     assert not ok and failures == 1
-    assert elapsed < 3

@@ -1,40 +1,32 @@
-"""Chunked prefill under a small compute quota (spec 7.5): outputs stay exact, with and without stored KV."""
+"""Chunked prefill under a small compute quota: outputs stay exact (tokens and logprobs), with
+and without stored KV."""
 from __future__ import annotations
 
-import time
+from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.integration.meshutil import complete, tiny_mesh
+from tests.integration.exactness import ask, assert_exact, wait_stored
+from tests.integration.meshutil import tiny_mesh
 
 pytestmark = pytest.mark.integration
 
 
-def test_chunked_prefill_is_exact_and_reuses_the_store(tmp_path):
-    import torch
-
-    from shared.model.loader import load_model
-    from shared.model.reference import generate
-
-    torch.set_num_threads(1)
-    ref = load_model("tiny", seed=0)
+def test_chunked_prefill_is_exact_and_reuses_the_store(tmp_path, reference):
     extra = {"prefill_engine": {"compute-quota-s": "0.25"}, "scheduler": {"liveness-timeout-s": "2"}}
     mesh = tiny_mesh(tmp_path, kv_blocks=96, extra=extra)  # ~120 tokens per forward
     mesh.start(timeout=120)
     try:
         prompt = "chunk me please; " * 45  # 765 tokens: about 7 forwards
-        r1 = complete(mesh.url, {"prompt": prompt, "max_tokens": 20, "temperature": 0, "ignore_eos": True,
-                                 "return_token_ids": True}).json()
-        ids = r1["choices"][0]["prompt_token_ids"]
-        assert r1["choices"][0]["token_ids"] == generate(ref, ids, 20, ignore_eos=True)
-        time.sleep(0.6)
-        turn2 = prompt + r1["choices"][0]["text"] + " and a new tool result" * 10
-        r2 = complete(mesh.url, {"prompt": turn2, "max_tokens": 12, "temperature": 0, "ignore_eos": True,
-                                 "return_token_ids": True}).json()
+        r1 = ask(mesh.url, prompt, 20)
+        assert_exact(r1, reference, what="chunked prefill, empty store")
+        ids = r1["choices"][0]["prompt_token_ids"] + r1["choices"][0]["token_ids"]
+        wait_stored(Path(mesh.spec.store), reference, ids, (len(ids) - 1) // 64)
+        turn2 = ids + reference.tokenizer.encode(" and a new tool result" * 10)
+        r2 = ask(mesh.url, turn2, 12)
         assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] >= 704
-        assert r2["choices"][0]["token_ids"] == generate(ref, r2["choices"][0]["prompt_token_ids"], 12,
-                                                          ignore_eos=True)
+        assert_exact(r2, reference, turn2, what="chunked prefill with a store hit")
         forwards = [line for line in httpx.get(_metrics_url(mesh), timeout=5)
                     .text.splitlines() if line.startswith("dualpath_prefill_step_seconds_count")]
         assert float(forwards[0].split()[-1]) >= 7  # the long prompt really was chunked

@@ -1,13 +1,10 @@
 """Stored KV-cache through the mesh: multi-turn reuse, exact outputs, restarts, corruption."""
 from __future__ import annotations
 
-import time
-from pathlib import Path
-
 import httpx
 import pytest
 
-from tests.integration.meshutil import complete, tiny_mesh
+from tests.integration.meshutil import complete, tiny_mesh, wait_stored
 
 pytestmark = pytest.mark.integration
 
@@ -21,28 +18,19 @@ def _ask(mesh, prompt, n=16):
     return r.json()
 
 
-def _wait_persisted(store: Path, at_least: int, timeout: float = 10.0) -> int:
-    deadline = time.monotonic() + timeout
-    n = 0
-    while time.monotonic() < deadline:
-        n = len(list(store.rglob("*.kvb")))
-        if n >= at_least:
-            return n
-        time.sleep(0.1)
-    return n
-
-
 def test_second_turn_reuses_stored_blocks_and_matches(tmp_path, reference):
+    from shared.engine.store_layout import prompt_keys, store_layout
     from shared.model.reference import generate
 
+    layout = store_layout(reference.model_id, reference.config, 64)
     mesh = tiny_mesh(tmp_path, kv_blocks=96)
     store = tmp_path / "store"
     mesh.start(timeout=120)
     try:
         t1 = _ask(mesh, TURN1, 70)
         assert t1["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-        full_blocks = (t1["usage"]["prompt_tokens"] + 70 - 1) // 64  # prompt + generated KV in the cache
-        assert _wait_persisted(store, full_blocks) >= full_blocks
+        cached_ids = t1["choices"][0]["prompt_token_ids"] + t1["choices"][0]["token_ids"][:-1]  # KV in the cache
+        wait_stored(store, prompt_keys(layout, cached_ids))  # persistence is background work
         turn2 = TURN1 + t1["choices"][0]["text"] + "\nTool: tests passed. Next step?\n"
         t2 = _ask(mesh, turn2)
         cached = t2["usage"]["prompt_tokens_details"]["cached_tokens"]
@@ -64,9 +52,6 @@ def test_second_turn_reuses_stored_blocks_and_matches(tmp_path, reference):
         assert t2b["choices"][0]["token_ids"] == want
 
         # corrupt one stored block of the chain: it is a miss (recomputed), never wrong output
-        from shared.engine.store_layout import prompt_keys, store_layout
-
-        layout = store_layout(reference.model_id, reference.config, 64)
         keys = prompt_keys(layout, t2["choices"][0]["prompt_token_ids"])
         victim = next(store.rglob(keys[3] + ".kvb"))  # the 4th block of the prompt's chain
         data = bytearray(victim.read_bytes())

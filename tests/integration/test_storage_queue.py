@@ -14,7 +14,7 @@ import uuid
 import httpx
 import pytest
 
-from tests.integration.meshutil import tiny_mesh
+from tests.integration.meshutil import tiny_mesh, wait_stored
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +28,10 @@ def _resumes(url: str) -> float:
     return 0.0
 
 
-def test_reads_queued_past_the_deadline_are_not_failed(tmp_path):
+def test_reads_queued_past_the_deadline_are_not_failed(tmp_path, reference):
+    from shared.engine.store_layout import prompt_keys, store_layout
+
+    layout = store_layout(reference.model_id, reference.config, 64)
     # reads at 2.5 MB/s: ten 10-block (1.3 MB) hit prefixes queue for ~5 s; deadlines are 2 s
     mesh = tiny_mesh(tmp_path, kv_blocks=256, buffer_mb=64,
                      extra={"scheduler": {"liveness-timeout-s": "3", "pe-beta-tokens": "100000"},
@@ -42,14 +45,16 @@ def test_reads_queued_past_the_deadline_are_not_failed(tmp_path):
         async def turn(client, prompt, max_tokens):
             r = await client.post(mesh.url + "/v1/completions", json={
                 "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-                "dualpath_mode": "basic"})
+                "dualpath_mode": "basic", "return_token_ids": True})
             assert r.status_code == 200, r.text
             return r.json()
 
         async def run():
             async with httpx.AsyncClient(timeout=120) as client:
                 firsts = await asyncio.gather(*(turn(client, p, 4) for p in prompts))
-                await asyncio.sleep(2.0)  # persistence (writes are uncapped) lands
+                for f in firsts:  # persistence (writes are uncapped) lands: every block is a file
+                    ids = f["choices"][0]["prompt_token_ids"] + f["choices"][0]["token_ids"][:-1]
+                    await asyncio.to_thread(wait_stored, tmp_path / "store", prompt_keys(layout, ids))
                 t0 = time.monotonic()
                 seconds = await asyncio.gather(*(turn(client, p + f["choices"][0]["text"], 4)
                                                  for p, f in zip(prompts, firsts)))

@@ -1,8 +1,6 @@
 """Ring attention across real gloo processes equals single-process attention."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -14,9 +12,9 @@ from kernels import partition, ring
 pytestmark = pytest.mark.model
 
 
-def _worker(rank: int, world: int, port: int, path: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def _worker(rank: int, world: int, path: str) -> None:
+    # rendezvous through a file, not a TCP port picked in advance (another process could take it)
+    dist.init_process_group("gloo", init_method=f"file://{path}/rendezvous", rank=rank, world_size=world)
     try:
         g = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(1, 4, 24, 8, generator=g) for _ in range(3))
@@ -28,12 +26,8 @@ def _worker(rank: int, world: int, port: int, path: str) -> None:
 
 
 def test_ring_over_gloo_processes(tmp_path):
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     world = 3
-    mp.spawn(_worker, args=(world, port, str(tmp_path)), nprocs=world, join=True)
+    mp.spawn(_worker, args=(world, str(tmp_path)), nprocs=world, join=True)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 4, 24, 8, generator=g) for _ in range(3))
     pos = partition.positions(24, world, "zigzag")

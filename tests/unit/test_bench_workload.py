@@ -49,7 +49,7 @@ def test_trajectory_file_with_scale_and_copies(tmp_path):
 
 
 def test_token_range_avoids_special_ids():
-    assert token_range("tiny@seed0", 259) == (32, 127)
+    assert token_range("tiny2@seed0", 259) == (32, 127)
     lo, hi = token_range("smollm2", 49152)
     assert lo >= 3 and hi <= 49152 - 1000
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -115,12 +114,9 @@ def test_key_hex_round_trip_and_bad_names() -> None:
         key_from_hex("abcd")
 
 
-def test_hashing_a_100k_token_prompt_is_fast() -> None:
-    tokens = list(range(100_000))
-    start = time.perf_counter()
-    keys = block_hashes(tokens, 64, FP.digest())
-    assert len(keys) == 100_000 // 64
-    assert time.perf_counter() - start < 0.5  # ~5 ms typical; generous for shared CI
+def test_a_100k_token_prompt_has_one_distinct_key_per_full_block() -> None:
+    keys = block_hashes(list(range(100_000)), 64, FP.digest())
+    assert len(keys) == 100_000 // 64 == len(set(keys))
 
 
 def test_token_ids_outside_int32_are_rejected() -> None:

@@ -46,3 +46,39 @@ def test_lazy_work_is_consumed_only_as_far_as_needed():
 
     plan_batch(gen(), M, quota=M.request_time(0, 1000) * 2.5)
     assert len(seen) == 3
+
+
+LINEAR = AttentionModel(per_token=1.0)  # one second per new token: exact sums, exact boundaries
+
+
+def test_a_chunk_that_exactly_fills_the_quota_is_taken():
+    assert [c.bsz for c in plan_batch([PrefillWork(1, 0, 20)], LINEAR, quota=10.0)] == [10]
+
+
+def test_the_per_batch_cost_counts_against_the_quota():
+    m = AttentionModel(per_token=1.0, per_batch=5.0)
+    assert [c.bsz for c in plan_batch([PrefillWork(1, 0, 20)], m, quota=15.0)] == [10]
+    assert m.batch_time([]) == 0.0 and m.batch_time([(100, 0)]) == 0.0  # no work, no batch cost
+
+
+def test_requests_with_nothing_left_are_skipped_not_batch_ending():
+    out = plan_batch([PrefillWork(1, 50, 0), PrefillWork(2, 0, 10)], LINEAR, quota=100.0)
+    assert [(c.rid, c.bsz) for c in out] == [(2, 10)]
+
+
+def test_max_tokens_caps_the_batch_across_requests():
+    work = [PrefillWork(1, 0, 30), PrefillWork(2, 0, 30), PrefillWork(3, 0, 30)]
+    out = plan_batch(work, LINEAR, quota=1000.0, max_tokens=50)
+    assert [(c.rid, c.bsz) for c in out] == [(1, 30), (2, 20)]
+
+
+def test_a_cut_at_max_tokens_that_exactly_fills_the_quota_is_not_rounded_to_align():
+    work = [PrefillWork(1, 0, 10), PrefillWork(2, 0, 100)]
+    out = plan_batch(work, LINEAR, quota=60.0, align=64, max_tokens=60)
+    assert [(c.rid, c.bsz) for c in out] == [(1, 10), (2, 50)]
+
+
+def test_the_progress_chunk_never_exceeds_remaining_or_max_tokens():
+    assert [c.bsz for c in plan_batch([PrefillWork(1, 0, 10)], LINEAR, quota=1.0, align=64)] == [10]
+    out = plan_batch([PrefillWork(1, 0, 100)], LINEAR, quota=1.0, align=64, max_tokens=8)
+    assert [c.bsz for c in out] == [8]

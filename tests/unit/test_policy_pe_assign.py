@@ -1,4 +1,4 @@
-"""Algorithm 1 (spec 7.2) on hand-built group states."""
+"""Algorithm 1 (docs/design.md#prefill-engine-assignment-algorithm-1) on hand-built group states."""
 from collections import deque
 
 import pytest
@@ -51,3 +51,16 @@ def test_stops_when_both_classes_empty_and_leaves_the_rest_in_fifo_order():
     out = assign_prefill(q, [rep(0, 200, 0)], TH)
     assert [a.rid for a in out] == [0]  # 200 + 900 > beta: engine leaves class 2
     assert [r.rid for r in q] == [1, 2]
+
+
+def test_an_engine_that_reaches_beta_exactly_stays_ideal():
+    q = deque([Request(1, 1000), Request(2, 5)])
+    out = assign_prefill(q, [rep(0, 0, 0)], TH)
+    assert [(a.rid, a.engine) for a in out] == [(1, 0), (2, 0)]  # tok 1000 <= beta
+
+
+@pytest.mark.parametrize("read_q", [0, 500])  # class 2, then class 3
+def test_equal_tokens_go_to_the_engine_listed_first(read_q):
+    q = deque([Request(1, 10)])
+    out = assign_prefill(q, [rep(7, 50, read_q), rep(3, 50, read_q), rep(5, 50, read_q)], TH)
+    assert out[0].engine == 7

@@ -2,7 +2,7 @@
 from collections import deque
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from services.scheduler.policy import (AttentionModel, EngineReport, PeThresholds, PrefillWork,
@@ -52,21 +52,33 @@ def test_de_assignment_respects_memory_and_conserves_requests(reqs, engines):
     assert left == sorted(left)  # unplaced requests keep their relative order
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(st.integers(0, 500), st.integers(0, 20000), st.integers(0, 20000),
-       st.floats(0.1, 10), st.floats(0.1, 10))
-def test_split_read_conserves_blocks(n, pq, dq, pr, dr):
-    pe, de = split_read(n, pq, dq, pr, dr)
+       st.floats(0.1, 10), st.floats(0.1, 10), st.sampled_from([16, 64, 256]))
+@example(10, 0, 100, 1.0, 1.0, 64)  # the PE side needs 5.78 blocks: 6, not 5
+@example(10, 576, 0, 1.0, 1.0, 64)  # 0.5 blocks: either way is exactly one block apart
+@example(10, 640, 0, 1.0, 1.0, 64)  # PE already as long as DE plus every hit: all on DE
+def test_split_read_leaves_both_queues_within_a_block_of_each_other(n, pq, dq, pr, dr, bt):
+    pe, de = split_read(n, pq, dq, pr, dr, bt)
     assert pe + de == n and pe >= 0 and de >= 0
+    if pq / pr >= (dq + n * bt) / dr:  # PE ends last even if DE reads every hit
+        assert (pe, de) == (0, n)
+    elif dq / dr >= (pq + n * bt) / pr:
+        assert (pe, de) == (n, 0)
+    else:  # both drain times as close as whole blocks allow: half a block on each side
+        pe_end, de_end = (pq + pe * bt) / pr, (dq + de * bt) / dr
+        assert abs(pe_end - de_end) <= (bt / pr + bt / dr) / 2 * (1 + 1e-9)
 
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 20000), st.integers(1, 5000)), min_size=1, max_size=10),
-       st.floats(1e-4, 1.0))
-def test_plan_batch_is_a_fifo_prefix_within_quota(work, quota):
+       st.floats(1e-4, 1.0), st.sampled_from([0, 0, 8, 100, 3000]))
+def test_plan_batch_is_a_fifo_prefix_within_quota(work, quota, max_tokens):
     model = AttentionModel(per_pair=1e-8, per_token=1e-6, per_batch=1e-5)
     items = [PrefillWork(i, c, r) for i, (c, r) in enumerate(work)]
-    out = plan_batch(items, model, quota, align=16)
+    out = plan_batch(items, model, quota, align=16, max_tokens=max_tokens)
+    if max_tokens:
+        assert sum(c.bsz for c in out) <= max_tokens
     assert out and [c.rid for c in out] == list(range(len(out)))
     assert all(c.bsz == items[c.rid].remaining for c in out[:-1])
     assert 0 < out[-1].bsz <= items[out[-1].rid].remaining

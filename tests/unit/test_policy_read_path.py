@@ -1,4 +1,4 @@
-"""Read-path choice and the split-read variant (spec 7.4)."""
+"""Read-path choice and the split-read variant (docs/design.md#read-path-choice)."""
 import pytest
 
 from services.scheduler.policy import ReadPath, choose_path, split_read
@@ -16,6 +16,13 @@ def test_split_balances_drain_times():
     pe, de = split_read(10, pe_read_q=100, de_read_q=0)
     assert (pe, de) == (4, 6)
     assert abs((100 + pe * 64) - (de * 64)) <= 64
+
+
+def test_split_rounds_to_the_nearest_block():
+    # DE queue 100, 10 blocks: T = 370 tokens, the PE side needs 370 / 64 = 5.78 blocks -> 6.
+    assert split_read(10, pe_read_q=0, de_read_q=100) == (6, 4)
+    # PE queue 100: the PE side needs (370 - 100) / 64 = 4.22 blocks -> 4.
+    assert split_read(10, pe_read_q=100, de_read_q=0) == (4, 6)
 
 
 def test_split_sends_everything_to_an_idle_side_when_the_other_is_far_behind():

@@ -195,7 +195,7 @@ def test_chat_completion_body_shape():
     body = completion_body("id1", "m", True, "hello", "stop", usage(1, 2, 0))
     assert body["object"] == "chat.completion" and body["id"] == "id1" and body["model"] == "m"
     assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "hello"},
-                                "finish_reason": "stop"}]
+                                "logprobs": None, "finish_reason": "stop"}]
     assert body["usage"]["total_tokens"] == 3
     assert isinstance(body["created"], int)
 
@@ -210,7 +210,8 @@ def test_text_completion_body_shape_without_usage():
 def test_first_chat_chunk_carries_the_role():
     body = chunk_body("id", "m", True, "he", None, first=True)
     assert body["object"] == "chat.completion.chunk"
-    assert body["choices"] == [{"index": 0, "delta": {"content": "he", "role": "assistant"}, "finish_reason": None}]
+    assert body["choices"] == [{"index": 0, "delta": {"content": "he", "role": "assistant"}, "logprobs": None,
+                                "finish_reason": None}]
 
 
 def test_later_chat_chunks_carry_only_content():

@@ -73,10 +73,14 @@ def test_a_smaller_capacity_at_restart_evicts_oldest_first(tmp_path: Path) -> No
 
 
 def test_a_read_by_another_gateway_gives_a_block_a_second_chance(tmp_path: Path) -> None:
-    mine = make_store(tmp_path, capacity_bytes=3 * FILE_BYTES)
+    # explicit times, not sleeps past the file system's timestamp granularity: mine last used
+    # its blocks a minute ago, and their files were last touched two minutes ago
+    mine = make_store(tmp_path, capacity_bytes=3 * FILE_BYTES, clock=lambda: time.time() - 60)
     k = make_keys(4)
     fill(mine, k[:3])
-    time.sleep(0.05)  # past file-system timestamp granularity
+    long_ago = time.time() - 120
+    for key in k[:3]:
+        os.utime(mine.path_for(key), (long_ago, long_ago))
     other = make_store(tmp_path, touch_interval_s=0.0)
     read_back(other, k[0])  # touches k0's mtime
     fill(mine, [k[3]])  # mine thinks k0 is oldest, but its mtime says otherwise

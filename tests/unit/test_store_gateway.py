@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +22,15 @@ pytestmark = pytest.mark.unit
 
 def _core(root: Path, **kw: object) -> GatewayCore:
     return GatewayCore(make_store(root), io_threads=2, **kw)  # type: ignore[arg-type]
+
+
+async def _until_queued(core: GatewayCore, requests: int = 1) -> None:
+    """Yield to the loop until `requests` reads are in the core's read queue."""
+    for _ in range(1000):  # a read enqueues on its first step: a few yields suffice
+        if core.queue_snapshot().pending_requests >= requests:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"{requests} read(s) never queued: {core.queue_snapshot()}")
 
 
 def test_read_queue_accounting_and_snapshot() -> None:
@@ -113,7 +121,7 @@ def test_writes_yield_to_pending_reads(tmp_path: Path) -> None:
         finished.append("read")
 
     async def write() -> None:
-        await asyncio.sleep(0.05)  # the read is queued first
+        await _until_queued(core)  # the read is queued first
         outcome = await core.write_block(keys[4], memoryview(payload_for(keys[4])))
         assert outcome is WriteOutcome.WRITTEN
         finished.append("write")
@@ -132,7 +140,9 @@ def test_writes_yield_to_pending_reads(tmp_path: Path) -> None:
 
 
 def test_cancelled_read_leaves_the_queue_empty(tmp_path: Path) -> None:
-    read_bucket = TokenBucket(2 * PAYLOAD, PAYLOAD)  # slow: 2 blocks/s
+    # one block per 100 s and a frozen bucket clock: the read waits for its bytes ~500 s, so only
+    # a cancellation that takes effect ends it (a read that ignored it would hang the test)
+    read_bucket = TokenBucket(PAYLOAD / 100, PAYLOAD, clock=lambda: 0.0)
     core = _core(tmp_path, read_bucket=read_bucket)
     keys = make_keys(6)
     fill(core.store, keys)
@@ -142,14 +152,14 @@ def test_cancelled_read_leaves_the_queue_empty(tmp_path: Path) -> None:
         task = asyncio.create_task(  # owned here and awaited below
             core.read_blocks(keys, memoryview(buf), [i * PAYLOAD for i in range(6)])
         )
-        await asyncio.sleep(0.2)
+        await _until_queued(core)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
 
-    start = time.monotonic()
     asyncio.run(main())
-    assert time.monotonic() - start < 2.0
+    assert not buf.any()  # cancelled while it waited for the bucket: no block was read
+    assert read_bucket.reserve(PAYLOAD) == 0.0  # its bytes went back to the bucket
     snap = core.queue_snapshot()
     assert (snap.pending_blocks, snap.pending_requests, snap.done_blocks) == (0, 0, 6)
     core.check_integrity()

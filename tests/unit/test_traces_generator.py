@@ -1,4 +1,4 @@
-"""The generator matches spec section 8's table, is deterministic, and scales lengths."""
+"""The generator matches the published trace table, is deterministic, and scales lengths."""
 import pytest
 
 from dualpath.traces import expand_agents, generate, trace_stats

@@ -1,4 +1,4 @@
-"""Intra-PE batching under a compute quota (spec 7.5).
+"""Intra-PE batching under a compute quota (docs/design.md#batching-inside-a-prefill-engine).
 
 Owns the attention-time model over (cached, bsz) pairs and the batch planner: take a
 PE's ready requests in FIFO order while the estimated attention time of the batch stays
@@ -90,7 +90,8 @@ def plan_batch(
     FIFO; a request that would push the estimate over `quota` is cut to the largest
     multiple of `align` that fits (binary search on the monotone time), and ends the
     batch. The first chunk of a batch always has at least min(align, remaining) tokens
-    so that progress is guaranteed. `max_tokens` (> 0) caps the batch's new tokens.
+    so that progress is guaranteed. `max_tokens` (> 0) caps the batch's new tokens, the
+    first chunk included.
     """
     out: list[Chunk] = []
     used = model.per_batch
@@ -107,7 +108,7 @@ def plan_batch(
             continue
         bsz = _largest_fit(model, w.cached, want, quota - used, align)
         if bsz <= 0 and not out:
-            bsz = min(align, w.remaining)
+            bsz = min(align, want)  # want honours max_tokens too
         if bsz > 0:
             out.append(Chunk(w.rid, w.cached, bsz))
         break

@@ -1,4 +1,4 @@
-"""Read-path choice for a request's hit KV (spec 7.4) and the split-read variant.
+"""Read-path choice for a request's hit KV (docs/design.md#read-path-choice) and the split-read variant.
 
 `choose_path`: the path whose node has the shorter storage read queue (ties -> PE
 path: it has one hop fewer). `split_read`: divide a request's hit blocks between both

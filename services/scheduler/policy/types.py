@@ -26,7 +26,7 @@ class Request:
 
 @dataclass(frozen=True, slots=True)
 class EngineReport:
-    """One engine's line in a group pull (spec 7.1)."""
+    """One engine's line in a group pull (docs/design.md#engine-groups-and-pulls)."""
 
     engine: int  # engine id, unique across the cluster
     node: int  # node id (engines of one node are always in the same group)

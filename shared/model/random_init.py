@@ -1,0 +1,78 @@
+"""Seeded random weights for the `tiny` and `random:` models: cheap, yet context-sensitive.
+
+Owns the init rule only. A random decoder is useless as evidence if its next token
+ignores its context (the first `tiny` repeated one token for every prompt, so a test
+could not tell right KV from wrong). The rule keeps three properties, which
+tests/model/test_tiny_sensitivity.py checks:
+
+- **The context matters.** Query/key projections have gain 2, so attention is neither
+  uniform (every block would look alike) nor one-hot (most blocks would get weight 0);
+  the embedding has unit scale and untied output rows of scale 0.25, so the residual
+  stream carries what attention gathered and the next-token distribution is broad
+  (top probability ~0.2-0.9, not 0.998). Every single-block change of the KV moves the
+  log-probabilities of the following tokens by ~1e-3 or more.
+- **The text is varied and readable.** Hidden channel 0 is a constant: every embedding
+  row has 1 there and no layer writes it (row 0 of o_proj and down_proj is zero), so
+  after the final norm it is a positive number; the output rows put -20 on that channel
+  for every token but newline and printable ASCII; and each output row has 0.3 times its
+  own token's embedding subtracted, so the token just read (still in the residual stream)
+  is not the likeliest next one. Greedy text is then printable and varied (no runs of one
+  token), and end-of-sequence is never chosen (pass `stop`/`stop_token_ids`/`max_tokens`
+  to end a generation).
+- **Same seed, same weights**, in any process: parameters are drawn in name order from
+  one torch.Generator.
+
+Tied embeddings (a `random:` spec may ask for them) get the same rule minus the output
+bias, which needs untied output rows.
+"""
+from __future__ import annotations
+
+import torch
+
+from shared.model.config import ModelConfig
+
+QK_GAIN = 2.0  # query/key projection gain: attention between uniform and one-hot
+EMBED_SCALE = 1.0  # token embedding entries
+HEAD_SCALE = 0.25  # output-row entries (untied): logits of std ~3 over a unit-RMS hidden state
+CONST_CHANNEL = 0  # hidden channel that is 1 in every embedding and written by no layer
+UNREADABLE_BIAS = -20.0  # output-row weight on CONST_CHANNEL for bytes that are not printable
+REPEAT_PENALTY = 0.3  # output rows minus this times the token's own embedding: no runs of one token
+
+
+def readable_ids(vocab_size: int) -> torch.Tensor:
+    """Token ids the tiny byte vocabulary may emit: newline and printable ASCII."""
+    ok = torch.zeros(vocab_size, dtype=torch.bool)
+    ok[32:127] = True
+    ok[10] = True
+    return ok
+
+
+def random_state(model: torch.nn.Module, cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
+    """Every parameter of `model` (a freshly built Llama of shape cfg), drawn from `seed`."""
+    gen = torch.Generator().manual_seed(seed)
+    state = {name: _value(name, p.shape, cfg, gen) for name, p in sorted(model.named_parameters())}
+    if "lm_head.weight" in state:  # discourage repeating the token just read (it sits in the residual)
+        keep = [c for c in range(cfg.hidden_size) if c != CONST_CHANNEL]
+        state["lm_head.weight"][:, keep] -= REPEAT_PENALTY * state["embed_tokens.weight"][:, keep]
+    return state
+
+
+def _value(name: str, shape: torch.Size, cfg: ModelConfig, gen: torch.Generator) -> torch.Tensor:
+    if name.endswith("norm.weight"):
+        return torch.ones(shape)
+    if name.endswith(".bias"):
+        return torch.randn(shape, generator=gen) * 0.1
+    if name == "embed_tokens.weight":
+        v = torch.randn(shape, generator=gen) * EMBED_SCALE
+        v[:, CONST_CHANNEL] = 1.0
+        return v
+    if name == "lm_head.weight":
+        v = torch.randn(shape, generator=gen) * HEAD_SCALE
+        v[:, CONST_CHANNEL] = torch.where(readable_ids(shape[0]), 0.0, UNREADABLE_BIAS)
+        return v
+    v = torch.randn(shape, generator=gen) / shape[1] ** 0.5  # (out, in): unit-gain linear
+    if name.endswith(("q_proj.weight", "k_proj.weight")):
+        return v * QK_GAIN
+    if name.endswith(("o_proj.weight", "down_proj.weight")):
+        v[CONST_CHANNEL, :] = 0.0  # no layer writes the constant channel
+    return v
