@@ -4,6 +4,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 ARGS   ?=
+# WITH_APT=0: never run apt-get (then no python3-pyverbs: the verbs backend is off unless installed otherwise)
+WITH_APT ?= 1
 
 .PHONY: install run test test-unit test-integration bench clean
 
@@ -14,6 +16,12 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
+	@# optional: Debian's pyverbs for the verbs (RDMA) backend; never fails the install
+	-@if [ "$(WITH_APT)" = 1 ] && command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	  apt-get install -y -q python3-pyverbs >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q python3-pyverbs >/dev/null 2>&1; } || \
+	  echo "pyverbs: apt-get install python3-pyverbs failed; the verbs backend stays off"; fi
+	$(PY) -m shared.transport.pyverbs_link
 	touch $(STAMP)
 
 # The whole mesh on one machine: embedded nats-server, directory store, default model.

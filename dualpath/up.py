@@ -40,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from dualpath.cli import CliError
     from dualpath.mesh import Mesh, MeshError, MeshSpec
     from shared.http import PortInUse
+    from shared.transport.registry import choose as choose_transport
 
     for name in ("prefill", "decode", "engines_per_node", "kv_blocks"):
         if getattr(args, name) <= 0:
@@ -55,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
         mesh.bind_http()  # a taken --port fails here, before anything starts
         where = mesh.log_dir if args.log_dir else f"{mesh.log_dir}, removed on exit unless something fails"
         print(f"starting the mesh (logs: {where}) ...", flush=True)
+        print("data plane: %s transport (%s)" % choose_transport(args.transport), flush=True)
         mesh.start(progress=lambda line: print(line, flush=True))
         stop.serving()
         print(f"serving {mesh.url}  (OpenAI API: {mesh.url}/v1/completions; Ctrl-C stops)", flush=True)

@@ -6,6 +6,7 @@ is taken fails at bind time with `PortInUse`, naming the address and the setting
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import socket
 
@@ -62,7 +63,10 @@ class HttpServer:
         config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False,
                                 limit_concurrency=limit_concurrency, timeout_graceful_shutdown=2)
         self.server = uvicorn.Server(config)
-        self.server.install_signal_handlers = lambda: None  # the service owns signals
+        # the service owns SIGTERM/SIGINT: older uvicorn installs handlers, newer ones take the signals over
+        # while serving and raise them again when done (a second "stop" at the end of every shutdown)
+        self.server.install_signal_handlers = lambda: None
+        self.server.capture_signals = contextlib.nullcontext
 
     @property
     def url(self) -> str:

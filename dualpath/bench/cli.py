@@ -59,7 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", help="write the JSON document here")
     p.add_argument("--report", help="write report.md, report.json and PNG plots into this directory")
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     p.add_argument("--data-plane", action="store_true",
                    help="also measure the data plane (tcp vs raw socket, shm vs memcpy, latency class under bulk)")
     p.set_defaults(func=run)

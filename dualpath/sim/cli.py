@@ -27,7 +27,7 @@ def register(subparsers) -> None:
     p.add_argument("--duration", type=float, default=600.0, help="online: simulated seconds")
     p.add_argument("--modes", default="basic,dualpath,oracle", help="comma-separated load modes, one run each")
     p.add_argument("--assign", default="policy", choices=("policy", "rr"),
-                   help="engine assignment: the scheduler's policy, or round-robin (the baseline of the balance figure)")
+                   help="engine assignment: the scheduler's policy, or round-robin (the balance figure's baseline)")
     p.add_argument("--split", action="store_true", help="split each request's reads across both paths")
     p.add_argument("--scale", type=float, default=1.0, help="shrink trajectory lengths (keeps hit ratio)")
     p.add_argument("--seed", type=int, default=0, help="trace and arrival seed")

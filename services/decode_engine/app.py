@@ -3,8 +3,9 @@
 Sequence for one request:
   `de.<id>.admit` DecodeAdmit (KV already in this engine's TM buffer) -> Ack
   -> waits for free KV blocks (FIFO) -> TM `load` copies buffer -> KV memory, frees buffer
-  -> joins the running batch; every step: one token per sequence, published on the
-     request's output subject; a sequence leaves on stop / length / cancel and frees its blocks.
+  -> joins the running batch; every step: one token per sequence, published as one StepEvents
+     per output subject (every request of that scheduler in the batch); a sequence leaves on
+     stop / length / cancel and frees its blocks.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from shared.engine.requests import EngineRequest, RecentSet, generator_seed, sto
 from shared.engine.store_layout import store_layout
 from shared.engine.worker import ModelWorker
 from shared.messages.registry import EngineAnnounce
-from shared.messages.stream import TokenEvent, TokenLogprob
+from shared.messages.stream import StepEvents, TokenEvent, TokenLogprob
 from shared.messages.tm import LoadKV, PushDone, Release
 from shared.messages.work import Ack, Cancel, DecodeAdmit
 from shared.runtime import Service, service_main
@@ -203,6 +204,7 @@ class DecodeService(Service):
             return
         self.m_step.observe(time.perf_counter() - t0)
         self.m_tokens.inc(len(batch))
+        out: dict[str, list[TokenEvent]] = {}  # reply subject -> this step's events for it
         for seq, tok, lp in zip(batch, tokens, lps):
             index = seq.index
             seq.req.generated.append(tok)
@@ -215,14 +217,16 @@ class DecodeService(Service):
             if seq.span is not None and (index % STEP_SAMPLE == 1 or reason):
                 seq.span.add_event("decode_step", {"index": index, "batch_size": len(batch),
                                                    "step_s": round(time.perf_counter() - t0, 6)})
-            await self.bus.publish(seq.req.reply, TokenEvent(seq.req.req_id, [tok], index, finish=reason,
-                                                             source=self.engine, logprobs=[lp] if lp is not None else []))
+            out.setdefault(seq.req.reply, []).append(
+                TokenEvent(seq.req.req_id, [tok], index, finish=reason, logprobs=[lp] if lp is not None else []))
             if reason:
                 if seq.span is not None:
                     seq.span.set_attributes({"completion_tokens": len(seq.req.generated), "finish_reason": reason})
                     seq.span.end()
                 self.running.remove(seq)
                 self._release(seq.req)
+        for reply, events in out.items():  # one message per step per scheduler, not one per sequence
+            await self.bus.publish(reply, StepEvents(events, self.engine))
 
     def _forward(self, batch: list[RunningSeq]) -> tuple[list[int], list[TokenLogprob | None]]:
         """Model thread: one token for every running sequence (and its log-probabilities, for the

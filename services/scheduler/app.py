@@ -26,7 +26,7 @@ from shared.http import HttpServer, adopt_socket, bind_socket
 from shared.engine.store_layout import prompt_keys
 from shared.messages.registry import Announce, SchedulerAnnounce
 from shared.messages.storage import HitQuery, HitReply
-from shared.messages.stream import TokenEvent
+from shared.messages.stream import Output, TokenEvent
 from shared.messages.work import Cancel, PrefillWork
 from shared.runtime import Service, service_main
 
@@ -74,7 +74,7 @@ class SchedulerService(Service):
         from services.scheduler.api import build_app
 
         await self.bus.subscribe(self.subjects.heartbeat, Announce, self._on_announce)
-        await self.bus.subscribe(self.output_subject, TokenEvent, self._on_event)
+        await self.bus.subscribe(self.output_subject, Output, self._on_output)
         if self.cfg.journal:
             journal = Journal(self.bus.nc, self.cfg.namespace)
             try:
@@ -218,14 +218,27 @@ class SchedulerService(Service):
         self.view.update(msg, time.monotonic())
         self.kick.set()
 
-    async def _on_event(self, ev: TokenEvent, d: Delivery) -> None:
+    async def _on_output(self, msg: Output, d: Delivery) -> None:
+        """Engine output: one TokenEvent (a first token, a failure) or a decode step's StepEvents,
+        fanned out here to each request it names."""
+        if isinstance(msg, TokenEvent):
+            self._on_event(msg, msg.source)
+            return
+        for ev in msg.events:
+            try:
+                self._on_event(ev, msg.source)
+            except Exception:  # noqa: BLE001 - one bad entry must not cost the step's other requests
+                log.exception("output event for %s failed; dropped", ev.req_id)
+                self.m_loop_errors.labels("output").inc()
+
+    def _on_event(self, ev: TokenEvent, source: str) -> None:
         base, _, attempt = ev.req_id.partition("#")
         rec = self.inflight.get(base)
         if rec is None or attempt != str(rec.attempt):
             return  # an old attempt of a resumed request
         if ev.finish == "error" and ev.retryable and self.resume(rec, ev.error):
             return
-        ev = msgspec.structs.replace(ev, req_id=base, index=ev.index + rec.step0)
+        ev = msgspec.structs.replace(ev, req_id=base, index=ev.index + rec.step0, source=source)
         out = rec.accept(ev)
         if out is not None:
             if out.index == 0:

@@ -19,7 +19,7 @@ class GatewayConfig(CommonConfig):
     capacity_gb: float = 0.0  # byte limit with LRU eviction; 0 = unlimited
     snic_read_gbps: float = 0.0  # emulated storage-NIC read cap in Gbit/s (a test setting); 0 = uncapped
     snic_write_gbps: float = 0.0  # emulated storage-NIC write cap in Gbit/s; 0 = uncapped
-    io_threads: int = 4
+    io_threads: int = 4  # threads doing storage file I/O
 
     @property
     def store_root(self) -> str:

@@ -1,15 +1,24 @@
 """The gateway's I/O engine: rate-limited, threaded block reads and writes over a
 store, with the node's read queue. asyncio API, no NATS (``app.py`` wires it).
 
-One ``read_blocks`` call, keys ``[k0, k1, k2]`` at ``offsets`` in ``dest``:
-enqueue 3 blocks on the read queue; reserve their bytes from the read bucket (the
-emulated SNIC) on arrival, so requests are paced FIFO, and wait once; then one I/O
-slot runs ``store.read_into`` for k0, k1, k2 in turn on the read pool, straight into
-``dest[off:off+payload]``. If ``k1`` is missing or corrupt the chain stops there:
-``k2`` is not read and the result says 1 block. The blocks are dequeued when the
-request finishes, whatever the outcome. One wait and one thread hop per request (not
-per block) keeps the gateway's CPU per request low. Cancelling the call waits for
-reads already on a thread so ``dest`` is quiet when the cancellation surfaces.
+One ``read_blocks`` call, keys ``[k0, k1, k2, k3]`` at ``offsets`` in ``dest``:
+enqueue 4 blocks on the read queue; reserve their bytes from the read bucket (the
+emulated SNIC) on arrival, so requests are paced FIFO, and wait once; then take one
+I/O slot, plus any others free right now (say one more: 2 stripes), and read the
+blocks on the read pool, stripe 0 taking k0, k2 and stripe 1 k1, k3, each with
+``store.read_into`` straight into ``dest[off:off+payload]``. A request spread over
+free threads copies on several cores at once (one core's page-cache copy into a
+buffer bigger than its caches is far below the disk's or DRAM's speed); under load
+no slot is free and a request keeps to one thread, one hop (not one per block),
+so the gateway's CPU per request stays low. Stripes of a few MiB at least are
+worth a thread hop (``stripe_min_bytes``).
+
+If ``k1`` is missing or corrupt the chain stops there: the result says 1 block,
+and no stripe starts a block past the stop (k2 may already be in flight; its
+bytes are ignored). Every block before the stop was read and verified. The blocks
+are dequeued when the request finishes, whatever the outcome. Cancelling the call
+stops each stripe after its current block and waits for them, so ``dest`` is quiet
+when the cancellation surfaces.
 
 Writes (decode persisting filled blocks) are background: each takes write-bucket
 bytes (the SNIC is full duplex: reads and writes have their own buckets) and runs
@@ -24,9 +33,10 @@ Does not own: files (``store.py``), rate (``bucket.py``), counts (``read_queue.p
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import msgspec
@@ -37,6 +47,8 @@ from services.storage_gateway.read_queue import ReadQueue, ReadQueueSnapshot
 from services.storage_gateway.store import DirectoryStore, WriteOutcome
 
 T = TypeVar("T")
+
+STRIPE_MIN_BYTES = 4 * 2**20  # a second thread pays off only past a few MiB of copying
 
 
 class ReadResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -49,15 +61,23 @@ class ReadResult(msgspec.Struct, frozen=True, kw_only=True):
 
 @dataclass(slots=True)
 class _Chain:
-    """Where a read chain stopped: blocks at or after ``stop`` are a miss."""
+    """Where a read chain stopped: blocks at or after ``stop`` are a miss. Shared by
+    the stripes of one request, each on its own thread; ``stop`` only decreases."""
 
     stop: int
     key: bytes | None = None
     reason: str | None = None
+    cancelled: bool = False  # the caller left: stripes end after their current block
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def fail(self, i: int, key: bytes, reason: str) -> None:
-        if i < self.stop:
-            self.stop, self.key, self.reason = i, key, reason
+        with self.lock:
+            if i < self.stop:
+                self.stop, self.key, self.reason = i, key, reason
+
+    def wants(self, i: int) -> bool:
+        """Block ``i`` may still count (a stale read only costs one wasted block)."""
+        return i < self.stop and not self.cancelled
 
 
 class GatewayCore:
@@ -70,6 +90,7 @@ class GatewayCore:
         *,
         write_threads: int = 1,
         max_write_defer_s: float = 0.0,
+        stripe_min_bytes: int = STRIPE_MIN_BYTES,
     ) -> None:
         self.store = store
         self._read_bucket = read_bucket or TokenBucket(None)
@@ -81,6 +102,7 @@ class GatewayCore:
         self._slots = asyncio.Semaphore(io_threads)
         self._reads_idle = asyncio.Event()
         self._max_write_defer_s = max_write_defer_s
+        self._stripe_min_bytes = max(1, stripe_min_bytes)
         self._queue = ReadQueue()
 
     def _bind_loop(self) -> None:
@@ -109,9 +131,8 @@ class GatewayCore:
         self._reads_idle.clear()
         try:
             await self._take_read_bytes(n * size)
-            async with self._slots:
-                await _in_thread(self._read_pool, self._read_chain, keys,
-                                 [view[off : off + size] for off in offsets], chain)
+            slots = [view[off : off + size] for off in offsets]
+            await self._read_striped(keys, slots, chain)
         finally:
             self._queue.dequeue(n, n * size)
             self._queue.finish_request()
@@ -136,17 +157,61 @@ class GatewayCore:
             self._read_bucket.refund(nbytes)
             raise
 
-    def _read_chain(self, keys: Sequence[bytes], slots: Sequence[memoryview], chain: _Chain) -> None:
-        """I/O thread: read blocks in order into their slots; stop at the first that fails."""
-        for i, (key, slot) in enumerate(zip(keys, slots, strict=True)):
+    async def _read_striped(
+        self, keys: Sequence[bytes], slots: Sequence[memoryview], chain: _Chain
+    ) -> None:
+        """Read on one I/O slot plus those free now; stripe ``s`` of ``k`` takes
+        blocks ``s, s+k, ...`` so every stripe works near the chain's front."""
+        want = min(len(keys), self._io_threads,
+                   -(-len(keys) * self.store.layout.payload_bytes // self._stripe_min_bytes))
+        taken = await self._take_slots(want)
+        try:
+            loop = asyncio.get_running_loop()
+            futs = [loop.run_in_executor(self._read_pool, self._read_chain, keys, slots,
+                                         chain, s, taken) for s in range(taken)]  # fmt: skip
             try:
-                self.store.read_into(key, slot)
+                done = await asyncio.shield(asyncio.gather(*futs, return_exceptions=True))
+            except asyncio.CancelledError:  # threads may be writing into dest: wait for them
+                chain.cancelled = True
+                await asyncio.wait(futs)
+                raise
+        finally:
+            for _ in range(taken):
+                self._slots.release()
+        for outcome in done:  # an unexpected error, after every stripe has finished
+            if isinstance(outcome, BaseException):
+                raise outcome
+
+    async def _take_slots(self, want: int) -> int:
+        """One I/O slot (waiting FIFO for it), then up to ``want - 1`` more only
+        if they are free without waiting (never ahead of a queued request)."""
+        await self._slots.acquire()
+        taken = 1
+        while taken < want and not self._slots.locked():
+            await self._slots.acquire()  # free: returns without suspending
+            taken += 1
+        return taken
+
+    def _read_chain(
+        self, keys: Sequence[bytes], slots: Sequence[memoryview], chain: _Chain,
+        first: int = 0, step: int = 1,
+    ) -> None:
+        """I/O thread: read blocks ``first, first+step, ...`` in order into their
+        slots; stop at the first that fails or once the chain stopped before it."""
+        for i in range(first, len(keys), step):
+            if not chain.wants(i):
+                return
+            try:
+                self.store.read_into(keys[i], slots[i])
             except BlockUnavailable as exc:
-                chain.fail(i, key, exc.reason)
+                chain.fail(i, keys[i], exc.reason)
                 return
             except OSError as exc:  # EIO, ESTALE, EACCES...: a miss, not a crash
-                chain.fail(i, key, f"{type(exc).__name__}: {exc}")
+                chain.fail(i, keys[i], f"{type(exc).__name__}: {exc}")
                 return
+            except BaseException:  # a bug: the other stripes stop too, the call raises
+                chain.cancelled = True
+                raise
 
     def _note_idle(self) -> None:
         if self._queue.idle:
@@ -213,8 +278,14 @@ def _byte_view(buf: memoryview) -> memoryview:
 def _check_slots(
     dest_len: int, size: int, keys: Sequence[bytes], offsets: Sequence[int]
 ) -> None:
+    """Every slot inside ``dest`` and no two overlapping (stripes write them from
+    different threads: a shared byte would fail a good block's checksum)."""
     if len(keys) != len(offsets):
         raise ValueError(f"{len(keys)} keys but {len(offsets)} offsets")
     for off in offsets:
         if off < 0 or off + size > dest_len:
             raise ValueError(f"slot [{off}, {off + size}) outside dest of {dest_len} bytes")
+    ordered = sorted(offsets)
+    for a, b in zip(ordered, ordered[1:]):
+        if b - a < size:
+            raise ValueError(f"slots at {a} and {b} overlap ({size}-byte slots)")

@@ -68,6 +68,7 @@ class TrafficManagerService(Service):
         self.endpoint = create_endpoint(cfg.transport, host=cfg.host, port=cfg.data_port, node=cfg.engine,
                                         weights=(cfg.latency_weight, cfg.bulk_weight))
         await self.endpoint.start()
+        log.info("data plane: %s transport (%s)", self.endpoint.backend, self.endpoint.why)
         self.endpoint.register("buf", self.buffer.buf, shm_name=self.buffer.name)
         s, e = self.subjects, cfg.engine
         await self.bus.subscribe(s.heartbeat, Announce, self._on_announce)

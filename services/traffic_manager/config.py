@@ -19,7 +19,7 @@ class TrafficManagerConfig(CommonConfig):
     buffer_mb: int = 512  # DRAM buffer (PE/DE buffer) in MiB, POSIX shared memory
     transfer_timeout_s: float = 30.0  # every KV transfer has a deadline
     latency_weight: int = 99  # traffic-class weights (latency : bulk), work-conserving
-    bulk_weight: int = 1
+    bulk_weight: int = 1  # bulk share of the traffic-class weights (see latency_weight)
     fault_flip_de_bytes: bool = False  # TESTS ONLY, refused unless DUALPATH_ALLOW_FAULTS=1: corrupt each DE-path read after its checksum passed
 
 

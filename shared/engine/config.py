@@ -13,7 +13,7 @@ class EngineConfig(CommonConfig):
     group: str = ""  # engine group (all engines of a node share one); empty = node
     model: str = "smollm2"  # preset (smollm2, tiny), .gguf path, or HF directory
     seed: int = 0  # random-init seed (tiny / random presets)
-    dtype: str = "float32"
+    dtype: str = "float32"  # model and KV dtype: float32 | bfloat16 | float16
     kv_blocks: int = 256  # paged KV cache size in blocks
     block_size: int = 64  # tokens per KV block
     threads: int = 0  # torch threads; 0 = torch default

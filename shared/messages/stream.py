@@ -1,5 +1,18 @@
-"""Token stream back to the scheduler: hot path, so array_like and gc-free."""
+"""Engine output back to the scheduler (`{ns}.out.<scheduler>`): hot path, so compact.
+
+Two messages share the subject, told apart by their msgpack type:
+- `TokenEvent` (an array): one request's tokens — the prefill engine's first token, and any
+  engine's failure or cancellation of one request.
+- `StepEvents` (a map): one decode step's new tokens for every running request that answers
+  to this subject, one `TokenEvent` entry each — one bus message per step, not per sequence.
+  The scheduler fans the entries out to its requests.
+
+Example: a decode engine runs requests a, b (scheduler s1) and c (scheduler s2) in one step; it
+publishes StepEvents([a: [tok], b: [tok]]) on `out.s1` and StepEvents([c: [tok]]) on `out.s2`.
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import msgspec
 
@@ -19,11 +32,25 @@ class TokenEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     index: int = 0  # position of tokens[0] in the generated sequence (0 = first token)
     finish: str = ""  # "" while running; stop | length | error | cancelled
     error: str = ""
-    source: str = ""  # engine id that produced the event
+    source: str = ""  # engine id that produced the event (empty inside a StepEvents: it says once)
     cached_tokens: int = 0  # set on the first event: prompt tokens served from the store
     retryable: bool = False  # an error caused by the mesh (a lost peer, a transfer deadline), not the request
     logprobs: list[TokenLogprob] = []  # one per token in `tokens` when the request asked (Sampling.logprobs)
 
 
+@dataclass(frozen=True, slots=True)
+class StepEvents:
+    """One decode step's output for the requests of one reply subject, in batch order.
+
+    A dataclass, not a Struct, on purpose: msgspec lets a union hold only one untagged Struct,
+    and TokenEvent's array layout is fixed (older senders); a dataclass encodes as a map, so
+    the `Output` decoder tells the two apart by msgpack type."""
+
+    events: list[TokenEvent]  # one per request: its token of this step (and finish, logprobs)
+    source: str = ""  # the engine that ran the step
+
+
+Output = TokenEvent | StepEvents  # what arrives on a scheduler's output subject
+
 encoder = msgspec.msgpack.Encoder()
-decoder = msgspec.msgpack.Decoder(TokenEvent)
+decoder = msgspec.msgpack.Decoder(Output)

@@ -120,6 +120,9 @@ class Peer(abc.ABC):
 class Endpoint(abc.ABC):
     """One traffic-manager's side of the data plane."""
 
+    backend: str  # the concrete backend ("shm" | "tcp" | "verbs"), also under "auto"
+    why: str = ""  # why the registry built this backend (start-up logs)
+
     @abc.abstractmethod
     async def start(self) -> None:
         """Bind servers / open devices. Regions may be registered before or after."""

@@ -41,9 +41,33 @@ def _verbs(node: str, host: str, port: int, weights: Sequence[int], **opts: Any)
 def _auto(node: str, host: str, port: int, weights: Sequence[int], **opts: Any) -> Endpoint:
     opts.setdefault("shm_fast_path", True)
     try:
-        return _verbs(node, host, port, weights, **opts)
-    except BackendUnavailable:
-        return _tcp(node, host, port, weights, **opts)
+        ep = _verbs(node, host, port, weights, **opts)
+        ep.why = _AUTO_VERBS
+    except BackendUnavailable as exc:
+        ep = _tcp(node, host, port, weights, **opts)
+        ep.why = _auto_tcp(exc.reason)
+    return ep
+
+
+_AUTO_VERBS = "auto: an RDMA device is usable; same-host peers use shm"
+
+
+def _auto_tcp(reason: str) -> str:
+    return f"auto: verbs unavailable ({reason}); same-host peers use shm"
+
+
+def choose(backend: str) -> tuple[str, str]:
+    """The backend `backend` resolves to on this host, and why (for start-up logs).
+
+    Example: `choose("auto")` on a laptop -> ("tcp", "auto: verbs unavailable (no RDMA
+    device: ...); same-host peers use shm"); `choose("shm")` -> ("shm", "requested").
+    """
+    if backend != "auto":
+        return backend, "requested"
+    from .verbs import probe  # imports pyverbs only if it is installed
+
+    reason = probe()
+    return ("verbs", _AUTO_VERBS) if reason is None else ("tcp", _auto_tcp(reason))
 
 
 BACKENDS: dict[str, Callable[..., Endpoint]] = {"shm": _shm, "tcp": _tcp, "verbs": _verbs, "auto": _auto}
@@ -63,4 +87,6 @@ def create_endpoint(
         factory = BACKENDS[backend]
     except KeyError:
         raise ValueError(f"unknown transport backend {backend!r}; choose from {sorted(BACKENDS)}") from None
-    return factory(node, host, port, weights, **opts)
+    ep = factory(node, host, port, weights, **opts)
+    ep.why = ep.why or "requested"
+    return ep

@@ -2,7 +2,8 @@
 
 Owns `TcpEndpoint` (accept loop + region table), `_ServerConn` (services the frames a
 remote initiator sends: writes land in the region by `recv_into` a slice, reads are
-answered with DATA frames) and `TcpPeer` (the initiator: frames ops, schedules them by
+answered with DATA frames; a bulk connection that pushes is read by a thread,
+tcp_bulk.py) and `TcpPeer` (the initiator: frames ops, schedules them by
 class, matches ACK / DATA / ERR to pending transfers). Wire format: tcp_wire.py.
 
 Example: `await peer.write([Op("kv", 0, "buf", 0, 300K)], BULK)` -> req 5 is cut into
@@ -16,6 +17,7 @@ transfer fails with PeerGone.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import socket
 from collections.abc import Sequence
@@ -27,6 +29,7 @@ from .errors import OutOfBounds, PeerGone, RegionNotFound, RemoteError, Transpor
 from .local import LocalSide
 from .regions import RegionTable, check_bounds
 from .shm import ShmPeer, shm_reachable
+from .tcp_bulk import BulkReader
 from .tcp_wire import ACK_ME, HLEN, FrameSock, Kind, cap_kernel_queue, decode_error, encode_error, header
 
 Bufs = list[bytes | memoryview]
@@ -79,6 +82,13 @@ class _ServerConn:
 
     async def _serve(self) -> None:
         try:
+            first = await self.link.fs.read_header()
+            if first[1] != TrafficClass.LATENCY and first[0] == Kind.WRITE:
+                # a bulk socket that pushes: its payload receives move to a thread (tcp_bulk.py);
+                # one that starts by pulling stays here (its frames are small requests)
+                await self._serve_on_thread(first)
+                return
+            await self._frame(*first)
             while True:
                 await self._frame(*await self.link.fs.read_header())
         except (OSError, ConnectionError):
@@ -87,6 +97,21 @@ class _ServerConn:
             for _ in self._writing:
                 self.gate.close()
             self._writing.clear()
+
+    async def _serve_on_thread(self, first: tuple[int, int, int, int, int, int, int, int]) -> None:
+        cap_kernel_queue(self.link.fs.sock)
+        self._capped = True
+        reader = BulkReader(self.link.fs, self.regions, self.gate, self.link.sender.submit)
+        reader.start(first)
+        try:
+            await asyncio.shield(reader.done)
+        finally:
+            if not reader.done.done():  # closing: wake the thread (its receive sees EOF), let it end
+                with contextlib.suppress(OSError):
+                    self.link.fs.sock.shutdown(socket.SHUT_RDWR)
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait_for(asyncio.shield(reader.done), 5)
+            self.done.set()
 
     async def _receive(self, cls: int, flags: int, req: int, dst: memoryview) -> None:
         """Land one WRITE payload; latency writes hold the gate open from first frame to last."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import select
 import socket
 import struct
 
@@ -29,6 +30,10 @@ HEADER = struct.Struct("<BBHIIIQQ")
 HLEN = HEADER.size  # 32
 IOV_MAX = 512  # buffers per sendmsg (Linux allows 1024)
 STAGING = 256 << 10
+# A reader thread stages at most this much per header read: headers of a burst of small
+# frames (READ requests) come in one receive, and at most this many payload bytes are
+# copied twice (through staging) per frame.
+HEADER_FILL = 4 << 10
 # Kernel buffers of a bulk socket: bytes queued there are bytes the CPUs and the link
 # must move before a latency frame that arrives later. 512 KiB keeps loopback bulk
 # throughput (bench: bulk alone) while bounding that backlog.
@@ -151,6 +156,64 @@ class FrameSock:
         if not got:
             raise ConnectionResetError("peer closed")
         self._end += got
+
+    # Thread side: a reader thread that owns the receive half uses these instead of the
+    # awaitables above. The socket stays non-blocking (the loop still sends on it); a
+    # would-block receive waits in poll(), GIL released, so the copy out of the kernel
+    # runs beside the event loop.
+
+    def read_header_sync(self) -> tuple[int, int, int, int, int, int, int, int]:
+        """Next header, reading only what the header lacks (payloads never pass through staging)."""
+        have = self._end - self._start
+        if have < HLEN:
+            if self._start:
+                self._stage[:have] = bytes(self._sview[self._start : self._end])
+                self._start, self._end = 0, have
+            self._end += self._recv_some_sync(self._sview[self._end : HEADER_FILL], HLEN - have)
+        h = HEADER.unpack_from(self._stage, self._start)
+        self._start += HLEN
+        return h
+
+    def read_into_sync(self, dst: memoryview) -> None:
+        """Fill `dst` exactly: staged bytes first, the rest straight from the socket."""
+        n = min(len(dst), self._end - self._start)
+        if n:
+            dst[:n] = self._sview[self._start : self._start + n]
+            self._start += n
+        if n < len(dst):
+            self._recv_sync(dst[n:])
+
+    def skip_sync(self, length: int) -> None:
+        scratch = memoryview(bytearray(min(length, STAGING) or 1))
+        while length:
+            n = min(length, len(scratch))
+            self.read_into_sync(scratch[:n])
+            length -= n
+
+    @property
+    def staged_header(self) -> bool:
+        """A whole header is already staged (the next read_header_sync needs no syscall)."""
+        return self._end - self._start >= HLEN
+
+    def _recv_some_sync(self, dst: memoryview, at_least: int) -> int:
+        """Receive into `dst` until at least `at_least` bytes came; returns how many."""
+        got, poller = 0, None
+        while got < at_least:
+            try:
+                n = self.sock.recv_into(dst[got:])
+            except BlockingIOError:
+                if poller is None:
+                    poller = select.poll()
+                    poller.register(self.sock.fileno(), select.POLLIN)
+                poller.poll()
+                continue
+            if not n:
+                raise ConnectionResetError("peer closed")
+            got += n
+        return got
+
+    def _recv_sync(self, dst: memoryview) -> None:
+        self._recv_some_sync(dst, len(dst))
 
     def close(self) -> None:
         self.sock.close()

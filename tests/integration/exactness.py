@@ -9,7 +9,6 @@ the store (persistence is background work), the condition a second turn's hits d
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import httpx
@@ -76,18 +75,11 @@ def wait_stored(store: Path, reference, prompt_ids: list[int], blocks: int, bloc
                 timeout: float = 60.0) -> None:
     """Wait until the first `blocks` full blocks of `prompt_ids` are files in the store."""
     from shared.engine.store_layout import prompt_keys, store_layout
+    from tests.integration import meshutil
 
     keys = prompt_keys(store_layout(reference.model_id, reference.config, block_size), prompt_ids)[:blocks]
     assert len(keys) == blocks, f"prompt has {len(keys)} full blocks, not {blocks}"
-    deadline = time.monotonic() + timeout  # a hang guard, not a speed requirement
-    missing = keys
-    while time.monotonic() < deadline:
-        found = {p.stem for p in store.rglob("*.kvb")}
-        missing = [k for k in keys if k not in found]
-        if not missing:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{len(missing)} of {blocks} blocks never reached the store {store}")
+    meshutil.wait_stored(store, keys, timeout)
 
 
 def block_file(store: Path, reference, prompt_ids: list[int], index: int, block_size: int = 64) -> Path:

@@ -1,14 +1,27 @@
 """One request through the mesh yields ONE trace with spans from every service it passes."""
 from __future__ import annotations
 
-import time
-
 import pytest
 
-from tests.integration.meshutil import complete, tiny_mesh
+from tests.integration.meshutil import complete, tiny_mesh, wait_until
 from tests.integration.otlp_receiver import OtlpReceiver
 
 pytestmark = pytest.mark.integration
+
+# the spans the trace must hold; services export in batches, so the test waits for all of them
+WANTED = {("scheduler", "assign"), ("prefill-engine", "prefill_chunk"), ("decode-engine", "decode"),
+          ("traffic-manager", "kv_transfer"),  # PE-side TM: the PD transfer
+          ("traffic-manager", "kv_reserve"), ("traffic-manager", "kv_h2d")}  # DE-side TM
+
+
+def _exported(otlp: OtlpReceiver, rid: str) -> bool:
+    """Every WANTED span of the request's trace, and the batch span linked to its prefill, are in."""
+    roots = [s for s in otlp.spans if s.attributes.get("req_id") == rid and not s.parent_id]
+    if not roots:
+        return False
+    names = {(s.service, s.name) for s in otlp.spans if s.trace_id == roots[0].trace_id}
+    chunks = {s.span_id for s in otlp.spans if s.trace_id == roots[0].trace_id and s.name == "prefill_chunk"}
+    return names >= WANTED and any(s.name == "prefill_batch" and chunks & set(s.links) for s in otlp.spans)
 
 
 def test_one_request_one_trace_across_services(tmp_path):
@@ -21,13 +34,7 @@ def test_one_request_one_trace_across_services(tmp_path):
                                     "ignore_eos": True})
             assert r.status_code == 200, r.text
             rid = r.json()["id"]
-            deadline = time.monotonic() + 15
-            while time.monotonic() < deadline:
-                roots = [s for s in otlp.spans if s.attributes.get("req_id") == rid and not s.parent_id]
-                services = {s.service for s in otlp.spans if roots and s.trace_id == roots[0].trace_id}
-                if len(services) >= 4 and any(s.name == "kv_h2d" for s in otlp.spans):
-                    break
-                time.sleep(0.2)
+            wait_until(lambda: _exported(otlp, rid), f"every span of request {rid} at the OTLP receiver", 60)
         finally:
             mesh.stop()
     roots = [s for s in otlp.spans if s.attributes.get("req_id") == rid and not s.parent_id]

@@ -96,8 +96,27 @@ def test_a_stop_signal_while_waiting_for_nats_stops_it_and_unlinks_its_shared_me
     assert _segments(p.pid) == []
 
 
+def test_a_running_service_stops_on_one_sigterm_with_exit_code_0(tmp_path):
+    from tests.integration.natsutil import NatsServer
+
+    nats = NatsServer(tmp_path).start()
+    p = _service("storage_gateway", "--nats", nats.url, "--store", str(tmp_path / "store"), tmp_path=tmp_path)
+    try:
+        _until(p.stderr, r"storage-gateway-\w+ started")  # its /metrics server is serving now
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        nats.stop()
+    assert p.returncode == 0, err  # the HTTP server must not raise the signal again on its way out
+    assert "second SIGTERM" not in err
+
+
 def test_a_taken_http_port_fails_at_once_naming_the_port_and_the_flag(refused, taken, tmp_path):
-    p = _service("scheduler", "--model", "tiny", "--nats", refused, "--http-port", str(taken), tmp_path=tmp_path)
+    p = _service("scheduler", "--model", "tiny", "--nats", refused, "--nats-wait-s", "1", "--http-port", str(taken),
+                 tmp_path=tmp_path)
     out, err = p.communicate()
     assert p.returncode == 1
     assert err.strip().splitlines()[-1] == f"scheduler: error: port {taken} on 127.0.0.1 is in use; " \
@@ -107,7 +126,7 @@ def test_a_taken_http_port_fails_at_once_naming_the_port_and_the_flag(refused, t
 
 
 def test_a_taken_metrics_port_names_the_metrics_flag(refused, taken, tmp_path):
-    p = _service("storage_gateway", "--nats", refused, "--metrics-port", str(taken), "--store",
+    p = _service("storage_gateway", "--nats", refused, "--nats-wait-s", "1", "--metrics-port", str(taken), "--store",
                  str(tmp_path / "store"), tmp_path=tmp_path)
     out, err = p.communicate()
     assert p.returncode == 1
@@ -118,8 +137,8 @@ def test_a_taken_metrics_port_names_the_metrics_flag(refused, taken, tmp_path):
 def test_a_common_setting_not_every_service_has_fails_before_connecting(refused, tmp_path):
     cfg = tmp_path / "dualpath.toml"
     cfg.write_text('[common]\nmodel = "tiny"\n')  # an engine/scheduler setting: the gateway has none
-    p = _service("storage_gateway", "--config", str(cfg), "--nats", refused, "--store", str(tmp_path / "s"),
-                 tmp_path=tmp_path)
+    p = _service("storage_gateway", "--config", str(cfg), "--nats", refused, "--nats-wait-s", "1", "--store",
+                 str(tmp_path / "s"), tmp_path=tmp_path)
     out, err = p.communicate()
     assert p.returncode == 2
     assert "bad setting common.model='tiny'" in err and "not a setting of every service" in err
@@ -129,6 +148,17 @@ def test_a_common_setting_not_every_service_has_fails_before_connecting(refused,
 def _up(tmp_path: Path, *flags: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "dualpath.cli", "up", *flags], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=_env(tmp_path), cwd=Path(__file__).parents[2])
+
+
+def _stop_up(p: subprocess.Popen) -> None:
+    """After a failed assertion: Ctrl-C, so `dualpath up` stops its children (SIGKILL would orphan them)."""
+    if p.poll() is None:
+        p.send_signal(signal.SIGINT)
+        try:
+            p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def test_up_on_a_taken_port_is_one_line_and_leaves_nothing_behind(taken, tmp_path):
@@ -166,9 +196,7 @@ def test_up_prints_serving_only_when_a_completion_succeeds_and_cleans_up_on_ctrl
         p.send_signal(signal.SIGINT)
         out, err = p.communicate()
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        _stop_up(p)
     assert p.returncode == 0, err
     assert "stopping ..." in out
     assert not logs.exists() and list((tmp_path / "tmpdir").iterdir()) == []

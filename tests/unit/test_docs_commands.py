@@ -27,7 +27,7 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"```(sh|bash|shell)\n(.*?)```", re.S)
-INLINE = re.compile(r"(?<!`)`((?:\.venv/bin/|make |dualpath |python -m )[^`]*)`(?!`)")
+INLINE = re.compile(r"(?<!`)`((?:\.venv/bin/[a-z]|make |dualpath |python -m )[^`]*)`(?!`)")
 DURATION = re.compile(r"\d+(\.\d+)?\s*(s|sec|seconds?|min|minutes?|h|hours?)\b|\b(a|one) (minute|second)|seconds\b|"
                       r"minutes\b|instant", re.I)
 VENV = ".venv/bin/"
@@ -269,7 +269,8 @@ def test_readme_commands_that_take_a_while_say_how_long(page, line, cmd, comment
 
 # --- references ----------------------------------------------------------------------------
 
-SOURCES = [p for top in ("dualpath", "services", "shared", "kernels", "tests", "deploy") for p in (ROOT / top).rglob("*")
+TOPS = ("dualpath", "services", "shared", "kernels", "tests", "deploy")
+SOURCES = [p for top in TOPS for p in (ROOT / top).rglob("*")
            if p.suffix in (".py", ".md", ".toml", ".yml", ".sh") and p.is_file()] + PAGES + [ROOT / "Makefile"]
 DOC_REF = re.compile(r"docs/([a-z0-9_-]+\.md)(#[a-z0-9-]+)?")
 OUTSIDE = re.compile(r"\.\./shared|\bspec/[a-z]+\.md|\bspec (section|§|\d)|\bspec §|[Ss]pec section \d|"

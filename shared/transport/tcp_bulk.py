@@ -1,0 +1,123 @@
+"""The tcp server's bulk receive half on its own thread.
+
+Owns `BulkReader`: once a server connection is seen to carry bulk frames (each traffic
+class has its own socket), one thread reads its frames with blocking receives straight
+into the region slices. The kernel-to-region copy then releases the GIL and runs beside
+the event loop, which keeps sending (the initiator's frames when both endpoints share a
+process, every other link's frames otherwise); per frame the loop does nothing at all
+unless the frame needs an answer (ACK, DATA, ERR): the thread queues those and hands the
+queue over in one loop wakeup whenever it is about to wait on the socket.
+
+Class rules stay the loop's: a bulk payload is read only after the endpoint's LinkGate
+admits it (asked from the thread only while latency work is open: `gate.policy.busy`),
+and a latency frame, should one arrive here, opens/credits/closes the gate on the loop.
+
+Example: initiator writes 64 MiB in 96 KiB ops over BULK: the loop reads the first
+header, sees cls BULK, starts the reader; the thread reads header, payload into
+"buf"[off:off+96K], header, payload, ...; on the ACK_ME frame it posts
+`submit(LATENCY, ACK(req))` to the loop. EOF or a broken socket ends the thread, and
+`done` (a loop future) resolves with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+
+from .base import TrafficClass
+from .classes import LinkGate
+from .errors import TransportError
+from .regions import RegionTable
+from .tcp_wire import ACK_ME, HLEN, FrameSock, Kind, encode_error, header
+
+Header = tuple[int, int, int, int, int, int, int, int]
+Submit = Callable[..., None]  # ClassSender.submit (loop side only)
+
+
+class BulkReader:
+    """Serves one connection's frames on a thread (see module docstring)."""
+
+    def __init__(self, fs: FrameSock, regions: RegionTable, gate: LinkGate, submit: Submit) -> None:
+        self.fs, self.regions, self.gate, self.submit = fs, regions, gate, submit
+        self.loop = asyncio.get_running_loop()
+        self.done: asyncio.Future[BaseException] = self.loop.create_future()
+        self._latency: set[int] = set()  # latency write reqs mid-transfer (gate held open)
+        self._out: list[tuple[Callable[..., object], tuple[object, ...]]] = []  # thread side only
+
+    def start(self, first: Header) -> None:
+        threading.Thread(target=self._run, args=(first,), name="dp-tcp-bulk-rx", daemon=True).start()
+
+    def _run(self, first: Header) -> None:
+        reason: BaseException = ConnectionResetError("peer closed")
+        try:
+            hdr = first
+            while True:
+                self._frame(*hdr)
+                if not self.fs.staged_header:
+                    self._flush()  # about to wait on the socket: hand the loop what it must answer
+                hdr = self.fs.read_header_sync()
+        except (OSError, ConnectionError, RuntimeError) as exc:  # RuntimeError: the loop closed
+            reason = exc
+        finally:
+            self._post(self._finish, reason)
+            self._flush()
+
+    def _finish(self, reason: BaseException) -> None:
+        for _ in self._latency:
+            self.gate.close()
+        self._latency.clear()
+        if not self.done.done():
+            self.done.set_result(reason)
+
+    def _post(self, fn: Callable[..., object], *args: object) -> None:
+        """Queue `fn(*args)` for the loop; a burst of frames is handed over in one wakeup."""
+        self._out.append((fn, args))
+
+    def _flush(self) -> None:
+        if not self._out:
+            return
+        calls, self._out = self._out, []
+        try:
+            self.loop.call_soon_threadsafe(_run_all, calls)
+        except RuntimeError:  # loop closed: nobody is left to answer
+            pass
+
+    def _frame(self, kind: int, cls: int, flags: int, req: int, rid: int, idx: int, off: int, n: int) -> None:
+        try:
+            if kind == Kind.WRITE:
+                self._write(cls, flags, req, self.regions.by_rid(rid, off, n))
+                if flags & ACK_ME:
+                    self._post(self.submit, TrafficClass.LATENCY, [header(Kind.ACK, cls, 0, req, rid, idx, 0, 0)], HLEN)
+            elif kind == Kind.READ:
+                src = self.regions.by_rid(rid, off, n)
+                self._post(self._answer_read, cls, [header(Kind.DATA, cls, 0, req, rid, idx, off, n), src], HLEN + n)
+        except TransportError as exc:
+            if kind == Kind.WRITE:
+                self.fs.skip_sync(n)
+            body = encode_error(exc)
+            self._post(self.submit, TrafficClass.LATENCY, [header(Kind.ERR, cls, 0, req, rid, idx, 0, len(body)), body], HLEN)
+
+    def _answer_read(self, cls: int, frame: list[bytes | memoryview], nbytes: int) -> None:
+        self.submit(cls, frame, nbytes, hold=cls == TrafficClass.LATENCY)
+
+    def _write(self, cls: int, flags: int, req: int, dst: memoryview) -> None:
+        if cls != TrafficClass.LATENCY:
+            if self.gate.policy.busy:  # a racy read is fine: a miss admits one frame early
+                self._flush()
+                asyncio.run_coroutine_threadsafe(self.gate.bulk_turn(len(dst)), self.loop).result()
+            self.fs.read_into_sync(dst)
+            return
+        if req not in self._latency:
+            self._latency.add(req)
+            self._post(self.gate.open)
+        self.fs.read_into_sync(dst)
+        self._post(self.gate.served, len(dst))
+        if flags & ACK_ME:
+            self._latency.discard(req)
+            self._post(self.gate.close)
+
+
+def _run_all(calls: list[tuple[Callable[..., object], tuple[object, ...]]]) -> None:
+    for fn, args in calls:
+        fn(*args)
