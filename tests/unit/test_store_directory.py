@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from services.storage_gateway import store as store_module
 from services.storage_gateway.errors import BlockCorrupt, BlockMissing
 from services.storage_gateway.store import DirectoryStore, WriteOutcome
 from shared.kv.full_block import HEADER_SIZE, SizeMismatch
@@ -111,8 +112,13 @@ def test_corrupt_block_is_deleted_counted_and_then_missing(
     store.check_integrity()
 
 
-def test_large_blocks_are_verified_chunk_by_chunk(tmp_path: Path) -> None:
-    # 512 KiB payload: read and hashed in several chunks after the header.
+@pytest.mark.parametrize("at", [0, 96 * 1024 - 1, 96 * 1024, 5 * 96 * 1024 + 7, -3],
+                         ids=["first", "chunk-end", "chunk-start", "tail", "last"])
+def test_large_blocks_are_verified_chunk_by_chunk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at: int
+) -> None:
+    # 512 KiB payload in 96 KiB chunks: 5 whole chunks and a short tail after the header
+    monkeypatch.setattr(store_module, "READ_CHUNK", 96 * 1024)
     big = KVLayout(n_layers=8, n_kv_heads=4, head_dim=64, dtype="float16", block_size=64)
     fp = ModelFingerprint.from_layout("big", big).digest()
     store = DirectoryStore(tmp_path, fp, big)
@@ -122,9 +128,10 @@ def test_large_blocks_are_verified_chunk_by_chunk(tmp_path: Path) -> None:
     out = np.zeros(big.payload_bytes, np.uint8)
     store.read_into(key, memoryview(out))
     assert np.array_equal(out, payload)
-    _flip(HEADER_SIZE + big.payload_bytes - 3)(store.path_for(key))  # type: ignore[operator]
+    _flip(HEADER_SIZE + at % big.payload_bytes)(store.path_for(key))  # type: ignore[operator]
     with pytest.raises(BlockCorrupt, match="payload checksum"):
         store.read_into(key, memoryview(out))
+    assert not os.path.exists(store.path_for(key))
 
 
 def test_a_block_of_another_model_or_key_is_corrupt(tmp_path: Path) -> None:
