@@ -2,10 +2,17 @@
 
     .venv/bin/python -m dualpath.bench.overhead [--model smollm2] [--prompt-tokens 1000] [--decode 48]
 
-Prints TTFT for one prompt, decode tokens/s at batch 1 and 8, the ratios (mesh / one
+Prints TTFT for one prompt, decode tokens/s at batch 1, 8 and 32, the ratios (mesh / one
 process), and the peak resident memory (VmHWM) of every service process. Medians of
 --repeat runs; each run uses a fresh prompt so no stored KV is reused. Progress goes to
-stderr as each phase starts; the whole run takes a few minutes with smollm2 on 2 cores.
+stderr as each phase starts; the whole run takes about ten minutes with smollm2 on 2 cores.
+
+Batch-B decode through the mesh is the rate while all B streams run: chunks that arrive
+between the last stream's first token and the first stream's last token. (The prefill
+engine hands the B prompts over one after another, so before that window the decode batch
+is still filling, and the prefills compete for the CPU; the whole-window rate, ramp
+included, is printed beside it.) Each batch stream reads until it has --batch-decode
+tokens inside that window (then leaves); one process decodes that many steps.
 """
 from __future__ import annotations
 
@@ -14,6 +21,7 @@ import concurrent.futures as cf
 import json
 import statistics
 import sys
+import threading
 import time
 import uuid
 
@@ -35,7 +43,7 @@ def _prompt(tok, n: int) -> list[int]:
     return tok.encode(words)[:n]
 
 
-def in_process(model: str, n_prompt: int, n_decode: int, repeat: int) -> dict:
+def in_process(model: str, n_prompt: int, n_decode: int, repeat: int, n_batch: int) -> dict:
     import torch
 
     from shared.model.batch import ForwardBatch, SeqSlice
@@ -46,9 +54,9 @@ def in_process(model: str, n_prompt: int, n_decode: int, repeat: int) -> dict:
     say(f"one process: loading {model}")
     lm = load_model(model)
     bs = 64
-    per_seq = -(-(n_prompt + n_decode + 1) // bs)
+    per_seq = -(-(max(n_prompt + n_decode, BATCH_PROMPT + n_batch) + 1) // bs)
 
-    def run(batch: int, n: int = n_prompt) -> tuple[float, float]:
+    def run(batch: int, n: int = n_prompt, steps: int = n_decode) -> tuple[float, float]:
         kv = PagedKVCache.allocate(lm.config, per_seq * batch, bs)
         seqs = [(_prompt(lm.tokenizer, n), list(range(i * per_seq, (i + 1) * per_seq))) for i in range(batch)]
         with torch.inference_mode():
@@ -57,47 +65,79 @@ def in_process(model: str, n_prompt: int, n_decode: int, repeat: int) -> dict:
             ttft = time.perf_counter() - t0
             last = logits.argmax(-1).tolist()
             t1 = time.perf_counter()
-            for step in range(n_decode):
+            for step in range(steps):
                 fb = ForwardBatch([SeqSlice([t], n + step, b) for t, (_, b) in zip(last, seqs)])
                 last = lm.model.forward(fb, kv).argmax(-1).tolist()
-            tps = batch * n_decode / (time.perf_counter() - t1)
+            tps = batch * steps / (time.perf_counter() - t1)
         return ttft, tps
 
     say(f"one process: TTFT, {repeat} runs")
     ttft = statistics.median(run(1)[0] for _ in range(repeat))
     say(f"one process: decode at batch 1, {repeat} runs of {n_decode} tokens")
     tps1 = statistics.median(run(1)[1] for _ in range(repeat))
-    say("one process: decode at batch 8")
-    tps8 = statistics.median(run(8, BATCH_PROMPT)[1] for _ in range(max(1, repeat // 2)))
-    return {"ttft_s": ttft, "decode_tps_b1": tps1, "decode_tps_b8": tps8}
+    out = {"ttft_s": ttft, "decode_tps_b1": tps1}
+    for batch in BATCHES:
+        say(f"one process: decode at batch {batch}, {n_batch} tokens")
+        out[f"decode_tps_b{batch}"] = statistics.median(run(batch, BATCH_PROMPT, n_batch)[1]
+                                                        for _ in range(max(1, repeat // 2) if batch <= 8 else 1))
+    return out
 
 
-BATCH_PROMPT = 128  # prompt length of the batch-8 decode runs (decode-bound, not prefill-bound)
+BATCH_PROMPT = 128  # prompt length of the batch decode runs (decode-bound, not prefill-bound)
+BATCHES = (8, 32)  # batch sizes of the batch decode runs
 
 
-def _stream(url: str, prompt: list[int], n: int) -> tuple[float, float, int]:
+def _stream(url: str, prompt: list[int], n: int, enough=None) -> tuple[float, list[float]]:
+    """(time to the first chunk, arrival time of every chunk) of one streamed completion; it
+    stops reading (the client leaves: the request is cancelled) once `enough(times)` is true."""
     body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True, "stream": True}
     t0 = time.perf_counter()
-    first = last = 0.0
-    count = 0
-    _stream.windows = getattr(_stream, "windows", [])
+    times: list[float] = []
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):
-                now = time.perf_counter()
-                first = first or now
-                last = now
-                count += 1
-    _stream.windows.append((first, last, count))
-    return first - t0, last - first, count
+                times.append(time.perf_counter())
+                if enough is not None and enough(times):
+                    break
+    return times[0] - t0, times
 
 
-def through_mesh(model: str, n_prompt: int, n_decode: int, repeat: int) -> tuple[dict, dict]:
+def _batch_rates(url: str, tok, batch: int, n: int) -> tuple[float, float]:
+    """Decode chunks/s of `batch` concurrent streams: while all of them run, and over the whole
+    window (from the first first chunk to the last last chunk, tokens after each first). Each
+    stream may generate 4n tokens and reads until it has n chunks after the last first chunk,
+    so however long the prompts take to hand over, all `batch` decode together for n steps."""
+    firsts: list[float] = []
+    lock = threading.Lock()
+
+    def enough(times: list[float]) -> bool:
+        if len(times) == 1:
+            with lock:
+                firsts.append(times[0])
+        if len(firsts) < batch:
+            return False
+        start = max(firsts)
+        return sum(1 for t in times if t > start) >= n
+
+    with cf.ThreadPoolExecutor(batch) as pool:
+        runs = list(pool.map(lambda _: _stream(url, _prompt(tok, BATCH_PROMPT), 4 * n, enough)[1], range(batch)))
+    start, end = max(t[0] for t in runs), min(t[-1] for t in runs)
+    if end <= start:  # the first streams ended before the last prompt was handed over
+        say(f"batch {batch}: no moment when all {batch} streams ran (more than {4 * n} tokens' time to hand over)")
+        common = float("nan")
+    else:
+        common = sum(1 for t in runs for x in t if start < x <= end) / (end - start)
+    whole = sum(len(t) - 1 for t in runs) / (max(t[-1] for t in runs) - min(t[0] for t in runs))
+    return common, whole
+
+
+def through_mesh(model: str, n_prompt: int, n_decode: int, repeat: int, n_batch: int) -> tuple[dict, dict]:
     from dualpath.mesh import Mesh, MeshSpec
     from shared.model.tokenizer import load_tokenizer
 
     tok = load_tokenizer(model)
-    mesh = Mesh(MeshSpec(model=model, port=0, kv_blocks=-(-(n_prompt + n_decode) // 64) * 8 + 8, threads=1))
+    blocks = max(-(-(n_prompt + n_decode) // 64) * 8, -(-(BATCH_PROMPT + 4 * n_batch + 1) // 64) * max(BATCHES)) + 8
+    mesh = Mesh(MeshSpec(model=model, port=0, kv_blocks=blocks, threads=1))
     say("mesh: starting (nats-server + 7 service processes)")
     mesh.start(timeout=300, progress=say)
     try:
@@ -105,19 +145,15 @@ def through_mesh(model: str, n_prompt: int, n_decode: int, repeat: int) -> tuple
         say(f"mesh: TTFT, {repeat} runs")
         ttft = statistics.median(_stream(mesh.url, _prompt(tok, n_prompt), 1)[0] for _ in range(repeat))
         say(f"mesh: decode at batch 1, {repeat} runs of {n_decode} tokens")
-        runs = [_stream(mesh.url, _prompt(tok, n_prompt), n_decode) for _ in range(repeat)]
-        tps1 = statistics.median((c - 1) / span for _, span, c in runs if span > 0)
-        say("mesh: decode at batch 8")
-        _stream.windows = []
-        with cf.ThreadPoolExecutor(8) as pool:
-            list(pool.map(lambda _: _stream(mesh.url, _prompt(tok, BATCH_PROMPT), n_decode), range(8)))
-        # decode rate while all 8 stream: tokens after each first token, over the common window
-        end = max(w[1] for w in _stream.windows)
-        tps8 = sum(w[2] - 1 for w in _stream.windows) / (end - min(w[0] for w in _stream.windows))
+        runs = [_stream(mesh.url, _prompt(tok, n_prompt), n_decode)[1] for _ in range(repeat)]
+        out = {"ttft_s": ttft, "decode_tps_b1": statistics.median((len(t) - 1) / (t[-1] - t[0]) for t in runs)}
+        for batch in BATCHES:
+            say(f"mesh: decode at batch {batch}, {n_batch} tokens")
+            out[f"decode_tps_b{batch}"], out[f"decode_tps_b{batch}_whole"] = _batch_rates(mesh.url, tok, batch, n_batch)
         rss = {p.name: status_mb(p.popen.pid, "VmHWM") for p in mesh.procs}
     finally:
         mesh.stop()
-    return {"ttft_s": ttft, "decode_tps_b1": tps1, "decode_tps_b8": tps8}, rss
+    return out, rss
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,17 +163,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="smollm2", help="preset (smollm2, tiny), a .gguf file or an HF directory")
     ap.add_argument("--prompt-tokens", type=int, default=1000, help="prompt length of the TTFT and batch-1 runs")
     ap.add_argument("--decode", type=int, default=48, help="tokens generated per decode run")
+    ap.add_argument("--batch-decode", type=int, default=128, help="tokens generated per stream in the batch runs")
     ap.add_argument("--repeat", type=int, default=3, help="runs per figure (the median is printed)")
     ap.add_argument("--json", default="", help="also write the figures to this JSON file")
     args = ap.parse_args(argv)
-    one = in_process(args.model, args.prompt_tokens, args.decode, args.repeat)
-    mesh, rss = through_mesh(args.model, args.prompt_tokens, args.decode, args.repeat)
-    print(f"model {args.model}, prompt {args.prompt_tokens} tokens (batch 8: {BATCH_PROMPT}), "
-          f"decode {args.decode} tokens, medians of {args.repeat}")
+    if args.batch_decode < 2:
+        ap.error(f"--batch-decode must be at least 2 (got {args.batch_decode})")
+    one = in_process(args.model, args.prompt_tokens, args.decode, args.repeat, args.batch_decode)
+    mesh, rss = through_mesh(args.model, args.prompt_tokens, args.decode, args.repeat, args.batch_decode)
+    print(f"model {args.model}, prompt {args.prompt_tokens} tokens (batches: {BATCH_PROMPT}), decode "
+          f"{args.decode} tokens (batches: {args.batch_decode}), medians of {args.repeat}")
     print(f"{'':22}{'one process':>14}{'mesh':>12}{'mesh/one':>10}")
-    for key, label in (("ttft_s", "TTFT (s)"), ("decode_tps_b1", "decode tok/s, batch 1"),
-                       ("decode_tps_b8", "decode tok/s, batch 8")):
+    rows = [("ttft_s", "TTFT (s)"), ("decode_tps_b1", "decode tok/s, batch 1")]
+    for key, label in rows + [(f"decode_tps_b{b}", f"decode tok/s, batch {b}") for b in BATCHES]:
         print(f"{label:22}{one[key]:>14.3f}{mesh[key]:>12.3f}{mesh[key] / one[key]:>10.2f}")
+    whole = [(b, mesh[f"decode_tps_b{b}_whole"], one[f"decode_tps_b{b}"]) for b in BATCHES]
+    print("mesh, whole window (batch still filling, prefills running): "
+          + ", ".join(f"batch {b} {w:.3f} tok/s ({w / o:.2f}x)" for b, w, o in whole))
     print("peak resident memory (MiB):")
     for name, mb in rss.items():
         print(f"  {name:24} {mb:8.0f}")

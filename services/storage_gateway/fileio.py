@@ -2,14 +2,18 @@
 with short reads/writes (network file systems return them), directory fsync, and
 an unlink that only removes the exact file (inode) that was inspected.
 
-Owns: ``preadv_exact``, ``writev_all``, ``fsync_dir``, ``unlink_if_same``.
+Owns: ``preadv_exact``, ``pread_cached``, ``writev_all``, ``fsync_dir``,
+``unlink_if_same``.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 
 _HAS_PREADV = hasattr(os, "preadv")
+_RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)  # Linux >= 4.14
+_NO_NOWAIT = (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS)
 
 
 def _advance(bufs: list[memoryview], n: int) -> list[memoryview]:
@@ -46,6 +50,23 @@ def _pread_some(fd: int, bufs: list[memoryview], offset: int) -> int:
     os.lseek(fd, offset, os.SEEK_SET)  # fallback: one buffer per call
     with open(fd, "rb", buffering=0, closefd=False) as f:
         return f.readinto(bufs[0]) or 0
+
+
+def pread_cached(fd: int, buf: memoryview, offset: int) -> int | None:
+    """Fill ``buf`` from ``fd`` at ``offset`` with what the page cache holds there,
+    never waiting for the disk: the bytes read (0 if the first byte is not cached,
+    fewer than asked if a later one is not), or None where the platform or file
+    system has no such read (``RWF_NOWAIT``)."""
+    if not (_RWF_NOWAIT and _HAS_PREADV):
+        return None
+    try:
+        return os.preadv(fd, [buf], offset, _RWF_NOWAIT)
+    except BlockingIOError:
+        return 0
+    except OSError as exc:
+        if exc.errno in _NO_NOWAIT:
+            return None
+        raise
 
 
 def writev_all(fd: int, bufs: list[memoryview]) -> int:

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from services.storage_gateway import fileio
 from services.storage_gateway import store as store_module
 from services.storage_gateway.errors import BlockCorrupt, BlockMissing
 from services.storage_gateway.store import DirectoryStore, WriteOutcome
@@ -112,13 +113,18 @@ def test_corrupt_block_is_deleted_counted_and_then_missing(
     store.check_integrity()
 
 
-@pytest.mark.parametrize("at", [0, 96 * 1024 - 1, 96 * 1024, 5 * 96 * 1024 + 7, -3],
-                         ids=["first", "chunk-end", "chunk-start", "tail", "last"])
+@pytest.mark.parametrize("cached", [True, False], ids=["cached", "from-disk"])
+@pytest.mark.parametrize("at", [0, 64 * 1024 - 1, 64 * 1024, 160 * 1024 + 7, -3],
+                         ids=["first", "first-end", "chunk-start", "mid-chunk", "last"])
 def test_large_blocks_are_verified_chunk_by_chunk(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at: int, cached: bool
 ) -> None:
-    # 512 KiB payload in 96 KiB chunks: 5 whole chunks and a short tail after the header
+    # 512 KiB payload: a 64 KiB first chunk, then 96 KiB chunks (cached bytes) or
+    # 64 KiB ones (bytes the page cache does not hold), the last one short
+    monkeypatch.setattr(store_module, "COLD_CHUNK", 64 * 1024)
     monkeypatch.setattr(store_module, "READ_CHUNK", 96 * 1024)
+    if not cached:
+        monkeypatch.setattr(fileio, "pread_cached", lambda *_: 0)
     big = KVLayout(n_layers=8, n_kv_heads=4, head_dim=64, dtype="float16", block_size=64)
     fp = ModelFingerprint.from_layout("big", big).digest()
     store = DirectoryStore(tmp_path, fp, big)
@@ -132,6 +138,49 @@ def test_large_blocks_are_verified_chunk_by_chunk(
     with pytest.raises(BlockCorrupt, match="payload checksum"):
         store.read_into(key, memoryview(out))
     assert not os.path.exists(store.path_for(key))
+
+
+def test_partly_cached_blocks_read_the_rest_from_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = make_store(tmp_path)
+    monkeypatch.setattr(store_module, "COLD_CHUNK", 1024)
+    keys = make_keys(2)
+    fill(store, keys)
+    real = fileio.pread_cached
+    asked: list[int] = []
+
+    def partly(fd: int, buf: memoryview, offset: int) -> int | None:
+        asked.append(offset)  # every other call: 1000 bytes cached, then none
+        return real(fd, buf[:1000], offset) if len(asked) % 2 else 0
+
+    monkeypatch.setattr(fileio, "pread_cached", partly)
+    assert np.array_equal(read_back(store, keys[0]), payload_for(keys[0]))
+    assert len(asked) > 2
+
+    def unsupported(fd: int, buf: memoryview, offset: int) -> None:
+        asked.append(offset)
+
+    asked.clear()
+    monkeypatch.setattr(fileio, "pread_cached", unsupported)
+    for key in keys:  # asked once, then never again: plain blocking reads
+        assert np.array_equal(read_back(store, key), payload_for(key))
+    assert len(asked) == 1
+
+
+def test_cached_reads_never_wait_and_fill_what_is_cached(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(bytes(range(256)) * 64)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        buf = bytearray(20_000)
+        got = fileio.pread_cached(fd, memoryview(buf), 100)
+        if got is None:
+            pytest.skip("no RWF_NOWAIT reads on this platform or file system")
+        assert got == 16_384 - 100  # warm: everything up to the end of the file
+        assert bytes(buf[:got]) == (bytes(range(256)) * 64)[100:]
+    finally:
+        os.close(fd)
 
 
 def test_a_block_of_another_model_or_key_is_corrupt(tmp_path: Path) -> None:
