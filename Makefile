@@ -7,7 +7,7 @@ ARGS   ?=
 # WITH_APT=0: never run apt-get (then no python3-pyverbs: the verbs backend is off unless installed otherwise)
 WITH_APT ?= 1
 
-.PHONY: install run test test-unit test-integration bench clean
+.PHONY: install run test test-unit test-integration bench clean compose-check
 
 install: $(STAMP)
 
@@ -36,6 +36,25 @@ test-unit: install
 
 test-integration: install
 	$(PY) -m pytest -m integration $(ARGS)
+
+# The docker compose stack for real (deploy/compose/check.py): starts dockerd if it is
+# installed and not running, builds the images (offline when no registry answers), runs
+# the stack, checks it and tears it down, also on failure. Installs docker.io and
+# debootstrap with apt when they are missing (root, WITH_APT=1); skips, saying why, otherwise.
+# ARGS: --fresh (empty Docker cache first), --compare-up, --figures FILE.
+compose-check: install
+	@missing=""; command -v dockerd >/dev/null || docker info >/dev/null 2>&1 || missing="docker.io"; \
+	command -v debootstrap >/dev/null || missing="$$missing debootstrap"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$(WITH_APT)" = 1 ] && command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	    echo "compose-check: apt-get install $$missing"; \
+	    apt-get install -y -q $$missing >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q $$missing >/dev/null; } || exit 1; \
+	  elif echo "$$missing" | grep -q docker; then \
+	    echo "compose-check skipped: no Docker here ($$missing missing) and no apt-get as root to install it"; exit 0; \
+	  fi; \
+	fi; \
+	$(PY) deploy/compose/check.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

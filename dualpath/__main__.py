@@ -1,3 +1,4 @@
+"""Entry point: `python -m dualpath`."""
 from dualpath.cli import main
 
 raise SystemExit(main())

@@ -7,7 +7,9 @@ and, per engine, one engine process and one traffic-manager process.
 Ports are taken without a race: the launcher binds the scheduler's HTTP socket itself
 (a taken `port` fails here, at once, with `PortInUse`) and hands the listening socket
 to the scheduler process (`--http-fd`; a restarted scheduler gets the same one); the
-embedded nats-server binds any free port itself (`-p -1`) and reports it in a ports file.
+embedded nats-server binds any free port itself (`-p -1`) and reports it in a ports file;
+a restarted nats-server binds that port again, so every service reconnects to the URL it knows.
+`restart()` starts a process again in place; `dualpath/supervisor.py` decides when.
 Logs go to `log_dir`; a temporary one is removed by `stop()` unless something failed
 (then `MeshError` names it and it stays for reading).
 """
@@ -104,14 +106,18 @@ class Mesh:
     # processes ----------------------------------------------------------------------
     def _spawn(self, name: str, argv: list[str], pass_fds: tuple[int, ...] = ()) -> Proc:
         log = self.log_dir / f"{name}.log"
-        env = {**os.environ, **self.spec.env, "PYTHONUNBUFFERED": "1"}
-        fh = open(log, "ab")
-        popen = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                 cwd=os.getcwd(), pass_fds=pass_fds)
-        fh.close()
-        proc = Proc(name, popen, log, argv, pass_fds)
+        proc = Proc(name, self._popen(argv, log, pass_fds), log, argv, pass_fds)
         self.procs.append(proc)
         return proc
+
+    def _popen(self, argv: list[str], log: Path, pass_fds: tuple[int, ...], note: str = "") -> subprocess.Popen:
+        env = {**os.environ, **self.spec.env, "PYTHONUNBUFFERED": "1"}
+        with open(log, "ab") as fh:
+            if note:
+                fh.write(f"--- {note} ---\n".encode())
+                fh.flush()
+            return subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                    cwd=os.getcwd(), pass_fds=pass_fds)
 
     def _service(self, name: str, module: str, flags: dict[str, object], pass_fds: tuple[int, ...] = ()) -> Proc:
         common = {"nats-url": self.nats_url, "namespace": self.spec.namespace, "host": self.spec.host}
@@ -140,6 +146,7 @@ class Mesh:
                                     "--ports_file_dir", str(ports), *js, *self.spec.nats_args])
         port = _wait_ports_file(ports, proc, timeout)
         self.nats_url = f"nats://{self.spec.host}:{port}"
+        proc.argv[proc.argv.index("-p") + 1] = str(port)  # a restart binds the port every service knows
 
     def add_node(self, role: str, node: str | None = None) -> list[Proc]:
         """Start one node's processes: a gateway and, per engine, an engine + its TM."""
@@ -229,12 +236,14 @@ class Mesh:
         proc.popen.send_signal(sig)
         proc.popen.wait(10)
 
-    def restart(self, proc: Proc) -> Proc:
-        """Start the same process again (same name, same flags): a crashed service coming back."""
+    def restart(self, proc: Proc, note: str = "restarted") -> Proc:
+        """Start the same process again, in place (same `Proc`, name, flags and log file; `note` is
+        written to the log first): a crashed service coming back. A running one is killed first."""
         if proc.popen.poll() is None:
             self.kill(proc)
-        self.procs.remove(proc)
-        return self._spawn(proc.name, proc.argv, proc.pass_fds)
+        proc.popen = self._popen(proc.argv, proc.log, proc.pass_fds, note)
+        proc.expected_exit = False
+        return proc
 
     def stop(self, timeout: float = 15.0) -> None:
         """SIGTERM every service (NATS last), then SIGKILL what is still running; then release the

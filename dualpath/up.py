@@ -2,8 +2,11 @@
 
 Prints the serving line only once a completion would succeed (the scheduler answers and
 a prefill and a decode engine are ready); until then, what it waits for every few
-seconds. A port that is taken or a process that dies is one line naming the port or the
-process's log, exit code 1 (`--debug` adds the traceback and the log's last lines).
+seconds. During start-up, a port that is taken or a process that dies is one line naming
+the port or the process's log, exit code 1 (`--debug` adds the traceback and the log's
+last lines). Once serving, a process that dies is restarted with a backoff
+(`dualpath/supervisor.py`, the compose file's `restart: unless-stopped`) and the mesh
+keeps serving; only Ctrl-C or SIGTERM stops it, and then every process.
 """
 from __future__ import annotations
 
@@ -18,7 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("up", help="run the whole mesh on this machine (nats-server + every service)",
                        description="Run the whole mesh on this machine: an embedded nats-server and every service "
                                    "as its own process, until Ctrl-C. Ready in about 10 s with --model tiny, "
-                                   "20-30 s with smollm2 (plus a one-time 98 MB download).")
+                                   "20-30 s with smollm2 (plus a one-time 98 MB download). Once serving, a process "
+                                   "that dies is restarted after 0.5 s, doubling up to 10 s in a crash loop.")
     p.add_argument("--model", default="smollm2", help="preset (smollm2, tiny), a .gguf file or an HF directory")
     p.add_argument("--port", type=int, default=8000, help="HTTP port of the OpenAI-style API (0 = any free port)")
     p.add_argument("--host", default="127.0.0.1", help="bind address of every listener")
@@ -39,6 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from dualpath.cli import CliError
     from dualpath.mesh import Mesh, MeshError, MeshSpec
+    from dualpath.supervisor import Supervisor
     from shared.http import PortInUse
     from shared.transport.registry import choose as choose_transport
 
@@ -52,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
                     store=args.store, nats_url=args.nats, log_dir=args.log_dir)
     mesh = Mesh(spec)
     stop = _Stop()
+    supervisor = None
     try:
         mesh.bind_http()  # a taken --port fails here, before anything starts
         where = mesh.log_dir if args.log_dir else f"{mesh.log_dir}, removed on exit unless something fails"
@@ -60,8 +66,9 @@ def run(args: argparse.Namespace) -> int:
         mesh.start(progress=lambda line: print(line, flush=True))
         stop.serving()
         print(f"serving {mesh.url}  (OpenAI API: {mesh.url}/v1/completions; Ctrl-C stops)", flush=True)
-        while not stop.wait(1.0):
-            mesh.check_alive()
+        supervisor = Supervisor(mesh, say=lambda line: print(line, flush=True))
+        while not stop.wait(0.2):
+            supervisor.tick()
     except KeyboardInterrupt:
         print("stopped during start-up", flush=True)
         return 130
@@ -76,6 +83,9 @@ def run(args: argparse.Namespace) -> int:
         if stop.stopping() == "serving":
             print("stopping ...", flush=True)
         mesh.stop()  # after a failed start: already stopped, this only reaps
+        if supervisor and supervisor.restarts():
+            counts = ", ".join(f"{name} {n}" for name, n in sorted(supervisor.restarts().items()))
+            print(f"restarts: {counts} (logs kept: {mesh.log_dir})", flush=True)
     return 0
 
 

@@ -5,8 +5,9 @@ Owns the loading rules only; each service declares its own dataclass in its
 overrides use one prefix: `DUALPATH_<FIELD>` (upper case), e.g. `DUALPATH_NATS_URL`.
 A TOML file may hold a `[common]` table and one table per service name
 (`[scheduler]`, `[prefill_engine]`, ...); given the class of the settings every service
-has (`common=`), a `[common]` key outside it is an error too. A bad setting fails at
-start naming the key.
+has (`common=`), a `[common]` key outside it is an error too. Each value is converted
+by msgspec (lax mode: "8080" -> 8080) once the spellings it does not know (on/off,
+none, comma-separated lists) are settled. A bad setting fails at start naming the key.
 Only entry points call `load_config`; everything below receives the frozen object.
 """
 from __future__ import annotations
@@ -20,6 +21,8 @@ import types
 import typing
 from pathlib import Path
 from typing import Any, Mapping, TypeVar
+
+import msgspec
 
 ENV_PREFIX = "DUALPATH_"
 T = TypeVar("T")
@@ -42,39 +45,40 @@ def _base_type(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
-def _coerce(key: str, raw: Any, tp: Any) -> Any:
+_NONE = ("", "none", "null")  # spellings of "not set" for an optional setting
+_BOOLS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+
+
+def _as_given(raw: Any, tp: Any) -> Any:
+    """`raw` (TOML value or env/CLI text) in the shape msgspec.convert takes for `tp`.
+
+    Settles only what text cannot say in JSON terms: none spellings of an optional, the
+    on/off/yes/no booleans, surrounding blanks, a number for a text setting, and a
+    comma-separated list for a tuple; converting and rejecting is msgspec's job."""
     inner, optional = _base_type(tp)
-    if optional and (raw is None or (isinstance(raw, str) and raw.lower() in ("", "none", "null"))):
+    if optional and (raw is None or (isinstance(raw, str) and raw.strip().lower() in _NONE)):
         return None
-    try:
-        if inner is bool:
-            if isinstance(raw, bool):
-                return raw
-            text = str(raw).strip().lower()
-            if text in ("1", "true", "yes", "on"):
-                return True
-            if text in ("0", "false", "no", "off"):
-                return False
-            raise ValueError("expected true/false")
-        if inner is int:
-            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
-                raise ValueError("expected an integer")
-            return int(raw)
-        if inner is float:
-            if isinstance(raw, bool):
-                raise ValueError("expected a number")
-            return float(raw)
-        if inner is str:
-            if not isinstance(raw, (str, int, float)):
-                raise ValueError("expected a string")
-            return str(raw)
-        if typing.get_origin(inner) is tuple:
-            items = raw.split(",") if isinstance(raw, str) else list(raw)
+    if inner is bool and not isinstance(raw, bool):
+        text = str(raw).strip().lower()
+        return _BOOLS.get(text, text)
+    if inner in (int, float) and isinstance(raw, str):
+        return raw.strip()
+    if inner is str and isinstance(raw, (int, float)):
+        return str(raw)
+    if typing.get_origin(inner) is tuple:
+        items = [x.strip() for x in raw.split(",")] if isinstance(raw, str) else raw
+        if isinstance(items, list):
             (elem, *_rest) = typing.get_args(inner) or (str,)
-            return tuple(_coerce(key, x.strip() if isinstance(x, str) else x, elem) for x in items if x != "")
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(key, raw, str(exc) or f"expected {inner}") from None
+            return [_as_given(x, elem) for x in items if x != ""]
     return raw
+
+
+def _coerce(key: str, raw: Any, tp: Any) -> Any:
+    """`raw` converted to the setting's type `tp`; ConfigError naming `key` and `raw` if it cannot be."""
+    try:
+        return msgspec.convert(_as_given(raw, tp), type=tp, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(key, raw, str(exc)) from None
 
 
 def read_toml(path: str | Path | None, section: str) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -3,7 +3,8 @@
 Owns: the CLI flags every service shares (generated from its config dataclass, with each
 setting's comment as help), logging and tracing set-up, the bus connection (and its drop
 counters on `/metrics`), the `/metrics` server, the heartbeat loop, and the one TaskGroup
-that owns every task of the service.
+that owns every task of the service. Tasks are supervised (`Service.spawn`): one that raises
+is logged, counted and answered through its `on_error`; the service goes on serving.
 
 Start-up, in order: every setting is checked (exit 2 naming the key); the `/metrics`
 port is bound (a taken port fails now, not after the wait for NATS); NATS is awaited
@@ -20,6 +21,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import inspect
 import logging
 import os
 import signal
@@ -28,7 +30,7 @@ import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, Coroutine, TypeVar
 from urllib.parse import urlsplit
 
 from prometheus_client.core import CounterMetricFamily
@@ -49,6 +51,7 @@ log = logging.getLogger("runtime")
 T = TypeVar("T")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+OnError = Callable[[Exception], Any]  # a failed task's answer: may return an awaitable
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,9 @@ class Service(ABC):
         self.tasks: asyncio.TaskGroup | None = None
         self.metrics_url = ""
         self.owned: set[asyncio.Task] = set()  # cancelled at shutdown
+        self.m_task_failures = self.metrics.counter(
+            "task_failures_total", "Background tasks that raised (logged with traceback; the service goes on)",
+            ("task",))
 
     @abstractmethod
     async def start(self) -> None:
@@ -103,12 +109,49 @@ class Service(ABC):
         """Extra HTTP routes on the metrics server (the scheduler serves its API elsewhere)."""
         return []
 
-    def spawn(self, coro, name: str | None = None) -> asyncio.Task:
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str | None = None, *, label: str = "",
+              on_error: OnError | None = None) -> asyncio.Task:
+        """Run `coro` as an owned, supervised task of the service's TaskGroup.
+
+        An exception escaping it never reaches the TaskGroup (which would cancel every task
+        and stop the process): it is logged with its traceback, counted in
+        `dualpath_task_failures_total{task=label}`, and handed to `on_error` (sync or async)
+        so the caller can fail or resume the request the task served. `label` defaults to
+        the coroutine's function name (`_fetch_deadline` -> `fetch-deadline`): `name` may
+        carry a per-request suffix, the label must not."""
         assert self.tasks is not None, "spawn() before start"
-        task = self.tasks.create_task(coro, name=name)
+        label = label or task_label(coro)
+        task = self.tasks.create_task(self._supervise(coro, name or label, label, on_error), name=name)
         self.owned.add(task)
         task.add_done_callback(self.owned.discard)
+        task.add_done_callback(lambda _: coro.close())  # cancelled before it ran: `coro` never started
         return task
+
+    async def _supervise(self, coro: Coroutine[Any, Any, Any], name: str, label: str,
+                         on_error: OnError | None) -> None:
+        try:
+            await coro
+        except Exception as exc:  # noqa: BLE001 - supervised: counted, logged, answered; the service goes on
+            self.m_task_failures.labels(label).inc()
+            log.exception("%s: task %s failed", self.instance, name, extra={"fields": {"task": label}})
+            if on_error is not None:
+                await _answer(on_error, exc, name)
+
+
+def task_label(coro: object) -> str:
+    """A task's metric label: its coroutine function's name, `_fetch_deadline` -> `fetch-deadline`."""
+    name = getattr(coro, "__name__", "") or type(coro).__name__
+    return name.strip("_").replace("_", "-") or "task"
+
+
+async def _answer(on_error: OnError, exc: Exception, name: str) -> None:
+    """Call a failed task's `on_error`; what it raises in turn is logged, never propagated."""
+    try:
+        res = on_error(exc)
+        if inspect.isawaitable(res):
+            await res
+    except Exception:  # noqa: BLE001 - the answer to a failure must not become a second one
+        log.exception("on_error of task %s failed", name)
 
 
 class BusCounters:

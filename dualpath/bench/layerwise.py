@@ -68,7 +68,7 @@ def _compute_only(model: str, prompt: list[int], hit: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     from dualpath.mesh import Mesh, MeshSpec
-    from shared.model.tokenizer import load_tokenizer
+    from shared.model.tokenizer_build import load_tokenizer
 
     from dualpath.cli import HelpFormatter
 

@@ -133,7 +133,7 @@ def _batch_rates(url: str, tok, batch: int, n: int) -> tuple[float, float]:
 
 def through_mesh(model: str, n_prompt: int, n_decode: int, repeat: int, n_batch: int) -> tuple[dict, dict]:
     from dualpath.mesh import Mesh, MeshSpec
-    from shared.model.tokenizer import load_tokenizer
+    from shared.model.tokenizer_build import load_tokenizer
 
     tok = load_tokenizer(model)
     blocks = max(-(-(n_prompt + n_decode) // 64) * 8, -(-(BATCH_PROMPT + 4 * n_batch + 1) // 64) * max(BATCHES)) + 8

@@ -1,4 +1,4 @@
-"""Parameter and FLOP counts derived from a ModelArch's shapes (pure arithmetic).
+"""Parameter and FLOP counts derived from a model's Shapes (pure arithmetic).
 
 Owns: which weight matrices each architecture has and how big they are, and the
 FLOPs of a prefill (linear part per token; attention part for (cached, new) tokens).
@@ -9,10 +9,8 @@ qk_nope + qk_rope dims, p.v over v_head_dim, per head.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from dualpath.presets.arch import ModelArch
+from dualpath.presets.shapes import Shapes
 
 
 @dataclass(frozen=True)
@@ -38,7 +36,7 @@ class ParamCounts:
         return self.routed_experts + self.shared_experts
 
 
-def _mla_attention(a: "ModelArch") -> int:
+def _mla_attention(a: Shapes) -> int:
     d, h = a.hidden, a.num_heads
     if a.q_lora_rank:
         q = d * a.q_lora_rank + a.q_lora_rank + a.q_lora_rank * h * a.qk_head_dim
@@ -50,7 +48,7 @@ def _mla_attention(a: "ModelArch") -> int:
     return q + kv_a + kv_b + o + _indexer(a)
 
 
-def _indexer(a: "ModelArch") -> int:
+def _indexer(a: Shapes) -> int:
     """V3.2 lightning indexer: its own q (from the q latent), one k head, head weights."""
     if not a.index_n_heads:
         return 0
@@ -60,18 +58,18 @@ def _indexer(a: "ModelArch") -> int:
     return wq + wk + a.hidden * a.index_n_heads
 
 
-def _gqa_attention(a: "ModelArch") -> int:
+def _gqa_attention(a: Shapes) -> int:
     d, hd = a.hidden, a.head_dim
     q_out, kv_out = a.num_heads * hd, a.num_kv_heads * hd
     bias = q_out + 2 * kv_out if a.attention_bias else 0
     return d * q_out + 2 * d * kv_out + q_out * d + bias
 
 
-def attention_per_layer(a: "ModelArch") -> int:
+def attention_per_layer(a: Shapes) -> int:
     return _mla_attention(a) if a.is_mla else _gqa_attention(a)
 
 
-def param_counts(a: "ModelArch") -> ParamCounts:
+def param_counts(a: Shapes) -> ParamCounts:
     d = a.hidden
     moe_layers = a.num_moe_layers
     expert = 3 * d * a.moe_intermediate  # gate, up, down
@@ -90,7 +88,7 @@ def param_counts(a: "ModelArch") -> ParamCounts:
     return ParamCounts(active_per_token=active, **parts)
 
 
-def linear_flops_per_token(a: "ModelArch") -> float:
+def linear_flops_per_token(a: Shapes) -> float:
     """2 FLOPs per active weight, excluding the embedding lookup and the lm_head
     (a prefill computes logits only for its last token) and the norms."""
     p = param_counts(a)
@@ -117,7 +115,7 @@ def attended_pairs(cached: int, new: int, topk: int = 0) -> int:
     return _sum_min(cached + 1, cached + new, topk)
 
 
-def attention_flops(a: "ModelArch", cached: int, new: int) -> float:
+def attention_flops(a: Shapes, cached: int, new: int) -> float:
     """q.k + p.v FLOPs (2 per multiply-add) over all layers and heads; with a V3.2
     indexer, main attention sees at most index_topk keys and the indexer scores all."""
     per_pair = 2.0 * a.num_heads * (a.qk_head_dim + (a.v_head_dim or a.head_dim))

@@ -1,11 +1,10 @@
 """The simulated cluster: nodes, engines, groups and their links.
 
-Owns topology and per-component counters (tok_e, seq_e, read_q, free KV); the decode
-batch state lives in decode.py, the prefill step logic in prefill.py.
+Owns topology, links and KV capacity; the load figures the scheduler sees (tok_e, seq_e,
+read_q) are the shared dispatcher's (dispatch.py), the decode batch state lives in
+decode.py, the prefill step logic in prefill.py.
 """
 from __future__ import annotations
-
-from collections import deque
 
 from dualpath.sim.decode import DecodeState
 from dualpath.sim.hardware import Hardware
@@ -14,7 +13,7 @@ from dualpath.sim.resources import Link
 
 
 class Node:
-    __slots__ = ("nid", "role", "engines", "snic_r", "snic_w", "dram", "read_q")
+    __slots__ = ("nid", "role", "engines", "snic_r", "snic_w", "dram")
 
     def __init__(self, nid: int, role: str, hw: Hardware) -> None:
         self.nid = nid
@@ -23,13 +22,12 @@ class Node:
         self.snic_r = Link(f"{role}{nid}.snic_r", hw.snic_bw)
         self.snic_w = Link(f"{role}{nid}.snic_w", hw.snic_bw)
         self.dram = Link(f"{role}{nid}.dram", hw.dram_bw)
-        self.read_q = 0  # tokens queued or in flight on this node's storage reads
 
 
 class Engine:
-    """A PE or DE (one GPU) with its CNIC and the scheduler-visible counters."""
+    """A PE or DE (one GPU) with its CNIC."""
 
-    __slots__ = ("eid", "node", "group", "unit", "queue", "tok", "seq", "free", "cap",
+    __slots__ = ("eid", "node", "group", "unit", "queue", "cap",
                  "cnic_r", "cnic_w", "attn_s", "decode")
 
     def __init__(self, eid: int, node: Node, hw: Hardware) -> None:
@@ -38,10 +36,7 @@ class Engine:
         self.group = None
         self.unit = None  # PE: the step unit it computes in
         self.queue: list = []  # PE: assigned requests not yet prefilled (FIFO)
-        self.tok = 0
-        self.seq = 0
-        self.free = 0  # DE: free KV tokens
-        self.cap = 0
+        self.cap = 0  # DE: KV memory in tokens
         self.cnic_r = Link(f"e{eid}.cnic_r", hw.cnic_bw)
         self.cnic_w = Link(f"e{eid}.cnic_w", hw.cnic_bw)
         self.attn_s = 0.0  # PE: total attention time
@@ -51,15 +46,12 @@ class Engine:
 class Group:
     """Engines that pull together; only its leader talks to the scheduler."""
 
-    __slots__ = ("gid", "role", "engines", "private", "queued", "tok")
+    __slots__ = ("gid", "role", "engines")
 
     def __init__(self, gid: int, role: str, engines: list[Engine]) -> None:
         self.gid = gid
         self.role = role
         self.engines = engines
-        self.private: deque = deque()  # DE: level-2 private queue (policy Requests)
-        self.queued = 0  # DE: tokens waiting in `private`
-        self.tok = 0  # sum of tok_e
 
 
 class StepUnit:
@@ -94,7 +86,7 @@ class Cluster:
         ep = D * hw.gpus
         cap = model.kv_capacity_tokens(ep)
         for e in self.des:
-            e.cap = e.free = cap
+            e.cap = cap
             e.decode = DecodeState(model, ep)
         self.pe_groups = self._groups(self.pe_nodes, "p", group_nodes, 0)
         self.de_groups = self._groups(self.de_nodes, "d", group_nodes, len(self.pe_groups))

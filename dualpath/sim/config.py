@@ -27,6 +27,7 @@ class SimConfig:
     beta_s: float = 5.0  # beta = tokens one PE processes in beta_s
     think_s: float = 0.0  # delay between a turn's end and the next turn
     chunk_align: int = 64  # chunked-prefill sizes are multiples of this
+    block_tokens: int = 64  # tokens per KV block: hits are whole blocks, reads split by block
     group_nodes: int = 1  # nodes per engine group
     progress: bool = False
 
@@ -35,5 +36,7 @@ class SimConfig:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.assign not in ("policy", "rr"):
             raise ValueError(f"assign must be 'policy' or 'rr', got {self.assign!r}")
+        if self.block_tokens < 1:
+            raise ValueError(f"block_tokens must be >= 1, got {self.block_tokens}")
         if self.agents < 1 or self.P < 1 or self.D < 1:
             raise ValueError("agents, P and D must be >= 1")

@@ -18,9 +18,9 @@ from dualpath.sim.metrics import SimResult, collect
 from dualpath.sim.models import build_model
 from dualpath.sim.prefill import C_H2D, C_PD, C_PERSIST, Prefill, legs, stage_end
 from dualpath.sim.resources import transfer
-from dualpath.sim.scheduler import SimScheduler
+from dualpath.sim.dispatch import SimDispatch
 from dualpath.sim.workload import Req, load_workload, make_request
-from services.scheduler.policy import PeThresholds
+from shared.sched.policy import PeThresholds
 
 
 class Simulation:
@@ -29,13 +29,12 @@ class Simulation:
         self.hw = load_hardware(cfg.hardware)
         self.model = build_model(cfg.model, self.hw)
         self.c = Cluster(cfg.P, cfg.D, self.hw, self.model, cfg.group_nodes)
-        self.w = load_workload(cfg.trace, cfg.agents, cfg.scale, cfg.seed, cfg.aps)
+        self.w = load_workload(cfg.trace, cfg.agents, cfg.scale, cfg.seed, cfg.aps, cfg.block_tokens)
         self.kvb = self.model.kv_bytes
         self.oracle = cfg.mode == "oracle"
         self.th = self._thresholds()
-        read_rate = self.hw.snic_bw / self.kvb
-        self.sched = SimScheduler(self.c, self.th, cfg.mode, cfg.assign, cfg.split,
-                                  self._on_pe, self._on_de, read_rate)
+        self.sched = SimDispatch(self.c, self.th, cfg.mode, cfg.assign, cfg.split, self._on_assigned,
+                                 self.w.block)
         self.prefill = Prefill(self.model, cfg.quota_s, cfg.chunk_align, self.oracle)
         self.heap: list = []
         self.seq = 0
@@ -106,27 +105,14 @@ class Simulation:
     # --- request lifecycle ------------------------------------------------------------
     def _arrive(self, a: int) -> None:
         append, gen = self.w.turn(a, self.turn[a])
-        r = make_request(self.next_rid, a, self.ctx[a], append, gen, self.now)
+        r = make_request(self.next_rid, a, self.ctx[a], append, gen, self.now, self.w.block)
         self.next_rid += 1
         self.sched.submit(r)
         self._arm_tick()
 
-    def _on_pe(self, r: Req, e) -> None:
-        e.queue.append(r)
-        if self.cfg.mode == "basic":
-            self._issue_reads(r, r.hit, 0)
-        elif r.de is not None:
-            self._both_known(r)
-
-    def _on_de(self, r: Req, e) -> None:
-        if r.pe is None:
-            return
-        if r.reads_left < 0:
-            self._both_known(r)
-        elif r.reads_left == 0:
-            self._make_ready(r)
-
-    def _both_known(self, r: Req) -> None:
+    def _on_assigned(self, r: Req) -> None:
+        """The dispatcher gave the request both engines (as the scheduler's PrefillWork does)."""
+        r.pe.queue.append(r)
         if self.oracle:
             r.reads_left = 0
             self._make_ready(r)
@@ -140,19 +126,18 @@ class Simulation:
         for tokens, eng in ((pe_hit, r.pe), (de_hit, r.de)):
             if tokens:
                 node = eng.node
-                node.read_q += tokens
                 nbytes = tokens * self.kvb
                 end = transfer(self.now, [(node.snic_r, nbytes), (node.dram, nbytes)])
                 r.reads_left += 1
                 self.push(end, self._read_done, (r, node, tokens))
-        if r.reads_left == 0 and r.de is not None:
+        if r.reads_left == 0:
             self._make_ready(r)
 
     def _read_done(self, arg) -> None:
-        r, node, tokens = arg
-        node.read_q -= tokens
+        r, node, _tokens = arg
+        self.sched.read_done(r, node)
         r.reads_left -= 1
-        if r.reads_left == 0 and r.de is not None:
+        if r.reads_left == 0:
             self._make_ready(r)
 
     def _make_ready(self, r: Req) -> None:
@@ -178,9 +163,7 @@ class Simulation:
                     continue
                 gone = True
                 r.t_first = now
-                e.tok -= r.prompt
-                e.seq -= 1
-                e.group.tok -= r.prompt
+                self.sched.prefill_done(r)
                 if self.oracle:
                     self.push(now, self._join, r)
                     continue
@@ -216,11 +199,8 @@ class Simulation:
         self._schedule_de(e)
 
     def _finish(self, r: Req) -> None:
-        e, now = r.de, self.now
-        e.tok -= r.mem
-        e.seq -= 1
-        e.free += r.mem
-        e.group.tok -= r.mem
+        now = self.now
+        self.sched.finished(r)
         if not self.oracle:
             transfer(now, legs(C_PERSIST, r, 0, 0, (r.miss + r.gen) * self.kvb))
         self.t_arrive.append(r.t_arrive)
@@ -241,7 +221,7 @@ class Simulation:
         else:
             self.agents_done += 1
             self.end_t = now
-        if e.free > 0 and self.sched.pending():
+        if self.sched.pending():
             self._arm_tick()
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from dualpath.presets import load_arch
 from dualpath.sim.hardware import Hardware
-from services.scheduler.policy import AttentionModel
+from shared.sched.policy import AttentionModel
 
 
 @dataclass(frozen=True, slots=True)

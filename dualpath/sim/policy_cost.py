@@ -10,7 +10,7 @@ import random
 import time
 from collections import deque
 
-from services.scheduler.policy import (EngineReport, PeThresholds, Request, assign_decode,
+from shared.sched.policy import (EngineReport, PeThresholds, Request, assign_decode,
                                        assign_prefill, choose_path, pick_de_group, split_read)
 
 

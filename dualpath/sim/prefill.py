@@ -15,7 +15,7 @@ from dualpath.sim.models import SimModel
 from dualpath.sim.resources import transfer
 from dualpath.sim.traffic import H2D, LOAD, PD, PERSIST, READ
 from dualpath.sim.workload import Req
-from services.scheduler.policy import PrefillWork, ReadPath, plan_batch
+from shared.sched.policy import PrefillWork, ReadPath, plan_batch
 
 # Stages compiled from dualpath.sim.traffic, so timing and the traffic table agree:
 # (side is PE?, link lives on the node?, link attribute, bytes kind).

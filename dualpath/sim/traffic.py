@@ -13,7 +13,7 @@ DE DRAM 2Tp+3Tc (per PE-DE pair; Tp on the PE path, Tc on the DE path).
 """
 from __future__ import annotations
 
-from services.scheduler.policy import ReadPath
+from shared.sched.policy import ReadPath
 
 Hop = tuple[str, str, str]  # (side, link, bytes kind)
 

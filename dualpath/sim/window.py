@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from dualpath.sim.hardware import Hardware
 from dualpath.sim.traffic import link_bytes
-from services.scheduler.policy import ReadPath
+from shared.sched.policy import ReadPath
 
 LINKS = (("pe", "cnic_r"), ("pe", "cnic_w"), ("de", "cnic_r"), ("de", "cnic_w"), ("de", "dram"))
 

@@ -2,7 +2,8 @@
 
 Owns turning a trace spec ("gen:64k", "gen:32k:500", or a JSONL path) into agents, and
 turning an agent's next turn into a simulated request with its hit / miss split (hits
-are whole 64-token blocks of earlier turns of the same agent, as in the paper).
+are whole blocks of earlier turns of the same agent, as in the paper; 64 tokens a block
+unless the run says otherwise).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 from dualpath.traces import expand_agents, generate, read_trajectories
 from dualpath.traces.generator import PRESETS
 
-BLOCK = 64
+BLOCK = 64  # default tokens per KV block (SimConfig.block_tokens)
 
 
 class Req:
@@ -47,6 +48,7 @@ class Workload:
     base: list[tuple[tuple[int, int], ...]]  # turns of each base trajectory
     agents: list[tuple[int, int]]  # (base index, prepended append or 0)
     starts: list[float]  # start time of each agent
+    block: int = BLOCK  # tokens per KV block: hits are whole blocks
 
     def n_turns(self, agent: int) -> int:
         b, pre = self.agents[agent]
@@ -68,22 +70,22 @@ class Workload:
         for turns in self.base:
             ctx = 0
             for a, g in turns:
-                h = min((ctx // BLOCK) * BLOCK, ctx + a - 1)
+                h = min((ctx // self.block) * self.block, ctx + a - 1)
                 hit += h
                 tot += ctx + a
                 ctx += a + g
         return hit / max(tot, 1)
 
 
-def make_request(rid: int, agent: int, ctx: int, append: int, gen: int, t: float) -> Req:
+def make_request(rid: int, agent: int, ctx: int, append: int, gen: int, t: float, block: int = BLOCK) -> Req:
     """The request of a turn whose earlier turns total `ctx` tokens."""
     prompt = ctx + append
-    hit = min((ctx // BLOCK) * BLOCK, prompt - 1)  # the last prompt token is always computed
+    hit = min((ctx // block) * block, prompt - 1)  # the last prompt token is always computed
     return Req(rid, agent, prompt, hit, gen, t)
 
 
 def load_workload(trace: str, agents: int, scale: float = 1.0, seed: int = 0,
-                  aps: float = 0.0) -> Workload:
+                  aps: float = 0.0, block: int = BLOCK) -> Workload:
     """Agents for a trace spec; online (aps > 0) start times are Poisson at `aps`/s."""
     if trace.startswith("gen:"):
         parts = trace.split(":")
@@ -103,7 +105,7 @@ def load_workload(trace: str, agents: int, scale: float = 1.0, seed: int = 0,
         starts = np.cumsum(gaps).tolist()
     else:
         starts = [0.0] * len(specs)
-    return Workload(base, specs, starts)
+    return Workload(base, specs, starts, block)
 
 
 def _scaled(turns: tuple[tuple[int, int], ...], scale: float) -> tuple[tuple[int, int], ...]:

@@ -2,9 +2,10 @@
 
     {"id": "t0", "turns": [[608, 148], [430, 160], ...]}
 
-`turns` is a list of [append, gen] pairs of positive token counts (append may be 0
-after the first turn; gen >= 1). Optional "max_len" records the trace's cap. Owns
-parsing, validation (errors name the file and line) and writing; knows nothing about
+`turns` is a non-empty list of [append, gen] pairs of token counts (append >= 1 in the
+first turn, >= 0 after; gen >= 1). Optional "id"; other keys (e.g. "max_len", the
+trace's cap) are kept as meta. Owns parsing, validation (a msgspec Struct with
+constraints; errors name the file, line and field) and writing; knows nothing about
 how trajectories are generated or replayed.
 """
 from __future__ import annotations
@@ -12,7 +13,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Annotated, Any, Iterable
+
+import msgspec
 
 
 class TraceFormatError(ValueError):
@@ -50,33 +53,41 @@ class Trajectory:
         return json.dumps(obj, separators=(",", ":"))
 
 
+Append = Annotated[int, msgspec.Meta(ge=0)]  # tokens a turn appends (0 allowed after the first)
+Gen = Annotated[int, msgspec.Meta(ge=1)]  # tokens a turn generates
+
+
+class TrajectoryLine(msgspec.Struct):
+    """What one line must hold; other keys are kept as the trajectory's `meta`."""
+
+    turns: Annotated[list[tuple[Append, Gen]], msgspec.Meta(min_length=1)]
+    id: str | int | None = None
+
+    def __post_init__(self) -> None:
+        if self.turns[0][0] < 1:
+            raise ValueError("turn 0: the first append must be >= 1 token")
+
+
+def decode_line(text: str, type_: Any, path: str, line: int) -> Any:
+    """One JSON line as `type_` (checked by msgspec); TraceFormatError naming `path:line` and the field."""
+    try:
+        return msgspec.json.decode(text, type=type_)
+    except msgspec.ValidationError as exc:
+        raise TraceFormatError(path, line, str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise TraceFormatError(path, line, f"not JSON ({exc})") from None
+
+
 def parse_line(text: str, path: str = "<string>", line: int = 1) -> Trajectory:
     """One JSONL line -> Trajectory; raises TraceFormatError naming `path:line`."""
+    obj = decode_line(text, dict[str, Any], path, line)
     try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TraceFormatError(path, line, f"not JSON ({exc.msg})") from None
-    if not isinstance(obj, dict):
-        raise TraceFormatError(path, line, "expected an object with 'id' and 'turns'")
-    turns = obj.get("turns")
-    if not isinstance(turns, list) or not turns:
-        raise TraceFormatError(path, line, "'turns' must be a non-empty list of [append, gen]")
-    parsed = tuple(_parse_turn(t, i, path, line) for i, t in enumerate(turns))
-    if parsed[0][0] < 1:
-        raise TraceFormatError(path, line, "turn 0: the first append must be >= 1 token")
+        parsed = msgspec.convert(obj, TrajectoryLine)
+    except msgspec.ValidationError as exc:
+        raise TraceFormatError(path, line, str(exc)) from None
     meta = {k: v for k, v in obj.items() if k not in ("id", "turns")}
-    return Trajectory(str(obj.get("id", f"line{line}")), parsed, meta)
-
-
-def _parse_turn(t: object, i: int, path: str, line: int) -> tuple[int, int]:
-    ok = isinstance(t, (list, tuple)) and len(t) == 2 and all(
-        isinstance(v, int) and not isinstance(v, bool) for v in t)
-    if not ok:
-        raise TraceFormatError(path, line, f"turn {i}: expected [append, gen] integers, got {t!r}")
-    a, g = t  # type: ignore[misc]
-    if a < 0 or g < 1:
-        raise TraceFormatError(path, line, f"turn {i}: need append >= 0 and gen >= 1, got [{a}, {g}]")
-    return a, g
+    name = f"line{line}" if parsed.id is None else str(parsed.id)
+    return Trajectory(name, tuple(parsed.turns), meta)
 
 
 def read_jsonl(path: str | Path, parse, what: str) -> list:

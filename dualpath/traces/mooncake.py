@@ -5,54 +5,43 @@
 `timestamp` is the arrival in ms; `hash_ids` names the prompt's 512-token blocks in order
 (equal ids = equal content; the last block may be partial). `prompt_tokens` maps each
 hash id to a deterministic block of token ids, so two requests whose hash_ids share a
-prefix share exactly that token prefix. Owns parsing (errors name the file and line) and
-the id -> tokens mapping; knows nothing about replaying.
+prefix share exactly that token prefix. Owns parsing (a msgspec Struct with constraints;
+errors name the file, line and field) and the id -> tokens mapping; knows nothing about
+replaying.
 """
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
+import msgspec
 import numpy as np
 
-from dualpath.traces.format import TraceFormatError, read_jsonl
+from dualpath.traces.format import decode_line, read_jsonl
 
 MOONCAKE_BLOCK = 512  # tokens per hash id in the published traces
 
 
-@dataclass(frozen=True, slots=True)
-class MooncakeRequest:
-    timestamp_ms: int
-    input_length: int
-    output_length: int
-    hash_ids: tuple[int, ...]
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+Positive = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class MooncakeRequest(msgspec.Struct, frozen=True):
+    """One request of the trace; decoding checks every field (ranges, types, hash cover)."""
+
+    timestamp_ms: NonNegative = msgspec.field(name="timestamp")  # arrival, ms
+    input_length: Positive
+    output_length: Positive
+    hash_ids: tuple[NonNegative, ...]  # one per MOONCAKE_BLOCK prompt tokens
+
+    def __post_init__(self) -> None:
+        if len(self.hash_ids) * MOONCAKE_BLOCK < self.input_length - MOONCAKE_BLOCK:
+            raise ValueError(f"{len(self.hash_ids)} hash_ids cannot cover input_length {self.input_length}")
 
 
 def parse_line(text: str, path: str = "<string>", line: int = 1) -> MooncakeRequest:
-    """One line -> MooncakeRequest; raises TraceFormatError naming `path:line`."""
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TraceFormatError(path, line, f"not JSON ({exc.msg})") from None
-    if not isinstance(obj, dict):
-        raise TraceFormatError(path, line, "expected an object with timestamp, input_length, output_length, hash_ids")
-    vals = {}
-    for key, low in (("timestamp", 0), ("input_length", 1), ("output_length", 1)):
-        v = obj.get(key)
-        if not _is_int(v) or v < low:
-            raise TraceFormatError(path, line, f"'{key}' must be an integer >= {low}, got {v!r}")
-        vals[key] = v
-    ids = obj.get("hash_ids")
-    if not isinstance(ids, list) or not all(_is_int(h) and h >= 0 for h in ids):
-        raise TraceFormatError(path, line, "'hash_ids' must be a list of non-negative integers")
-    if len(ids) * MOONCAKE_BLOCK < vals["input_length"] - MOONCAKE_BLOCK:
-        raise TraceFormatError(path, line, f"{len(ids)} hash_ids cannot cover input_length {vals['input_length']}")
-    return MooncakeRequest(vals["timestamp"], vals["input_length"], vals["output_length"], tuple(ids))
-
-
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    """One line -> MooncakeRequest; raises TraceFormatError naming `path:line` and the field."""
+    return decode_line(text, MooncakeRequest, path, line)
 
 
 def read_mooncake(path: str | Path) -> list[MooncakeRequest]:

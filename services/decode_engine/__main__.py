@@ -1,3 +1,4 @@
+"""Entry point: `python -m services.decode_engine`."""
 import sys
 
 from services.decode_engine.app import main

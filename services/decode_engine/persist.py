@@ -4,34 +4,40 @@ Prompt blocks the store did not have (the PE computed them) are saved on admissi
 each generated block when decoding completes it. Saving is background work of the
 traffic-manager (bulk class) and never stalls a decode step; the engine keeps a
 request's KV blocks until the TM has copied them out (`busy`), so a block is never
-reused while its bytes are on their way to the store.
+reused while its bytes are on their way to the store. A save the TM refuses or times
+out is logged and skipped (persistence is best effort); an unexpected error is logged
+with its traceback, counted, and ends that request with an error (`on_failure`).
+Receives the bus and callbacks into the engine, never the engine itself.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import Callable
 
 from services.decode_engine.running import RunningSeq
-from shared.bus import BusError
+from shared.bus import Bus, BusError
+from shared.engine.requests import EngineRequest
 from shared.kv.hashing import chain_hash, key_hex
 from shared.messages.storage import StoreLayout
 from shared.messages.tm import SaveCopied, SaveKV
 from shared.messages.work import DecodeAdmit
-
-if TYPE_CHECKING:
-    from services.decode_engine.app import DecodeService
-    from shared.engine.requests import EngineRequest
+from shared.metrics import Metrics
 
 log = logging.getLogger("decode.persist")
 
 
 class Persister:
-    def __init__(self, svc: "DecodeService", layout: StoreLayout):
-        self.svc, self.layout = svc, layout
+    def __init__(self, layout: StoreLayout, node: str, bus: Bus, subject: str, timeout_s: float,
+                 spawn: Callable[..., asyncio.Task], metrics: Metrics, *,
+                 release: Callable[[EngineRequest], None], on_failure: Callable[[EngineRequest, str], None]):
+        self.layout, self.node, self.bus, self.subject, self.timeout_s = layout, node, bus, subject, timeout_s
+        self.spawn, self.release, self.on_failure = spawn, release, on_failure
         self.pending: Counter[str] = Counter()  # req_id -> saves not yet copied out
-        self.deferred: dict[str, "EngineRequest"] = {}
-        self.m_saved = svc.metrics.counter("decode_persisted_blocks_total", "Full blocks handed to persistence")
+        self.deferred: dict[str, EngineRequest] = {}  # released while saves were pending: released after them
+        self.m_saved = metrics.counter("decode_persisted_blocks_total", "Full blocks handed to persistence")
+        self.m_failed = metrics.counter("decode_persist_failures_total", "Saves that failed unexpectedly")
 
     def prompt(self, seq: RunningSeq, admit: DecodeAdmit) -> None:
         """On admission: keys of the prompt's full blocks; save those the store lacks."""
@@ -53,28 +59,33 @@ class Persister:
     def _save(self, seq: RunningSeq, blocks: list[int]) -> None:
         req = seq.req
         self.pending[req.req_id] += 1
-        msg = SaveKV(req.req_id, [req.blocks[b] for b in blocks], [seq.keys[b] for b in blocks],
-                     self.svc.cfg.node, self.layout)
-        self.svc.spawn(self._request(req, msg), name=f"persist-{req.req_id}")
+        msg = SaveKV(req.req_id, [req.blocks[b] for b in blocks], [seq.keys[b] for b in blocks], self.node,
+                     self.layout)
+        self.spawn(self._request(req, msg), name=f"persist-{req.req_id}")
 
-    async def _request(self, req: "EngineRequest", msg: SaveKV) -> None:
-        svc = self.svc
+    async def _request(self, req: EngineRequest, msg: SaveKV) -> None:
         try:
-            res = await svc.bus.request(svc.subjects.tm(svc.engine, "save"), msg, SaveCopied,
-                                        timeout=svc.cfg.load_timeout_s, ctx=req.ctx)
+            res = await self.bus.request(self.subject, msg, SaveCopied, timeout=self.timeout_s, ctx=req.ctx)
             self.m_saved.inc(res.copied)
         except BusError as exc:
             log.warning("persist of %s failed: %s", req.req_id, exc.reason)
+        except Exception as exc:  # noqa: BLE001 - a broken save ends its request, not the engine
+            log.exception("persist of %s failed", req.req_id)
+            self.m_failed.inc()
+            self.on_failure(req, f"persisting its KV failed: {type(exc).__name__}: {exc}")
         finally:
-            self.pending[req.req_id] -= 1
-            if self.pending[req.req_id] <= 0:
-                del self.pending[req.req_id]
-                later = self.deferred.pop(req.req_id, None)
-                if later is not None:
-                    svc._release(later)
+            self._copied(req)
+
+    def _copied(self, req: EngineRequest) -> None:
+        self.pending[req.req_id] -= 1
+        if self.pending[req.req_id] <= 0:
+            del self.pending[req.req_id]
+            later = self.deferred.pop(req.req_id, None)
+            if later is not None:
+                self.release(later)
 
     def busy(self, req_id: str) -> bool:
         return self.pending.get(req_id, 0) > 0
 
-    def release_later(self, req: "EngineRequest") -> None:
+    def release_later(self, req: EngineRequest) -> None:
         self.deferred[req.req_id] = req

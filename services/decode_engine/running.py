@@ -10,6 +10,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.engine.requests import EngineRequest
+from shared.messages.work import DecodeAdmit
+
+
+@dataclass(eq=False)
+class DecodeRequest(EngineRequest):
+    """One record per request a decode engine holds."""
+
+    admit: DecodeAdmit | None = None  # the hand-off (buffer slots, prompt keys); None once loaded
+    failed: str = ""  # set when background work for it failed: the loop ends it with this error
 
 
 @dataclass

@@ -1,3 +1,4 @@
+"""Entry point: `python -m services.prefill_engine`."""
 import sys
 
 from services.prefill_engine.app import main

@@ -1,3 +1,4 @@
+"""Entry point: `python -m services.scheduler`."""
 import sys
 
 from services.scheduler.app import main

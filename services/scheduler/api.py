@@ -11,8 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import time
-from typing import TYPE_CHECKING, AsyncIterator, Callable
+from typing import AsyncIterator, Callable
 
 from opentelemetry import trace
 from starlette.applications import Starlette
@@ -22,6 +21,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from services.scheduler.auth import ApiKeyMiddleware
+from services.scheduler.front import Front
 from services.scheduler.inflight import InFlight
 from services.scheduler.logprobs import LogprobTrack, Reported, logprobs_body
 from services.scheduler.openapi import openapi_document
@@ -32,14 +32,11 @@ from services.scheduler.stops import StopMatcher
 from shared.messages.work import Sampling
 from shared.model.token_text import TokenText
 
-if TYPE_CHECKING:
-    from services.scheduler.app import SchedulerService
-
 tracer = trace.get_tracer("scheduler")
 Event = tuple[str, str, str, list[Reported]]  # (text delta, finish reason or "", error, logprobs it reports)
 
 
-def build_app(svc: "SchedulerService") -> Starlette:
+def build_app(svc: Front) -> Starlette:
     texts = TokenText(svc.tokenizer)  # how tokens read in log-probabilities (cached per id)
 
     async def models(request: Request) -> Response:
@@ -48,19 +45,12 @@ def build_app(svc: "SchedulerService") -> Starlette:
         return JSONResponse({"object": "list", "data": data})
 
     async def health(request: Request) -> Response:
-        now = time.monotonic()
-        pes, des = svc.view.assignable("prefill", now), svc.view.assignable("decode", now)
-        ok = bool(pes and des)
-        return JSONResponse({"status": "ok" if ok else "degraded", "prefill_engines": len(pes),
-                             "decode_engines": len(des), "queued": len(svc.dispatcher.queue),
-                             "running": len(svc.inflight)}, status_code=200 if ok else 503)
+        ok, body = svc.health()
+        return JSONResponse(body, status_code=200 if ok else 503)
 
     async def mesh(request: Request) -> Response:
         """The live mesh as the scheduler sees it: every announced process and where its metrics are."""
-        snap = svc.view.snapshot(time.monotonic(), svc.cfg.mode)
-        snap.update(model=svc.model_id(), vocab_size=svc.tokenizer.vocab_size, max_context=svc.view.max_context(),
-                    block_size=(svc.view.store_layout().block_size if svc.view.store_layout() else 0))
-        return JSONResponse(snap)
+        return JSONResponse(svc.mesh())
 
     async def completions(request: Request) -> Response:
         return await _handle(svc, request, texts, chat=False)
@@ -74,7 +64,7 @@ def build_app(svc: "SchedulerService") -> Starlette:
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/v1/mesh", mesh, methods=["GET"]),
-        Route("/metrics", svc.metrics.endpoint, methods=["GET"]),
+        Route("/metrics", svc.metrics_endpoint, methods=["GET"]),
         Route("/openapi.json", lambda request: JSONResponse(openapi_document()), methods=["GET"]),
     ]
     app = Starlette(routes=routes, middleware=[Middleware(ApiKeyMiddleware, keys=svc.cfg.api_keys)])
@@ -104,7 +94,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _prepare(svc: "SchedulerService", body: bytes, chat: bool):
+def _prepare(svc: Front, body: bytes, chat: bool):
     req = decode_body(body, ChatRequest if chat else CompletionRequest)
     mid = svc.model_id()
     if not mid:
@@ -127,7 +117,7 @@ def _prepare(svc: "SchedulerService", body: bytes, chat: bool):
                 raise ApiError(400, f"token id {bad[0]} outside the vocabulary (0..{svc.tokenizer.vocab_size - 1})",
                                "prompt")
         max_tokens = req.max_tokens
-    max_tokens = check_sampling(req, max_tokens, len(prompt), svc.view.max_context())
+    max_tokens = check_sampling(req, max_tokens, len(prompt), svc.max_context())
     stops = stop_list(req.stop)
     sampling = Sampling(temperature=req.temperature, top_p=req.top_p, seed=req.seed, max_tokens=max_tokens,
                         ignore_eos=req.ignore_eos, logprobs=logprob_count(req))
@@ -136,7 +126,7 @@ def _prepare(svc: "SchedulerService", body: bytes, chat: bool):
     return req, prompt, sampling, stops, mid
 
 
-async def _handle(svc: "SchedulerService", request: Request, texts: TokenText, chat: bool) -> Response:
+async def _handle(svc: Front, request: Request, texts: TokenText, chat: bool) -> Response:
     body = await _read_body(request, svc.cfg.max_body_bytes)
     req, prompt, sampling, stops, mid = _prepare(svc, body, chat)
     rid = new_id("chatcmpl" if chat else "cmpl")
@@ -144,8 +134,7 @@ async def _handle(svc: "SchedulerService", request: Request, texts: TokenText, c
         "req_id": rid, "prompt_tokens": len(prompt), "max_tokens": sampling.max_tokens, "stream": req.stream})
     rec = InFlight(rid, prompt, sampling, ctx=trace.set_span_in_context(span),
                    mode=req.dualpath_mode or svc.cfg.mode)
-    await svc.lookup_hits(rec)
-    svc.submit(rec)
+    await svc.admit(rec)
     events = _events(svc, rec, stops, span)
     show = None if sampling.logprobs is None else functools.partial(logprobs_body, text=texts, chat=chat)
     if req.stream:
@@ -168,7 +157,7 @@ async def _handle(svc: "SchedulerService", request: Request, texts: TokenText, c
     return JSONResponse(body)
 
 
-async def _events(svc: "SchedulerService", rec: InFlight, stops: list[str], span) -> AsyncIterator[Event]:
+async def _events(svc: Front, rec: InFlight, stops: list[str], span) -> AsyncIterator[Event]:
     """(text delta, finish reason or "", error, logprobs to report) per engine event; cancels the
     request if abandoned. Logprobs follow the text as logprobs.py describes."""
     from shared.model.tokenizer import IncrementalDecoder

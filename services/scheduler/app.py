@@ -1,7 +1,8 @@
 """Scheduler wiring: the HTTP front door, the bus, the mesh view, dispatch and liveness.
 
 Owns the lifecycle of every accepted request until its last event reaches the client.
-Policy lives in `dispatch` (and `policy/`); protocol in `protocol`; HTTP handlers in `api`.
+Policy lives in `dispatch` (and `policy/`); a round's inputs and outputs in `placement`;
+protocol in `protocol`; HTTP handlers in `api`, which sees this service only as a `Front`.
 """
 from __future__ import annotations
 
@@ -15,20 +16,25 @@ import msgspec
 from opentelemetry import trace
 
 from services.scheduler.config import SchedulerConfig
-from services.scheduler.dispatch import Dispatcher, EngineLoad, Job
-from services.scheduler.policy import PeThresholds
+from services.scheduler.hits import lookup_hits
 from services.scheduler.inflight import InFlight
-from services.scheduler.journal import Accepted, Journal, JournalError, JournalUnavailable
-from services.scheduler.paths import OracleIndex, ReadQueues
+from services.scheduler.journal import Accepted, Journal, JournalError, JournalUnavailable, cancel_lost
+from services.scheduler.liveness import stranded, unassigned_past
+from services.scheduler.metrics import SchedulerMetrics
+from services.scheduler.oracle import OracleIndex
+from services.scheduler.placement import engine_loads, place
 from services.scheduler.view import MeshView
-from shared.bus import BusError, Delivery
-from shared.http import HttpServer, adopt_socket, bind_socket
+from shared.bus import Delivery
 from shared.engine.store_layout import prompt_keys
+from shared.http import HttpServer, adopt_socket, bind_socket
 from shared.messages.registry import Announce, SchedulerAnnounce
 from shared.messages.storage import HitQuery, HitReply
 from shared.messages.stream import Output, TokenEvent
-from shared.messages.work import Cancel, PrefillWork
+from shared.messages.work import Cancel
 from shared.runtime import Service, service_main
+from shared.sched.dispatch import Dispatcher, Job
+from shared.sched.policy import PeThresholds
+from shared.sched.reads import ReadQueues
 
 log = logging.getLogger("scheduler")
 tracer = trace.get_tracer("scheduler")
@@ -39,7 +45,7 @@ class SchedulerService(Service):
 
     def __init__(self, cfg: SchedulerConfig):
         super().__init__(cfg)
-        from shared.model.tokenizer import load_tokenizer
+        from shared.model.tokenizer_build import load_tokenizer
 
         self.tokenizer = load_tokenizer(cfg.model)
         self.view = MeshView(timeout_s=cfg.liveness_timeout_s)
@@ -52,19 +58,8 @@ class SchedulerService(Service):
         self.http_sock = adopt_socket(cfg.http_fd) if cfg.http_fd >= 0 else \
             bind_socket(cfg.http_host, cfg.http_port, "http_port")  # before NATS: a taken port fails at once
         self.journal: Journal | None = None
-        m = self.metrics
-        self.m_requests = m.counter("requests_total", "Requests answered", ("status",))
-        self.m_prompt = m.counter("prompt_tokens_total", "Prompt tokens accepted")
-        self.m_gen = m.counter("generation_tokens_total", "Tokens generated")
-        self.m_cached = m.counter("cached_prompt_tokens_total", "Prompt tokens served from the store")
-        self.m_ttft = m.histogram("time_to_first_token_seconds", "TTFT")
-        self.m_tpot = m.histogram("time_per_output_token_seconds", "TPOT",
-                                  buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2))
-        self.m_queue = m.gauge("queue_length", "Requests waiting for an engine")
-        self.m_running = m.gauge("requests_running", "Requests assigned and not finished")
-        self.m_engines = m.gauge("engines_live", "Assignable engines", ("role",))
-        self.m_loop_errors = m.counter("loop_errors_total", "Exceptions caught in the scheduler's loops", ("loop",))
-        self.m_resumes = m.counter("request_resumes_total", "Requests resumed on other engines after a failure")
+        self.m = SchedulerMetrics.register(self.metrics)
+        self.metrics_endpoint = self.metrics.endpoint
 
     @property
     def output_subject(self) -> str:
@@ -93,7 +88,7 @@ class SchedulerService(Service):
     def announce(self) -> SchedulerAnnounce:
         return SchedulerAnnounce(instance=self.instance, node=self.cfg.node, metrics_url=self.metrics_url,
                                  pid=os.getpid(), http_url=self.http.url if self.http else "",
-                                 queued=len(self.dispatcher.queue))
+                                 queued=self.dispatcher.waiting())
 
     async def stop(self) -> None:
         for rec in list(self.inflight.values()):
@@ -101,7 +96,7 @@ class SchedulerService(Service):
         if self.http:
             self.http.stop()
 
-    # model identity ---------------------------------------------------------------
+    # what the front door sees (`front.Front`) --------------------------------------
     def model_id(self) -> str:
         if self.cfg.served_model_name:
             return self.cfg.served_model_name
@@ -111,35 +106,34 @@ class SchedulerService(Service):
     def accepts_model(self, name: str | None) -> bool:
         return name is None or name == self.model_id() or name in self.view.model_ids()
 
+    def max_context(self) -> int:
+        return self.view.max_context()
+
+    def health(self) -> tuple[bool, dict]:
+        return self.view.health(time.monotonic(), queued=self.dispatcher.waiting(), running=len(self.inflight))
+
+    def mesh(self) -> dict:
+        return {**self.view.snapshot(time.monotonic(), self.cfg.mode), "model": self.model_id(),
+                "vocab_size": self.tokenizer.vocab_size}
+
+    async def admit(self, rec: InFlight) -> None:
+        await self.lookup_hits(rec)
+        self.submit(rec)
+
     # requests ---------------------------------------------------------------------
     async def lookup_hits(self, rec: InFlight) -> None:
-        """Key the prompt's full blocks and ask a storage-gateway how many leading ones are stored."""
-        layout = self.view.store_layout()
-        if layout is None:
-            return
-        rec.block_keys = prompt_keys(layout, rec.work_prompt)
-        if not rec.block_keys:
-            return
-        if rec.mode == "oracle":  # no store: the oracle's own index of what would be stored
-            rec.hit_blocks = self.oracle.hits(rec.block_keys)
-            return
-        with tracer.start_as_current_span("hit_lookup", context=rec.ctx,
-                                          attributes={"req_id": rec.req_id, "blocks": len(rec.block_keys)}) as span:
-            try:
-                reply = await self.bus.request(self.subjects.sg_any("hit"), HitQuery(layout, rec.block_keys),
-                                               HitReply, timeout=2.0)
-                rec.hit_blocks = reply.blocks
-            except BusError as exc:
-                span.set_attribute("error", exc.reason)  # no gateway: everything is a miss
-            span.set_attribute("hit_blocks", rec.hit_blocks)
+        await lookup_hits(rec, self.view.store_layout(), self.oracle, self._ask_hits)
+
+    async def _ask_hits(self, query: HitQuery) -> HitReply:
+        return await self.bus.request(self.subjects.sg_any("hit"), query, HitReply, timeout=2.0)
 
     def submit(self, rec: InFlight) -> None:
         self.inflight[rec.req_id] = rec
         if self.journal:
             self.journal.note_accepted(Accepted(rec.req_id, time.time(), len(rec.prompt), rec.sampling, self.instance))
         self.dispatcher.enqueue(Job(rec.req_id, len(rec.prompt), rec.sampling.max_tokens))
-        self.m_prompt.inc(len(rec.prompt))
-        self.m_queue.set(self.dispatcher.waiting())
+        self.m.prompt.inc(len(rec.prompt))
+        self.m.queue.set(self.dispatcher.waiting())
         self.kick.set()
 
     async def cancel(self, rec: InFlight, reason: str) -> None:
@@ -147,19 +141,19 @@ class SchedulerService(Service):
         self.dispatcher.remove(rec.req_id)
         if not rec.finished:
             rec.finished = "cancelled"
-        await self.bus.publish(self.subjects.cancel, Cancel(rec.wire_id, reason))
+        await self._cancel(rec.wire_id, reason)
 
     def resume(self, rec: InFlight, why: str) -> bool:
         """Run the request again elsewhere, after the tokens already streamed (False: give up)."""
         if rec.finished or rec.attempt >= self.cfg.max_resumes:
             return False
-        self.spawn(self.bus.publish(self.subjects.cancel, Cancel(rec.wire_id, "resumed elsewhere")))
+        self.spawn(self._cancel(rec.wire_id, "resumed elsewhere"))
         self.reads.done(rec.req_id)
         self.dispatcher.remove(rec.req_id)
         remaining = rec.restart()
         trace.get_current_span().add_event("resume", {"req_id": rec.req_id, "why": why, "attempt": rec.attempt})
         log.warning("resuming %s (attempt %d, %d tokens streamed): %s", rec.req_id, rec.attempt, rec.step0, why)
-        self.m_resumes.inc()
+        self.m.resumes.inc()
         if remaining <= 0:
             rec.events.put_nowait(TokenEvent(rec.req_id, [], rec.next_index, finish="length"))
             rec.finished = "length"
@@ -181,42 +175,35 @@ class SchedulerService(Service):
         if self.journal:
             self.journal.note_finished(rec.req_id, status, rec.next_index)
         self.reads.done(rec.req_id)
+        self.dispatcher.remove(rec.req_id)
         if rec.mode == "oracle" and status == "ok" and rec.tokens:
             layout = self.view.store_layout()
             if layout is not None:  # what decode would have persisted: prompt + generated KV
                 self.oracle.add(prompt_keys(layout, rec.prompt + rec.tokens[:-1]))
-        self.m_requests.labels(status).inc()
-        self.m_gen.inc(rec.next_index)
-        self.m_cached.inc(rec.cached_tokens)
-        if rec.first_at:
-            self.m_ttft.observe(rec.ttft)
-        if rec.next_index > 1:
-            self.m_tpot.observe(rec.tpot)
-        self.m_running.set(sum(1 for r in self.inflight.values() if r.pe))
+        self.m.finished(rec, status)
+        self.m.running.set(self.dispatcher.ledger.placed)
         self.kick.set()
 
     async def _recover(self) -> None:
-        """Requests an earlier life of this scheduler accepted and never answered: their clients are
-        gone. Cancel every attempt on the engines (frees their KV) and count them failed."""
+        """Cancel and count failed what an earlier life of this scheduler left unanswered."""
         await asyncio.sleep(self.cfg.liveness_timeout_s)  # hear live peer schedulers first: theirs are not ours
-        live = set(self.view.schedulers)
         try:
-            lost = [a for a in await self.journal.unfinished() if a.scheduler not in live]
+            n = await cancel_lost(self.journal, set(self.view.schedulers), self._cancel, self.cfg.max_resumes + 1)
         except JournalError as exc:
             log.warning("journal not read, nothing recovered: %s", exc)
             return
-        for acc in lost:
-            for attempt in range(self.cfg.max_resumes + 1):  # engines know wire ids: req_id#attempt
-                await self.bus.publish(self.subjects.cancel, Cancel(f"{acc.req_id}#{attempt}", "scheduler restarted"))
-            self.m_requests.labels("error").inc()
-            self.journal.note_finished(acc.req_id, "error", 0)  # the next restart does not redo it
-        if lost:
-            log.warning("%d requests left unfinished by a previous scheduler: cancelled, counted failed", len(lost))
+        self.m.requests.labels("error").inc(n)
+        if n:
+            log.warning("%d requests left unfinished by a previous scheduler: cancelled, counted failed", n)
+
+    async def _cancel(self, wire_id: str, reason: str) -> None:
+        await self.bus.publish(self.subjects.cancel, Cancel(wire_id, reason))
 
     # bus handlers -------------------------------------------------------------------
     async def _on_announce(self, msg, d: Delivery) -> None:
         self.view.update(msg, time.monotonic())
-        self.kick.set()
+        if self.dispatcher.waiting():  # a heartbeat matters to dispatch only while something waits
+            self.kick.set()
 
     async def _on_output(self, msg: Output, d: Delivery) -> None:
         """Engine output: one TokenEvent (a first token, a failure) or a decode step's StepEvents,
@@ -229,7 +216,7 @@ class SchedulerService(Service):
                 self._on_event(ev, msg.source)
             except Exception:  # noqa: BLE001 - one bad entry must not cost the step's other requests
                 log.exception("output event for %s failed; dropped", ev.req_id)
-                self.m_loop_errors.labels("output").inc()
+                self.m.loop_errors.labels("output").inc()
 
     def _on_event(self, ev: TokenEvent, source: str) -> None:
         base, _, attempt = ev.req_id.partition("#")
@@ -241,67 +228,42 @@ class SchedulerService(Service):
         ev = msgspec.structs.replace(ev, req_id=base, index=ev.index + rec.step0, source=source)
         out = rec.accept(ev)
         if out is not None:
-            if out.index == 0:
-                self.reads.done(rec.req_id)  # prefill is over: its storage reads are done
+            if out.index == rec.step0:  # this attempt's prefill is over: its reads are done, its PE is free
+                self.reads.done(rec.req_id)
+                self.dispatcher.prefill_done(rec.req_id)
             rec.events.put_nowait(out)
 
     # loops ----------------------------------------------------------------------------
     async def _dispatch_loop(self) -> None:
         while True:
             await self.kick.wait()
+            await asyncio.sleep(0)  # kicks already on their way (a burst of heartbeats, submits) share this round
             self.kick.clear()
             try:
                 await self._assign()
             except Exception:  # noqa: BLE001 - a bad request must never stop dispatching
                 log.exception("dispatch failed; continuing")
-                self.m_loop_errors.labels("dispatch").inc()
-
-    def _loads(self, role: str, now: float) -> list[EngineLoad]:
-        loads = []
-        for eng in self.view.assignable(role, now):
-            mine = [r for r in self.inflight.values() if (r.pe if role == "prefill" else r.de) == eng.engine]
-            if role == "prefill":  # tok_e on the PE side: prompt tokens still to prefill
-                held = [self.inflight[q] for q, pe in self.dispatcher.pe_of.items()
-                        if pe == eng.engine and q in self.inflight]  # PE chosen, DE not yet
-                mine = [r for r in mine if not r.first_at] + held
-                tok = sum(len(r.prompt) for r in mine)
-            else:
-                tok = sum(len(r.prompt) + r.sampling.max_tokens for r in mine)
-            loads.append(EngineLoad(eng.engine, tok=tok, seq=len(mine),
-                                    capacity_tokens=eng.total_blocks * eng.kv.block_size,
-                                    group=eng.group or eng.node, node=eng.node,
-                                    read_q=self.reads.pending.get(eng.node, 0)))
-        return loads
+                self.m.loop_errors.labels("dispatch").inc()
 
     async def _assign(self) -> None:
+        """One round: engine loads from the ledger (O(engines)), placements, their work published."""
+        self.m.rounds.inc()
         now = time.monotonic()
-        pes, des = self._loads("prefill", now), self._loads("decode", now)
-        self.m_engines.labels("prefill").set(len(pes))
-        self.m_engines.labels("decode").set(len(des))
+        pes = engine_loads(self.view, self.dispatcher.ledger, self.reads, "prefill", now)
+        des = engine_loads(self.view, self.dispatcher.ledger, self.reads, "decode", now)
+        self.m.engines.labels("prefill").set(len(pes))
+        self.m.engines.labels("decode").set(len(des))
         for a in self.dispatcher.assign(pes, des):
             rec = self.inflight.get(a.req_id)
             if rec is None:
+                self.dispatcher.remove(a.req_id)
                 continue
             rec.pe, rec.de, rec.assigned_at = a.pe, a.de, time.monotonic()
-            pe_node, de_node = self.view.node_of(a.pe), self.view.node_of(a.de)
-            bs = self.view.store_layout().block_size if self.view.store_layout() else 64
-            usable = min(rec.hit_blocks, (len(rec.work_prompt) - 1) // bs)
-            path = self.reads.decide(rec.mode, usable if rec.mode != "oracle" else 0, pe_node, de_node, bs,
-                                     force=self.cfg.read_path)
-            self.reads.hold(rec.req_id, path, pe_node, de_node, bs)
-            with tracer.start_as_current_span("assign", context=rec.ctx, attributes={
-                    "req_id": rec.req_id, "pe": a.pe, "de": a.de, "mode": rec.mode,
-                    "queue_wait_s": rec.assigned_at - rec.arrived, "hit_blocks": rec.hit_blocks,
-                    "read_path": path.path, "pe_path_blocks": path.pe_blocks, "de_path_blocks": path.de_blocks,
-                    "pe_read_queue_tokens": path.pe_queue, "de_read_queue_tokens": path.de_queue,
-                    "read_path_reason": path.reason}):
-                work = PrefillWork(rec.wire_id, rec.work_prompt, rec.work_sampling(), a.de, self.output_subject,
-                                   block_keys=rec.block_keys, hit_blocks=rec.hit_blocks, read_node=pe_node,
-                                   mode=rec.mode, pe_blocks=path.pe_blocks if path.de_blocks else -1,
-                                   de_node=de_node)
-                await self.bus.publish(self.subjects.prefill_work(a.pe), work)
-        self.m_queue.set(self.dispatcher.waiting())
-        self.m_running.set(sum(1 for r in self.inflight.values() if r.pe))
+            placed = place(rec, a.pe, a.de, self.view, self.reads, self.output_subject, self.cfg.read_path)
+            with tracer.start_as_current_span("assign", context=rec.ctx, attributes=placed.span_attributes(rec)):
+                await self.bus.publish(self.subjects.prefill_work(a.pe), placed.work)
+        self.m.queue.set(self.dispatcher.waiting())
+        self.m.running.set(self.dispatcher.ledger.placed)
 
     async def _liveness_loop(self) -> None:
         while True:
@@ -310,7 +272,7 @@ class SchedulerService(Service):
                 self._check_liveness()
             except Exception:  # noqa: BLE001
                 log.exception("liveness check failed; continuing")
-                self.m_loop_errors.labels("liveness").inc()
+                self.m.loop_errors.labels("liveness").inc()
 
     def _check_liveness(self) -> None:
         """Resume (or fail) the requests of engines that went silent; expire unassigned requests."""
@@ -318,20 +280,15 @@ class SchedulerService(Service):
         for engine in self.view.dead_engines(now):
             log.warning("engine %s stopped heartbeating; resuming its requests elsewhere", engine)
             self.view.forget(engine)
-            for rec in list(self.inflight.values()):
-                if engine not in (rec.pe, rec.de) or rec.finished:
-                    continue
-                if engine == rec.pe and rec.de != engine and rec.next_index > rec.step0 + 1:
-                    continue  # its decode engine already holds it: the prefill side is done
+            for rec in stranded(list(self.inflight.values()), engine):
                 why = f"engine {engine} stopped responding"
                 if not self.resume(rec, why):
                     rec.fail(why)
-                    self.spawn(self.bus.publish(self.subjects.cancel, Cancel(rec.wire_id, why)))
-        for rec in list(self.inflight.values()):
-            if not rec.pe and now - rec.queued_at > self.cfg.assign_timeout_s:
-                self.dispatcher.remove(rec.req_id)
-                rec.fail("no engine available to serve the request")
-                self.spawn(self.bus.publish(self.subjects.cancel, Cancel(rec.wire_id, "not assigned in time")))
+                    self.spawn(self._cancel(rec.wire_id, why))
+        for rec in unassigned_past(list(self.inflight.values()), now, self.cfg.assign_timeout_s):
+            self.dispatcher.remove(rec.req_id)
+            rec.fail("no engine available to serve the request")
+            self.spawn(self._cancel(rec.wire_id, "not assigned in time"))
         self.kick.set()
 
 

@@ -26,6 +26,7 @@ import datetime
 import logging
 import re
 import time
+from typing import Awaitable, Callable
 
 import msgspec
 import nats
@@ -197,3 +198,17 @@ class Journal:
                 pass
         return [r for r in fold(entries) if (since is None or r.accepted_at >= since)
                 and (scheduler is None or r.scheduler == scheduler)]
+
+
+async def cancel_lost(journal: Journal, live: set[str], cancel: Callable[[str, str], Awaitable[None]],
+                      attempts: int) -> int:
+    """Requests an earlier life of this scheduler accepted and never answered (their clients are
+    gone): cancel every attempt on the engines (wire ids `req_id#attempt`; frees their KV) and
+    journal them finished so the next restart does not redo them. Requests of the `live` peer
+    schedulers are theirs. Returns how many; raises JournalError when the journal is unreadable."""
+    lost = [a for a in await journal.unfinished() if a.scheduler not in live]
+    for acc in lost:
+        for attempt in range(attempts):
+            await cancel(f"{acc.req_id}#{attempt}", "scheduler restarted")
+        journal.note_finished(acc.req_id, "error", 0)
+    return len(lost)

@@ -86,6 +86,13 @@ class MeshView:
         seen = self.engines.get(engine)
         return seen.msg.node if seen else ""
 
+    def health(self, now: float, queued: int, running: int) -> tuple[bool, dict]:
+        """(serving: at least one assignable engine of each role, the /health body)."""
+        pes, des = self.assignable("prefill", now), self.assignable("decode", now)
+        ok = bool(pes and des)
+        return ok, {"status": "ok" if ok else "degraded", "prefill_engines": len(pes), "decode_engines": len(des),
+                    "queued": queued, "running": running}
+
     def snapshot(self, now: float, mode: str) -> dict:
         """JSON-ready view: every live process, its role, node and metrics URL (for tools)."""
         def rows(table: dict) -> list[dict]:
@@ -102,5 +109,7 @@ class MeshView:
                 out.append(row)
             return out
 
+        layout = self.store_layout()
         return {"mode": mode, "engines": rows(self.engines), "traffic_managers": rows(self.tms),
-                "gateways": rows(self.gateways), "schedulers": rows(self.schedulers)}
+                "gateways": rows(self.gateways), "schedulers": rows(self.schedulers),
+                "max_context": self.max_context(), "block_size": layout.block_size if layout else 0}

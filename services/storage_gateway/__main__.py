@@ -1,3 +1,4 @@
+"""Entry point: `python -m services.storage_gateway`."""
 import sys
 
 from services.storage_gateway.app import main

@@ -96,7 +96,8 @@ class GatewayService(Service):
         await d.respond(HitReply(blocks=n))
 
     async def _on_read(self, msg: ReadBlocks, d: Delivery) -> None:
-        self.spawn(self._read(msg, d), name=f"read-{msg.req_id}")
+        self.spawn(self._read(msg, d), name=f"read-{msg.req_id}",
+                   on_error=lambda exc: d.respond(ReadDone(error=f"{type(exc).__name__}: {exc}")))
 
     async def _read(self, msg: ReadBlocks, d: Delivery) -> None:
         t0 = time.perf_counter()
@@ -121,7 +122,8 @@ class GatewayService(Service):
         await d.respond(ReadDone(blocks=res.blocks, bytes=res.bytes, seconds=dt, stop_reason=res.stop_reason or ""))
 
     async def _on_write(self, msg: WriteBlock, d: Delivery) -> None:
-        self.spawn(self._write(msg, d), name=f"write-{msg.key[:8]}")
+        self.spawn(self._write(msg, d), name=f"write-{msg.key[:8]}",
+                   on_error=lambda exc: d.respond(WriteDone(error=f"{type(exc).__name__}: {exc}")))
 
     async def _write(self, msg: WriteBlock, d: Delivery) -> None:
         with tracer.start_as_current_span("storage_write", context=d.ctx, attributes={"key": msg.key}):

@@ -6,24 +6,21 @@ is a Full Block (``shared/kv/full_block.py``). One model's blocks live under the
 own fingerprint directory; keys are salted by the fingerprint anyway.
 
 Protocol of one write: ``exists? -> skip``; reserve space (evict LRU, unpinned);
-write header+payload to a unique temp file in the target directory (``O_EXCL``);
-optional fsync; ``os.replace`` onto the final name. Concurrent writers of the same
-block each rename a complete file with identical content; the last rename wins.
+write the file atomically (temp file + ``os.replace``, ``block_file.py``). Concurrent
+writers of the same block each rename a complete file with identical content; the last
+rename wins.
 
-Protocol of one read: pin; open; fstat (size check); one ``preadv`` of two iovecs —
-header into a 4 KiB scratch, the payload's first chunk straight into the caller's
-slice — then the rest chunk by chunk into the same slice (no intermediate copy):
-cached bytes in big reads that never wait for the disk (``RWF_NOWAIT``), the others
-in small blocking reads; header fields verified, the payload checksum computed in
-place as each chunk lands; touch mtime (throttled); unpin.
+Protocol of one read: pin; open; fstat; the verified read of ``block_file.py`` (size,
+header fields and payload checksum, straight into the caller's slice); touch mtime
+(throttled); unpin.
 Any fault deletes that exact file (inode-checked), is counted, and raises
 ``BlockCorrupt``; no file raises ``BlockMissing``. Either is a miss, never wrong
 output. Eviction unlinks; on POSIX a reader holding the file open keeps reading the
 old inode intact, so eviction by another gateway never corrupts a read in flight.
 
 Owns: ``DirectoryStore``, ``WriteOutcome``.
-Does not own: the LRU bookkeeping (``lru.py``), the format (``shared/kv``),
-rate limiting or threads (``engine.py``).
+Does not own: the file-level write and verified read (``block_file.py``), the LRU
+bookkeeping (``lru.py``), the format (``shared/kv``), rate limiting or threads (``engine.py``).
 """
 
 from __future__ import annotations
@@ -32,34 +29,18 @@ import enum
 import os
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 from services.storage_gateway import fileio
+from services.storage_gateway.block_file import BlockReader, bytes_view, file_mtime, unlink_quiet, write_file
 from services.storage_gateway.errors import BlockCorrupt, BlockMissing
 from services.storage_gateway.lru import LruIndex
-from services.storage_gateway.scan import SUFFIX, TEMP_SUFFIX, scan_blocks
+from services.storage_gateway.scan import SUFFIX, scan_blocks
 from services.storage_gateway.stats import StoreCounters, StoreStats
-from shared.kv.full_block import (
-    HEADER_SIZE,
-    FullBlockError,
-    SizeMismatch,
-    check_checksum,
-    decode_header,
-    encode_header,
-    payload_checksum,
-    payload_hasher,
-)
+from shared.kv.full_block import HEADER_SIZE, FullBlockError, SizeMismatch
 from shared.kv.layout import KVLayout
-
-# Bytes per read syscall, each hashed right after it lands (while cache-hot). Cached
-# bytes come in big reads (8 MiB blocks: 1.16x faster at 2 MiB than 256 KiB, no gain
-# past it); bytes not cached in small ones, so the kernel's read-ahead runs ahead of
-# the copy and the hash (cold: 1.6x faster at 256 KiB than at 2 MiB).
-READ_CHUNK = 2 * 2**20
-COLD_CHUNK = 256 * 1024
 
 
 class WriteOutcome(enum.IntEnum):
@@ -96,7 +77,7 @@ class DirectoryStore:
         self._reserved = 0  # bytes of writes in flight (counted against capacity)
         self._counters = StoreCounters()
         self._made_dirs: set[str] = set()
-        self._nowait_reads = True  # until the file system refuses RWF_NOWAIT
+        self._reader = BlockReader(fingerprint, layout)
         os.makedirs(self.dir, exist_ok=True)
         self._scan(stale_temp_s)
         with self._lock:
@@ -146,7 +127,7 @@ class DirectoryStore:
     # ----- write ------------------------------------------------------------
     def write(self, key: bytes, payload: memoryview | bytes) -> WriteOutcome:
         """Store one Full Block payload atomically; existing blocks are skipped."""
-        payload = _bytes_view(payload)
+        payload = bytes_view(payload)
         if len(payload) != self.layout.payload_bytes:
             raise SizeMismatch(self.layout.payload_bytes, len(payload))
         path = self.path_for(key)
@@ -183,22 +164,7 @@ class DirectoryStore:
     def _write_file(self, key: bytes, path: str, payload: memoryview) -> None:
         parent = os.path.dirname(path)
         self._ensure_dir(parent)
-        tmp = os.path.join(parent, f".{key.hex()}.{os.getpid()}.{uuid.uuid4().hex}{TEMP_SUFFIX}")
-        header = encode_header(key, self.fingerprint, self.layout, payload_checksum(payload))
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            try:
-                fileio.writev_all(fd, [memoryview(header), payload])
-                if self._fsync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-        except BaseException:
-            _unlink_quiet(tmp)
-            raise
-        if self._fsync:
-            fileio.fsync_dir(parent)
+        write_file(path, key, self.fingerprint, self.layout, payload, fsync=self._fsync)
 
     def _ensure_dir(self, parent: str) -> None:
         if parent not in self._made_dirs:
@@ -211,7 +177,7 @@ class DirectoryStore:
 
         Returns the payload bytes. Raises ``BlockMissing`` / ``BlockCorrupt``.
         """
-        dest = _bytes_view(dest)
+        dest = bytes_view(dest)
         size = self.layout.payload_bytes
         if len(dest) < size or dest.readonly:
             raise ValueError(f"dest must be a writable buffer of >= {size} bytes")
@@ -234,49 +200,13 @@ class DirectoryStore:
         try:
             st = os.fstat(fd)
             try:
-                self._read_fd(fd, st, key, dest)
+                self._reader.read_fd(fd, st, key, dest)
             except FullBlockError as exc:
                 self._discard_corrupt(path, st, key)
                 raise BlockCorrupt(key, str(exc)) from exc
             self._maybe_touch(path, st)
         finally:
             os.close(fd)
-
-    def _read_fd(self, fd: int, st: os.stat_result, key: bytes, dest: memoryview) -> None:
-        """Header and a small first chunk in one ``preadv``; then what the page
-        cache holds in big non-blocking reads, the rest in small blocking ones."""
-        if st.st_size != self.block_file_bytes:
-            raise SizeMismatch(self.block_file_bytes, st.st_size, what="file")
-        header = bytearray(HEADER_SIZE)
-        first = dest[:COLD_CHUNK]
-        _pread(fd, [memoryview(header), first], 0)
-        hdr = decode_header(
-            header,
-            expected_key=key,
-            expected_fingerprint=self.fingerprint,
-            expected_layout=self.layout,
-        )
-        hasher = payload_hasher()
-        hasher.update(first)
-        off = len(first)
-        while off < len(dest):
-            part = dest[off : off + READ_CHUNK]
-            got = self._pread_cached(fd, part, HEADER_SIZE + off)
-            if got == 0:  # not cached (or no such read here): wait for the disk
-                part = dest[off : off + COLD_CHUNK]
-                got = _pread(fd, [part], HEADER_SIZE + off)
-            hasher.update(part[:got])
-            off += got
-        check_checksum(hdr, hasher.intdigest())
-
-    def _pread_cached(self, fd: int, part: memoryview, offset: int) -> int:
-        if not self._nowait_reads:
-            return 0
-        got = fileio.pread_cached(fd, part, offset)
-        if got is None:  # the file system has no non-blocking reads: stop asking
-            self._nowait_reads = False
-            return 0
-        return got
 
     def _maybe_touch(self, path: str, st: os.stat_result) -> None:
         """Share recency with other gateways on the same root via mtime."""
@@ -313,11 +243,11 @@ class DirectoryStore:
                 return False
             key, entry = victim
             path = self.path_for(key)
-            mtime = _mtime(path)
+            mtime = file_mtime(path)
             if mtime is not None and mtime > entry.used_at + 1e-3:
                 self._index.touch(key, entry.size, mtime)
                 continue
-            _unlink_quiet(path)
+            unlink_quiet(path)
             self._index.remove(key)
             self._counters.evictions += int(mtime is not None)
             self._counters.evicted_bytes += entry.size if mtime is not None else 0
@@ -356,31 +286,3 @@ class DirectoryStore:
             cap = self.capacity_bytes
             assert cap is None or self._index.total_bytes <= cap or len(self._index) == 0
 
-
-def _bytes_view(buf: memoryview | bytes | bytearray) -> memoryview:
-    view = memoryview(buf)
-    if view.format != "B" or view.ndim != 1:
-        view = view.cast("B")
-    return view
-
-
-def _pread(fd: int, bufs: list[memoryview], offset: int) -> int:
-    want = sum(len(b) for b in bufs)
-    got = fileio.preadv_exact(fd, bufs, offset)
-    if got != want:  # truncated while we read
-        raise SizeMismatch(want, got, what="file read")
-    return got
-
-
-def _mtime(path: str) -> float | None:
-    try:
-        return os.stat(path).st_mtime
-    except FileNotFoundError:
-        return None
-
-
-def _unlink_quiet(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass

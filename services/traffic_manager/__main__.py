@@ -1,3 +1,4 @@
+"""Entry point: `python -m services.traffic_manager`."""
 import sys
 
 from services.traffic_manager.app import main

@@ -1,16 +1,18 @@
 """Traffic-manager wiring: control over NATS, bytes over the data plane.
 
-Owns the engine's DRAM buffer (slots of one KV block each), the data-plane endpoint
-with regions "buf" (the buffer) and "kv" (the engine's KV memory, attached once the
-engine announces it), and connections to other traffic-managers.
+Owns the engine's DRAM buffer (slots of one KV block each, `pool.py`), the data-plane
+endpoint with regions "buf" (the buffer) and "kv" (the engine's KV memory, attached once
+the engine announces it), and connections to other traffic-managers. The storage paths
+(`fetch.py`, `store_path.py`) receive their collaborators (`parts.py`), not this service.
 
 Push (PE side): PushKV -> Reserve at the DE's TM -> write blocks kv -> remote buf -> PushDone.
 Reserve (DE side): allocate buffer slots for a request.
 Load (DE side): copy buffer slots -> KV blocks (local H2D), free the slots.
+Every request is answered, also when it fails: before KV memory is attached, when its
+task raises (the task's `on_error` replies), and a fetch with `LayerLoaded(error=...)`.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import time
@@ -19,13 +21,16 @@ import msgspec
 from opentelemetry import trace
 
 from services.traffic_manager.config import TrafficManagerConfig
+from services.traffic_manager.fetch import FetchPath
+from services.traffic_manager.parts import TMParts
+from services.traffic_manager.pool import BufferPool
+from services.traffic_manager.read_queues import ReadQueues
 from services.traffic_manager.store_path import StorePath
-from services.traffic_manager.waitline import WaitLine
 from shared.bus import BusError, Delivery
-from shared.engine.requests import RecentSet
-from shared.kv.allocator import OutOfSlots, SlotAllocator
+from shared.kv.allocator import OutOfSlots
 from shared.messages.registry import Announce, EngineAnnounce, GatewayAnnounce, KVRegion, TrafficManagerAnnounce
-from shared.messages.tm import FetchKV, LoadKV, PushDone, PushKV, Release, Reserve, Reserved, SaveKV, Stage
+from shared.messages.tm import (FetchKV, LayerLoaded, LoadKV, PushDone, PushKV, Release, Reserve, Reserved,
+                                SaveCopied, SaveKV, Stage, Staged)
 from shared.messages.work import Cancel
 from shared.runtime import Service, service_main
 from shared.transport.base import EndpointDesc, Op, Peer, TrafficClass
@@ -35,6 +40,11 @@ log = logging.getLogger("tm")
 tracer = trace.get_tracer("traffic-manager")
 _desc_encoder = msgspec.msgpack.Encoder()
 _desc_decoder = msgspec.msgpack.Decoder(EndpointDesc)
+NOT_ATTACHED = "engine KV memory not attached yet"
+
+
+def _why(exc: Exception) -> str:
+    return exc.reason if isinstance(exc, BusError) else f"{type(exc).__name__}: {exc}"
 
 
 class TrafficManagerService(Service):
@@ -42,24 +52,18 @@ class TrafficManagerService(Service):
 
     def __init__(self, cfg: TrafficManagerConfig):
         super().__init__(cfg)
-        self.buffer = ShmRegion.create(new_name("tm-buf"), cfg.buffer_mb << 20)
-        self.endpoint = None
-        self.layout: KVRegion | None = None
-        self.kv_region: ShmRegion | None = None
-        self.slots: SlotAllocator | None = None
-        self.remote: dict[str, EndpointDesc] = {}  # engine -> its TM's endpoint
-        self.peers: dict[str, Peer] = {}
-        self.store_path = StorePath(self)
-        self.cancelled = RecentSet()  # released/cancelled ids: a reservation arriving after them is dropped
-        self.busy: set[str] = set()  # requests whose slots a storage read still targets
-        self.free_later: set[str] = set()  # released while busy: freed when the read ends
-        self.line: WaitLine | None = None  # who waits for buffer room (set with the slots)
-        self.gateways: dict[str, GatewayAnnounce] = {}  # node -> its storage-gateway's last announcement
-        self.reading: dict[str, int] = {}  # node -> bytes this TM asked that node's gateway for, not yet read
         m = self.metrics
         self.m_bytes = m.counter("tm_bytes_total", "Bytes moved on the data plane", ("kind",))
         self.m_xfer = m.histogram("tm_transfer_seconds", "Transfer time", ("kind",))
-        self.m_free = m.gauge("tm_buffer_free_bytes", "Free DRAM buffer bytes")
+        self.pool = BufferPool(ShmRegion.create(new_name("tm-buf"), cfg.buffer_mb << 20), cfg.transfer_timeout_s,
+                               m.gauge("tm_buffer_free_bytes", "Free DRAM buffer bytes"))
+        self.queues = ReadQueues(cfg.transfer_timeout_s)
+        self.endpoint = None
+        self.kv_region: ShmRegion | None = None
+        self.remote: dict[str, EndpointDesc] = {}  # engine -> its TM's endpoint
+        self.peers: dict[str, Peer] = {}
+        self.fetch_path: FetchPath | None = None  # set in start(), once the endpoint is up
+        self.store_path: StorePath | None = None
 
     async def start(self) -> None:
         from shared.transport.registry import create_endpoint
@@ -69,7 +73,10 @@ class TrafficManagerService(Service):
                                         weights=(cfg.latency_weight, cfg.bulk_weight))
         await self.endpoint.start()
         log.info("data plane: %s transport (%s)", self.endpoint.backend, self.endpoint.why)
-        self.endpoint.register("buf", self.buffer.buf, shm_name=self.buffer.name)
+        self.endpoint.register("buf", self.pool.buffer.buf, shm_name=self.pool.buffer.name)
+        parts = TMParts(cfg, self.bus, self.subjects, self.metrics, self.pool, self.endpoint, self.peer, self.queues,
+                        self.m_bytes, self.spawn)
+        self.fetch_path, self.store_path = FetchPath(parts), StorePath(parts)
         s, e = self.subjects, cfg.engine
         await self.bus.subscribe(s.heartbeat, Announce, self._on_announce)
         await self.bus.subscribe(s.tm(e, "push"), PushKV, self._on_push)
@@ -82,29 +89,29 @@ class TrafficManagerService(Service):
         await self.bus.subscribe(s.cancel, Cancel, self._on_release)
 
     def announce(self) -> TrafficManagerAnnounce:
-        free = self.slots.free * self.layout.block_nbytes if self.slots else self.buffer.size
         return TrafficManagerAnnounce(
             instance=self.instance, node=self.cfg.node, metrics_url=self.metrics_url, pid=os.getpid(),
             engine=self.cfg.engine, endpoint=_desc_encoder.encode(self.endpoint.desc()) if self.endpoint else b"",
-            buffer_bytes=self.buffer.size, buffer_free_bytes=free, ready=self.kv_region is not None)
+            buffer_bytes=self.pool.buffer.size, buffer_free_bytes=self.pool.free_bytes(),
+            ready=self.kv_region is not None)
 
     async def stop(self) -> None:
         for peer in self.peers.values():
             await peer.close()
         if self.endpoint:
             await self.endpoint.close()
-        for region in (self.kv_region, self.buffer):
+        for region in (self.kv_region, self.pool.buffer):
             if region is not None:
                 try:
                     region.close()
                 except BufferError:
                     pass
-        self.buffer.unlink()
+        self.pool.buffer.unlink()
 
     # directory ------------------------------------------------------------------
     async def _on_announce(self, msg, d: Delivery) -> None:
         if isinstance(msg, GatewayAnnounce):
-            self.gateways[msg.node] = msg
+            self.queues.note(msg)
         elif isinstance(msg, EngineAnnounce) and msg.engine == self.cfg.engine and msg.kv is not None:
             self._attach(msg.kv)
         elif isinstance(msg, TrafficManagerAnnounce) and msg.engine != self.cfg.engine and msg.endpoint:
@@ -120,19 +127,17 @@ class TrafficManagerService(Service):
                 self.peers[msg.engine].refresh(desc)
 
     def _attach(self, layout: KVRegion) -> None:
-        if self.layout is not None and self.layout.shm_name == layout.shm_name:
+        if self.pool.layout is not None and self.pool.layout.shm_name == layout.shm_name:
             return
         if self.kv_region is not None:  # the engine restarted with new KV memory
             self.kv_region.close()
         self.kv_region = ShmRegion.attach(layout.shm_name)
         self.endpoint.register("kv", self.kv_region.buf, shm_name=layout.shm_name)
-        self.layout = layout
-        self.slots = SlotAllocator(max(1, self.buffer.size // layout.block_nbytes))
-        self.line = WaitLine(self.slots)
-        self.m_free.set(self.slots.free * layout.block_nbytes)
+        self.pool.attach(layout)
         log.info("attached KV memory %s (%d blocks)", layout.shm_name, layout.num_blocks)
 
-    async def _peer(self, engine: str) -> Peer:
+    async def peer(self, engine: str) -> Peer:
+        """A data-plane connection to `engine`'s traffic-manager (made on first use)."""
         peer = self.peers.get(engine)
         if peer is None:
             desc = self.remote.get(engine)
@@ -141,39 +146,21 @@ class TrafficManagerService(Service):
             peer = self.peers[engine] = await self.endpoint.connect(desc)
         return peer
 
-    def read_wait(self, node: str, nbytes: int = 0) -> float:
-        """Seconds a read of `nbytes` queued now at `node`'s gateway waits for its storage NIC
-        (from the gateway's last announcement; 0 when uncapped or unknown). Storage deadlines
-        add it: a read queued behind minutes of others is slow, not lost."""
-        g = self.gateways.get(node)
-        if g is None or g.read_bytes_per_s <= 0:
-            return 0.0
-        # the announcement may be a heartbeat old: this TM's own outstanding reads are known now
-        return (max(g.read_q_bytes, self.reading.get(node, 0)) + nbytes) / g.read_bytes_per_s
-
-    @contextlib.contextmanager
-    def read_at(self, node: str, nbytes: int):
-        """Count `nbytes` as outstanding at `node` for as long as the block runs."""
-        self.reading[node] = self.reading.get(node, 0) + nbytes
-        try:
-            yield
-        finally:
-            self.reading[node] -= nbytes
-
     # push (PE side) ------------------------------------------------------------------
     async def _on_push(self, msg: PushKV, d: Delivery) -> None:
-        self.spawn(self._push(msg, d), name=f"push-{msg.req_id}")
+        self.spawn(self._push(msg, d), name=f"push-{msg.req_id}",
+                   on_error=lambda exc: d.respond(PushDone(ok=False, error=_why(exc))))
 
     async def _push(self, msg: PushKV, d: Delivery) -> None:
-        bn = self.layout.block_nbytes if self.layout else 0
+        bn = self.pool.block_nbytes
         nbytes = bn * len(msg.src_blocks)
         t0 = time.perf_counter()
         with tracer.start_as_current_span("kv_transfer", context=d.ctx, attributes={
                 "req_id": msg.req_id, "dst_engine": msg.dst_engine, "blocks": len(msg.src_blocks),
                 "bytes": nbytes, "transport": self.cfg.transport}) as span:
             try:
-                if not self.layout:
-                    raise BusError("push", "engine KV memory not attached yet")
+                if not self.pool.ready:
+                    raise BusError("push", NOT_ATTACHED)
                 if msg.dst_slots:  # DE read path: slots were reserved when the hits were staged
                     res = Reserved(slots=msg.dst_slots)
                 else:
@@ -188,7 +175,7 @@ class TrafficManagerService(Service):
                 nbytes = bn * len(ops)
                 span.set_attributes({"bytes": nbytes, "blocks_sent": len(ops), "blocks_skipped": len(skip)})
                 if ops:
-                    peer = await self._peer(msg.dst_engine)
+                    peer = await self.peer(msg.dst_engine)
                     await peer.write(ops, TrafficClass.LATENCY, timeout=self.cfg.transfer_timeout_s)
             except Exception as exc:  # noqa: BLE001 - BusError and transport errors both end the push
                 span.record_exception(exc)
@@ -200,37 +187,33 @@ class TrafficManagerService(Service):
             await d.respond(PushDone(slots=res.slots, nbytes=nbytes, seconds=dt))
 
     # reserve / load / release (DE side) --------------------------------------------------
-    async def allocate_wait(self, owner: str, n: int) -> list[int]:
-        """Buffer slots for `owner`, waiting in line (up to the transfer deadline) for room."""
-        return await self.line.allocate(owner, n, self.cfg.transfer_timeout_s, lambda o: o in self.cancelled)
-
-    def spare_slots(self) -> int:
-        """Free slots nobody is waiting for (what best-effort persistence may take)."""
-        return self.line.spare()
-
     async def _on_reserve(self, msg: Reserve, d: Delivery) -> None:
-        if self.slots is None:
-            await d.respond(Reserved(ok=False, error="engine KV memory not attached yet"))
+        if not self.pool.ready:
+            await d.respond(Reserved(ok=False, error=NOT_ATTACHED))
             return
-        self.spawn(self._reserve(msg, d), name=f"reserve-{msg.req_id}")
+        self.spawn(self._reserve(msg, d), name=f"reserve-{msg.req_id}",
+                   on_error=lambda exc: d.respond(Reserved(ok=False, error=_why(exc))))
 
     async def _reserve(self, msg: Reserve, d: Delivery) -> None:
         with tracer.start_as_current_span("kv_reserve", context=d.ctx,
                                           attributes={"req_id": msg.req_id, "blocks": msg.n_blocks}):
             try:
-                slots = await self.allocate_wait(msg.req_id, msg.n_blocks)
+                slots = await self.pool.allocate_wait(msg.req_id, msg.n_blocks)
             except OutOfSlots as exc:
                 await d.respond(Reserved(ok=False, error=f"DE buffer full: {exc}"))
                 return
-        bn = self.layout.block_nbytes
-        self.m_free.set(self.slots.free * bn)
-        await d.respond(Reserved(slots=[s * bn for s in slots]))
+        self.pool.note_free()
+        await d.respond(Reserved(slots=[s * self.pool.block_nbytes for s in slots]))
 
     async def _on_load(self, msg: LoadKV, d: Delivery) -> None:
-        self.spawn(self._load(msg, d), name=f"load-{msg.req_id}")
+        if not self.pool.ready:
+            await d.respond(PushDone(ok=False, error=NOT_ATTACHED))
+            return
+        self.spawn(self._load(msg, d), name=f"load-{msg.req_id}",
+                   on_error=lambda exc: d.respond(PushDone(ok=False, error=_why(exc))))
 
     async def _load(self, msg: LoadKV, d: Delivery) -> None:
-        bn = self.layout.block_nbytes
+        bn = self.pool.block_nbytes
         nbytes = bn * len(msg.slots)
         t0 = time.perf_counter()
         with tracer.start_as_current_span("kv_h2d", context=d.ctx, attributes={
@@ -244,56 +227,37 @@ class TrafficManagerService(Service):
                 return
             finally:
                 if msg.release:
-                    self._free(msg.req_id)
+                    self.pool.free(msg.req_id)
         dt = time.perf_counter() - t0
         self.m_bytes.labels("h2d").inc(nbytes)
         self.m_xfer.labels("h2d").observe(dt)
         await d.respond(PushDone(nbytes=nbytes, seconds=dt))
 
     async def _on_release(self, msg, d: Delivery) -> None:
-        self.cancelled.add(msg.req_id)
-        self._free(msg.req_id)
+        self.pool.cancel(msg.req_id)
 
-    def _free(self, req_id: str) -> None:
-        if req_id in self.busy:
-            self.free_later.add(req_id)
-            return
-        if self.slots is not None and self.slots.release(req_id):
-            self.note_free()
-
-    def unbusy(self, req_id: str) -> None:
-        self.busy.discard(req_id)
-        if req_id in self.free_later:
-            self.free_later.discard(req_id)
-            self._free(req_id)
-
-    def note_free(self) -> None:
-        if self.line is not None:
-            self.line.note_free()
-        if self.slots is not None:
-            self.m_free.set(self.slots.free * self.layout.block_nbytes)
-
-    # storage paths (store_path.py) ---------------------------------------------------------
+    # storage paths (fetch.py, store_path.py) -------------------------------------------------
     async def _on_fetch(self, msg: FetchKV, d: Delivery) -> None:
-        if self.slots is None:
+        """The engine waits on `LayerLoaded` for this fetch: a failure is told there at once."""
+        if not self.pool.ready:
+            await self.bus.publish(self.subjects.prefill_loaded(self.cfg.engine),
+                                   LayerLoaded(msg.req_id, 0, -1, error=NOT_ATTACHED))
             return
-        self.spawn(self.store_path.fetch(msg, d), name=f"fetch-{msg.req_id}")
+        self.spawn(self.fetch_path.fetch(msg, d), name=f"fetch-{msg.req_id}")
 
     async def _on_stage(self, msg: Stage, d: Delivery) -> None:
-        if self.slots is None:
-            from shared.messages.tm import Staged
-
-            await d.respond(Staged(error="KV memory not attached"))
+        if not self.pool.ready:
+            await d.respond(Staged(error=NOT_ATTACHED))
             return
-        self.spawn(self.store_path.stage(msg, d), name=f"stage-{msg.req_id}")
+        self.spawn(self.store_path.stage(msg, d), name=f"stage-{msg.req_id}",
+                   on_error=lambda exc: d.respond(Staged(error=_why(exc))))
 
     async def _on_save(self, msg: SaveKV, d: Delivery) -> None:
-        if self.slots is None:
-            from shared.messages.tm import SaveCopied
-
-            await d.respond(SaveCopied(0, error="KV memory not attached"))
+        if not self.pool.ready:
+            await d.respond(SaveCopied(0, error=NOT_ATTACHED))
             return
-        self.spawn(self.store_path.save(msg, d), name=f"save-{msg.req_id}")
+        self.spawn(self.store_path.save(msg, d), name=f"save-{msg.req_id}",
+                   on_error=lambda exc: d.respond(SaveCopied(0, error=_why(exc))))
 
 
 def main(argv: list[str] | None = None) -> int:

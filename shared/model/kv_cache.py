@@ -1,6 +1,7 @@
 """PagedKVCache: the engine's KV memory as one tensor of fixed-size blocks.
 
-Layout: data[block, layer, kv, row, kv_head, dim] with kv 0 = K, 1 = V. One block's
+Layout: data[block, layer, kv, row, kv_head, dim] with kv 0 = K, 1 = V (for MLA the two
+planes hold the latent row split in halves: ModelConfig.kv_cache_container). One block's
 KV for all layers (a Full Block's payload) is one contiguous byte range, and one layer
 of one block (a Layer Block) is a contiguous sub-range of it, so the data plane moves
 either with a single memcpy / RDMA write at `block_offset` / `layer_block_offset`.
@@ -52,7 +53,8 @@ class PagedKVCache:
 
     @staticmethod
     def shape_for(cfg: ModelConfig, num_blocks: int, block_size: int) -> tuple[int, ...]:
-        return (num_blocks, cfg.n_layers, 2, block_size, cfg.n_kv_heads, cfg.head_dim)
+        heads, dim = cfg.kv_cache_container
+        return (num_blocks, cfg.n_layers, 2, block_size, heads, dim)
 
     @staticmethod
     def nbytes_for(cfg: ModelConfig, num_blocks: int, block_size: int = 64) -> int:

@@ -1,7 +1,8 @@
-"""load_model(spec): a ready-to-run Llama, its tokenizer, config and model id.
+"""load_model(spec): a ready-to-run model (Llama or DeepSeekV3), its tokenizer, config and id.
 
-Owns turning a model spec (see specs.py) into weights: random init from a seed (tiny
-and `random:<json>`), GGUF (weights_gguf.py) or an HF directory (weights_hf.py). The
+Owns turning a model spec (see specs.py) into weights: random init from a seed (tiny,
+tiny-mla and `random:<json>`), GGUF (weights_gguf.py) or an HF directory (weights_hf.py;
+weights_deepseek.py when config.json names a DeepSeek-V3 architecture). The
 model id names the weights exactly (file name, or shape + seed), so KV-block
 fingerprints built from it never mix two models' caches.
 """
@@ -18,6 +19,8 @@ import torch
 
 from shared.model import tokenizer_build
 from shared.model.config import ModelConfig
+from shared.model.deepseek import DeepSeekV3
+from shared.model.deepseek_shapes import MLAShape, MoEShape
 from shared.model.llama import Llama
 from shared.model.random_init import random_state
 from shared.model.specs import resolve_spec
@@ -26,11 +29,12 @@ from shared.model.tokenizer import Tokenizer
 # The tiny preset's weights rule has a version: a store written under another rule never
 # serves this one's blocks (the model id is part of every block's fingerprint).
 TINY_ID = "tiny2"
+TINY_MLA_ID = "tiny-mla1"
 
 
 @dataclass(frozen=True)
 class LoadedModel:
-    model: Llama
+    model: Llama | DeepSeekV3
     tokenizer: Tokenizer
     config: ModelConfig
     model_id: str  # stable name of these exact weights (e.g. "tiny2@seed0")
@@ -43,8 +47,21 @@ def tiny_config(tok: Tokenizer, dtype: str = "float32", **overrides) -> ModelCon
     return ModelConfig(**{**base, **overrides})
 
 
-def random_model(cfg: ModelConfig, seed: int = 0) -> Llama:
-    """A Llama of shape cfg with weights drawn from `seed` only (same seed, same weights, in
+def tiny_mla_config(tok: Tokenizer, dtype: str = "float32") -> ModelConfig:
+    """DeepSeek-V3 at toy size: 3 layers (the first dense), 4 heads with a q LoRA of 48, a
+    64-wide latent + 16 rope dims (80 cached values per token per layer), 8 routed experts in
+    4 groups (2 groups kept, top-2) plus one shared expert; untied output rows, no YaRN."""
+    mla = MLAShape(q_lora_rank=48, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32)
+    moe = MoEShape(n_routed_experts=8, n_shared_experts=1, experts_per_token=2, moe_intermediate_size=64,
+                   first_k_dense_replace=1, n_group=4, topk_group=2, routed_scaling_factor=2.5)
+    return ModelConfig(name="tiny-mla", arch="deepseek_v3", vocab_size=tok.vocab_size, hidden_size=128,
+                       intermediate_size=256, n_layers=3, n_heads=4, n_kv_heads=4, head_dim=32,
+                       tie_embeddings=False, bos_id=tok.bos_id, eos_ids=tok.eos_ids, dtype=dtype,
+                       mla=mla, moe=moe)
+
+
+def random_model(cfg: ModelConfig, seed: int = 0) -> Llama | DeepSeekV3:
+    """A model of shape cfg with weights drawn from `seed` only (same seed, same weights, in
     any process), by the context-sensitive rule of random_init.py."""
     model = _empty_model(cfg)
     state = random_state(model, cfg, seed)
@@ -54,18 +71,19 @@ def random_model(cfg: ModelConfig, seed: int = 0) -> Llama:
     return _finish(model)
 
 
-def _empty_model(cfg: ModelConfig) -> Llama:
+def _empty_model(cfg: ModelConfig) -> Llama | DeepSeekV3:
     # Built on CPU, not "meta": meta init pulls in torch's symbolic machinery (~1 s).
-    return Llama(cfg).to(getattr(torch, cfg.dtype))
+    cls = DeepSeekV3 if cfg.arch == "deepseek_v3" else Llama
+    return cls(cfg).to(getattr(torch, cfg.dtype))
 
 
-def _finish(model: Llama) -> Llama:
+def _finish(model: Llama | DeepSeekV3) -> Llama | DeepSeekV3:
     model.eval()
     model.requires_grad_(False)
     return model
 
 
-def _from_state(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> Llama:
+def _from_state(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> Llama | DeepSeekV3:
     model = _empty_model(cfg)
     model.load_state_dict(state, strict=True, assign=True)
     return _finish(model)
@@ -84,12 +102,13 @@ def _random_spec(arg: str, seed: int, dtype: str) -> LoadedModel:
 
 
 def load_model(spec: str, *, seed: int = 0, dtype: str = "float32") -> LoadedModel:
-    """Load the model named by spec (tiny | random:<json> | smollm2 | *.gguf | HF dir)."""
+    """Load the model named by spec (tiny | tiny-mla | random:<json> | smollm2 | *.gguf | HF dir)."""
     kind, arg = resolve_spec(spec)
-    if kind == "tiny":
+    if kind in ("tiny", "tiny-mla"):
         tok = tokenizer_build.tiny_tokenizer()
-        cfg = tiny_config(tok, dtype)
-        return LoadedModel(random_model(cfg, seed), tok, cfg, f"{TINY_ID}@seed{seed}")
+        cfg = tiny_config(tok, dtype) if kind == "tiny" else tiny_mla_config(tok, dtype)
+        weights_rule = TINY_ID if kind == "tiny" else TINY_MLA_ID
+        return LoadedModel(random_model(cfg, seed), tok, cfg, f"{weights_rule}@seed{seed}")
     if kind == "random":
         return _random_spec(arg, seed, dtype)
     if kind == "gguf":
@@ -107,8 +126,13 @@ def _load_gguf(path: str, dtype: str) -> LoadedModel:
 
 
 def _load_hf(directory: str, dtype: str) -> LoadedModel:
+    from shared.model.weights_deepseek import is_deepseek, load_deepseek
     from shared.model.weights_hf import hf_config, hf_state_dict
 
+    if is_deepseek(directory):
+        tok = tokenizer_build.hf_tokenizer(directory)
+        cfg, state = load_deepseek(directory, eos_ids=tok.eos_ids, dtype=dtype)
+        return LoadedModel(_from_state(cfg, state), tok, cfg, Path(directory).resolve().name)
     tok = tokenizer_build.hf_tokenizer(directory)
     cfg = hf_config(directory, eos_ids=tok.eos_ids, dtype=dtype)
     model = _from_state(cfg, hf_state_dict(directory, cfg))

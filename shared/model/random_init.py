@@ -23,7 +23,11 @@ tests/model/test_tiny_sensitivity.py checks:
   one torch.Generator.
 
 Tied embeddings (a `random:` spec may ask for them) get the same rule minus the output
-bias, which needs untied output rows.
+bias, which needs untied output rows. A DeepSeek-V3 model (`tiny-mla`) gets the same rule
+by the HF names: its query projection (q_b_proj / q_proj) and the key rows of kv_b_proj
+carry the gain (its value rows do not, as v_proj does not), every expert's down_proj
+leaves the constant channel alone, and the router's score-correction bias is drawn like
+a bias.
 """
 from __future__ import annotations
 
@@ -48,7 +52,7 @@ def readable_ids(vocab_size: int) -> torch.Tensor:
 
 
 def random_state(model: torch.nn.Module, cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
-    """Every parameter of `model` (a freshly built Llama of shape cfg), drawn from `seed`."""
+    """Every parameter of `model` (a freshly built Llama or DeepSeekV3 of shape cfg), drawn from `seed`."""
     gen = torch.Generator().manual_seed(seed)
     state = {name: _value(name, p.shape, cfg, gen) for name, p in sorted(model.named_parameters())}
     if "lm_head.weight" in state:  # discourage repeating the token just read (it sits in the residual)
@@ -60,7 +64,7 @@ def random_state(model: torch.nn.Module, cfg: ModelConfig, seed: int) -> dict[st
 def _value(name: str, shape: torch.Size, cfg: ModelConfig, gen: torch.Generator) -> torch.Tensor:
     if name.endswith("norm.weight"):
         return torch.ones(shape)
-    if name.endswith(".bias"):
+    if name.endswith((".bias", "e_score_correction_bias")):
         return torch.randn(shape, generator=gen) * 0.1
     if name == "embed_tokens.weight":
         v = torch.randn(shape, generator=gen) * EMBED_SCALE
@@ -71,8 +75,11 @@ def _value(name: str, shape: torch.Size, cfg: ModelConfig, gen: torch.Generator)
         v[:, CONST_CHANNEL] = torch.where(readable_ids(shape[0]), 0.0, UNREADABLE_BIAS)
         return v
     v = torch.randn(shape, generator=gen) / shape[1] ** 0.5  # (out, in): unit-gain linear
-    if name.endswith(("q_proj.weight", "k_proj.weight")):
+    if name.endswith(("q_proj.weight", "k_proj.weight", "q_b_proj.weight")):
         return v * QK_GAIN
+    if name.endswith("kv_b_proj.weight"):  # MLA: (H, nope + v, latent); only the key rows carry the gain
+        m = cfg.mla
+        v.view(cfg.n_heads, m.qk_nope_head_dim + m.v_head_dim, -1)[:, : m.qk_nope_head_dim] *= QK_GAIN
     if name.endswith(("o_proj.weight", "down_proj.weight")):
         v[CONST_CHANNEL, :] = 0.0  # no layer writes the constant channel
     return v

@@ -1,6 +1,7 @@
 """Model specs: the one string that names a model everywhere (config files, CLI). No torch.
 
     "tiny"              random-init small model + byte tokenizer (seeded)
+    "tiny-mla"          the same for a toy DeepSeek-V3 (MLA latent cache, MoE, first layer dense)
     "random:<json>"     random-init of any shape: ModelConfig fields as JSON, over tiny's
     "smollm2"           the default real model (fetched into the cache if missing)
     "/path/m.gguf"      a GGUF file (llama architecture, gpt2 byte-level BPE tokenizer)
@@ -14,14 +15,15 @@ from pathlib import Path
 
 class UnknownModelSpec(ValueError):
     def __init__(self, spec: str) -> None:
-        super().__init__(f"unknown model spec {spec!r}: want tiny, random:<json>, smollm2, a .gguf file or an HF directory")
+        super().__init__(f"unknown model spec {spec!r}: want tiny, tiny-mla, random:<json>, smollm2, "
+                         "a .gguf file or an HF directory")
         self.spec = spec
 
 
 def resolve_spec(spec: str) -> tuple[str, str | None]:
-    """(kind, argument): kind is tiny | random | gguf | hf; argument a path or JSON."""
-    if spec == "tiny":
-        return "tiny", None
+    """(kind, argument): kind is tiny | tiny-mla | random | gguf | hf; argument a path or JSON."""
+    if spec in ("tiny", "tiny-mla"):
+        return spec, None
     if spec.startswith("random:"):
         return "random", spec[len("random:") :]
     if spec == "smollm2":

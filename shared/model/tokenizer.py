@@ -3,8 +3,8 @@
 Owns the runtime face of a tokenizer: `encode`, `decode`, `IncrementalDecoder` (text
 deltas as ids arrive, never splitting a multi-byte UTF-8 character), and
 `apply_chat_template` (the model's Jinja template, rendered in a sandbox). Building a
-tokenizer from a GGUF file, an HF directory or the tiny byte vocabulary is
-tokenizer_build.py's job; `load_tokenizer(spec)` picks the builder for a model spec.
+tokenizer from a GGUF file, an HF directory or the tiny byte vocabulary, and picking the
+builder for a model spec (`load_tokenizer`), is tokenizer_build.py's job.
 The CPU-only scheduler imports this module, so it must never import torch.
 """
 
@@ -106,16 +106,3 @@ class IncrementalDecoder:
         now = self.tok.decode(self.ids[self.prefix :], self.skip)
         self.prefix = self.read = len(self.ids)
         return now[len(before) :]
-
-
-def load_tokenizer(spec: str) -> Tokenizer:
-    """The tokenizer of a model spec ("tiny", "random:...", "smollm2", *.gguf, HF dir), without torch."""
-    from shared.model import tokenizer_build
-    from shared.model.specs import resolve_spec
-
-    kind, arg = resolve_spec(spec)
-    if kind in ("tiny", "random"):
-        return tokenizer_build.tiny_tokenizer()
-    if kind == "gguf":
-        return tokenizer_build.gguf_tokenizer(arg)
-    return tokenizer_build.hf_tokenizer(arg)

@@ -1,5 +1,7 @@
 """Building a Tokenizer from a model's files: tiny byte vocabulary, GGUF metadata, HF dir. No torch.
 
+`load_tokenizer(spec)` picks the builder for a model spec.
+
 GGUF (tokenizer.ggml.model = "gpt2"): byte-level BPE rebuilt with the `tokenizers`
 library from tokenizer.ggml.tokens / merges / token_type; control (3) and
 user-defined (4) tokens become added special tokens; the pre-tokenizer is chosen by
@@ -16,6 +18,7 @@ import gguf
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
+from shared.model.specs import resolve_spec
 from shared.model.tokenizer import Tokenizer
 
 TINY_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 256, 257, 258
@@ -171,3 +174,13 @@ def hf_tokenizer(directory: str) -> Tokenizer:
     if bos is None and "bos_token" in names:
         bos = inner.token_to_id(names["bos_token"])
     return Tokenizer(inner=inner, eos_ids=tuple(sorted(eos)), bos_id=bos, chat_template=_hf_template(tc), special_tokens=names)
+
+
+def load_tokenizer(spec: str) -> Tokenizer:
+    """The tokenizer of a model spec ("tiny", "tiny-mla", "random:...", "smollm2", *.gguf, HF dir), without torch."""
+    kind, arg = resolve_spec(spec)
+    if kind in ("tiny", "tiny-mla", "random"):
+        return tiny_tokenizer()
+    if kind == "gguf":
+        return gguf_tokenizer(arg)
+    return hf_tokenizer(arg)

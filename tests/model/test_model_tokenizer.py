@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.model.tokenizer import ChatTemplateError, IncrementalDecoder, load_tokenizer
-from shared.model.tokenizer_build import byte_alphabet, tiny_tokenizer
+from shared.model.tokenizer import ChatTemplateError, IncrementalDecoder
+from shared.model.tokenizer_build import byte_alphabet, load_tokenizer, tiny_tokenizer
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,7 +69,7 @@ def test_chat_template_is_sandboxed():
 
 def test_load_tokenizer_never_imports_torch():
     code = (
-        "import sys; from shared.model.tokenizer import load_tokenizer; t = load_tokenizer('tiny'); "
+        "import sys; from shared.model.tokenizer_build import load_tokenizer; t = load_tokenizer('tiny'); "
         "assert t.encode('hi') == [104, 105]; assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True)

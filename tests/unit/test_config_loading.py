@@ -210,6 +210,24 @@ def test_bad_tuple_element_names_the_key():
     assert info.value.key == "DUALPATH_PORTS"
 
 
+def test_bad_tuple_element_reason_points_at_the_element():
+    with pytest.raises(ConfigError) as info:
+        load(env={"DUALPATH_PORTS": "1, 2,two"})
+    assert info.value.value == "1, 2,two"
+    assert "`int`" in info.value.reason and "$[2]" in info.value.reason
+
+
+@pytest.mark.parametrize("raw,value", [("1", True), ("0", False)])
+def test_toml_integer_for_bool_field_reads_as_its_spelling(tmp_path, raw, value):
+    assert load(file=toml(tmp_path, f"[demo]\nflag = {raw}\n")).flag is value
+
+
+def test_toml_other_integer_for_bool_field_is_rejected(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        load(file=toml(tmp_path, "[demo]\nflag = 2\n"))
+    assert info.value.key == "demo.flag" and info.value.value == 2
+
+
 def test_scalar_toml_value_for_tuple_field_is_rejected(tmp_path):
     with pytest.raises(ConfigError) as info:
         load(file=toml(tmp_path, "[demo]\nports = 5\n"))

@@ -3,7 +3,7 @@ from collections import deque
 
 import pytest
 
-from services.scheduler.policy import EngineReport, Request, assign_decode, pick_de_group, z_threshold
+from shared.sched.policy import EngineReport, Request, assign_decode, pick_de_group, z_threshold
 
 pytestmark = pytest.mark.unit
 

@@ -1,7 +1,7 @@
 """Intra-PE batching: attention-time model, compute quota, chunk binary search (7.5)."""
 import pytest
 
-from services.scheduler.policy import AttentionModel, PrefillWork, plan_batch
+from shared.sched.policy import AttentionModel, PrefillWork, plan_batch
 
 pytestmark = pytest.mark.unit
 M = AttentionModel(per_pair=1e-6, per_token=1e-5)

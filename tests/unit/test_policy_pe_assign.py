@@ -3,7 +3,7 @@ from collections import deque
 
 import pytest
 
-from services.scheduler.policy import (EngineClass, EngineReport, PeThresholds, Request,
+from shared.sched.policy import (EngineClass, EngineReport, PeThresholds, Request,
                                        assign_prefill, classify)
 
 pytestmark = pytest.mark.unit

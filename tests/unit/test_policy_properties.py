@@ -5,7 +5,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from services.scheduler.policy import (AttentionModel, EngineReport, PeThresholds, PrefillWork,
+from shared.sched.policy import (AttentionModel, EngineReport, PeThresholds, PrefillWork,
                                        Request, assign_decode, assign_prefill, plan_batch, split_read)
 
 pytestmark = pytest.mark.unit

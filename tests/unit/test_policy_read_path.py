@@ -1,7 +1,7 @@
 """Read-path choice and the split-read variant (docs/design.md#read-path-choice)."""
 import pytest
 
-from services.scheduler.policy import ReadPath, choose_path, split_read
+from shared.sched.policy import ReadPath, choose_path, split_read
 
 pytestmark = pytest.mark.unit
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.dispatch import Dispatcher, EngineLoad, Job
-from services.scheduler.policy import PeThresholds
+from shared.sched.dispatch import Dispatcher, EngineLoad, Job
+from shared.sched.policy import PeThresholds
 
 pytestmark = pytest.mark.unit
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.paths import OracleIndex, ReadQueues
+from services.scheduler.oracle import OracleIndex
+from shared.sched.reads import ReadQueues
 
 pytestmark = pytest.mark.unit
 BS = 64

@@ -7,7 +7,7 @@ from dualpath.sim.models import build_model
 from dualpath.sim.resources import Link, transfer
 from dualpath.sim.traffic import link_bytes
 from dualpath.sim.window import closed_form, crossing, utilisation
-from services.scheduler.policy import ReadPath
+from shared.sched.policy import ReadPath
 
 pytestmark = pytest.mark.unit
 

@@ -9,8 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.storage_gateway import fileio
-from services.storage_gateway import store as store_module
+from services.storage_gateway import block_file, fileio
 from services.storage_gateway.errors import BlockCorrupt, BlockMissing
 from services.storage_gateway.store import DirectoryStore, WriteOutcome
 from shared.kv.full_block import HEADER_SIZE, SizeMismatch
@@ -121,8 +120,8 @@ def test_large_blocks_are_verified_chunk_by_chunk(
 ) -> None:
     # 512 KiB payload: a 64 KiB first chunk, then 96 KiB chunks (cached bytes) or
     # 64 KiB ones (bytes the page cache does not hold), the last one short
-    monkeypatch.setattr(store_module, "COLD_CHUNK", 64 * 1024)
-    monkeypatch.setattr(store_module, "READ_CHUNK", 96 * 1024)
+    monkeypatch.setattr(block_file, "COLD_CHUNK", 64 * 1024)
+    monkeypatch.setattr(block_file, "READ_CHUNK", 96 * 1024)
     if not cached:
         monkeypatch.setattr(fileio, "pread_cached", lambda *_: 0)
     big = KVLayout(n_layers=8, n_kv_heads=4, head_dim=64, dtype="float16", block_size=64)
@@ -144,7 +143,7 @@ def test_partly_cached_blocks_read_the_rest_from_disk(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = make_store(tmp_path)
-    monkeypatch.setattr(store_module, "COLD_CHUNK", 1024)
+    monkeypatch.setattr(block_file, "COLD_CHUNK", 1024)
     keys = make_keys(2)
     fill(store, keys)
     real = fileio.pread_cached
@@ -249,7 +248,7 @@ def test_read_survives_the_file_being_evicted_by_another_gateway(
     reader = make_store(tmp_path)
     key = make_keys(1)[0]
     fill(reader, [key])
-    original = reader._read_fd
+    original = reader._reader.read_fd
     evicted: list[int] = []
 
     def evict_between_open_and_read(*args: object) -> None:
@@ -257,6 +256,6 @@ def test_read_survives_the_file_being_evicted_by_another_gateway(
         evicted.append(other.stats().evictions)
         original(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(reader, "_read_fd", evict_between_open_and_read)
+    monkeypatch.setattr(reader._reader, "read_fd", evict_between_open_and_read)
     assert np.array_equal(read_back(reader, key), payload_for(key))
     assert evicted == [1] and not os.path.exists(reader.path_for(key))

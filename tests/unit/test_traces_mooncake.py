@@ -23,9 +23,12 @@ def test_reads_requests_in_file_order(tmp_path):
 
 @pytest.mark.parametrize("bad, reason", [
     ("{not json", "not JSON"),
-    ('{"timestamp": 1, "input_length": 0, "output_length": 2, "hash_ids": [1]}', "input_length"),
-    ('{"timestamp": 1, "input_length": 10, "output_length": 2, "hash_ids": [1, "x"]}', "hash_ids"),
-    ('{"timestamp": -5, "input_length": 10, "output_length": 2, "hash_ids": [1]}', "timestamp"),
+    ('{"timestamp": 1, "input_length": 0, "output_length": 2, "hash_ids": [1]}', ">= 1 - at `$.input_length`"),
+    ('{"timestamp": 1, "input_length": 10, "output_length": 2, "hash_ids": [1, "x"]}', "at `$.hash_ids[1]`"),
+    ('{"timestamp": 1, "input_length": 10, "output_length": 2, "hash_ids": [-1]}', ">= 0 - at `$.hash_ids[0]`"),
+    ('{"timestamp": -5, "input_length": 10, "output_length": 2, "hash_ids": [1]}', ">= 0 - at `$.timestamp`"),
+    ('{"timestamp": 1, "input_length": 10, "output_length": true, "hash_ids": [1]}', "at `$.output_length`"),
+    ('{"timestamp": 1, "input_length": 10, "hash_ids": [1]}', "missing required field `output_length`"),
     ('{"timestamp": 1, "input_length": 5000, "output_length": 2, "hash_ids": [1]}', "cannot cover"),
 ])
 def test_a_bad_line_is_reported_with_its_line_number(tmp_path, bad, reason):

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Mapping, Sequence
 
-from services.scheduler.policy.types import Assignment, EngineReport, Request
+from shared.sched.policy.types import Assignment, EngineReport, Request
 
 Z_FACTOR = 1.05
 LOOKAHEAD = 16  # queue entries scanned past |R| for requests that still fit somewhere

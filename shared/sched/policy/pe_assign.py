@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
 
-from services.scheduler.policy.types import Assignment, EngineClass, EngineReport, Request
+from shared.sched.policy.types import Assignment, EngineClass, EngineReport, Request
 
 
 @dataclass(frozen=True, slots=True)

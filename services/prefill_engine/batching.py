@@ -1,0 +1,64 @@
+"""Prefill batching: which chunks the next forward computes, and that forward itself.
+
+`pick` plans under the compute quota (the intra-PE policy, shared/sched/policy/
+intra_pe.py) over the FIFO queue, giving KV blocks to the head first; `forward` runs in
+the model thread: one batched forward of the chunks, gated layer by layer on the stored
+KV still being loaded (layers.py), and the first token of every prompt it finishes.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from services.prefill_engine.layers import LayerGate
+from services.prefill_engine.record import PrefillRequest
+from shared.engine.kv_memory import KVMemory
+from shared.messages.stream import TokenLogprob
+from shared.sched.policy.intra_pe import AttentionModel, plan_batch
+from shared.sched.policy.intra_pe import PrefillWork as Work
+
+
+class Chunk(NamedTuple):
+    req: PrefillRequest
+    cached: int  # prompt tokens whose KV is already in memory
+    bsz: int  # prompt tokens this forward computes, from `cached` on
+
+
+First = tuple[int, TokenLogprob | None]  # a finished prompt's first token (and its log-probabilities)
+
+
+def pick(queue: list[PrefillRequest], kv: KVMemory, attn: AttentionModel, quota_s: float,
+         max_tokens: int) -> list[Chunk]:
+    """The next forward's chunks. FIFO: KV memory for the head first; stop at the first that does
+    not fit. Empty when the head cannot get KV memory (wait for hand-offs to free blocks)."""
+    ready = []
+    for r in queue:
+        if not r.blocks:
+            need = kv.blocks_for(len(r.prompt))
+            if not kv.alloc.can_allocate(need):
+                break
+            r.blocks = kv.alloc.allocate(r.req_id, need)
+        ready.append(r)
+    work = [Work(i, r.done, len(r.prompt) - r.done) for i, r in enumerate(ready)]
+    chunks = plan_batch(work, attn, quota_s, align=16, max_tokens=max_tokens)
+    return [Chunk(ready[c.rid], c.cached, c.bsz) for c in chunks]
+
+
+def forward(model, kv: KVMemory, batch: list[Chunk], layer_timeout_s: float) -> list[First | None]:
+    """Model thread: one batched forward; per chunk, the first token if it finished its prompt."""
+    import torch
+
+    from shared.engine.sampling import next_tokens
+    from shared.model.batch import ForwardBatch, SeqSlice
+
+    fb = ForwardBatch([SeqSlice(c.req.prompt[c.cached:c.cached + c.bsz], c.cached, c.req.blocks) for c in batch])
+    gate = LayerGate([c.req.load for c in batch if c.req.load is not None], layer_timeout_s)
+    with torch.inference_mode():
+        logits = model.forward(fb, kv.cache, gate)
+    last = [i for i, c in enumerate(batch) if c.cached + c.bsz >= len(c.req.prompt)]
+    out: list[First | None] = [None] * len(batch)
+    if not last:
+        return out
+    toks, lps = next_tokens(logits[last], [batch[i].req.sampling for i in last], [0] * len(last))
+    for i, t, lp in zip(last, toks, lps):
+        out[i] = (t, lp)
+    return out

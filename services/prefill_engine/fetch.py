@@ -1,0 +1,131 @@
+"""Stored-KV loading for the prefill engine: the storage read of a request's hit blocks,
+its deadline, and the `LayerLoaded` reports that feed the request's `LoadProgress`.
+
+Sequence for one request with hits (the traffic-manager's side: shared/messages/tm.py):
+  KV blocks allocated -> FetchKV to this engine's TM -> [LayerLoaded layer=-2: queued, the
+  deadline waits for the queue] -> LayerLoaded layer=-1: read done, `blocks` hits verified
+  (0: a miss after all) -> the request joins the prefill queue -> LayerLoaded layer=l as
+  layers land, while the model thread computes layer l as soon as it is in KV memory.
+A failure is answered at once: a report with `error` after the read (a layer copy died)
+fails the `LoadProgress`, so a forward waiting on it raises now, and a request not in a
+forward is failed (retryable) right away. A read that never reports fails at its deadline.
+Owns the requests waiting for KV blocks; receives the bus, the engine's KV memory and
+callbacks into the engine, never the engine itself.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Awaitable, Callable
+
+from services.prefill_engine.config import PrefillConfig
+from services.prefill_engine.layers import LoadProgress
+from services.prefill_engine.record import PrefillRequest
+from shared.bus import Bus
+from shared.engine.kv_memory import KVMemory
+from shared.messages.storage import StoreLayout
+from shared.messages.tm import FetchKV, LayerLoaded
+from shared.messages.work import PrefillWork
+
+log = logging.getLogger("prefill.fetch")
+Fail = Callable[..., Awaitable[None]]  # fail(req, error, retryable=..., release=...)
+
+
+def usable_hits(work: PrefillWork, block_size: int) -> int:
+    """Hit blocks worth loading: at least the prompt's last token is always computed."""
+    return min(work.hit_blocks, len(work.block_keys), (len(work.prompt) - 1) // block_size)
+
+
+class Fetcher:
+    def __init__(self, bus: Bus, subject: str, cfg: PrefillConfig, store: StoreLayout, kv: KVMemory, n_layers: int,
+                 held: dict[str, PrefillRequest], spawn: Callable[..., asyncio.Task], *,
+                 ready: Callable[[PrefillRequest], None], fail: Fail, failed_load: Fail,
+                 release: Callable[[PrefillRequest], None]):
+        self.bus, self.subject, self.cfg, self.store, self.kv = bus, subject, cfg, store, kv
+        self.n_layers, self.held, self.spawn = n_layers, held, spawn
+        self.ready, self.fail, self.failed_load, self.release = ready, fail, failed_load, release
+        self.waiting: list[PrefillRequest] = []  # hit requests waiting for KV blocks (FIFO)
+
+    def start(self) -> None:
+        """FIFO: give waiting hit requests their KV blocks and ask the TM to load the hits."""
+        kv = self.kv
+        while self.waiting and kv.alloc.can_allocate(kv.blocks_for(len(self.waiting[0].prompt))):
+            req = self.waiting.pop(0)
+            work = req.work
+            req.blocks = kv.alloc.allocate(req.req_id, kv.blocks_for(len(req.prompt)))
+            n = usable_hits(work, self.cfg.block_size)
+            req.load, req.reading = LoadProgress(req.req_id), True
+            if work.mode == "dualpath" and work.pe_blocks < n:
+                req.de_held = work.de_engine
+            fetch = FetchKV(req.req_id, work.block_keys[:n], req.blocks[:n], work.read_node or self.cfg.node,
+                            self.store, pe_blocks=work.pe_blocks if work.mode == "dualpath" else -1,
+                            de_engine=work.de_engine, de_node=work.de_node, prompt_blocks=len(req.blocks))
+            req.deadline = time.monotonic() + self.cfg.handoff_timeout_s
+            req.timer = self.spawn(self._deadline(req), name=f"fetch-deadline-{req.req_id}")
+            self.spawn(self._send(req, fetch), name=f"fetch-{req.req_id}")
+
+    async def _send(self, req: PrefillRequest, fetch: FetchKV) -> None:
+        try:
+            await self.bus.publish(self.subject, fetch, ctx=req.ctx)
+        except Exception as exc:  # noqa: BLE001 - the read was never asked for: fail it now, not at the deadline
+            log.warning("fetch of %s not sent: %s", req.req_id, exc)
+            if req.reading:
+                req.reading = False
+                req.cancel_timer()
+                await self.fail(req, f"storage read not sent: {exc}", retryable=True)
+
+    async def _deadline(self, req: PrefillRequest) -> None:
+        """Every transfer has a deadline: a storage read that never reports (its traffic-manager died)
+        fails the request as retryable; its blocks are freed one more deadline later, when no copy
+        of that fetch can still be writing into them. Cancelled as soon as the read reports."""
+        while (left := req.deadline - time.monotonic()) > 0:
+            await asyncio.sleep(left)
+        if not req.reading:
+            return
+        req.reading = False
+        reason = "stored KV did not arrive before the transfer deadline"
+        req.load.fail(reason)
+        if not req.cancelled:
+            await self.fail(req, reason, retryable=True, release=False)
+        await asyncio.sleep(self.cfg.handoff_timeout_s)
+        self.release(req)
+
+    async def on_loaded(self, msg: LayerLoaded) -> None:
+        req = self.held.get(msg.req_id)
+        if req is None or req.load is None or req.load.error:
+            return
+        if msg.layer == -2:  # queued behind other storage reads: the deadline waits for the queue
+            if req.reading:
+                req.deadline = max(req.deadline, time.monotonic() + self.cfg.handoff_timeout_s + msg.eta_s)
+            return
+        if msg.error and (msg.layer >= 0 or not req.reading):  # the load died after the read
+            req.reading = False
+            req.cancel_timer()
+            req.load.fail(msg.error)  # a forward waiting on its next layer raises now
+            await self.failed_load(req, f"stored KV load failed: {msg.error}")
+            return
+        if msg.layer >= 0:
+            req.load.mark(msg.layer)
+            if req.cancelled and req.copies_done(self.n_layers):
+                self.release(req)
+            return
+        if not req.reading:
+            return
+        self._read_done(req, msg)
+
+    def _read_done(self, req: PrefillRequest, msg: LayerLoaded) -> None:
+        """The storage read reported (layer -1): `msg.blocks` leading hits are in the buffer,
+        copied layer by layer from now on; a short read's error only means fewer hits."""
+        req.reading = False
+        req.cancel_timer()
+        req.hit_tokens = msg.blocks * self.cfg.block_size
+        if msg.de_slots:
+            req.de_slots, req.de_hits = list(msg.de_slots), list(msg.de_hits)
+        if msg.blocks == 0:
+            req.load = None  # a miss after all: compute the whole prompt
+        self.ready(req)
+
+    def drop(self, req: PrefillRequest) -> None:
+        """A cancelled request leaves the wait for KV blocks."""
+        self.waiting = [r for r in self.waiting if r is not req]

@@ -1,0 +1,85 @@
+"""The prefill engine's hand-off: the first token out, then the prompt's KV to a decode engine.
+
+Sequence for one finished prompt:
+  TokenEvent(first token) on the request's output subject -> (finished already: release)
+  -> PushKV to this engine's TM (KV blocks -> the DE's buffer, data plane) -> PushDone
+  -> DecodeAdmit to the DE -> Ack -> the DE owns the request; its blocks here are freed.
+A failed push or admit fails the request as retryable (its scheduler resumes it) and frees
+the DE-buffer slots it held. Receives the bus and callbacks, never the engine itself.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Awaitable, Callable
+
+from opentelemetry import trace
+
+from services.prefill_engine.record import PrefillRequest
+from shared.bus import Bus, BusError
+from shared.engine.requests import stop_ids
+from shared.messages.stream import TokenEvent, TokenLogprob
+from shared.messages.subjects import Subjects
+from shared.messages.tm import PushDone, PushKV, Release
+from shared.messages.work import Ack, DecodeAdmit
+
+log = logging.getLogger("prefill.handoff")
+tracer = trace.get_tracer("prefill-engine")
+
+
+class Handoff:
+    def __init__(self, bus: Bus, subjects: Subjects, engine: str, timeout_s: float, eos_ids: tuple[int, ...],
+                 observe: Callable[[float], None], *, fail: Callable[..., Awaitable[None]],
+                 release: Callable[[PrefillRequest], None], drop_de_slots: Callable[[PrefillRequest], None]):
+        self.bus, self.subjects, self.engine, self.timeout_s, self.eos_ids = bus, subjects, engine, timeout_s, eos_ids
+        self.observe, self.fail, self.release, self.drop_de_slots = observe, fail, release, drop_de_slots
+
+    async def run(self, req: PrefillRequest, first: int, lp: TokenLogprob | None) -> None:
+        sp = req.sampling
+        done = first in stop_ids(sp, self.eos_ids)
+        finish = "stop" if done else ("length" if sp.max_tokens <= 1 else "")
+        await self.bus.publish(req.reply, TokenEvent(req.req_id, [first], 0, finish=finish, source=self.engine,
+                                                     cached_tokens=req.hit_tokens,
+                                                     logprobs=[lp] if lp is not None else []), ctx=req.ctx)
+        if finish or req.cancelled:
+            self.drop_de_slots(req)  # finished here (e.g. one token): the DE never loads them
+            self.release(req)
+            return
+        t0 = time.perf_counter()
+        work = req.work
+        with tracer.start_as_current_span("pd_handoff", context=req.ctx,
+                                          attributes={"req_id": req.req_id, "de_engine": work.de_engine}):
+            try:
+                await self._push_and_admit(req, first)
+                req.de_held = ""  # the decode side owns (and frees) its slots now
+            except Exception as exc:  # noqa: BLE001 - a failed hand-off fails its request, not the engine
+                if not isinstance(exc, BusError):
+                    log.exception("hand-off of %s failed", req.req_id)
+                reason = exc.reason if isinstance(exc, BusError) else f"{type(exc).__name__}: {exc}"
+                if not req.cancelled:
+                    await self.fail(req, f"KV hand-off to {work.de_engine} failed: {reason}", retryable=True)
+                await self.bus.publish(self.subjects.tm(work.de_engine, "release"), Release(req.req_id))
+            finally:
+                self.release(req)
+                self.observe(time.perf_counter() - t0)
+
+    async def _push_and_admit(self, req: PrefillRequest, first: int) -> None:
+        """KV to the DE's buffer (none in the oracle mode), then the admission; BusError on failure."""
+        work = req.work
+        if work.mode == "oracle":
+            pushed = PushDone()  # no PD transfer in the oracle mode
+        else:
+            pushed = await self.bus.request(
+                self.subjects.tm(self.engine, "push"),
+                PushKV(req.req_id, req.blocks, work.de_engine, len(req.prompt), dst_slots=req.de_slots,
+                       skip=req.de_hits), PushDone, timeout=self.timeout_s)
+        if not pushed.ok:
+            raise BusError("push", pushed.error)
+        if req.cancelled:
+            raise BusError("push", "cancelled")
+        admit = DecodeAdmit(req.req_id, len(req.prompt), first, req.sampling, req.reply, pushed.slots,
+                            pe_engine=self.engine, prompt=req.prompt, block_keys=work.block_keys,
+                            persisted_blocks=work.hit_blocks, oracle=work.mode == "oracle")
+        ack = await self.bus.request(self.subjects.decode_admit(work.de_engine), admit, Ack, timeout=self.timeout_s)
+        if not ack.ok:
+            raise BusError("admit", ack.error)

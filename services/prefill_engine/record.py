@@ -1,0 +1,46 @@
+"""One record per request a prefill engine holds: the work, its stored-KV load, its progress.
+
+Pure state (no I/O, no torch). Progress is counters: `hit_tokens` (prompt tokens served
+from the store) and `computed` (prompt tokens whose KV is in KV memory). Releasing a
+request drops this one record; `cancel_timer` ends the deadline task it may own.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from services.prefill_engine.layers import LoadProgress
+from shared.engine.requests import EngineRequest
+from shared.messages.work import PrefillWork
+
+
+@dataclass(eq=False)
+class PrefillRequest(EngineRequest):
+    work: PrefillWork | None = None  # what the scheduler asked for (hits, DE, mode)
+    load: LoadProgress | None = None  # layer progress of its stored KV (None: nothing to load)
+    reading: bool = False  # its storage read is in flight (the TM has not reported the read yet)
+    hit_tokens: int = 0  # prompt tokens served from the store
+    computed: int | None = None  # prompt tokens with KV in memory; None = only the hits so far
+    de_slots: list[int] = field(default_factory=list)  # DE read path: DE-buffer slots staged for it
+    de_hits: list[int] = field(default_factory=list)  # ... block indexes whose stored KV sits in them
+    de_held: str = ""  # DE read path: the DE engine whose TM holds slots for it ("" = none)
+    deadline: float = 0.0  # monotonic time its storage read must report by
+    timer: asyncio.Task | None = None  # the deadline task it owns, if any
+    in_step: bool = False  # inside the running forward
+
+    @property
+    def done(self) -> int:
+        """Prompt tokens whose KV is in KV memory (stored hits + computed chunks)."""
+        return self.hit_tokens if self.computed is None else self.computed
+
+    def copies_done(self, n_layers: int) -> bool:
+        """No storage read or layer copy still targets this request's KV blocks."""
+        if self.reading:
+            return False
+        return self.load is None or self.hit_tokens == 0 or self.load.layers >= n_layers
+
+    def cancel_timer(self) -> None:
+        """End the deadline task (unless it is the caller: it ends by returning)."""
+        timer, self.timer = self.timer, None
+        if timer is not None and timer is not asyncio.current_task():
+            timer.cancel()

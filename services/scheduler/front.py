@@ -1,0 +1,46 @@
+"""What the HTTP front door may ask of the scheduler: the `Front` protocol.
+
+Owns the narrow contract between the handlers (`api`) and the service (`app`): model
+identity, a health and a mesh report, admitting a request, cancelling it, finishing it.
+The handlers never see the view, the dispatcher or the table of requests in flight, and
+this module imports neither side, so `api` and `app` do not import each other.
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from services.scheduler.config import SchedulerConfig
+from services.scheduler.inflight import InFlight
+
+
+class Front(Protocol):
+    cfg: SchedulerConfig
+    tokenizer: Any  # encode / apply_chat_template / vocab_size, and what IncrementalDecoder needs
+
+    def model_id(self) -> str:
+        """The id clients send as `model` (empty until an engine announced one)."""
+
+    def accepts_model(self, name: str | None) -> bool: ...
+
+    def max_context(self) -> int:
+        """The smallest context any live engine serves (0: none announced)."""
+
+    def health(self) -> tuple[bool, dict]:
+        """(serving?, the JSON body of /health)."""
+
+    def mesh(self) -> dict:
+        """The JSON body of /v1/mesh: every announced process, the model and its limits."""
+
+    async def metrics_endpoint(self, request: Request) -> Response: ...
+
+    async def admit(self, rec: InFlight) -> None:
+        """Look up the prompt's stored blocks, then queue the request for an engine pair."""
+
+    async def cancel(self, rec: InFlight, reason: str) -> None:
+        """The client left (or a stop string matched): free the request everywhere."""
+
+    def finish(self, rec: InFlight, status: str) -> None:
+        """The client got its last event: count it and forget the request."""

@@ -1,0 +1,40 @@
+"""How much of a prompt is already stored: key its full blocks, ask a storage-gateway.
+
+Owns the hit lookup done when a request arrives (and again when it is resumed): the
+prompt's block keys under the engines' store layout, then either the oracle's own index
+(oracle mode: no store is touched) or one `HitQuery` to any storage-gateway. No gateway
+answering means every block is a miss, never an error.
+"""
+from __future__ import annotations
+
+from typing import Awaitable, Callable
+
+from opentelemetry import trace
+
+from services.scheduler.inflight import InFlight
+from services.scheduler.oracle import OracleIndex
+from shared.bus import BusError
+from shared.engine.store_layout import prompt_keys
+from shared.messages.storage import HitQuery, HitReply
+
+tracer = trace.get_tracer("scheduler")
+Ask = Callable[[HitQuery], Awaitable[HitReply]]  # one request to any storage-gateway (raises BusError)
+
+
+async def lookup_hits(rec: InFlight, layout, oracle: OracleIndex, ask: Ask) -> None:
+    """Set `rec.block_keys` and `rec.hit_blocks` (the leading keys present in the store)."""
+    if layout is None:
+        return
+    rec.block_keys = prompt_keys(layout, rec.work_prompt)
+    if not rec.block_keys:
+        return
+    if rec.mode == "oracle":  # no store: the oracle's own index of what would be stored
+        rec.hit_blocks = oracle.hits(rec.block_keys)
+        return
+    with tracer.start_as_current_span("hit_lookup", context=rec.ctx,
+                                      attributes={"req_id": rec.req_id, "blocks": len(rec.block_keys)}) as span:
+        try:
+            rec.hit_blocks = (await ask(HitQuery(layout, rec.block_keys))).blocks
+        except BusError as exc:
+            span.set_attribute("error", exc.reason)  # no gateway: everything is a miss
+        span.set_attribute("hit_blocks", rec.hit_blocks)

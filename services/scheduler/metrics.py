@@ -1,0 +1,52 @@
+"""The scheduler's own Prometheus series (requests, tokens, latencies, queue, engines, loops)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from services.scheduler.inflight import InFlight
+from shared.metrics import Metrics
+
+
+@dataclass(frozen=True)
+class SchedulerMetrics:
+    requests: Any
+    prompt: Any
+    gen: Any
+    cached: Any
+    ttft: Any
+    tpot: Any
+    queue: Any
+    running: Any
+    engines: Any
+    loop_errors: Any
+    resumes: Any
+    rounds: Any
+
+    @classmethod
+    def register(cls, m: Metrics) -> "SchedulerMetrics":
+        return cls(
+            requests=m.counter("requests_total", "Requests answered", ("status",)),
+            prompt=m.counter("prompt_tokens_total", "Prompt tokens accepted"),
+            gen=m.counter("generation_tokens_total", "Tokens generated"),
+            cached=m.counter("cached_prompt_tokens_total", "Prompt tokens served from the store"),
+            ttft=m.histogram("time_to_first_token_seconds", "TTFT"),
+            tpot=m.histogram("time_per_output_token_seconds", "TPOT",
+                             buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2)),
+            queue=m.gauge("queue_length", "Requests waiting for an engine"),
+            running=m.gauge("requests_running", "Requests assigned and not finished"),
+            engines=m.gauge("engines_live", "Assignable engines", ("role",)),
+            loop_errors=m.counter("loop_errors_total", "Exceptions caught in the scheduler's loops", ("loop",)),
+            resumes=m.counter("request_resumes_total", "Requests resumed on other engines after a failure"),
+            rounds=m.counter("dispatch_rounds_total", "Dispatch rounds run (kicks arriving together share one)"),
+        )
+
+    def finished(self, rec: InFlight, status: str) -> None:
+        """A request's last event reached its client: its status, tokens and latencies."""
+        self.requests.labels(status).inc()
+        self.gen.inc(rec.next_index)
+        self.cached.inc(rec.cached_tokens)
+        if rec.first_at:
+            self.ttft.observe(rec.ttft)
+        if rec.next_index > 1:
+            self.tpot.observe(rec.tpot)

@@ -1,0 +1,60 @@
+"""One dispatch round's inputs and outputs: engine loads in, prefill work messages out.
+
+Owns turning the mesh view plus the dispatcher's ledger into the `EngineLoad` lines a
+round needs (one dict lookup per engine: no scan of the requests in flight), and turning
+one assignment into its read-path decision and `PrefillWork`. Pure: the caller passes
+the clock and publishes the work.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.scheduler.inflight import InFlight
+from services.scheduler.view import MeshView
+from shared.messages.work import PrefillWork
+from shared.sched.dispatch import EngineLoad
+from shared.sched.ledger import Ledger
+from shared.sched.reads import PathDecision, ReadQueues
+
+DEFAULT_BLOCK = 64  # block size when no engine has announced a store layout yet
+
+
+def engine_loads(view: MeshView, ledger: Ledger, reads: ReadQueues, role: str, now: float) -> list[EngineLoad]:
+    """Every assignable engine of `role` with its tok_e / seq_e from the ledger: O(engines)."""
+    load = ledger.pe_load if role == "prefill" else ledger.de_load
+    out = []
+    for eng in view.assignable(role, now):
+        tok, seq = load(eng.engine)
+        out.append(EngineLoad(eng.engine, tok=tok, seq=seq, capacity_tokens=eng.total_blocks * eng.kv.block_size,
+                              group=eng.group or eng.node, node=eng.node, read_q=reads.pending.get(eng.node, 0)))
+    return out
+
+
+@dataclass(frozen=True)
+class Placed:
+    """What a round sends for one assigned request, and why its reads go where they go."""
+
+    work: PrefillWork
+    path: PathDecision
+
+    def span_attributes(self, rec: InFlight) -> dict:
+        p = self.path
+        return {"req_id": rec.req_id, "pe": rec.pe, "de": rec.de, "mode": rec.mode,
+                "queue_wait_s": rec.assigned_at - rec.arrived, "hit_blocks": rec.hit_blocks,
+                "read_path": p.path, "pe_path_blocks": p.pe_blocks, "de_path_blocks": p.de_blocks,
+                "pe_read_queue_tokens": p.pe_queue, "de_read_queue_tokens": p.de_queue, "read_path_reason": p.reason}
+
+
+def place(rec: InFlight, pe: str, de: str, view: MeshView, reads: ReadQueues, reply: str,
+          read_path: str = "auto") -> Placed:
+    """Decide the request's read path, hold its reads on the nodes' queues, build its work."""
+    pe_node, de_node = view.node_of(pe), view.node_of(de)
+    layout = view.store_layout()
+    bs = layout.block_size if layout else DEFAULT_BLOCK
+    usable = min(rec.hit_blocks, (len(rec.work_prompt) - 1) // bs)
+    path = reads.decide(rec.mode, usable if rec.mode != "oracle" else 0, pe_node, de_node, bs, force=read_path)
+    reads.hold(rec.req_id, path, pe_node, de_node, bs)
+    work = PrefillWork(rec.wire_id, rec.work_prompt, rec.work_sampling(), de, reply, block_keys=rec.block_keys,
+                       hit_blocks=rec.hit_blocks, read_node=pe_node, mode=rec.mode,
+                       pe_blocks=path.pe_blocks if path.de_blocks else -1, de_node=de_node)
+    return Placed(work, path)

@@ -1,0 +1,200 @@
+"""The traffic-manager's fetch: a request's stored hit blocks into KV memory, layer by layer.
+
+PE path: buffer slots <- this node's gateway reads Full Blocks (storage NIC). DE path: the
+DE's traffic-manager stages the rest in its buffer (its node's gateway reads them). Then,
+for each layer l: Layer Blocks buffer -> KV memory (local copy, one-sided read from the DE
+buffer), and `LayerLoaded(l)` to the engine, which computes layer l while l+1.. are copied.
+
+Every failure is answered on the wire, never by the engine's timeout: whatever ends a fetch
+early (a transfer past its deadline, a peer gone, the bus, a bug) publishes
+`LayerLoaded(error=...)`. Before the read reported it says 0 blocks at layer -1 (a miss:
+the engine computes the prompt); after, it names the last layer in place, and the engine
+fails the prefill waiting on the next one at once. A transport or bus error is expected
+(logged); anything else is re-raised for the supervisor to log and count.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from opentelemetry import trace
+
+from services.traffic_manager.parts import TMParts
+from shared.bus import BusError, Delivery
+from shared.kv.allocator import OutOfSlots
+from shared.messages.storage import ReadBlocks, ReadDone
+from shared.messages.tm import FetchKV, LayerLoaded, Reserve, Reserved, Stage, Staged
+from shared.transport.base import Op, TrafficClass
+from shared.transport.errors import TransportError
+
+log = logging.getLogger("tm.fetch")
+tracer = trace.get_tracer("traffic-manager")
+# Layers copied within this long of the last `LayerLoaded` are announced together (the
+# message names the highest layer in place): a small model's layers copy in microseconds,
+# and one message per layer would cost more CPU than the copies. A layer that takes
+# longer than this is still announced the moment it lands.
+LAYER_NOTIFY_GAP_S = 0.001
+EXPECTED = (TransportError, BusError)  # failures of the path, not of this code
+
+
+@dataclass
+class Progress:
+    """How far one fetch got: what its failure message reports."""
+
+    read: bool = False  # the storage read reported (LayerLoaded layer -1 sent)
+    hits: int = 0  # leading hit blocks read
+    layer: int = -1  # layers 0..layer are in KV memory
+
+
+class FetchPath:
+    def __init__(self, parts: TMParts):
+        self.p = parts
+        self.m_wait = parts.metrics.histogram("tm_fetch_seconds", "Storage read time of a fetch", ("phase",))
+
+    async def fetch(self, msg: FetchKV, d: Delivery) -> None:
+        """Load a request's hit blocks: keys[:k] on the PE path, keys[k:] on the DE path."""
+        n = len(msg.keys)
+        k = n if msg.pe_blocks < 0 else min(msg.pe_blocks, n)
+        owner, prog = f"{msg.req_id}/fetch", Progress()
+        with tracer.start_as_current_span("kv_fetch", context=d.ctx, attributes={
+                "req_id": msg.req_id, "blocks": n, "pe_path_blocks": k, "de_path_blocks": n - k,
+                "pe_node": msg.node, "de_node": msg.de_node}) as span:
+            try:
+                await self._run(msg, k, owner, prog, span)
+            except Exception as exc:  # noqa: BLE001 - answered on the wire; a bug goes on to the supervisor
+                span.record_exception(exc)
+                await self.failed(msg, prog, exc)
+                if not isinstance(exc, EXPECTED):
+                    raise
+            finally:
+                self.p.pool.release(owner)
+
+    async def failed(self, msg: FetchKV, prog: Progress, exc: Exception) -> None:
+        """Tell the engine the fetch ended early, and how far it got."""
+        why = exc.reason if isinstance(exc, BusError) else f"{type(exc).__name__}: {exc}"
+        log.warning("fetch %s failed (read %s, layers 0..%d in place): %s", msg.req_id,
+                    "done" if prog.read else "not done", prog.layer, why)
+        await self.p.bus.publish(self.p.loaded_subject, LayerLoaded(
+            msg.req_id, prog.hits if prog.read else 0, prog.layer, error=why))
+
+    async def _run(self, msg: FetchKV, k: int, owner: str, prog: Progress, span) -> None:
+        p = self.p
+        t0 = time.perf_counter()
+        await self._announce_queue(msg, k)
+        (pe_ok, offsets, pe_err), staged = await self._both_paths(msg, k, owner)
+        self.m_wait.labels("read").observe(time.perf_counter() - t0)
+        de_ok = staged.blocks if staged else 0
+        hits = pe_ok if pe_ok < k else k + de_ok
+        de_hits = list(range(k, hits))
+        span.set_attributes({"blocks_ok": hits, "pe_ok": pe_ok, "de_ok": de_ok,
+                             "error": pe_err or (staged.error if staged else "")})
+        # a short read's error only means fewer hits: the rest of the prompt is computed
+        await p.bus.publish(p.loaded_subject, LayerLoaded(
+            msg.req_id, hits, -1, error=pe_err, de_slots=staged.slots if staged else [], de_hits=de_hits))
+        prog.read, prog.hits = True, hits
+        if hits:
+            local = [(off, b) for off, b in zip(offsets[:min(pe_ok, hits)], msg.dst_blocks)]
+            remote = [(staged.slots[i], msg.dst_blocks[i]) for i in de_hits]
+            await self._layers(msg, local, remote, prog)
+
+    async def _announce_queue(self, msg: FetchKV, k: int) -> None:
+        """Tell the engine when its read waits behind a storage queue long enough to matter for
+        its fetch deadline (layer -2): deep queues are what a storage-bound node looks like."""
+        p, n, bn = self.p, len(msg.keys), self.p.pool.block_nbytes
+        wait = max(p.queues.queue_wait(msg.node, k * bn),
+                   p.queues.queue_wait(msg.de_node, (n - k) * bn) if k < n else 0.0)
+        if wait > 0.25 * p.cfg.transfer_timeout_s:
+            await p.bus.publish(p.loaded_subject, LayerLoaded(msg.req_id, 0, -2, eta_s=round(wait, 3)))
+
+    async def _read_local(self, msg: FetchKV, keys: list[str], owner: str) -> tuple[int, list[int], str]:
+        """PE path: this node's gateway reads `keys` into this TM's buffer."""
+        p = self.p
+        if not keys:
+            return 0, [], ""
+        try:
+            slots = await p.pool.allocate_wait(owner, len(keys))
+        except OutOfSlots as exc:
+            return 0, [], f"PE buffer full: {exc}"
+        bn = p.pool.block_nbytes
+        offsets = [s * bn for s in slots]
+        try:
+            with p.queues.read_at(msg.node, len(keys) * bn):
+                done = await p.bus.request(p.subjects.sg(msg.node, "read"),
+                                           ReadBlocks(msg.req_id, msg.layout, keys, p.pool.buffer.name, offsets),
+                                           ReadDone, timeout=p.queues.deadline(msg.node, len(keys) * bn))
+        except BusError as exc:
+            return 0, offsets, exc.reason
+        return done.blocks, offsets, done.error
+
+    async def _reserve_remote(self, msg: FetchKV) -> Reserved:
+        """A split read first holds the prompt's DE-buffer slots, and only then takes PE-buffer
+        slots: one order for the two buffers, so no two fetches each hold one and wait for the
+        other (with both buffers full that hold-and-wait stalled every split until its deadline)."""
+        p = self.p
+        try:
+            return await p.bus.request(p.subjects.tm(msg.de_engine, "reserve"),
+                                       Reserve(msg.req_id, msg.prompt_blocks), Reserved,
+                                       timeout=p.cfg.transfer_timeout_s)
+        except BusError as exc:
+            return Reserved(ok=False, error=exc.reason)
+
+    async def _stage_remote(self, msg: FetchKV, k: int, slots: list[int] | None = None) -> Staged:
+        """DE path: the DE's TM reserves the prompt's slots (unless given) and its gateway reads
+        keys[k:] into them."""
+        p = self.p
+        nbytes = (len(msg.keys) - k) * p.pool.block_nbytes
+        try:
+            with p.queues.read_at(msg.de_node, nbytes):
+                return await p.bus.request(
+                    p.subjects.tm(msg.de_engine, "stage"),
+                    Stage(msg.req_id, msg.prompt_blocks, k, msg.keys[k:], msg.de_node, msg.layout, slots=slots or []),
+                    Staged, timeout=p.queues.deadline(msg.de_node, nbytes))
+        except BusError as exc:
+            return Staged(error=exc.reason)
+
+    async def _both_paths(self, msg: FetchKV, k: int, owner: str):
+        """Read keys[:k] on the PE path and keys[k:] on the DE path at the same time."""
+        n = len(msg.keys)
+        if k == n:
+            return await self._read_local(msg, msg.keys, owner), None
+        if k == 0:
+            return (0, [], ""), await self._stage_remote(msg, 0)
+        res = await self._reserve_remote(msg)
+        if not res.ok:  # no DE-buffer room: the PE path alone; the rest is computed
+            return await self._read_local(msg, msg.keys[:k], owner), Staged(error=res.error)
+        return await asyncio.gather(self._read_local(msg, msg.keys[:k], owner),
+                                    self._stage_remote(msg, k, res.slots))
+
+    async def _layers(self, msg: FetchKV, local: list[tuple[int, int]], remote: list[tuple[int, int]],
+                      prog: Progress) -> None:
+        """Layer after layer: PE-buffer blocks by local copy, DE-buffer blocks by a one-sided read.
+        Both copies of a layer settle before a failure of either is raised (nothing of this
+        fetch is still moving when the engine hears of it)."""
+        p, lay = self.p, self.p.pool.layout
+        lb, bn, timeout = lay.layer_block_nbytes, lay.block_nbytes, p.cfg.transfer_timeout_s
+        peer = await p.peer(msg.de_engine) if remote else None
+        t0 = last = time.perf_counter()
+        for layer in range(lay.n_layers):
+            loc = [Op("buf", off + layer * lb, "kv", b * bn + layer * lb, lb) for off, b in local]
+            rem = [Op("kv", b * bn + layer * lb, "buf", off + layer * lb, lb) for off, b in remote]
+            done = await asyncio.gather(
+                p.endpoint.copy_local(loc, TrafficClass.LATENCY, timeout=timeout) if loc else _none(),
+                peer.read(rem, TrafficClass.LATENCY, timeout=timeout) if rem else _none(),
+                return_exceptions=True)
+            for res in done:
+                if isinstance(res, BaseException):
+                    raise res
+            prog.layer = layer
+            now = time.perf_counter()
+            if layer == lay.n_layers - 1 or now - last >= LAYER_NOTIFY_GAP_S:
+                await p.bus.publish(p.loaded_subject, LayerLoaded(msg.req_id, len(local) + len(remote), layer))
+                last = now
+        p.m_bytes.labels("h2d_layers").inc(bn * len(local))
+        p.m_bytes.labels("de_path_pull").inc(bn * len(remote))
+        self.m_wait.labels("h2d").observe(time.perf_counter() - t0)
+
+
+async def _none() -> None:
+    return None

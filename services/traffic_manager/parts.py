@@ -1,0 +1,42 @@
+"""The collaborators the traffic-manager's storage paths receive, instead of the service.
+
+Owns only the bundle (`TMParts`): the settings, the bus and subjects, the buffer's slot
+pool, the data-plane endpoint with a way to reach another engine's traffic-manager, the
+gateways' read queues, the shared byte counter, and `spawn` for supervised tasks. The
+service builds it once its endpoint is up (`TrafficManagerService.start`).
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import Counter
+
+from services.traffic_manager.config import TrafficManagerConfig
+from services.traffic_manager.pool import BufferPool
+from services.traffic_manager.read_queues import ReadQueues
+from shared.bus import Bus
+from shared.messages.subjects import Subjects
+from shared.metrics import Metrics
+from shared.transport.base import Endpoint, Peer
+
+
+@dataclass(frozen=True)
+class TMParts:
+    cfg: TrafficManagerConfig
+    bus: Bus
+    subjects: Subjects
+    metrics: Metrics
+    pool: BufferPool
+    endpoint: Endpoint
+    peer: Callable[[str], Awaitable[Peer]]  # engine -> a data-plane connection to its traffic-manager
+    queues: ReadQueues
+    m_bytes: Counter  # dualpath_tm_bytes_total{kind}
+    spawn: Callable[..., asyncio.Task[Any]]  # Service.spawn: supervised tasks
+
+    @property
+    def loaded_subject(self) -> str:
+        """Where this TM's engine hears how its fetches progress (`LayerLoaded`)."""
+        return self.subjects.prefill_loaded(self.cfg.engine)

@@ -1,0 +1,97 @@
+"""The traffic-manager's DRAM buffer as a pool of slots, one KV block each.
+
+Owns: the buffer region, its slots (once the engine's KV layout is known), the line of
+requests waiting for room (`WaitLine`), the ids released or cancelled recently (a
+reservation arriving after its cancel is refused), and the requests whose slots a storage
+read still targets (released only when the read ends: a gateway never writes into slots
+that may be someone else's). Does not own the data plane, the bus or the KV memory.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from prometheus_client import Gauge
+
+from services.traffic_manager.waitline import WaitLine
+from shared.engine.requests import RecentSet
+from shared.kv.allocator import SlotAllocator
+from shared.messages.registry import KVRegion
+from shared.transport.shm_region import ShmRegion
+
+
+class BufferPool:
+    def __init__(self, buffer: ShmRegion, wait_s: float, m_free: Gauge):
+        self.buffer = buffer
+        self.wait_s = wait_s  # the longest wait in line for room (the transfer deadline)
+        self.m_free = m_free  # free bytes, kept current
+        self.layout: KVRegion | None = None  # set by attach()
+        self.slots: SlotAllocator | None = None
+        self.line: WaitLine | None = None
+        self.cancelled = RecentSet()  # released/cancelled ids: a reservation arriving after them is dropped
+        self.busy: set[str] = set()  # requests whose slots a storage read still targets
+        self.free_later: set[str] = set()  # released while busy: freed when the read ends
+
+    @property
+    def ready(self) -> bool:
+        """Slots exist: the engine's KV layout (hence the block size) is known."""
+        return self.slots is not None
+
+    @property
+    def block_nbytes(self) -> int:
+        return self.layout.block_nbytes if self.layout else 0
+
+    def free_bytes(self) -> int:
+        return self.slots.free * self.layout.block_nbytes if self.slots else self.buffer.size
+
+    def attach(self, layout: KVRegion) -> None:
+        """Cut the buffer into slots of `layout.block_nbytes` (again when the engine restarted)."""
+        self.layout = layout
+        self.slots = SlotAllocator(max(1, self.buffer.size // layout.block_nbytes))
+        self.line = WaitLine(self.slots)
+        self.m_free.set(self.free_bytes())
+
+    async def allocate_wait(self, owner: str, n: int) -> list[int]:
+        """`n` slots for `owner`, waiting in line (up to the transfer deadline) for room."""
+        return await self.line.allocate(owner, n, self.wait_s, lambda o: o in self.cancelled)
+
+    def spare(self) -> int:
+        """Free slots nobody is waiting for (what best-effort persistence may take)."""
+        return self.line.spare()
+
+    def cancel(self, req_id: str) -> None:
+        """The request was released or cancelled: free its slots; refuse its late reservations."""
+        self.cancelled.add(req_id)
+        self.free(req_id)
+
+    def free(self, req_id: str) -> None:
+        """Free `req_id`'s slots now, or when the storage read targeting them ends."""
+        if req_id in self.busy:
+            self.free_later.add(req_id)
+            return
+        if self.slots is not None and self.slots.release(req_id):
+            self.note_free()
+
+    def release(self, owner: str) -> None:
+        """Free `owner`'s slots now (the caller knows no read targets them)."""
+        if self.slots is not None:
+            self.slots.release(owner)
+        self.note_free()
+
+    @contextlib.contextmanager
+    def reading(self, req_id: str) -> Iterator[None]:
+        """`req_id`'s slots are a storage read's target for as long as the block runs."""
+        self.busy.add(req_id)
+        try:
+            yield
+        finally:
+            self.busy.discard(req_id)
+            if req_id in self.free_later:
+                self.free_later.discard(req_id)
+                self.free(req_id)
+
+    def note_free(self) -> None:
+        if self.line is not None:
+            self.line.note_free()
+        if self.slots is not None:
+            self.m_free.set(self.free_bytes())

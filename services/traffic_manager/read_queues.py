@@ -1,0 +1,49 @@
+"""How long a storage read waits at each node's gateway, and the deadlines that follow.
+
+Owns: every gateway's last announcement (its read queue and storage-NIC read rate) and
+the bytes this traffic-manager asked each node's gateway for and has not read yet (the
+announcement may be a heartbeat old; this TM's own reads are known now). A storage
+read's deadline is the transfer deadline after the queue ahead of it drains: a read
+queued behind minutes of others is slow, not lost.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from shared.messages.registry import GatewayAnnounce
+
+
+class ReadQueues:
+    def __init__(self, transfer_timeout_s: float):
+        self.transfer_timeout_s = transfer_timeout_s
+        self.gateways: dict[str, GatewayAnnounce] = {}  # node -> its storage-gateway's last announcement
+        self.reading: dict[str, int] = {}  # node -> bytes asked of that node's gateway, not yet read
+
+    def note(self, msg: GatewayAnnounce) -> None:
+        self.gateways[msg.node] = msg
+
+    def read_wait(self, node: str, nbytes: int = 0) -> float:
+        """Seconds a read of `nbytes` queued now at `node`'s gateway waits for its storage NIC
+        (0 when uncapped or unknown)."""
+        g = self.gateways.get(node)
+        if g is None or g.read_bytes_per_s <= 0:
+            return 0.0
+        return (max(g.read_q_bytes, self.reading.get(node, 0)) + nbytes) / g.read_bytes_per_s
+
+    def queue_wait(self, node: str, nbytes: int) -> float:
+        """1.5x the wait of a read of `nbytes` queued at `node` now (announcements lag a heartbeat)."""
+        return 1.5 * self.read_wait(node, nbytes)
+
+    def deadline(self, node: str, nbytes: int) -> float:
+        """A storage read's deadline: the transfer deadline after the queue ahead of it drains."""
+        return self.transfer_timeout_s + self.queue_wait(node, nbytes)
+
+    @contextlib.contextmanager
+    def read_at(self, node: str, nbytes: int) -> Iterator[None]:
+        """Count `nbytes` as outstanding at `node` for as long as the block runs."""
+        self.reading[node] = self.reading.get(node, 0) + nbytes
+        try:
+            yield
+        finally:
+            self.reading[node] -= nbytes

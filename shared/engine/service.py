@@ -1,0 +1,94 @@
+"""The engine base both engine services build on: model and KV memory set-up, the
+announcement, the requests an engine holds, error replies, and shutdown.
+
+Owns what a prefill and a decode engine do alike; not their loops, queues or hand-offs
+(those live in services/prefill_engine and services/decode_engine). An engine holds a
+request from intake until `release`; `stop` answers every held request with a retryable
+error so its scheduler resumes it elsewhere.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+from abc import abstractmethod
+
+from shared.engine.config import EngineConfig
+from shared.engine.kv_memory import KVMemory
+from shared.engine.requests import EngineRequest
+from shared.engine.store_layout import store_layout
+from shared.engine.worker import ModelWorker
+from shared.messages.registry import EngineAnnounce
+from shared.messages.storage import StoreLayout
+from shared.messages.stream import TokenEvent
+from shared.runtime import Service
+
+
+class EngineService(Service):
+    """One engine process: `role` is "prefill" or "decode"; `kv_tag` names its KV segment."""
+
+    role = ""
+    kv_tag = "kv"
+
+    def __init__(self, cfg: EngineConfig):
+        super().__init__(cfg)
+        self.engine = cfg.engine or f"{self.role[:1]}e-{cfg.node}-{os.getpid()}"
+        self.held: dict[str, EngineRequest] = {}  # every request this engine holds, by id
+        self.wake = asyncio.Event()  # the engine's loop has something to do
+        self.loaded = None  # shared.model.loader.LoadedModel, once started
+        self.kv: KVMemory | None = None
+        self.store: StoreLayout | None = None  # how this engine's blocks are keyed in the store
+        self.worker = ModelWorker(cfg.threads, cfg.heap_keep_mb)
+        self.m_free = self.metrics.gauge("kv_free_blocks", "Free KV blocks", ("engine",))
+
+    async def load(self) -> None:
+        """Load the model (in the model thread) and create KV memory; called first in `start`."""
+        from shared.model.loader import load_model
+
+        cfg = self.cfg
+        self.loaded = await self.worker.run(load_model, cfg.model, seed=cfg.seed, dtype=cfg.dtype)
+        self.kv = KVMemory(self.loaded.config, cfg.kv_blocks, cfg.block_size, tag=self.kv_tag)
+        self.store = store_layout(self.loaded.model_id, self.loaded.config, cfg.block_size)
+
+    def announce(self) -> EngineAnnounce:
+        kv = self.kv
+        return EngineAnnounce(
+            instance=self.instance, node=self.cfg.node, metrics_url=self.metrics_url, pid=os.getpid(),
+            engine=self.engine, role=self.role, group=self.cfg.group or self.cfg.node,
+            model_id=self.loaded.model_id if self.loaded else "", max_context=self.max_context(),
+            seq=len(self.held), tok=sum(r.tokens for r in self.held.values()),
+            free_blocks=kv.alloc.free if kv else 0, total_blocks=kv.alloc.n_slots if kv else 0,
+            kv=kv.layout() if kv else None, store=self.store)
+
+    def max_context(self) -> int:
+        """Longest sequence this engine can hold: the model's limit or its whole KV memory."""
+        if not self.loaded:
+            return 0
+        return min(self.loaded.config.max_position, self.cfg.kv_blocks * self.cfg.block_size)
+
+    async def stop(self) -> None:
+        for req in list(self.held.values()):
+            await self.fail(req, f"{self.name.replace('-', ' ')} shutting down", retryable=True)
+        self.worker.close()
+        if self.kv:
+            self.kv.close()
+
+    @abstractmethod
+    async def fail(self, req: EngineRequest, error: str, retryable: bool = False) -> None:
+        """Answer `req` with an error and stop serving it."""
+
+    async def publish_error(self, req: EngineRequest, error: str, retryable: bool = False) -> None:
+        """The error event on the request's output subject (index = tokens generated so far)."""
+        await self.bus.publish(req.reply, TokenEvent(req.req_id, [], len(req.generated), finish="error", error=error,
+                                                     source=self.engine, retryable=retryable))
+
+    def free_blocks(self, req: EngineRequest) -> None:
+        """Give the request's KV blocks back and wake the loop (blocks may admit a waiting one)."""
+        if self.kv:
+            self.kv.alloc.release(req.req_id)
+            self.m_free.labels(self.engine).set(self.kv.alloc.free)
+        req.blocks = []
+        self.wake.set()
+
+    def note_free(self) -> None:
+        if self.kv:
+            self.m_free.labels(self.engine).set(self.kv.alloc.free)

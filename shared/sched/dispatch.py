@@ -1,0 +1,205 @@
+"""The scheduling queues and engine assignment, driving the pure policy (`policy/`).
+
+State: one global FIFO of requests waiting for a prefill engine; a global DE pool; one
+private queue per decode-engine group; the `Ledger` of what every placed request puts
+on its engines. Every dispatch round emulates a synchronous pull of every engine group
+(docs/design.md#engine-groups-and-pulls): PE groups take from the FIFO by Algorithm 1
+(`assign_prefill`); requests holding a PE enter the DE pool, which goes to the DE group
+with the smallest total tokens (`pick_de_group`); each DE group then places its private
+queue by the two-level rule (`assign_decode`). A request is dispatched once it has both.
+
+The queues hold the policy's own `Request` values, so a round hands them to the policy
+as they are: its cost grows with the engines and the requests it places, not with the
+requests waiting or running. Ids (requests, engines, nodes, groups) are whatever
+hashable values the caller uses: the mesh's strings, the simulator's ints.
+Pure: values in, decisions out.
+"""
+from __future__ import annotations
+
+import operator
+from collections import deque
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+from shared.sched.ledger import Ledger
+from shared.sched.policy import (EngineReport, PeThresholds, Request, assign_decode, assign_prefill,
+                                       pick_de_group)
+
+
+@dataclass(frozen=True)
+class Job:
+    req_id: Hashable
+    prompt_tokens: int
+    max_tokens: int
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.max_tokens
+
+
+@dataclass
+class EngineLoad:
+    """One engine as the dispatcher sees it at a pull."""
+
+    engine: Hashable
+    tok: int = 0  # tok_e: tokens of requests assigned and not finished
+    seq: int = 0  # seq_e
+    capacity_tokens: int = 0  # KV memory size in tokens (DE)
+    group: Hashable = ""  # engine group (all engines of a node share one)
+    node: Hashable = ""
+    read_q: int = 0  # storage read queue of the engine's node, tokens
+
+    @property
+    def free_tokens(self) -> int:
+        return max(0, self.capacity_tokens - self.tok)
+
+
+@dataclass(frozen=True)
+class Assignment:
+    req_id: Hashable
+    pe: Hashable
+    de: Hashable
+
+
+@dataclass
+class Dispatcher:
+    thresholds: PeThresholds = field(default_factory=lambda: PeThresholds(alpha=1 << 30, beta=1 << 30))
+    queue: deque[Request] = field(default_factory=deque)  # waiting for a PE (FIFO), prompt tokens
+    de_pool: list[Request] = field(default_factory=list)  # hold a PE, not yet given to a DE group
+    de_private: dict[Hashable, deque[Request]] = field(default_factory=dict)  # DE group -> its queue
+    pe_of: dict[Hashable, Hashable] = field(default_factory=dict)  # req_id -> PE engine (waiting for a DE)
+    ledger: Ledger = field(default_factory=Ledger)  # tok_e / seq_e of every engine, kept as requests move
+    jobs: dict[int, Job] = field(default_factory=dict)  # policy id -> job, for every waiting request
+    _rid: dict[Hashable, int] = field(default_factory=dict)  # req_id -> policy id (while waiting)
+    _eid: dict[Hashable, int] = field(default_factory=dict)  # engine / node -> policy id
+    _rosters: dict[str, "_Roster"] = field(default_factory=dict)  # role -> the engine lines last seen
+    _next: int = 0
+    _turn: int = 0  # rotates which PE group pulls first (pulls are staggered in time in a real mesh)
+
+    def enqueue(self, job: Job) -> None:
+        rid = self._new_id()
+        self._rid[job.req_id] = rid
+        self.jobs[rid] = job
+        self.queue.append(Request(rid, job.prompt_tokens))
+
+    def waiting(self) -> int:
+        return len(self.jobs)
+
+    def prefill_done(self, req_id: Hashable) -> None:
+        """The request's first token arrived: its prefill engine no longer carries it."""
+        self.ledger.prefill_done(req_id)
+
+    def remove(self, req_id: Hashable) -> bool:
+        """Forget a request wherever it is (cancelled, finished, resumed): out of the queues and
+        off its engines' loads. True if it was waiting."""
+        self.ledger.release(req_id)
+        self.pe_of.pop(req_id, None)
+        rid = self._rid.pop(req_id, None)
+        if rid is None:
+            return False
+        del self.jobs[rid]
+        for q in (self.queue, *self.de_private.values()):
+            _drop(q, rid)
+        self.de_pool = [r for r in self.de_pool if r.rid != rid]
+        return True
+
+    def assign(self, pes: list[EngineLoad], des: list[EngineLoad]) -> list[Assignment]:
+        """One pull of every group; loads are updated in place as requests are placed."""
+        self._pull_prefill(pes)
+        return self._pull_decode(des)
+
+    # prefill side ----------------------------------------------------------------------
+    def _pull_prefill(self, pes: list[EngineLoad]) -> None:
+        roster = self._roster("prefill", pes)
+        n, beta = len(roster.groups), self.thresholds.beta
+        self._turn += 1
+        for i in range(n):
+            if not self.queue:
+                break
+            g = (self._turn + i) % n
+            group = roster.groups[g]
+            if all(e.tok > beta for e in group):
+                continue  # every engine is overloaded (class 1): the pull places nothing
+            reports = [EngineReport(eid, nid, e.seq, e.tok, e.read_q) for e, (eid, nid) in zip(group, roster.ids[g])]
+            for a in assign_prefill(self.queue, reports, self.thresholds):  # pops what it places
+                job, pe = self.jobs[a.rid], roster.by_id[a.engine]
+                pe.tok += job.prompt_tokens
+                pe.seq += 1
+                self.pe_of[job.req_id] = pe.engine
+                self.ledger.charge_pe(job.req_id, pe.engine, job.prompt_tokens)
+                self.de_pool.append(Request(a.rid, job.tokens, job.tokens))
+
+    # decode side -----------------------------------------------------------------------
+    def _pull_decode(self, des: list[EngineLoad]) -> list[Assignment]:
+        roster = self._roster("decode", des)
+        groups = roster.groups
+        if not groups:
+            return []
+        if self.de_pool:  # level 1: the whole pool to the group with the fewest tokens
+            totals = {i: sum(e.tok for e in g) for i, g in enumerate(groups)}
+            target = _key(groups[pick_de_group(totals)][0])
+            self.de_private.setdefault(target, deque()).extend(self.de_pool)
+            self.de_pool = []
+        out: list[Assignment] = []
+        for g, group in enumerate(groups):  # level 2 inside each group
+            private = self.de_private.get(_key(group[0]))
+            if not private:
+                continue
+            reports = [EngineReport(eid, nid, e.seq, e.tok, 0, e.free_tokens)
+                       for e, (eid, nid) in zip(group, roster.ids[g])]
+            for a in assign_decode(private, reports):  # removes what it places
+                job, de = self.jobs.pop(a.rid), roster.by_id[a.engine]
+                de.tok += job.tokens
+                de.seq += 1
+                del self._rid[job.req_id]
+                self.ledger.charge_de(job.req_id, de.engine, job.tokens)
+                out.append(Assignment(job.req_id, self.pe_of.pop(job.req_id), de.engine))
+        return out
+
+    def _roster(self, role: str, lines: list[EngineLoad]) -> "_Roster":
+        """`lines` grouped, with the policy's ids; reused while the caller passes the same lines."""
+        got = self._rosters.get(role)
+        if got is None or len(got.lines) != len(lines) or not all(map(operator.is_, got.lines, lines)):
+            got = self._rosters[role] = _Roster(list(lines), _groups(lines), self._eng)
+        return got
+
+    def _eng(self, name: Hashable) -> int:
+        """Stable small ints for the policy's value types (it never sees the caller's ids)."""
+        got = self._eid.get(name)
+        if got is None:
+            got = self._eid[name] = self._new_id()
+        return got
+
+    def _new_id(self) -> int:
+        self._next += 1
+        return self._next
+
+
+class _Roster:
+    """One pull's engine lines in groups, each line with its policy ids (engine, node)."""
+
+    def __init__(self, lines: list[EngineLoad], groups: list[list[EngineLoad]], ids) -> None:
+        self.lines = lines
+        self.groups = groups
+        self.ids = [[(ids(e.engine), ids(("node", e.node))) for e in g] for g in groups]
+        self.by_id = {eid: e for g, gids in zip(groups, self.ids) for e, (eid, _) in zip(g, gids)}
+
+
+def _drop(q: deque[Request], rid: int) -> None:
+    for r in q:
+        if r.rid == rid:
+            q.remove(r)
+            return
+
+
+def _key(e: EngineLoad) -> Hashable:
+    """An engine's group; an engine that names none is a group of its own."""
+    return e.engine if e.group in ("", None) else e.group
+
+
+def _groups(engines: list[EngineLoad]) -> list[list[EngineLoad]]:
+    """Engines grouped by `_key` (leader first: lowest engine id), groups in key order."""
+    out: dict[Hashable, list[EngineLoad]] = {}
+    for e in sorted(engines, key=lambda e: (_key(e), e.engine)):
+        out.setdefault(_key(e), []).append(e)
+    return [out[g] for g in sorted(out)]

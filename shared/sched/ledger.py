@@ -1,0 +1,123 @@
+"""Per-engine load figures (tok_e, seq_e) kept up to date as requests move, never recounted.
+
+Owns the charge each placed request puts on its engines: on its prefill engine from the
+moment the dispatcher picks one until its prefill is over (its first token), on its decode
+engine from the decode pick until the request is released (finished, cancelled, resumed
+elsewhere). Every event touches one request's record and two counters, so reading an
+engine's load costs the same whatever the number of requests in flight.
+
+Example: r1 (prompt 100, 10 to generate) is picked for PE p0 -> p0 (100 tok, 1 seq);
+picked for DE d0 -> d0 (110, 1); first token -> p0 (0, 0); finished -> d0 (0, 0).
+Pure: no I/O, no clock. Does not decide placements (`dispatch`).
+"""
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class Charge:
+    """What one request currently puts on its engines (None: no engine on that side)."""
+
+    pe: Hashable | None = None
+    pe_tok: int = 0
+    de: Hashable | None = None
+    de_tok: int = 0
+
+
+class LedgerError(AssertionError):
+    """The counters disagree with the charges they sum (raised by `check_integrity`)."""
+
+    def __init__(self, role: str, engine: Hashable, counted: tuple[int, int], summed: tuple[int, int]):
+        super().__init__(f"{role} engine {engine!r}: counters {counted} != charges {summed}")
+        self.role, self.engine, self.counted, self.summed = role, engine, counted, summed
+
+
+class Ledger:
+    def __init__(self) -> None:
+        self.charges: dict[Hashable, Charge] = {}  # req id -> its charge
+        self._pe: dict[Hashable, list[int]] = {}  # engine -> [tok, seq]
+        self._de: dict[Hashable, list[int]] = {}
+        self.placed = 0  # requests holding a decode engine (the scheduler's "running")
+
+    # events ---------------------------------------------------------------------------
+    def charge_pe(self, req: Hashable, engine: Hashable, tokens: int) -> None:
+        c = self.charges.setdefault(req, Charge())
+        self._drop_pe(c)
+        c.pe, c.pe_tok = engine, tokens
+        _add(self._pe, engine, tokens, 1)
+
+    def charge_de(self, req: Hashable, engine: Hashable, tokens: int) -> None:
+        c = self.charges.setdefault(req, Charge())
+        self._drop_de(c)
+        c.de, c.de_tok = engine, tokens
+        _add(self._de, engine, tokens, 1)
+        self.placed += 1
+
+    def prefill_done(self, req: Hashable) -> None:
+        """The request's prefill is over: its prefill engine no longer carries it."""
+        c = self.charges.get(req)
+        if c is not None:
+            self._drop_pe(c)
+            self._forget_if_empty(req, c)
+
+    def release(self, req: Hashable) -> None:
+        """The request left its engines (finished, cancelled, resumed elsewhere)."""
+        c = self.charges.pop(req, None)
+        if c is not None:
+            self._drop_pe(c)
+            self._drop_de(c)
+
+    # reads ----------------------------------------------------------------------------
+    def pe_load(self, engine: Hashable) -> tuple[int, int]:
+        """(tok_e, seq_e) of a prefill engine: prompt tokens picked for it and not yet prefilled."""
+        tok, seq = self._pe.get(engine, (0, 0))
+        return tok, seq
+
+    def de_load(self, engine: Hashable) -> tuple[int, int]:
+        """(tok_e, seq_e) of a decode engine: prompt + tokens to generate of the requests it holds."""
+        tok, seq = self._de.get(engine, (0, 0))
+        return tok, seq
+
+    def check_integrity(self) -> None:
+        """Every counter equals the sum of the charges naming its engine."""
+        for role, table in (("prefill", self._pe), ("decode", self._de)):
+            summed: dict[Hashable, list[int]] = {}
+            for c in self.charges.values():
+                engine, tok = (c.pe, c.pe_tok) if role == "prefill" else (c.de, c.de_tok)
+                if engine is not None:
+                    _add(summed, engine, tok, 1)
+            for engine in set(table) | set(summed):
+                counted, got = tuple(table.get(engine, (0, 0))), tuple(summed.get(engine, (0, 0)))
+                if counted != got:
+                    raise LedgerError(role, engine, counted, got)
+        placed = sum(1 for c in self.charges.values() if c.de is not None)
+        if placed != self.placed:
+            raise LedgerError("decode", "*", (self.placed, 0), (placed, 0))
+
+    # internals ------------------------------------------------------------------------
+    def _drop_pe(self, c: Charge) -> None:
+        if c.pe is not None:
+            _add(self._pe, c.pe, -c.pe_tok, -1)
+            c.pe, c.pe_tok = None, 0
+
+    def _drop_de(self, c: Charge) -> None:
+        if c.de is not None:
+            _add(self._de, c.de, -c.de_tok, -1)
+            c.de, c.de_tok = None, 0
+            self.placed -= 1
+
+    def _forget_if_empty(self, req: Hashable, c: Charge) -> None:
+        if c.pe is None and c.de is None:
+            del self.charges[req]
+
+
+def _add(table: dict[Hashable, list[int]], engine: Hashable, tok: int, seq: int) -> None:
+    row = table.get(engine)
+    if row is None:
+        row = table[engine] = [0, 0]
+    row[0] += tok
+    row[1] += seq
+    if row[1] == 0:  # an engine with nothing charged leaves the table (dead engines do not linger)
+        del table[engine]

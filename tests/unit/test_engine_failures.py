@@ -1,0 +1,229 @@
+"""Engine-side failures answered at once: a stored-KV load that dies mid-layers, a fetch that
+cannot be sent, a deadline that is cancelled when the read reports, a decode-side KV load or
+save that raises. Pure asyncio with recording stand-ins for the bus (no NATS, no model)."""
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from services.decode_engine.app import DecodeService
+from services.decode_engine.config import DecodeConfig
+from services.decode_engine.persist import Persister
+from services.decode_engine.running import DecodeRequest, RunningSeq
+from services.prefill_engine.config import PrefillConfig
+from services.prefill_engine.fetch import Fetcher
+from services.prefill_engine.layers import LayerGate, LoadError, LoadProgress
+from services.prefill_engine.record import PrefillRequest
+from shared.bus import BusError
+from shared.kv.allocator import SlotAllocator
+from shared.messages.storage import StoreLayout
+from shared.messages.stream import TokenEvent
+from shared.messages.tm import LayerLoaded
+from shared.messages.work import DecodeAdmit, PrefillWork, Sampling
+from shared.metrics import Metrics
+
+pytestmark = pytest.mark.unit
+HUGE = 600.0  # every deadline: a test that finishes did not wait for one
+BS = 16
+LAYOUT = StoreLayout(fingerprint="00" * 16, model_id="m", n_layers=4, n_kv_heads=1, head_dim=8, dtype="float32",
+                     block_size=BS)
+
+
+class Bus:
+    """Records what is published; `fail_with` makes every request raise it (and every publish,
+    with `publish_too`)."""
+
+    def __init__(self, fail_with: Exception | None = None, publish_too: bool = False):
+        self.sent: list[tuple[str, object]] = []
+        self.fail_with, self.publish_too = fail_with, publish_too
+
+    async def publish(self, subject, msg, ctx=None):
+        if self.fail_with and self.publish_too:
+            raise self.fail_with
+        self.sent.append((subject, msg))
+
+    async def request(self, subject, msg, reply_type, timeout=5.0, ctx=None):
+        if self.fail_with:
+            raise self.fail_with
+        raise AssertionError("no reply scripted")
+
+
+class KV:
+    def __init__(self, n: int = 32):
+        self.alloc = SlotAllocator(n)
+
+    def blocks_for(self, n_tokens: int) -> int:
+        return -(-n_tokens // BS)
+
+
+class Engine:
+    """The prefill engine's side of the Fetcher's callbacks, recording what it was told."""
+
+    def __init__(self, bus: Bus, tg: asyncio.TaskGroup):
+        self.held: dict[str, PrefillRequest] = {}
+        self.queued, self.failed, self.released = [], [], []
+        self.kv = KV()
+        self.fetcher = Fetcher(bus, "tm.pe.fetch", PrefillConfig(handoff_timeout_s=HUGE, block_size=BS), LAYOUT,
+                               self.kv, LAYOUT.n_layers, self.held, lambda coro, name=None: tg.create_task(coro),
+                               ready=self.queued.append, fail=self.fail, failed_load=self.load_failed,
+                               release=self.released.append)
+
+    async def fail(self, req, error, retryable=False, release=True):
+        self.failed.append((req.req_id, error, retryable))
+
+    async def load_failed(self, req, error):  # the engine fails it retryable (or its forward does)
+        self.failed.append((req.req_id, error, True))
+
+    def submit(self, rid: str = "r1", hits: int = 3) -> PrefillRequest:
+        prompt = list(range(hits * BS + 5))
+        work = PrefillWork(rid, prompt, Sampling(), "pe-x", "out", block_keys=[f"{i:02x}" * 16 for i in range(hits)],
+                           hit_blocks=hits, mode="basic")
+        req = PrefillRequest(rid, prompt, work.sampling, "out", None, work=work)
+        self.held[rid] = req
+        self.fetcher.waiting.append(req)
+        self.fetcher.start()
+        return req
+
+
+def run(test):
+    async def go():
+        async with asyncio.TaskGroup() as tg:
+            await test(tg)
+            for t in asyncio.all_tasks() - {asyncio.current_task()}:
+                t.cancel()  # a test that left a deadline asleep still ends (its assertions say so)
+    asyncio.run(go())
+
+
+def test_a_read_that_reports_cancels_its_deadline_task():
+    async def go(tg):
+        eng = Engine(Bus(), tg)
+        req = eng.submit()
+        timer = req.timer
+        assert req.reading and timer is not None and not timer.done()
+        await eng.fetcher.on_loaded(LayerLoaded("r1", 3, -1))
+        await asyncio.sleep(0)
+        assert timer.cancelled() and req.timer is None and not req.reading
+        assert eng.queued == [req] and req.hit_tokens == 3 * BS and not eng.failed
+    run(go)
+
+
+def test_a_layer_copy_that_dies_fails_the_request_and_wakes_the_model_thread():
+    async def go(tg):
+        eng = Engine(Bus(), tg)
+        req = eng.submit()
+        await eng.fetcher.on_loaded(LayerLoaded("r1", 3, -1))
+        await eng.fetcher.on_loaded(LayerLoaded("r1", 3, 0))
+        caught: list[BaseException] = []
+
+        def model_thread():  # the forward, blocked before layer 1 with a 600 s layer timeout
+            try:
+                LayerGate([req.load], HUGE).before_layer(1)
+            except LoadError as exc:
+                caught.append(exc)
+
+        t = threading.Thread(target=model_thread, daemon=True)  # daemon: a broken fail() must not hang the run
+        t.start()
+        await eng.fetcher.on_loaded(LayerLoaded("r1", 3, 1, error="copy failed: peer gone"))
+        while t.is_alive():  # the model thread wakes when fail() reaches it
+            await asyncio.sleep(0.005)
+        assert isinstance(caught[0], LoadError) and caught[0].layer == 1 and "peer gone" in caught[0].reason
+        assert eng.failed == [("r1", "stored KV load failed: copy failed: peer gone", True)]
+    run(go)
+
+
+def test_an_error_before_the_read_reports_only_shortens_the_hits():
+    async def go(tg):  # layer -1 with an error: the verified leading blocks still count, the rest is computed
+        eng = Engine(Bus(), tg)
+        req = eng.submit()
+        await eng.fetcher.on_loaded(LayerLoaded("r1", 1, -1, error="block 1 failed its checksum"))
+        assert eng.queued == [req] and req.hit_tokens == BS and not eng.failed and not req.load.error
+    run(go)
+
+
+def test_a_fetch_that_cannot_be_sent_fails_at_once():
+    async def go(tg):
+        eng = Engine(Bus(fail_with=BusError("tm.pe.fetch", "connection closed"), publish_too=True), tg)
+        req = eng.submit()
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert [(r, retry) for r, _, retry in eng.failed] == [("r1", True)]
+        assert not req.reading and req.timer is None
+    run(go)
+
+
+def test_a_queued_read_pushes_its_deadline_back():
+    async def go(tg):
+        eng = Engine(Bus(), tg)
+        req = eng.submit()
+        before = req.deadline
+        await eng.fetcher.on_loaded(LayerLoaded("r1", 0, -2, eta_s=50.0))
+        assert req.deadline >= before + 49.0 and req.reading
+    run(go)
+
+
+def test_load_progress_fail_wakes_a_waiter_without_its_timeout():
+    p = LoadProgress("r")
+    done = threading.Event()
+
+    def wait():
+        with pytest.raises(LoadError):
+            p.wait(0, HUGE)
+        done.set()
+
+    t = threading.Thread(target=wait)
+    t.start()
+    p.fail("gone")
+    t.join()
+    assert done.is_set()
+
+
+# --- decode side ----------------------------------------------------------------------------------
+
+def decode_engine(bus: Bus) -> DecodeService:
+    svc = DecodeService(DecodeConfig(engine="de-t", load_timeout_s=HUGE))
+    svc.bus = bus
+    return svc
+
+
+def admitted(svc: DecodeService) -> DecodeRequest:
+    admit = DecodeAdmit("d1", 20, 7, Sampling(max_tokens=4), "out", [0, 4096])
+    req = DecodeRequest("d1", list(range(20)), admit.sampling, "out", None, admit=admit, generated=[7])
+    svc.held[req.req_id] = req
+    return req
+
+
+@pytest.mark.parametrize("exc", [RuntimeError("boom"), BusError("tm.de-t.load", "timeout")])
+def test_a_kv_load_that_raises_fails_only_its_request(exc):
+    async def go():
+        bus = Bus(fail_with=exc)
+        svc = decode_engine(bus)
+        req = admitted(svc)
+        await svc._load(req)  # raises nothing: answered on the wire instead
+        return bus, svc, req
+
+    bus, svc, req = asyncio.run(go())
+    svc.worker.close()
+    events = [m for _, m in bus.sent if isinstance(m, TokenEvent)]
+    assert len(events) == 1 and events[0].finish == "error" and events[0].retryable
+    assert "KV load failed" in events[0].error and req.req_id not in svc.held and not svc.ready
+
+
+def test_a_save_that_raises_ends_its_request_and_still_releases_it():
+    async def go():
+        bus = Bus(fail_with=RuntimeError("encoder broke"))
+        failures, released = [], []
+        async with asyncio.TaskGroup() as tg:
+            p = Persister(LAYOUT, "n0", bus, "tm.de.save", HUGE, lambda coro, name=None: tg.create_task(coro),
+                          Metrics("test-persist"), release=released.append,
+                          on_failure=lambda r, e: failures.append((r.req_id, e)))
+            req = DecodeRequest("d1", list(range(BS)), Sampling(), "out", None, blocks=[3, 4])
+            seq = RunningSeq(req, pos=BS, last=0, max_pos=64)
+            p.prompt(seq, DecodeAdmit("d1", BS, 0, Sampling(), "out", [0], block_keys=["ab" * 16]))
+            assert p.busy("d1")
+            p.release_later(req)  # finished while its save was in flight
+        assert failures and failures[0][0] == "d1" and "encoder broke" in failures[0][1]
+        assert released == [req] and not p.busy("d1")
+
+    asyncio.run(go())

@@ -1,0 +1,19 @@
+"""Small files: no module under services/ is over 300 lines (split it by job instead)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+MAX_LINES = 300
+
+
+def test_no_service_module_is_over_300_lines():
+    sizes = {p.relative_to(ROOT).as_posix(): len(p.read_text().splitlines())
+             for p in (ROOT / "services").rglob("*.py")}
+    assert len(sizes) > 20
+    long = {path: n for path, n in sorted(sizes.items()) if n > MAX_LINES}
+    assert not long, f"over {MAX_LINES} lines (split by job): {long}"
