@@ -50,7 +50,8 @@ def daemon_reachable() -> str | None:
     except subprocess.TimeoutExpired:
         return "docker info did not answer"
     if done.returncode != 0:
-        return f"no Docker daemon reachable ({done.stderr.strip().splitlines()[-1] if done.stderr.strip() else 'docker info failed'})"
+        said = done.stderr.strip().splitlines()
+        return f"no Docker daemon reachable ({said[-1] if said else 'docker info failed'})"
     return None
 
 

@@ -69,12 +69,11 @@ class SimDispatch:
         if self.rr:
             self._tick_rr()
             return
-        led, pending = self.d.ledger, self.reads.pending
+        pending = self.reads.pending
+        self.d.ledger.fill(self.pe_loads, "prefill")
+        self.d.ledger.fill(self.de_loads, "decode")
         for line in self.pe_loads:
-            line.tok, line.seq = led.pe_load(line.engine)
             line.read_q = pending.get(line.node, 0)
-        for line in self.de_loads:
-            line.tok, line.seq = led.de_load(line.engine)
         for a in self.d.assign(self.pe_loads, self.de_loads):
             r = self.reqs.pop(a.req_id)
             r.pe, r.de = self.by_eid[a.pe], self.by_eid[a.de]

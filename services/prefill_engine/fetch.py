@@ -100,6 +100,8 @@ class Fetcher:
                 req.deadline = max(req.deadline, time.monotonic() + self.cfg.handoff_timeout_s + msg.eta_s)
             return
         if msg.error and (msg.layer >= 0 or not req.reading):  # the load died after the read
+            if req.load.layers >= self.n_layers:
+                return  # every layer is in place already: nothing waits on the rest
             req.reading = False
             req.cancel_timer()
             req.load.fail(msg.error)  # a forward waiting on its next layer raises now

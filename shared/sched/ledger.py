@@ -12,7 +12,7 @@ Pure: no I/O, no clock. Does not decide placements (`dispatch`).
 """
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
 
@@ -43,13 +43,13 @@ class Ledger:
 
     # events ---------------------------------------------------------------------------
     def charge_pe(self, req: Hashable, engine: Hashable, tokens: int) -> None:
-        c = self.charges.setdefault(req, Charge())
+        c = self._charge(req)
         self._drop_pe(c)
         c.pe, c.pe_tok = engine, tokens
         _add(self._pe, engine, tokens, 1)
 
     def charge_de(self, req: Hashable, engine: Hashable, tokens: int) -> None:
-        c = self.charges.setdefault(req, Charge())
+        c = self._charge(req)
         self._drop_de(c)
         c.de, c.de_tok = engine, tokens
         _add(self._de, engine, tokens, 1)
@@ -80,6 +80,16 @@ class Ledger:
         tok, seq = self._de.get(engine, (0, 0))
         return tok, seq
 
+    def fill(self, lines: Iterable, role: str) -> None:
+        """Set `tok` and `seq` of each line (anything with `.engine`) of `role` from the counters."""
+        get = (self._pe if role == "prefill" else self._de).get
+        for line in lines:
+            row = get(line.engine)
+            if row is None:
+                line.tok = line.seq = 0
+            else:
+                line.tok, line.seq = row
+
     def check_integrity(self) -> None:
         """Every counter equals the sum of the charges naming its engine."""
         for role, table in (("prefill", self._pe), ("decode", self._de)):
@@ -97,6 +107,12 @@ class Ledger:
             raise LedgerError("decode", "*", (self.placed, 0), (placed, 0))
 
     # internals ------------------------------------------------------------------------
+    def _charge(self, req: Hashable) -> Charge:
+        c = self.charges.get(req)
+        if c is None:
+            c = self.charges[req] = Charge()
+        return c
+
     def _drop_pe(self, c: Charge) -> None:
         if c.pe is not None:
             _add(self._pe, c.pe, -c.pe_tok, -1)

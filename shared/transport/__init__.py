@@ -6,6 +6,7 @@ Public API: `create_endpoint`, the Endpoint/Peer contract and descriptors (base.
 
 from .base import Endpoint, EndpointDesc, Op, Peer, RegionDesc, TrafficClass
 from .errors import (
+    AuthFailed,
     BackendUnavailable,
     OutOfBounds,
     PeerGone,
@@ -18,7 +19,7 @@ from .registry import create_endpoint
 from .shm_region import ShmRegion, new_name
 
 __all__ = [
-    "BackendUnavailable", "Endpoint", "EndpointDesc", "Op", "OutOfBounds", "Peer", "PeerGone",
+    "AuthFailed", "BackendUnavailable", "Endpoint", "EndpointDesc", "Op", "OutOfBounds", "Peer", "PeerGone",
     "RegionDesc", "RegionNotFound", "RemoteError", "ShmRegion", "TrafficClass", "TransferTimeout",
     "TransportError", "create_endpoint", "new_name",
 ]

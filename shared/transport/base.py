@@ -132,8 +132,10 @@ class Endpoint(abc.ABC):
         """The current announcement (includes every region registered so far)."""
 
     @abc.abstractmethod
-    def register(self, name: str, buf: memoryview, *, shm_name: str = "") -> RegionDesc:
-        """Make `buf` addressable as `name`; `shm_name` if it is a /dev/shm segment."""
+    def register(self, name: str, buf: memoryview, *, shm_name: str = "", remote: bool = True) -> RegionDesc:
+        """Make `buf` addressable as `name`; `shm_name` if it is a /dev/shm segment.
+
+        `remote=False` keeps it local: `copy_local` reaches it, no peer can (it is not announced)."""
 
     @abc.abstractmethod
     async def connect(self, remote: EndpointDesc) -> Peer:

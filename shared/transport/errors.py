@@ -67,3 +67,13 @@ class RemoteError(TransportError):
         self.peer = peer
         self.code = code
         self.detail = detail
+
+
+class AuthFailed(PeerGone):
+    """A data-plane handshake failed: the other end is not of this mesh (or is no endpoint).
+
+    A PeerGone, so whoever drops a gone peer drops this one too; `reason` never holds a secret."""
+
+    def __init__(self, peer: str, reason: str) -> None:
+        super().__init__(peer, f"authentication failed: {reason}")
+        self.auth_reason = reason

@@ -55,13 +55,13 @@ class LocalSide:
         self.host_id = host_id()
         self._closed = False
 
-    def register(self, name: str, buf: memoryview, *, shm_name: str = "") -> RegionDesc:
-        return self.regions.add(name, buf, shm_name=shm_name)
+    def register(self, name: str, buf: memoryview, *, shm_name: str = "", remote: bool = True) -> RegionDesc:
+        return self.regions.add(name, buf, shm_name=shm_name, remote=remote)
 
     def base_desc(self, **extra: object) -> EndpointDesc:
         return EndpointDesc(
             backend=self.backend, node=self.node, host_id=self.host_id, pid=os.getpid(),
-            regions=self.regions.descs(), alive=self.liveness.name, **extra,  # type: ignore[arg-type]
+            regions=self.regions.remote_descs(), alive=self.liveness.name, **extra,  # type: ignore[arg-type]
         )
 
     async def copy_local(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None) -> None:

@@ -3,9 +3,16 @@
 Owns the bookkeeping every backend shares; owns no I/O. `resolve` is on the hot path of
 every op, so it is a dict lookup plus one comparison and a slice.
 
+A region is granted to remote peers (`remote=True`, a transfer area such as the DRAM
+buffer) or kept local (`remote=False`, e.g. the engine's KV memory: reached only by
+`copy_local`). `by_rid`, the lookup a server does for a peer's frame, sees granted
+regions only, and `remote_descs` is all a peer is told: a local region has no wire id
+a peer could name. Same cost as before: one dict lookup.
+
 Example: `t.add("buf", mv)` -> RegionDesc(name="buf", size=len(mv), rid=1);
 `t.resolve("buf", 4096, 512)` -> mv[4096:4608]; `t.resolve("buf", len(mv), 1)` raises
-OutOfBounds("buf", len(mv), 1, len(mv)); `t.by_rid(9, 0, 1)` raises RegionNotFound("#9").
+OutOfBounds("buf", len(mv), 1, len(mv)); `t.by_rid(9, 0, 1)` raises RegionNotFound("#9");
+after `t.add("kv", kv, remote=False)` (rid 2), `t.by_rid(2, 0, 1)` raises RegionNotFound("#2").
 """
 
 from __future__ import annotations
@@ -34,20 +41,28 @@ class RegionTable:
 
     def __init__(self) -> None:
         self._by_name: dict[str, tuple[RegionDesc, memoryview]] = {}
-        self._by_rid: dict[int, tuple[RegionDesc, memoryview]] = {}
+        self._by_rid: dict[int, tuple[RegionDesc, memoryview]] = {}  # granted to remote peers only
         self._next = 1
 
-    def add(self, name: str, buf: memoryview | bytearray, *, shm_name: str = "", **extra: int) -> RegionDesc:
+    def add(self, name: str, buf: memoryview | bytearray, *, shm_name: str = "", remote: bool = True,
+            **extra: int) -> RegionDesc:
         if name in self._by_name:
             raise ValueError(f"region {name!r} already registered")
         mv = as_bytes_view(buf)
         desc = RegionDesc(name=name, size=len(mv), rid=self._next, shm=shm_name, **extra)
         self._next += 1
-        self._by_name[name] = self._by_rid[desc.rid] = (desc, mv)
+        self._by_name[name] = (desc, mv)
+        if remote:
+            self._by_rid[desc.rid] = (desc, mv)
         return desc
 
     def descs(self) -> list[RegionDesc]:
+        """Every region, local ones included (this endpoint's own bookkeeping)."""
         return [d for d, _ in self._by_name.values()]
+
+    def remote_descs(self) -> list[RegionDesc]:
+        """The regions granted to remote peers: what an announcement may name."""
+        return [d for d, _ in self._by_rid.values()]
 
     def desc(self, name: str) -> RegionDesc:
         try:
@@ -64,6 +79,7 @@ class RegionTable:
         return mv[offset : offset + length]
 
     def by_rid(self, rid: int, offset: int, length: int) -> memoryview:
+        """A peer's frame names `rid`: only a region granted to remote peers is found."""
         try:
             desc, mv = self._by_rid[rid]
         except KeyError:

@@ -29,12 +29,13 @@ def _tcp(node: str, host: str, port: int, weights: Sequence[int], **opts: Any) -
     from .tcp import TcpEndpoint
 
     return TcpEndpoint(node, host, port, weights, timeout=opts.get("timeout"),
-                       shm_fast_path=opts.get("shm_fast_path", False))
+                       shm_fast_path=opts.get("shm_fast_path", False), secret=opts.get("secret"))
 
 
 def _verbs(node: str, host: str, port: int, weights: Sequence[int], **opts: Any) -> Endpoint:
     from .verbs import VerbsEndpoint  # imports pyverbs
 
+    opts.pop("secret", None)  # the verbs setup exchange is not authenticated yet (only tcp is)
     return VerbsEndpoint(node, host, port, weights, **opts)
 
 
@@ -82,7 +83,8 @@ def create_endpoint(
     weights: Sequence[int] = DEFAULT_WEIGHTS,
     **opts: Any,
 ) -> Endpoint:
-    """Build an endpoint (not started). opts: timeout (s), shm_fast_path, verbs: device, port_num, gid_index, sl."""
+    """Build an endpoint (not started). opts: timeout (s), shm_fast_path, secret (tcp: the mesh's
+    data-plane secret; none = this process's own), verbs: device, port_num, gid_index, sl."""
     try:
         factory = BACKENDS[backend]
     except KeyError:

@@ -5,6 +5,10 @@ remote initiator sends: writes land in the region by `recv_into` a slice, reads 
 answered with DATA frames; a bulk connection that pushes is read by a thread,
 tcp_bulk.py) and `TcpPeer` (the initiator: frames ops, schedules them by
 class, matches ACK / DATA / ERR to pending transfers). Wire format: tcp_wire.py.
+Every socket is authenticated before its first frame (tcp_auth.py: both ends prove the
+mesh secret); the accepting side closes a socket that fails before it reads a frame, so
+a stranger never names a region. Frames reach only regions registered with
+`remote=True` (regions.py).
 
 Example: `await peer.write([Op("kv", 0, "buf", 0, 300K)], BULK)` -> req 5 is cut into
 WRITE frames of 128K, 128K and 44K (bulk frames are at most BULK_CHUNK; latency frames
@@ -19,20 +23,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import socket
 from collections.abc import Sequence
 
 from .aio import TaskOwner, deadline
 from .base import Endpoint, EndpointDesc, Op, Peer, TrafficClass
 from .classes import DEFAULT_WEIGHTS, ClassSender, LinkGate, chunk_for, split
-from .errors import OutOfBounds, PeerGone, RegionNotFound, RemoteError, TransportError
+from .errors import AuthFailed, OutOfBounds, PeerGone, RegionNotFound, RemoteError, TransportError
 from .local import LocalSide
 from .regions import RegionTable, check_bounds
 from .shm import ShmPeer, shm_reachable
+from .tcp_auth import HANDSHAKE_S, accept, initiate, key_of
 from .tcp_bulk import BulkReader
 from .tcp_wire import ACK_ME, HLEN, FrameSock, Kind, cap_kernel_queue, decode_error, encode_error, header
 
 Bufs = list[bytes | memoryview]
+log = logging.getLogger("dp.tcp")
 
 
 def _flatten(batch: list[Bufs]) -> Bufs:
@@ -186,9 +193,12 @@ class TcpPeer(Peer):
             for sock in socks:
                 sock.setblocking(False)
                 await asyncio.wait_for(loop.sock_connect(sock, (remote.host, remote.port)), 10)
-        except (OSError, TimeoutError) as exc:
+                await asyncio.wait_for(initiate(sock, lp.key, remote.node), HANDSHAKE_S)  # type: ignore[attr-defined]
+        except (OSError, TimeoutError, AuthFailed) as exc:
             for sock in socks:
                 sock.close()
+            if isinstance(exc, AuthFailed):
+                raise
             raise PeerGone(remote.node, f"connect {remote.host}:{remote.port}: {exc}") from None
         return cls(socks, lp.regions, remote, lp)
 
@@ -302,9 +312,11 @@ class TcpEndpoint(LocalSide, Endpoint):
 
     def __init__(self, node: str, host: str = "127.0.0.1", port: int = 0,
                  weights: Sequence[int] = DEFAULT_WEIGHTS, timeout: float | None = None,
-                 shm_fast_path: bool = False) -> None:
+                 shm_fast_path: bool = False, secret: bytes | str | None = None) -> None:
         super().__init__(node, weights, timeout)
         self.host, self.port = host, port
+        self.key = key_of(secret)  # None: this process's own secret (tcp_auth.py)
+        self.refused = 0  # connections closed because their handshake failed
         self.shm_fast_path = shm_fast_path
         self._tasks = TaskOwner()
         self.gate = LinkGate(self.weights)  # ranks classes across all of this endpoint's links
@@ -324,9 +336,24 @@ class TcpEndpoint(LocalSide, Endpoint):
     async def _accept(self, lsock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            sock, _ = await loop.sock_accept(lsock)
-            self._conns = [c for c in self._conns if not c.done.is_set()] + [
-                _ServerConn(sock, self.regions, self.weights, self.gate)]
+            sock, addr = await loop.sock_accept(lsock)
+            self._tasks.spawn(self._admit(sock, addr), "dp-tcp-admit")
+
+    async def _admit(self, sock: socket.socket, addr: object) -> None:
+        """Serve `sock` only once its initiator proved the mesh secret; else close it unread."""
+        sock.setblocking(False)
+        try:
+            await asyncio.wait_for(accept(sock, self.key, f"{addr}"), HANDSHAKE_S)
+        except (OSError, TimeoutError, AuthFailed) as exc:
+            self.refused += 1
+            log.warning("data plane %s: refused a connection from %s (%s)", self.node, addr,
+                        exc.auth_reason if isinstance(exc, AuthFailed) else type(exc).__name__)
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+            return
+        self._conns = [c for c in self._conns if not c.done.is_set()] + [
+            _ServerConn(sock, self.regions, self.weights, self.gate)]
 
     def desc(self) -> EndpointDesc:
         return self.base_desc(host=self.host, port=self.port)

@@ -193,15 +193,17 @@ class VerbsEndpoint(LocalSide, Endpoint):
         self._server: asyncio.AbstractServer | None = None
         self._peers: list[Peer] = []
 
-    def register(self, name: str, buf: memoryview, *, shm_name: str = "") -> RegionDesc:
+    def register(self, name: str, buf: memoryview, *, shm_name: str = "", remote: bool = True) -> RegionDesc:
         import pyverbs.enums as e
         from pyverbs.mr import MR
 
-        access = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
+        access = e.IBV_ACCESS_LOCAL_WRITE
+        if remote:  # a local region's MR has no remote access: its rkey opens nothing
+            access |= e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
         addr = buffer_address(buf)
         mr = MR(self.dev.pd, len(buf), access, address=addr)
         self._mrs.append(mr)
-        desc = self.regions.add(name, buf, shm_name=shm_name, addr=addr, rkey=mr.rkey)
+        desc = self.regions.add(name, buf, shm_name=shm_name, remote=remote, addr=addr, rkey=mr.rkey)
         return desc
 
     def _book(self, remote: list[RegionDesc]) -> MrBook:
@@ -235,7 +237,7 @@ class VerbsEndpoint(LocalSide, Endpoint):
             qps, mine = self._new_qps()
             self._bring_up(qps, mine, req)
             self._peers.append(VerbsPeer(req.node, self.dev, qps, self._book(req.regions), self.timeout))
-            rep = encode_setup(ConnectReply(self.node, self.dev.lid, self.dev.gid, mine, self.regions.descs()))
+            rep = encode_setup(ConnectReply(self.node, self.dev.lid, self.dev.gid, mine, self.regions.remote_descs()))
             writer.write(LEN.pack(len(rep)) + rep)
             await writer.drain()
         except (OSError, asyncio.IncompleteReadError, TransportError):
@@ -247,7 +249,7 @@ class VerbsEndpoint(LocalSide, Endpoint):
         if self.shm_fast_path and shm_reachable(self.host_id, remote):
             return ShmPeer(self.regions, self.copier, remote, self.timeout)
         qps, mine = self._new_qps()
-        req = encode_setup(ConnectRequest(self.node, self.dev.lid, self.dev.gid, mine, self.regions.descs()))
+        req = encode_setup(ConnectRequest(self.node, self.dev.lid, self.dev.gid, mine, self.regions.remote_descs()))
         try:
             reader, writer = await asyncio.open_connection(remote.host, remote.port)
             writer.write(LEN.pack(len(req)) + req)
