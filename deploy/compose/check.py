@@ -208,6 +208,7 @@ class Run:
 
 
 def _exit_on_sigterm(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second TERM must not cut the teardown short
     raise SystemExit(128 + signum)  # unwinds through Run.main's `finally`: the stack is torn down
 
 

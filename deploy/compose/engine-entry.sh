@@ -3,8 +3,11 @@
 # memory by POSIX shm name, so both need the same host, the same /dev/shm, the same id.
 #
 # usage: dualpath-engine-entry prefill-engine|decode-engine [engine flags...]
-# env:   DUALPATH_ENGINE      engine id (default <pe|de>-$HOSTNAME: in compose the hostname
-#                             is the container id, so every scaled replica gets its own)
+# env:   DUALPATH_ENGINE      engine id (default <pe|de>-$HOSTNAME-<4 random hex digits>: in
+#                             compose the hostname is the container id, so every scaled
+#                             replica gets its own; the random part is new at every start,
+#                             so a restarted container is a new engine to its peers, as its
+#                             KV memory and data-plane port are new too)
 #        ENGINE_METRICS_PORT  engine /metrics port (default 9100)
 #        TM_METRICS_PORT      traffic-manager /metrics port (default 9101)
 #        TM_FLAGS             extra traffic-manager flags, e.g. "--buffer-mb 1024"
@@ -22,7 +25,8 @@ case "$role" in
 esac
 
 export DUALPATH_HOST="${DUALPATH_HOST:-$(python -c 'import socket; print(socket.gethostbyname(socket.gethostname()))')}"
-id="${DUALPATH_ENGINE:-$prefix-${HOSTNAME:-$(hostname)}}"
+start="$(od -An -N2 -tx1 /dev/urandom | tr -d ' \n')"
+id="${DUALPATH_ENGINE:-$prefix-${HOSTNAME:-$(hostname)}-$start}"
 echo "dualpath-engine-entry: $role + traffic-manager, engine id $id, host $DUALPATH_HOST" >&2
 
 # shellcheck disable=SC2086  # TM_FLAGS is a list of flags

@@ -122,6 +122,7 @@ def fill_wheelhouse(log=print) -> Path:
 
 def plan_build(force_offline: bool = False, log=print) -> BuildPlan:
     """Upstream base and indexes when the base pulls; else the offline kit (the model baked in)."""
+    WHEELHOUSE.mkdir(parents=True, exist_ok=True)  # the Dockerfile copies it, empty or not
     if not force_offline and can_pull(UPSTREAM_BASE):
         log(f"base image {UPSTREAM_BASE}: available, building online")
         return BuildPlan(False, UPSTREAM_BASE, {"BASE_IMAGE": UPSTREAM_BASE, "OFFLINE_BUILD": "false"})

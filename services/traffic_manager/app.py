@@ -25,6 +25,7 @@ from services.traffic_manager.fetch import FetchPath
 from services.traffic_manager.parts import TMParts
 from services.traffic_manager.pool import BufferPool
 from services.traffic_manager.read_queues import ReadQueues
+from services.traffic_manager.secret import mesh_secret
 from services.traffic_manager.store_path import StorePath
 from shared.bus import BusError, Delivery
 from shared.kv.allocator import OutOfSlots
@@ -69,8 +70,9 @@ class TrafficManagerService(Service):
         from shared.transport.registry import create_endpoint
 
         cfg = self.cfg
+        secret = await mesh_secret(self.bus.nc, cfg.namespace, cfg.data_plane_secret)
         self.endpoint = create_endpoint(cfg.transport, host=cfg.host, port=cfg.data_port, node=cfg.engine,
-                                        weights=(cfg.latency_weight, cfg.bulk_weight))
+                                        weights=(cfg.latency_weight, cfg.bulk_weight), secret=secret)
         await self.endpoint.start()
         log.info("data plane: %s transport (%s)", self.endpoint.backend, self.endpoint.why)
         self.endpoint.register("buf", self.pool.buffer.buf, shm_name=self.pool.buffer.name)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shared.config import require
 from shared.runtime import CommonConfig
@@ -20,6 +20,7 @@ class TrafficManagerConfig(CommonConfig):
     transfer_timeout_s: float = 30.0  # every KV transfer has a deadline
     latency_weight: int = 99  # traffic-class weights (latency : bulk), work-conserving
     bulk_weight: int = 1  # bulk share of the traffic-class weights (see latency_weight)
+    data_plane_secret: str = field(default="", repr=False)  # tcp peers' shared secret; empty = the mesh's own, on its NATS (JetStream)
     fault_flip_de_bytes: bool = False  # TESTS ONLY, refused unless DUALPATH_ALLOW_FAULTS=1: corrupt each DE-path read after its checksum passed
 
 

@@ -344,16 +344,22 @@ class TcpEndpoint(LocalSide, Endpoint):
         sock.setblocking(False)
         try:
             await asyncio.wait_for(accept(sock, self.key, f"{addr}"), HANDSHAKE_S)
-        except (OSError, TimeoutError, AuthFailed) as exc:
-            self.refused += 1
-            log.warning("data plane %s: refused a connection from %s (%s)", self.node, addr,
-                        exc.auth_reason if isinstance(exc, AuthFailed) else type(exc).__name__)
+        except BaseException as exc:  # refused, timed out, or the endpoint is closing
+            if isinstance(exc, (OSError, TimeoutError, AuthFailed)):
+                self.refused += 1
+                log.warning("data plane %s: refused a connection from %s (%s)", self.node, addr,
+                            exc.auth_reason if isinstance(exc, AuthFailed) else type(exc).__name__)
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
-            return
+            if isinstance(exc, (OSError, TimeoutError, AuthFailed)):
+                return
+            raise
+        gone = [c for c in self._conns if c.done.is_set()]
         self._conns = [c for c in self._conns if not c.done.is_set()] + [
             _ServerConn(sock, self.regions, self.weights, self.gate)]
+        for c in gone:  # their initiators left: close the sockets, end their tasks
+            await c.close()
 
     def desc(self) -> EndpointDesc:
         return self.base_desc(host=self.host, port=self.port)

@@ -193,6 +193,9 @@ def _flags_in(rest: list[str], help_text: str, what: str) -> None:
 
 
 def _python(rest: list[str]) -> None:
+    if rest[:2] == ["-m", "pip"]:
+        assert rest[2] in ("download", "install", "wheel"), f"pip {rest[2]}: not a pip command the docs use"
+        return
     if rest[0] == "-m":
         module, args = rest[1], rest[2:]
         path = ROOT / module.replace(".", "/")
@@ -245,7 +248,16 @@ CHECKS = {
     "docker": _docker,
     "cd": _cd,
     "export": lambda rest: None,  # shell variables the next lines use
+    "debootstrap": lambda rest: _host_tool("debootstrap", rest),
+    "tar": lambda rest: _host_tool("tar", rest),
 }
+
+
+def _host_tool(name: str, rest: list[str]) -> None:
+    """A host tool the offline image build uses: named with arguments, and a Debian package provides it."""
+    assert rest, f"{name} with no arguments"
+    if name == "debootstrap":
+        assert "--variant=minbase" in rest and any(a.startswith("http") for a in rest), rest
 
 FAST = [a for a in ALL if a[2].startswith(VENV + "dualpath plan ")]
 
