@@ -134,7 +134,7 @@ class TrafficManagerService(Service):
         if self.kv_region is not None:  # the engine restarted with new KV memory
             self.kv_region.close()
         self.kv_region = ShmRegion.attach(layout.shm_name)
-        self.endpoint.register("kv", self.kv_region.buf, shm_name=layout.shm_name)
+        self.endpoint.register("kv", self.kv_region.buf, shm_name=layout.shm_name, remote=False)  # peers: buf only
         self.pool.attach(layout)
         log.info("attached KV memory %s (%d blocks)", layout.shm_name, layout.num_blocks)
 
