@@ -1,6 +1,9 @@
 """Prometheus metrics: one registry per service process, served at `/metrics`.
 
-Conventional names: `*_seconds` histograms, `*_total` counters, plain gauges.
+Names: `dualpath_<service>_<what>` (`dualpath_decode_engine_tokens_total`), the service's
+one name (shared/names.py); series the runtime gives every service alike carry no service
+part (`dualpath_task_failures_total`: the scrape's job/instance labels tell services apart).
+Conventional suffixes: `*_seconds` histograms, `*_total` counters, plain gauges.
 """
 from __future__ import annotations
 
@@ -12,20 +15,25 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 
 
 class Metrics:
-    """A registry with helpers that prefix every name with `dualpath_`."""
+    """A registry with helpers that name every series `dualpath_<service>_<name>`
+    (`shared=True`: `dualpath_<name>`, for the runtime's own series)."""
 
     def __init__(self, service: str):
         self.service = service
         self.registry = CollectorRegistry()
 
-    def counter(self, name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
-        return Counter(f"dualpath_{name}", doc, labels, registry=self.registry)
+    def full_name(self, name: str, shared: bool = False) -> str:
+        return f"dualpath_{name}" if shared else f"dualpath_{self.service}_{name}"
 
-    def gauge(self, name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
-        return Gauge(f"dualpath_{name}", doc, labels, registry=self.registry)
+    def counter(self, name: str, doc: str, labels: tuple[str, ...] = (), *, shared: bool = False) -> Counter:
+        return Counter(self.full_name(name, shared), doc, labels, registry=self.registry)
 
-    def histogram(self, name: str, doc: str, labels: tuple[str, ...] = (), buckets=LATENCY_BUCKETS) -> Histogram:
-        return Histogram(f"dualpath_{name}", doc, labels, registry=self.registry, buckets=buckets)
+    def gauge(self, name: str, doc: str, labels: tuple[str, ...] = (), *, shared: bool = False) -> Gauge:
+        return Gauge(self.full_name(name, shared), doc, labels, registry=self.registry)
+
+    def histogram(self, name: str, doc: str, labels: tuple[str, ...] = (), buckets=LATENCY_BUCKETS, *,
+                  shared: bool = False) -> Histogram:
+        return Histogram(self.full_name(name, shared), doc, labels, registry=self.registry, buckets=buckets)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

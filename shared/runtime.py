@@ -92,7 +92,7 @@ class Service(ABC):
         self.owned: set[asyncio.Task] = set()  # cancelled at shutdown
         self.m_task_failures = self.metrics.counter(
             "task_failures_total", "Background tasks that raised (logged with traceback; the service goes on)",
-            ("task",))
+            ("task",), shared=True)
 
     @abstractmethod
     async def start(self) -> None:
@@ -374,7 +374,7 @@ def service_main(section: str, cfg_cls: type, factory: Callable[[Any], Service],
 
     Exit codes: 0 stopped by a signal or asked to; 1 could not start (one line on stderr
     says why: a port in use, no NATS, start() failed); 2 a bad setting."""
-    name = section.replace("_", "-")
+    name = section  # the service's one name (shared/names.py): settings table, tracer, logs
     _install_stop_signals()
     try:
         return _serve(section, name, cfg_cls, factory, argv)

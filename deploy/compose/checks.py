@@ -116,7 +116,7 @@ def check_store_reuse(stack: Stack, url: str, tag: str) -> str:
         _wait(lambda: _store_files(stack) - before >= full, "store", f"{full} prompt blocks persisted", 120)
     except CheckFailed as exc:
         de = stack.ids("decode-engine")[0]
-        handed = metric_value(metrics_text(stack, de, 9100), "dualpath_decode_persisted_blocks_total")
+        handed = metric_value(metrics_text(stack, de, 9100), "dualpath_decode_engine_persisted_blocks_total")
         raise CheckFailed("store", f"{exc.seen}; {_store_files(stack) - before} new block files, the decode "
                                    f"engine handed {handed:.0f} blocks to persistence") from None
     misses = []  # asks after the blocks were in the store that still missed (reported, at most 2)
@@ -188,9 +188,9 @@ def check_scaled_engines_work(stack: Stack, url: str, tag: str) -> str:
     def work() -> dict[str, float]:
         out = {}
         for cid in pes:
-            out[cid] = metric_value(metrics_text(stack, cid, 9100), "dualpath_prefill_requests_total")
+            out[cid] = metric_value(metrics_text(stack, cid, 9100), "dualpath_prefill_engine_requests_total")
         for cid in des:
-            out[cid] = metric_value(metrics_text(stack, cid, 9100), "dualpath_decode_tokens_total")
+            out[cid] = metric_value(metrics_text(stack, cid, 9100), "dualpath_decode_engine_tokens_total")
         return out
 
     base = work()

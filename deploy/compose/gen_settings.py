@@ -22,10 +22,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from services.decode_engine.config import DecodeConfig  # noqa: E402
-from services.prefill_engine.config import PrefillConfig  # noqa: E402
+from services.decode_engine.config import DecodeEngineConfig  # noqa: E402
+from services.prefill_engine.config import PrefillEngineConfig  # noqa: E402
 from services.scheduler.config import SchedulerConfig  # noqa: E402
-from services.storage_gateway.config import GatewayConfig  # noqa: E402
+from services.storage_gateway.config import StorageGatewayConfig  # noqa: E402
 from services.traffic_manager.config import TrafficManagerConfig  # noqa: E402
 from shared.runtime import CommonConfig  # noqa: E402
 
@@ -34,10 +34,10 @@ from shared.runtime import CommonConfig  # noqa: E402
 SECTIONS = {
     "common": (CommonConfig, "every service"),
     "scheduler": (SchedulerConfig, "scheduler"),
-    "prefill_engine": (PrefillConfig, "prefill-engine"),
-    "decode_engine": (DecodeConfig, "decode-engine"),
+    "prefill_engine": (PrefillEngineConfig, "prefill-engine"),
+    "decode_engine": (DecodeEngineConfig, "decode-engine"),
     "traffic_manager": (TrafficManagerConfig, "traffic-manager"),
-    "storage_gateway": (GatewayConfig, "storage-gateway"),
+    "storage_gateway": (StorageGatewayConfig, "storage-gateway"),
 }
 # Meanings for fields whose declaration carries no comment.
 FALLBACK = {

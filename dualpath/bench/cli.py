@@ -223,10 +223,10 @@ def _bench(args: argparse.Namespace, url: str, modes: list[str]) -> int:
 
 CONFIGS = {  # --set SERVICE -> (module, config class): keys are checked before a mesh starts
     "scheduler": ("services.scheduler.config", "SchedulerConfig"),
-    "prefill_engine": ("services.prefill_engine.config", "PrefillConfig"),
-    "decode_engine": ("services.decode_engine.config", "DecodeConfig"),
+    "prefill_engine": ("services.prefill_engine.config", "PrefillEngineConfig"),
+    "decode_engine": ("services.decode_engine.config", "DecodeEngineConfig"),
     "traffic_manager": ("services.traffic_manager.config", "TrafficManagerConfig"),
-    "storage_gateway": ("services.storage_gateway.config", "GatewayConfig"),
+    "storage_gateway": ("services.storage_gateway.config", "StorageGatewayConfig"),
 }
 
 

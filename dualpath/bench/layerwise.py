@@ -110,9 +110,9 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(store, ignore_errors=True)
     compute = _compute_only(args.model, turn2, rows[-1][2])
     med = lambda xs: statistics.median(xs)  # noqa: E731
-    read = med([r[4]['dualpath_tm_fetch_seconds_sum{phase="read"}'] for r in rows])
-    h2d = med([r[4]['dualpath_tm_fetch_seconds_sum{phase="h2d"}'] for r in rows])
-    step = med([r[4]["dualpath_prefill_step_seconds_sum"] for r in rows])
+    read = med([r[4]['dualpath_traffic_manager_fetch_seconds_sum{phase="read"}'] for r in rows])
+    h2d = med([r[4]['dualpath_traffic_manager_fetch_seconds_sum{phase="h2d"}'] for r in rows])
+    step = med([r[4]["dualpath_prefill_engine_step_seconds_sum"] for r in rows])
     t_hit, t_miss = med([r[0] for r in rows]), med([r[1] for r in rows])
     print(f"model {args.model}; prompt {rows[-1][3]} tokens, {rows[-1][2]} from the store "
           f"({rows[-1][2] / rows[-1][3]:.0%}); snic cap {args.snic_gbps or 'none'} Gbps; medians of {len(rows)}")
@@ -127,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-_KEYS = ('dualpath_tm_fetch_seconds_sum{phase="read"}', 'dualpath_tm_fetch_seconds_sum{phase="h2d"}',
-         "dualpath_prefill_step_seconds_sum")
+_KEYS = ('dualpath_traffic_manager_fetch_seconds_sum{phase="read"}', 'dualpath_traffic_manager_fetch_seconds_sum{phase="h2d"}',
+         "dualpath_prefill_engine_step_seconds_sum")
 
 
 def _service_urls(mesh) -> list[str]:

@@ -1,7 +1,7 @@
 """Storage bytes read per node over time, scraped from every storage-gateway's /metrics.
 
-A `Scraper` polls `dualpath_storage_read_bytes_total{node=...}` and
-`dualpath_storage_blocks_total{outcome="read"}` of each gateway listed by `GET /v1/mesh`
+A `Scraper` polls `dualpath_storage_gateway_read_bytes_total{node=...}` and
+`dualpath_storage_gateway_blocks_total{outcome="read"}` of each gateway listed by `GET /v1/mesh`
 in a background thread; `window(t0, t1)` gives the bytes each node read between two
 moments and the KV bytes per block (for the lower bound). Owns nothing else.
 """
@@ -13,7 +13,7 @@ import time
 
 import httpx
 
-_SAMPLE = re.compile(r'^dualpath_(storage_read_bytes_total|storage_blocks_total)\{([^}]*)\}\s+([0-9.eE+-]+)', re.M)
+_SAMPLE = re.compile(r'^dualpath_storage_gateway_(read_bytes_total|blocks_total)\{([^}]*)\}\s+([0-9.eE+-]+)', re.M)
 
 
 def parse_metrics(text: str) -> tuple[dict[str, float], float]:
@@ -22,7 +22,7 @@ def parse_metrics(text: str) -> tuple[dict[str, float], float]:
     blocks = 0.0
     for name, labels, value in _SAMPLE.findall(text):
         lab = dict(re.findall(r'(\w+)="([^"]*)"', labels))
-        if name == "storage_read_bytes_total":
+        if name == "read_bytes_total":
             by_node[lab.get("node", "?")] = by_node.get(lab.get("node", "?"), 0.0) + float(value)
         elif lab.get("outcome") == "read":
             blocks += float(value)

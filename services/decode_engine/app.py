@@ -15,28 +15,28 @@ import time
 
 from opentelemetry import trace
 
-from services.decode_engine.config import DecodeConfig
+from services.decode_engine.config import DecodeEngineConfig
 from services.decode_engine.persist import Persister
 from services.decode_engine.running import DecodeRequest, RunningSeq, admit_order, filled_block, finish_reason
 from shared.bus import BusError, Delivery
 from shared.engine.requests import RecentSet, stop_ids
 from shared.engine.service import EngineService
 from shared.messages.stream import StepEvents, TokenEvent, TokenLogprob
-from shared.messages.tm import LoadKV, PushDone, Release
+from shared.messages.traffic_manager import LoadKV, PushDone, Release
 from shared.messages.work import Ack, Cancel, DecodeAdmit
 from shared.runtime import service_main
 
-log = logging.getLogger("decode")
+log = logging.getLogger("decode_engine")
 STEP_SAMPLE = 16  # a decode_step event on the request's decode span every this many tokens
-tracer = trace.get_tracer("decode-engine")
+tracer = trace.get_tracer("decode_engine")
 
 
-class DecodeService(EngineService):
-    name = "decode-engine"
+class DecodeEngineService(EngineService):
+    name = "decode_engine"
     role = "decode"
     kv_tag = "de-kv"
 
-    def __init__(self, cfg: DecodeConfig):
+    def __init__(self, cfg: DecodeEngineConfig):
         super().__init__(cfg)
         self.held: dict[str, DecodeRequest] = {}
         self.waiting: list[DecodeRequest] = []  # admitted, KV in the buffer, no blocks yet
@@ -45,10 +45,10 @@ class DecodeService(EngineService):
         self.cancelled = RecentSet()  # cancels that may arrive before their admission
         self.persister: Persister | None = None
         m = self.metrics
-        self.m_tokens = m.counter("decode_tokens_total", "Tokens generated")
-        self.m_step = m.histogram("decode_step_seconds", "Decode step time (one token per running sequence)")
-        self.m_batch = m.gauge("decode_running", "Sequences in the running batch")
-        self.m_load = m.histogram("decode_kv_load_seconds", "Buffer -> KV memory copy time")
+        self.m_tokens = m.counter("tokens_total", "Tokens generated")
+        self.m_step = m.histogram("step_seconds", "Decode step time (one token per running sequence)")
+        self.m_batch = m.gauge("running", "Sequences in the running batch")
+        self.m_load = m.histogram("kv_load_seconds", "Buffer -> KV memory copy time")
 
     async def start(self) -> None:
         await self.load()
@@ -256,4 +256,4 @@ class DecodeService(EngineService):
 
 
 def main(argv: list[str] | None = None) -> int:
-    return service_main("decode_engine", DecodeConfig, DecodeService, argv)
+    return service_main("decode_engine", DecodeEngineConfig, DecodeEngineService, argv)

@@ -8,7 +8,7 @@ from shared.engine.config import EngineConfig
 
 
 @dataclass(frozen=True)
-class DecodeConfig(EngineConfig):
+class DecodeEngineConfig(EngineConfig):
     max_running: int = 64  # sequences in the running batch
     load_timeout_s: float = 30.0  # deadline for the TM's buffer -> KV memory copy
 

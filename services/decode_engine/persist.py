@@ -20,12 +20,12 @@ from services.decode_engine.running import RunningSeq
 from shared.bus import Bus, BusError
 from shared.engine.requests import EngineRequest
 from shared.kv.hashing import chain_hash, key_hex
-from shared.messages.storage import StoreLayout
-from shared.messages.tm import SaveCopied, SaveKV
+from shared.messages.storage_gateway import StoreLayout
+from shared.messages.traffic_manager import SaveCopied, SaveKV
 from shared.messages.work import DecodeAdmit
 from shared.metrics import Metrics
 
-log = logging.getLogger("decode.persist")
+log = logging.getLogger("decode_engine.persist")
 
 
 class Persister:
@@ -36,8 +36,8 @@ class Persister:
         self.spawn, self.release, self.on_failure = spawn, release, on_failure
         self.pending: Counter[str] = Counter()  # req_id -> saves not yet copied out
         self.deferred: dict[str, EngineRequest] = {}  # released while saves were pending: released after them
-        self.m_saved = metrics.counter("decode_persisted_blocks_total", "Full blocks handed to persistence")
-        self.m_failed = metrics.counter("decode_persist_failures_total", "Saves that failed unexpectedly")
+        self.m_saved = metrics.counter("persisted_blocks_total", "Full blocks handed to persistence")
+        self.m_failed = metrics.counter("persist_failures_total", "Saves that failed unexpectedly")
 
     def prompt(self, seq: RunningSeq, admit: DecodeAdmit) -> None:
         """On admission: keys of the prompt's full blocks; save those the store lacks."""

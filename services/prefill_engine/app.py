@@ -16,7 +16,7 @@ import time
 from opentelemetry import trace
 
 from services.prefill_engine.batching import Chunk, forward, pick
-from services.prefill_engine.config import PrefillConfig
+from services.prefill_engine.config import PrefillEngineConfig
 from services.prefill_engine.fetch import Fetcher, usable_hits
 from services.prefill_engine.handoff import Handoff
 from services.prefill_engine.layers import LoadError
@@ -24,21 +24,21 @@ from services.prefill_engine.record import PrefillRequest
 from shared.bus import Delivery
 from shared.engine.service import EngineService
 from shared.messages.stream import TokenEvent
-from shared.messages.tm import LayerLoaded, Release
+from shared.messages.traffic_manager import LayerLoaded, Release
 from shared.messages.work import Cancel, PrefillWork
 from shared.runtime import service_main
 from shared.sched.policy.intra_pe import AttentionModel
 
-log = logging.getLogger("prefill")
-tracer = trace.get_tracer("prefill-engine")
+log = logging.getLogger("prefill_engine")
+tracer = trace.get_tracer("prefill_engine")
 
 
-class PrefillService(EngineService):
-    name = "prefill-engine"
+class PrefillEngineService(EngineService):
+    name = "prefill_engine"
     role = "prefill"
     kv_tag = "pe-kv"
 
-    def __init__(self, cfg: PrefillConfig):
+    def __init__(self, cfg: PrefillEngineConfig):
         super().__init__(cfg)
         self.held: dict[str, PrefillRequest] = {}
         self.queue: list[PrefillRequest] = []  # ready to compute (hits loaded, or none)
@@ -47,11 +47,11 @@ class PrefillService(EngineService):
         self.fetcher: Fetcher | None = None
         self.handoff: Handoff | None = None
         m = self.metrics
-        self.m_requests = m.counter("prefill_requests_total", "Prompts prefilled")
-        self.m_tokens = m.counter("prefill_tokens_total", "Prompt tokens computed")
-        self.m_step = m.histogram("prefill_step_seconds", "Prefill forward time")
-        self.m_handoff = m.histogram("prefill_handoff_seconds", "KV push + admit time")
-        self.m_queue = m.gauge("prefill_queue_length", "Requests waiting for prefill")
+        self.m_requests = m.counter("requests_total", "Prompts prefilled")
+        self.m_tokens = m.counter("tokens_total", "Prompt tokens computed")
+        self.m_step = m.histogram("step_seconds", "Prefill forward time")
+        self.m_handoff = m.histogram("handoff_seconds", "KV push + admit time")
+        self.m_queue = m.gauge("queue_length", "Requests waiting for prefill")
 
     async def start(self) -> None:
         await self.load()
@@ -241,4 +241,4 @@ class PrefillService(EngineService):
 
 
 def main(argv: list[str] | None = None) -> int:
-    return service_main("prefill_engine", PrefillConfig, PrefillService, argv)
+    return service_main("prefill_engine", PrefillEngineConfig, PrefillEngineService, argv)

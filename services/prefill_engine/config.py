@@ -8,7 +8,7 @@ from shared.engine.config import EngineConfig
 
 
 @dataclass(frozen=True)
-class PrefillConfig(EngineConfig):
+class PrefillEngineConfig(EngineConfig):
     max_batch_tokens: int = 4096  # prompt tokens computed in one forward (hard cap)
     compute_quota_s: float = 4.0  # estimated attention time per forward; a longer prompt is chunked (docs/design.md)
     attn_per_token_s: float = 2.0e-3  # attention-time model: seconds per new token (profiled on this CPU)

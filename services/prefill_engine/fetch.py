@@ -1,7 +1,7 @@
 """Stored-KV loading for the prefill engine: the storage read of a request's hit blocks,
 its deadline, and the `LayerLoaded` reports that feed the request's `LoadProgress`.
 
-Sequence for one request with hits (the traffic-manager's side: shared/messages/tm.py):
+Sequence for one request with hits (the traffic-manager's side: shared/messages/traffic_manager.py):
   KV blocks allocated -> FetchKV to this engine's TM -> [LayerLoaded layer=-2: queued, the
   deadline waits for the queue] -> LayerLoaded layer=-1: read done, `blocks` hits verified
   (0: a miss after all) -> the request joins the prefill queue -> LayerLoaded layer=l as
@@ -19,16 +19,16 @@ import logging
 import time
 from typing import Awaitable, Callable
 
-from services.prefill_engine.config import PrefillConfig
+from services.prefill_engine.config import PrefillEngineConfig
 from services.prefill_engine.layers import LoadProgress
 from services.prefill_engine.record import PrefillRequest
 from shared.bus import Bus
 from shared.engine.kv_memory import KVMemory
-from shared.messages.storage import StoreLayout
-from shared.messages.tm import FetchKV, LayerLoaded
+from shared.messages.storage_gateway import StoreLayout
+from shared.messages.traffic_manager import FetchKV, LayerLoaded
 from shared.messages.work import PrefillWork
 
-log = logging.getLogger("prefill.fetch")
+log = logging.getLogger("prefill_engine.fetch")
 Fail = Callable[..., Awaitable[None]]  # fail(req, error, retryable=..., release=...)
 
 
@@ -38,7 +38,7 @@ def usable_hits(work: PrefillWork, block_size: int) -> int:
 
 
 class Fetcher:
-    def __init__(self, bus: Bus, subject: str, cfg: PrefillConfig, store: StoreLayout, kv: KVMemory, n_layers: int,
+    def __init__(self, bus: Bus, subject: str, cfg: PrefillEngineConfig, store: StoreLayout, kv: KVMemory, n_layers: int,
                  held: dict[str, PrefillRequest], spawn: Callable[..., asyncio.Task], *,
                  ready: Callable[[PrefillRequest], None], fail: Fail, failed_load: Fail,
                  release: Callable[[PrefillRequest], None]):

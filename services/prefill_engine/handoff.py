@@ -20,11 +20,11 @@ from shared.bus import Bus, BusError
 from shared.engine.requests import stop_ids
 from shared.messages.stream import TokenEvent, TokenLogprob
 from shared.messages.subjects import Subjects
-from shared.messages.tm import PushDone, PushKV, Release
+from shared.messages.traffic_manager import PushDone, PushKV, Release
 from shared.messages.work import Ack, DecodeAdmit
 
-log = logging.getLogger("prefill.handoff")
-tracer = trace.get_tracer("prefill-engine")
+log = logging.getLogger("prefill_engine.handoff")
+tracer = trace.get_tracer("prefill_engine")
 
 
 class Handoff:

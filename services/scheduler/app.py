@@ -28,7 +28,7 @@ from shared.bus import Delivery
 from shared.engine.store_layout import prompt_keys
 from shared.http import HttpServer, adopt_socket, bind_socket
 from shared.messages.registry import Announce, SchedulerAnnounce
-from shared.messages.storage import HitQuery, HitReply
+from shared.messages.storage_gateway import HitQuery, HitReply
 from shared.messages.stream import Output, TokenEvent
 from shared.messages.work import Cancel
 from shared.runtime import Service, service_main

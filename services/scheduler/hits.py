@@ -15,7 +15,7 @@ from services.scheduler.inflight import InFlight
 from services.scheduler.oracle import OracleIndex
 from shared.bus import BusError
 from shared.engine.store_layout import prompt_keys
-from shared.messages.storage import HitQuery, HitReply
+from shared.messages.storage_gateway import HitQuery, HitReply
 
 tracer = trace.get_tracer("scheduler")
 Ask = Callable[[HitQuery], Awaitable[HitReply]]  # one request to any storage-gateway (raises BusError)

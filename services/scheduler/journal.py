@@ -36,7 +36,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
 
 from shared.messages.work import Sampling
 
-log = logging.getLogger("journal")
+log = logging.getLogger("scheduler.journal")
 
 
 class Accepted(msgspec.Struct, tag="accepted", omit_defaults=True):

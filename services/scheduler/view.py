@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shared.messages.registry import (Announce, EngineAnnounce, GatewayAnnounce, SchedulerAnnounce,
+from shared.messages.registry import (Announce, EngineAnnounce, StorageGatewayAnnounce, SchedulerAnnounce,
                                       TrafficManagerAnnounce)
 
 
@@ -40,7 +40,7 @@ class MeshView:
             return self.engines, msg.engine
         if isinstance(msg, TrafficManagerAnnounce):
             return self.tms, msg.engine
-        if isinstance(msg, GatewayAnnounce):
+        if isinstance(msg, StorageGatewayAnnounce):
             return self.gateways, msg.node
         if isinstance(msg, SchedulerAnnounce):
             return self.schedulers, msg.instance

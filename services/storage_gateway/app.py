@@ -14,25 +14,25 @@ import time
 from opentelemetry import trace
 
 from services.storage_gateway.bucket import TokenBucket
-from services.storage_gateway.config import GatewayConfig
+from services.storage_gateway.config import StorageGatewayConfig
 from services.storage_gateway.engine import GatewayCore
 from services.storage_gateway.store import DirectoryStore
 from shared.bus import Delivery
 from shared.kv.hashing import key_from_hex
 from shared.kv.layout import KVLayout
-from shared.messages.registry import GatewayAnnounce
-from shared.messages.storage import HitQuery, HitReply, ReadBlocks, ReadDone, StoreLayout, WriteBlock, WriteDone
+from shared.messages.registry import StorageGatewayAnnounce
+from shared.messages.storage_gateway import HitQuery, HitReply, ReadBlocks, ReadDone, StoreLayout, WriteBlock, WriteDone
 from shared.runtime import Service, service_main
 from shared.transport.shm_region import ShmRegion
 
-log = logging.getLogger("gateway")
-tracer = trace.get_tracer("storage-gateway")
+log = logging.getLogger("storage_gateway")
+tracer = trace.get_tracer("storage_gateway")
 
 
-class GatewayService(Service):
-    name = "storage-gateway"
+class StorageGatewayService(Service):
+    name = "storage_gateway"
 
-    def __init__(self, cfg: GatewayConfig):
+    def __init__(self, cfg: StorageGatewayConfig):
         super().__init__(cfg)
         os.makedirs(cfg.store_root, exist_ok=True)
         self.read_bucket = TokenBucket.from_gbps(cfg.snic_read_gbps)
@@ -40,11 +40,11 @@ class GatewayService(Service):
         self.cores: dict[str, GatewayCore] = {}  # fingerprint -> core
         self.buffers: dict[str, ShmRegion] = {}  # attached TM buffers by shm name
         m = self.metrics
-        self.m_read = m.counter("storage_read_bytes_total", "Bytes read from the store", ("node",))
-        self.m_write = m.counter("storage_write_bytes_total", "Bytes written to the store", ("node",))
-        self.m_blocks = m.counter("storage_blocks_total", "Blocks by outcome", ("outcome",))
-        self.m_read_s = m.histogram("storage_read_seconds", "Read request time (incl. queueing)")
-        self.m_queue = m.gauge("storage_read_queue_bytes", "Pending read bytes (read_q)", ("node",))
+        self.m_read = m.counter("read_bytes_total", "Bytes read from the store", ("node",))
+        self.m_write = m.counter("write_bytes_total", "Bytes written to the store", ("node",))
+        self.m_blocks = m.counter("blocks_total", "Blocks by outcome", ("outcome",))
+        self.m_read_s = m.histogram("read_seconds", "Read request time (incl. queueing)")
+        self.m_queue = m.gauge("read_queue_bytes", "Pending read bytes (read_q)", ("node",))
 
     async def start(self) -> None:
         s, node = self.subjects, self.cfg.node
@@ -52,9 +52,9 @@ class GatewayService(Service):
         await self.bus.subscribe(s.sg(node, "write"), WriteBlock, self._on_write)
         await self.bus.subscribe(s.sg_any("hit"), HitQuery, self._on_hit, queue="hit")
 
-    def announce(self) -> GatewayAnnounce:
+    def announce(self) -> StorageGatewayAnnounce:
         blocks, nbytes = self.read_queue()
-        return GatewayAnnounce(instance=self.instance, node=self.cfg.node, metrics_url=self.metrics_url,
+        return StorageGatewayAnnounce(instance=self.instance, node=self.cfg.node, metrics_url=self.metrics_url,
                                pid=os.getpid(), store_root=self.cfg.store_root, read_q_blocks=blocks,
                                read_q_bytes=nbytes, read_bytes_per_s=self.read_bucket.rate or 0.0)
 
@@ -143,4 +143,4 @@ class GatewayService(Service):
 
 
 def main(argv: list[str] | None = None) -> int:
-    return service_main("storage_gateway", GatewayConfig, GatewayService, argv)
+    return service_main("storage_gateway", StorageGatewayConfig, StorageGatewayService, argv)

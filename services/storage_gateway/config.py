@@ -14,7 +14,7 @@ def default_store() -> str:
 
 
 @dataclass(frozen=True)
-class GatewayConfig(CommonConfig):
+class StorageGatewayConfig(CommonConfig):
     store: str = ""  # store root (a directory or shared POSIX mount); empty = user cache dir
     capacity_gb: float = 0.0  # byte limit with LRU eviction; 0 = unlimited
     snic_read_gbps: float = 0.0  # emulated storage-NIC read cap in Gbit/s (a test setting); 0 = uncapped

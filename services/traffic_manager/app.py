@@ -29,16 +29,16 @@ from services.traffic_manager.secret import mesh_secret
 from services.traffic_manager.store_path import StorePath
 from shared.bus import BusError, Delivery
 from shared.kv.allocator import OutOfSlots
-from shared.messages.registry import Announce, EngineAnnounce, GatewayAnnounce, KVRegion, TrafficManagerAnnounce
-from shared.messages.tm import (FetchKV, LayerLoaded, LoadKV, PushDone, PushKV, Release, Reserve, Reserved,
+from shared.messages.registry import Announce, EngineAnnounce, StorageGatewayAnnounce, KVRegion, TrafficManagerAnnounce
+from shared.messages.traffic_manager import (FetchKV, LayerLoaded, LoadKV, PushDone, PushKV, Release, Reserve, Reserved,
                                 SaveCopied, SaveKV, Stage, Staged)
 from shared.messages.work import Cancel
 from shared.runtime import Service, service_main
 from shared.transport.base import EndpointDesc, Op, Peer, TrafficClass
 from shared.transport.shm_region import ShmRegion, new_name
 
-log = logging.getLogger("tm")
-tracer = trace.get_tracer("traffic-manager")
+log = logging.getLogger("traffic_manager")
+tracer = trace.get_tracer("traffic_manager")
 _desc_encoder = msgspec.msgpack.Encoder()
 _desc_decoder = msgspec.msgpack.Decoder(EndpointDesc)
 NOT_ATTACHED = "engine KV memory not attached yet"
@@ -49,15 +49,15 @@ def _why(exc: Exception) -> str:
 
 
 class TrafficManagerService(Service):
-    name = "traffic-manager"
+    name = "traffic_manager"
 
     def __init__(self, cfg: TrafficManagerConfig):
         super().__init__(cfg)
         m = self.metrics
-        self.m_bytes = m.counter("tm_bytes_total", "Bytes moved on the data plane", ("kind",))
-        self.m_xfer = m.histogram("tm_transfer_seconds", "Transfer time", ("kind",))
+        self.m_bytes = m.counter("bytes_total", "Bytes moved on the data plane", ("kind",))
+        self.m_xfer = m.histogram("transfer_seconds", "Transfer time", ("kind",))
         self.pool = BufferPool(ShmRegion.create(new_name("tm-buf"), cfg.buffer_mb << 20), cfg.transfer_timeout_s,
-                               m.gauge("tm_buffer_free_bytes", "Free DRAM buffer bytes"))
+                               m.gauge("buffer_free_bytes", "Free DRAM buffer bytes"))
         self.queues = ReadQueues(cfg.transfer_timeout_s)
         self.endpoint = None
         self.kv_region: ShmRegion | None = None
@@ -112,7 +112,7 @@ class TrafficManagerService(Service):
 
     # directory ------------------------------------------------------------------
     async def _on_announce(self, msg, d: Delivery) -> None:
-        if isinstance(msg, GatewayAnnounce):
+        if isinstance(msg, StorageGatewayAnnounce):
             self.queues.note(msg)
         elif isinstance(msg, EngineAnnounce) and msg.engine == self.cfg.engine and msg.kv is not None:
             self._attach(msg.kv)

@@ -24,13 +24,13 @@ from opentelemetry import trace
 from services.traffic_manager.parts import TMParts
 from shared.bus import BusError, Delivery
 from shared.kv.allocator import OutOfSlots
-from shared.messages.storage import ReadBlocks, ReadDone
-from shared.messages.tm import FetchKV, LayerLoaded, Reserve, Reserved, Stage, Staged
+from shared.messages.storage_gateway import ReadBlocks, ReadDone
+from shared.messages.traffic_manager import FetchKV, LayerLoaded, Reserve, Reserved, Stage, Staged
 from shared.transport.base import Op, TrafficClass
 from shared.transport.errors import TransportError
 
-log = logging.getLogger("tm.fetch")
-tracer = trace.get_tracer("traffic-manager")
+log = logging.getLogger("traffic_manager.fetch")
+tracer = trace.get_tracer("traffic_manager")
 # Layers copied within this long of the last `LayerLoaded` are announced together (the
 # message names the highest layer in place): a small model's layers copy in microseconds,
 # and one message per layer would cost more CPU than the copies. A layer that takes
@@ -51,7 +51,7 @@ class Progress:
 class FetchPath:
     def __init__(self, parts: TMParts):
         self.p = parts
-        self.m_wait = parts.metrics.histogram("tm_fetch_seconds", "Storage read time of a fetch", ("phase",))
+        self.m_wait = parts.metrics.histogram("fetch_seconds", "Storage read time of a fetch", ("phase",))
 
     async def fetch(self, msg: FetchKV, d: Delivery) -> None:
         """Load a request's hit blocks: keys[:k] on the PE path, keys[k:] on the DE path."""

@@ -33,7 +33,7 @@ class TMParts:
     endpoint: Endpoint
     peer: Callable[[str], Awaitable[Peer]]  # engine -> a data-plane connection to its traffic-manager
     queues: ReadQueues
-    m_bytes: Counter  # dualpath_tm_bytes_total{kind}
+    m_bytes: Counter  # dualpath_traffic_manager_bytes_total{kind}
     spawn: Callable[..., asyncio.Task[Any]]  # Service.spawn: supervised tasks
 
     @property

@@ -11,16 +11,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from shared.messages.registry import GatewayAnnounce
+from shared.messages.registry import StorageGatewayAnnounce
 
 
 class ReadQueues:
     def __init__(self, transfer_timeout_s: float):
         self.transfer_timeout_s = transfer_timeout_s
-        self.gateways: dict[str, GatewayAnnounce] = {}  # node -> its storage-gateway's last announcement
+        self.gateways: dict[str, StorageGatewayAnnounce] = {}  # node -> its storage-gateway's last announcement
         self.reading: dict[str, int] = {}  # node -> bytes asked of that node's gateway, not yet read
 
-    def note(self, msg: GatewayAnnounce) -> None:
+    def note(self, msg: StorageGatewayAnnounce) -> None:
         self.gateways[msg.node] = msg
 
     def read_wait(self, node: str, nbytes: int = 0) -> float:

@@ -19,7 +19,7 @@ import secrets
 import nats.errors
 import nats.js.errors
 
-log = logging.getLogger("tm")
+log = logging.getLogger("traffic_manager")
 KEY = "data-plane-secret"
 
 

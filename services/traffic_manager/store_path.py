@@ -16,18 +16,18 @@ from opentelemetry import trace
 from services.traffic_manager.parts import TMParts
 from shared.bus import BusError, Delivery
 from shared.kv.allocator import OutOfSlots
-from shared.messages.storage import ReadBlocks, ReadDone, StoreLayout, WriteBlock, WriteDone
-from shared.messages.tm import SaveCopied, SaveKV, Stage, Staged
+from shared.messages.storage_gateway import ReadBlocks, ReadDone, StoreLayout, WriteBlock, WriteDone
+from shared.messages.traffic_manager import SaveCopied, SaveKV, Stage, Staged
 from shared.transport.base import Op, TrafficClass
 
-log = logging.getLogger("tm.store")
-tracer = trace.get_tracer("traffic-manager")
+log = logging.getLogger("traffic_manager.store")
+tracer = trace.get_tracer("traffic_manager")
 
 
 class StorePath:
     def __init__(self, parts: TMParts):
         self.p = parts
-        self.m_saved = parts.metrics.counter("tm_saved_blocks_total", "Blocks handed to the gateway for persistence",
+        self.m_saved = parts.metrics.counter("saved_blocks_total", "Blocks handed to the gateway for persistence",
                                              ("outcome",))
 
     # stage (DE side of the DE read path) ----------------------------------------------------

@@ -18,7 +18,7 @@ from shared.engine.requests import EngineRequest
 from shared.engine.store_layout import store_layout
 from shared.engine.worker import ModelWorker
 from shared.messages.registry import EngineAnnounce
-from shared.messages.storage import StoreLayout
+from shared.messages.storage_gateway import StoreLayout
 from shared.messages.stream import TokenEvent
 from shared.runtime import Service
 

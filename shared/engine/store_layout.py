@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from shared.kv.hashing import ModelFingerprint, block_hashes, key_hex
-from shared.messages.storage import StoreLayout
+from shared.messages.storage_gateway import StoreLayout
 
 
 def store_layout(model_id: str, cfg, block_size: int) -> StoreLayout:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
-from shared.messages.storage import StoreLayout
+from shared.messages.storage_gateway import StoreLayout
 
 
 class Base(msgspec.Struct, tag_field="kind", omit_defaults=True):
@@ -44,7 +44,7 @@ class EngineAnnounce(Base, tag="engine"):
     store: StoreLayout | None = None  # how this engine's blocks are named and sized in the store
 
 
-class TrafficManagerAnnounce(Base, tag="tm"):
+class TrafficManagerAnnounce(Base, tag="traffic_manager"):
     engine: str = ""  # the engine this TM serves
     endpoint: bytes = b""  # msgpack-encoded transport EndpointDesc
     buffer_bytes: int = 0
@@ -52,7 +52,7 @@ class TrafficManagerAnnounce(Base, tag="tm"):
     ready: bool = False  # attached to its engine's KV memory
 
 
-class GatewayAnnounce(Base, tag="gateway"):
+class StorageGatewayAnnounce(Base, tag="storage_gateway"):
     read_q_blocks: int = 0
     read_q_bytes: int = 0
     store_root: str = ""
@@ -64,5 +64,5 @@ class SchedulerAnnounce(Base, tag="scheduler"):
     queued: int = 0
 
 
-Announce = EngineAnnounce | TrafficManagerAnnounce | GatewayAnnounce | SchedulerAnnounce
+Announce = EngineAnnounce | TrafficManagerAnnounce | StorageGatewayAnnounce | SchedulerAnnounce
 decoder = msgspec.msgpack.Decoder(Announce)

@@ -1,4 +1,4 @@
-"""Engine output back to the scheduler (`{ns}.out.<scheduler>`): hot path, so compact.
+"""Engine output back to the scheduler (`{ns}.scheduler.<scheduler>.out`): hot path, so compact.
 
 Two messages share the subject, told apart by their msgpack type:
 - `TokenEvent` (an array): one request's tokens — the prefill engine's first token, and any

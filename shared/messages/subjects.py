@@ -13,13 +13,13 @@ class Subjects:
 
     # work
     def prefill_work(self, engine: str) -> str:
-        return f"{self.ns}.pe.{engine}.work"
+        return f"{self.ns}.prefill_engine.{engine}.work"
 
     def prefill_loaded(self, engine: str) -> str:
-        return f"{self.ns}.pe.{engine}.loaded"
+        return f"{self.ns}.prefill_engine.{engine}.loaded"
 
     def decode_admit(self, engine: str) -> str:
-        return f"{self.ns}.de.{engine}.admit"
+        return f"{self.ns}.decode_engine.{engine}.admit"
 
     @property
     def cancel(self) -> str:
@@ -27,15 +27,15 @@ class Subjects:
 
     # stream
     def output(self, scheduler: str) -> str:
-        return f"{self.ns}.out.{scheduler}"
+        return f"{self.ns}.scheduler.{scheduler}.out"
 
     # traffic-manager control, keyed by the engine the TM serves
     def tm(self, engine: str, verb: str) -> str:
-        return f"{self.ns}.tm.{engine}.{verb}"
+        return f"{self.ns}.traffic_manager.{engine}.{verb}"
 
     # storage-gateway control, keyed by node
     def sg(self, node: str, verb: str) -> str:
-        return f"{self.ns}.sg.{node}.{verb}"
+        return f"{self.ns}.storage_gateway.{node}.{verb}"
 
     def sg_any(self, verb: str) -> str:
-        return f"{self.ns}.sg.any.{verb}"
+        return f"{self.ns}.storage_gateway.any.{verb}"

@@ -59,10 +59,10 @@ def test_small_buffers_neither_stall_nor_leak(tmp_path):
         cached = asyncio.run(run())
         assert any(c[-1] > 0 for c in cached)  # later turns really read stored KV
         m = httpx.get(mesh.url + "/v1/mesh", timeout=10).json()
-        resumes = _metric(mesh.url + "/metrics", "dualpath_request_resumes_total")
+        resumes = _metric(mesh.url + "/metrics", "dualpath_scheduler_request_resumes_total")
         assert resumes == 0, f"{resumes:g} requests failed at a deadline (a stall on buffer slots) and were resumed"
         for tm in m["traffic_managers"]:  # every buffer slot comes back once persistence drains
-            wait_until(lambda: _metric(tm["metrics_url"], "dualpath_tm_buffer_free_bytes") == 2 * (1 << 20),
+            wait_until(lambda: _metric(tm["metrics_url"], "dualpath_traffic_manager_buffer_free_bytes") == 2 * (1 << 20),
                        f"every buffer slot of {tm['engine']}'s traffic-manager to be free")
     finally:
         mesh.stop()

@@ -15,9 +15,9 @@ import nats
 import pytest
 
 from shared.messages.registry import EngineAnnounce
-from shared.messages.storage import ReadBlocks, StoreLayout
+from shared.messages.storage_gateway import ReadBlocks, StoreLayout
 from shared.messages.stream import TokenEvent
-from shared.messages.tm import FetchKV, PushKV
+from shared.messages.traffic_manager import FetchKV, PushKV
 from shared.messages.work import DecodeAdmit, PrefillWork, Sampling
 from tests.integration.meshutil import complete, tiny_mesh
 
@@ -61,14 +61,14 @@ def mesh(tmp_path_factory):
 
 def subjects(ns: str, view: dict) -> list[str]:
     """Every subject family the services subscribe to, for the live engines/nodes/scheduler."""
-    out = [f"{ns}.hb", f"{ns}.cancel", f"{ns}.sg.any.hit"]
+    out = [f"{ns}.hb", f"{ns}.cancel", f"{ns}.storage_gateway.any.hit"]
     for e in view["engines"]:
         eng = e["engine"]
-        out += [f"{ns}.pe.{eng}.work", f"{ns}.pe.{eng}.loaded", f"{ns}.de.{eng}.admit"]
-        out += [f"{ns}.tm.{eng}.{verb}" for verb in ("push", "reserve", "load", "release", "fetch", "save", "stage")]
+        out += [f"{ns}.prefill_engine.{eng}.work", f"{ns}.prefill_engine.{eng}.loaded", f"{ns}.decode_engine.{eng}.admit"]
+        out += [f"{ns}.traffic_manager.{eng}.{verb}" for verb in ("push", "reserve", "load", "release", "fetch", "save", "stage")]
     for g in view["gateways"]:
-        out += [f"{ns}.sg.{g['node']}.read", f"{ns}.sg.{g['node']}.write"]
-    out += [f"{ns}.out.{s['instance']}" for s in view["schedulers"]]
+        out += [f"{ns}.storage_gateway.{g['node']}.read", f"{ns}.storage_gateway.{g['node']}.write"]
+    out += [f"{ns}.scheduler.{s['instance']}.out" for s in view["schedulers"]]
     return out
 
 

@@ -28,7 +28,7 @@ def test_chunked_prefill_is_exact_and_reuses_the_store(tmp_path, reference):
         assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] >= 704
         assert_exact(r2, reference, turn2, what="chunked prefill with a store hit")
         forwards = [line for line in httpx.get(_metrics_url(mesh), timeout=5)
-                    .text.splitlines() if line.startswith("dualpath_prefill_step_seconds_count")]
+                    .text.splitlines() if line.startswith("dualpath_prefill_engine_step_seconds_count")]
         assert float(forwards[0].split()[-1]) >= 7  # the long prompt really was chunked
     finally:
         mesh.stop()

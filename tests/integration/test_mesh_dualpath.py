@@ -70,8 +70,8 @@ def test_oracle_moves_no_kv_bytes(mesh):
     body, probe, before, after = _two_turns(mesh, "oracle")
     assert body["usage"]["prompt_tokens_details"]["cached_tokens"] >= 8 * 64  # hits as if stored
     for who in probe.urls:
-        assert probe.delta(before, after, who, "dualpath_storage_read_bytes_total") == 0
-        assert probe.delta(before, after, who, "dualpath_tm_bytes_total") == 0
+        assert probe.delta(before, after, who, "dualpath_storage_gateway_read_bytes_total") == 0
+        assert probe.delta(before, after, who, "dualpath_traffic_manager_bytes_total") == 0
 
 
 def test_unknown_mode_is_rejected(mesh):
@@ -84,7 +84,7 @@ def _de_buffer(url: str) -> tuple[float, float]:
     mesh = httpx.get(url + "/v1/mesh", timeout=10).json()
     tm = next(t for t in mesh["traffic_managers"] if t["node"] == "d1")
     for line in httpx.get(tm["metrics_url"], timeout=10).text.splitlines():
-        if line.startswith("dualpath_tm_buffer_free_bytes "):
+        if line.startswith("dualpath_traffic_manager_buffer_free_bytes "):
             return float(line.split()[1]), float(tm["buffer_bytes"])
     raise AssertionError("no tm_buffer_free_bytes gauge")
 
@@ -117,6 +117,6 @@ def test_staged_slots_are_freed_when_the_prompt_finishes_at_prefill(mesh, refere
                              "dualpath_mode": "dualpath"})
     assert r2.status_code == 200, r2.text
     assert r2.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 4 * 64
-    staged = probe.delta(before, probe.snap(), ("gateway", "d1"), "dualpath_storage_read_bytes_total")
+    staged = probe.delta(before, probe.snap(), ("gateway", "d1"), "dualpath_storage_gateway_read_bytes_total")
     assert staged > 0  # some hits really went through the DE buffer
     _wait_buffer_idle(mesh.url, block_nbytes)

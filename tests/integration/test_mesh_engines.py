@@ -14,7 +14,7 @@ from tests.integration.meshutil import Announcements, complete, tiny_mesh, wait_
 pytestmark = pytest.mark.integration
 
 
-_WORK = {"prefill": "dualpath_prefill_requests_total", "decode": "dualpath_decode_tokens_total"}
+_WORK = {"prefill": "dualpath_prefill_engine_requests_total", "decode": "dualpath_decode_engine_tokens_total"}
 
 
 def _served(metrics_url: str, name: str) -> float:
@@ -106,13 +106,13 @@ def test_request_on_a_hung_prefill_engine_resumes_on_a_new_one(tmp_path):
         body = {"prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
         with cf.ThreadPoolExecutor(1) as pool:
             pending = pool.submit(complete, mesh.url, body, "/v1/completions", 90)
-            wait_until(lambda: _served(mesh.url + "/metrics", "dualpath_requests_running") == 1,
+            wait_until(lambda: _served(mesh.url + "/metrics", "dualpath_scheduler_requests_running") == 1,
                        "the request to be assigned (to the hung engine)")
             mesh.add_node("prefill")  # capacity arrives; the scheduler drops the silent engine
             r = pending.result()
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["token_ids"] == generate(ref, prompt, 12, ignore_eos=True)
-        assert "dualpath_request_resumes_total 1.0" in httpx.get(mesh.url + "/metrics", timeout=5).text
+        assert "dualpath_scheduler_request_resumes_total 1.0" in httpx.get(mesh.url + "/metrics", timeout=5).text
     finally:
         mesh.kill(pe, signal.SIGKILL)
         mesh.stop()

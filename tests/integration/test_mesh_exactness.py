@@ -23,8 +23,8 @@ from tests.integration.meshutil import tiny_mesh
 from tests.integration.test_mesh_dualpath import Probe
 
 pytestmark = pytest.mark.integration
-READ = "dualpath_storage_read_bytes_total"
-PULLED = 'dualpath_tm_bytes_total{kind="de_path_pull"}'
+READ = "dualpath_storage_gateway_read_bytes_total"
+PULLED = 'dualpath_traffic_manager_bytes_total{kind="de_path_pull"}'
 
 
 def _mesh(tmp_path_factory, name: str, scheduler: dict | None = None, tm: dict | None = None, **kw):
@@ -104,7 +104,7 @@ def test_de_path_only_and_pe_path_over_tcp(tcp_de_mesh, reference, mode):
         assert pe == 0 and de > 0 and probe.delta(before, after, ("tm", "p0-e0"), PULLED) == de
     else:
         assert pe > 0 and de == 0
-    pushed = probe.delta(before, after, ("tm", "p0-e0"), "dualpath_tm_bytes_total")
+    pushed = probe.delta(before, after, ("tm", "p0-e0"), "dualpath_traffic_manager_bytes_total")
     assert pushed > 0
 
 

@@ -178,6 +178,6 @@ def test_a_resumed_request_keeps_reporting_logprobs(tmp_path, reference):
         assert text == reference.tokenizer.decode(want.ids)  # every token once, in order, across the failure
         assert chunks[-1]["choices"][0]["finish_reason"] == "length"
         assert _close(_joined(chunks, "token_logprobs"), [x.logprob for x in want.logprobs])
-        assert "dualpath_request_resumes_total 1.0" in httpx.get(mesh.url + "/metrics", timeout=5).text
+        assert "dualpath_scheduler_request_resumes_total 1.0" in httpx.get(mesh.url + "/metrics", timeout=5).text
     finally:
         mesh.stop()

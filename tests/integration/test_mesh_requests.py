@@ -154,7 +154,7 @@ def test_client_disconnect_frees_kv_on_both_engines(mesh):
         assert ann.wait_for(idle)
         start = ann.free_blocks()
         de = next(e for e in ann.engines.values() if e.role == "decode")
-        decoded_before = _metric(de.metrics_url, "dualpath_decode_tokens_total")
+        decoded_before = _metric(de.metrics_url, "dualpath_decode_engine_tokens_total")
         t0 = time.monotonic()
         body = {"prompt": "a long generation " * 20, "max_tokens": 3600, "temperature": 0, "ignore_eos": True,
                 "stream": True}
@@ -174,7 +174,7 @@ def test_client_disconnect_frees_kv_on_both_engines(mesh):
         # after the client left, fresh announcements show both engines back at their starting free counts
         fresh = lambda a: {h[1]: h[3] for h in a.history if h[0] > t_left}  # noqa: E731
         assert ann.wait_for(lambda a: fresh(a) == start, 15), (start, fresh(ann))
-        decoded = _metric(de.metrics_url, "dualpath_decode_tokens_total") - decoded_before
+        decoded = _metric(de.metrics_url, "dualpath_decode_engine_tokens_total") - decoded_before
         assert 0 < decoded < 3599, f"generation was not cut short ({decoded} tokens)"
 
 

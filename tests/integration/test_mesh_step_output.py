@@ -90,12 +90,12 @@ async def _scenario(mesh) -> None:
         for key, s in subj.items():
             await nc.subscribe(s, cb=lis.on(key))
         await nc.flush()
-        steps0, tokens0 = (metric(de["metrics_url"], "dualpath_decode_step_seconds_count"),
-                           metric(de["metrics_url"], "dualpath_decode_tokens_total"))
+        steps0, tokens0 = (metric(de["metrics_url"], "dualpath_decode_engine_step_seconds_count"),
+                           metric(de["metrics_url"], "dualpath_decode_engine_tokens_total"))
 
         async def work(req: str, key: str, max_tokens: int) -> None:
             sampling = Sampling(max_tokens=max_tokens, ignore_eos=True)
-            await nc.publish(f"{ns}.pe.{pe['engine']}.work", stream.encoder.encode(
+            await nc.publish(f"{ns}.prefill_engine.{pe['engine']}.work", stream.encoder.encode(
                 PrefillWork(req, PROMPT, sampling, de["engine"], subj[key])))
 
         await work("a0", "A", 48 * 64 - len(PROMPT))  # 48 of the DE's 64 KV blocks: room for a1 and b1
@@ -105,9 +105,9 @@ async def _scenario(mesh) -> None:
         await until(lambda: lis.finished("a1") and lis.finished("b1"), "a1 and b1 finished")
         assert not lis.finished("a0"), "a0 ended before a1 and b1: the scenario needs it running throughout"
         await nc.publish(f"{ns}.cancel", stream.encoder.encode(Cancel("a0", "test done")))
-        await until(lambda: metric(de["metrics_url"], "dualpath_decode_running") == 0, "a0 leaving the batch")
-        steps = metric(de["metrics_url"], "dualpath_decode_step_seconds_count") - steps0
-        tokens = metric(de["metrics_url"], "dualpath_decode_tokens_total") - tokens0
+        await until(lambda: metric(de["metrics_url"], "dualpath_decode_engine_running") == 0, "a0 leaving the batch")
+        steps = metric(de["metrics_url"], "dualpath_decode_engine_step_seconds_count") - steps0
+        tokens = metric(de["metrics_url"], "dualpath_decode_engine_tokens_total") - tokens0
         await until(lambda: len(lis.steps("A")) >= steps, f"{steps:.0f} step messages on A")
         await nc.flush()
     finally:

@@ -39,7 +39,7 @@ def test_second_turn_reuses_stored_blocks_and_matches(tmp_path, reference):
         want = generate(reference, t2["choices"][0]["prompt_token_ids"], 16, ignore_eos=True)
         assert t2["choices"][0]["token_ids"] == want  # same tokens as with an empty store
         metrics = httpx.get(mesh.url + "/metrics", timeout=5).text
-        assert "dualpath_cached_prompt_tokens_total" in metrics
+        assert "dualpath_scheduler_cached_prompt_tokens_total" in metrics
     finally:
         mesh.stop()
 

@@ -9,9 +9,9 @@ from tests.integration.otlp_receiver import OtlpReceiver
 pytestmark = pytest.mark.integration
 
 # the spans the trace must hold; services export in batches, so the test waits for all of them
-WANTED = {("scheduler", "assign"), ("prefill-engine", "prefill_chunk"), ("decode-engine", "decode"),
-          ("traffic-manager", "kv_transfer"),  # PE-side TM: the PD transfer
-          ("traffic-manager", "kv_reserve"), ("traffic-manager", "kv_h2d")}  # DE-side TM
+WANTED = {("scheduler", "assign"), ("prefill_engine", "prefill_chunk"), ("decode_engine", "decode"),
+          ("traffic_manager", "kv_transfer"),  # PE-side TM: the PD transfer
+          ("traffic_manager", "kv_reserve"), ("traffic_manager", "kv_h2d")}  # DE-side TM
 
 
 def _exported(otlp: OtlpReceiver, rid: str) -> bool:
@@ -42,11 +42,11 @@ def test_one_request_one_trace_across_services(tmp_path):
     trace_spans = [s for s in otlp.spans if s.trace_id == roots[0].trace_id]
     mine = [s for s in otlp.spans if s.attributes.get("req_id") == rid]
     assert {s.trace_id for s in mine} == {roots[0].trace_id}, "a span of the request left its trace"
-    assert {s.service for s in trace_spans} >= {"scheduler", "prefill-engine", "decode-engine", "traffic-manager"}
+    assert {s.service for s in trace_spans} >= {"scheduler", "prefill_engine", "decode_engine", "traffic_manager"}
     names = {(s.service, s.name) for s in trace_spans}
-    assert ("traffic-manager", "kv_transfer") in names  # PE-side TM: the PD transfer
-    assert ("traffic-manager", "kv_reserve") in names and ("traffic-manager", "kv_h2d") in names  # DE-side TM
-    assert ("decode-engine", "decode") in names and ("scheduler", "assign") in names
+    assert ("traffic_manager", "kv_transfer") in names  # PE-side TM: the PD transfer
+    assert ("traffic_manager", "kv_reserve") in names and ("traffic_manager", "kv_h2d") in names  # DE-side TM
+    assert ("decode_engine", "decode") in names and ("scheduler", "assign") in names
     assign = next(s for s in trace_spans if s.name == "assign")
     assert assign.attributes["pe"] and assign.attributes["de"] and "read_path" in assign.attributes
     xfer = next(s for s in trace_spans if s.name == "kv_transfer")

@@ -90,7 +90,7 @@ def test_mesh_survives_a_nats_restart_and_fails_the_request_caught_in_it(tmp_pat
         # sent it, may only arrive when the bus reconnects, followed by its Cancel, and whether the
         # PE still counts it is a race); the one sent while NATS was down never reached an engine
         pe = [row for row in _snapshot(mesh.url) if row.get("role") == "prefill"]
-        assert 2 <= _counter(pe[0]["metrics_url"], "dualpath_prefill_requests_total") <= 3
+        assert 2 <= _counter(pe[0]["metrics_url"], "dualpath_prefill_engine_requests_total") <= 3
     finally:
         mesh.stop()
         server.stop()

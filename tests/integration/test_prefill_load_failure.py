@@ -21,7 +21,7 @@ from shared.bus import Bus
 from shared.messages.registry import Announce, EngineAnnounce
 from shared.messages.stream import TokenEvent
 from shared.messages.subjects import Subjects
-from shared.messages.tm import FetchKV, LayerLoaded
+from shared.messages.traffic_manager import FetchKV, LayerLoaded
 from shared.messages.work import PrefillWork, Sampling
 from tests.integration.natsutil import NatsServer
 

@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from shared.bus import Bus, Delivery
-from shared.messages.registry import GatewayAnnounce
-from shared.messages.tm import Release, Reserved
+from shared.messages.registry import StorageGatewayAnnounce
+from shared.messages.traffic_manager import Release, Reserved
 from shared.runtime import CommonConfig, Service, run_service
 from tests.integration.natsutil import NatsServer
 
@@ -39,8 +39,8 @@ class EchoService(Service):
         await self.bus.subscribe(f"{self.subjects.ns}.echo", Release, self._on_echo)
         await self.bus.subscribe(f"{self.subjects.ns}.boom", Release, self._on_boom)
 
-    def announce(self) -> GatewayAnnounce:
-        return GatewayAnnounce(instance=self.instance, node=self.cfg.node, metrics_url=self.metrics_url)
+    def announce(self) -> StorageGatewayAnnounce:
+        return StorageGatewayAnnounce(instance=self.instance, node=self.cfg.node, metrics_url=self.metrics_url)
 
     async def _on_echo(self, msg: Release, d: Delivery) -> None:
         await d.respond(Reserved(slots=[len(msg.req_id)]))

@@ -46,7 +46,7 @@ def test_restarted_scheduler_frees_what_its_predecessor_left_running(tmp_path):
             assert ann.wait_for(idle, 30), {e: (a.seq, a.free_blocks) for e, a in ann.engines.items()}
             de = next(e for e in ann.engines.values() if e.role == "decode")
             decoded = next(float(line.split()[-1]) for line in httpx.get(de.metrics_url, timeout=5).text.splitlines()
-                           if line.startswith("dualpath_decode_tokens_total "))
+                           if line.startswith("dualpath_decode_engine_tokens_total "))
             assert decoded < 3799, "the orphan ran to its end: nothing cancelled it"
         r = httpx.post(mesh.url + "/v1/completions", json={"prompt": "after", "max_tokens": 4, "temperature": 0},
                        timeout=30)

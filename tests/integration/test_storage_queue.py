@@ -23,7 +23,7 @@ PROMPTS = 10
 
 def _resumes(url: str) -> float:
     for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith("dualpath_request_resumes_total "):
+        if line.startswith("dualpath_scheduler_request_resumes_total "):
             return float(line.split()[1])
     return 0.0
 

@@ -13,15 +13,15 @@ import uuid
 
 import pytest
 
-from services.storage_gateway.app import GatewayService
-from services.storage_gateway.config import GatewayConfig
+from services.storage_gateway.app import StorageGatewayService
+from services.storage_gateway.config import StorageGatewayConfig
 from services.traffic_manager.app import NOT_ATTACHED, TrafficManagerService
 from services.traffic_manager.config import TrafficManagerConfig
 from shared.bus import Bus, Delivery
 from shared.messages.registry import Announce, EngineAnnounce, KVRegion, TrafficManagerAnnounce
-from shared.messages.storage import HitQuery, HitReply, StoreLayout
+from shared.messages.storage_gateway import HitQuery, HitReply, StoreLayout
 from shared.messages.subjects import Subjects
-from shared.messages.tm import (FetchKV, LayerLoaded, LoadKV, PushDone, Release, Reserve, Reserved,
+from shared.messages.traffic_manager import (FetchKV, LayerLoaded, LoadKV, PushDone, Release, Reserve, Reserved,
                                 SaveCopied, SaveKV)
 from shared.runtime import run_service
 from shared.transport.shm_region import ShmRegion, new_name
@@ -45,7 +45,7 @@ class Mesh:
         self.ns = "t" + uuid.uuid4().hex[:8]
         self.subjects = Subjects(self.ns)
         common = dict(nats_url=nats.url, namespace=self.ns, node=NODE, heartbeat_s=0.05)
-        self.gateway = GatewayService(GatewayConfig(store=str(tmp_path / "store"), instance=f"sg-{self.ns}", **common))
+        self.gateway = StorageGatewayService(StorageGatewayConfig(store=str(tmp_path / "store"), instance=f"sg-{self.ns}", **common))
         self.tms = {e: TrafficManagerService(TrafficManagerConfig(engine=e, buffer_mb=1, transfer_timeout_s=HUGE,
                                                                   instance=f"tm-{e}-{self.ns}", **common))
                     for e in engines}

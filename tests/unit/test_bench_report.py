@@ -65,9 +65,9 @@ def test_write_report_writes_markdown_json_and_pngs(tmp_path):
 
 
 def test_parse_metrics_reads_bytes_per_node_and_blocks():
-    text = ('# HELP x\ndualpath_storage_read_bytes_total{node="p0"} 1.5e+06\n'
-            'dualpath_storage_read_bytes_total{node="d1"} 42.0\n'
-            'dualpath_storage_blocks_total{outcome="read"} 12.0\n'
-            'dualpath_storage_blocks_total{outcome="written"} 99.0\n')
+    text = ('# HELP x\ndualpath_storage_gateway_read_bytes_total{node="p0"} 1.5e+06\n'
+            'dualpath_storage_gateway_read_bytes_total{node="d1"} 42.0\n'
+            'dualpath_storage_gateway_blocks_total{outcome="read"} 12.0\n'
+            'dualpath_storage_gateway_blocks_total{outcome="written"} 99.0\n')
     by_node, blocks = parse_metrics(text)
     assert by_node == {"p0": 1.5e6, "d1": 42.0} and blocks == 12.0

@@ -9,10 +9,10 @@ import re
 import pytest
 
 from dualpath.cli import CliError, HelpFormatter, build_parser
-from services.decode_engine.config import DecodeConfig
-from services.prefill_engine.config import PrefillConfig
+from services.decode_engine.config import DecodeEngineConfig
+from services.prefill_engine.config import PrefillEngineConfig
 from services.scheduler.config import SchedulerConfig
-from services.storage_gateway.config import GatewayConfig
+from services.storage_gateway.config import StorageGatewayConfig
 from services.traffic_manager.config import TrafficManagerConfig
 from shared.runtime import config_parser
 
@@ -58,7 +58,7 @@ def test_the_formatter_shows_zero_defaults_but_not_absent_ones():
     assert "write here (default" not in text and "less (default" not in text
 
 
-@pytest.mark.parametrize("cls", [SchedulerConfig, PrefillConfig, DecodeConfig, TrafficManagerConfig, GatewayConfig],
+@pytest.mark.parametrize("cls", [SchedulerConfig, PrefillEngineConfig, DecodeEngineConfig, TrafficManagerConfig, StorageGatewayConfig],
                          ids=lambda c: c.__name__)
 def test_every_service_setting_flag_says_what_it_does_its_default_and_env(cls):
     parser = config_parser("prog", cls)

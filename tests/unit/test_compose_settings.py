@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from services.decode_engine.config import DecodeConfig
-from services.prefill_engine.config import PrefillConfig
+from services.decode_engine.config import DecodeEngineConfig
+from services.prefill_engine.config import PrefillEngineConfig
 from services.scheduler.config import SchedulerConfig
-from services.storage_gateway.config import GatewayConfig
+from services.storage_gateway.config import StorageGatewayConfig
 from services.traffic_manager.config import TrafficManagerConfig
 from shared.config import load_config
 from shared.runtime import CommonConfig
@@ -28,10 +28,10 @@ EXAMPLE = ROOT / "deploy" / "compose" / "dualpath.toml"
 DOC = ROOT / "docs" / "configuration.md"
 SECTIONS = {
     "scheduler": SchedulerConfig,
-    "prefill_engine": PrefillConfig,
-    "decode_engine": DecodeConfig,
+    "prefill_engine": PrefillEngineConfig,
+    "decode_engine": DecodeEngineConfig,
     "traffic_manager": TrafficManagerConfig,
-    "storage_gateway": GatewayConfig,
+    "storage_gateway": StorageGatewayConfig,
 }
 # Identities with no sensible shared default; validate() insists on them.
 REQUIRED = {"traffic_manager": {"engine": "e0"}}

@@ -5,17 +5,17 @@ import dataclasses
 
 import pytest
 
-from services.decode_engine.config import DecodeConfig
-from services.prefill_engine.config import PrefillConfig
+from services.decode_engine.config import DecodeEngineConfig
+from services.prefill_engine.config import PrefillEngineConfig
 from services.scheduler.config import SchedulerConfig
-from services.storage_gateway.config import GatewayConfig
+from services.storage_gateway.config import StorageGatewayConfig
 from services.traffic_manager.config import TrafficManagerConfig
 from shared.config import ConfigError, load_config
 from shared.runtime import CommonConfig, config_parser
 
 pytestmark = pytest.mark.unit
 
-CONFIGS = [CommonConfig, SchedulerConfig, PrefillConfig, DecodeConfig, TrafficManagerConfig, GatewayConfig]
+CONFIGS = [CommonConfig, SchedulerConfig, PrefillEngineConfig, DecodeEngineConfig, TrafficManagerConfig, StorageGatewayConfig]
 
 
 def flag(name: str) -> str:
@@ -56,15 +56,15 @@ def test_unknown_flag_exits_with_usage_error(capsys):
 
 
 def test_flag_values_flow_through_load_config_as_overrides():
-    args = config_parser("prog", DecodeConfig).parse_args(["--kv-blocks", "32", "--max-running", "4", "--node", "n3"])
+    args = config_parser("prog", DecodeEngineConfig).parse_args(["--kv-blocks", "32", "--max-running", "4", "--node", "n3"])
     overrides = {k: v for k, v in vars(args).items() if k != "config" and v is not None}
-    cfg = load_config(DecodeConfig, "decode_engine", env={}, overrides=overrides)
+    cfg = load_config(DecodeEngineConfig, "decode_engine", env={}, overrides=overrides)
     assert (cfg.kv_blocks, cfg.max_running, cfg.node) == (32, 4, "n3")
 
 
 def test_bad_flag_value_fails_naming_the_field():
-    args = config_parser("prog", DecodeConfig).parse_args(["--max-running", "0"])
+    args = config_parser("prog", DecodeEngineConfig).parse_args(["--max-running", "0"])
     overrides = {k: v for k, v in vars(args).items() if k != "config" and v is not None}
     with pytest.raises(ConfigError) as info:
-        load_config(DecodeConfig, "decode_engine", env={}, overrides=overrides)
+        load_config(DecodeEngineConfig, "decode_engine", env={}, overrides=overrides)
     assert info.value.key == "max_running"

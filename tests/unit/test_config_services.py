@@ -5,10 +5,10 @@ import dataclasses
 
 import pytest
 
-from services.decode_engine.config import DecodeConfig
-from services.prefill_engine.config import PrefillConfig
+from services.decode_engine.config import DecodeEngineConfig
+from services.prefill_engine.config import PrefillEngineConfig
 from services.scheduler.config import SchedulerConfig
-from services.storage_gateway.config import GatewayConfig
+from services.storage_gateway.config import StorageGatewayConfig
 from services.traffic_manager.config import TrafficManagerConfig
 from shared.config import ConfigError
 from tests.unit.test_config_loading import load, toml
@@ -19,10 +19,10 @@ pytestmark = pytest.mark.unit
 
 SERVICES = [
     (SchedulerConfig, "scheduler", {}),
-    (PrefillConfig, "prefill_engine", {}),
-    (DecodeConfig, "decode_engine", {}),
+    (PrefillEngineConfig, "prefill_engine", {}),
+    (DecodeEngineConfig, "decode_engine", {}),
     (TrafficManagerConfig, "traffic_manager", {"engine": "pe0"}),
-    (GatewayConfig, "storage_gateway", {}),
+    (StorageGatewayConfig, "storage_gateway", {}),
 ]
 
 
@@ -55,21 +55,21 @@ BAD = [
     (SchedulerConfig, "scheduler", {}, "http_port", "-1"),
     (SchedulerConfig, "scheduler", {}, "max_body_bytes", "0"),
     (SchedulerConfig, "scheduler", {}, "liveness_timeout_s", "0"),
-    (PrefillConfig, "prefill_engine", {}, "max_batch_tokens", "0"),
-    (PrefillConfig, "prefill_engine", {}, "handoff_timeout_s", "-1"),
-    (PrefillConfig, "prefill_engine", {}, "kv_blocks", "0"),
-    (PrefillConfig, "prefill_engine", {}, "block_size", "12"),
-    (PrefillConfig, "prefill_engine", {}, "block_size", "0"),
-    (PrefillConfig, "prefill_engine", {}, "dtype", "int8"),
-    (PrefillConfig, "prefill_engine", {}, "threads", "-1"),
-    (DecodeConfig, "decode_engine", {}, "max_running", "0"),
-    (DecodeConfig, "decode_engine", {}, "kv_blocks", "-5"),
-    (DecodeConfig, "decode_engine", {}, "dtype", "fp8"),
+    (PrefillEngineConfig, "prefill_engine", {}, "max_batch_tokens", "0"),
+    (PrefillEngineConfig, "prefill_engine", {}, "handoff_timeout_s", "-1"),
+    (PrefillEngineConfig, "prefill_engine", {}, "kv_blocks", "0"),
+    (PrefillEngineConfig, "prefill_engine", {}, "block_size", "12"),
+    (PrefillEngineConfig, "prefill_engine", {}, "block_size", "0"),
+    (PrefillEngineConfig, "prefill_engine", {}, "dtype", "int8"),
+    (PrefillEngineConfig, "prefill_engine", {}, "threads", "-1"),
+    (DecodeEngineConfig, "decode_engine", {}, "max_running", "0"),
+    (DecodeEngineConfig, "decode_engine", {}, "kv_blocks", "-5"),
+    (DecodeEngineConfig, "decode_engine", {}, "dtype", "fp8"),
     (TrafficManagerConfig, "traffic_manager", {}, "engine", ""),
     (TrafficManagerConfig, "traffic_manager", {"engine": "pe0"}, "transport", "carrier-pigeon"),
     (TrafficManagerConfig, "traffic_manager", {"engine": "pe0"}, "buffer_mb", "0"),
-    (GatewayConfig, "storage_gateway", {}, "capacity_gb", "-1"),
-    (GatewayConfig, "storage_gateway", {}, "io_threads", "0"),
+    (StorageGatewayConfig, "storage_gateway", {}, "capacity_gb", "-1"),
+    (StorageGatewayConfig, "storage_gateway", {}, "io_threads", "0"),
 ]
 
 
@@ -96,11 +96,11 @@ def test_traffic_manager_accepts_every_known_transport(transport):
 
 
 def test_gateway_rejects_negative_bandwidth_caps():
-    caps = [f.name for f in dataclasses.fields(GatewayConfig) if f.name.endswith("gbps")]
+    caps = [f.name for f in dataclasses.fields(StorageGatewayConfig) if f.name.endswith("gbps")]
     assert caps, "gateway has bandwidth caps"
     for name in caps:
         with pytest.raises(ConfigError) as info:
-            load(GatewayConfig, "storage_gateway", overrides={name: "-0.5"})
+            load(StorageGatewayConfig, "storage_gateway", overrides={name: "-0.5"})
         assert info.value.key == name
 
 
@@ -111,7 +111,7 @@ def test_scheduler_accepts_edge_ports(port):
 
 @pytest.mark.parametrize("size", ["8", "16", "64"])
 def test_engine_accepts_block_sizes_that_are_multiples_of_eight(size):
-    assert load(DecodeConfig, "decode_engine", overrides={"block_size": size}).block_size == int(size)
+    assert load(DecodeEngineConfig, "decode_engine", overrides={"block_size": size}).block_size == int(size)
 
 
 def test_unknown_key_in_service_table_is_rejected(tmp_path):

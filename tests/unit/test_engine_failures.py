@@ -8,19 +8,19 @@ import threading
 
 import pytest
 
-from services.decode_engine.app import DecodeService
-from services.decode_engine.config import DecodeConfig
+from services.decode_engine.app import DecodeEngineService
+from services.decode_engine.config import DecodeEngineConfig
 from services.decode_engine.persist import Persister
 from services.decode_engine.running import DecodeRequest, RunningSeq
-from services.prefill_engine.config import PrefillConfig
+from services.prefill_engine.config import PrefillEngineConfig
 from services.prefill_engine.fetch import Fetcher
 from services.prefill_engine.layers import LayerGate, LoadError, LoadProgress
 from services.prefill_engine.record import PrefillRequest
 from shared.bus import BusError
 from shared.kv.allocator import SlotAllocator
-from shared.messages.storage import StoreLayout
+from shared.messages.storage_gateway import StoreLayout
 from shared.messages.stream import TokenEvent
-from shared.messages.tm import LayerLoaded
+from shared.messages.traffic_manager import LayerLoaded
 from shared.messages.work import DecodeAdmit, PrefillWork, Sampling
 from shared.metrics import Metrics
 
@@ -65,7 +65,7 @@ class Engine:
         self.held: dict[str, PrefillRequest] = {}
         self.queued, self.failed, self.released = [], [], []
         self.kv = KV()
-        self.fetcher = Fetcher(bus, "tm.pe.fetch", PrefillConfig(handoff_timeout_s=HUGE, block_size=BS), LAYOUT,
+        self.fetcher = Fetcher(bus, "tm.pe.fetch", PrefillEngineConfig(handoff_timeout_s=HUGE, block_size=BS), LAYOUT,
                                self.kv, LAYOUT.n_layers, self.held, lambda coro, name=None: tg.create_task(coro),
                                ready=self.queued.append, fail=self.fail, failed_load=self.load_failed,
                                release=self.released.append)
@@ -181,13 +181,13 @@ def test_load_progress_fail_wakes_a_waiter_without_its_timeout():
 
 # --- decode side ----------------------------------------------------------------------------------
 
-def decode_engine(bus: Bus) -> DecodeService:
-    svc = DecodeService(DecodeConfig(engine="de-t", load_timeout_s=HUGE))
+def decode_engine(bus: Bus) -> DecodeEngineService:
+    svc = DecodeEngineService(DecodeEngineConfig(engine="de-t", load_timeout_s=HUGE))
     svc.bus = bus
     return svc
 
 
-def admitted(svc: DecodeService) -> DecodeRequest:
+def admitted(svc: DecodeEngineService) -> DecodeRequest:
     admit = DecodeAdmit("d1", 20, 7, Sampling(max_tokens=4), "out", [0, 4096])
     req = DecodeRequest("d1", list(range(20)), admit.sampling, "out", None, admit=admit, generated=[7])
     svc.held[req.req_id] = req

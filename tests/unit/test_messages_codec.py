@@ -12,7 +12,7 @@ import pytest
 
 import shared.messages as messages_pkg
 from shared.messages import registry, stream
-from shared.messages.registry import Announce, EngineAnnounce, GatewayAnnounce, SchedulerAnnounce, \
+from shared.messages.registry import Announce, EngineAnnounce, StorageGatewayAnnounce, SchedulerAnnounce, \
     TrafficManagerAnnounce
 from shared.messages.stream import TokenEvent
 from shared.messages.subjects import Subjects
@@ -76,7 +76,7 @@ def test_every_struct_round_trips_with_only_required_fields(cls):
 
 def test_message_families_are_all_found():
     found = {c.__module__.rsplit(".", 1)[-1] for c in STRUCTS}
-    assert {"registry", "stream", "tm", "work"} <= found
+    assert {"registry", "stream", "traffic_manager", "work"} <= found
     assert len(STRUCTS) >= 15
 
 
@@ -89,12 +89,12 @@ def test_announce_union_decodes_each_member_by_its_tag(cls):
 
 def test_announce_tags_are_distinct_and_named():
     tags = {c.__struct_config__.tag for c in UNION_MEMBERS}
-    assert tags == {"engine", "tm", "gateway", "scheduler"}
+    assert tags == {"engine", "traffic_manager", "storage_gateway", "scheduler"}
 
 
 def test_announce_wire_form_is_a_map_tagged_by_kind():
-    raw = msgspec.msgpack.decode(msgspec.msgpack.encode(GatewayAnnounce("g1", "n1", read_q_blocks=3)))
-    assert raw == {"kind": "gateway", "instance": "g1", "node": "n1", "read_q_blocks": 3}
+    raw = msgspec.msgpack.decode(msgspec.msgpack.encode(StorageGatewayAnnounce("g1", "n1", read_q_blocks=3)))
+    assert raw == {"kind": "storage_gateway", "instance": "g1", "node": "n1", "read_q_blocks": 3}
 
 
 def test_announce_omits_defaults_on_the_wire():
@@ -145,7 +145,7 @@ def test_every_struct_tolerates_an_unknown_extra_field(cls):
 
 
 def test_newer_decoder_fills_defaults_for_fields_an_older_sender_lacks():
-    old = {"kind": "tm", "instance": "t", "node": "n", "engine": "pe0"}  # no buffer/ready fields
+    old = {"kind": "traffic_manager", "instance": "t", "node": "n", "engine": "pe0"}  # no buffer/ready fields
     got = registry.decoder.decode(msgspec.msgpack.encode(old))
     assert (got.ready, got.buffer_bytes, got.endpoint) == (False, 0, b"")
 
@@ -184,13 +184,13 @@ def test_sampling_seed_null_round_trips_as_none():
 def test_subjects_are_prefixed_by_namespace():
     s = Subjects("ns1")
     assert s.heartbeat == "ns1.hb"
-    assert s.prefill_work("pe0") == "ns1.pe.pe0.work"
-    assert s.decode_admit("de0") == "ns1.de.de0.admit"
+    assert s.prefill_work("pe0") == "ns1.prefill_engine.pe0.work"
+    assert s.decode_admit("de0") == "ns1.decode_engine.de0.admit"
     assert s.cancel == "ns1.cancel"
-    assert s.output("sch1") == "ns1.out.sch1"
-    assert s.tm("pe0", "push") == "ns1.tm.pe0.push"
-    assert s.sg("node1", "read") == "ns1.sg.node1.read"
-    assert s.sg_any("hit") == "ns1.sg.any.hit"
+    assert s.output("sch1") == "ns1.scheduler.sch1.out"
+    assert s.tm("pe0", "push") == "ns1.traffic_manager.pe0.push"
+    assert s.sg("node1", "read") == "ns1.storage_gateway.node1.read"
+    assert s.sg_any("hit") == "ns1.storage_gateway.any.hit"
 
 
 def test_default_namespace_is_dp():

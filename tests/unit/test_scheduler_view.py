@@ -6,7 +6,7 @@ import typing
 import pytest
 
 from services.scheduler.view import MeshView
-from shared.messages.registry import EngineAnnounce, GatewayAnnounce, SchedulerAnnounce, TrafficManagerAnnounce
+from shared.messages.registry import EngineAnnounce, StorageGatewayAnnounce, SchedulerAnnounce, TrafficManagerAnnounce
 
 pytestmark = pytest.mark.unit
 
@@ -117,7 +117,7 @@ def test_leaving_tm_is_dropped_and_engine_becomes_unassignable():
 def test_leaving_for_unknown_process_is_harmless():
     view = mesh()
     view.update(eng("zz", leaving=True), 0)
-    view.update(GatewayAnnounce("g", "n9", leaving=True), 0)
+    view.update(StorageGatewayAnnounce("g", "n9", leaving=True), 0)
     assert view.engines == {} and view.gateways == {}
 
 
@@ -145,7 +145,7 @@ def test_forget_drops_engine_and_its_tm():
 
 
 def test_gateways_are_keyed_by_node_and_schedulers_by_instance():
-    view = mesh(GatewayAnnounce("g1", "node-a"), GatewayAnnounce("g2", "node-b"),
+    view = mesh(StorageGatewayAnnounce("g1", "node-a"), StorageGatewayAnnounce("g2", "node-b"),
                 SchedulerAnnounce("s1", "node-a"), SchedulerAnnounce("s2", "node-a"))
     assert sorted(view.gateways) == ["node-a", "node-b"]
     assert sorted(view.schedulers) == ["s1", "s2"]

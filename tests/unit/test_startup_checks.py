@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from dualpath.mesh import Mesh, MeshSpec
-from services.storage_gateway.config import GatewayConfig
+from services.storage_gateway.config import StorageGatewayConfig
 from shared.config import ConfigError, load_config
 from shared.http import PortInUse, adopt_socket, bind_socket
 from shared.runtime import CommonConfig, check_common
@@ -29,14 +29,14 @@ def test_a_common_key_that_not_every_service_has_is_an_error(tmp_path):
     f = tmp_path / "d.toml"
     f.write_text('[common]\nnamespace = "prod"\nmodel = "tiny"\n')
     with pytest.raises(ConfigError) as info:
-        load_config(GatewayConfig, "storage_gateway", file=f, env={}, common=CommonConfig)
+        load_config(StorageGatewayConfig, "storage_gateway", file=f, env={}, common=CommonConfig)
     assert info.value.key == "common.model" and "not a setting of every service" in str(info.value)
 
 
 def test_common_keys_every_service_has_apply(tmp_path):
     f = tmp_path / "d.toml"
     f.write_text('[common]\nnamespace = "prod"\nnats_wait_s = 5\n')
-    cfg = load_config(GatewayConfig, "storage_gateway", file=f, env={}, common=CommonConfig)
+    cfg = load_config(StorageGatewayConfig, "storage_gateway", file=f, env={}, common=CommonConfig)
     assert (cfg.namespace, cfg.nats_wait_s) == ("prod", 5.0)
 
 

@@ -8,7 +8,7 @@ import pytest
 from services.traffic_manager.config import ALLOW_FAULTS, TrafficManagerConfig
 from services.traffic_manager.store_path import flip_layer_signs
 from shared.config import ConfigError
-from shared.messages.storage import StoreLayout
+from shared.messages.storage_gateway import StoreLayout
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""Traffic-manager control (`{ns}.tm.<engine>.<verb>`). Bytes never ride here.
+"""Traffic-manager control (`{ns}.traffic_manager.<engine>.<verb>`). Bytes never ride here.
 
 Push (PE side, after prefill):
   PE --PushKV--> its TM; TM --Reserve--> DE's TM (reply: buffer slots);
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import msgspec
 
-from shared.messages.storage import StoreLayout
+from shared.messages.storage_gateway import StoreLayout
 
 
 class PushKV(msgspec.Struct, omit_defaults=True):

@@ -1,4 +1,4 @@
-"""Storage-gateway control (`{ns}.sg.<node>.<verb>`, hit queries on `{ns}.sg.any.hit`).
+"""Storage-gateway control (`{ns}.storage_gateway.<node>.<verb>`, hit queries on `{ns}.storage_gateway.any.hit`).
 
 Bytes never ride here: a read names the traffic-manager buffer (a POSIX shm segment)
 and the offsets the gateway writes Full Block payloads into; a write names where the
