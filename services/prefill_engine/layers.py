@@ -87,5 +87,5 @@ class LayerGate:
 
     def finish(self) -> None:
         """Every layer this forward wrote is in the host region (the TM may read it now)."""
-        if self.copies is not None and self.written:
+        if self.copies is not None:
             self.copies.finish()

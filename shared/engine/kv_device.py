@@ -50,8 +50,10 @@ class DeviceCopies:
             torch.cuda.current_stream(self.cache.data.device).wait_event(event)
 
     def finish(self) -> None:
-        """Block until every copy issued so far has landed (before the TM moves the bytes)."""
+        """Block until every copy and compute issued so far is done: the TM may move the bytes, and
+        blocks freed after this are touched by nothing still in flight."""
         if self.stream is not None:
+            torch.cuda.current_stream(self.cache.data.device).synchronize()
             self.stream.synchronize()
 
     def close(self) -> None:
