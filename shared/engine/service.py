@@ -83,7 +83,7 @@ class EngineService(Service):
 
     async def stop(self) -> None:
         for req in list(self.held.values()):
-            await self.fail(req, f"{self.name.replace('-', ' ')} shutting down", retryable=True)
+            await self.fail(req, f"{self.name.replace('_', ' ')} shutting down", retryable=True)
         self.worker.close()
         if self.kv:
             self.kv.close()
