@@ -1,6 +1,7 @@
 """Control-plane messages: msgpack round-trips, the tagged Announce union, schema evolution."""
 from __future__ import annotations
 
+import enum
 import importlib
 import inspect
 import pkgutil
@@ -37,6 +38,8 @@ def sample(tp, name: str):
         return [sample(elem, name), sample(elem, name + "2")]
     if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
         return build(tp)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return list(tp)[-1]  # the defaults are the first members
     if tp is bool:
         return True
     if tp is int:
