@@ -119,23 +119,26 @@ class Run:
         self.figures["compose_latency"] = checks.latency(url)
         self.log(f"latency through compose: {self.figures['compose_latency']}")
         self.passed(checks.check_killed_engine_restarts(stack, url, "prefill-engine", "process"))
-        self.passed(checks.check_killed_engine_restarts(stack, url, "decode-engine", "container"))
+        self.passed(checks.check_killed_engine_restarts(stack, url, "decode-engine", "docker-kill"))
         stack.up("--scale", "prefill-engine=2", "--scale", "decode-engine=2")
         stack.wait_healthy(600, expect=SERVICES_AT_SCALE_1 + 2)
         self.passed(checks.check_scaled_engines_work(stack, url, self.tag))
         self.passed(checks.check_metrics(stack, url))
+        self.passed(checks.check_stopping_a_replica_spares_its_siblings(stack, url))
+        stack.wait_healthy(600, expect=SERVICES_AT_SCALE_1 + 2)
 
     def compare_up(self) -> None:
         """The same latency measurement through `dualpath up` on this host, same settings file."""
-        exe = Path(sys.executable).parent / "dualpath"
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         with tempfile.TemporaryDirectory(prefix="dualpath-up-") as tmp:
             env = {**os.environ, "DUALPATH_CONFIG": str(COMPOSE_DIR / "check.toml")}
-            proc = subprocess.Popen([str(exe), "up", "--port", str(port), "--store", tmp + "/store",
-                                     "--log-dir", tmp + "/logs"], env=env, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL, start_new_session=True)
+            # `python -m dualpath` from the checkout: this tree's code, as in the image
+            proc = subprocess.Popen([sys.executable, "-m", "dualpath", "up", "--port", str(port),
+                                     "--kv-blocks", "64", "--store", tmp + "/store", "--log-dir", tmp + "/logs"],
+                                    env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    start_new_session=True)
             url = f"http://127.0.0.1:{port}"
             try:
                 import httpx

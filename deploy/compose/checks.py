@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import secrets
 import statistics
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -23,7 +24,15 @@ MESH = ("scheduler", "prefill-engine", "decode-engine", "storage-gateway-prefill
 # service -> its /metrics ports inside the container (9101: the traffic-manager beside an engine)
 METRICS_PORTS = {"scheduler": (9100,), "prefill-engine": (9100, 9101), "decode-engine": (9100, 9101),
                  "storage-gateway-prefill": (9100,), "storage-gateway-decode": (9100,)}
-WANTED_SERVICES = {"scheduler", "prefill-engine", "decode-engine", "traffic-manager"}
+WANTED_SERVICES = {"scheduler", "prefill-engine", "decode-engine", "traffic-manager"}  # OTel service.name
+# Metric names the checks read, all here (services may rename theirs): each is a tuple of
+# names, the first one a service exposes counts; put a new name first, keep the old.
+METRIC_PREFIX = "dualpath_"
+WORK_METRICS = {  # a counter that grows when an engine of this kind gets work
+    "prefill-engine": ("dualpath_prefill_engine_requests_total", "dualpath_prefill_requests_total"),
+    "decode-engine": ("dualpath_decode_engine_tokens_total", "dualpath_decode_tokens_total"),
+}
+PERSISTED_METRIC = ("dualpath_decode_engine_persisted_blocks_total", "dualpath_decode_persisted_blocks_total")
 BLOCK = 64
 
 
@@ -116,7 +125,7 @@ def check_store_reuse(stack: Stack, url: str, tag: str) -> str:
         _wait(lambda: _store_files(stack) - before >= full, "store", f"{full} prompt blocks persisted", 120)
     except CheckFailed as exc:
         de = stack.ids("decode-engine")[0]
-        handed = metric_value(metrics_text(stack, de, 9100), "dualpath_decode_persisted_blocks_total")
+        handed = metric_value(metrics_text(stack, de, 9100), PERSISTED_METRIC)
         raise CheckFailed("store", f"{exc.seen}; {_store_files(stack) - before} new block files, the decode "
                                    f"engine handed {handed:.0f} blocks to persistence") from None
     misses = []  # asks after the blocks were in the store that still missed (reported, at most 2)
@@ -153,15 +162,19 @@ def metrics_text(stack: Stack, container: str, port: int) -> str:
     return done.stdout
 
 
-def metric_value(text: str, name: str) -> float:
+def metric_value(text: str, names: tuple[str, ...]) -> float:
+    """The sum of the samples of the first of `names` that `text` has (CheckFailed when none)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    total = 0.0
+    totals: dict[str, float] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            if s.name == name:
-                total += s.value
-    return total
+            totals[s.name] = totals.get(s.name, 0.0) + s.value
+    for name in names:
+        if name in totals:
+            return totals[name]
+    raise CheckFailed("metrics", f"none of {names} exposed; {METRIC_PREFIX}* seen: "
+                                 f"{sorted(n for n in totals if n.startswith(METRIC_PREFIX))[:30]}")
 
 
 def check_metrics(stack: Stack, url: str) -> str:
@@ -174,8 +187,8 @@ def check_metrics(stack: Stack, url: str) -> str:
         for cid in ids:
             for port in ports:
                 fams = [f.name for f in text_string_to_metric_families(metrics_text(stack, cid, port))]
-                _expect(any(f.startswith("dualpath_") for f in fams), "metrics",
-                        f"{service} {cid[:12]}:{port} has no dualpath_ metric: {fams[:8]}")
+                _expect(any(f.startswith(METRIC_PREFIX) for f in fams), "metrics",
+                        f"{service} {cid[:12]}:{port} has no {METRIC_PREFIX} metric: {fams[:8]}")
                 seen.append(f"{service}:{port}")
     return f"metrics: Prometheus text on {len(seen)} ports ({', '.join(sorted(set(seen)))})"
 
@@ -188,9 +201,9 @@ def check_scaled_engines_work(stack: Stack, url: str, tag: str) -> str:
     def work() -> dict[str, float]:
         out = {}
         for cid in pes:
-            out[cid] = metric_value(metrics_text(stack, cid, 9100), "dualpath_prefill_requests_total")
+            out[cid] = metric_value(metrics_text(stack, cid, 9100), WORK_METRICS["prefill-engine"])
         for cid in des:
-            out[cid] = metric_value(metrics_text(stack, cid, 9100), "dualpath_decode_tokens_total")
+            out[cid] = metric_value(metrics_text(stack, cid, 9100), WORK_METRICS["decode-engine"])
         return out
 
     base = work()
@@ -220,21 +233,47 @@ for pid in os.listdir("/proc"):
 """
 
 
+def _shm(stack: Stack, cid: str) -> set[str]:
+    return set(stack.exec_in(cid, "ls", "/dev/shm").stdout.split())
+
+
+def check_stopping_a_replica_spares_its_siblings(stack: Stack, url: str, service: str = "prefill-engine") -> str:
+    """Replicas of one node share its /dev/shm volume but not a pid namespace (their processes
+    have the same pids): stopping one must remove its own segments only, and the rest serve."""
+    ids = stack.ids(service)
+    _expect(len(ids) >= 2, "replica stop", f"{len(ids)} {service} replicas")
+    keep, stop = ids[0], ids[-1]
+    before = _shm(stack, keep)
+    done = subprocess.run(["docker", "stop", "-t", "20", stop], capture_output=True, text=True)
+    _expect(done.returncode == 0, "replica stop", done.stderr)
+    after = _shm(stack, keep)
+    _expect(after and after < before, "replica stop", f"/dev/shm before {sorted(before)}, after {sorted(after)}")
+    r = _wait(lambda: _try_complete(url), "replica stop", "a completion with one replica stopped", 180, 1.0)
+    done = subprocess.run(["docker", "start", stop], capture_output=True, text=True)
+    _expect(done.returncode == 0, "replica stop", f"docker start: {done.stderr}")
+    return (f"replica stop: {service} {stop[:12]} stopped, its {len(before - after)} /dev/shm segments gone, "
+            f"the {len(after)} of {keep[:12]} kept; served ({r['usage']['completion_tokens']} tokens); started again")
+
+
+CRASH_SIGNAL = "SIGUSR1"  # `docker kill --signal` this: the entry script dies of it, as of a crash
+
+
 def kill_engine(stack: Stack, cid: str, service: str, how: str) -> str:
-    """SIGKILL, as a crash or the OOM killer would: `process` = the engine process inside the
-    container (its entry script then ends the pair and the container exits non-zero);
-    `container` = the container's main process (its init), sent from the host.
-    Not `docker kill`: Docker records that as a manual stop, and no restart policy
-    (always, unless-stopped, on-failure) restarts a container stopped that way."""
+    """Kill an engine container's work the way a crash would.
+    `process`: SIGKILL to the engine process inside the container (its entry script then
+    ends the pair and the container exits non-zero);
+    `docker-kill`: `docker kill --signal SIGUSR1`, which the container's init passes to
+    the entry script, which dies of it. Plain `docker kill` (SIGKILL) or the stop signal
+    is a manual stop to Docker: no restart policy restarts a container stopped that way."""
     if how == "process":
         done = stack.exec_in(cid, "python", "-c", _KILL_ENGINE, service)
         _expect(done.returncode == 0 and done.stdout.strip(), "kill", f"no {service} process: {done.stderr}")
         return f"engine process (pid {done.stdout.strip()} in the container) SIGKILLed"
-    import os
-    import signal
-    pid = stack.inspect(cid)["State"]["Pid"]
-    os.kill(pid, signal.SIGKILL)
-    return f"container's main process (host pid {pid}) SIGKILLed"
+    if how == "docker-kill":
+        done = subprocess.run(["docker", "kill", "--signal", CRASH_SIGNAL, cid], capture_output=True, text=True)
+        _expect(done.returncode == 0, "kill", f"docker kill: {done.stderr}")
+        return f"`docker kill --signal {CRASH_SIGNAL}`"
+    raise ValueError(f"kill how: process or docker-kill, not {how!r}")
 
 
 def check_killed_engine_restarts(stack: Stack, url: str, service: str = "prefill-engine",
@@ -252,7 +291,12 @@ def check_killed_engine_restarts(stack: Stack, url: str, service: str = "prefill
         return (s["State"]["StartedAt"] != started and s["State"]["Running"]
                 and (s["State"].get("Health") or {}).get("Status") == "healthy")
 
-    _wait(back, "kill", f"{service} {cid[:12]} restarted by its policy and healthy", 300, 1.0)
+    try:
+        _wait(back, "kill", f"{service} {cid[:12]} restarted by its policy and healthy", 300, 1.0)
+    except CheckFailed as exc:
+        s = stack.inspect(cid)
+        raise CheckFailed("kill", f"{exc.seen}; after {what}: {s['State']['Status']}, exit code "
+                                  f"{s['State']['ExitCode']}, RestartCount {s['RestartCount']}") from None
     restarted_s = time.monotonic() - t0
     after = stack.inspect(cid)["RestartCount"]
     _expect(after > restarts, "kill", f"RestartCount {restarts} -> {after}")
@@ -318,24 +362,37 @@ async def main(url):
         nc = await nats.connect(url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=5)
     except Exception as exc:
         print("REFUSED", type(exc).__name__, exc); return
-    await nc.close(); print("CONNECTED")
+    # the data-plane secret the traffic managers keep in JetStream KV: readable with the credentials
+    from services.traffic_manager.secret import KEY, bucket_name
+    try:
+        kv = await nc.jetstream(timeout=5).key_value(bucket_name(sys.argv[2]))
+        entry = await kv.get(KEY)
+        kv_state = f"KV {bucket_name(sys.argv[2])}/{KEY}: {len(entry.value or b'')} bytes"
+    except Exception as exc:
+        kv_state = f"KV {type(exc).__name__}: {exc}"
+    await nc.close(); print("CONNECTED", kv_state)
 asyncio.run(main(sys.argv[1]))
 """
 
 
-def check_nats_credentials(stack: Stack, url: str, user: str, password: str) -> str:
+def check_nats_credentials(stack: Stack, url: str, user: str, password: str, namespace: str = "dp") -> str:
+    """NATS refuses a client without (or with wrong) credentials; with them, the mesh's
+    JetStream KV bucket holds the data-plane secret the traffic managers made."""
     cid = stack.ids("scheduler")[0]
+    seen: dict[str, str] = {}
     env = stack.inspect(cid)["Config"]["Env"]
     _expect(f"DUALPATH_NATS_URL=nats://{user}:{password}@nats:4222" in env, "nats credentials",
             "the scheduler's DUALPATH_NATS_URL does not carry NATS_USER/NATS_PASSWORD")
     for what, nats_url, want in (("no credentials", "nats://nats:4222", "REFUSED"),
                                  ("wrong password", f"nats://{user}:wrong-{secrets.token_hex(4)}@nats:4222", "REFUSED"),
                                  ("right password", f"nats://{user}:{password}@nats:4222", "CONNECTED")):
-        done = stack.exec_in(cid, "python", "-c", _NATS_PROBE, nats_url)
+        done = stack.exec_in(cid, "python", "-c", _NATS_PROBE, nats_url, namespace)
         _expect(done.stdout.startswith(want), "nats credentials", f"{what}: {done.stdout}{done.stderr[-300:]}")
-        if what == "no credentials":
-            without = done
-    return f"nats: credentials on; without them: {without.stdout.strip()[:90]}"
+        seen[what] = done.stdout.strip()
+    kv = seen["right password"].removeprefix("CONNECTED ")
+    _expect(kv.startswith("KV ") and "bytes" in kv and not kv.endswith(" 0 bytes"), "nats credentials",
+            f"the data-plane secret in JetStream KV, with the credentials: {kv}")
+    return f"nats: credentials on; without them: {seen['no credentials'][:90]}; with them: {kv}"
 
 
 def latency(url: str, n: int = 5, max_tokens: int = 16) -> dict[str, float]:
@@ -351,5 +408,5 @@ def latency(url: str, n: int = 5, max_tokens: int = 16) -> dict[str, float]:
 
 
 __all__ = ["CheckFailed", "StackError", "check_completion", "check_streamed_chat", "check_store_reuse",
-           "check_metrics", "check_scaled_engines_work", "check_killed_engine_restarts", "check_traces",
-           "check_nats_credentials", "latency"]
+           "check_metrics", "check_scaled_engines_work", "check_stopping_a_replica_spares_its_siblings",
+           "check_killed_engine_restarts", "check_traces", "check_nats_credentials", "latency"]
