@@ -210,10 +210,12 @@ class Run:
             if stack is not None:
                 self.log("tearing down: docker compose down -v")
                 stack.down()
-                left = stack.containers()
+                left = stack.leftovers()
                 if left:
-                    self.log(f"containers left after down: {[c['Name'] for c in left]}")
+                    self.log(f"left after down: {left}")
                     rc = 1
+                else:
+                    self.log("down: no container, network or volume of the project left")
             daemon.stop()
         print(json.dumps({"passed": self.results, "figures": self.figures}, indent=2))
         if self.args.figures:

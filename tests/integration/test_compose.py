@@ -53,7 +53,7 @@ def running():
         raise
     finally:
         stack.down()
-        assert not stack.containers(), "containers left after `docker compose down`"
+        assert not stack.leftovers(), "left after `docker compose down -v`"
 
 
 def test_completion_through_the_published_port(running):
