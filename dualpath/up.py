@@ -5,7 +5,7 @@ a prefill and a decode engine are ready); until then, what it waits for every fe
 seconds. During start-up, a port that is taken or a process that dies is one line naming
 the port or the process's log, exit code 1 (`--debug` adds the traceback and the log's
 last lines). Once serving, a process that dies is restarted with a backoff
-(`dualpath/supervisor.py`, the compose file's `restart: unless-stopped`) and the mesh
+(`dualpath/supervisor.py`, the compose file's `restart: always`) and the mesh
 keeps serving; only Ctrl-C or SIGTERM stops it, and then every process.
 """
 from __future__ import annotations
