@@ -9,6 +9,8 @@ Two messages share the subject, told apart by their msgpack type:
 
 Example: a decode engine runs requests a, b (scheduler s1) and c (scheduler s2) in one step; it
 publishes StepEvents([a: [tok], b: [tok]]) on `out.s1` and StepEvents([c: [tok]]) on `out.s2`.
+A request's last event has `finish` set (a FinishReason); a failure has finish=error and its
+`code` (an ErrorCode), from which the scheduler picks the client's HTTP status.
 """
 from __future__ import annotations
 
