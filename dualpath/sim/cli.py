@@ -83,7 +83,12 @@ def _simulate(args: argparse.Namespace) -> int:
                 duration_s=args.duration if args.aps > 0 else 0.0, assign=args.assign,
                 pull_s=args.pull, quota_s=args.quota, think_s=args.think, progress=not args.no_progress)
     try:
-        cfgs = [SimConfig(mode=m, **base) for m in parse_modes(args.modes)]
+        modes = parse_modes(args.modes)
+    except ValueError as exc:
+        from dualpath.cli import CliError
+        raise CliError(f"--modes: {exc}") from None
+    try:
+        cfgs = [SimConfig(mode=m, **base) for m in modes]
     except ValueError as exc:
         from dualpath.cli import CliError
         raise CliError(str(exc)) from None

@@ -134,3 +134,15 @@ def test_basic_reads_on_the_pe_path_and_oracle_reads_nothing(mode):
     p = placed(mode, 10**6, 0)
     want = 10 if mode is LoadMode.BASIC else 0
     assert (p.path.pe_blocks, p.path.de_blocks, p.work.pe_blocks) == (want, 0, want)
+
+
+@pytest.mark.parametrize("argv", [["sim", "--modes", "dualpath,fast"],
+                                  ["bench", "--url", "http://127.0.0.1:9", "--trace", "gen:32k", "--offline",
+                                   "--modes", "dualpath,fast"]], ids=["sim", "bench"])
+def test_bench_and_sim_name_a_bad_mode_and_the_choices(argv, capsys):
+    from dualpath.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert "--modes: unknown mode fast (choose from dualpath, dualpath-split, basic, oracle)" in capsys.readouterr().err
