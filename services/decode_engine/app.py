@@ -122,6 +122,12 @@ class DecodeEngineService(EngineService):
                                       timeout=self.cfg.load_timeout_s)
         if not done.ok:
             raise BusError("load", done.error, done.code)
+        if self.kv.copies.separate:  # a device cache: the prompt goes up before the sequence joins
+            await self.worker.run(self._upload, req.blocks[:n])
+
+    def _upload(self, blocks: list[int]) -> None:
+        self.kv.copies.upload(blocks)
+        self.kv.copies.finish()
 
     def _join(self, req: DecodeRequest, admit: DecodeAdmit) -> RunningSeq | None:
         """The running sequence of a loaded request (None: it was cancelled meanwhile)."""
@@ -238,6 +244,11 @@ class DecodeEngineService(EngineService):
         fb = ForwardBatch([SeqSlice([s.last], s.pos, s.req.blocks) for s in batch])
         with torch.inference_mode():
             logits = self.loaded.model.forward(fb, self.kv.cache)
+        bs = self.cfg.block_size  # blocks this step filled go down to the host region before the TM persists them
+        filled = [s.req.blocks[s.pos // bs] for s in batch if s.persist and (s.pos + 1) % bs == 0]
+        if filled and self.kv.copies.separate:
+            self.kv.copies.download(filled)
+            self.kv.copies.finish()
         return next_tokens(logits, [s.req.sampling for s in batch], [s.index for s in batch])
 
     # helpers ----------------------------------------------------------------------

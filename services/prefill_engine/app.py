@@ -71,7 +71,7 @@ class PrefillEngineService(EngineService):
     async def stop(self) -> None:
         for req in self.held.values():  # a forward waiting on stored KV returns now, not at its layer timeout
             if req.load is not None:
-                req.load.fail("prefill engine shutting down")
+                req.load.fail("prefill engine shutting down", ErrorCode.SHUTTING_DOWN)
         await super().stop()
 
     # intake -------------------------------------------------------------

@@ -137,6 +137,8 @@ class Fetcher:
             req.de_slots, req.de_hits = list(msg.de_slots), list(msg.de_hits)
         if msg.blocks == 0:
             req.load = None  # a miss after all: compute the whole prompt
+        else:
+            req.load.blocks = req.blocks[:msg.blocks]  # where its layers land (sent up from there on a device)
         self.ready(req)
 
     def drop(self, req: PrefillRequest) -> None:

@@ -4,6 +4,14 @@
 traffic-manager) and read from the model thread; `LayerGate` is the LayerHooks
 object passed to `forward`, blocking in `before_layer(l)` until every request of the
 batch that loads stored KV has layer l in KV memory.
+
+With the cache on a device apart from the host KV region (shared/engine/kv_device.py) the
+gate is also the GPU form of itself: `before_layer(l)` sends every layer that has landed
+in the host region up on the copy stream (one event per layer) and makes the compute
+stream wait for layer l's event, so the CPU blocks only until the TM wrote layer l and
+the GPU only until its copy is done; `after_layer(l)` sends layer l of the blocks this
+forward writes down to the host region, and `finish` waits for those copies before the
+TM may push them. With one cache for both (CPU) every copy is nothing.
 """
 from __future__ import annotations
 
@@ -28,6 +36,9 @@ class LoadProgress:
         self.error = ""
         self.code = ErrorCode.STORAGE  # what failed, once `error` is set
         self.waited_s = 0.0  # time the model thread spent waiting on this request's layers
+        self.blocks: list[int] = []  # the KV blocks its loaded layers land in (set once the read reports)
+        self.uploaded = 0  # layers 0..uploaded-1 sent up to the device cache (model thread only)
+        self.events: list = []  # their copy events, one per layer (None on CPU)
         self._cond = threading.Condition()
 
     def mark(self, layer: int) -> None:
@@ -52,14 +63,32 @@ class LoadProgress:
 
 
 class LayerGate:
-    """LayerHooks for one forward: wait for each loading request's layer before computing it."""
+    """LayerHooks for one forward: each loading request's layer in KV memory before it is computed,
+    and (device cache) each layer's new KV of `written` blocks sent down once written."""
 
-    def __init__(self, loads: list[LoadProgress], timeout: float):
+    def __init__(self, loads: list[LoadProgress], timeout: float, copies=None, written: list[int] = ()):
         self.loads, self.timeout = loads, timeout
+        self.copies = copies if copies is not None and copies.separate else None  # a DeviceCopies
+        self.written = list(written)
 
     def before_layer(self, layer: int) -> None:
         for p in self.loads:
             p.wait(layer, self.timeout)
+            if self.copies is not None:
+                self._upload(p, layer)
+
+    def _upload(self, p: LoadProgress, layer: int) -> None:
+        landed = p.layers  # read once: the event loop may mark more meanwhile
+        while p.uploaded < landed:
+            p.events.append(self.copies.upload(p.blocks, p.uploaded))
+            p.uploaded += 1
+        self.copies.wait(p.events[layer])
 
     def after_layer(self, layer: int) -> None:
-        pass
+        if self.copies is not None and self.written:
+            self.copies.download(self.written, layer)
+
+    def finish(self) -> None:
+        """Every layer this forward wrote is in the host region (the TM may read it now)."""
+        if self.copies is not None:
+            self.copies.finish()

@@ -18,8 +18,8 @@ from services.storage_gateway.config import StorageGatewayConfig
 from services.storage_gateway.engine import GatewayCore
 from services.storage_gateway.store import DirectoryStore
 from shared.bus import Delivery
+from shared.engine.store_layout import kv_layout
 from shared.kv.hashing import FINGERPRINT_BYTES, check_key
-from shared.kv.layout import KVLayout
 from shared.messages.registry import StorageGatewayAnnounce
 from shared.messages.storage_gateway import HitQuery, HitReply, ReadBlocks, ReadDone, StoreLayout, WriteBlock, WriteDone
 from shared.runtime import Service, service_main
@@ -37,7 +37,7 @@ class StorageGatewayService(Service):
         os.makedirs(cfg.store_root, exist_ok=True)
         self.read_bucket = TokenBucket.from_gbps(cfg.snic_read_gbps)
         self.write_bucket = TokenBucket.from_gbps(cfg.snic_write_gbps)
-        self.cores: dict[bytes, GatewayCore] = {}  # fingerprint -> core
+        self.cores: dict[StoreLayout, GatewayCore] = {}  # one per layout (fingerprint and block layout)
         self.buffers: dict[str, ShmRegion] = {}  # attached TM buffers by shm name
         m = self.metrics
         self.m_read = m.counter("read_bytes_total", "Bytes read from the store", ("node",))
@@ -70,16 +70,14 @@ class StorageGatewayService(Service):
 
     # helpers ------------------------------------------------------------------------
     def core(self, layout: StoreLayout) -> GatewayCore:
-        core = self.cores.get(layout.fingerprint)
+        core = self.cores.get(layout)  # by the whole layout: one fingerprint, one layout, one core
         if core is None:
             if len(layout.fingerprint) != FINGERPRINT_BYTES:
                 raise ValueError(f"store fingerprint must be {FINGERPRINT_BYTES} bytes, got {len(layout.fingerprint)}")
-            kv = KVLayout(n_layers=layout.n_layers, n_kv_heads=layout.n_kv_heads, head_dim=layout.head_dim,
-                          dtype=layout.dtype, block_size=layout.block_size)
+            kv = kv_layout(layout)
             cap = int(self.cfg.capacity_gb * 1e9) or None
             store = DirectoryStore(self.cfg.store_root, layout.fingerprint, kv, cap)
-            core = self.cores[layout.fingerprint] = GatewayCore(store, self.read_bucket, self.write_bucket,
-                                                                self.cfg.io_threads)
+            core = self.cores[layout] = GatewayCore(store, self.read_bucket, self.write_bucket, self.cfg.io_threads)
         return core
 
     def buffer(self, shm: str) -> memoryview:

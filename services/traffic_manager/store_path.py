@@ -104,13 +104,13 @@ class StorePath:
 
 
 def flip_layer_signs(buf: memoryview, offset: int, layout: StoreLayout) -> None:
-    """Fault injection (tests only, `fault_flip_de_bytes`): negate every K/V value of the middle
-    layer of the block at `offset` of `buf` -- bytes that passed the store's checksum, now wrong."""
+    """Fault injection (tests only, `fault_flip_de_bytes`): negate every value (K/V or MLA latent) of
+    the middle layer of the block at `offset` of `buf` -- bytes that passed the store's checksum, now wrong."""
     import numpy as np
 
-    from shared.kv.layout import KVLayout
+    from shared.engine.store_layout import kv_layout
 
-    kv = KVLayout(layout.n_layers, layout.n_kv_heads, layout.head_dim, layout.dtype, layout.block_size)
+    kv = kv_layout(layout)
     itemsize, lb = kv.itemsize, kv.layer_bytes
     start = offset + (layout.n_layers // 2) * lb
     view = np.frombuffer(buf, dtype=np.uint8, count=lb, offset=start)

@@ -12,6 +12,7 @@ import asyncio
 import os
 from abc import abstractmethod
 
+from shared.config import ConfigError
 from shared.engine.config import EngineConfig
 from shared.engine.kv_memory import KVMemory
 from shared.engine.requests import EngineRequest
@@ -22,6 +23,19 @@ from shared.messages.registry import EngineAnnounce
 from shared.messages.storage_gateway import StoreLayout
 from shared.messages.stream import TokenEvent
 from shared.runtime import Service
+
+
+def check_device(device: str) -> None:
+    """A CUDA device that is not there is a bad setting, said at start (not a crash at the first forward)."""
+    if device == "cpu":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError("device", device, "no CUDA device is visible here (torch.cuda.is_available() is False)")
+    index = int(device.partition(":")[2] or 0)
+    if index >= torch.cuda.device_count():
+        raise ConfigError("device", device, f"only {torch.cuda.device_count()} CUDA device(s) are visible")
 
 
 class EngineService(Service):
@@ -46,8 +60,10 @@ class EngineService(Service):
         from shared.model.loader import load_model
 
         cfg = self.cfg
-        self.loaded = await self.worker.run(load_model, cfg.model, seed=cfg.seed, dtype=cfg.dtype)
-        self.kv = KVMemory(self.loaded.config, cfg.kv_blocks, cfg.block_size, tag=self.kv_tag)
+        check_device(cfg.device)
+        self.loaded = await self.worker.run(load_model, cfg.model, seed=cfg.seed, dtype=cfg.dtype, device=cfg.device)
+        self.kv = KVMemory(self.loaded.config, cfg.kv_blocks, cfg.block_size, tag=self.kv_tag, device=cfg.device,
+                           mirror=cfg.kv_mirror)
         self.store = store_layout(self.loaded.model_id, self.loaded.config, cfg.block_size)
 
     def announce(self) -> EngineAnnounce:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-from shared.kv.layout import KVLayout
+from shared.kv.layout import KVKind, KVLayout
 
 KEY_BYTES = 16
 FINGERPRINT_BYTES = 16
@@ -43,6 +43,10 @@ class ModelFingerprint:
     n_kv_heads: int
     head_dim: int
     layout_version: int = LAYOUT_VERSION
+    kind: KVKind = KVKind.GQA  # what the planes hold; MLA adds its row split to the digest
+    latent_rank: int = 0
+    rope_dim: int = 0
+    index_dim: int = 0
 
     @classmethod
     def from_layout(
@@ -56,6 +60,10 @@ class ModelFingerprint:
             n_kv_heads=layout.n_kv_heads,
             head_dim=layout.head_dim,
             layout_version=layout_version,
+            kind=layout.kind,
+            latent_rank=layout.latent_rank,
+            rope_dim=layout.rope_dim,
+            index_dim=layout.index_dim,
         )
 
     @property
@@ -66,6 +74,10 @@ class ModelFingerprint:
             head_dim=self.head_dim,
             dtype=self.dtype,
             block_size=self.block_size,
+            kind=self.kind,
+            latent_rank=self.latent_rank,
+            rope_dim=self.rope_dim,
+            index_dim=self.index_dim,
         )
 
     def canonical(self) -> bytes:
@@ -79,6 +91,8 @@ class ModelFingerprint:
             f"H={self.n_kv_heads}",
             f"D={self.head_dim}",
         )
+        if KVKind(self.kind) is KVKind.MLA:  # GQA digests stay what they were before MLA existed
+            fields += ("kv=mla", f"C={self.latent_rank}", f"R={self.rope_dim}", f"I={self.index_dim}")
         return "\x1f".join(fields).encode("utf-8")
 
     def digest(self) -> bytes:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import msgspec
 
+from shared.kv.layout import KVKind
+
 
 class StoreLayout(msgspec.Struct, frozen=True, omit_defaults=True):
     """Which model's blocks: the fingerprint names the store namespace; dims size the blocks."""
@@ -21,6 +23,10 @@ class StoreLayout(msgspec.Struct, frozen=True, omit_defaults=True):
     head_dim: int
     dtype: str
     block_size: int
+    kv_layout: KVKind = KVKind.GQA  # what a Layer Block's two planes hold (K/V, or MLA latent rows)
+    latent_rank: int = 0  # MLA: the row split (kv_lora_rank, qk_rope_head_dim, V3.2 index key)
+    rope_dim: int = 0
+    index_dim: int = 0
 
 
 class HitQuery(msgspec.Struct, omit_defaults=True):

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .aio import deadline
-from .base import Endpoint, EndpointDesc, Op, Peer, RegionDesc, TrafficClass
+from .base import Endpoint, EndpointDesc, Op, Peer, RegionDesc, TrafficClass, coalesce
 from .classes import DEFAULT_WEIGHTS
 from .copier import CopyWorker, Pair
 from .errors import PeerGone, RegionNotFound, TransportError
@@ -50,11 +50,11 @@ class ShmPeer(Peer):
         self._remote = remote
 
     async def write(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None) -> None:
-        pairs = [(self._view(o), self._regions.resolve(o.local_region, o.local_offset, o.length)) for o in ops]
+        pairs = [(self._view(o), self._regions.resolve(o.local_region, o.local_offset, o.length)) for o in coalesce(ops)]
         await self._run(pairs, cls, timeout)
 
     async def read(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None) -> None:
-        pairs = [(self._regions.resolve(o.local_region, o.local_offset, o.length), self._view(o)) for o in ops]
+        pairs = [(self._regions.resolve(o.local_region, o.local_offset, o.length), self._view(o)) for o in coalesce(ops)]
         await self._run(pairs, cls, timeout)
 
     async def _run(self, pairs: list[Pair], cls: TrafficClass, timeout: float | None) -> None:

@@ -40,7 +40,7 @@ def sample(tp, name: str):
     if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
         return build(tp)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return list(tp)[-1]  # the defaults are the first member or None
+        return list(tp)[-1]  # the defaults are the first member (or None)
     if tp is bool:
         return True
     if tp is int:
