@@ -1,7 +1,7 @@
 """Layerwise prefill: the model thread waits for layer l of the stored KV before computing layer l.
 
-`LoadProgress` is fed from the event loop (one `LayerLoaded` message per layer from
-the traffic-manager) and read from the model thread; `LayerGate` is the LayerHooks
+`LoadProgress` is fed from the event loop (`LayersLoaded` messages from the
+traffic-manager) and read from the model thread; `LayerGate` is the LayerHooks
 object passed to `forward`, blocking in `before_layer(l)` until every request of the
 batch that loads stored KV has layer l in KV memory.
 
@@ -18,13 +18,15 @@ from __future__ import annotations
 import threading
 import time
 
+from shared.messages.codes import ErrorCode
+
 
 class LoadError(RuntimeError):
-    """Stored KV did not arrive: `req_id`, the `layer` waited for, and why."""
+    """Stored KV did not arrive: `req_id`, the `layer` waited for, why, and its `code`."""
 
-    def __init__(self, req_id: str, layer: int, reason: str):
+    def __init__(self, req_id: str, layer: int, reason: str, code: ErrorCode = ErrorCode.STORAGE):
         super().__init__(f"{req_id}: layer {layer}: {reason}")
-        self.req_id, self.layer, self.reason = req_id, layer, reason
+        self.req_id, self.layer, self.reason, self.code = req_id, layer, reason, code
 
 
 class LoadProgress:
@@ -32,6 +34,7 @@ class LoadProgress:
         self.req_id = req_id
         self.layers = 0  # layers 0..layers-1 are in KV memory
         self.error = ""
+        self.code = ErrorCode.STORAGE  # what failed, once `error` is set
         self.waited_s = 0.0  # time the model thread spent waiting on this request's layers
         self.blocks: list[int] = []  # the KV blocks its loaded layers land in (set once the read reports)
         self.uploaded = 0  # layers 0..uploaded-1 sent up to the device cache (model thread only)
@@ -43,9 +46,9 @@ class LoadProgress:
             self.layers = max(self.layers, layer + 1)
             self._cond.notify_all()
 
-    def fail(self, reason: str) -> None:
+    def fail(self, reason: str, code: ErrorCode = ErrorCode.STORAGE) -> None:
         with self._cond:
-            self.error = reason
+            self.error, self.code = reason, code
             self._cond.notify_all()
 
     def wait(self, layer: int, timeout: float) -> None:
@@ -54,7 +57,7 @@ class LoadProgress:
             ok = self._cond.wait_for(lambda: self.layers > layer or self.error, timeout)
         self.waited_s += time.perf_counter() - t0
         if self.error:
-            raise LoadError(self.req_id, layer, self.error)
+            raise LoadError(self.req_id, layer, self.error, self.code)
         if not ok:
             raise LoadError(self.req_id, layer, f"not loaded within {timeout}s")
 

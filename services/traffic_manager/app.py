@@ -9,7 +9,8 @@ Push (PE side): PushKV -> Reserve at the DE's TM -> write blocks kv -> remote bu
 Reserve (DE side): allocate buffer slots for a request.
 Load (DE side): copy buffer slots -> KV blocks (local H2D), free the slots.
 Every request is answered, also when it fails: before KV memory is attached, when its
-task raises (the task's `on_error` replies), and a fetch with `LayerLoaded(error=...)`.
+task raises (the task's `on_error` replies), and a fetch with `FetchFailed(code, error)`.
+A failed reply names its `ErrorCode` (not_ready, buffer_full, kv_transfer; internal for a bug).
 """
 from __future__ import annotations
 
@@ -27,11 +28,12 @@ from services.traffic_manager.pool import BufferPool
 from services.traffic_manager.read_queues import ReadQueues
 from services.traffic_manager.secret import mesh_secret
 from services.traffic_manager.store_path import StorePath
-from shared.bus import BusError, Delivery
+from shared.bus import BusError, Delivery, error_code
 from shared.kv.allocator import OutOfSlots
 from shared.messages.registry import Announce, EngineAnnounce, StorageGatewayAnnounce, KVRegion, TrafficManagerAnnounce
-from shared.messages.traffic_manager import (FetchKV, LayerLoaded, LoadKV, PushDone, PushKV, Release, Reserve, Reserved,
-                                SaveCopied, SaveKV, Stage, Staged)
+from shared.messages.codes import ErrorCode
+from shared.messages.traffic_manager import (FetchFailed, FetchKV, LoadKV, PushDone, PushKV, Release, Reserve, Reserved,
+                                             SaveCopied, SaveKV, Stage, Staged)
 from shared.messages.work import Cancel
 from shared.runtime import Service, service_main
 from shared.transport.base import EndpointDesc, Op, Peer, TrafficClass
@@ -151,7 +153,7 @@ class TrafficManagerService(Service):
     # push (PE side) ------------------------------------------------------------------
     async def _on_push(self, msg: PushKV, d: Delivery) -> None:
         self.spawn(self._push(msg, d), name=f"push-{msg.req_id}",
-                   on_error=lambda exc: d.respond(PushDone(ok=False, error=_why(exc))))
+                   on_error=lambda exc: d.respond(PushDone(ok=False, error=_why(exc), code=ErrorCode.INTERNAL)))
 
     async def _push(self, msg: PushKV, d: Delivery) -> None:
         bn = self.pool.block_nbytes
@@ -162,7 +164,7 @@ class TrafficManagerService(Service):
                 "bytes": nbytes, "transport": self.cfg.transport}) as span:
             try:
                 if not self.pool.ready:
-                    raise BusError("push", NOT_ATTACHED)
+                    raise BusError("push", NOT_ATTACHED, ErrorCode.NOT_READY)
                 if msg.dst_slots:  # DE read path: slots were reserved when the hits were staged
                     res = Reserved(slots=msg.dst_slots)
                 else:
@@ -170,7 +172,7 @@ class TrafficManagerService(Service):
                                                  Reserve(msg.req_id, len(msg.src_blocks)), Reserved,
                                                  timeout=self.cfg.transfer_timeout_s)
                     if not res.ok:
-                        raise BusError("reserve", res.error)
+                        raise BusError("reserve", res.error, res.code)
                 skip = set(msg.skip)  # blocks whose stored KV is already in the DE buffer
                 ops = [Op("kv", b * bn, "buf", slot, bn)
                        for i, (b, slot) in enumerate(zip(msg.src_blocks, res.slots)) if i not in skip]
@@ -181,7 +183,7 @@ class TrafficManagerService(Service):
                     await peer.write(ops, TrafficClass.LATENCY, timeout=self.cfg.transfer_timeout_s)
             except Exception as exc:  # noqa: BLE001 - BusError and transport errors both end the push
                 span.record_exception(exc)
-                await d.respond(PushDone(ok=False, error=str(exc)))
+                await d.respond(PushDone(ok=False, error=str(exc), code=error_code(exc, ErrorCode.KV_TRANSFER)))
                 return
             dt = time.perf_counter() - t0
             self.m_bytes.labels("pd_push").inc(nbytes)
@@ -191,10 +193,10 @@ class TrafficManagerService(Service):
     # reserve / load / release (DE side) --------------------------------------------------
     async def _on_reserve(self, msg: Reserve, d: Delivery) -> None:
         if not self.pool.ready:
-            await d.respond(Reserved(ok=False, error=NOT_ATTACHED))
+            await d.respond(Reserved(ok=False, error=NOT_ATTACHED, code=ErrorCode.NOT_READY))
             return
         self.spawn(self._reserve(msg, d), name=f"reserve-{msg.req_id}",
-                   on_error=lambda exc: d.respond(Reserved(ok=False, error=_why(exc))))
+                   on_error=lambda exc: d.respond(Reserved(ok=False, error=_why(exc), code=ErrorCode.INTERNAL)))
 
     async def _reserve(self, msg: Reserve, d: Delivery) -> None:
         with tracer.start_as_current_span("kv_reserve", context=d.ctx,
@@ -202,17 +204,17 @@ class TrafficManagerService(Service):
             try:
                 slots = await self.pool.allocate_wait(msg.req_id, msg.n_blocks)
             except OutOfSlots as exc:
-                await d.respond(Reserved(ok=False, error=f"DE buffer full: {exc}"))
+                await d.respond(Reserved(ok=False, error=f"DE buffer full: {exc}", code=ErrorCode.BUFFER_FULL))
                 return
         self.pool.note_free()
         await d.respond(Reserved(slots=[s * self.pool.block_nbytes for s in slots]))
 
     async def _on_load(self, msg: LoadKV, d: Delivery) -> None:
         if not self.pool.ready:
-            await d.respond(PushDone(ok=False, error=NOT_ATTACHED))
+            await d.respond(PushDone(ok=False, error=NOT_ATTACHED, code=ErrorCode.NOT_READY))
             return
         self.spawn(self._load(msg, d), name=f"load-{msg.req_id}",
-                   on_error=lambda exc: d.respond(PushDone(ok=False, error=_why(exc))))
+                   on_error=lambda exc: d.respond(PushDone(ok=False, error=_why(exc), code=ErrorCode.INTERNAL)))
 
     async def _load(self, msg: LoadKV, d: Delivery) -> None:
         bn = self.pool.block_nbytes
@@ -225,7 +227,7 @@ class TrafficManagerService(Service):
                 await self.endpoint.copy_local(ops, TrafficClass.LATENCY, timeout=self.cfg.transfer_timeout_s)
             except Exception as exc:  # noqa: BLE001
                 span.record_exception(exc)
-                await d.respond(PushDone(ok=False, error=str(exc)))
+                await d.respond(PushDone(ok=False, error=str(exc), code=ErrorCode.KV_TRANSFER))
                 return
             finally:
                 if msg.release:
@@ -240,10 +242,10 @@ class TrafficManagerService(Service):
 
     # storage paths (fetch.py, store_path.py) -------------------------------------------------
     async def _on_fetch(self, msg: FetchKV, d: Delivery) -> None:
-        """The engine waits on `LayerLoaded` for this fetch: a failure is told there at once."""
+        """The engine waits on the fetch's progress messages: a failure is told there at once."""
         if not self.pool.ready:
             await self.bus.publish(self.subjects.prefill_loaded(self.cfg.engine),
-                                   LayerLoaded(msg.req_id, 0, -1, error=NOT_ATTACHED))
+                                   FetchFailed(msg.req_id, ErrorCode.NOT_READY, NOT_ATTACHED))
             return
         self.spawn(self.fetch_path.fetch(msg, d), name=f"fetch-{msg.req_id}")
 

@@ -66,7 +66,7 @@ class StorePath:
     # save --------------------------------------------------------------------------------
     async def save(self, msg: SaveKV, d: Delivery) -> None:
         p, pool = self.p, self.p.pool
-        owner = f"{msg.req_id}/save/{msg.keys[0][:12] if msg.keys else ''}"
+        owner = f"{msg.req_id}/save/{msg.keys[0].hex()[:12] if msg.keys else ''}"
         n = min(len(msg.blocks), pool.spare())
         if n < len(msg.blocks):
             self.m_saved.labels("skipped_buffer_full").inc(len(msg.blocks) - n)
@@ -97,7 +97,7 @@ class StorePath:
                                                   timeout=p.cfg.transfer_timeout_s)
                         self.m_saved.labels(res.outcome or "error").inc()
                     except BusError as exc:
-                        log.warning("persist %s failed: %s", key[:12], exc.reason)
+                        log.warning("persist %s failed: %s", key.hex()[:12], exc.reason)
                         self.m_saved.labels("error").inc()
         finally:
             p.pool.release(owner)

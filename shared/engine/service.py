@@ -18,6 +18,7 @@ from shared.engine.kv_memory import KVMemory
 from shared.engine.requests import EngineRequest
 from shared.engine.store_layout import store_layout
 from shared.engine.worker import ModelWorker
+from shared.messages.codes import ErrorCode, FinishReason
 from shared.messages.registry import EngineAnnounce
 from shared.messages.storage_gateway import StoreLayout
 from shared.messages.stream import TokenEvent
@@ -83,19 +84,19 @@ class EngineService(Service):
 
     async def stop(self) -> None:
         for req in list(self.held.values()):
-            await self.fail(req, f"{self.name.replace('_', ' ')} shutting down", retryable=True)
+            await self.fail(req, ErrorCode.SHUTTING_DOWN, f"{self.name.replace('_', ' ')} shutting down", retryable=True)
         self.worker.close()
         if self.kv:
             self.kv.close()
 
     @abstractmethod
-    async def fail(self, req: EngineRequest, error: str, retryable: bool = False) -> None:
+    async def fail(self, req: EngineRequest, code: ErrorCode, error: str, retryable: bool = False) -> None:
         """Answer `req` with an error and stop serving it."""
 
-    async def publish_error(self, req: EngineRequest, error: str, retryable: bool = False) -> None:
+    async def publish_error(self, req: EngineRequest, code: ErrorCode, error: str, retryable: bool = False) -> None:
         """The error event on the request's output subject (index = tokens generated so far)."""
-        await self.bus.publish(req.reply, TokenEvent(req.req_id, [], len(req.generated), finish="error", error=error,
-                                                     source=self.engine, retryable=retryable))
+        await self.bus.publish(req.reply, TokenEvent(req.req_id, [], len(req.generated), finish=FinishReason.ERROR,
+                                                     error=error, source=self.engine, retryable=retryable, code=code))
 
     def free_blocks(self, req: EngineRequest) -> None:
         """Give the request's KV blocks back and wake the loop (blocks may admit a waiting one)."""

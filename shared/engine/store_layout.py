@@ -8,7 +8,7 @@ against all come from it, so a block of one layout is never served to an engine 
 """
 from __future__ import annotations
 
-from shared.kv.hashing import ModelFingerprint, block_hashes, key_hex
+from shared.kv.hashing import ModelFingerprint, block_hashes
 from shared.kv.layout import KVKind, KVLayout
 from shared.messages.storage_gateway import StoreLayout
 
@@ -28,7 +28,7 @@ def store_layout(model_id: str, cfg, block_size: int) -> StoreLayout:
     """The fingerprint salts every block key with model, dtype and layout (kind and dims)."""
     kv = engine_kv_layout(cfg, block_size)
     fp = ModelFingerprint.from_layout(model_id, kv)
-    return StoreLayout(fingerprint=fp.digest().hex(), model_id=model_id, n_layers=kv.n_layers,
+    return StoreLayout(fingerprint=fp.digest(), model_id=model_id, n_layers=kv.n_layers,
                        n_kv_heads=kv.n_kv_heads, head_dim=kv.head_dim, dtype=kv.dtype, block_size=block_size,
                        kv_layout=kv.kind, latent_rank=kv.latent_rank, rope_dim=kv.rope_dim, index_dim=kv.index_dim)
 
@@ -39,6 +39,6 @@ def kv_layout(layout: StoreLayout) -> KVLayout:
                     KVKind(layout.kv_layout), layout.latent_rank, layout.rope_dim, layout.index_dim)
 
 
-def prompt_keys(layout: StoreLayout, tokens: list[int]) -> list[str]:
-    """Hex keys of the full blocks of `tokens`."""
-    return [key_hex(k) for k in block_hashes(tokens, layout.block_size, bytes.fromhex(layout.fingerprint))]
+def prompt_keys(layout: StoreLayout, tokens: list[int]) -> list[bytes]:
+    """Keys of the full blocks of `tokens`."""
+    return block_hashes(tokens, layout.block_size, layout.fingerprint)

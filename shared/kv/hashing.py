@@ -5,14 +5,14 @@ A block key names a prefix, not a chunk: ``h_i = H(h_{i-1} || tokens_i)`` where
 ``h_{-1}`` is the model fingerprint, so the same tokens under another model, dtype or
 layout never share a key. ``H`` is xxh3-128 (16-byte keys). Only full blocks get keys.
 
-Keys are stable across processes and hosts (no Python ``hash()``, fixed byte order)
-and are rendered as lowercase hex for file names (``key_hex``).
+Keys are stable across processes and hosts (no Python ``hash()``, fixed byte order).
+They travel as raw bytes; lowercase hex (``key_hex``) is for people and file names.
 
 Example: tokens ``[t0..t127]`` with block_size 64 -> two keys
 ``k0 = H(fp || t0..t63)``, ``k1 = H(k0 || t64..t127)``; a trailing partial block
 (tokens 128..150) gets no key.
 
-Owns: ``ModelFingerprint``, ``block_hashes``, ``chain_hash``, ``key_hex``.
+Owns: ``ModelFingerprint``, ``block_hashes``, ``chain_hash``, ``key_hex``, ``check_key``.
 Does not own: where blocks live (``services/storage_gateway/store.py``).
 """
 
@@ -148,7 +148,11 @@ def key_hex(key: bytes) -> str:
 
 def key_from_hex(text: str) -> bytes:
     """Inverse of ``key_hex``; ``ValueError`` on a malformed name."""
-    key = bytes.fromhex(text)
+    return check_key(bytes.fromhex(text))
+
+
+def check_key(key: bytes) -> bytes:
+    """``key`` if it is a block key's size, else ``ValueError`` (keys from the wire)."""
     if len(key) != KEY_BYTES:
         raise ValueError(f"block key must be {KEY_BYTES} bytes, got {len(key)}")
     return key

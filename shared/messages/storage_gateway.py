@@ -16,7 +16,7 @@ from shared.kv.layout import KVKind
 class StoreLayout(msgspec.Struct, frozen=True, omit_defaults=True):
     """Which model's blocks: the fingerprint names the store namespace; dims size the blocks."""
 
-    fingerprint: str  # hex digest of ModelFingerprint
+    fingerprint: bytes  # digest of ModelFingerprint (16 bytes; hex only in the store's directory name)
     model_id: str
     n_layers: int
     n_kv_heads: int
@@ -31,7 +31,7 @@ class StoreLayout(msgspec.Struct, frozen=True, omit_defaults=True):
 
 class HitQuery(msgspec.Struct, omit_defaults=True):
     layout: StoreLayout
-    keys: list[str]  # hex block keys of the prompt's full blocks, in order
+    keys: list[bytes]  # block keys of the prompt's full blocks, in order
 
 
 class HitReply(msgspec.Struct, omit_defaults=True):
@@ -42,7 +42,7 @@ class HitReply(msgspec.Struct, omit_defaults=True):
 class ReadBlocks(msgspec.Struct, omit_defaults=True):
     req_id: str
     layout: StoreLayout
-    keys: list[str]
+    keys: list[bytes]
     shm: str  # destination buffer segment
     offsets: list[int]  # byte offset in `shm` of each block's payload
     bulk: bool = False  # prefetch for queued work (lower priority)
@@ -59,7 +59,7 @@ class ReadDone(msgspec.Struct, omit_defaults=True):
 
 class WriteBlock(msgspec.Struct, omit_defaults=True):
     layout: StoreLayout
-    key: str
+    key: bytes
     shm: str
     offset: int
 

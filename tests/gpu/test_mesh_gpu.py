@@ -39,7 +39,7 @@ def test_a_cuda_mesh_is_exact_against_the_cpu_reference(tmp_path, spec):
         ids = r1["choices"][0]["prompt_token_ids"] + r1["choices"][0]["token_ids"]
         wait_stored(Path(mesh.spec.store), reference, ids, (len(ids) - 1) // 64)
         prompt = ids + reference.tokenizer.encode(" tool: done. " * 4)
-        for mode in ("basic", "dualpath"):
+        for mode in ("basic", "dualpath-split"):
             body = ask(mesh.url, prompt, 24, dualpath_mode=mode)
             assert body["usage"]["prompt_tokens_details"]["cached_tokens"] >= 8 * 64
             got, want, diff = logprob_diff(body, reference, prompt)

@@ -80,7 +80,7 @@ def _steps(mesh) -> float:
     return float(line.split()[-1])
 
 
-@pytest.mark.parametrize("mode", ["basic", "dualpath"])
+@pytest.mark.parametrize("mode", ["basic", "dualpath-split"])
 def test_second_turn_is_exact_on_the_pe_path_and_split_and_chunked(mesh, mla_reference, mode):
     prompt = _turn1(mesh, mla_reference, mode)
     assert mesh.turn1_forwards >= 3  # its 570-odd prompt tokens were prefilled in chunks

@@ -26,7 +26,7 @@ def test_a_gqa_engine_keeps_its_heads_and_its_old_fingerprint():
     s = store_layout("g@1", GQA, 64)
     assert (s.kv_layout, s.n_kv_heads, s.head_dim, s.latent_rank) == (KVKind.GQA, 2, 32, 0)
     old = ModelFingerprint("g@1", "float32", 64, 4, 2, 32)  # the fields the fingerprint had before MLA
-    assert s.fingerprint == old.digest().hex()
+    assert s.fingerprint == old.digest()
     assert kv_layout(s) == engine_kv_layout(GQA, 64) == KVLayout(4, 2, 32, "float32", 64)
 
 
@@ -40,7 +40,7 @@ def test_an_mla_engine_names_its_latent_rows(cfg, split):
     kv = kv_layout(s)
     assert kv == engine_kv_layout(cfg, 64) and kv.layer_bytes == 64 * cfg.kv_bytes_per_token_per_layer
     same_dims = ModelFingerprint("m@1", "float32", 64, 3, 1, width // 2)  # GQA planes of the same shape
-    assert s.fingerprint != same_dims.digest().hex()
+    assert s.fingerprint != same_dims.digest()
     assert msgspec.msgpack.decode(msgspec.msgpack.encode(s), type=StoreLayout) == s
 
 
