@@ -64,7 +64,8 @@ class Fetcher:
                 req.de_held = work.de_engine
             fetch = FetchKV(req.req_id, work.block_keys[:n], req.blocks[:n], work.read_node or self.cfg.node,
                             self.store, pe, de_engine=work.de_engine, de_node=work.de_node,
-                            prompt_blocks=len(req.blocks))
+                            prompt_blocks=len(req.blocks), staged_engine=work.staged_engine,
+                            staged_owner=work.staged_owner, staged_blocks=min(work.staged_blocks, n))
             req.deadline = time.monotonic() + self.cfg.handoff_timeout_s
             req.timer = self.spawn(self._deadline(req), name=f"fetch-deadline-{req.req_id}")
             self.spawn(self._send(req, fetch), name=f"fetch-{req.req_id}")

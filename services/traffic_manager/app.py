@@ -3,7 +3,7 @@
 Owns the engine's DRAM buffer (slots of one KV block each, `pool.py`), the data-plane
 endpoint with regions "buf" (the buffer) and "kv" (the engine's KV memory, attached once
 the engine announces it), and connections to other traffic-managers. The storage paths
-(`fetch.py`, `store_path.py`) receive their collaborators (`parts.py`), not this service.
+(`fetch.py`, `store_path.py`, `prefetch.py`) receive their collaborators (`parts.py`), not this service.
 
 Push (PE side): PushKV -> Reserve at the DE's TM -> write blocks kv -> remote buf -> PushDone.
 Reserve (DE side): allocate buffer slots for a request.
@@ -25,6 +25,7 @@ from services.traffic_manager.config import TrafficManagerConfig
 from services.traffic_manager.fetch import FetchPath
 from services.traffic_manager.parts import TMParts
 from services.traffic_manager.pool import BufferPool
+from services.traffic_manager.prefetch import PrefetchPath
 from services.traffic_manager.read_queues import ReadQueues
 from services.traffic_manager.secret import mesh_secret
 from services.traffic_manager.store_path import StorePath
@@ -32,8 +33,8 @@ from shared.bus import BusError, Delivery, error_code
 from shared.kv.allocator import OutOfSlots
 from shared.messages.registry import Announce, EngineAnnounce, StorageGatewayAnnounce, KVRegion, TrafficManagerAnnounce
 from shared.messages.codes import ErrorCode
-from shared.messages.traffic_manager import (FetchFailed, FetchKV, LoadKV, PushDone, PushKV, Release, Reserve, Reserved,
-                                             SaveCopied, SaveKV, Stage, Staged)
+from shared.messages.traffic_manager import (Claim, FetchFailed, FetchKV, LoadKV, Prefetch, Prefetched, PushDone, PushKV,
+                                             Release, Reserve, Reserved, SaveCopied, SaveKV, Stage, Staged)
 from shared.messages.work import Cancel
 from shared.runtime import Service, service_main
 from shared.transport.base import EndpointDesc, Op, Peer, TrafficClass
@@ -67,6 +68,7 @@ class TrafficManagerService(Service):
         self.peers: dict[str, Peer] = {}
         self.fetch_path: FetchPath | None = None  # set in start(), once the endpoint is up
         self.store_path: StorePath | None = None
+        self.prefetch: PrefetchPath | None = None
 
     async def start(self) -> None:
         from shared.transport.registry import create_endpoint
@@ -79,8 +81,12 @@ class TrafficManagerService(Service):
         log.info("data plane: %s transport (%s)", self.endpoint.backend, self.endpoint.why)
         self.endpoint.register("buf", self.pool.buffer.buf, shm_name=self.pool.buffer.name)
         parts = TMParts(cfg, self.bus, self.subjects, self.metrics, self.pool, self.endpoint, self.peer, self.queues,
-                        self.m_bytes, self.spawn)
+                        self.m_bytes, self.spawn, claim_local=lambda o, k: self.prefetch.claim(o, k),
+                        drop_local=lambda o, why: self.prefetch.drop(o, why))
         self.fetch_path, self.store_path = FetchPath(parts), StorePath(parts)
+        self.prefetch = PrefetchPath(parts, cfg.prefetch_chunk_blocks, cfg.prefetch_share)
+        self.pool.reclaim = self.prefetch.reclaim
+        self.spawn(self.prefetch.sweep(), name="prefetch-sweep")
         s, e = self.subjects, cfg.engine
         await self.bus.subscribe(s.heartbeat, Announce, self._on_announce)
         await self.bus.subscribe(s.tm(e, "push"), PushKV, self._on_push)
@@ -90,6 +96,8 @@ class TrafficManagerService(Service):
         await self.bus.subscribe(s.tm(e, "fetch"), FetchKV, self._on_fetch)
         await self.bus.subscribe(s.tm(e, "save"), SaveKV, self._on_save)
         await self.bus.subscribe(s.tm(e, "stage"), Stage, self._on_stage)
+        await self.bus.subscribe(s.tm(e, "prefetch"), Prefetch, self._on_prefetch)
+        await self.bus.subscribe(s.tm(e, "claim"), Claim, lambda msg, d: self.prefetch.on_claim(msg, d))
         await self.bus.subscribe(s.cancel, Cancel, self._on_release)
 
     def announce(self) -> TrafficManagerAnnounce:
@@ -97,7 +105,8 @@ class TrafficManagerService(Service):
             instance=self.instance, node=self.cfg.node, metrics_url=self.metrics_url, pid=os.getpid(),
             engine=self.cfg.engine, endpoint=_desc_encoder.encode(self.endpoint.desc()) if self.endpoint else b"",
             buffer_bytes=self.pool.buffer.size, buffer_free_bytes=self.pool.free_bytes(),
-            ready=self.kv_region is not None)
+            ready=self.kv_region is not None, prefetch_bytes=self.prefetch.staged_bytes()
+            if self.prefetch else 0, prefetch_room_bytes=self.prefetch.room_bytes() if self.prefetch else 0)
 
     async def stop(self) -> None:
         for peer in self.peers.values():
@@ -238,7 +247,8 @@ class TrafficManagerService(Service):
         await d.respond(PushDone(nbytes=nbytes, seconds=dt))
 
     async def _on_release(self, msg, d: Delivery) -> None:
-        self.pool.cancel(msg.req_id)
+        if not (self.prefetch and self.prefetch.drop(msg.req_id, "released")):
+            self.pool.cancel(msg.req_id)
 
     # storage paths (fetch.py, store_path.py) -------------------------------------------------
     async def _on_fetch(self, msg: FetchKV, d: Delivery) -> None:
@@ -255,6 +265,13 @@ class TrafficManagerService(Service):
             return
         self.spawn(self.store_path.stage(msg, d), name=f"stage-{msg.req_id}",
                    on_error=lambda exc: d.respond(Staged(error=_why(exc))))
+
+    async def _on_prefetch(self, msg: Prefetch, d: Delivery) -> None:
+        if not self.pool.ready:
+            await d.respond(Prefetched(error=NOT_ATTACHED))
+            return
+        self.spawn(self.prefetch.prefetch(msg, d), name=f"prefetch-{msg.owner}",
+                   on_error=lambda exc: d.respond(Prefetched(error=_why(exc))))
 
     async def _on_save(self, msg: SaveKV, d: Delivery) -> None:
         if not self.pool.ready:

@@ -2,7 +2,8 @@
 
 Owns only the bundle (`TMParts`): the settings, the bus and subjects, the buffer's slot
 pool, the data-plane endpoint with a way to reach another engine's traffic-manager, the
-gateways' read queues, the shared byte counter, and `spawn` for supervised tasks. The
+gateways' read queues, the shared byte counter, `spawn` for supervised tasks, and the claim
+and release of this buffer's prefetched blocks. The
 service builds it once its endpoint is up (`TrafficManagerService.start`).
 """
 from __future__ import annotations
@@ -35,6 +36,8 @@ class TMParts:
     queues: ReadQueues
     m_bytes: Counter  # dualpath_traffic_manager_bytes_total{kind}
     spawn: Callable[..., asyncio.Task[Any]]  # Service.spawn: supervised tasks
+    claim_local: Callable[[str, list[bytes]], list[int]] = lambda owner, keys: []  # prefetched slots here
+    drop_local: Callable[[str, str], bool] = lambda owner, why: False  # ... released (prefetch.py)
 
     @property
     def loaded_subject(self) -> str:
