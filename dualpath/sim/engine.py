@@ -16,6 +16,7 @@ from dualpath.sim.config import SimConfig
 from dualpath.sim.hardware import load_hardware
 from dualpath.sim.metrics import SimResult, collect
 from dualpath.sim.models import build_model
+from dualpath.sim.prefetch import SimPrefetch
 from dualpath.sim.prefill import C_H2D, C_PD, C_PERSIST, Prefill, legs, stage_end
 from dualpath.sim.resources import transfer
 from dualpath.sim.dispatch import SimDispatch
@@ -29,7 +30,7 @@ class Simulation:
         self.hw = load_hardware(cfg.hardware)
         self.model = build_model(cfg.model, self.hw)
         self.c = Cluster(cfg.P, cfg.D, self.hw, self.model, cfg.group_nodes)
-        self.w = load_workload(cfg.trace, cfg.agents, cfg.scale, cfg.seed, cfg.aps, cfg.block_tokens)
+        self.w = load_workload(cfg.trace, cfg.agents, cfg.scale, cfg.seed, cfg.aps, cfg.block_tokens, cfg.tool_calls)
         self.kvb = self.model.kv_bytes
         self.oracle = not cfg.mode.moves_kv
         self.th = self._thresholds()
@@ -52,6 +53,9 @@ class Simulation:
         self.tpot: list[float] = []
         self.finished = 0
         self.bar = None
+        self.pf = SimPrefetch(self, cfg.hints) if cfg.hints != "off" and not self.oracle else None
+        self.after_tool: dict[int, bool] = {}  # rid -> the turn followed a tool call
+        self.ttft_after_tool: list[tuple[bool, float]] = []  # (its agent hinted, TTFT) of those turns
 
     def _thresholds(self) -> PeThresholds:
         """alpha: tokens a node reads in alpha_s; beta: prompt tokens one PE handles in beta_s."""
@@ -106,6 +110,8 @@ class Simulation:
     def _arrive(self, a: int) -> None:
         append, gen = self.w.turn(a, self.turn[a])
         r = make_request(self.next_rid, a, self.ctx[a], append, gen, self.now, self.w.block)
+        if self.turn[a] and self.w.tool_after(a, self.turn[a] - 1) > 0:
+            self.after_tool[r.rid] = True
         self.next_rid += 1
         self.sched.submit(r)
         self._arm_tick()
@@ -116,6 +122,8 @@ class Simulation:
         if self.oracle:
             r.reads_left = 0
             self._make_ready(r)
+            return
+        if self.pf is not None and self.pf.serve(r):  # part of its hit was prefetched during a tool call
             return
         pe_hit, de_hit = self.sched.split_hit(r)
         self._issue_reads(r, pe_hit, de_hit)
@@ -205,6 +213,8 @@ class Simulation:
             transfer(now, legs(C_PERSIST, r, 0, 0, (r.miss + r.gen) * self.kvb))
         self.t_arrive.append(r.t_arrive)
         self.ttft.append(r.t_first - r.t_arrive)
+        if self.after_tool.pop(r.rid, False):
+            self.ttft_after_tool.append((self.pf is not None and self.pf.hinted(r.agent), r.t_first - r.t_arrive))
         if r.gen > 1:
             self.tpot.append((now - r.t_join) / (r.gen - 1))
         self.finished += 1
@@ -214,8 +224,11 @@ class Simulation:
         self.ctx[a] = r.prompt + r.gen
         self.turn[a] += 1
         if self.turn[a] < self.w.n_turns(a):
-            if self.cfg.think_s > 0:
-                self.push(now + self.cfg.think_s, self._arrive, a)
+            tool = self.w.tool_after(a, self.turn[a] - 1)
+            if self.pf is not None:
+                self.pf.turn_done(a, self.ctx[a], tool)
+            if self.cfg.think_s + tool > 0:
+                self.push(now + self.cfg.think_s + tool, self._arrive, a)
             else:
                 self._arrive(a)
         else:

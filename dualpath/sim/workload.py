@@ -7,11 +7,11 @@ unless the run says otherwise).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from dualpath.traces import expand_agents, generate, read_trajectories
+from dualpath.traces import expand_agents, generate, read_trajectories, with_tool_calls
 from dualpath.traces.generator import PRESETS
 
 BLOCK = 64  # default tokens per KV block (SimConfig.block_tokens)
@@ -49,6 +49,16 @@ class Workload:
     agents: list[tuple[int, int]]  # (base index, prepended append or 0)
     starts: list[float]  # start time of each agent
     block: int = BLOCK  # tokens per KV block: hits are whole blocks
+    tools: list[tuple[float, ...]] = field(default_factory=list)  # per base trajectory: tool call after turn i, s
+
+    def tool_after(self, agent: int, k: int) -> float:
+        """Seconds of the tool call between the agent's turn k and k+1 (0: none)."""
+        b, pre = self.agents[agent]
+        if not self.tools or (pre and k == 0):
+            return 0.0
+        i = k - 1 if pre else k
+        t = self.tools[b]
+        return t[i] if 0 <= i < len(t) else 0.0
 
     def n_turns(self, agent: int) -> int:
         b, pre = self.agents[agent]
@@ -85,8 +95,9 @@ def make_request(rid: int, agent: int, ctx: int, append: int, gen: int, t: float
 
 
 def load_workload(trace: str, agents: int, scale: float = 1.0, seed: int = 0,
-                  aps: float = 0.0, block: int = BLOCK) -> Workload:
-    """Agents for a trace spec; online (aps > 0) start times are Poisson at `aps`/s."""
+                  aps: float = 0.0, block: int = BLOCK, tool_scale: float = 0.0) -> Workload:
+    """Agents for a trace spec; online (aps > 0) start times are Poisson at `aps`/s; with
+    `tool_scale` > 0 a tool call between turns (the trace's tool_ms, else generated) times it."""
     if trace.startswith("gen:"):
         parts = trace.split(":")
         name = parts[1].lower()
@@ -96,8 +107,10 @@ def load_workload(trace: str, agents: int, scale: float = 1.0, seed: int = 0,
         trajs = generate(name, n_base, seed=seed, scale=scale)
     else:
         trajs = read_trajectories(trace)
-        if scale != 1.0:
-            trajs = [_scaled(t.turns, scale) for t in trajs]  # type: ignore[misc]
+    tools = [tuple(ms / 1000 * tool_scale for ms in t.tool_ms) for t in with_tool_calls(trajs, seed)] \
+        if tool_scale > 0 else []
+    if not trace.startswith("gen:") and scale != 1.0:
+        trajs = [_scaled(t.turns, scale) for t in trajs]  # type: ignore[misc]
     base = [t if isinstance(t, tuple) else t.turns for t in trajs]
     specs = expand_agents(len(base), agents, seed)
     if aps > 0:
@@ -105,7 +118,7 @@ def load_workload(trace: str, agents: int, scale: float = 1.0, seed: int = 0,
         starts = np.cumsum(gaps).tolist()
     else:
         starts = [0.0] * len(specs)
-    return Workload(base, specs, starts, block)
+    return Workload(base, specs, starts, block, tools)
 
 
 def _scaled(turns: tuple[tuple[int, int], ...], scale: float) -> tuple[tuple[int, int], ...]:

@@ -66,6 +66,10 @@ class Prefetcher:
         if s is not None:
             s.claimed_by = rec.req_id
             rec.staged = s
+        session = rec.hint.session if rec.hint is not None else ""
+        for other in self.index.of_session(session):  # the session came back on another prefix
+            if other is not s and other.claimed_by is None:
+                self._release(other, "diverged")
 
     # a finished turn ---------------------------------------------------------------------------
     def done(self, rec: InFlight, status: str) -> None:

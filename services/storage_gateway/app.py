@@ -44,6 +44,7 @@ class StorageGatewayService(Service):
         self.cores: dict[StoreLayout, GatewayCore] = {}  # one per layout (fingerprint and block layout)
         self.buffers: dict[str, ShmRegion] = {}  # attached TM buffers by shm name
         self.lane = BulkLane()  # prefetch reads wait for the latency reads of the node (bulk.py)
+        self.marks: dict[StoreLayout, int] = {}  # retention marks held per store (agents' hints)
         m = self.metrics
         self.m_read = m.counter("read_bytes_total", "Bytes read from the store", ("node",))
         self.m_bulk = m.counter("bulk_read_bytes_total", "Bytes read in the bulk lane (prefetches; also in read_bytes)",
@@ -51,6 +52,7 @@ class StorageGatewayService(Service):
         self.m_write = m.counter("write_bytes_total", "Bytes written to the store", ("node",))
         self.m_blocks = m.counter("blocks_total", "Blocks by outcome", ("outcome",))
         self.m_read_s = m.histogram("read_seconds", "Read request time (incl. queueing)")
+        self.m_marks = m.gauge("retention_marks", "Blocks agents' hints retain or demote (expired ones until swept)")
         self.m_queue = m.gauge("read_queue_bytes", "Pending read bytes (read_q)", ("node",))
 
     async def start(self) -> None:
@@ -137,13 +139,15 @@ class StorageGatewayService(Service):
 
     async def _on_retain(self, msg: Retain, d: Delivery) -> None:
         if msg.release:
-            for core in self.cores.values():
-                core.store.release(msg.session)
-            return
-        try:
-            self.core(msg.layout).store.retain([check_key(k) for k in msg.keys], msg.level, msg.ttl_s, msg.session)
-        except ValueError as exc:  # a bad key or layout: dropped, never fatal
-            log.warning("retention hint dropped: %s", exc)
+            for layout, core in self.cores.items():
+                self.marks[layout] = self.marks.get(layout, 0) - core.store.release(msg.session)
+        else:
+            try:
+                keys = [check_key(k) for k in msg.keys]
+                self.marks[msg.layout] = self.core(msg.layout).store.retain(keys, msg.level, msg.ttl_s, msg.session)
+            except ValueError as exc:  # a bad key or layout: dropped, never fatal
+                log.warning("retention hint dropped: %s", exc)
+        self.m_marks.set(sum(self.marks.values()))
 
     async def _on_write(self, msg: WriteBlock, d: Delivery) -> None:
         self.spawn(self._write(msg, d), name=f"write-{msg.key.hex()[:8]}",

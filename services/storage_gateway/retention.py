@@ -39,9 +39,10 @@ class Retention:
     def __len__(self) -> int:
         return len(self._marks)
 
-    def mark(self, keys: Iterable[bytes], level: Level, until: float, session: str, now: float) -> None:
-        """Mark `keys` until `until`; a retained mark is never lowered by another session's demotion."""
-        keys = list(keys)
+    def mark(self, keys: Iterable[bytes], level: Level, ttl_s: float, session: str, now: float) -> int:
+        """Mark `keys` for `ttl_s` from `now`; a retained mark is never lowered by another session's
+        demotion. Returns the marks held."""
+        until = now + ttl_s
         for key in keys:
             old = self._marks.get(key)
             if old is not None and old.until > now and old.level > level and old.session != session:
@@ -49,6 +50,7 @@ class Retention:
             self._set(key, Mark(level, until, session))
         if len(self._marks) > 2 * max(self._swept, 1024):
             self.sweep(now)
+        return len(self._marks)
 
     def release(self, session: str) -> int:
         """End every mark `session` set; returns how many."""

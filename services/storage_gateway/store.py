@@ -125,11 +125,10 @@ class DirectoryStore:
             self.unpin(keys)
 
     # ----- retention (agents' hints) -----------------------------------------
-    def retain(self, keys: Sequence[bytes], level: Level, ttl_s: float, session: str) -> None:
-        """Evict ``keys`` after (RETAINED) or before (DEMOTED) ordinary blocks for ``ttl_s``."""
+    def retain(self, keys: Sequence[bytes], level: Level, ttl_s: float, session: str) -> int:
+        """Evict ``keys`` after (RETAINED) or before (DEMOTED) ordinary blocks for ``ttl_s``; returns the marks held."""
         with self._lock:
-            now = self._clock()
-            self._retention.mark(keys, level, now + ttl_s, session, now)
+            return self._retention.mark(keys, level, ttl_s, session, self._clock())
 
     def release(self, session: str) -> int:
         """End ``session``'s retention now; returns the marks dropped."""

@@ -27,6 +27,7 @@ READ = "dualpath_storage_gateway_read_bytes_total"
 BULK = "dualpath_storage_gateway_bulk_read_bytes_total"
 USED = 'dualpath_traffic_manager_bytes_total{kind="prefetch_used"}'
 STAGED = "dualpath_traffic_manager_prefetch_staged_bytes"
+MARKS = "dualpath_storage_gateway_retention_marks"
 BS = 64
 
 
@@ -133,15 +134,18 @@ def test_a_tool_call_turn_is_served_from_the_prefetch_and_hints_change_no_logpro
     wait_until(lambda: _total(probe, STAGED) == 0, "the claimed prefetch released")
 
 
-def test_release_gives_the_staged_blocks_back(mesh, reference):
+def test_release_gives_the_staged_blocks_back_and_ends_the_retention(mesh, reference):
     sid = f"s-{uuid.uuid4().hex[:6]}"
     probe = Probe(mesh.url)
+    marks0 = _total(probe, MARKS)
     _first_turn(mesh, reference, "released", {"session_id": sid, "expected_tool_duration_ms": 2_500})
     wait_until(lambda: _total(probe, STAGED) > 0, "the prefix staged in a buffer")
+    held = wait_until(lambda: _total(probe, MARKS) - marks0, "the session's blocks marked retained in the store")
     r = httpx.post(mesh.url + "/v1/completions", json={"prompt": "bye", "max_tokens": 1,
                                                       "agent_hints": {"session_id": sid, "release": True}}, timeout=60)
     assert r.status_code == 200, r.text
     wait_until(lambda: _total(probe, STAGED) == 0, "the released session's staged blocks freed")
+    wait_until(lambda: _total(probe, MARKS) <= marks0 + held - 8, "the released session's retention ended")
 
 
 def _block_bytes(mesh) -> int:

@@ -27,8 +27,8 @@ class Clock:
 def test_victims_come_demoted_first_then_lru_then_retained_until_the_ttl() -> None:
     r = Retention()
     lru = [b"R", b"A", b"D", b"B"]
-    r.mark([b"R"], Level.RETAINED, 100.0, "s1", now=0.0)
-    r.mark([b"D"], Level.DEMOTED, 100.0, "s2", now=0.0)
+    assert r.mark([b"R"], Level.RETAINED, 100.0, "s1", now=0.0) == 1
+    assert r.mark([b"D"], Level.DEMOTED, 100.0, "s2", now=0.0) == 2
     order, left = [], list(lru)
     while left:
         k = r.victim(left, lambda _: False, now=50.0)
