@@ -210,13 +210,15 @@ class TrafficManagerService(Service):
     async def _reserve(self, msg: Reserve, d: Delivery) -> None:
         with tracer.start_as_current_span("kv_reserve", context=d.ctx,
                                           attributes={"req_id": msg.req_id, "blocks": msg.n_blocks}):
+            adopted = self.prefetch.adopt(msg.adopt, msg.adopt_keys, msg.req_id) if msg.adopt else []
             try:
-                slots = await self.pool.allocate_wait(msg.req_id, msg.n_blocks)
+                slots = await self.pool.allocate_wait(msg.req_id, msg.n_blocks - len(adopted))
             except OutOfSlots as exc:
+                self.pool.free(msg.req_id)
                 await d.respond(Reserved(ok=False, error=f"DE buffer full: {exc}", code=ErrorCode.BUFFER_FULL))
                 return
         self.pool.note_free()
-        await d.respond(Reserved(slots=[s * self.pool.block_nbytes for s in slots]))
+        await d.respond(Reserved(slots=adopted + [s * self.pool.block_nbytes for s in slots], adopted=len(adopted)))
 
     async def _on_load(self, msg: LoadKV, d: Delivery) -> None:
         if not self.pool.ready:

@@ -3,8 +3,9 @@
 PE path: buffer slots <- this node's gateway reads Full Blocks (storage NIC). DE path: the
 DE's traffic-manager stages the rest in its buffer (its node's gateway reads them). Blocks
 prefetched during the session's tool call (`staged_*`) are claimed from whichever buffer
-holds them and read from storage no more; a claim that comes back short leaves the rest to
-the PE path. Then, for each layer l: Layer Blocks buffer -> KV memory (local copy, one-sided
+holds them and read from storage no more (in the request's DE's buffer they are adopted as
+its first DE-buffer slots: read like DE-path hits, never pushed back); a claim that comes
+back short leaves the rest to the PE path. Then, for each layer l: Layer Blocks buffer -> KV memory (local copy, one-sided
 read from another traffic-manager's buffer), and `LayersLoaded(l)` to the engine, which
 computes layer l while l+1.. are copied. Claimed prefetched slots are released at the end.
 Before the read, a deep storage queue is announced (`ReadQueued`); after it, `ReadFinished`.
@@ -89,15 +90,18 @@ class FetchPath:
     async def _run(self, msg: FetchKV, k: int, owner: str, prog: Progress, span) -> None:
         p = self.p
         t0 = time.perf_counter()
-        staged = await self._claim(msg)  # prefetched: keys[:c] already sit in a buffer
-        c = len(staged)
+        # prefetched: keys[:c] already sit in a buffer (the DE's: adopted into the prompt's slots there)
+        reserved = await self._reserve_remote(msg, adopt=True) if self._adopts(msg) else None
+        reserved = reserved if reserved is not None and reserved.ok else None
+        staged = [] if reserved is not None else await self._claim(msg)
+        c = reserved.adopted if reserved is not None else len(staged)
         k = max(k, c)
         await self._announce_queue(msg, c, k)
-        (pe_ok, offsets, pe_err), de = await self._both_paths(msg, c, k, owner)
+        (pe_ok, offsets, pe_err), de = await self._both_paths(msg, c, k, owner, reserved)
         self.m_wait.labels("read").observe(time.perf_counter() - t0)
         de_ok = de.blocks if de else 0
         hits = c + pe_ok if pe_ok < k - c else k + de_ok
-        de_hits = list(range(k, hits))
+        de_hits = (list(range(c)) if reserved is not None else []) + list(range(k, hits))
         span.set_attributes({"blocks_ok": hits, "pe_ok": pe_ok, "de_ok": de_ok, "prefetched_blocks": c,
                              "read_at_arrival_blocks": hits - c, "error": pe_err or (de.error if de else "")})
         # a short read's error only means fewer hits: the rest of the prompt is computed
@@ -115,6 +119,11 @@ class FetchPath:
             await self._layers(msg, local, list(remote.items()), prog)
             p.m_bytes.labels("de_path_pull").inc(len(de_hits) * p.pool.block_nbytes)
             p.m_bytes.labels("prefetch_used").inc(c * p.pool.block_nbytes)
+
+    def _adopts(self, msg: FetchKV) -> bool:
+        """Prefetched into the request's own DE's buffer (not this one): that TM adopts them."""
+        return bool(msg.staged_owner and msg.staged_blocks > 0 and msg.staged_engine == msg.de_engine
+                    and msg.de_engine != self.p.cfg.engine)
 
     async def _claim(self, msg: FetchKV) -> list[int]:
         """Buffer offsets of the leading prefetched blocks still staged for this fetch ([]: none)."""
@@ -172,14 +181,16 @@ class FetchPath:
             return 0, offsets, exc.reason
         return done.blocks, offsets, done.error
 
-    async def _reserve_remote(self, msg: FetchKV) -> Reserved:
+    async def _reserve_remote(self, msg: FetchKV, adopt: bool = False) -> Reserved:
         """A split read first holds the prompt's DE-buffer slots, and only then takes PE-buffer
         slots: one order for the two buffers, so no two fetches each hold one and wait for the
-        other (with both buffers full that hold-and-wait stalled every split until its deadline)."""
+        other (with both buffers full that hold-and-wait stalled every split until its deadline).
+        With `adopt`, the blocks prefetched into that buffer become the first of those slots."""
         p = self.p
+        ask = Reserve(msg.req_id, msg.prompt_blocks, adopt=msg.staged_owner if adopt else "",
+                      adopt_keys=msg.keys[:msg.staged_blocks] if adopt else [])
         try:
-            return await p.bus.request(p.subjects.tm(msg.de_engine, "reserve"),
-                                       Reserve(msg.req_id, msg.prompt_blocks), Reserved,
+            return await p.bus.request(p.subjects.tm(msg.de_engine, "reserve"), ask, Reserved,
                                        timeout=p.cfg.transfer_timeout_s)
         except BusError as exc:
             return Reserved(ok=False, error=exc.reason)
@@ -198,10 +209,15 @@ class FetchPath:
         except BusError as exc:
             return Staged(error=exc.reason)
 
-    async def _both_paths(self, msg: FetchKV, c: int, k: int, owner: str):
+    async def _both_paths(self, msg: FetchKV, c: int, k: int, owner: str, reserved: Reserved | None = None):
         """Read keys[c:k] on the PE path and keys[k:] on the DE path at the same time (keys[:c]
-        were prefetched)."""
+        were prefetched; `reserved`: the DE-buffer slots are held already)."""
         n = len(msg.keys)
+        if reserved is not None:
+            if k == n:
+                return await self._read_local(msg, msg.keys[c:], owner), Staged(slots=reserved.slots)
+            return await asyncio.gather(self._read_local(msg, msg.keys[c:k], owner),
+                                        self._stage_remote(msg, k, reserved.slots))
         if k == n:
             return await self._read_local(msg, msg.keys[c:], owner), None
         if k == c:

@@ -7,6 +7,7 @@ Owns this buffer's staged entries (owner -> keys, slots, expiry, claim) through 
     or claimed; replied with the leading blocks staged;
   claim (a fetch about to copy them, local or from another traffic-manager): the slots of
     the leading keys staged so far that match what the fetch expects; pinned from then on;
+    or adopt (this TM is the request's DE): those slots become the request's own;
   drop: `Release` (the fetch is done, the session ended, or the scheduler gave up on it),
     the TTL (unclaimed) or a claim lease (a claimer that vanished), and buffer pressure:
     `reclaim` frees unclaimed entries, the one due back last first, as soon as a real
@@ -117,6 +118,17 @@ class PrefetchPath:
         e.claimed_until = time.monotonic() + CLAIM_LEASE_TIMEOUTS * self.p.cfg.transfer_timeout_s
         self.m_blocks.labels("claimed").inc(n)
         return e.slots[:n]
+
+    def adopt(self, owner: str, keys: list[bytes], req_id: str) -> list[int]:
+        """The leading staged blocks matching `keys` become `req_id`'s slots (the request's DE-buffer
+        prompt slots: loaded and freed with it); the entry goes, its other slots back to the pool."""
+        slots = self.claim(owner, keys)
+        if slots:
+            bn = self.p.pool.block_nbytes
+            self.p.pool.slots.transfer(owner, req_id, [off // bn for off in slots])
+            self.m_blocks.labels("adopted").inc(len(slots))
+        self.drop(owner, "used")
+        return slots
 
     async def on_claim(self, msg: Claim, d: Delivery) -> None:
         await d.respond(Claimed(slots=self.claim(msg.owner, msg.keys)))

@@ -20,7 +20,9 @@ Prefetch (agent sessions, during a tool call): scheduler --Prefetch(owner, keys)
   replies Prefetched. A later FetchKV naming them (`staged_*`) has its TM --Claim--> the
   holder (reply Claimed: the slots of the leading keys still staged), copies those layer by
   layer like any buffered block (a local copy, or a one-sided read from the holder), and
-  releases `owner`. Unclaimed staged slots go back on Release, at their TTL, or as soon as a
+  releases `owner`. When the holder is the request's DE, its Reserve adopts them instead:
+  they become the prompt's first DE-buffer slots, read by the PE like DE-path hits and never
+  pushed back. Unclaimed staged slots go back on Release, at their TTL, or as soon as a
   real reservation needs the room (a prefetch never blocks a read).
 """
 from __future__ import annotations
@@ -52,6 +54,8 @@ class PushDone(msgspec.Struct, omit_defaults=True):
 class Reserve(msgspec.Struct, omit_defaults=True):
     req_id: str
     n_blocks: int
+    adopt: str = ""  # prefetched blocks staged here under this owner become the request's first slots
+    adopt_keys: list[bytes] = []  # ... as far as they match these keys (the prompt's leading blocks)
 
 
 class Reserved(msgspec.Struct, omit_defaults=True):
@@ -59,6 +63,7 @@ class Reserved(msgspec.Struct, omit_defaults=True):
     error: str = ""
     slots: list[int] = []  # byte offsets in the buffer region, one per block
     code: ErrorCode | None = None  # when not ok: why
+    adopted: int = 0  # slots[:adopted] hold the prompt's leading blocks already (prefetched)
 
 
 class LoadKV(msgspec.Struct, omit_defaults=True):

@@ -5,8 +5,9 @@ tokens and logprobs are identical to the same prompt without hints and within 1e
 single-process reference; `release` gives the staged blocks back.
 
 Two meshes: shm with the default policy (idle queues tie: the prefill side stages, the PE's own
-traffic-manager copies locally), and tcp with `read_path=de` (the decode side stages, the PE's
-traffic-manager claims the blocks from the decode engine's and reads them one-sidedly over TCP).
+traffic-manager copies locally), and tcp with `read_path=de` (the decode side stages; the decode
+engine's traffic-manager adopts the blocks as the prompt's DE-buffer slots, the PE's reads them
+one-sidedly over TCP layer by layer and pushes only the rest of the prompt).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ BULK = "dualpath_storage_gateway_bulk_read_bytes_total"
 USED = 'dualpath_traffic_manager_bytes_total{kind="prefetch_used"}'
 STAGED = "dualpath_traffic_manager_prefetch_staged_bytes"
 MARKS = "dualpath_storage_gateway_retention_marks"
+PUSHED = 'dualpath_traffic_manager_bytes_total{kind="pd_push"}'
 BS = 64
 
 
@@ -126,6 +128,10 @@ def test_a_tool_call_turn_is_served_from_the_prefetch_and_hints_change_no_logpro
     assert used == hit_blocks * _block_bytes(mesh), "the turn did not take its blocks from the prefetch"
     arrival = sum(Probe.delta(before, after, who, READ) for who in before if who[0] == "gateway")
     assert arrival == 0, f"{arrival} bytes read from storage at arrival although every hit was prefetched"
+    bb, blocks = _block_bytes(mesh), -(-len(p2) // BS)
+    pushed = Probe.delta(before, after, ("tm", "p0-e0"), PUSHED)
+    # in the DE's buffer the prefetched blocks were adopted as the prompt's slots: only the rest is pushed
+    assert pushed == (blocks - hit_blocks if holder.startswith("d") else blocks) * bb, pushed / bb
     assert_exact(hinted, reference, p2, what="turn 2 served from the prefetch")
     plain = ask(mesh.url, p2, 24)  # the same prompt, no hints: read from storage at arrival
     assert plain["usage"]["prompt_tokens_details"]["cached_tokens"] == hit_blocks * BS

@@ -109,6 +109,20 @@ def test_a_real_reservation_takes_unclaimed_prefetched_slots_first(parts):
     pool.slots.check_integrity()
 
 
+def test_the_decode_side_adopts_staged_blocks_as_the_requests_own_slots(parts):
+    pool = parts.pool
+    pf = PrefetchPath(parts, chunk_blocks=8, share=1.0)
+    assert _stage(pf, "pf-a", _keys(6)).blocks == 6
+    staged = list(pf.entries["pf-a"].slots)
+    got = pf.adopt("pf-a", _keys(4) + _keys(1, b"x"), "req-1")
+    assert got == staged[:4] and "pf-a" not in pf.entries
+    assert [s * BLOCK for s in pool.slots.held("req-1")] == got and not pool.slots.held("pf-a")
+    assert pool.slots.free == 12
+    pool.free("req-1")
+    assert pool.slots.free == 16
+    pool.slots.check_integrity()
+
+
 def test_unclaimed_blocks_go_at_their_ttl_claimed_ones_at_their_lease(parts):
     pf = PrefetchPath(parts, chunk_blocks=8, share=1.0)
     _stage(pf, "pf-a", _keys(2), ttl=1.0)
