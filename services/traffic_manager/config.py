@@ -22,7 +22,7 @@ class TrafficManagerConfig(CommonConfig):
     bulk_weight: int = 1  # bulk share of the traffic-class weights (see latency_weight)
     data_plane_secret: str = field(default="", repr=False)  # tcp peers' shared secret; empty = the mesh's own, on its NATS (JetStream)
     prefetch_share: float = 0.5  # most of the buffer prefetched blocks may hold (agent sessions' tool calls)
-    prefetch_chunk_blocks: int = 8  # blocks per bulk read of a prefetch (a latency read waits behind one at most)
+    prefetch_chunk_blocks: int = 8  # most blocks per bulk read of a prefetch (a latency read waits behind one at most; 10 ms of a rate-capped storage NIC)
     fault_flip_de_bytes: bool = False  # TESTS ONLY, refused unless DUALPATH_ALLOW_FAULTS=1: corrupt each DE-path read after its checksum passed
 
 

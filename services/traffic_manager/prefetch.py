@@ -3,8 +3,9 @@
 Owns this buffer's staged entries (owner -> keys, slots, expiry, claim) through their life:
   stage (`Prefetch`): spare slots only (never waiting, never ahead of a waiter), within the
     buffer's prefetch budget, read by the node's gateway in its bulk lane a chunk at a time
-    (so a latency read waits behind one chunk at most), stopping once the entry is dropped
-    or claimed; replied with the leading blocks staged;
+    (so a latency read waits behind one chunk at most: a few blocks, no more than CHUNK_S of
+    a rate-capped storage NIC), stopping once the entry is dropped or claimed; replied with
+    the leading blocks staged;
   claim (a fetch about to copy them, local or from another traffic-manager): the slots of
     the leading keys staged so far that match what the fetch expects; pinned from then on;
     or adopt (this TM is the request's DE): those slots become the request's own;
@@ -28,6 +29,7 @@ from shared.messages.traffic_manager import Claim, Claimed, Prefetch, Prefetched
 
 log = logging.getLogger("traffic_manager.prefetch")
 SWEEP_S = 0.25  # how often expired entries are looked for
+CHUNK_S = 0.01  # a bulk read holds a rate-capped storage NIC this long at most
 CLAIM_LEASE_TIMEOUTS = 10  # a claim outlives its claimer's silence by this many transfer deadlines
 
 
@@ -91,7 +93,7 @@ class PrefetchPath:
         """Read the next chunk; returns blocks read, -1 when the chain stopped (a miss, a busy lane)."""
         p, pool = self.p, self.p.pool
         i = len(e.keys)
-        end = min(i + self.chunk, len(offsets))  # the slots the budget gave, not every key asked for
+        end = min(i + self._chunk_blocks(msg.node), len(offsets))  # the slots the budget gave, not every key
         keys, offs = msg.keys[i:end], offsets[i:end]
         nbytes = len(keys) * pool.block_nbytes
         wait = max(0.0, e.until - time.monotonic())  # a chunk that cannot start before the TTL is not read
@@ -105,6 +107,13 @@ class PrefetchPath:
             e.slots += offs[:done.blocks]
             self._note()
         return done.blocks if done.blocks == len(keys) else -1
+
+    def _chunk_blocks(self, node: str) -> int:
+        """Blocks per bulk read: `prefetch_chunk_blocks`, and no more than CHUNK_S of the node's storage
+        NIC when its rate is known (what a latency read arriving meanwhile waits behind)."""
+        g = self.p.queues.gateways.get(node)
+        rate, bn = (g.read_bytes_per_s if g else 0.0), self.p.pool.block_nbytes
+        return max(1, min(self.chunk, int(rate * CHUNK_S / bn))) if rate > 0 and bn else self.chunk
 
     # claim / drop -----------------------------------------------------------------------------
     def claim(self, owner: str, keys: list[bytes]) -> list[int]:
