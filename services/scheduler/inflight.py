@@ -88,7 +88,7 @@ class InFlight:
         self.pe = self.de = ""
         self.hit_blocks = 0
         self.block_keys = []
-        self.staged = None  # the first attempt's fetch claimed (and released) it
+        # `staged` stays: a fetch that never ran leaves it usable; one that did left nothing to claim
         return self.sampling.max_tokens - self.step0
 
     def fail(self, code: ErrorCode, error: str) -> None:

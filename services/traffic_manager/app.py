@@ -147,6 +147,8 @@ class TrafficManagerService(Service):
         self.kv_region = ShmRegion.attach(layout.shm_name)
         self.endpoint.register("kv", self.kv_region.buf, shm_name=layout.shm_name, remote=False)  # peers: buf only
         self.pool.attach(layout)
+        if self.prefetch is not None:
+            self.prefetch.reset()
         log.info("attached KV memory %s (%d blocks)", layout.shm_name, layout.num_blocks)
 
     async def peer(self, engine: str) -> Peer:

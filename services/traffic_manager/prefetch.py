@@ -162,6 +162,11 @@ class PrefetchPath:
             n -= len(pool.slots.held(e.owner))
             self.drop(e.owner, "pressure")
 
+    def reset(self) -> None:
+        """The buffer was cut into new slots (the engine restarted): what was staged is gone."""
+        self.entries.clear()
+        self._note()
+
     def expire(self, now: float) -> None:
         """Drop expired entries: unclaimed past their TTL, claimed past their lease."""
         for e in list(self.entries.values()):
