@@ -2,7 +2,8 @@
 
 When a hinted agent's turn ends and a tool call of T s follows (the trace's tool_ms), the
 mesh's own policy (`shared.sched.prefetch.plan`) picks the side whose storage NIC is
-idler (read queues from the shared `ReadQueues`, plus prefetches already booked) and when
+idler (read queues from the shared `ReadQueues`, plus prefetches booked and lately started,
+as the scheduler counts them) and when
 to start (the expected return minus twice the read); the read is booked then on that
 node's SNIC and DRAM links. When the next turn is assigned, its prefetched tokens skip the
 storage read: at once if the prefetch is done, else when it ends (what was booked is what
@@ -19,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dualpath.sim.resources import transfer
-from shared.sched.prefetch import Holder, plan
+from shared.sched.prefetch import Holder, RecentBytes, plan
 
 
 @dataclass
@@ -37,6 +38,7 @@ class SimPrefetch:
         self.sim, self.hints = sim, hints
         self.booked: dict[int, Booked] = {}  # agent -> its next turn's prefetch
         self.bulk: dict[int, float] = {}  # node id -> prefetch bytes booked, not yet read
+        self.recent = RecentBytes()  # node id -> prefetch bytes started lately (as the scheduler counts)
         self.bytes = 0.0  # prefetched bytes in all
         self.late = 0  # turns that arrived while their prefetch was still reading
 
@@ -57,10 +59,10 @@ class SimPrefetch:
         sim.push(p.start_at, self._start, (agent, b))
 
     def _holders(self, kvb: int) -> list[Holder]:
-        pending = self.sim.sched.reads.pending
+        pending, now = self.sim.sched.reads.pending, self.sim.now
         return [Holder(n.nid, n.nid, "prefill" if n.role == "p" else "decode", 1 << 30,
-                       pending.get(n.nid, 0) * kvb + self.bulk.get(n.nid, 0.0), n.snic_r.bw)
-                for n in self.sim.c.nodes]
+                       pending.get(n.nid, 0) * kvb + self.bulk.get(n.nid, 0.0) + self.recent.get(n.nid, now),
+                       n.snic_r.bw) for n in self.sim.c.nodes]
 
     def _start(self, arg) -> None:
         agent, b = arg
@@ -70,6 +72,7 @@ class SimPrefetch:
         b.started = True
         b.ready_at = transfer(self.sim.now, [(b.node.snic_r, nbytes), (b.node.dram, nbytes)])
         self.bulk[b.node.nid] = self.bulk.get(b.node.nid, 0.0) + nbytes
+        self.recent.add(b.node.nid, nbytes, self.sim.now)
         self.bytes += nbytes
         self.sim.push(b.ready_at, self._read, (b.node.nid, nbytes))
 

@@ -30,9 +30,9 @@ def format_hints(runs: list[SimResult]) -> str:
              f"{'prefetched GB':>13} {'late':>5} {'JCT s':>8}"]
     for r in rows:
         a = r.after_tool
-        lines.append(f"{str(r.mode):14} {r.hints:6} {a.get('hinted_ttft_p50_s', float('nan')):10.2f} "
-                     f"{a.get('hinted_ttft_p99_s', float('nan')):7.2f} {a.get('unhinted_ttft_p50_s', float('nan')):12.2f} "
-                     f"{a.get('unhinted_ttft_p99_s', float('nan')):7.2f} {r.prefetched_gb:13.1f} {r.prefetch_late:5d} "
+        lines.append(f"{str(r.mode):14} {r.hints:6} {a.get('hinted_ttft_p50_s', float('nan')):10.3f} "
+                     f"{a.get('hinted_ttft_p99_s', float('nan')):7.3f} {a.get('unhinted_ttft_p50_s', float('nan')):12.3f} "
+                     f"{a.get('unhinted_ttft_p99_s', float('nan')):7.3f} {r.prefetched_gb:13.1f} {r.prefetch_late:5d} "
                      f"{r.jct_s:8.0f}")
     return "\n".join(["turns after a tool call (TTFT s):"] + lines)
 

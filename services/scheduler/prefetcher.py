@@ -33,7 +33,7 @@ from shared.bus import BusError
 from shared.engine.store_layout import prompt_keys
 from shared.messages.storage_gateway import HitQuery, Retain, RetainLevel
 from shared.messages.traffic_manager import Prefetch, Prefetched, Release
-from shared.sched.prefetch import Holder, Staged, StagedIndex, hold_until, plan
+from shared.sched.prefetch import Holder, RecentBytes, Staged, StagedIndex, hold_until, plan
 
 log = logging.getLogger("scheduler.prefetch")
 tracer = trace.get_tracer("scheduler")
@@ -49,6 +49,7 @@ class Prefetcher:
         self.planned: dict[bytes, asyncio.Task] = {}  # last key of a prefetch not started yet -> its task
         self.sending: Counter = Counter()  # engine -> blocks asked of it, not answered yet
         self.bulk: Counter = Counter()  # node -> prefetch bytes asked of its gateway, not answered yet
+        self.recent = RecentBytes()  # node -> prefetch bytes sent lately (spreads prefetches over idle NICs)
         self.m_blocks = metrics.counter("prefetch_blocks_total", "Prefetched blocks by outcome", ("outcome",))
         self.m_staged = metrics.gauge("prefetch_staged_blocks", "Blocks staged in buffers for agent sessions")
 
@@ -133,6 +134,7 @@ class Prefetcher:
         nbytes = p.blocks * self._block_bytes()
         self.sending[p.engine] += p.blocks
         self.bulk[p.node] += nbytes
+        self.recent.add(p.node, nbytes, now)
         with tracer.start_as_current_span("prefetch", attributes={
                 "owner": owner, "session": h.session, "engine": p.engine, "node": p.node, "blocks": p.blocks,
                 "stored_blocks": stored, "side": p.side.name.lower(), "reason": p.reason,
@@ -184,7 +186,8 @@ class Prefetcher:
                 gw = self.view.gateways.get(eng.node)
                 gw_q = gw.msg.read_q_bytes if gw else 0
                 rate = gw.msg.read_bytes_per_s if gw else 0.0
-                queued = self.reads.pending.get(eng.node, 0) * block_bytes / bs + gw_q + self.bulk[eng.node]
+                queued = self.reads.pending.get(eng.node, 0) * block_bytes / bs + gw_q + self.bulk[eng.node] + \
+                    self.recent.get(eng.node, now)
                 room = tm.prefetch_room_bytes // block_bytes - self.sending[eng.engine] if block_bytes else 0
                 out.append(Holder(eng.engine, eng.node, role, room, queued, rate))
         return out

@@ -18,6 +18,7 @@ in the decode engine's buffer.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
@@ -32,7 +33,7 @@ class Holder:
     node: Hashable
     role: str  # "prefill" | "decode"
     room_blocks: int  # prefetch budget left in its buffer, in blocks
-    read_q: float  # its node's storage read queue (bytes), reads and prefetches already planned
+    read_q: float  # its node's storage read queue (bytes): reads, prefetches in flight and lately sent (RecentBytes)
     read_rate: float = 0.0  # its node's storage-NIC read rate, bytes/s (0: unknown or uncapped)
 
 
@@ -83,6 +84,23 @@ def plan(blocks: int, block_bytes: int, now: float, return_at: float, holders: I
 def _best(holders: Iterable[Holder]) -> Holder | None:
     room = [h for h in holders if h.room_blocks > 0]
     return min(room, key=lambda h: (h.read_q, -h.room_blocks, str(h.engine))) if room else None
+
+
+@dataclass
+class RecentBytes:
+    """Prefetch bytes sent to each node lately, decaying with `half_life_s`: during tool calls the
+    storage queues are mostly empty, so the instant queue alone would send every prefetch to the
+    same side (a tie reads on the prefill side); counting what was just sent there spreads them."""
+
+    half_life_s: float = 1.0
+    _at: dict[Hashable, tuple[float, float]] = field(default_factory=dict)  # node -> (bytes, when)
+
+    def add(self, node: Hashable, nbytes: float, now: float) -> None:
+        self._at[node] = (self.get(node, now) + nbytes, now)
+
+    def get(self, node: Hashable, now: float) -> float:
+        b, t = self._at.get(node, (0.0, now))
+        return b * math.exp2(-(now - t) / self.half_life_s) if self.half_life_s > 0 else 0.0
 
 
 def hold_until(return_at: float, tool_s: float, grace_s: float, ttl_s: float | None = None) -> float:

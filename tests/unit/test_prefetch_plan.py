@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shared.sched.policy.read_path import ReadPath
-from shared.sched.prefetch import Holder, Staged, StagedIndex, hold_until, plan
+from shared.sched.prefetch import Holder, RecentBytes, Staged, StagedIndex, hold_until, plan
 
 pytestmark = pytest.mark.unit
 MB = 1_000_000
@@ -68,3 +68,14 @@ def test_the_longest_staged_prefix_is_found_claimed_once_and_accounted_per_engin
     idx.remove("b")
     assert idx.held == {"e1": 1}
     idx.check_integrity()
+
+
+def test_recent_prefetch_bytes_decay_so_idle_nics_share_the_prefetches():
+    r = RecentBytes(half_life_s=1.0)
+    r.add("p0", 8.0, now=0.0)
+    assert r.get("p0", 0.0) == 8.0 and r.get("p0", 2.0) == pytest.approx(2.0) and r.get("d1", 5.0) == 0.0
+    r.add("p0", 2.0, now=2.0)
+    assert r.get("p0", 3.0) == pytest.approx(2.0)
+    # two idle nodes: the second prefetch goes where the first did not
+    hs = lambda: [Holder("p0-e0", "p0", "prefill", 99, r.get("p0", 3.0)), Holder("d1-e0", "d1", "decode", 99, 0.0)]
+    assert plan(4, MB, 3.0, 9.0, hs()).engine == "d1-e0"
