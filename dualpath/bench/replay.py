@@ -140,7 +140,9 @@ async def _drive(url: str, jobs: list[Job], arrivals: list[float], mode: LoadMod
     out = RunResult(mode, kind, aps, t0_unix=time.time())
     progress = Progress(sum(len(j.turns) for j in jobs), f"{kind} {mode}" + (f" @{aps:g}" if aps else ""),
                         enabled=show)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    # idle connections go before the server's 5 s keep-alive does: an agent back from a tool call
+    # must not send its turn on a connection the server is closing (httpx.ReadError)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=1.0)
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits) as client:
         t0 = time.perf_counter()
 
