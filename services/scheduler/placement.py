@@ -16,6 +16,7 @@ from shared.messages.codes import LoadMode
 from shared.messages.work import PrefillWork
 from shared.sched.dispatch import EngineLoad
 from shared.sched.ledger import Ledger
+from shared.sched.prefetch import common
 from shared.sched.reads import PathDecision, ReadQueues
 
 DEFAULT_BLOCK = 64  # block size when no engine has announced a store layout yet
@@ -58,7 +59,7 @@ def place(rec: InFlight, pe: str, de: str, view: MeshView, reads: ReadQueues, re
     bs = layout.block_size if layout else DEFAULT_BLOCK
     usable = min(rec.hit_blocks, (len(rec.work_prompt) - 1) // bs) if LoadMode(rec.mode).moves_kv else 0
     staged = rec.staged
-    s = min(len(staged.keys), usable) if staged is not None else 0  # prefetched: no storage read at arrival
+    s = min(common(staged.keys, rec.block_keys), usable) if staged is not None else 0  # prefetched: not read now
     path = reads.decide(rec.mode, usable - s, pe_node, de_node, bs, force=read_path)
     reads.hold(rec.req_id, path, pe_node, de_node, bs)
     work = PrefillWork(rec.wire_id, rec.work_prompt, rec.work_sampling(), de, reply, block_keys=rec.block_keys,

@@ -68,8 +68,10 @@ class PrefetchPath:
         p, pool = self.p, self.p.pool
         bn = pool.block_nbytes
         n = min(len(msg.keys), self.room_bytes() // bn if bn else 0)
-        if n <= 0 or msg.owner in self.entries or msg.owner in pool.cancelled:
-            await d.respond(Prefetched(error="no prefetch room in the buffer" if n <= 0 else "owner taken"))
+        why = "released before it was staged" if msg.owner in pool.cancelled else \
+            "already staged" if msg.owner in self.entries else "no prefetch room in the buffer" if n <= 0 else ""
+        if why:
+            await d.respond(Prefetched(error=why))
             return
         offsets = [s * bn for s in pool.slots.allocate(msg.owner, n)]  # spare slots: nobody waits for them
         e = self.entries[msg.owner] = Entry(msg.owner, time.monotonic() + msg.ttl_s)

@@ -7,7 +7,8 @@ buffer's prefetch budget) and when to start (early enough that `margin` times th
 expected read ends before the session is due back); `StagedIndex` remembers what is
 staged where, finds the longest staged prefix of an arriving prompt (block keys are
 chained hashes, so a match on a prompt's block i is a match on blocks 0..i), keeps the
-per-engine budget and says what expired. The scheduler service drives it on wall-clock
+per-engine budget and says what expired (a turn whose chat template re-spelled the end of
+the last turn still claims the blocks before that). The scheduler service drives it on wall-clock
 time, the simulator on simulated time. Pure: no I/O, no clock.
 
 Example: a turn ends at t=10 s with a 4 s tool call and 20 stored blocks of 1 MB; the
@@ -126,7 +127,7 @@ class Staged:
 @dataclass
 class StagedIndex:
     by_owner: dict[str, Staged] = field(default_factory=dict)
-    by_last: dict[bytes, str] = field(default_factory=dict)  # last staged key -> owner
+    by_key: dict[bytes, list[str]] = field(default_factory=dict)  # every staged key -> the owners staging it
     held: dict[Hashable, int] = field(default_factory=dict)  # engine -> blocks staged in its buffer
 
     def add(self, s: Staged) -> None:
@@ -134,15 +135,20 @@ class StagedIndex:
             return
         self.remove(s.owner)
         self.by_owner[s.owner] = s
-        self.by_last[s.keys[-1]] = s.owner
+        for key in s.keys:
+            self.by_key.setdefault(key, []).append(s.owner)
         self.held[s.engine] = self.held.get(s.engine, 0) + len(s.keys)
 
     def remove(self, owner: str) -> Staged | None:
         s = self.by_owner.pop(owner, None)
         if s is None:
             return None
-        if self.by_last.get(s.keys[-1]) == owner:
-            del self.by_last[s.keys[-1]]
+        for key in s.keys:
+            owners = self.by_key.get(key, [])
+            if owner in owners:
+                owners.remove(owner)
+            if not owners:
+                self.by_key.pop(key, None)
         left = self.held.get(s.engine, 0) - len(s.keys)
         if left > 0:
             self.held[s.engine] = left
@@ -151,12 +157,13 @@ class StagedIndex:
         return s
 
     def match(self, keys: list[bytes]) -> Staged | None:
-        """The unclaimed staged entry covering the longest prefix of `keys` (None: nothing staged)."""
+        """The unclaimed staged entry sharing the longest prefix with `keys` (its leading blocks may
+        be all or part of what it staged; `common` says how many). None: nothing staged matches."""
         for i in range(len(keys) - 1, -1, -1):
-            owner = self.by_last.get(keys[i])
-            s = self.by_owner.get(owner) if owner is not None else None
-            if s is not None and s.claimed_by is None and len(s.keys) == i + 1:
-                return s
+            for owner in self.by_key.get(keys[i], ()):
+                s = self.by_owner[owner]
+                if s.claimed_by is None and i < len(s.keys) and s.keys[i] == keys[i]:
+                    return s
         return None
 
     def expired(self, now: float) -> list[Staged]:
@@ -170,5 +177,14 @@ class StagedIndex:
         for owner, s in self.by_owner.items():
             assert s.owner == owner and s.keys, (owner, s)
             held[s.engine] = held.get(s.engine, 0) + len(s.keys)
+            assert all(owner in self.by_key.get(k, ()) for k in s.keys), owner
         assert held == self.held, (held, self.held)
-        assert all(owner in self.by_owner for owner in self.by_last.values())
+        assert all(o in self.by_owner for owners in self.by_key.values() for o in owners)
+
+
+def common(a: list[bytes], b: list[bytes]) -> int:
+    """Leading keys two block-key lists share (chained hashes: equal at i means equal up to i)."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shared.sched.policy.read_path import ReadPath
-from shared.sched.prefetch import Holder, RecentBytes, Staged, StagedIndex, hold_until, plan
+from shared.sched.prefetch import Holder, RecentBytes, Staged, StagedIndex, common, hold_until, plan
 
 pytestmark = pytest.mark.unit
 MB = 1_000_000
@@ -63,6 +63,10 @@ def test_the_longest_staged_prefix_is_found_claimed_once_and_accounted_per_engin
     s.claimed_by = "req-1"
     assert idx.match(keys[:8]).owner == "a"  # a claimed entry is nobody else's
     assert idx.match([b"q" * 16]) is None and idx.match(keys[1:4]) is None  # a prefix must start at block 0
+    fresh = StagedIndex()
+    fresh.add(Staged("c", "e0", "n0", keys[:6], until=5.0))
+    respelled = keys[:4] + [b"r" * 16]  # the next prompt re-spells block 4: blocks 0..3 are still of use
+    assert fresh.match(respelled).owner == "c" and common(fresh.by_owner["c"].keys, respelled) == 4
     assert [x.owner for x in idx.expired(6.0)] == ["a", "other"]  # claimed ones never expire here
     idx.remove("a")
     idx.remove("b")
