@@ -1,0 +1,125 @@
+"""Grants: which byte ranges of which region a peer may reach, for one transfer.
+
+Owns `Grant` (the capability a serving endpoint hands out over the control plane),
+`GrantTable` (the serving side's live grants, checked on every frame a peer sends) and
+`NotGranted`'s rule; owns no I/O. A region registered for peers (`remote=True`) is still
+unreachable until its owner grants part of it: `ep.grant("buf", [(off, len), ...])`
+makes a random 16-byte token that only the requester learns (in a bus reply), and
+`ep.revoke(g)` ends it (the slots were freed, the request ended). The server checks each
+frame against *its own* copy of the grant, never the ranges a peer claims.
+
+Example: DE TM reserves slots 3 and 4 (blocks of 1 MiB) for req r1 ->
+`g = ep.grant("buf", [(3 << 20, 1 << 20), (4 << 20, 1 << 20)])` -> one range
+[3 MiB, 5 MiB) -> Reserved(slots, grant=encode(g)); the PE TM writes with
+`peer.write(ops, LATENCY, grant=g)`; an op at 5 MiB raises NotGranted on both sides;
+LoadKV frees the slots -> `ep.revoke(g)` -> any later frame naming g is refused.
+"""
+
+from __future__ import annotations
+
+import bisect
+import secrets
+from collections.abc import Iterable
+
+import msgspec
+
+from .errors import NotGranted
+
+TOKEN = 16  # bytes of a grant token: unguessable, so holding one is the right to use it
+
+
+class Grant(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """Reach `region` at [starts[i], ends[i]) for each i (sorted, disjoint), reading and/or writing."""
+
+    token: bytes
+    region: str
+    starts: list[int]
+    ends: list[int]
+    read: bool = True
+    write: bool = True
+
+    def covers(self, offset: int, length: int, write: bool) -> bool:
+        """Whether [offset, offset+length) lies inside one range, for that direction."""
+        if not (self.write if write else self.read):
+            return False
+        i = bisect.bisect_right(self.starts, offset) - 1
+        return i >= 0 and offset + length <= self.ends[i] and length >= 0
+
+    def check(self, region: str, offset: int, length: int, write: bool) -> None:
+        if region != self.region or not self.covers(offset, length, write):
+            raise NotGranted(region, offset, length, "write" if write else "read")
+
+
+def coalesce(ranges: Iterable[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """(offset, length) pairs -> sorted disjoint [start, end) lists; touching ranges merge."""
+    starts: list[int] = []
+    ends: list[int] = []
+    for off, n in sorted((o, n) for o, n in ranges if n > 0):
+        if ends and off <= ends[-1]:
+            ends[-1] = max(ends[-1], off + n)
+        else:
+            starts.append(off)
+            ends.append(off + n)
+    return starts, ends
+
+
+def check_grant(peer: str, grant: Grant | None, ops: list, write: bool) -> Grant:
+    """The initiator's own check that every op lies inside `grant` (shm and verbs rely on it;
+    tcp's server checks again, against its own copy of the grant)."""
+    if grant is None:
+        raise NotGranted(ops[0].remote_region if ops else "?", 0, 0, f"no grant given for {peer}")
+    for o in ops:
+        grant.check(o.remote_region, o.remote_offset, o.length, write)
+    return grant
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Grant)
+
+
+def encode_grant(g: Grant | None) -> bytes:
+    """A grant as it rides in a control message (empty: none)."""
+    return _encoder.encode(g) if g is not None else b""
+
+
+def decode_grant(raw: bytes) -> Grant | None:
+    return _decoder.decode(raw) if raw else None
+
+
+class GrantTable:
+    """The serving side's live grants: token -> (grant, the region's whole view)."""
+
+    def __init__(self) -> None:
+        self._live: dict[bytes, tuple[Grant, memoryview]] = {}
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def add(self, region: str, size: int, view: memoryview, ranges: Iterable[tuple[int, int]] | None,
+            read: bool, write: bool) -> Grant:
+        starts, ends = coalesce(ranges) if ranges is not None else ([0], [size])
+        if starts and (starts[0] < 0 or ends[-1] > size):
+            raise NotGranted(region, starts[0], ends[-1] - starts[0], f"outside size {size}")
+        g = Grant(secrets.token_bytes(TOKEN), region, starts, ends, read, write)
+        self._live[g.token] = (g, view)
+        return g
+
+    def revoke(self, token: bytes) -> bool:
+        return self._live.pop(token, None) is not None
+
+    def known(self, token: bytes) -> bool:
+        return token in self._live
+
+    def view(self, token: bytes, offset: int, length: int, write: bool) -> memoryview:
+        """The slice a peer's frame may touch; NotGranted unless its grant is live and covers it."""
+        try:
+            g, mv = self._live[token]
+        except KeyError:
+            raise NotGranted("?", offset, length, "no live grant") from None
+        if not g.covers(offset, length, write):
+            raise NotGranted(g.region, offset, length, "write" if write else "read")
+        return mv[offset : offset + length]
+
+    def clear(self) -> None:
+        self._live.clear()
+
