@@ -88,7 +88,10 @@ class EndpointDesc(msgspec.Struct, omit_defaults=True):
 
 
 def host_id() -> str:
-    """Identify this host *and* its /dev/shm mount: equal ids can share segments."""
+    """Identify this host *and* its /dev/shm mount: equal ids can share segments.
+
+    The network namespace is part of it: processes in two namespaces of one machine are
+    two hosts to the data plane (dualpath/netns/ emulates hosts that way), so they talk tcp."""
     boot = ""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
@@ -99,7 +102,11 @@ def host_id() -> str:
         dev = os.stat("/dev/shm").st_dev
     except OSError:
         dev = -1
-    return f"{socket.gethostname()}/{boot}/{dev}"
+    try:
+        net = os.readlink("/proc/thread-self/ns/net")  # this thread: a test may create endpoints in another
+    except OSError:
+        net = ""
+    return f"{socket.gethostname()}/{boot}/{dev}/{net}"
 
 
 class Peer(abc.ABC):
