@@ -62,7 +62,7 @@ def probe() -> str | None:
     try:
         run(["ip", "netns", "add", name])
         run(["ip", "-n", name, "link", "add", "br0", "type", "bridge"])
-        run(["ip", "-n", name, "link", "add", "a", "type", "veth", "peer", "name", "b"])
+        run(["ip", "-n", name, "link", "add", "name", "dpa", "type", "veth", "peer", "name", "dpb"])
     except (FabricError, OSError) as exc:
         return f"cannot make a namespace with a bridge and a veth: {exc}"
     finally:

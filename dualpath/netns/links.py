@@ -78,10 +78,14 @@ class Links:
             new = subprocess.Popen(exec_argv(host.ns, [sys.executable, "-m", "dualpath.netns.delay", "--queue",
                                                       str(QUEUE), "--ms", str(delay_ms)]),
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            line = new.stdout.readline() if new.stdout else ""
+            line = new.stdout.readline()
             if not line.startswith("delaying"):
                 new.kill()
-                raise RuntimeError(f"delay helper for {host.name} did not start: {line}{new.stdout.read()}")
+                rest = new.stdout.read()
+                new.stdout.close()
+                new.wait()
+                raise RuntimeError(f"delay helper for {host.name} did not start: {line}{rest}")
+            new.stdout.close()  # it prints nothing more
             self._delayers[host.name] = new
             host.extras.append(new)
             if not st.delay_ms:
@@ -100,6 +104,8 @@ class Links:
         self._apply()
 
     def set_loss(self, host: Host, pct: float) -> None:
+        if not 0 <= pct <= 100:
+            raise ValueError(f"loss {pct}% is not a percentage")
         self._of(host).loss_pct = pct
         self._apply()
 
@@ -114,7 +120,7 @@ class Links:
         rules = []
         for name, st in self.state.items():
             port = self.fabric.hosts[name].port
-            if st.cut:
+            if st.cut or st.loss_pct >= 100:
                 rules += [f'iifname "{port}" drop', f'oifname "{port}" drop']
             elif st.loss_pct > 0:
                 n = int(round(st.loss_pct * 100))  # per 10,000

@@ -3,8 +3,10 @@
 Each test builds two endpoints ("pe" and "de") in one process with shm-backed regions
 and checks the contract of shared/transport/base.py: bytes land exactly, errors are
 typed, a gone peer fails fast, both classes and concurrent transfers work, a transfer
-reaches only what its grant covers. The verbs
-parameter is skipped with the probe's reason where no RDMA device exists.
+reaches only what its grant covers. "tcp-netns" runs the tcp suite between two hosts
+that are network namespaces on tc-shaped links (skipped with the reason where they
+cannot be made); the verbs parameter is skipped with the probe's reason where no RDMA
+device exists.
 """
 
 import asyncio
@@ -19,7 +21,10 @@ from shared.transport import (
     Endpoint, NotGranted, Op, OutOfBounds, PeerGone, RegionNotFound, ShmRegion, TrafficClass, TransferTimeout,
     create_endpoint, new_name,
 )
+from dualpath.netns.nsenter import entered
 from shared.transport.verbs import probe
+
+from .netnsutil import Hosts, run_in
 
 pytestmark = pytest.mark.integration
 SIZE = 4 << 20
@@ -28,6 +33,7 @@ _VERBS_REASON = probe()
 BACKENDS = [
     "shm",
     "tcp",
+    "tcp-netns",  # tcp between two hosts that are network namespaces (conftest: netns_hosts)
     pytest.param("verbs", marks=pytest.mark.skipif(_VERBS_REASON is not None, reason=f"verbs: {_VERBS_REASON}")),
 ]
 
@@ -43,15 +49,41 @@ class Pair:
         return data
 
 
+HOSTS: Hosts | None = None  # set for the tcp-netns parameter
+
+
+@pytest.fixture(autouse=True)
+def _hosts(request):
+    """tcp-netns: the test runs on a thread inside host "a"; the DE endpoint lives on host "b"."""
+    global HOSTS
+    backend = getattr(request.node, "callspec", None) and request.node.callspec.params.get("backend")
+    HOSTS = request.getfixturevalue("netns_hosts") if backend == "tcp-netns" else None
+
+
+def go(backend: str, main) -> None:
+    if backend == "tcp-netns":
+        run_in(HOSTS.a.ns, main)
+    else:
+        asyncio.run(main())
+
+
 @contextlib.asynccontextmanager
 async def pair(backend: str, **opts: object) -> AsyncIterator[Pair]:
-    pe = create_endpoint(backend, node="pe", timeout=5.0, **opts)
-    de = create_endpoint(backend, node="de", timeout=5.0, **opts)
+    if backend == "tcp-netns":  # this thread is in host a; the DE's listener is made in host b
+        pe = create_endpoint("tcp", node="pe", host=HOSTS.a.ip, timeout=5.0, **opts)
+        with entered(HOSTS.b.ns):
+            de = create_endpoint("tcp", node="de", host=HOSTS.b.ip, timeout=5.0, **opts)
+            await de.start()  # binds and spawns, no await inside: done before the block ends
+        assert pe.host_id != de.host_id  # two hosts to the data plane
+    else:
+        pe = create_endpoint(backend, node="pe", timeout=5.0, **opts)
+        de = create_endpoint(backend, node="de", timeout=5.0, **opts)
     segs = {n: ShmRegion.create(new_name(n), SIZE) for n in ("pe.kv", "pe.buf", "de.buf")}
     try:
         pe.register("kv", segs["pe.kv"].buf, shm_name=segs["pe.kv"].name)
         await pe.start()
-        await de.start()
+        if backend != "tcp-netns":
+            await de.start()
         pe.register("buf", segs["pe.buf"].buf, shm_name=segs["pe.buf"].name)  # after start
         de.register("buf", segs["de.buf"].buf, shm_name=segs["de.buf"].name)
         yield Pair(pe, de, segs)
@@ -85,7 +117,7 @@ def test_many_small_ops_write_then_read_exact_bytes(backend, cls):
             for o in ops:
                 assert kv[o.local_offset : o.local_offset + o.length] == src[o.local_offset : o.local_offset + o.length]
 
-    asyncio.run(main())
+    go(backend, main)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -102,7 +134,7 @@ def test_a_few_large_ops_cross_chunk_boundaries(backend):
             await peer.read([Op("buf", 0, "buf", 0, SIZE)], L, grant=p.g)
             assert p.segs["pe.buf"].buf == p.segs["de.buf"].buf
 
-    asyncio.run(main())
+    go(backend, main)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -114,7 +146,7 @@ def test_copy_local_moves_bytes_between_own_regions(backend):
             kv = p.segs["pe.kv"].buf
             assert kv[100 : 100 + (1 << 20)] == src[0 : 1 << 20] and kv[0:7] == src[5:12]
 
-    asyncio.run(main())
+    go(backend, main)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -139,7 +171,7 @@ def test_bad_regions_and_bounds_raise_typed_errors(backend):
                 p.de.grant("nope")
             await peer.write([Op("kv", 0, "buf", 0, 16)], L, grant=p.g)  # the link still works
 
-    asyncio.run(main())
+    go(backend, main)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -165,7 +197,7 @@ def test_a_transfer_reaches_only_what_its_grant_covers(backend, cls):
             assert after[:4096] == before[:4096] and after[12288:65536] == before[12288:65536]
             assert after[65636:] == before[65636:]
 
-    asyncio.run(main())
+    go(backend, main)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -188,7 +220,7 @@ def test_regions_registered_after_connect_are_reachable_after_refresh(backend):
                 late.close()
                 late.unlink()
 
-    asyncio.run(main())
+    go(backend, main)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -206,7 +238,7 @@ def test_concurrent_transfers_in_both_classes(backend):
             p.segs["pe.kv"].buf[:] = bytes(SIZE)
             await asyncio.gather(*[peer.read(small_ops(64, 1000, 2048)[i::4], (L, B)[i % 2], grant=p.g) for i in range(4)])
 
-    asyncio.run(main())
+    go(backend, main)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -221,7 +253,7 @@ def test_peer_gone_fails_fast_not_hang(backend):
             with pytest.raises((PeerGone, TransferTimeout)):
                 await peer.read([Op("kv", 0, "buf", 0, 64)], L, timeout=2.0, grant=p.g)
 
-    asyncio.run(main())
+    go(backend, main)
 
 
 def test_connect_to_a_dead_address_is_peer_gone():
