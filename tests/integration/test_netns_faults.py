@@ -12,7 +12,7 @@ import pytest
 
 from dualpath.netns.fabric import probe
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow,
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900),
               pytest.mark.skipif(probe() is not None, reason=f"network namespaces: {probe()}")]
 
 
