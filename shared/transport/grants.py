@@ -2,7 +2,8 @@
 
 Owns `Grant` (the capability a serving endpoint hands out over the control plane),
 `GrantTable` (the serving side's live grants, checked on every frame a peer sends) and
-`NotGranted`'s rule; owns no I/O. A region registered for peers (`remote=True`) is still
+the small per-connection handles a wire names grants by (`Bindings` serving, `Handles`
+initiating); owns no I/O. A region registered for peers (`remote=True`) is still
 unreachable until its owner grants part of it: `ep.grant("buf", [(off, len), ...])`
 makes a random 16-byte token that only the requester learns (in a bus reply), and
 `ep.revoke(g)` ends it (the slots were freed, the request ended). The server checks each
@@ -26,6 +27,7 @@ import msgspec
 from .errors import NotGranted
 
 TOKEN = 16  # bytes of a grant token: unguessable, so holding one is the right to use it
+MAX_HANDLES = 4096  # grant handles one connection may hold bound; past it, revoked ones are forgotten
 
 
 class Grant(msgspec.Struct, frozen=True, array_like=True, gc=False):
@@ -123,3 +125,43 @@ class GrantTable:
     def clear(self) -> None:
         self._live.clear()
 
+
+class Bindings:
+    """A serving connection's handles: a wire's small grant handle -> the token bound to it.
+
+    A peer binds (`bind`) once per grant and connection, then names the handle in every
+    frame; `view` checks the frame against the live grant, so an unbound handle, an
+    unknown token (it binds, then fails like a revoked one) or a revoked grant reach nothing."""
+
+    def __init__(self, table: GrantTable) -> None:
+        self.table = table
+        self._bound: dict[int, bytes] = {}
+
+    def bind(self, handle: int, token: bytes) -> None:
+        if len(self._bound) >= MAX_HANDLES:
+            self._bound = {h: t for h, t in self._bound.items() if self.table.known(t)}
+            if len(self._bound) >= MAX_HANDLES:
+                self._bound.clear()
+        self._bound[handle] = token
+
+    def view(self, handle: int, offset: int, length: int, write: bool) -> memoryview:
+        return self.table.view(self._bound.get(handle, b""), offset, length, write)
+
+
+class Handles:
+    """The initiator's side of one connection's bindings: token -> the handle it bound."""
+
+    def __init__(self) -> None:
+        self._of: dict[bytes, int] = {}
+        self._next = 0
+
+    def of(self, token: bytes) -> tuple[int, bool]:
+        """(handle, whether it is new and must be bound first)."""
+        h = self._of.get(token)
+        if h is not None:
+            return h, False
+        if len(self._of) >= MAX_HANDLES // 2:  # the server may have forgotten old ones: start over
+            self._of.clear()
+        self._next = (self._next + 1) & 0xFFFFFFFF or 1
+        self._of[token] = self._next
+        return self._next, True

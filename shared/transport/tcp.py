@@ -31,8 +31,8 @@ from collections.abc import Sequence
 from .aio import TaskOwner, deadline
 from .base import Endpoint, EndpointDesc, Op, Peer, TrafficClass
 from .classes import DEFAULT_WEIGHTS, ClassSender, LinkGate, chunk_for, split
-from .errors import AuthFailed, NotGranted, OutOfBounds, PeerGone, RegionNotFound, RemoteError, TransportError
-from .grants import TOKEN, Grant, GrantTable, check_grant
+from .errors import AuthFailed, PeerGone, TransportError
+from .grants import TOKEN, Bindings, Grant, GrantTable, Handles, check_grant
 from .local import LocalSide
 from .regions import RegionTable
 from .shm import ShmPeer, shm_reachable
@@ -42,7 +42,6 @@ from .tcp_wire import ACK_ME, HLEN, FrameSock, Kind, cap_kernel_queue, decode_er
 
 Bufs = list[bytes | memoryview]
 log = logging.getLogger("dp.tcp")
-MAX_HANDLES = 4096  # grant handles one socket may hold bound; past it, revoked ones are forgotten
 
 
 def _flatten(batch: list[Bufs]) -> Bufs:
@@ -79,8 +78,8 @@ class _ServerConn:
     """Serves one initiator's frames against the endpoint's regions."""
 
     def __init__(self, sock: socket.socket, grants: GrantTable, weights: Sequence[int], gate: LinkGate) -> None:
-        self.grants = grants
-        self.bound: dict[int, bytes] = {}  # grant handle (a frame's rid) -> token, this socket only
+        self.bindings = Bindings(grants)  # grant handles (a frame's rid) of this socket only
+        self.view, self.bind = self.bindings.view, self.bindings.bind
         self.gate = gate
         self.done = asyncio.Event()
         self._writing: set[int] = set()  # latency write reqs mid-transfer (gate held open)
@@ -168,19 +167,6 @@ class _ServerConn:
             body = encode_error(exc)
             send(TrafficClass.LATENCY, [header(Kind.ERR, cls, 0, req, rid, idx, 0, len(body)), body], HLEN)
 
-    def view(self, rid: int, off: int, n: int, write: bool) -> memoryview:
-        """The slice frame (rid, off, n) may touch: its handle's live grant must cover it."""
-        return self.grants.view(self.bound.get(rid, b""), off, n, write)
-
-    def bind(self, handle: int, token: bytes) -> None:
-        """A GRANT frame: `handle` names `token` on this socket (an unknown token binds, then
-        fails every frame that uses it, exactly like a revoked one)."""
-        if len(self.bound) >= MAX_HANDLES:
-            self.bound = {h: t for h, t in self.bound.items() if self.grants.known(t)}
-            if len(self.bound) >= MAX_HANDLES:
-                self.bound.clear()
-        self.bound[handle] = token
-
     async def close(self) -> None:
         await self.link.close()
 
@@ -198,8 +184,7 @@ class TcpPeer(Peer):
         self._reqs = itertools.count(1)
         self._gone_reason = ""
         self._gate: LinkGate = lp.gate  # type: ignore[attr-defined]
-        self._handles: list[dict[bytes, int]] = [{} for _ in TrafficClass]  # per class socket: token -> handle
-        self._next_handle = [itertools.count(1) for _ in TrafficClass]
+        self._handles = [Handles() for _ in TrafficClass]  # per class socket: grant -> handle
         # one connection per class (like one QP per class): bulk bytes queued in kernel
         # buffers never sit in front of a latency frame; the endpoint's gate ranks the
         # classes across connections (gate.py), each sender still runs DRR.
@@ -255,12 +240,8 @@ class TcpPeer(Peer):
     def _handle(self, cls: TrafficClass, grant: Grant) -> int:
         """The handle `grant` has on class `cls`'s socket; the first use binds it with a GRANT
         frame queued ahead of the transfer's frames (one socket per class keeps them in order)."""
-        handles = self._handles[cls]
-        h = handles.get(grant.token)
-        if h is None:
-            if len(handles) >= MAX_HANDLES // 2:  # the server may have forgotten old ones: start over
-                handles.clear()
-            h = handles[grant.token] = next(self._next_handle[cls]) & 0xFFFFFFFF
+        h, new = self._handles[cls].of(grant.token)
+        if new:
             self.links[cls].sender.submit(cls, [header(Kind.GRANT, cls, 0, 0, h, 0, 0, TOKEN), grant.token],
                                           HLEN + TOKEN)
         return h
@@ -314,19 +295,9 @@ class TcpPeer(Peer):
         elif kind == Kind.ACK and p is not None and not p.fut.done():
             p.fut.set_result(None)
         elif kind == Kind.ERR:
-            err = decode_error(await fs.read_bytes(n))
+            err = decode_error(await fs.read_bytes(n), self.name)
             if p is not None and not p.fut.done():
-                p.fut.set_exception(self._typed(err))
-
-    def _typed(self, e: object) -> TransportError:
-        code, name = getattr(e, "code"), getattr(e, "name")
-        if code == 1:
-            return RegionNotFound(name, where="remote")
-        if code == 2:
-            return OutOfBounds(name, e.offset, e.length, e.size)  # type: ignore[attr-defined]
-        if code == 4:
-            return NotGranted(name, e.offset, e.length, f"refused by {self.name}: {e.detail}")  # type: ignore[attr-defined]
-        return RemoteError(self.name, code, e.detail)  # type: ignore[attr-defined]
+                p.fut.set_exception(err)
 
     def _fail_all(self, exc: BaseException) -> None:
         self._gone_reason = self._gone_reason or f"{type(exc).__name__}: {exc}"

@@ -30,7 +30,7 @@ import struct
 
 import msgspec
 
-from .errors import NotGranted, OutOfBounds, RegionNotFound, TransportError
+from .errors import NotGranted, OutOfBounds, RegionNotFound, RemoteError, TransportError
 
 HEADER = struct.Struct("<BBHIIIQQ")
 HLEN = HEADER.size  # 32
@@ -82,8 +82,16 @@ def encode_error(exc: TransportError) -> bytes:
 _ERR_DECODER = msgspec.msgpack.Decoder(WireError)
 
 
-def decode_error(payload: bytes) -> WireError:
-    return _ERR_DECODER.decode(payload)
+def decode_error(payload: bytes, peer: str = "") -> TransportError:
+    """The typed exception an ERR frame's payload stands for (raised on the initiator's side)."""
+    e = _ERR_DECODER.decode(payload)
+    if e.code == 1:
+        return RegionNotFound(e.name, where="remote")
+    if e.code == 2:
+        return OutOfBounds(e.name, e.offset, e.length, e.size)
+    if e.code == 4:
+        return NotGranted(e.name, e.offset, e.length, f"refused by {peer}: {e.detail}")
+    return RemoteError(peer, e.code, e.detail)
 
 
 def header(kind: Kind, cls: int, flags: int, req: int, rid: int, idx: int, offset: int, length: int) -> bytes:

@@ -23,7 +23,7 @@ from shared.transport import (AuthFailed, NotGranted, Op, PeerGone, RegionNotFou
 from shared.transport.grants import TOKEN
 from shared.transport.side_channel import SideChannel, exchange
 from shared.transport.tcp_auth import MAGIC, NONCE, initiate, key_of
-from shared.transport.tcp_wire import HLEN, HEADER, Kind, decode_error, header
+from shared.transport.tcp_wire import HLEN, HEADER, Kind, WireError, header
 
 pytestmark = pytest.mark.integration
 SIZE = 1 << 20
@@ -173,7 +173,8 @@ async def answers(sock: socket.socket, count: int) -> list[tuple[int, int, int |
         body = b""
         while len(body) < n:
             body += await loop.sock_recv(sock, n - len(body))
-        out.append((kind, req, decode_error(body).code if kind == Kind.ERR else None, body))
+        code = msgspec.msgpack.decode(body, type=WireError).code if kind == Kind.ERR else None
+        out.append((kind, req, code, body))
     return sorted(out, key=lambda a: a[1])
 
 
