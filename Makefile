@@ -7,7 +7,7 @@ ARGS   ?=
 # WITH_APT=0: never run apt-get (then no python3-pyverbs: the verbs backend is off unless installed otherwise)
 WITH_APT ?= 1
 
-.PHONY: install run test test-unit test-integration bench clean compose-check
+.PHONY: install run test test-unit test-integration gpu-check bench clean compose-check
 
 install: $(STAMP)
 
@@ -36,6 +36,15 @@ test-unit: install
 
 test-integration: install
 	$(PY) -m pytest -m integration $(ARGS)
+
+# The gpu tier (tests/gpu: the model, the paged kernels, the engines' KV copy path and a whole
+# mesh on CUDA, against the CPU reference), then prefill and decode timings per device
+# (dualpath/bench/device.py). Without CUDA every gpu test skips, saying why, and the timings
+# are the CPU's with one line saying CUDA is absent.
+gpu-check: install
+	$(PY) -m pytest -m gpu tests/gpu -q -rs $(ARGS)
+	$(PY) -m dualpath.bench.device --model tiny-mla
+	$(PY) -m dualpath.bench.device --model tiny
 
 # The docker compose stack for real (deploy/compose/check.py): starts dockerd if it is
 # installed and not running, builds the images (offline when no registry answers), runs

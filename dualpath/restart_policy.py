@@ -1,9 +1,9 @@
-"""When `dualpath up` restarts a process that died: the compose file's `restart: unless-stopped`.
+"""When `dualpath up` restarts a process that died: the compose file's `restart: always`.
 
 Pure policy: values in, a delay out; no processes, no clocks. `dualpath/supervisor.py` applies
 it to the mesh's processes.
 
-`unless-stopped`, as Docker applies it, restarts a container whatever its exit code (0
+`always`, as Docker applies it, restarts a container whatever its exit code (0
 included) unless it was stopped on purpose, with a delay that doubles after every restart
 and falls back to the first one once the container has stayed up for 10 s. The same here,
 with a first delay of 0.5 s (Docker: 0.1 s) and a cap of 10 s (Docker: 60 s), so a laptop mesh

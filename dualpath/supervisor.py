@@ -2,7 +2,7 @@
 
 Owns the restart bookkeeping of `dualpath up` once it serves: which process exited, when it
 is due again, how often it was restarted. The delays come from `RestartPolicy` (the compose
-file's `restart: unless-stopped`); starting the process again is `Mesh.restart` (same name,
+file's `restart: always`); starting the process again is `Mesh.restart` (same name,
 same flags, same log file; the scheduler gets the same listening socket, nats-server the
 same port). A process killed on purpose through `Mesh.kill` is left alone.
 

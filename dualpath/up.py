@@ -5,12 +5,13 @@ a prefill and a decode engine are ready); until then, what it waits for every fe
 seconds. During start-up, a port that is taken or a process that dies is one line naming
 the port or the process's log, exit code 1 (`--debug` adds the traceback and the log's
 last lines). Once serving, a process that dies is restarted with a backoff
-(`dualpath/supervisor.py`, the compose file's `restart: unless-stopped`) and the mesh
+(`dualpath/supervisor.py`, the compose file's `restart: always`) and the mesh
 keeps serving; only Ctrl-C or SIGTERM stops it, and then every process.
 """
 from __future__ import annotations
 
 import argparse
+import re
 import signal
 import sys
 import threading
@@ -23,7 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "as its own process, until Ctrl-C. Ready in about 10 s with --model tiny, "
                                    "20-30 s with smollm2 (plus a one-time 98 MB download). Once serving, a process "
                                    "that dies is restarted after 0.5 s, doubling up to 10 s in a crash loop.")
-    p.add_argument("--model", default="smollm2", help="preset (smollm2, tiny), a .gguf file or an HF directory")
+    p.add_argument("--model", default="smollm2",
+                   help="preset (smollm2, tiny, tiny-mla), a .gguf file or an HF directory")
+    p.add_argument("--device", default="cpu", help="where both engines put the model and KV memory: cpu, cuda, cuda:N")
     p.add_argument("--port", type=int, default=8000, help="HTTP port of the OpenAI-style API (0 = any free port)")
     p.add_argument("--host", default="127.0.0.1", help="bind address of every listener")
     p.add_argument("--prefill", type=int, default=1, help="prefill nodes")
@@ -71,9 +74,22 @@ def run(args: argparse.Namespace) -> int:
         why = probe()
         if why:
             raise CliError(f"--netns: {why}")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
+        raise CliError(f"--device {args.device!r}: want cpu, cuda or cuda:N")
+    on = {}
+    if args.device != "cpu":
+        from shared.config import ConfigError
+        from shared.engine.service import check_device
+
+        try:
+            check_device(args.device)  # said now, not by two engines failing to start
+        except ConfigError as exc:
+            raise CliError(f"--device {args.device}: {exc.reason}") from exc
+        on = {"device": args.device}
     spec = MeshSpec(model=args.model, port=args.port, host=args.host, prefill=args.prefill, decode=args.decode,
                     engines_per_node=args.engines_per_node, kv_blocks=args.kv_blocks, transport=args.transport,
-                    store=args.store, nats_url=args.nats, log_dir=args.log_dir, netns=args.netns,
+                    store=args.store, nats_url=args.nats, log_dir=args.log_dir,
+                    extra={"prefill_engine": on, "decode_engine": on} if on else {}, netns=args.netns,
                     link_gbps=args.link_gbps, link_latency_ms=args.link_latency_ms)
     mesh = Mesh(spec)
     stop = _Stop()

@@ -19,11 +19,11 @@ from kernels import decode
 from kernels.lse_merge import merge_stacked
 
 
-def shard_positions(seq: int, n: int) -> list[Tensor]:
-    """Positions on each of the n shards: shard r holds r, r+n, r+2n, ..."""
+def shard_positions(seq: int, n: int, device=None) -> list[Tensor]:
+    """Positions on each of the n shards (on `device`): shard r holds r, r+n, r+2n, ..."""
     if n < 1:
         raise ValueError(f"DCP degree must be >= 1, got {n}")
-    return [torch.arange(seq)[r::n] for r in range(n)]
+    return [torch.arange(seq, device=device)[r::n] for r in range(n)]
 
 
 def shard(x: Tensor, n: int) -> list[Tensor]:

@@ -65,7 +65,7 @@ def paged_decode(q: Tensor, layer_kv: Tensor, tables: Tensor, lens: list[int], *
     k = gather_blocks(layer_kv, 0, flat)  # (sum of blocks * bs, Hkv, D)
     v = gather_blocks(layer_kv, 1, flat)
     qg = q.view(b, hkv, h // hkv, d) * (scale if scale is not None else d ** -0.5)
-    out = torch.empty(b, hkv, h // hkv, layer_kv.shape[-1], dtype=q.dtype)
+    out = torch.empty(b, hkv, h // hkv, layer_kv.shape[-1], dtype=q.dtype, device=q.device)
     start = 0
     for i, t in enumerate(lens):
         ki = k[start:start + t].permute(1, 2, 0)  # (Hkv, D, T): a view
@@ -83,7 +83,7 @@ def reference(q: Tensor, layer_kv: Tensor, tables: Tensor, lens: list[int], *,
     bs = layer_kv.shape[2]
     outs = []
     for i, t in enumerate(lens):
-        pos = torch.arange(t)
+        pos = torch.arange(t, device=tables.device)
         blocks = tables[i][pos // bs]
         k = layer_kv[blocks, 0, pos % bs]  # (T, Hkv, D)
         v = layer_kv[blocks, 1, pos % bs]

@@ -14,19 +14,19 @@ from torch import Tensor
 SCHEMES = ("contiguous", "zigzag", "interleave")
 
 
-def positions(seq: int, n: int, scheme: str) -> list[Tensor]:
-    """Sorted int64 positions per rank; together a partition of range(seq)."""
+def positions(seq: int, n: int, scheme: str, device=None) -> list[Tensor]:
+    """Sorted int64 positions per rank (on `device`); together a partition of range(seq)."""
     if n < 1 or seq < 0:
         raise ValueError(f"need n >= 1 and seq >= 0, got n={n} seq={seq}")
     if scheme == "contiguous":
         cuts = [seq * r // n for r in range(n + 1)]
-        return [torch.arange(cuts[r], cuts[r + 1]) for r in range(n)]
+        return [torch.arange(cuts[r], cuts[r + 1], device=device) for r in range(n)]
     if scheme == "zigzag":
         cuts = [seq * j // (2 * n) for j in range(2 * n + 1)]
-        return [torch.cat([torch.arange(cuts[r], cuts[r + 1]),
-                           torch.arange(cuts[2 * n - 1 - r], cuts[2 * n - r])]) for r in range(n)]
+        return [torch.cat([torch.arange(cuts[r], cuts[r + 1], device=device),
+                           torch.arange(cuts[2 * n - 1 - r], cuts[2 * n - r], device=device)]) for r in range(n)]
     if scheme == "interleave":
-        return [torch.arange(seq)[r::n] for r in range(n)]
+        return [torch.arange(seq, device=device)[r::n] for r in range(n)]
     raise ValueError(f"unknown scheme {scheme!r} (choose from {', '.join(SCHEMES)})")
 
 

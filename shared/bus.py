@@ -20,6 +20,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from opentelemetry import context as otel_context
 
+from shared.messages.codes import ErrorCode
 from shared.tracing import extract_context, inject_headers
 
 log = logging.getLogger("bus")
@@ -72,11 +73,17 @@ async def _abandon(nc: Client) -> None:
 
 
 class BusError(RuntimeError):
-    """A control-plane call that failed: `subject` it went to and `reason`."""
+    """A control-plane call that failed: `subject` it went to, `reason`, and the `code` a reply
+    gave (None: no reply, or none said why)."""
 
-    def __init__(self, subject: str, reason: str):
+    def __init__(self, subject: str, reason: str, code: ErrorCode | None = None):
         super().__init__(f"{subject}: {reason}")
-        self.subject, self.reason = subject, reason
+        self.subject, self.reason, self.code = subject, reason, code
+
+
+def error_code(exc: BaseException, default: ErrorCode) -> ErrorCode:
+    """The code to answer a failure with: the one a reply named, else `default` for this path."""
+    return exc.code if isinstance(exc, BusError) and exc.code is not None else default
 
 
 @dataclass
@@ -172,7 +179,8 @@ class Bus:
             raise BusError(subject, f"bad reply: {exc}") from None
 
     async def subscribe(self, subject: str, tp: Any, handler: Handler, queue: str = ""):
-        dec = self.decoder(tp)
+        """`tp`: the message type (a union too), or a ready Decoder (a family's own)."""
+        dec = tp if isinstance(tp, msgspec.msgpack.Decoder) else self.decoder(tp)
 
         async def on_msg(m: Msg) -> None:
             try:

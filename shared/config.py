@@ -13,6 +13,7 @@ Only entry points call `load_config`; everything below receives the frozen objec
 from __future__ import annotations
 
 import dataclasses
+import enum
 import inspect
 import os
 import re
@@ -78,7 +79,14 @@ def _coerce(key: str, raw: Any, tp: Any) -> Any:
     try:
         return msgspec.convert(_as_given(raw, tp), type=tp, strict=False)
     except msgspec.ValidationError as exc:
-        raise ConfigError(key, raw, str(exc)) from None
+        values = choices(tp)
+        raise ConfigError(key, raw, f"one of {', '.join(values)}" if values else str(exc)) from None
+
+
+def choices(tp: Any) -> tuple[str, ...]:
+    """The values a setting of type `tp` takes when it is an Enum (or an optional one), else ()."""
+    inner, _ = _base_type(tp)
+    return tuple(str(m.value) for m in inner) if isinstance(inner, type) and issubclass(inner, enum.Enum) else ()
 
 
 def read_toml(path: str | Path | None, section: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -147,9 +155,19 @@ _FIELD = re.compile(r"^\s+(\w+)\s*:[^=#]*=[^#]*?(?:#\s*(.*))?$")
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """Field name -> the `# comment` after its declaration, over the class and its bases (subclass wins).
+    """Field name -> the `# comment` after its declaration, over the class and its bases (subclass wins),
+    plus the values an Enum setting takes (from the type: docs never list them by hand).
 
     The comment is each setting's documentation: `--help` and docs/configuration.md show it."""
+    out = _comments(cls)
+    hints = typing.get_type_hints(cls)
+    for name, tp in hints.items():
+        if values := choices(tp):
+            out[name] = f"{out.get(name, name.replace('_', ' '))}: {' | '.join(values)}"
+    return out
+
+
+def _comments(cls: type) -> dict[str, str]:
     out: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if not dataclasses.is_dataclass(klass):

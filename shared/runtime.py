@@ -351,7 +351,7 @@ def config_parser(prog: str, cfg_cls: type) -> argparse.ArgumentParser:
     docs = field_docs(cfg_cls)
     for f in dataclasses.fields(cfg_cls):
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        shown = "(secret)" if not f.repr and default else repr(default)
+        shown = "(secret)" if not f.repr and default else repr(getattr(default, "value", default))
         text = f"{docs.get(f.name, f.name.replace('_', ' '))} (default: {shown}; env DUALPATH_{f.name.upper()})"
         if f.name == "nats_url":
             parser.add_argument("--nats-url", "--nats", dest="nats_url", metavar="URL", help=text)

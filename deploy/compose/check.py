@@ -10,21 +10,22 @@ One command, start to end, on one Docker host:
   3. the stack, docker-compose.yml + docker-compose.local.yml (an OTLP receiver in
      Jaeger's place, NATS from the dualpath image), under its own project name, with
      NATS credentials on and its ports published on 127.0.0.1 ports Docker picks;
-  4. the checks of checks.py, then `--scale prefill-engine=2 --scale decode-engine=2`
-     and the scaled checks;
+  4. the checks of checks.py and lifecycle.py, then `--scale prefill-engine=2
+     --scale decode-engine=2` and the scaled checks;
   5. `docker compose down -v`: containers, networks and volumes, also when a step
      failed (then the services' last log lines are printed first). Images stay: they
      are the next run's cache.
 Prints one line per check and the figures (image sizes, build time, up -> healthy,
-completion latency; with --compare-up also the same through `dualpath up`), and writes
-them as JSON with --figures FILE. Exit code 0: every check passed; 1: one failed;
-2: it could not run (no Docker, no compose).
+completion latency; with --compare-up side by side with `dualpath up`, requests
+alternating), and writes them as JSON with --figures FILE. Exit code 0: every check
+passed; 1: one failed; 2: it could not run (no Docker, no compose).
 
 usage: check.py [--fresh] [--offline] [--compare-up] [--figures FILE] [--project NAME]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import secrets
@@ -41,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import checks  # noqa: E402
 import dockerd  # noqa: E402
 import images  # noqa: E402
+import lifecycle  # noqa: E402
 from stack import COMPOSE_DIR, Stack, StackError, compose_command  # noqa: E402
 
 ROOT = COMPOSE_DIR.parents[1]
@@ -116,26 +118,46 @@ class Run:
         self.passed(checks.check_traces(stack, url, otlp, self.tag))
         self.passed(checks.check_metrics(stack, url))
         self.passed(checks.check_nats_credentials(stack, url, self.nats_user, self.nats_password))
-        self.figures["compose_latency"] = checks.latency(url)
-        self.log(f"latency through compose: {self.figures['compose_latency']}")
-        self.passed(checks.check_killed_engine_restarts(stack, url, "prefill-engine", "process"))
-        self.passed(checks.check_killed_engine_restarts(stack, url, "decode-engine", "container"))
+        self.measure_latency(url)
+        self.passed(lifecycle.check_killed_engine_restarts(stack, url, "prefill-engine", "process"))
+        self.passed(lifecycle.check_killed_engine_restarts(stack, url, "decode-engine", "docker-kill"))
         stack.up("--scale", "prefill-engine=2", "--scale", "decode-engine=2")
         stack.wait_healthy(600, expect=SERVICES_AT_SCALE_1 + 2)
-        self.passed(checks.check_scaled_engines_work(stack, url, self.tag))
+        self.passed(lifecycle.check_scaled_engines_work(stack, url, self.tag))
         self.passed(checks.check_metrics(stack, url))
+        self.passed(lifecycle.check_stopping_a_replica_spares_its_siblings(stack, url))
+        stack.wait_healthy(600, expect=SERVICES_AT_SCALE_1 + 2)
 
-    def compare_up(self) -> None:
-        """The same latency measurement through `dualpath up` on this host, same settings file."""
-        exe = Path(sys.executable).parent / "dualpath"
+    def measure_latency(self, url: str) -> None:
+        """A completion's latency through compose; with --compare-up, side by side with
+        `dualpath up` on this host (requests alternate between the two, so both see the
+        same background load)."""
+        self.figures["load_avg_1m"] = round(os.getloadavg()[0], 1)
+        if not self.args.compare_up:
+            self.figures["compose_latency"] = checks.latency(url)
+            self.log(f"latency through compose: {self.figures['compose_latency']}")
+            return
+        with self.dualpath_up() as up_url:
+            both = checks.latency_side_by_side({"compose": url, "dualpath up": up_url})
+        self.figures["compose_latency"], self.figures["up_latency"] = both["compose"], both["dualpath up"]
+        ratio = both["compose"]["median_s"] / both["dualpath up"]["median_s"]
+        self.figures["compose_over_up"] = round(ratio, 2)
+        self.log(f"latency, requests alternating: compose {both['compose']}, dualpath up {both['dualpath up']}; "
+                 f"compose/up median {ratio:.2f} (load average {self.figures['load_avg_1m']})")
+
+    @contextlib.contextmanager
+    def dualpath_up(self):
+        """`dualpath up` from this checkout on a free port, same settings file; yields its URL."""
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         with tempfile.TemporaryDirectory(prefix="dualpath-up-") as tmp:
             env = {**os.environ, "DUALPATH_CONFIG": str(COMPOSE_DIR / "check.toml")}
-            proc = subprocess.Popen([str(exe), "up", "--port", str(port), "--store", tmp + "/store",
-                                     "--log-dir", tmp + "/logs"], env=env, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL, start_new_session=True)
+            # `python -m dualpath` from the checkout: this tree's code, as in the image
+            proc = subprocess.Popen([sys.executable, "-m", "dualpath", "up", "--port", str(port),
+                                     "--kv-blocks", "64", "--store", tmp + "/store", "--log-dir", tmp + "/logs"],
+                                    env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    start_new_session=True)
             url = f"http://127.0.0.1:{port}"
             try:
                 import httpx
@@ -149,8 +171,7 @@ class Run:
                         return False
 
                 checks._wait(ready, "dualpath up", "/health 200", 300, 1.0)
-                self.figures["up_latency"] = checks.latency(url)
-                self.log(f"latency through `dualpath up`: {self.figures['up_latency']}")
+                yield url
             finally:
                 proc.send_signal(signal.SIGINT)
                 try:
@@ -189,17 +210,13 @@ class Run:
             if stack is not None:
                 self.log("tearing down: docker compose down -v")
                 stack.down()
-                left = stack.containers()
+                left = stack.leftovers()
                 if left:
-                    self.log(f"containers left after down: {[c['Name'] for c in left]}")
+                    self.log(f"left after down: {left}")
                     rc = 1
+                else:
+                    self.log("down: no container, network or volume of the project left")
             daemon.stop()
-        if rc == 0 and self.args.compare_up:
-            try:
-                self.compare_up()
-            except checks.CheckFailed as exc:
-                self.log(f"FAIL {exc}")
-                rc = 1
         print(json.dumps({"passed": self.results, "figures": self.figures}, indent=2))
         if self.args.figures:
             Path(self.args.figures).write_text(json.dumps(self.figures, indent=2) + "\n")
@@ -217,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="check.py", description=__doc__.splitlines()[0])
     ap.add_argument("--fresh", action="store_true", help="empty the Docker cache first (build time from nothing)")
     ap.add_argument("--offline", action="store_true", help="build offline even when the upstream base pulls")
-    ap.add_argument("--compare-up", action="store_true", help="also time a completion through `dualpath up`")
+    ap.add_argument("--compare-up", action="store_true", help="time a completion through `dualpath up` too, side by side")
     ap.add_argument("--figures", default="", help="write the figures here as JSON")
     ap.add_argument("--project", default="dualpath-check", help="compose project name (default: dualpath-check)")
     ap.add_argument("--log-dir", default=str(ROOT / "build" / "compose"), help="where a dockerd started here logs")

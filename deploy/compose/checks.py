@@ -1,10 +1,12 @@
 """What `make compose-check` asserts against a running compose stack (deploy/compose/check.py).
 
 Each check takes the Stack and the scheduler's published URL, talks to the stack the
-way a user would (HTTP on the published port, `docker exec`, `docker kill`) and raises
+way a user would (HTTP on the published port, `docker exec`) and raises
 CheckFailed naming what it saw when the stack misbehaves; on success it returns a short
-line for the report. Owns the assertions only: starting, scaling and tearing down the
-stack are check.py's; the compose calls are stack.py's.
+line for the report. Owns the assertions about requests, store, traces, metrics and
+NATS, and the helpers every check uses; those about containers' lives (killed, scaled,
+stopped) are lifecycle.py's; starting and tearing down the stack are check.py's; the
+compose calls are stack.py's.
 """
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ import json
 import secrets
 import statistics
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
@@ -23,7 +24,15 @@ MESH = ("scheduler", "prefill-engine", "decode-engine", "storage-gateway-prefill
 # service -> its /metrics ports inside the container (9101: the traffic-manager beside an engine)
 METRICS_PORTS = {"scheduler": (9100,), "prefill-engine": (9100, 9101), "decode-engine": (9100, 9101),
                  "storage-gateway-prefill": (9100,), "storage-gateway-decode": (9100,)}
-WANTED_SERVICES = {"scheduler", "prefill-engine", "decode-engine", "traffic-manager"}
+WANTED_SERVICES = {"scheduler", "prefill_engine", "decode_engine", "traffic_manager"}  # OTel service.name
+# Metric names the checks read, all here: each a tuple of names, the first one a service
+# exposes counts (room for an old name beside a new one while a rename rolls out).
+METRIC_PREFIX = "dualpath_"
+WORK_METRICS = {  # a counter that grows when an engine of this kind gets work
+    "prefill-engine": ("dualpath_prefill_engine_requests_total",),
+    "decode-engine": ("dualpath_decode_engine_tokens_total",),
+}
+PERSISTED_METRIC = ("dualpath_decode_engine_persisted_blocks_total",)
 BLOCK = 64
 
 
@@ -116,7 +125,7 @@ def check_store_reuse(stack: Stack, url: str, tag: str) -> str:
         _wait(lambda: _store_files(stack) - before >= full, "store", f"{full} prompt blocks persisted", 120)
     except CheckFailed as exc:
         de = stack.ids("decode-engine")[0]
-        handed = metric_value(metrics_text(stack, de, 9100), "dualpath_decode_engine_persisted_blocks_total")
+        handed = metric_value(metrics_text(stack, de, 9100), PERSISTED_METRIC)
         raise CheckFailed("store", f"{exc.seen}; {_store_files(stack) - before} new block files, the decode "
                                    f"engine handed {handed:.0f} blocks to persistence") from None
     misses = []  # asks after the blocks were in the store that still missed (reported, at most 2)
@@ -153,15 +162,19 @@ def metrics_text(stack: Stack, container: str, port: int) -> str:
     return done.stdout
 
 
-def metric_value(text: str, name: str) -> float:
+def metric_value(text: str, names: tuple[str, ...]) -> float:
+    """The sum of the samples of the first of `names` that `text` has (CheckFailed when none)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    total = 0.0
+    totals: dict[str, float] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            if s.name == name:
-                total += s.value
-    return total
+            totals[s.name] = totals.get(s.name, 0.0) + s.value
+    for name in names:
+        if name in totals:
+            return totals[name]
+    raise CheckFailed("metrics", f"none of {names} exposed; {METRIC_PREFIX}* seen: "
+                                 f"{sorted(n for n in totals if n.startswith(METRIC_PREFIX))[:30]}")
 
 
 def check_metrics(stack: Stack, url: str) -> str:
@@ -174,104 +187,10 @@ def check_metrics(stack: Stack, url: str) -> str:
         for cid in ids:
             for port in ports:
                 fams = [f.name for f in text_string_to_metric_families(metrics_text(stack, cid, port))]
-                _expect(any(f.startswith("dualpath_") for f in fams), "metrics",
-                        f"{service} {cid[:12]}:{port} has no dualpath_ metric: {fams[:8]}")
+                _expect(any(f.startswith(METRIC_PREFIX) for f in fams), "metrics",
+                        f"{service} {cid[:12]}:{port} has no {METRIC_PREFIX} metric: {fams[:8]}")
                 seen.append(f"{service}:{port}")
     return f"metrics: Prometheus text on {len(seen)} ports ({', '.join(sorted(set(seen)))})"
-
-
-def check_scaled_engines_work(stack: Stack, url: str, tag: str) -> str:
-    """With two replicas of each engine service, both of each receive work."""
-    pes, des = stack.ids("prefill-engine"), stack.ids("decode-engine")
-    _expect(len(pes) == 2 and len(des) == 2, "scale", f"prefill {len(pes)}, decode {len(des)} replicas")
-
-    def work() -> dict[str, float]:
-        out = {}
-        for cid in pes:
-            out[cid] = metric_value(metrics_text(stack, cid, 9100), "dualpath_prefill_engine_requests_total")
-        for cid in des:
-            out[cid] = metric_value(metrics_text(stack, cid, 9100), "dualpath_decode_engine_tokens_total")
-        return out
-
-    base = work()
-    rounds = 0
-    with ThreadPoolExecutor(8) as pool:
-        while rounds < 6:
-            rounds += 1
-            prompts = [prompt_text(f"{tag}-scale-{rounds}-{i}", 90) for i in range(8)]
-            list(pool.map(lambda p: complete(url, p, 8), prompts))
-            now = work()
-            if all(now[c] > base[c] for c in now):
-                short = {c[:12]: now[c] - base[c] for c in now}
-                return f"scale: 2 prefill + 2 decode engines all got work after {rounds * 8} requests: {short}"
-    raise CheckFailed("scale", f"an engine got no work in {rounds * 8} requests: {work()} (before {base})")
-
-
-_KILL_ENGINE = """
-import os, signal, sys
-for pid in os.listdir("/proc"):
-    if pid.isdigit():
-        try:
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")
-        except OSError:
-            continue
-        if b"service" in cmd and sys.argv[1].encode() in cmd:
-            os.kill(int(pid), signal.SIGKILL); print(pid); break
-"""
-
-
-def kill_engine(stack: Stack, cid: str, service: str, how: str) -> str:
-    """SIGKILL, as a crash or the OOM killer would: `process` = the engine process inside the
-    container (its entry script then ends the pair and the container exits non-zero);
-    `container` = the container's main process (its init), sent from the host.
-    Not `docker kill`: Docker records that as a manual stop, and no restart policy
-    (always, unless-stopped, on-failure) restarts a container stopped that way."""
-    if how == "process":
-        done = stack.exec_in(cid, "python", "-c", _KILL_ENGINE, service)
-        _expect(done.returncode == 0 and done.stdout.strip(), "kill", f"no {service} process: {done.stderr}")
-        return f"engine process (pid {done.stdout.strip()} in the container) SIGKILLed"
-    import os
-    import signal
-    pid = stack.inspect(cid)["State"]["Pid"]
-    os.kill(pid, signal.SIGKILL)
-    return f"container's main process (host pid {pid}) SIGKILLed"
-
-
-def check_killed_engine_restarts(stack: Stack, url: str, service: str = "prefill-engine",
-                                 how: str = "process") -> str:
-    """A killed engine container is restarted by its restart policy and the stack serves again."""
-    cid = stack.ids(service)[0]
-    info = stack.inspect(cid)
-    restarts = info["RestartCount"]
-    started = info["State"]["StartedAt"]
-    t0 = time.monotonic()
-    what = kill_engine(stack, cid, service, how)
-
-    def back() -> bool:
-        s = stack.inspect(cid)
-        return (s["State"]["StartedAt"] != started and s["State"]["Running"]
-                and (s["State"].get("Health") or {}).get("Status") == "healthy")
-
-    _wait(back, "kill", f"{service} {cid[:12]} restarted by its policy and healthy", 300, 1.0)
-    restarted_s = time.monotonic() - t0
-    after = stack.inspect(cid)["RestartCount"]
-    _expect(after > restarts, "kill", f"RestartCount {restarts} -> {after}")
-    # the scheduler drops the dead engine and takes the new one: the stack serves again
-    r = _wait(lambda: _try_complete(url), "kill", "a completion after the restart", 180, 1.0)
-    served_s = time.monotonic() - t0
-    shm = stack.exec_in(cid, "sh", "-c", "ls /dev/shm").stdout.split()
-    return (f"kill: {service} {cid[:12]}: {what}; restarted by its policy (RestartCount {restarts}->{after}), "
-            f"healthy in {restarted_s:.0f}s, serving again at {served_s:.0f}s "
-            f"({r['usage']['completion_tokens']} tokens); the node's /dev/shm holds {len(shm)} segments: {shm}")
-
-
-def _try_complete(url: str) -> dict | None:
-    try:
-        r = httpx.post(url + "/v1/completions", json={"prompt": "Hello again", "max_tokens": 4,
-                                                       "temperature": 0, "ignore_eos": True}, timeout=120)
-    except httpx.HTTPError:
-        return None
-    return r.json() if r.status_code == 200 else None
 
 
 def check_traces(stack: Stack, url: str, otlp_url: str, tag: str) -> str:
@@ -318,38 +237,64 @@ async def main(url):
         nc = await nats.connect(url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=5)
     except Exception as exc:
         print("REFUSED", type(exc).__name__, exc); return
-    await nc.close(); print("CONNECTED")
+    # the data-plane secret the traffic managers keep in JetStream KV: readable with the credentials
+    from services.traffic_manager.secret import KEY, bucket_name
+    try:
+        kv = await nc.jetstream(timeout=5).key_value(bucket_name(sys.argv[2]))
+        entry = await kv.get(KEY)
+        kv_state = f"KV {bucket_name(sys.argv[2])}/{KEY}: {len(entry.value or b'')} bytes"
+    except Exception as exc:
+        kv_state = f"KV {type(exc).__name__}: {exc}"
+    await nc.close(); print("CONNECTED", kv_state)
 asyncio.run(main(sys.argv[1]))
 """
 
 
-def check_nats_credentials(stack: Stack, url: str, user: str, password: str) -> str:
+def check_nats_credentials(stack: Stack, url: str, user: str, password: str, namespace: str = "dp") -> str:
+    """NATS refuses a client without (or with wrong) credentials; with them, the mesh's
+    JetStream KV bucket holds the data-plane secret the traffic managers made."""
     cid = stack.ids("scheduler")[0]
+    seen: dict[str, str] = {}
     env = stack.inspect(cid)["Config"]["Env"]
     _expect(f"DUALPATH_NATS_URL=nats://{user}:{password}@nats:4222" in env, "nats credentials",
             "the scheduler's DUALPATH_NATS_URL does not carry NATS_USER/NATS_PASSWORD")
     for what, nats_url, want in (("no credentials", "nats://nats:4222", "REFUSED"),
                                  ("wrong password", f"nats://{user}:wrong-{secrets.token_hex(4)}@nats:4222", "REFUSED"),
                                  ("right password", f"nats://{user}:{password}@nats:4222", "CONNECTED")):
-        done = stack.exec_in(cid, "python", "-c", _NATS_PROBE, nats_url)
+        done = stack.exec_in(cid, "python", "-c", _NATS_PROBE, nats_url, namespace)
         _expect(done.stdout.startswith(want), "nats credentials", f"{what}: {done.stdout}{done.stderr[-300:]}")
-        if what == "no credentials":
-            without = done
-    return f"nats: credentials on; without them: {without.stdout.strip()[:90]}"
+        seen[what] = done.stdout.strip()
+    kv = seen["right password"].removeprefix("CONNECTED ")
+    _expect(kv.startswith("KV ") and "bytes" in kv and not kv.endswith(" 0 bytes"), "nats credentials",
+            f"the data-plane secret in JetStream KV, with the credentials: {kv}")
+    return f"nats: credentials on; without them: {seen['no credentials'][:90]}; with them: {kv}"
+
+
+def _summary(times: list[float], max_tokens: int) -> dict[str, float]:
+    return {"median_s": round(statistics.median(times), 3), "min_s": round(min(times), 3), "n": len(times),
+            "max_tokens": max_tokens}
 
 
 def latency(url: str, n: int = 5, max_tokens: int = 16) -> dict[str, float]:
     """Median and min seconds of `n` sequential greedy completions (one warm-up first)."""
+    return latency_side_by_side({"": url}, n, max_tokens)[""]
+
+
+def latency_side_by_side(urls: dict[str, str], n: int = 7, max_tokens: int = 16) -> dict[str, dict]:
+    """The same greedy completion, `n` times per target, the targets taking turns (their
+    order alternating every round), after one warm-up each: name -> median and min seconds."""
     prompt = "Write one sentence about the sea."
-    complete(url, prompt, max_tokens)
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        complete(url, prompt, max_tokens)
-        times.append(time.perf_counter() - t)
-    return {"median_s": statistics.median(times), "min_s": min(times), "n": n, "max_tokens": max_tokens}
+    names = list(urls)
+    for name in names:
+        complete(urls[name], prompt, max_tokens)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(n):
+        for name in names if i % 2 == 0 else names[::-1]:
+            t = time.perf_counter()
+            complete(urls[name], prompt, max_tokens)
+            times[name].append(time.perf_counter() - t)
+    return {name: _summary(times[name], max_tokens) for name in names}
 
 
 __all__ = ["CheckFailed", "StackError", "check_completion", "check_streamed_chat", "check_store_reuse",
-           "check_metrics", "check_scaled_engines_work", "check_killed_engine_restarts", "check_traces",
-           "check_nats_credentials", "latency"]
+           "check_metrics", "check_traces", "check_nats_credentials", "latency", "latency_side_by_side"]

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from services.prefill_engine.config import PrefillEngineConfig  # noqa: E402
 from services.scheduler.config import SchedulerConfig  # noqa: E402
 from services.storage_gateway.config import StorageGatewayConfig  # noqa: E402
 from services.traffic_manager.config import TrafficManagerConfig  # noqa: E402
+from shared.config import field_docs  # noqa: E402
 from shared.runtime import CommonConfig  # noqa: E402
 
 # TOML table -> (dataclass, service name on the command line). `common` holds the
@@ -50,20 +49,6 @@ FALLBACK = {
 TOML_PATH = ROOT / "deploy" / "compose" / "dualpath.toml"
 DOC_PATH = ROOT / "docs" / "configuration.md"
 BEGIN, END = "<!-- settings:begin -->", "<!-- settings:end -->"
-_FIELD = re.compile(r"^\s+(\w+)\s*:[^=#]*=[^#]*?(?:#\s*(.*))?$")
-
-
-def comments(cls: type) -> dict[str, str]:
-    """Field name -> its trailing `# comment`, read from every class in the MRO (subclass wins)."""
-    out: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        if not dataclasses.is_dataclass(klass):
-            continue
-        for line in inspect.getsource(klass).splitlines():
-            m = _FIELD.match(line)
-            if m and m.group(2):
-                out[m.group(1)] = m.group(2).strip()
-    return out
 
 
 def own_fields(section: str) -> list[dataclasses.Field]:
@@ -75,7 +60,7 @@ def own_fields(section: str) -> list[dataclasses.Field]:
 
 
 def describe(section: str, name: str) -> str:
-    return comments(SECTIONS[section][0]).get(name) or FALLBACK.get(name, "")
+    return field_docs(SECTIONS[section][0]).get(name) or FALLBACK.get(name, "")
 
 
 def toml_value(value: object) -> str:

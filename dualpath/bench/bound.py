@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shared.messages.codes import LoadMode
+
 
 @dataclass(frozen=True, slots=True)
 class Capacity:
@@ -26,11 +28,13 @@ class Capacity:
     tpot_s: float | None  # best decode seconds per token (batch 1)
 
 
-def reading_nodes(mode: str, cap: Capacity) -> int:
-    return {"basic": cap.prefill_nodes, "oracle": 0}.get(mode, cap.prefill_nodes + cap.decode_nodes)
+def reading_nodes(mode: LoadMode, cap: Capacity) -> int:
+    if not LoadMode(mode).moves_kv:
+        return 0
+    return cap.prefill_nodes + cap.decode_nodes if LoadMode(mode).both_paths else cap.prefill_nodes
 
 
-def lower_bound(mode: str, hit_bytes: float, miss_tokens: int, chains: list[list[tuple[int, int]]],
+def lower_bound(mode: LoadMode, hit_bytes: float, miss_tokens: int, chains: list[list[tuple[int, int]]],
                 cap: Capacity) -> dict:
     """Terms and the bound (seconds); `chains` is per job a list of (miss tokens, gen) per turn."""
     nodes = reading_nodes(mode, cap)

@@ -1,6 +1,6 @@
 """`dualpath bench`: replay agent traces against a mesh; offline JCT or online SLO capacity.
 
-    dualpath bench --trace gen:32k --agents 4 --scale 0.05 --offline --modes basic,dualpath,oracle
+    dualpath bench --trace gen:32k --agents 4 --scale 0.05 --offline --modes basic,dualpath
     dualpath bench --up --model tiny --snic-gbit 0.2 --trace gen:32k --search-aps --report out/
 
 Modes run one after another on the same mesh, each in its own time window (so bytes
@@ -20,6 +20,8 @@ import sys
 import tempfile
 import time
 
+from shared.messages.codes import COMPARED, LoadMode, mode_names, parse_modes
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="replay agent traces: offline JCT, online TTFT/TPOT and SLO capacity")
@@ -34,7 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     load.add_argument("--offline", action="store_true", help="all agents start together; report JCT")
     load.add_argument("--aps", type=float, help="online: Poisson arrivals at this many agents per second")
     load.add_argument("--search-aps", action="store_true", help="online: find the highest APS that meets the SLO")
-    p.add_argument("--modes", default="basic,dualpath,oracle", help="comma-separated load modes")
+    p.add_argument("--modes", default=",".join(COMPARED),
+                   help=f"comma-separated load modes, one run each ({', '.join(mode_names())})")
     p.add_argument("--aps-start", type=float, default=0.5, help="--search-aps: first level")
     p.add_argument("--search-steps", type=int, default=4, help="--search-aps: load levels per mode")
     p.add_argument("--slo-ttft", type=float, default=4.0, help="SLO on TTFT in seconds")
@@ -80,12 +83,10 @@ def parse_topology(text: str) -> tuple[int, int]:
 
 def run(args: argparse.Namespace) -> int:
     from dualpath.cli import CliError
-    from dualpath.bench.workload import MODES
-
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    bad = [m for m in modes if m not in MODES]
-    if bad or not modes:
-        raise CliError(f"--modes: unknown mode {bad[0] if bad else '(none)'} (choose from {', '.join(MODES)})")
+    try:
+        modes = parse_modes(args.modes)
+    except ValueError as exc:
+        raise CliError(f"--modes: {exc}") from None
     if args.scale is None:
         args.scale = 0.05 if args.trace.startswith("gen:") else 1.0
     if not 0 < args.scale <= 1:
@@ -129,7 +130,7 @@ def _snic_flag(args: argparse.Namespace) -> None:
     args.snic_gbit = args.snic_gbs_old
 
 
-def _bench_up(args: argparse.Namespace, modes: list[str], topo: tuple[int, int], extra: dict) -> int:
+def _bench_up(args: argparse.Namespace, modes: list[LoadMode], topo: tuple[int, int], extra: dict) -> int:
     """Start a mesh in a temporary directory (store + logs), bench it, stop it, clean up."""
     import shutil
 
@@ -160,7 +161,7 @@ def _bench_up(args: argparse.Namespace, modes: list[str], topo: tuple[int, int],
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _bench(args: argparse.Namespace, url: str, modes: list[str]) -> int:
+def _bench(args: argparse.Namespace, url: str, modes: list[LoadMode]) -> int:
     import httpx
 
     from dualpath.bench import replay, report
@@ -174,7 +175,7 @@ def _bench(args: argparse.Namespace, url: str, modes: list[str]) -> int:
     nonce = random.SystemRandom().randrange(1 << 30)  # fresh token contents: nothing from an earlier run hits
     runs_done = [0]
 
-    def fresh_jobs(mode: str) -> list:
+    def fresh_jobs(mode: LoadMode) -> list:
         """This run's copy of the workload: new token contents each run, so no run hits another's KV."""
         runs_done[0] += 1
         return _cap_turns(jobs(wl, mode, lo, hi, nonce + runs_done[0], mesh.get("max_context") or 0), args.max_turns)
@@ -189,7 +190,7 @@ def _bench(args: argparse.Namespace, url: str, modes: list[str]) -> int:
         "block_size": mesh.get("block_size")}, "runs": []}
     kv_bytes_per_block = [0.0]
     with Scraper(url) as scraper:
-        def measure(mode: str, aps: float | None, order: int) -> dict:
+        def measure(mode: LoadMode, aps: float | None, order: int) -> dict:
             js = fresh_jobs(mode)
             t0 = time.time()
             if aps is None:

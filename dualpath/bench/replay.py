@@ -20,6 +20,7 @@ import httpx
 import numpy as np
 
 from dualpath.bench.workload import Job
+from shared.messages.codes import LoadMode
 
 
 @dataclass(slots=True)
@@ -44,7 +45,7 @@ class TurnResult:
 
 @dataclass
 class RunResult:
-    mode: str
+    mode: LoadMode
     kind: str  # offline | online
     aps: float | None
     turns: list[TurnResult] = field(default_factory=list)
@@ -72,7 +73,7 @@ class Progress:
             self.stream.flush()
 
 
-async def one_turn(client: httpx.AsyncClient, url: str, prompt: list[int], gen: int, mode: str,
+async def one_turn(client: httpx.AsyncClient, url: str, prompt: list[int], gen: int, mode: LoadMode,
                    t0: float) -> tuple[TurnResult, list[int]]:
     """Stream one completion; returns its timings and the generated token ids."""
     body = {"prompt": prompt, "max_tokens": gen, "temperature": 0, "ignore_eos": True, "stream": True,
@@ -127,7 +128,7 @@ def poisson_arrivals(n: int, aps: float, seed: int) -> list[float]:
     return np.concatenate(([0.0], np.cumsum(gaps[1:]))).tolist() if n else []
 
 
-async def _drive(url: str, jobs: list[Job], arrivals: list[float], mode: str, kind: str, aps: float | None,
+async def _drive(url: str, jobs: list[Job], arrivals: list[float], mode: LoadMode, kind: str, aps: float | None,
                  show: bool, timeout: float) -> RunResult:
     out = RunResult(mode, kind, aps, t0_unix=time.time())
     progress = Progress(sum(len(j.turns) for j in jobs), f"{kind} {mode}" + (f" @{aps:g}" if aps else ""),
@@ -147,11 +148,11 @@ async def _drive(url: str, jobs: list[Job], arrivals: list[float], mode: str, ki
     return out
 
 
-def offline(url: str, jobs: list[Job], mode: str, show: bool = True, timeout: float = 600) -> RunResult:
+def offline(url: str, jobs: list[Job], mode: LoadMode, show: bool = True, timeout: float = 600) -> RunResult:
     return asyncio.run(_drive(url, jobs, [0.0] * len(jobs), mode, "offline", None, show, timeout))
 
 
-def online(url: str, jobs: list[Job], mode: str, aps: float, seed: int = 0, show: bool = True,
+def online(url: str, jobs: list[Job], mode: LoadMode, aps: float, seed: int = 0, show: bool = True,
            timeout: float = 600) -> RunResult:
     recorded = all(j.arrival_s is not None for j in jobs)
     arrivals = [j.arrival_s for j in jobs] if recorded else poisson_arrivals(len(jobs), aps, seed)
@@ -165,7 +166,7 @@ def probe(url: str, lo: int, hi: int, n_prompt: int = 256, n_gen: int = 16, repe
         async with httpx.AsyncClient(timeout=120) as client:
             for k in range(repeat):
                 prompt = np.random.default_rng([int(time.time() * 1e6) % (1 << 31), k]).integers(lo, hi, n_prompt)
-                res, _ = await one_turn(client, url, prompt.tolist(), n_gen, "oracle", time.perf_counter())
+                res, _ = await one_turn(client, url, prompt.tolist(), n_gen, LoadMode.ORACLE, time.perf_counter())
                 if res.error:
                     raise RuntimeError(f"probe request failed: {res.error}")
                 best_p = max(best_p, n_prompt / res.ttft)

@@ -11,6 +11,8 @@ import json
 import math
 from pathlib import Path
 
+from shared.messages.codes import LoadMode
+
 
 def _f(v, unit: str = "", digits: int = 3) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
@@ -28,11 +30,12 @@ def ratios(doc: dict) -> dict:
     oracle JCT), and the spread of storage bytes read across nodes (max/avg, dualpath)."""
     jct = {r["mode"]: r["jct_s"] for r in doc["runs"] if r["kind"] == "offline" and r.get("jct_s")}
     out = {}
-    if "dualpath" in jct and "basic" in jct:
-        out["dualpath_speedup_over_basic"] = jct["basic"] / jct["dualpath"]
-    if "dualpath" in jct and "oracle" in jct:
-        out["dualpath_over_oracle"] = jct["dualpath"] / jct["oracle"]
-    dp = next((r for r in doc["runs"] if r["kind"] == "offline" and r["mode"] == "dualpath"), None)
+    dual, basic, oracle = LoadMode.DUALPATH, LoadMode.BASIC, LoadMode.ORACLE
+    if dual in jct and basic in jct:
+        out["dualpath_speedup_over_basic"] = jct[basic] / jct[dual]
+    if dual in jct and oracle in jct:
+        out["dualpath_over_oracle"] = jct[dual] / jct[oracle]
+    dp = next((r for r in doc["runs"] if r["kind"] == "offline" and r["mode"] == dual), None)
     reads = list((dp or {}).get("storage_read_bytes_per_node", {}).values())
     if reads and sum(reads) > 0:
         out["dualpath_read_bytes_max_over_avg"] = max(reads) / (sum(reads) / len(reads))

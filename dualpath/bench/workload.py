@@ -10,20 +10,20 @@ token content; knows nothing about HTTP.
 """
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from dualpath.traces import Trajectory, expand_agents, generate, read_trajectories
 from dualpath.traces.generator import PRESETS
-
-MODES = ("basic", "dualpath", "oracle")
+from shared.messages.codes import LoadMode
 
 
 @dataclass(frozen=True, slots=True)
 class Job:
     id: str
-    mode: str
+    mode: LoadMode
     turns: tuple[tuple[tuple[int, ...], int], ...]  # (append ids, gen tokens)
     arrival_s: float | None = None  # recorded arrival (Mooncake); None = scheduled by the driver
 
@@ -82,9 +82,15 @@ def _scaled(t: Trajectory, scale: float) -> Trajectory:
     return Trajectory(t.id, turns, t.meta)
 
 
-def jobs(w: Workload, mode: str, lo: int, hi: int, seed: int = 0, max_context: int = 0) -> list[Job]:
+def mode_salt(mode: LoadMode) -> int:
+    """The seed salt of one mode's token content: CRC-32 of its name, so it is the same in every
+    process and does not move when modes are added or reordered."""
+    return zlib.crc32(LoadMode(mode).value.encode())
+
+
+def jobs(w: Workload, mode: LoadMode, lo: int, hi: int, seed: int = 0, max_context: int = 0) -> list[Job]:
     """The jobs one mode replays; turns past `max_context` (prompt + gen) are cut off."""
-    salt = MODES.index(mode) if mode in MODES else abs(hash(mode)) % 997
+    salt = mode_salt(mode)
     if w.mooncake:
         return _mooncake_jobs(w, mode, lo, hi, seed * 1000 + salt, max_context)
     out = []
@@ -106,7 +112,7 @@ def jobs(w: Workload, mode: str, lo: int, hi: int, seed: int = 0, max_context: i
     return out
 
 
-def _mooncake_jobs(w: Workload, mode: str, lo: int, hi: int, salt: int, max_context: int) -> list[Job]:
+def _mooncake_jobs(w: Workload, mode: LoadMode, lo: int, hi: int, salt: int, max_context: int) -> list[Job]:
     from dualpath.traces.mooncake import output_length, prompt_tokens
 
     out = []

@@ -1,7 +1,7 @@
 """`dualpath sim`: run the cluster simulator, the paper reproduction, or the P/D window.
 
     dualpath sim --model ds-v3.2-660b --hardware h800 --topology 2P4D --trace gen:64k \
-        --agents 2000 --offline --modes basic,dualpath,oracle --json out.json
+        --agents 2000 --offline --modes dualpath,dualpath-split --json out.json
     dualpath sim --reproduce [--quick] [--full]      # --quick: about 5 minutes on 2 cores
     dualpath sim --pd-window [--hardware dgx-h100]
 
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import re
+
+from shared.messages.codes import COMPARED, mode_names, parse_modes
 
 
 def register(subparsers) -> None:
@@ -25,10 +27,10 @@ def register(subparsers) -> None:
     load.add_argument("--offline", action="store_true", help="all agents start at t=0 (default); report JCT")
     load.add_argument("--aps", type=float, default=0.0, help="online: agents per second (Poisson); 0 = offline")
     p.add_argument("--duration", type=float, default=600.0, help="online: simulated seconds")
-    p.add_argument("--modes", default="basic,dualpath,oracle", help="comma-separated load modes, one run each")
+    p.add_argument("--modes", default=",".join(COMPARED),
+                   help=f"comma-separated load modes, one run each ({', '.join(mode_names())})")
     p.add_argument("--assign", default="policy", choices=("policy", "rr"),
                    help="engine assignment: the scheduler's policy, or round-robin (the balance figure's baseline)")
-    p.add_argument("--split", action="store_true", help="split each request's reads across both paths")
     p.add_argument("--scale", type=float, default=1.0, help="shrink trajectory lengths (keeps hit ratio)")
     p.add_argument("--seed", type=int, default=0, help="trace and arrival seed")
     p.add_argument("--pull", type=float, default=0.05, help="group pull period, s")
@@ -76,12 +78,15 @@ def _simulate(args: argparse.Namespace) -> int:
     from dualpath.sim.report import format_runs
 
     P, D = parse_topology(args.topology)
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     base = dict(model=args.model, hardware=args.hardware, P=P, D=D, trace=args.trace,
                 agents=args.agents, scale=args.scale, seed=args.seed, aps=args.aps,
                 duration_s=args.duration if args.aps > 0 else 0.0, assign=args.assign,
-                split=args.split, pull_s=args.pull, quota_s=args.quota, think_s=args.think,
-                progress=not args.no_progress)
+                pull_s=args.pull, quota_s=args.quota, think_s=args.think, progress=not args.no_progress)
+    try:
+        modes = parse_modes(args.modes)
+    except ValueError as exc:
+        from dualpath.cli import CliError
+        raise CliError(f"--modes: {exc}") from None
     try:
         cfgs = [SimConfig(mode=m, **base) for m in modes]
     except ValueError as exc:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MODES = ("dualpath", "basic", "oracle")
+from shared.messages.codes import LoadMode, mode_names
 
 
 @dataclass(frozen=True)
@@ -18,9 +18,8 @@ class SimConfig:
     seed: int = 0
     aps: float = 0.0  # online: agents per second (Poisson); 0 = offline batch
     duration_s: float = 0.0  # online: simulated seconds; 0 = until all agents finish
-    mode: str = "dualpath"  # dualpath | basic (PE path only) | oracle (no I/O cost)
+    mode: LoadMode = LoadMode.DUALPATH  # how hits are read (shared/messages/codes.py; oracle: no I/O cost)
     assign: str = "policy"  # policy (Algorithm 1 + DE levels) | rr (round-robin)
-    split: bool = False  # split each request's hit blocks across both paths
     pull_s: float = 0.05  # engine groups pull every pull_s
     quota_s: float = 0.3  # intra-PE compute quota (attention time per forward)
     alpha_s: float = 3.0  # alpha = tokens a node reads from storage in alpha_s
@@ -32,8 +31,9 @@ class SimConfig:
     progress: bool = False
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.mode not in mode_names():
+            raise ValueError(f"mode must be one of {', '.join(mode_names())}, got {self.mode!r}")
+        object.__setattr__(self, "mode", LoadMode(self.mode))
         if self.assign not in ("policy", "rr"):
             raise ValueError(f"assign must be 'policy' or 'rr', got {self.assign!r}")
         if self.block_tokens < 1:

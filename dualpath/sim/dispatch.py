@@ -15,6 +15,7 @@ from typing import Callable
 
 from dualpath.sim.cluster import Cluster, Engine, Node
 from dualpath.sim.workload import Req
+from shared.messages.codes import LoadMode
 from shared.sched.dispatch import Dispatcher, EngineLoad, Job
 from shared.sched.policy import PeThresholds
 from shared.sched.reads import ReadQueues
@@ -23,12 +24,11 @@ Assigned = Callable[[Req], None]  # called once a request holds both engines (r.
 
 
 class SimDispatch:
-    def __init__(self, cluster: Cluster, th: PeThresholds, mode: str, assign: str, split: bool,
+    def __init__(self, cluster: Cluster, th: PeThresholds, mode: LoadMode, assign: str,
                  on_assigned: Assigned, block_tokens: int) -> None:
         self.c = cluster
-        self.mode = mode
+        self.mode = mode  # dualpath: every hit on the shorter queue; dualpath-split: split (ReadQueues.decide)
         self.rr = assign == "rr"
-        self.force = "auto" if split else "choose"  # split each request's hits, or all on the shorter queue
         self.on_assigned = on_assigned
         self.block = block_tokens
         self.d = Dispatcher(th)
@@ -103,8 +103,8 @@ class SimDispatch:
         are held on the nodes' queues until `read_done`."""
         if r.hit == 0:
             return 0, 0
-        force = self.force
-        if self.rr and self.mode == "dualpath":
+        force = "auto"  # the mode's own rule
+        if self.rr and self.mode.both_paths:
             self.rr_path += 1
             force = "pe" if self.rr_path % 2 else "de"
         blocks = -(-r.hit // self.block)

@@ -31,9 +31,9 @@ class Simulation:
         self.c = Cluster(cfg.P, cfg.D, self.hw, self.model, cfg.group_nodes)
         self.w = load_workload(cfg.trace, cfg.agents, cfg.scale, cfg.seed, cfg.aps, cfg.block_tokens)
         self.kvb = self.model.kv_bytes
-        self.oracle = cfg.mode == "oracle"
+        self.oracle = not cfg.mode.moves_kv
         self.th = self._thresholds()
-        self.sched = SimDispatch(self.c, self.th, cfg.mode, cfg.assign, cfg.split, self._on_assigned,
+        self.sched = SimDispatch(self.c, self.th, cfg.mode, cfg.assign, self._on_assigned,
                                  self.w.block)
         self.prefill = Prefill(self.model, cfg.quota_s, cfg.chunk_align, self.oracle)
         self.heap: list = []

@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from shared.messages.codes import LoadMode
+
 SLO_TTFT_S = 4.0
 SLO_TPOT_S = 0.050
 WINDOW_S = 150.0
@@ -16,7 +18,7 @@ WINDOW_S = 150.0
 
 @dataclass
 class SimResult:
-    mode: str
+    mode: LoadMode
     jct_s: float  # offline: time the last agent finished; online: simulated span
     requests: int
     agents_done: int
@@ -72,7 +74,7 @@ def collect(sim, span: float, wall: float) -> SimResult:
         tpot_p50_s=_pct(sim.tpot, 50), tpot_p90_s=_pct(sim.tpot, 90), tpot_mean_s=tpot_mean,
         ttft_window_s=window, slo_ok=window <= SLO_TTFT_S and not tpot_mean > SLO_TPOT_S,
         snic_read_gb=reads, snic_write_gb=writes,
-        snic_max_over_avg=_max_over_avg(reads) if sim.cfg.mode != "oracle" else float("nan"),
+        snic_max_over_avg=_max_over_avg(reads) if sim.cfg.mode.moves_kv else float("nan"),
         attn_max_over_avg=attn, link_util=_link_util(c, span), events=sim.events,
         wall_s=wall, events_per_s=sim.events / wall if wall > 0 else 0.0,
         alpha=sim.th.alpha, beta=sim.th.beta)

@@ -24,6 +24,9 @@ from dualpath.sim.engine import run_sim
 from dualpath.sim.hardware import HARDWARE
 from dualpath.sim.metrics import SimResult
 from dualpath.sim.window import format_report, sweep
+from shared.messages.codes import LoadMode
+
+BASIC, DUAL, ORACLE = LoadMode.BASIC, LoadMode.DUALPATH, LoadMode.ORACLE
 
 
 _T0 = time.perf_counter()
@@ -64,24 +67,24 @@ def main(quick: bool = False, full: bool = False, json_path: str | None = None) 
     base = SimConfig(model="ds-v3.2-660b", P=2, D=4, trace="gen:64k", agents=n660, scale=scale)
 
     print("A/B. offline JCT, DS-660B 2P4D, 64K trace")
-    a = {m: _run(replace(base, mode=m), log) for m in ("basic", "dualpath", "oracle")}
-    rr = _run(replace(base, mode="dualpath", assign="rr"), log)
+    a = {m: _run(replace(base, mode=m), log) for m in (BASIC, DUAL, ORACLE)}
+    rr = _run(replace(base, mode=DUAL, assign="rr"), log)
     rows.append(("A", "JCT speedup dualpath / basic", "up to 1.87x",
-                 a["basic"].jct_s / a["dualpath"].jct_s, 1.87))
-    rows.append(("A", "JCT dualpath / oracle", "close to 1", a["dualpath"].jct_s / a["oracle"].jct_s, 1.0))
+                 a[BASIC].jct_s / a[DUAL].jct_s, 1.87))
+    rows.append(("A", "JCT dualpath / oracle", "close to 1", a[DUAL].jct_s / a[ORACLE].jct_s, 1.0))
     rows.append(("B", "SNIC max/avg, round-robin", "1.53", rr.snic_max_over_avg, 1.53))
-    rows.append(("B", "SNIC max/avg, scheduler", "1.18", a["dualpath"].snic_max_over_avg, 1.18))
-    rows.append(("B", "attention max/avg across GPUs", "< 1.06", a["dualpath"].attn_max_over_avg, 1.06))
+    rows.append(("B", "SNIC max/avg, scheduler", "1.18", a[DUAL].snic_max_over_avg, 1.18))
+    rows.append(("B", "attention max/avg across GPUs", "< 1.06", a[DUAL].attn_max_over_avg, 1.06))
 
     print("C. P/D sweep, DS-27B, 64K trace")
     c_base = replace(base, model="ds-27b", agents=150 if quick else 600)
     jct = {}
     for P, D in ((1, 1), (1, 3), (2, 2), (3, 1)):
-        for m in ("basic", "dualpath"):
+        for m in (BASIC, DUAL):
             jct[(P, D, m)] = _run(replace(c_base, P=P, D=D, mode=m), log).jct_s
-    four = [jct[(p, d, "dualpath")] for p, d in ((1, 3), (2, 2), (3, 1))]
+    four = [jct[(p, d, DUAL)] for p, d in ((1, 3), (2, 2), (3, 1))]
     rows.append(("C", "P+D=4: max/min JCT over 1P3D,2P2D,3P1D", "~1 (alike)", max(four) / min(four), 1.0))
-    gains = [jct[(p, d, "basic")] / jct[(p, d, "dualpath")] for p, d in ((1, 1), (1, 3), (2, 2), (3, 1))]
+    gains = [jct[(p, d, BASIC)] / jct[(p, d, DUAL)] for p, d in ((1, 1), (1, 3), (2, 2), (3, 1))]
     rows.append(("C", "mean speedup over P/D ratios", "1.64x", sum(gains) / len(gains), 1.64))
     rows.append(("C", "max speedup over P/D ratios", "2.46x", max(gains), 2.46))
 
@@ -91,15 +94,15 @@ def main(quick: bool = False, full: bool = False, json_path: str | None = None) 
     for name, model, P, D, guess, pub in (("DS-27B 1P1D", "ds-27b", 1, 1, 0.5, 1.67),
                                           ("DS-660B 2P4D", "ds-v3.2-660b", 2, 4, 0.25, 2.25)):
         on = replace(base, model=model, P=P, D=D, agents=100_000, duration_s=dur)
-        caps = {m: capacity(replace(on, mode=m), log, 0.0, guess, iters) for m in ("basic", "dualpath")}
-        rows.append(("D", f"APS at SLO {name}: {caps['dualpath']:.2f} vs {caps['basic']:.2f}", f"{pub}x",
-                     caps["dualpath"] / caps["basic"] if caps["basic"] else None, pub))
+        caps = {m: capacity(replace(on, mode=m), log, 0.0, guess, iters) for m in (BASIC, DUAL)}
+        rows.append(("D", f"APS at SLO {name}: {caps[DUAL]:.2f} vs {caps[BASIC]:.2f}", f"{pub}x",
+                     caps[DUAL] / caps[BASIC] if caps[BASIC] else None, pub))
 
     k = 24 if full else 4
     print(f"E. scale: 2P4D with {n660} agents vs {2 * k}P{4 * k}D with {n660 * k} agents")
-    big = _run(replace(base, P=2 * k, D=4 * k, agents=n660 * k, mode="dualpath", progress=True), log)
+    big = _run(replace(base, P=2 * k, D=4 * k, agents=n660 * k, mode=DUAL, progress=True), log)
     rows.append(("E", f"JCT {2 * k}P{4 * k}D / 2P4D (dualpath)", "~1 (nearly equal)",
-                 big.jct_s / a["dualpath"].jct_s, 1.0))
+                 big.jct_s / a[DUAL].jct_s, 1.0))
 
     print()
     print(format_table(rows))

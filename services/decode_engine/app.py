@@ -18,9 +18,10 @@ from opentelemetry import trace
 from services.decode_engine.config import DecodeEngineConfig
 from services.decode_engine.persist import Persister
 from services.decode_engine.running import DecodeRequest, RunningSeq, admit_order, filled_block, finish_reason
-from shared.bus import BusError, Delivery
+from shared.bus import BusError, Delivery, error_code
 from shared.engine.requests import RecentSet, stop_ids
 from shared.engine.service import EngineService
+from shared.messages.codes import ErrorCode, FinishReason
 from shared.messages.stream import StepEvents, TokenEvent, TokenLogprob
 from shared.messages.traffic_manager import LoadKV, PushDone, Release
 from shared.messages.work import Ack, Cancel, DecodeAdmit
@@ -63,10 +64,11 @@ class DecodeEngineService(EngineService):
     # admission ----------------------------------------------------------------
     async def _on_admit(self, msg: DecodeAdmit, d: Delivery) -> None:
         if msg.req_id in self.cancelled:
-            await d.respond(Ack(False, "request was cancelled"))
+            await d.respond(Ack(False, "request was cancelled", ErrorCode.CANCELLED))
             return
         if msg.prompt_len + 1 > self.max_context():
-            await d.respond(Ack(False, f"prompt of {msg.prompt_len} tokens exceeds context {self.max_context()}"))
+            await d.respond(Ack(False, f"prompt of {msg.prompt_len} tokens exceeds context {self.max_context()}",
+                                ErrorCode.PROMPT_TOO_LONG))
             return
         req = DecodeRequest(msg.req_id, list(msg.prompt), msg.sampling, msg.reply, d.ctx, admit=msg)
         req.generated.append(msg.first_token)
@@ -103,7 +105,8 @@ class DecodeEngineService(EngineService):
                     log.exception("KV load of %s failed", req.req_id)
                 span.record_exception(exc)
                 reason = exc.reason if isinstance(exc, BusError) else f"{type(exc).__name__}: {exc}"
-                await self.fail(req, f"KV load failed: {reason}", retryable=True)
+                code = error_code(exc, ErrorCode.KV_TRANSFER if isinstance(exc, BusError) else ErrorCode.INTERNAL)
+                await self.fail(req, code, f"KV load failed: {reason}", retryable=True)
                 return
         self.m_load.observe(time.perf_counter() - t0)
         if seq is None:
@@ -118,7 +121,13 @@ class DecodeEngineService(EngineService):
                                       LoadKV(req.req_id, admit.buf_slots, req.blocks[:n]), PushDone,
                                       timeout=self.cfg.load_timeout_s)
         if not done.ok:
-            raise BusError("load", done.error)
+            raise BusError("load", done.error, done.code)
+        if self.kv.copies.separate:  # a device cache: the prompt goes up before the sequence joins
+            await self.worker.run(self._upload, req.blocks[:n])
+
+    def _upload(self, blocks: list[int]) -> None:
+        self.kv.copies.upload(blocks)
+        self.kv.copies.finish()
 
     def _join(self, req: DecodeRequest, admit: DecodeAdmit) -> RunningSeq | None:
         """The running sequence of a loaded request (None: it was cancelled meanwhile)."""
@@ -173,10 +182,10 @@ class DecodeEngineService(EngineService):
         """A cancelled or failed sequence leaves the batch (a failed one with its error event)."""
         self.running.remove(seq)
         if seq.span is not None:
-            seq.span.set_attribute("finish_reason", "error" if seq.req.failed else "cancelled")
+            seq.span.set_attribute("finish_reason", FinishReason.ERROR if seq.req.failed else FinishReason.CANCELLED)
             seq.span.end()
         if seq.req.failed and not seq.req.cancelled:
-            await self.fail(seq.req, seq.req.failed, retryable=True)
+            await self.fail(seq.req, ErrorCode.INTERNAL, seq.req.failed, retryable=True)  # only a bug sets it
         else:
             self._release(seq.req)
 
@@ -192,7 +201,7 @@ class DecodeEngineService(EngineService):
                 if seq.span is not None:
                     seq.span.record_exception(exc)
                     seq.span.end()
-                await self.fail(seq.req, f"decode step failed: {exc}")
+                await self.fail(seq.req, ErrorCode.ENGINE_FAILED, f"decode step failed: {exc}")
             return
         self.m_step.observe(time.perf_counter() - t0)
         self.m_tokens.inc(len(batch))
@@ -235,12 +244,17 @@ class DecodeEngineService(EngineService):
         fb = ForwardBatch([SeqSlice([s.last], s.pos, s.req.blocks) for s in batch])
         with torch.inference_mode():
             logits = self.loaded.model.forward(fb, self.kv.cache)
+        bs = self.cfg.block_size  # blocks this step filled go down to the host region before the TM persists them
+        filled = [s.req.blocks[s.pos // bs] for s in batch if s.persist and (s.pos + 1) % bs == 0]
+        if filled and self.kv.copies.separate:
+            self.kv.copies.download(filled)
+            self.kv.copies.finish()
         return next_tokens(logits, [s.req.sampling for s in batch], [s.index for s in batch])
 
     # helpers ----------------------------------------------------------------------
-    async def fail(self, req: DecodeRequest, error: str, retryable: bool = False) -> None:
+    async def fail(self, req: DecodeRequest, code: ErrorCode, error: str, retryable: bool = False) -> None:
         try:
-            await self.publish_error(req, error, retryable)
+            await self.publish_error(req, code, error, retryable)
         finally:
             self._release(req)
 

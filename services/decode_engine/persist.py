@@ -19,7 +19,7 @@ from typing import Callable
 from services.decode_engine.running import RunningSeq
 from shared.bus import Bus, BusError
 from shared.engine.requests import EngineRequest
-from shared.kv.hashing import chain_hash, key_hex
+from shared.kv.hashing import chain_hash
 from shared.messages.storage_gateway import StoreLayout
 from shared.messages.traffic_manager import SaveCopied, SaveKV
 from shared.messages.work import DecodeAdmit
@@ -52,8 +52,8 @@ class Persister:
         bs = self.layout.block_size
         if block != len(seq.keys):
             return  # a gap (prompt keys unknown): nothing to chain on
-        parent = bytes.fromhex(seq.keys[-1]) if seq.keys else bytes.fromhex(self.layout.fingerprint)
-        seq.keys.append(key_hex(chain_hash(parent, seq.context(block * bs, (block + 1) * bs))))
+        parent = seq.keys[-1] if seq.keys else self.layout.fingerprint
+        seq.keys.append(chain_hash(parent, seq.context(block * bs, (block + 1) * bs)))
         self._save(seq, [block])
 
     def _save(self, seq: RunningSeq, blocks: list[int]) -> None:

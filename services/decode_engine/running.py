@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.engine.requests import EngineRequest
+from shared.messages.codes import FinishReason
 from shared.messages.work import DecodeAdmit
 
 
@@ -28,7 +29,7 @@ class RunningSeq:
     last: int  # the newest generated token (input of the next step)
     max_pos: int  # context limit for this sequence (blocks reserved up to here)
     stops: set[int] = field(default_factory=set)
-    keys: list[str] = field(default_factory=list)  # hex store keys of the full blocks so far
+    keys: list[bytes] = field(default_factory=list)  # store keys of the full blocks so far
     persist: bool = True  # save full blocks as they fill (off in the oracle mode)
     span: Any = None  # the request's decode span (OpenTelemetry), ended when it leaves
 
@@ -44,15 +45,15 @@ class RunningSeq:
         return len(self.req.generated)
 
 
-def finish_reason(seq: RunningSeq, token: int) -> str:
-    """Why `seq` stops after producing `token` ("" = keep going)."""
+def finish_reason(seq: RunningSeq, token: int) -> FinishReason | None:
+    """Why `seq` stops after producing `token` (None = keep going)."""
     if token in seq.stops:
-        return "stop"
+        return FinishReason.STOP
     if len(seq.req.generated) >= seq.req.sampling.max_tokens:
-        return "length"
+        return FinishReason.LENGTH
     if seq.pos + 1 >= seq.max_pos:
-        return "length"
-    return ""
+        return FinishReason.LENGTH
+    return None
 
 
 def admit_order(waiting: list[EngineRequest], free_blocks: int, blocks_needed, room: int) -> list[EngineRequest]:

@@ -23,8 +23,9 @@ from services.prefill_engine.layers import LoadError
 from services.prefill_engine.record import PrefillRequest
 from shared.bus import Delivery
 from shared.engine.service import EngineService
+from shared.messages.codes import ErrorCode, FinishReason, LoadMode
 from shared.messages.stream import TokenEvent
-from shared.messages.traffic_manager import LayerLoaded, Release
+from shared.messages.traffic_manager import FetchProgress, Release, progress_decoder
 from shared.messages.work import Cancel, PrefillWork
 from shared.runtime import service_main
 from shared.sched.policy.intra_pe import AttentionModel
@@ -63,26 +64,27 @@ class PrefillEngineService(EngineService):
                                self.loaded.config.eos_ids, self.m_handoff.observe, fail=self.fail,
                                release=self._release, drop_de_slots=self._drop_de_slots)
         await self.bus.subscribe(self.subjects.prefill_work(self.engine), PrefillWork, self._on_work)
-        await self.bus.subscribe(self.subjects.prefill_loaded(self.engine), LayerLoaded, self._on_loaded)
+        await self.bus.subscribe(self.subjects.prefill_loaded(self.engine), progress_decoder, self._on_loaded)
         await self.bus.subscribe(self.subjects.cancel, Cancel, self._on_cancel)
         self.spawn(self._loop(), name="prefill-loop")
 
     async def stop(self) -> None:
         for req in self.held.values():  # a forward waiting on stored KV returns now, not at its layer timeout
             if req.load is not None:
-                req.load.fail("prefill engine shutting down")
+                req.load.fail("prefill engine shutting down", ErrorCode.SHUTTING_DOWN)
         await super().stop()
 
     # intake -------------------------------------------------------------
     async def _on_work(self, msg: PrefillWork, d: Delivery) -> None:
         if len(msg.prompt) > self.max_context():
-            await self.bus.publish(msg.reply, TokenEvent(msg.req_id, [], finish="error", source=self.engine,
-                                                         error="prompt longer than the engine's KV memory"))
+            await self.bus.publish(msg.reply, TokenEvent(msg.req_id, [], finish=FinishReason.ERROR, source=self.engine,
+                                                         error="prompt longer than the engine's KV memory",
+                                                         code=ErrorCode.PROMPT_TOO_LONG))
             return
         req = PrefillRequest(msg.req_id, msg.prompt, msg.sampling, msg.reply, d.ctx, work=msg)
         self.held[req.req_id] = req
         hits = usable_hits(msg, self.cfg.block_size)
-        if msg.mode == "oracle":  # no I/O: the hit KV is taken as present (output not meaningful)
+        if msg.mode == LoadMode.ORACLE:  # no I/O: the hit KV is taken as present (output not meaningful)
             req.hit_tokens = hits * self.cfg.block_size
             self.queue.append(req)
         elif hits:
@@ -92,15 +94,15 @@ class PrefillEngineService(EngineService):
         self._note_queue()
         self.wake.set()
 
-    async def _on_loaded(self, msg: LayerLoaded, d: Delivery) -> None:
-        await self.fetcher.on_loaded(msg)
+    async def _on_loaded(self, msg: FetchProgress, d: Delivery) -> None:
+        await self.fetcher.on_progress(msg)
 
     def _ready(self, req: PrefillRequest) -> None:
         """Its stored KV is read (or it turned out a miss): it may be computed."""
         self.queue.append(req)
         self.wake.set()
 
-    async def _load_failed(self, req: PrefillRequest, error: str) -> None:
+    async def _load_failed(self, req: PrefillRequest, code: ErrorCode, error: str) -> None:
         """Its stored KV will not arrive: a forward computing it fails it (LoadError); else fail it now."""
         if req.in_step:
             return
@@ -108,7 +110,7 @@ class PrefillEngineService(EngineService):
         if req.cancelled:
             self._release(req)
         else:
-            await self.fail(req, error, retryable=True)
+            await self.fail(req, code, error, retryable=True)
 
     async def _on_cancel(self, msg: Cancel, d: Delivery) -> None:
         req = self.held.get(msg.req_id)
@@ -178,7 +180,8 @@ class PrefillEngineService(EngineService):
             span.end()
             if hit:
                 self.queue = [r for r in self.queue if r is not c.req]
-                await self.fail(c.req, f"prefill failed: {exc}", retryable=load)
+                code = exc.code if load else ErrorCode.ENGINE_FAILED
+                await self.fail(c.req, code, f"prefill failed: {exc}", retryable=load)
         self.wake.set()
 
     def _after_step(self, c: Chunk, span, tok) -> None:
@@ -197,7 +200,7 @@ class PrefillEngineService(EngineService):
         self.queue = [q for q in self.queue if q is not r]
         self.m_requests.inc()
         self.spawn(self.handoff.run(r, *tok), name=f"handoff-{r.req_id}",
-                   on_error=lambda exc: self.fail(r, f"KV hand-off failed: {exc}", retryable=True))
+                   on_error=lambda exc: self.fail(r, ErrorCode.INTERNAL, f"KV hand-off failed: {exc}", retryable=True))
 
     # helpers ----------------------------------------------------------------
     def _note_queue(self) -> None:
@@ -210,10 +213,11 @@ class PrefillEngineService(EngineService):
             self.spawn(self.bus.publish(self.subjects.tm(engine, "release"), Release(req.req_id)),
                        name=f"release-de-{req.req_id}")
 
-    async def fail(self, req: PrefillRequest, error: str, retryable: bool = False, release: bool = True) -> None:
+    async def fail(self, req: PrefillRequest, code: ErrorCode, error: str, retryable: bool = False,
+                   release: bool = True) -> None:
         self._drop_de_slots(req)
         try:
-            await self.publish_error(req, error, retryable)
+            await self.publish_error(req, code, error, retryable)
         finally:
             if release:
                 self._release(req)

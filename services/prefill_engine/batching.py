@@ -43,6 +43,11 @@ def pick(queue: list[PrefillRequest], kv: KVMemory, attn: AttentionModel, quota_
     return [Chunk(ready[c.rid], c.cached, c.bsz) for c in chunks]
 
 
+def written_blocks(batch: list[Chunk], block_size: int) -> list[int]:
+    """The KV blocks a forward of `batch` writes: those holding positions [cached, cached + bsz) of each chunk."""
+    return sorted({b for c in batch for b in c.req.blocks[c.cached // block_size:-(-(c.cached + c.bsz) // block_size)]})
+
+
 def forward(model, kv: KVMemory, batch: list[Chunk], layer_timeout_s: float) -> list[First | None]:
     """Model thread: one batched forward; per chunk, the first token if it finished its prompt."""
     import torch
@@ -51,9 +56,11 @@ def forward(model, kv: KVMemory, batch: list[Chunk], layer_timeout_s: float) -> 
     from shared.model.batch import ForwardBatch, SeqSlice
 
     fb = ForwardBatch([SeqSlice(c.req.prompt[c.cached:c.cached + c.bsz], c.cached, c.req.blocks) for c in batch])
-    gate = LayerGate([c.req.load for c in batch if c.req.load is not None], layer_timeout_s)
+    gate = LayerGate([c.req.load for c in batch if c.req.load is not None], layer_timeout_s, kv.copies,
+                     written_blocks(batch, kv.block_size))
     with torch.inference_mode():
         logits = model.forward(fb, kv.cache, gate)
+        gate.finish()
     last = [i for i, c in enumerate(batch) if c.cached + c.bsz >= len(c.req.prompt)]
     out: list[First | None] = [None] * len(batch)
     if not last:

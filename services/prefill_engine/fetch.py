@@ -1,14 +1,15 @@
 """Stored-KV loading for the prefill engine: the storage read of a request's hit blocks,
-its deadline, and the `LayerLoaded` reports that feed the request's `LoadProgress`.
+its deadline, and the fetch progress reports that feed the request's `LoadProgress`.
 
 Sequence for one request with hits (the traffic-manager's side: shared/messages/traffic_manager.py):
-  KV blocks allocated -> FetchKV to this engine's TM -> [LayerLoaded layer=-2: queued, the
-  deadline waits for the queue] -> LayerLoaded layer=-1: read done, `blocks` hits verified
-  (0: a miss after all) -> the request joins the prefill queue -> LayerLoaded layer=l as
-  layers land, while the model thread computes layer l as soon as it is in KV memory.
-A failure is answered at once: a report with `error` after the read (a layer copy died)
-fails the `LoadProgress`, so a forward waiting on it raises now, and a request not in a
-forward is failed (retryable) right away. A read that never reports fails at its deadline.
+  KV blocks allocated -> FetchKV to this engine's TM -> [ReadQueued: the deadline waits for
+  the storage queue] -> ReadFinished: `blocks` hits verified (0: a miss after all) -> the
+  request joins the prefill queue -> LayersLoaded(l) as layers land, while the model thread
+  computes layer l as soon as it is in KV memory.
+A failure is answered at once: `FetchFailed` before the read finished is a miss (the prompt
+is computed); after it (a layer copy died) it fails the `LoadProgress`, so a forward waiting
+on it raises now, and a request not in a forward is failed (retryable) right away. A read
+that never reports fails at its deadline.
 Owns the requests waiting for KV blocks; receives the bus, the engine's KV memory and
 callbacks into the engine, never the engine itself.
 """
@@ -24,12 +25,14 @@ from services.prefill_engine.layers import LoadProgress
 from services.prefill_engine.record import PrefillRequest
 from shared.bus import Bus
 from shared.engine.kv_memory import KVMemory
+from shared.messages.codes import ErrorCode
 from shared.messages.storage_gateway import StoreLayout
-from shared.messages.traffic_manager import FetchKV, LayerLoaded
+from shared.messages.traffic_manager import (FetchFailed, FetchKV, FetchProgress, LayersLoaded, ReadFinished,
+                                             ReadQueued)
 from shared.messages.work import PrefillWork
 
 log = logging.getLogger("prefill_engine.fetch")
-Fail = Callable[..., Awaitable[None]]  # fail(req, error, retryable=..., release=...)
+Fail = Callable[..., Awaitable[None]]  # fail(req, code, error, retryable=..., release=...)
 
 
 def usable_hits(work: PrefillWork, block_size: int) -> int:
@@ -55,12 +58,13 @@ class Fetcher:
             work = req.work
             req.blocks = kv.alloc.allocate(req.req_id, kv.blocks_for(len(req.prompt)))
             n = usable_hits(work, self.cfg.block_size)
+            pe = min(work.pe_blocks, n)  # the scheduler's count; the rest goes on the DE path
             req.load, req.reading = LoadProgress(req.req_id), True
-            if work.mode == "dualpath" and work.pe_blocks < n:
+            if pe < n:
                 req.de_held = work.de_engine
             fetch = FetchKV(req.req_id, work.block_keys[:n], req.blocks[:n], work.read_node or self.cfg.node,
-                            self.store, pe_blocks=work.pe_blocks if work.mode == "dualpath" else -1,
-                            de_engine=work.de_engine, de_node=work.de_node, prompt_blocks=len(req.blocks))
+                            self.store, pe, de_engine=work.de_engine, de_node=work.de_node,
+                            prompt_blocks=len(req.blocks))
             req.deadline = time.monotonic() + self.cfg.handoff_timeout_s
             req.timer = self.spawn(self._deadline(req), name=f"fetch-deadline-{req.req_id}")
             self.spawn(self._send(req, fetch), name=f"fetch-{req.req_id}")
@@ -73,7 +77,7 @@ class Fetcher:
             if req.reading:
                 req.reading = False
                 req.cancel_timer()
-                await self.fail(req, f"storage read not sent: {exc}", retryable=True)
+                await self.fail(req, ErrorCode.STORAGE, f"storage read not sent: {exc}", retryable=True)
 
     async def _deadline(self, req: PrefillRequest) -> None:
         """Every transfer has a deadline: a storage read that never reports (its traffic-manager died)
@@ -87,38 +91,45 @@ class Fetcher:
         reason = "stored KV did not arrive before the transfer deadline"
         req.load.fail(reason)
         if not req.cancelled:
-            await self.fail(req, reason, retryable=True, release=False)
+            await self.fail(req, ErrorCode.STORAGE, reason, retryable=True, release=False)
         await asyncio.sleep(self.cfg.handoff_timeout_s)
         self.release(req)
 
-    async def on_loaded(self, msg: LayerLoaded) -> None:
+    async def on_progress(self, msg: FetchProgress) -> None:
         req = self.held.get(msg.req_id)
         if req is None or req.load is None or req.load.error:
             return
-        if msg.layer == -2:  # queued behind other storage reads: the deadline waits for the queue
-            if req.reading:
-                req.deadline = max(req.deadline, time.monotonic() + self.cfg.handoff_timeout_s + msg.eta_s)
-            return
-        if msg.error and (msg.layer >= 0 or not req.reading):  # the load died after the read
-            if req.load.layers >= self.n_layers:
-                return  # every layer is in place already: nothing waits on the rest
-            req.reading = False
-            req.cancel_timer()
-            req.load.fail(msg.error)  # a forward waiting on its next layer raises now
-            await self.failed_load(req, f"stored KV load failed: {msg.error}")
-            return
-        if msg.layer >= 0:
-            req.load.mark(msg.layer)
-            if req.cancelled and req.copies_done(self.n_layers):
-                self.release(req)
-            return
-        if not req.reading:
-            return
-        self._read_done(req, msg)
+        match msg:
+            case ReadQueued(eta_s=eta):  # behind other storage reads: the deadline waits for the queue
+                if req.reading:
+                    req.deadline = max(req.deadline, time.monotonic() + self.cfg.handoff_timeout_s + eta)
+            case ReadFinished():
+                if req.reading:
+                    self._read_done(req, msg)
+            case LayersLoaded(layer=layer):
+                req.load.mark(layer)
+                if req.cancelled and req.copies_done(self.n_layers):
+                    self.release(req)
+            case FetchFailed():
+                await self._fetch_failed(req, msg)
 
-    def _read_done(self, req: PrefillRequest, msg: LayerLoaded) -> None:
-        """The storage read reported (layer -1): `msg.blocks` leading hits are in the buffer,
-        copied layer by layer from now on; a short read's error only means fewer hits."""
+    async def _fetch_failed(self, req: PrefillRequest, msg: FetchFailed) -> None:
+        if req.reading:  # nothing reached KV memory yet: a miss after all
+            log.warning("fetch of %s failed before its read finished (%s: %s); computing the prompt",
+                        req.req_id, msg.code, msg.error)
+            self._read_done(req, ReadFinished(req.req_id, 0))
+            return
+        if msg.layers:
+            req.load.mark(msg.layers - 1)
+        if req.load.layers >= self.n_layers:
+            return  # every layer is in place already: nothing waits on the rest
+        req.cancel_timer()
+        req.load.fail(msg.error, msg.code)  # a forward waiting on its next layer raises now
+        await self.failed_load(req, msg.code, f"stored KV load failed: {msg.error}")
+
+    def _read_done(self, req: PrefillRequest, msg: ReadFinished) -> None:
+        """The storage read reported: `msg.blocks` leading hits are in the buffer, copied layer by
+        layer from now on (a short read only means fewer hits)."""
         req.reading = False
         req.cancel_timer()
         req.hit_tokens = msg.blocks * self.cfg.block_size
@@ -126,6 +137,8 @@ class Fetcher:
             req.de_slots, req.de_hits = list(msg.de_slots), list(msg.de_hits)
         if msg.blocks == 0:
             req.load = None  # a miss after all: compute the whole prompt
+        else:
+            req.load.blocks = req.blocks[:msg.blocks]  # where its layers land (sent up from there on a device)
         self.ready(req)
 
     def drop(self, req: PrefillRequest) -> None:

@@ -16,8 +16,9 @@ from typing import Awaitable, Callable
 from opentelemetry import trace
 
 from services.prefill_engine.record import PrefillRequest
-from shared.bus import Bus, BusError
+from shared.bus import Bus, BusError, error_code
 from shared.engine.requests import stop_ids
+from shared.messages.codes import ErrorCode, FinishReason, LoadMode
 from shared.messages.stream import TokenEvent, TokenLogprob
 from shared.messages.subjects import Subjects
 from shared.messages.traffic_manager import PushDone, PushKV, Release
@@ -37,7 +38,7 @@ class Handoff:
     async def run(self, req: PrefillRequest, first: int, lp: TokenLogprob | None) -> None:
         sp = req.sampling
         done = first in stop_ids(sp, self.eos_ids)
-        finish = "stop" if done else ("length" if sp.max_tokens <= 1 else "")
+        finish = FinishReason.STOP if done else (FinishReason.LENGTH if sp.max_tokens <= 1 else None)
         await self.bus.publish(req.reply, TokenEvent(req.req_id, [first], 0, finish=finish, source=self.engine,
                                                      cached_tokens=req.hit_tokens,
                                                      logprobs=[lp] if lp is not None else []), ctx=req.ctx)
@@ -57,7 +58,8 @@ class Handoff:
                     log.exception("hand-off of %s failed", req.req_id)
                 reason = exc.reason if isinstance(exc, BusError) else f"{type(exc).__name__}: {exc}"
                 if not req.cancelled:
-                    await self.fail(req, f"KV hand-off to {work.de_engine} failed: {reason}", retryable=True)
+                    code = error_code(exc, ErrorCode.KV_TRANSFER if isinstance(exc, BusError) else ErrorCode.INTERNAL)
+                    await self.fail(req, code, f"KV hand-off to {work.de_engine} failed: {reason}", retryable=True)
                 await self.bus.publish(self.subjects.tm(work.de_engine, "release"), Release(req.req_id))
             finally:
                 self.release(req)
@@ -66,7 +68,7 @@ class Handoff:
     async def _push_and_admit(self, req: PrefillRequest, first: int) -> None:
         """KV to the DE's buffer (none in the oracle mode), then the admission; BusError on failure."""
         work = req.work
-        if work.mode == "oracle":
+        if work.mode == LoadMode.ORACLE:
             pushed = PushDone()  # no PD transfer in the oracle mode
         else:
             pushed = await self.bus.request(
@@ -74,12 +76,12 @@ class Handoff:
                 PushKV(req.req_id, req.blocks, work.de_engine, len(req.prompt), dst_slots=req.de_slots,
                        skip=req.de_hits), PushDone, timeout=self.timeout_s)
         if not pushed.ok:
-            raise BusError("push", pushed.error)
+            raise BusError("push", pushed.error, pushed.code)
         if req.cancelled:
-            raise BusError("push", "cancelled")
+            raise BusError("push", "cancelled", ErrorCode.CANCELLED)
         admit = DecodeAdmit(req.req_id, len(req.prompt), first, req.sampling, req.reply, pushed.slots,
                             pe_engine=self.engine, prompt=req.prompt, block_keys=work.block_keys,
-                            persisted_blocks=work.hit_blocks, oracle=work.mode == "oracle")
+                            persisted_blocks=work.hit_blocks, oracle=work.mode == LoadMode.ORACLE)
         ack = await self.bus.request(self.subjects.decode_admit(work.de_engine), admit, Ack, timeout=self.timeout_s)
         if not ack.ok:
-            raise BusError("admit", ack.error)
+            raise BusError("admit", ack.error, ack.code)

@@ -25,15 +25,17 @@ from services.scheduler.front import Front
 from services.scheduler.inflight import InFlight
 from services.scheduler.logprobs import LogprobTrack, Reported, logprobs_body
 from services.scheduler.openapi import openapi_document
-from services.scheduler.protocol import (MODES, ApiError, ChatRequest, CompletionRequest, StreamOptions, check_sampling,
-                                         chunk_body,
-                                         completion_body, decode_body, logprob_count, new_id, stop_list, usage)
+from services.scheduler.protocol import (ApiError, ChatRequest, CompletionRequest, StreamOptions, check_sampling,
+                                         chunk_body, completion_body, decode_body, failure, logprob_count, new_id,
+                                         stop_list, usage)
 from services.scheduler.stops import StopMatcher
+from shared.messages.codes import ErrorCode, FinishReason
 from shared.messages.work import Sampling
 from shared.model.token_text import TokenText
 
 tracer = trace.get_tracer("scheduler")
-Event = tuple[str, str, str, list[Reported]]  # (text delta, finish reason or "", error, logprobs it reports)
+# (text delta, finish reason or None, the failure when it failed, logprobs it reports)
+Event = tuple[str, FinishReason | None, ApiError | None, list[Reported]]
 
 
 def build_app(svc: Front) -> Starlette:
@@ -98,7 +100,7 @@ def _prepare(svc: Front, body: bytes, chat: bool):
     req = decode_body(body, ChatRequest if chat else CompletionRequest)
     mid = svc.model_id()
     if not mid:
-        raise ApiError(503, "no engine has announced a model yet", kind="service_unavailable")
+        raise failure(ErrorCode.NO_ENGINE, "no engine has announced a model yet")
     if not svc.accepts_model(req.model):
         raise ApiError(404, f"model {req.model!r} is not served here (serving {mid!r})", "model", "model_not_found")
     if chat:
@@ -121,8 +123,6 @@ def _prepare(svc: Front, body: bytes, chat: bool):
     stops = stop_list(req.stop)
     sampling = Sampling(temperature=req.temperature, top_p=req.top_p, seed=req.seed, max_tokens=max_tokens,
                         ignore_eos=req.ignore_eos, logprobs=logprob_count(req))
-    if req.dualpath_mode is not None and req.dualpath_mode not in MODES:
-        raise ApiError(400, f"dualpath_mode must be one of {', '.join(MODES)}", "dualpath_mode")
     return req, prompt, sampling, stops, mid
 
 
@@ -141,15 +141,13 @@ async def _handle(svc: Front, request: Request, texts: TokenText, chat: bool) ->
         final = _usage_chunk(req.stream_options, rec, rid, mid, chat, req.return_token_ids)
         return StreamingResponse(_sse(events, rid, mid, chat, final, show), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Request-Id": rid})
-    text, finish, error, reported = [], None, "", []
+    text, finish, failed, reported = [], None, None, []
     async for delta, fin, err, lps in events:
         text.append(delta)
         reported += lps
-        finish, error = fin or finish, err or error
-    if finish == "error":
-        kind = "service_unavailable" if "no engine" in error else "engine_error"
-        return JSONResponse(ApiError(503 if "no engine" in error else 500, error, kind=kind).body(),
-                            status_code=503 if "no engine" in error else 500)
+        finish, failed = fin or finish, err or failed
+    if failed is not None:
+        return JSONResponse(failed.body(), status_code=failed.status)
     use = usage(len(prompt), rec.next_index, rec.cached_tokens)
     body = completion_body(rid, mid, chat, "".join(text), finish, use, show(reported) if show else None)
     if req.return_token_ids:
@@ -158,7 +156,7 @@ async def _handle(svc: Front, request: Request, texts: TokenText, chat: bool) ->
 
 
 async def _events(svc: Front, rec: InFlight, stops: list[str], span) -> AsyncIterator[Event]:
-    """(text delta, finish reason or "", error, logprobs to report) per engine event; cancels the
+    """(text delta, finish reason or None, failure, logprobs to report) per engine event; cancels the
     request if abandoned. Logprobs follow the text as logprobs.py describes."""
     from shared.model.tokenizer import IncrementalDecoder
 
@@ -174,7 +172,7 @@ async def _events(svc: Front, rec: InFlight, stops: list[str], span) -> AsyncIte
                 delta = decoder.push(ev.tokens) if ev.tokens else ""
             else:
                 delta = track.push(decoder, ev.tokens, ev.logprobs)
-            if ev.finish and ev.finish != "error":
+            if ev.finish and ev.finish != FinishReason.ERROR:
                 delta += decoder.finish() if track is None else track.finish(decoder)
             delta, hit = matcher.feed(delta, final=bool(ev.finish))
             emitted += len(delta)
@@ -182,16 +180,17 @@ async def _events(svc: Front, rec: InFlight, stops: list[str], span) -> AsyncIte
             if hit:
                 status = "ok"
                 await svc.cancel(rec, "stop sequence")
-                yield delta, "stop", "", lps
+                yield delta, FinishReason.STOP, None, lps
                 return
             if ev.finish:
-                status = "error" if ev.finish == "error" else "ok"
-                if ev.error:
-                    span.set_attribute("error", ev.error)
-                yield delta, ev.finish, ev.error, lps
+                failed = failure(ev.code, ev.error) if ev.finish == FinishReason.ERROR else None
+                status = "error" if failed else "ok"
+                if failed:
+                    span.set_attributes({"error": ev.error, "error_code": failed.code})
+                yield delta, ev.finish, failed, lps
                 return
             if delta or lps:
-                yield delta, "", "", lps
+                yield delta, None, None, lps
     finally:
         if status == "cancelled":
             await asyncio.shield(svc.cancel(rec, "client disconnected"))
@@ -222,11 +221,11 @@ async def _sse(events: AsyncIterator[Event], rid: str, mid: str, chat: bool, fin
     """Server-sent events; with `show`, each chunk carries the logprobs of the tokens it reports."""
     first = True
     try:
-        async for delta, finish, error, lps in events:
-            if finish == "error":
-                yield f"data: {json.dumps({'error': {'message': error, 'type': 'engine_error', 'code': 500}})}\n\n"
+        async for delta, finish, failed, lps in events:
+            if failed is not None:
+                yield f"data: {json.dumps(failed.body())}\n\n"
                 break
-            chunk = chunk_body(rid, mid, chat, delta, finish or None, first, show(lps) if show else None)
+            chunk = chunk_body(rid, mid, chat, delta, finish, first, show(lps) if show else None)
             yield f"data: {json.dumps(chunk)}\n\n"
             first = False
         else:

@@ -27,6 +27,7 @@ from services.scheduler.view import MeshView
 from shared.bus import Delivery
 from shared.engine.store_layout import prompt_keys
 from shared.http import HttpServer, adopt_socket, bind_socket
+from shared.messages.codes import ErrorCode, FinishReason, LoadMode
 from shared.messages.registry import Announce, SchedulerAnnounce
 from shared.messages.storage_gateway import HitQuery, HitReply
 from shared.messages.stream import Output, TokenEvent
@@ -92,7 +93,7 @@ class SchedulerService(Service):
 
     async def stop(self) -> None:
         for rec in list(self.inflight.values()):
-            rec.fail("scheduler shutting down")
+            rec.fail(ErrorCode.SHUTTING_DOWN, "scheduler shutting down")
         if self.http:
             self.http.stop()
 
@@ -140,7 +141,7 @@ class SchedulerService(Service):
         """The client left (or a stop string matched): free the request everywhere."""
         self.dispatcher.remove(rec.req_id)
         if not rec.finished:
-            rec.finished = "cancelled"
+            rec.finished = FinishReason.CANCELLED
         await self._cancel(rec.wire_id, reason)
 
     def resume(self, rec: InFlight, why: str) -> bool:
@@ -155,8 +156,8 @@ class SchedulerService(Service):
         log.warning("resuming %s (attempt %d, %d tokens streamed): %s", rec.req_id, rec.attempt, rec.step0, why)
         self.m.resumes.inc()
         if remaining <= 0:
-            rec.events.put_nowait(TokenEvent(rec.req_id, [], rec.next_index, finish="length"))
-            rec.finished = "length"
+            rec.events.put_nowait(TokenEvent(rec.req_id, [], rec.next_index, finish=FinishReason.LENGTH))
+            rec.finished = FinishReason.LENGTH
             return True
         self.spawn(self._requeue(rec, remaining), name=f"resume-{rec.req_id}")
         return True
@@ -176,7 +177,7 @@ class SchedulerService(Service):
             self.journal.note_finished(rec.req_id, status, rec.next_index)
         self.reads.done(rec.req_id)
         self.dispatcher.remove(rec.req_id)
-        if rec.mode == "oracle" and status == "ok" and rec.tokens:
+        if rec.mode == LoadMode.ORACLE and status == "ok" and rec.tokens:
             layout = self.view.store_layout()
             if layout is not None:  # what decode would have persisted: prompt + generated KV
                 self.oracle.add(prompt_keys(layout, rec.prompt + rec.tokens[:-1]))
@@ -223,7 +224,7 @@ class SchedulerService(Service):
         rec = self.inflight.get(base)
         if rec is None or attempt != str(rec.attempt):
             return  # an old attempt of a resumed request
-        if ev.finish == "error" and ev.retryable and self.resume(rec, ev.error):
+        if ev.finish == FinishReason.ERROR and ev.retryable and self.resume(rec, ev.error):
             return
         ev = msgspec.structs.replace(ev, req_id=base, index=ev.index + rec.step0, source=source)
         out = rec.accept(ev)
@@ -283,11 +284,11 @@ class SchedulerService(Service):
             for rec in stranded(list(self.inflight.values()), engine):
                 why = f"engine {engine} stopped responding"
                 if not self.resume(rec, why):
-                    rec.fail(why)
+                    rec.fail(ErrorCode.ENGINE_FAILED, why)
                     self.spawn(self._cancel(rec.wire_id, why))
         for rec in unassigned_past(list(self.inflight.values()), now, self.cfg.assign_timeout_s):
             self.dispatcher.remove(rec.req_id)
-            rec.fail("no engine available to serve the request")
+            rec.fail(ErrorCode.NO_ENGINE, "no engine available to serve the request")
             self.spawn(self._cancel(rec.wire_id, "not assigned in time"))
         self.kick.set()
 

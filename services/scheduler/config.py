@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shared.config import require
+from shared.messages.codes import LoadMode
 from shared.runtime import CommonConfig
 
 
@@ -21,15 +22,14 @@ class SchedulerConfig(CommonConfig):
     pe_alpha_tokens: int = 50_000  # Algorithm 1 alpha: a "short" node read queue (~3 s of storage reads)
     pe_beta_tokens: int = 4_096  # Algorithm 1 beta: a prefill engine's token cap (~5 s of prefill on a CPU)
     api_keys: tuple[str, ...] = ()  # Bearer keys required on the API when set (DUALPATH_API_KEYS=k1,k2); /health stays open
-    mode: str = "dualpath"  # dualpath (choose/split read paths) | basic (PE path only) | oracle (no KV I/O)
-    read_path: str = "auto"  # dualpath mode: auto (the policy splits hits across both paths) | pe | de (all on one)
+    mode: LoadMode = LoadMode.DUALPATH  # how stored KV is loaded when a request names no dualpath_mode (README: Load modes)
+    read_path: str = "auto"  # dualpath modes: auto (the mode's rule) | pe | de (every hit on that path: tests)
     journal: bool = True  # record accepted/finished requests on JetStream (off, or no -js on the server: run without)
 
     def validate(self) -> None:
         require(0 < self.http_port < 65536 or self.http_port == 0, "http_port", self.http_port, "not a port")
         require(self.http_fd >= -1, "http_fd", self.http_fd, "a file descriptor, or -1")
         require(self.max_body_bytes > 0, "max_body_bytes", self.max_body_bytes, "must be > 0")
-        require(self.mode in ("dualpath", "basic", "oracle"), "mode", self.mode, "dualpath, basic or oracle")
         require(self.read_path in ("auto", "pe", "de"), "read_path", self.read_path, "auto, pe or de")
         require(self.pe_alpha_tokens >= 0, "pe_alpha_tokens", self.pe_alpha_tokens, "must be >= 0")
         require(self.pe_beta_tokens > 0, "pe_beta_tokens", self.pe_beta_tokens, "must be > 0")

@@ -15,6 +15,7 @@ from services.scheduler.inflight import InFlight
 from services.scheduler.oracle import OracleIndex
 from shared.bus import BusError
 from shared.engine.store_layout import prompt_keys
+from shared.messages.codes import LoadMode
 from shared.messages.storage_gateway import HitQuery, HitReply
 
 tracer = trace.get_tracer("scheduler")
@@ -28,7 +29,7 @@ async def lookup_hits(rec: InFlight, layout, oracle: OracleIndex, ask: Ask) -> N
     rec.block_keys = prompt_keys(layout, rec.work_prompt)
     if not rec.block_keys:
         return
-    if rec.mode == "oracle":  # no store: the oracle's own index of what would be stored
+    if rec.mode == LoadMode.ORACLE:  # no store: the oracle's own index of what would be stored
         rec.hit_blocks = oracle.hits(rec.block_keys)
         return
     with tracer.start_as_current_span("hit_lookup", context=rec.ctx,

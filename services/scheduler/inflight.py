@@ -12,6 +12,7 @@ import msgspec
 import time
 from dataclasses import dataclass, field
 
+from shared.messages.codes import ErrorCode, FinishReason, LoadMode
 from shared.messages.stream import TokenEvent
 from shared.messages.work import Sampling
 
@@ -31,10 +32,10 @@ class InFlight:
     next_index: int = 0  # index of the next token expected
     cached_tokens: int = 0
     tokens: list[int] = field(default_factory=list)  # every token delivered, in order
-    finished: str = ""
-    block_keys: list[str] = field(default_factory=list)  # prompt's full-block keys
+    finished: FinishReason | None = None  # how its stream ended (None: not yet)
+    block_keys: list[bytes] = field(default_factory=list)  # prompt's full-block keys
     hit_blocks: int = 0  # leading keys present in the store at arrival
-    mode: str = "dualpath"  # load mode for this request (deployment default or benchmark override)
+    mode: LoadMode = LoadMode.DUALPATH  # load mode for this request (deployment default or benchmark override)
     attempt: int = 0  # resumed requests run as new attempts on other engines
     step0: int = 0  # tokens delivered before the current attempt started
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -61,8 +62,7 @@ class InFlight:
             self.finished = ev.finish
         if not tokens and not ev.finish:
             return None
-        return TokenEvent(ev.req_id, tokens, ev.index + skip, ev.finish, ev.error, ev.source, ev.cached_tokens,
-                          logprobs=ev.logprobs[skip:])
+        return msgspec.structs.replace(ev, tokens=tokens, index=ev.index + skip, logprobs=ev.logprobs[skip:])
 
     @property
     def wire_id(self) -> str:
@@ -88,10 +88,11 @@ class InFlight:
         self.block_keys = []
         return self.sampling.max_tokens - self.step0
 
-    def fail(self, error: str) -> None:
+    def fail(self, code: ErrorCode, error: str) -> None:
         if not self.finished:
-            self.events.put_nowait(TokenEvent(self.req_id, [], self.next_index, finish="error", error=error))
-            self.finished = "error"
+            self.events.put_nowait(TokenEvent(self.req_id, [], self.next_index, finish=FinishReason.ERROR, error=error,
+                                              code=code))
+            self.finished = FinishReason.ERROR
 
     @property
     def ttft(self) -> float:

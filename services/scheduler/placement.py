@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from services.scheduler.inflight import InFlight
 from services.scheduler.view import MeshView
+from shared.messages.codes import LoadMode
 from shared.messages.work import PrefillWork
 from shared.sched.dispatch import EngineLoad
 from shared.sched.ledger import Ledger
@@ -52,9 +53,9 @@ def place(rec: InFlight, pe: str, de: str, view: MeshView, reads: ReadQueues, re
     layout = view.store_layout()
     bs = layout.block_size if layout else DEFAULT_BLOCK
     usable = min(rec.hit_blocks, (len(rec.work_prompt) - 1) // bs)
-    path = reads.decide(rec.mode, usable if rec.mode != "oracle" else 0, pe_node, de_node, bs, force=read_path)
+    path = reads.decide(rec.mode, usable if LoadMode(rec.mode).moves_kv else 0, pe_node, de_node, bs, force=read_path)
     reads.hold(rec.req_id, path, pe_node, de_node, bs)
     work = PrefillWork(rec.wire_id, rec.work_prompt, rec.work_sampling(), de, reply, block_keys=rec.block_keys,
-                       hit_blocks=rec.hit_blocks, read_node=pe_node, mode=rec.mode,
-                       pe_blocks=path.pe_blocks if path.de_blocks else -1, de_node=de_node)
+                       hit_blocks=rec.hit_blocks, read_node=pe_node, mode=rec.mode, pe_blocks=path.pe_blocks,
+                       de_node=de_node)
     return Placed(work, path)

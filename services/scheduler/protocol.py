@@ -1,7 +1,10 @@
 """The OpenAI-style HTTP protocol: request bodies, validation, errors, response bodies.
 
 Owns what a client may send and what it gets back; no I/O. Validation failures are
-`ApiError`s (status, message, param) rendered as `{"error": {...}}` JSON with a 4xx.
+`ApiError`s (status, message, param) rendered as `{"error": {...}}` JSON with a 4xx; a
+request the mesh failed is answered by `failure(code, message)`, its status from the
+`ErrorCode` the engine (or the scheduler) gave: no_engine and shutting_down 503,
+prompt_too_long 400, anything else 500.
 """
 from __future__ import annotations
 
@@ -12,20 +15,35 @@ from typing import Annotated
 
 import msgspec
 
+from shared.messages.codes import ErrorCode, FinishReason, LoadMode, mode_names
 
-MODES = ("dualpath", "basic", "oracle")  # load modes: both paths / PE path only / no I/O (upper bound)
+CHOICES = {"dualpath_mode": mode_names()}  # fields whose bad value is answered with the values they take
 MAX_LOGPROBS = 20  # most alternatives a token may report (OpenAI's and vLLM's default limit)
 
 TopN = Annotated[int, msgspec.Meta(ge=0, le=MAX_LOGPROBS)]
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
+                 code: ErrorCode | None = None):
         super().__init__(message)
-        self.status, self.message, self.param, self.kind = status, message, param, kind
+        self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}
+        """OpenAI's error shape; `code` is the mesh's ErrorCode when the mesh failed it, else the status."""
+        code = self.status if self.code is None else self.code.value
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": code}}
+
+
+HTTP_STATUS = {ErrorCode.NO_ENGINE: 503, ErrorCode.SHUTTING_DOWN: 503, ErrorCode.PROMPT_TOO_LONG: 400}  # else 500
+_KINDS = {503: "service_unavailable", 400: "invalid_request_error"}
+
+
+def failure(code: ErrorCode | None, message: str) -> ApiError:
+    """The answer to a request the mesh failed: the status follows from the code alone (None, from
+    an engine that sent none, is a 500)."""
+    status = HTTP_STATUS.get(code, 500) if code is not None else 500
+    return ApiError(status, message, kind=_KINDS.get(status, "engine_error"), code=code or ErrorCode.INTERNAL)
 
 
 class ChatMessage(msgspec.Struct):
@@ -48,7 +66,7 @@ class _Common(msgspec.Struct, kw_only=True):
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # vLLM extension: generate exactly max_tokens
     return_token_ids: bool = False  # vLLM extension: prompt and completion token ids in the choice
-    dualpath_mode: str | None = None  # benchmark override of the deployment's load mode (see MODES)
+    dualpath_mode: LoadMode | None = None  # benchmark override of the deployment's load mode
     n: int = 1
 
 
@@ -73,7 +91,9 @@ def decode_body(raw: bytes, tp: type) -> msgspec.Struct:
     try:
         return msgspec.json.decode(raw, type=tp)
     except msgspec.ValidationError as exc:
-        raise ApiError(400, f"invalid request: {exc}", _param(str(exc))) from None
+        param = _param(str(exc))
+        hint = f" (one of: {', '.join(CHOICES[param])})" if param in CHOICES else ""
+        raise ApiError(400, f"invalid request: {exc}{hint}", param) from None
     except msgspec.DecodeError as exc:
         raise ApiError(400, f"malformed JSON: {exc}") from None
     except RecursionError:  # msgspec's nesting limit (e.g. 10,000 `[` in an ignored field)
@@ -146,7 +166,7 @@ def usage(prompt: int, completion: int, cached: int) -> dict:
             "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-def completion_body(rid: str, model: str, chat: bool, text: str, finish: str | None, use: dict | None,
+def completion_body(rid: str, model: str, chat: bool, text: str, finish: FinishReason | None, use: dict | None,
                     logprobs: dict | None = None) -> dict:
     """The whole answer; `logprobs` is the choice's log-probability object (logprobs.py), None when not asked."""
     now = int(time.time())
@@ -162,7 +182,7 @@ def completion_body(rid: str, model: str, chat: bool, text: str, finish: str | N
     return body
 
 
-def chunk_body(rid: str, model: str, chat: bool, text: str, finish: str | None, first: bool,
+def chunk_body(rid: str, model: str, chat: bool, text: str, finish: FinishReason | None, first: bool,
                logprobs: dict | None = None) -> dict:
     """One server-sent event; `logprobs` covers the tokens whose text this chunk carries (logprobs.py)."""
     now = int(time.time())

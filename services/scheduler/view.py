@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from shared.messages.codes import LoadMode
 from shared.messages.registry import (Announce, EngineAnnounce, StorageGatewayAnnounce, SchedulerAnnounce,
                                       TrafficManagerAnnounce)
 
@@ -93,7 +94,7 @@ class MeshView:
         return ok, {"status": "ok" if ok else "degraded", "prefill_engines": len(pes), "decode_engines": len(des),
                     "queued": queued, "running": running}
 
-    def snapshot(self, now: float, mode: str) -> dict:
+    def snapshot(self, now: float, mode: LoadMode) -> dict:
         """JSON-ready view: every live process, its role, node and metrics URL (for tools)."""
         def rows(table: dict) -> list[dict]:
             out = []

@@ -18,8 +18,8 @@ from services.storage_gateway.config import StorageGatewayConfig
 from services.storage_gateway.engine import GatewayCore
 from services.storage_gateway.store import DirectoryStore
 from shared.bus import Delivery
-from shared.kv.hashing import key_from_hex
-from shared.kv.layout import KVLayout
+from shared.engine.store_layout import kv_layout
+from shared.kv.hashing import FINGERPRINT_BYTES, check_key
 from shared.messages.registry import StorageGatewayAnnounce
 from shared.messages.storage_gateway import HitQuery, HitReply, ReadBlocks, ReadDone, StoreLayout, WriteBlock, WriteDone
 from shared.runtime import Service, service_main
@@ -37,7 +37,7 @@ class StorageGatewayService(Service):
         os.makedirs(cfg.store_root, exist_ok=True)
         self.read_bucket = TokenBucket.from_gbps(cfg.snic_read_gbps)
         self.write_bucket = TokenBucket.from_gbps(cfg.snic_write_gbps)
-        self.cores: dict[str, GatewayCore] = {}  # fingerprint -> core
+        self.cores: dict[StoreLayout, GatewayCore] = {}  # one per layout (fingerprint and block layout)
         self.buffers: dict[str, ShmRegion] = {}  # attached TM buffers by shm name
         m = self.metrics
         self.m_read = m.counter("read_bytes_total", "Bytes read from the store", ("node",))
@@ -70,14 +70,14 @@ class StorageGatewayService(Service):
 
     # helpers ------------------------------------------------------------------------
     def core(self, layout: StoreLayout) -> GatewayCore:
-        core = self.cores.get(layout.fingerprint)
+        core = self.cores.get(layout)  # by the whole layout: one fingerprint, one layout, one core
         if core is None:
-            kv = KVLayout(n_layers=layout.n_layers, n_kv_heads=layout.n_kv_heads, head_dim=layout.head_dim,
-                          dtype=layout.dtype, block_size=layout.block_size)
+            if len(layout.fingerprint) != FINGERPRINT_BYTES:
+                raise ValueError(f"store fingerprint must be {FINGERPRINT_BYTES} bytes, got {len(layout.fingerprint)}")
+            kv = kv_layout(layout)
             cap = int(self.cfg.capacity_gb * 1e9) or None
-            store = DirectoryStore(self.cfg.store_root, bytes.fromhex(layout.fingerprint), kv, cap)
-            core = self.cores[layout.fingerprint] = GatewayCore(store, self.read_bucket, self.write_bucket,
-                                                                self.cfg.io_threads)
+            store = DirectoryStore(self.cfg.store_root, layout.fingerprint, kv, cap)
+            core = self.cores[layout] = GatewayCore(store, self.read_bucket, self.write_bucket, self.cfg.io_threads)
         return core
 
     def buffer(self, shm: str) -> memoryview:
@@ -89,7 +89,7 @@ class StorageGatewayService(Service):
     # handlers -------------------------------------------------------------------------
     async def _on_hit(self, q: HitQuery, d: Delivery) -> None:
         try:
-            n = await self.core(q.layout).hit_length_async([key_from_hex(k) for k in q.keys])
+            n = await self.core(q.layout).hit_length_async([check_key(k) for k in q.keys])
         except Exception as exc:  # noqa: BLE001 - a bad query is answered, not fatal
             await d.respond(HitReply(error=str(exc)))
             return
@@ -106,7 +106,7 @@ class StorageGatewayService(Service):
             try:
                 core = self.core(msg.layout)
                 self.m_queue.labels(self.cfg.node).set(self.read_queue()[1])
-                res = await core.read_blocks([key_from_hex(k) for k in msg.keys], self.buffer(msg.shm), msg.offsets)
+                res = await core.read_blocks([check_key(k) for k in msg.keys], self.buffer(msg.shm), msg.offsets)
             except Exception as exc:  # noqa: BLE001
                 span.record_exception(exc)
                 await d.respond(ReadDone(error=str(exc)))
@@ -122,16 +122,16 @@ class StorageGatewayService(Service):
         await d.respond(ReadDone(blocks=res.blocks, bytes=res.bytes, seconds=dt, stop_reason=res.stop_reason or ""))
 
     async def _on_write(self, msg: WriteBlock, d: Delivery) -> None:
-        self.spawn(self._write(msg, d), name=f"write-{msg.key[:8]}",
+        self.spawn(self._write(msg, d), name=f"write-{msg.key.hex()[:8]}",
                    on_error=lambda exc: d.respond(WriteDone(error=f"{type(exc).__name__}: {exc}")))
 
     async def _write(self, msg: WriteBlock, d: Delivery) -> None:
-        with tracer.start_as_current_span("storage_write", context=d.ctx, attributes={"key": msg.key}):
+        with tracer.start_as_current_span("storage_write", context=d.ctx, attributes={"key": msg.key.hex()}):
             try:
                 core = self.core(msg.layout)
                 size = core.store.layout.payload_bytes
                 view = self.buffer(msg.shm)[msg.offset:msg.offset + size]
-                outcome = await core.write_block(key_from_hex(msg.key), view)
+                outcome = await core.write_block(check_key(msg.key), view)
             except Exception as exc:  # noqa: BLE001
                 await d.respond(WriteDone(error=str(exc)))
                 return

@@ -9,7 +9,8 @@ Push (PE side): PushKV -> Reserve at the DE's TM -> write blocks kv -> remote bu
 Reserve (DE side): allocate buffer slots for a request.
 Load (DE side): copy buffer slots -> KV blocks (local H2D), free the slots.
 Every request is answered, also when it fails: before KV memory is attached, when its
-task raises (the task's `on_error` replies), and a fetch with `LayerLoaded(error=...)`.
+task raises (the task's `on_error` replies), and a fetch with `FetchFailed(code, error)`.
+A failed reply names its `ErrorCode` (not_ready, buffer_full, kv_transfer; internal for a bug).
 """
 from __future__ import annotations
 
@@ -28,11 +29,12 @@ from services.traffic_manager.read_queues import ReadQueues
 from services.traffic_manager.secret import mesh_secret
 from services.traffic_manager.slot_grants import GrantsGiven, GrantsHeld
 from services.traffic_manager.store_path import StorePath
-from shared.bus import BusError, Delivery
+from shared.bus import BusError, Delivery, error_code
 from shared.kv.allocator import OutOfSlots
 from shared.messages.registry import Announce, EngineAnnounce, StorageGatewayAnnounce, KVRegion, TrafficManagerAnnounce
-from shared.messages.traffic_manager import (FetchKV, LayerLoaded, LoadKV, PushDone, PushKV, Release, Reserve, Reserved,
-                                SaveCopied, SaveKV, Stage, Staged)
+from shared.messages.codes import ErrorCode
+from shared.messages.traffic_manager import (FetchFailed, FetchKV, LoadKV, PushDone, PushKV, Release, Reserve, Reserved,
+                                             SaveCopied, SaveKV, Stage, Staged)
 from shared.messages.work import Cancel
 from shared.runtime import Service, service_main
 from shared.transport.base import EndpointDesc, Op, Peer, TrafficClass
@@ -156,7 +158,7 @@ class TrafficManagerService(Service):
     # push (PE side) ------------------------------------------------------------------
     async def _on_push(self, msg: PushKV, d: Delivery) -> None:
         self.spawn(self._push(msg, d), name=f"push-{msg.req_id}",
-                   on_error=lambda exc: d.respond(PushDone(ok=False, error=_why(exc))))
+                   on_error=lambda exc: d.respond(PushDone(ok=False, error=_why(exc), code=ErrorCode.INTERNAL)))
 
     async def _push(self, msg: PushKV, d: Delivery) -> None:
         bn = self.pool.block_nbytes
@@ -167,19 +169,19 @@ class TrafficManagerService(Service):
                 "bytes": nbytes, "transport": self.cfg.transport}) as span:
             try:
                 if not self.pool.ready:
-                    raise BusError("push", NOT_ATTACHED)
+                    raise BusError("push", NOT_ATTACHED, ErrorCode.NOT_READY)
                 if msg.dst_slots:  # DE read path: slots (and their grant) came with the staged hits
                     res = Reserved(slots=msg.dst_slots)
                     grant = self.held.get(msg.req_id, msg.dst_engine)
                     if grant is None:
                         raise BusError("push", f"no data-plane grant held for {msg.dst_engine}'s slots of "
-                                               f"{msg.req_id}")
+                                               f"{msg.req_id}", ErrorCode.KV_TRANSFER)
                 else:
                     res = await self.bus.request(self.subjects.tm(msg.dst_engine, "reserve"),
                                                  Reserve(msg.req_id, len(msg.src_blocks)), Reserved,
                                                  timeout=self.cfg.transfer_timeout_s)
                     if not res.ok:
-                        raise BusError("reserve", res.error)
+                        raise BusError("reserve", res.error, res.code)
                     grant = decode_grant(res.grant)
                 skip = set(msg.skip)  # blocks whose stored KV is already in the DE buffer
                 ops = [Op("kv", b * bn, "buf", slot, bn)
@@ -191,7 +193,7 @@ class TrafficManagerService(Service):
                     await peer.write(ops, TrafficClass.LATENCY, timeout=self.cfg.transfer_timeout_s, grant=grant)
             except Exception as exc:  # noqa: BLE001 - BusError and transport errors both end the push
                 span.record_exception(exc)
-                await d.respond(PushDone(ok=False, error=str(exc)))
+                await d.respond(PushDone(ok=False, error=str(exc), code=error_code(exc, ErrorCode.KV_TRANSFER)))
                 return
             finally:
                 self.held.drop(msg.req_id)  # the last transfer this TM makes for the request
@@ -203,10 +205,10 @@ class TrafficManagerService(Service):
     # reserve / load / release (DE side) --------------------------------------------------
     async def _on_reserve(self, msg: Reserve, d: Delivery) -> None:
         if not self.pool.ready:
-            await d.respond(Reserved(ok=False, error=NOT_ATTACHED))
+            await d.respond(Reserved(ok=False, error=NOT_ATTACHED, code=ErrorCode.NOT_READY))
             return
         self.spawn(self._reserve(msg, d), name=f"reserve-{msg.req_id}",
-                   on_error=lambda exc: d.respond(Reserved(ok=False, error=_why(exc))))
+                   on_error=lambda exc: d.respond(Reserved(ok=False, error=_why(exc), code=ErrorCode.INTERNAL)))
 
     async def _reserve(self, msg: Reserve, d: Delivery) -> None:
         with tracer.start_as_current_span("kv_reserve", context=d.ctx,
@@ -214,7 +216,7 @@ class TrafficManagerService(Service):
             try:
                 slots = await self.pool.allocate_wait(msg.req_id, msg.n_blocks)
             except OutOfSlots as exc:
-                await d.respond(Reserved(ok=False, error=f"DE buffer full: {exc}"))
+                await d.respond(Reserved(ok=False, error=f"DE buffer full: {exc}", code=ErrorCode.BUFFER_FULL))
                 return
         self.pool.note_free()
         bn = self.pool.block_nbytes
@@ -223,10 +225,10 @@ class TrafficManagerService(Service):
 
     async def _on_load(self, msg: LoadKV, d: Delivery) -> None:
         if not self.pool.ready:
-            await d.respond(PushDone(ok=False, error=NOT_ATTACHED))
+            await d.respond(PushDone(ok=False, error=NOT_ATTACHED, code=ErrorCode.NOT_READY))
             return
         self.spawn(self._load(msg, d), name=f"load-{msg.req_id}",
-                   on_error=lambda exc: d.respond(PushDone(ok=False, error=_why(exc))))
+                   on_error=lambda exc: d.respond(PushDone(ok=False, error=_why(exc), code=ErrorCode.INTERNAL)))
 
     async def _load(self, msg: LoadKV, d: Delivery) -> None:
         bn = self.pool.block_nbytes
@@ -239,7 +241,7 @@ class TrafficManagerService(Service):
                 await self.endpoint.copy_local(ops, TrafficClass.LATENCY, timeout=self.cfg.transfer_timeout_s)
             except Exception as exc:  # noqa: BLE001
                 span.record_exception(exc)
-                await d.respond(PushDone(ok=False, error=str(exc)))
+                await d.respond(PushDone(ok=False, error=str(exc), code=ErrorCode.KV_TRANSFER))
                 return
             finally:
                 if msg.release:
@@ -259,10 +261,10 @@ class TrafficManagerService(Service):
 
     # storage paths (fetch.py, store_path.py) -------------------------------------------------
     async def _on_fetch(self, msg: FetchKV, d: Delivery) -> None:
-        """The engine waits on `LayerLoaded` for this fetch: a failure is told there at once."""
+        """The engine waits on the fetch's progress messages: a failure is told there at once."""
         if not self.pool.ready:
             await self.bus.publish(self.subjects.prefill_loaded(self.cfg.engine),
-                                   LayerLoaded(msg.req_id, 0, -1, error=NOT_ATTACHED))
+                                   FetchFailed(msg.req_id, ErrorCode.NOT_READY, NOT_ATTACHED))
             return
         self.spawn(self.fetch_path.fetch(msg, d), name=f"fetch-{msg.req_id}")
 

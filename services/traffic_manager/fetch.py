@@ -3,14 +3,15 @@
 PE path: buffer slots <- this node's gateway reads Full Blocks (storage NIC). DE path: the
 DE's traffic-manager stages the rest in its buffer (its node's gateway reads them). Then,
 for each layer l: Layer Blocks buffer -> KV memory (local copy, one-sided read from the DE
-buffer), and `LayerLoaded(l)` to the engine, which computes layer l while l+1.. are copied.
+buffer), and `LayersLoaded(l)` to the engine, which computes layer l while l+1.. are copied.
+Before the read, a deep storage queue is announced (`ReadQueued`); after it, `ReadFinished`.
 
 Every failure is answered on the wire, never by the engine's timeout: whatever ends a fetch
 early (a transfer past its deadline, a peer gone, the bus, a bug) publishes
-`LayerLoaded(error=...)`. Before the read reported it says 0 blocks at layer -1 (a miss:
-the engine computes the prompt); after, it names the last layer in place, and the engine
-fails the prefill waiting on the next one at once. A transport or bus error is expected
-(logged); anything else is re-raised for the supervisor to log and count.
+`FetchFailed(code, error)`. Before `ReadFinished` the engine takes it as a miss (it computes
+the prompt); after, it fails the prefill waiting on the next layer at once. A transport or
+bus error is expected (logged, `kv_transfer`); anything else (`internal`) is re-raised for
+the supervisor to log and count.
 """
 from __future__ import annotations
 
@@ -22,17 +23,19 @@ from dataclasses import dataclass
 from opentelemetry import trace
 
 from services.traffic_manager.parts import TMParts
-from shared.bus import BusError, Delivery
+from shared.bus import BusError, Delivery, error_code
 from shared.kv.allocator import OutOfSlots
+from shared.messages.codes import ErrorCode
 from shared.messages.storage_gateway import ReadBlocks, ReadDone
-from shared.messages.traffic_manager import FetchKV, LayerLoaded, Reserve, Reserved, Stage, Staged
+from shared.messages.traffic_manager import (FetchFailed, FetchKV, LayersLoaded, ReadFinished, ReadQueued, Reserve,
+                                             Reserved, Stage, Staged)
 from shared.transport.base import Op, TrafficClass
 from shared.transport.errors import TransportError
 from shared.transport.grants import Grant
 
 log = logging.getLogger("traffic_manager.fetch")
 tracer = trace.get_tracer("traffic_manager")
-# Layers copied within this long of the last `LayerLoaded` are announced together (the
+# Layers copied within this long of the last `LayersLoaded` are announced together (the
 # message names the highest layer in place): a small model's layers copy in microseconds,
 # and one message per layer would cost more CPU than the copies. A layer that takes
 # longer than this is still announced the moment it lands.
@@ -44,9 +47,8 @@ EXPECTED = (TransportError, BusError)  # failures of the path, not of this code
 class Progress:
     """How far one fetch got: what its failure message reports."""
 
-    read: bool = False  # the storage read reported (LayerLoaded layer -1 sent)
-    hits: int = 0  # leading hit blocks read
-    layer: int = -1  # layers 0..layer are in KV memory
+    read: bool = False  # the storage read reported (ReadFinished sent)
+    layers: int = 0  # layers 0..layers-1 are in KV memory
 
 
 class FetchPath:
@@ -57,7 +59,7 @@ class FetchPath:
     async def fetch(self, msg: FetchKV, d: Delivery) -> None:
         """Load a request's hit blocks: keys[:k] on the PE path, keys[k:] on the DE path."""
         n = len(msg.keys)
-        k = n if msg.pe_blocks < 0 else min(msg.pe_blocks, n)
+        k = min(max(msg.pe_blocks, 0), n)
         owner, prog = f"{msg.req_id}/fetch", Progress()
         with tracer.start_as_current_span("kv_fetch", context=d.ctx, attributes={
                 "req_id": msg.req_id, "blocks": n, "pe_path_blocks": k, "de_path_blocks": n - k,
@@ -75,10 +77,10 @@ class FetchPath:
     async def failed(self, msg: FetchKV, prog: Progress, exc: Exception) -> None:
         """Tell the engine the fetch ended early, and how far it got."""
         why = exc.reason if isinstance(exc, BusError) else f"{type(exc).__name__}: {exc}"
-        log.warning("fetch %s failed (read %s, layers 0..%d in place): %s", msg.req_id,
-                    "done" if prog.read else "not done", prog.layer, why)
-        await self.p.bus.publish(self.p.loaded_subject, LayerLoaded(
-            msg.req_id, prog.hits if prog.read else 0, prog.layer, error=why))
+        code = error_code(exc, ErrorCode.KV_TRANSFER if isinstance(exc, EXPECTED) else ErrorCode.INTERNAL)
+        log.warning("fetch %s failed (read %s, %d layers in place): %s: %s", msg.req_id,
+                    "done" if prog.read else "not done", prog.layers, code, why)
+        await self.p.bus.publish(self.p.loaded_subject, FetchFailed(msg.req_id, code, why, prog.layers))
 
     async def _run(self, msg: FetchKV, k: int, owner: str, prog: Progress, span) -> None:
         p = self.p
@@ -92,9 +94,9 @@ class FetchPath:
         span.set_attributes({"blocks_ok": hits, "pe_ok": pe_ok, "de_ok": de_ok,
                              "error": pe_err or (staged.error if staged else "")})
         # a short read's error only means fewer hits: the rest of the prompt is computed
-        await p.bus.publish(p.loaded_subject, LayerLoaded(
-            msg.req_id, hits, -1, error=pe_err, de_slots=staged.slots if staged else [], de_hits=de_hits))
-        prog.read, prog.hits = True, hits
+        await p.bus.publish(p.loaded_subject, ReadFinished(
+            msg.req_id, hits, de_slots=staged.slots if staged else [], de_hits=de_hits))
+        prog.read = True
         grant = p.held.keep(msg.req_id, msg.de_engine, staged.grant) if staged else None  # also for the push
         if hits:
             local = [(off, b) for off, b in zip(offsets[:min(pe_ok, hits)], msg.dst_blocks)]
@@ -103,14 +105,14 @@ class FetchPath:
 
     async def _announce_queue(self, msg: FetchKV, k: int) -> None:
         """Tell the engine when its read waits behind a storage queue long enough to matter for
-        its fetch deadline (layer -2): deep queues are what a storage-bound node looks like."""
+        its fetch deadline (`ReadQueued`): deep queues are what a storage-bound node looks like."""
         p, n, bn = self.p, len(msg.keys), self.p.pool.block_nbytes
         wait = max(p.queues.queue_wait(msg.node, k * bn),
                    p.queues.queue_wait(msg.de_node, (n - k) * bn) if k < n else 0.0)
         if wait > 0.25 * p.cfg.transfer_timeout_s:
-            await p.bus.publish(p.loaded_subject, LayerLoaded(msg.req_id, 0, -2, eta_s=round(wait, 3)))
+            await p.bus.publish(p.loaded_subject, ReadQueued(msg.req_id, round(wait, 3)))
 
-    async def _read_local(self, msg: FetchKV, keys: list[str], owner: str) -> tuple[int, list[int], str]:
+    async def _read_local(self, msg: FetchKV, keys: list[bytes], owner: str) -> tuple[int, list[int], str]:
         """PE path: this node's gateway reads `keys` into this TM's buffer."""
         p = self.p
         if not keys:
@@ -188,10 +190,10 @@ class FetchPath:
             for res in done:
                 if isinstance(res, BaseException):
                     raise res
-            prog.layer = layer
+            prog.layers = layer + 1
             now = time.perf_counter()
             if layer == lay.n_layers - 1 or now - last >= LAYER_NOTIFY_GAP_S:
-                await p.bus.publish(p.loaded_subject, LayerLoaded(msg.req_id, len(local) + len(remote), layer))
+                await p.bus.publish(p.loaded_subject, LayersLoaded(msg.req_id, layer))
                 last = now
         p.m_bytes.labels("h2d_layers").inc(bn * len(local))
         p.m_bytes.labels("de_path_pull").inc(bn * len(remote))

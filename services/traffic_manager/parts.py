@@ -42,5 +42,5 @@ class TMParts:
 
     @property
     def loaded_subject(self) -> str:
-        """Where this TM's engine hears how its fetches progress (`LayerLoaded`)."""
+        """Where this TM's engine hears how its fetches progress (`FetchProgress`)."""
         return self.subjects.prefill_loaded(self.cfg.engine)

@@ -67,7 +67,7 @@ class StorePath:
     # save --------------------------------------------------------------------------------
     async def save(self, msg: SaveKV, d: Delivery) -> None:
         p, pool = self.p, self.p.pool
-        owner = f"{msg.req_id}/save/{msg.keys[0][:12] if msg.keys else ''}"
+        owner = f"{msg.req_id}/save/{msg.keys[0].hex()[:12] if msg.keys else ''}"
         n = min(len(msg.blocks), pool.spare())
         if n < len(msg.blocks):
             self.m_saved.labels("skipped_buffer_full").inc(len(msg.blocks) - n)
@@ -98,20 +98,20 @@ class StorePath:
                                                   timeout=p.cfg.transfer_timeout_s)
                         self.m_saved.labels(res.outcome or "error").inc()
                     except BusError as exc:
-                        log.warning("persist %s failed: %s", key[:12], exc.reason)
+                        log.warning("persist %s failed: %s", key.hex()[:12], exc.reason)
                         self.m_saved.labels("error").inc()
         finally:
             p.pool.release(owner)
 
 
 def flip_layer_signs(buf: memoryview, offset: int, layout: StoreLayout) -> None:
-    """Fault injection (tests only, `fault_flip_de_bytes`): negate every K/V value of the middle
-    layer of the block at `offset` of `buf` -- bytes that passed the store's checksum, now wrong."""
+    """Fault injection (tests only, `fault_flip_de_bytes`): negate every value (K/V or MLA latent) of
+    the middle layer of the block at `offset` of `buf` -- bytes that passed the store's checksum, now wrong."""
     import numpy as np
 
-    from shared.kv.layout import KVLayout
+    from shared.engine.store_layout import kv_layout
 
-    kv = KVLayout(layout.n_layers, layout.n_kv_heads, layout.head_dim, layout.dtype, layout.block_size)
+    kv = kv_layout(layout)
     itemsize, lb = kv.itemsize, kv.layer_bytes
     start = offset + (layout.n_layers // 2) * lb
     view = np.frombuffer(buf, dtype=np.uint8, count=lb, offset=start)

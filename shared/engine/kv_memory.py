@@ -1,11 +1,16 @@
-"""An engine's KV memory: a paged KV cache living in POSIX shared memory.
+"""An engine's KV memory: the paged KV cache the model computes into, and the host KV region
+in POSIX shared memory that its traffic-manager reaches.
 
-The engine computes into it; its traffic-manager attaches the same segment (named in
-the engine's announcement) and moves bytes in and out (local H2D/D2H, PD transfer).
-Owns the segment, the cache view and the block allocator; not the model.
+The engine computes into `cache`; its traffic-manager attaches the segment (named in the
+engine's announcement) and moves bytes in and out of `host` (local copies, PD transfer,
+storage). On CPU the two are one tensor. On CUDA (`device`), or with `mirror` on CPU,
+`cache` is a second tensor of the same layout on the device and `copies` moves blocks
+between them (kv_device.py). Owns the segment, both cache views, the copies and the block
+allocator; not the model.
 """
 from __future__ import annotations
 
+from shared.engine.kv_device import DeviceCopies
 from shared.kv.allocator import SlotAllocator
 from shared.messages.registry import KVRegion
 from shared.model.config import ModelConfig
@@ -14,14 +19,18 @@ from shared.transport.shm_region import ShmRegion, new_name, reap_orphans
 
 
 class KVMemory:
-    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, tag: str = "kv"):
+    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, tag: str = "kv", device: str = "cpu",
+                 mirror: bool = False):
         reap_orphans()  # a predecessor killed with -9 left its KV memory behind
         size = PagedKVCache.nbytes_for(cfg, num_blocks, block_size)
         self.region = ShmRegion.create(new_name(tag), size)
-        self.cache = PagedKVCache.from_buffer(self.region.buf, cfg, num_blocks, block_size)
+        self.host = PagedKVCache.from_buffer(self.region.buf, cfg, num_blocks, block_size)
+        apart = mirror or device != "cpu"
+        self.cache = PagedKVCache.allocate(cfg, num_blocks, block_size, device) if apart else self.host
+        self.copies = DeviceCopies(self.host, self.cache)
         self.alloc = SlotAllocator(num_blocks)
         self.block_size = block_size
-        c = self.cache
+        c = self.host
         self._layout = KVRegion(shm_name=self.region.name, num_blocks=c.num_blocks, block_size=c.block_size,
                                 n_layers=c.n_layers, block_nbytes=c.block_nbytes,
                                 layer_block_nbytes=c.layer_block_nbytes)
@@ -33,7 +42,8 @@ class KVMemory:
         return self._layout
 
     def close(self) -> None:
-        self.cache = None  # drop the tensor view before unmapping
+        self.copies.close()
+        self.cache = self.host = self.copies = None  # drop the tensor views before unmapping
         try:
             self.region.close()
         except BufferError:

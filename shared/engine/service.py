@@ -12,15 +12,30 @@ import asyncio
 import os
 from abc import abstractmethod
 
+from shared.config import ConfigError
 from shared.engine.config import EngineConfig
 from shared.engine.kv_memory import KVMemory
 from shared.engine.requests import EngineRequest
 from shared.engine.store_layout import store_layout
 from shared.engine.worker import ModelWorker
+from shared.messages.codes import ErrorCode, FinishReason
 from shared.messages.registry import EngineAnnounce
 from shared.messages.storage_gateway import StoreLayout
 from shared.messages.stream import TokenEvent
 from shared.runtime import Service
+
+
+def check_device(device: str) -> None:
+    """A CUDA device that is not there is a bad setting, said at start (not a crash at the first forward)."""
+    if device == "cpu":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError("device", device, "no CUDA device is visible here (torch.cuda.is_available() is False)")
+    index = int(device.partition(":")[2] or 0)
+    if index >= torch.cuda.device_count():
+        raise ConfigError("device", device, f"only {torch.cuda.device_count()} CUDA device(s) are visible")
 
 
 class EngineService(Service):
@@ -45,8 +60,10 @@ class EngineService(Service):
         from shared.model.loader import load_model
 
         cfg = self.cfg
-        self.loaded = await self.worker.run(load_model, cfg.model, seed=cfg.seed, dtype=cfg.dtype)
-        self.kv = KVMemory(self.loaded.config, cfg.kv_blocks, cfg.block_size, tag=self.kv_tag)
+        check_device(cfg.device)
+        self.loaded = await self.worker.run(load_model, cfg.model, seed=cfg.seed, dtype=cfg.dtype, device=cfg.device)
+        self.kv = KVMemory(self.loaded.config, cfg.kv_blocks, cfg.block_size, tag=self.kv_tag, device=cfg.device,
+                           mirror=cfg.kv_mirror)
         self.store = store_layout(self.loaded.model_id, self.loaded.config, cfg.block_size)
 
     def announce(self) -> EngineAnnounce:
@@ -67,19 +84,19 @@ class EngineService(Service):
 
     async def stop(self) -> None:
         for req in list(self.held.values()):
-            await self.fail(req, f"{self.name.replace('-', ' ')} shutting down", retryable=True)
+            await self.fail(req, ErrorCode.SHUTTING_DOWN, f"{self.name.replace('_', ' ')} shutting down", retryable=True)
         self.worker.close()
         if self.kv:
             self.kv.close()
 
     @abstractmethod
-    async def fail(self, req: EngineRequest, error: str, retryable: bool = False) -> None:
+    async def fail(self, req: EngineRequest, code: ErrorCode, error: str, retryable: bool = False) -> None:
         """Answer `req` with an error and stop serving it."""
 
-    async def publish_error(self, req: EngineRequest, error: str, retryable: bool = False) -> None:
+    async def publish_error(self, req: EngineRequest, code: ErrorCode, error: str, retryable: bool = False) -> None:
         """The error event on the request's output subject (index = tokens generated so far)."""
-        await self.bus.publish(req.reply, TokenEvent(req.req_id, [], len(req.generated), finish="error", error=error,
-                                                     source=self.engine, retryable=retryable))
+        await self.bus.publish(req.reply, TokenEvent(req.req_id, [], len(req.generated), finish=FinishReason.ERROR,
+                                                     error=error, source=self.engine, retryable=retryable, code=code))
 
     def free_blocks(self, req: EngineRequest) -> None:
         """Give the request's KV blocks back and wake the loop (blocks may admit a waiting one)."""

@@ -2,18 +2,27 @@
 
 A stored block file is ``HEADER_SIZE`` (4096) header bytes followed by exactly
 ``payload_length`` payload bytes (``KVLayout.payload_bytes``): layer 0's Layer Block,
-then layer 1's, ... (each ``(2, block_size, n_kv_heads, head_dim)``, K then V). The
-header is padded to 4 KiB so the payload starts page-aligned (O_DIRECT-able) and can
-be read straight into a buffer slice with one ``preadv`` of two iovecs.
+then layer 1's, ... (each ``(2, block_size, n_kv_heads, head_dim)``: K then V for a GQA
+layout, the halves of each token's latent row for an MLA one). The header is padded to
+4 KiB so the payload starts page-aligned (O_DIRECT-able) and can be read straight into a
+buffer slice with one ``preadv`` of two iovecs.
 
 Header (little-endian; byte table in ``docs/kv-format.md``)::
 
     0    8  magic  b"DPKVBLK\\0"       48  4  n_layers        64  8  payload_length
-    8    2  format version (1)        52  4  block_size      72  8  payload xxh3_64
-    10   2  dtype code                56  4  n_kv_heads      80  .. zero (reserved)
-    12   4  header size (4096)        60  4  head_dim        4088 8 header xxh3_64
-    16  16  model fingerprint                                      of bytes [0, 4088)
-    32  16  block key
+    8    2  format version (2)        52  4  block_size      72  8  payload xxh3_64
+    10   2  dtype code                56  4  n_kv_heads      80  2  KV layout code
+    12   4  header size (4096)        60  4  head_dim        82  2  zero
+    16  16  model fingerprint                                84  4  latent_rank
+    32  16  block key                                        88  4  rope_dim
+                                                             92  4  index_dim
+                                                             96  .. zero (reserved)
+                                                             4088 8 header xxh3_64
+                                                                    of bytes [0, 4088)
+
+The layout code names what the planes hold (``KVKind``: 1 GQA K/V, 2 MLA latent rows);
+a block whose layout (kind, row split or dims) is not the reader's is refused with
+``LayoutMismatch``, even when its byte count matches.
 
 Owns: ``encode_header``, ``decode_header``, ``payload_checksum``, ``payload_hasher``,
 ``verify_payload``, ``check_checksum``,
@@ -28,12 +37,12 @@ from dataclasses import dataclass
 
 import xxhash
 
-from shared.kv.layout import KVLayout, dtype_name
+from shared.kv.layout import KVLayout, dtype_name, kind_code, kind_of_code
 
 MAGIC = b"DPKVBLK\x00"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the KV layout code and MLA row split at bytes [80, 96)
 HEADER_SIZE = 4096
-_FIELDS = struct.Struct("<8sHHI16s16sIIIIQQ")  # bytes [0, 80)
+_FIELDS = struct.Struct("<8sHHI16s16sIIIIQQHHIII")  # bytes [0, 96)
 _HEADER_SUM = struct.Struct("<Q")
 _HEADER_SUM_AT = HEADER_SIZE - _HEADER_SUM.size  # 4088
 
@@ -75,6 +84,24 @@ class SizeMismatch(FullBlockError):
         self.expected = expected
         self.got = got
         self.what = what
+
+
+class LayoutMismatch(FullBlockError):
+    """The block holds another KV layout than the reader's (e.g. GQA K/V read by an MLA engine)."""
+
+    def __init__(self, expected: KVLayout, got: KVLayout) -> None:
+        super().__init__(f"KV layout {_describe(got)} != expected {_describe(expected)}")
+        self.expected = expected
+        self.got = got
+
+
+def _describe(layout: KVLayout) -> str:
+    if layout.rope_dim:
+        split = f" {layout.latent_rank}+{layout.rope_dim}" + (f"+{layout.index_dim}" if layout.index_dim else "")
+    else:
+        split = ""
+    return (f"{layout.kind.value}{split} (L={layout.n_layers} bs={layout.block_size} H={layout.n_kv_heads} "
+            f"D={layout.head_dim} {layout.dtype})")
 
 
 class ChecksumMismatch(FullBlockError):
@@ -124,6 +151,7 @@ def encode_header(
         buf, 0, MAGIC, FORMAT_VERSION, layout.dtype_code, HEADER_SIZE,
         fingerprint, key, layout.n_layers, layout.block_size,
         layout.n_kv_heads, layout.head_dim, layout.payload_bytes, checksum,
+        kind_code(layout.kind), 0, layout.latent_rank, layout.rope_dim, layout.index_dim,
     )  # fmt: skip
     _HEADER_SUM.pack_into(buf, _HEADER_SUM_AT, _header_sum(buf))
     return buf
@@ -144,7 +172,7 @@ def decode_header(
     if len(buf) < HEADER_SIZE:
         raise SizeMismatch(HEADER_SIZE, len(buf), what="header")
     (magic, version, dcode, hsize, fp, key, n_layers, block_size, n_kv_heads,
-     head_dim, plen, checksum) = _FIELDS.unpack_from(buf, 0)  # fmt: skip
+     head_dim, plen, checksum, kcode, _, latent, rope, index) = _FIELDS.unpack_from(buf, 0)  # fmt: skip
     if magic != MAGIC:
         raise BadMagic(magic)
     if version != FORMAT_VERSION:
@@ -157,14 +185,14 @@ def decode_header(
         raise FingerprintMismatch(expected_fingerprint, fp)
     if expected_key is not None and key != expected_key:
         raise KeyMismatch(expected_key, key)
-    layout = _layout(dcode, n_layers, block_size, n_kv_heads, head_dim)
+    layout = _layout(dcode, n_layers, block_size, n_kv_heads, head_dim, (kcode, latent, rope, index))
     _check_sizes(layout, plen, expected_layout)
     return FullBlockHeader(key, fp, layout, plen, checksum, version)
 
 
-def _layout(dcode: int, n_layers: int, bs: int, heads: int, dim: int) -> KVLayout:
+def _layout(dcode: int, n_layers: int, bs: int, heads: int, dim: int, kind: tuple[int, int, int, int]) -> KVLayout:
     try:
-        return KVLayout(n_layers, heads, dim, dtype_name(dcode), bs)
+        return KVLayout(n_layers, heads, dim, dtype_name(dcode), bs, kind_of_code(kind[0]), *kind[1:])
     except ValueError as exc:  # unknown dtype or a zero dim: a corrupt header
         raise SizeMismatch(0, 0, what=f"layout ({exc})") from exc
 
@@ -173,6 +201,9 @@ def _check_sizes(layout: KVLayout, plen: int, expected: KVLayout | None) -> None
     if plen != layout.payload_bytes:
         raise SizeMismatch(layout.payload_bytes, plen)
     if expected is not None and layout != expected:
+        if (layout.kind, layout.latent_rank, layout.rope_dim, layout.index_dim) != (
+                expected.kind, expected.latent_rank, expected.rope_dim, expected.index_dim):
+            raise LayoutMismatch(expected, layout)
         raise SizeMismatch(expected.payload_bytes, plen, what=f"layout {layout}")
 
 

@@ -5,14 +5,14 @@ A block key names a prefix, not a chunk: ``h_i = H(h_{i-1} || tokens_i)`` where
 ``h_{-1}`` is the model fingerprint, so the same tokens under another model, dtype or
 layout never share a key. ``H`` is xxh3-128 (16-byte keys). Only full blocks get keys.
 
-Keys are stable across processes and hosts (no Python ``hash()``, fixed byte order)
-and are rendered as lowercase hex for file names (``key_hex``).
+Keys are stable across processes and hosts (no Python ``hash()``, fixed byte order).
+They travel as raw bytes; lowercase hex (``key_hex``) is for people and file names.
 
 Example: tokens ``[t0..t127]`` with block_size 64 -> two keys
 ``k0 = H(fp || t0..t63)``, ``k1 = H(k0 || t64..t127)``; a trailing partial block
 (tokens 128..150) gets no key.
 
-Owns: ``ModelFingerprint``, ``block_hashes``, ``chain_hash``, ``key_hex``.
+Owns: ``ModelFingerprint``, ``block_hashes``, ``chain_hash``, ``key_hex``, ``check_key``.
 Does not own: where blocks live (``services/storage_gateway/store.py``).
 """
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-from shared.kv.layout import KVLayout
+from shared.kv.layout import KVKind, KVLayout
 
 KEY_BYTES = 16
 FINGERPRINT_BYTES = 16
@@ -43,6 +43,10 @@ class ModelFingerprint:
     n_kv_heads: int
     head_dim: int
     layout_version: int = LAYOUT_VERSION
+    kind: KVKind = KVKind.GQA  # what the planes hold; MLA adds its row split to the digest
+    latent_rank: int = 0
+    rope_dim: int = 0
+    index_dim: int = 0
 
     @classmethod
     def from_layout(
@@ -56,6 +60,10 @@ class ModelFingerprint:
             n_kv_heads=layout.n_kv_heads,
             head_dim=layout.head_dim,
             layout_version=layout_version,
+            kind=layout.kind,
+            latent_rank=layout.latent_rank,
+            rope_dim=layout.rope_dim,
+            index_dim=layout.index_dim,
         )
 
     @property
@@ -66,6 +74,10 @@ class ModelFingerprint:
             head_dim=self.head_dim,
             dtype=self.dtype,
             block_size=self.block_size,
+            kind=self.kind,
+            latent_rank=self.latent_rank,
+            rope_dim=self.rope_dim,
+            index_dim=self.index_dim,
         )
 
     def canonical(self) -> bytes:
@@ -79,6 +91,8 @@ class ModelFingerprint:
             f"H={self.n_kv_heads}",
             f"D={self.head_dim}",
         )
+        if KVKind(self.kind) is KVKind.MLA:  # GQA digests stay what they were before MLA existed
+            fields += ("kv=mla", f"C={self.latent_rank}", f"R={self.rope_dim}", f"I={self.index_dim}")
         return "\x1f".join(fields).encode("utf-8")
 
     def digest(self) -> bytes:
@@ -134,7 +148,11 @@ def key_hex(key: bytes) -> str:
 
 def key_from_hex(text: str) -> bytes:
     """Inverse of ``key_hex``; ``ValueError`` on a malformed name."""
-    key = bytes.fromhex(text)
+    return check_key(bytes.fromhex(text))
+
+
+def check_key(key: bytes) -> bytes:
+    """``key`` if it is a block key's size, else ``ValueError`` (keys from the wire)."""
     if len(key) != KEY_BYTES:
         raise ValueError(f"block key must be {KEY_BYTES} bytes, got {len(key)}")
     return key

@@ -1,13 +1,22 @@
-"""The shape of one KV block: dims, dtype, and where each Layer Block sits.
+"""The shape of one KV block: what its values mean (GQA K/V or MLA latent), dims, dtype,
+and where each Layer Block sits.
 
 An engine's paged KV cache is one tensor
-``(num_blocks, n_layers, 2, block_size, n_kv_heads, head_dim)`` (K then V), so one
-block's KV for all layers is contiguous (a Full Block payload) and layer ``l`` of it
-is the contiguous sub-range ``[l * layer_bytes, (l + 1) * layer_bytes)`` (a Layer
-Block: ``[2, block_size, n_kv_heads, head_dim]``). Concatenating the n Layer Blocks
-gives the Full Block, so no layout conversion is ever needed.
+``(num_blocks, n_layers, 2, block_size, n_kv_heads, head_dim)``, so one block's KV for all
+layers is contiguous (a Full Block payload) and layer ``l`` of it is the contiguous
+sub-range ``[l * layer_bytes, (l + 1) * layer_bytes)`` (a Layer Block:
+``[2, block_size, n_kv_heads, head_dim]``). Concatenating the n Layer Blocks gives the Full
+Block, so no layout conversion is ever needed. What the two planes hold is the ``kind``:
 
-Owns: ``KVLayout`` and the dtype name <-> code table used on disk.
+- ``KVKind.GQA`` (Llama, Qwen2): plane 0 is K, plane 1 is V of every KV head.
+- ``KVKind.MLA`` (DeepSeek-V2/V3/V3.2): one row per token of width
+  ``W = latent_rank + rope_dim + index_dim`` (the normed latent c_kv, the roped shared key,
+  then V3.2's indexer key), split in halves over the two planes: ``n_kv_heads = 1``,
+  ``head_dim = W / 2``. Two models whose blocks have the same byte count but another kind
+  (or another row split) never read each other's blocks: the kind and split are part of the
+  layout every read is checked against.
+
+Owns: ``KVKind``, ``KVLayout`` and the dtype and kind name <-> code tables used on disk.
 Does not own: hashing (``hashing.py``) or the on-disk header (``full_block.py``).
 No torch here: dtypes are named by string and sized from a table.
 """
@@ -15,6 +24,7 @@ No torch here: dtypes are named by string and sized from a table.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 # dtype name -> (on-disk code, item size in bytes). Codes never change meaning;
 # new dtypes get new codes.
@@ -28,6 +38,18 @@ DTYPES: dict[str, tuple[int, int]] = {
     "uint8": (7, 1),
 }
 DTYPE_BY_CODE: dict[int, str] = {code: name for name, (code, _) in DTYPES.items()}
+
+
+class KVKind(str, Enum):
+    """What the two planes of a Layer Block hold."""
+
+    GQA = "gqa"  # K then V of every KV head
+    MLA = "mla"  # each token's latent row, first half then second half
+
+
+# kind -> on-disk code; codes never change meaning, a new kind gets a new code.
+KIND_CODES: dict[KVKind, int] = {KVKind.GQA: 1, KVKind.MLA: 2}
+KIND_BY_CODE: dict[int, KVKind] = {code: kind for kind, code in KIND_CODES.items()}
 
 
 class UnknownDtype(ValueError):
@@ -50,21 +72,55 @@ def dtype_name(code: int) -> str:
     return DTYPE_BY_CODE[code]
 
 
+def kind_code(kind: KVKind) -> int:
+    return KIND_CODES[KVKind(kind)]
+
+
+def kind_of_code(code: int) -> KVKind:
+    if code not in KIND_BY_CODE:
+        raise ValueError(f"unknown KV layout code {code}")
+    return KIND_BY_CODE[code]
+
+
 @dataclass(frozen=True, slots=True)
 class KVLayout:
-    """Dims of one KV block. ``block_size`` is in tokens (default 64)."""
+    """Dims of one KV block. ``block_size`` is in tokens (default 64). For ``KVKind.MLA``
+    ``n_kv_heads`` is 1 and ``2 * head_dim == latent_rank + rope_dim + index_dim`` (build one
+    with ``KVLayout.mla``); a GQA layout has no row split (all three 0)."""
 
     n_layers: int
     n_kv_heads: int
     head_dim: int
     dtype: str = "bfloat16"
     block_size: int = 64
+    kind: KVKind = KVKind.GQA
+    latent_rank: int = 0  # MLA: kv_lora_rank, the width of c_kv
+    rope_dim: int = 0  # MLA: qk_rope_head_dim, the shared roped key
+    index_dim: int = 0  # V3.2: the lightning indexer's key (0 without one)
+
+    @classmethod
+    def mla(cls, n_layers: int, latent_rank: int, rope_dim: int, index_dim: int = 0, dtype: str = "bfloat16",
+            block_size: int = 64) -> KVLayout:
+        """The layout of an MLA cache: one row of latent + rope key (+ indexer key) per token."""
+        width = latent_rank + rope_dim + index_dim
+        return cls(n_layers, 1, width // 2, dtype, block_size, KVKind.MLA, latent_rank, rope_dim, index_dim)
 
     def __post_init__(self) -> None:
         dtype_code(self.dtype)  # fail early on an unknown dtype
+        object.__setattr__(self, "kind", KVKind(self.kind))
         for name in ("n_layers", "n_kv_heads", "head_dim", "block_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"KVLayout.{name} must be > 0")
+        split = (self.latent_rank, self.rope_dim, self.index_dim)
+        if self.kind is KVKind.GQA and any(split):
+            raise ValueError(f"a GQA KVLayout has no latent row split, got {split}")
+        if self.kind is KVKind.MLA:
+            width = sum(split)
+            if min(self.latent_rank, self.rope_dim) <= 0 or self.index_dim < 0:
+                raise ValueError(f"an MLA KVLayout needs latent_rank, rope_dim > 0, got {split}")
+            if self.n_kv_heads != 1 or 2 * self.head_dim != width:
+                raise ValueError(f"an MLA row of {width} values fills planes of (1, {width / 2:g}), "
+                                 f"not ({self.n_kv_heads}, {self.head_dim})")
 
     @property
     def itemsize(self) -> int:
@@ -76,7 +132,7 @@ class KVLayout:
 
     @property
     def layer_bytes(self) -> int:
-        """Bytes of one Layer Block: K and V of one layer, ``(2, T, H, D)``."""
+        """Bytes of one Layer Block: both planes of one layer, ``(2, T, H, D)``."""
         return 2 * self.block_size * self.n_kv_heads * self.head_dim * self.itemsize
 
     @property

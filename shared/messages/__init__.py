@@ -5,6 +5,12 @@
 - `stream`: tokens flowing back to the scheduler (`{ns}.scheduler.<scheduler>.out`).
 - `traffic_manager`: traffic-manager control (`{ns}.traffic_manager.<engine>.*`); the bytes move on the data plane.
 - `storage_gateway`: storage-gateway control (`{ns}.storage_gateway.<node>.*`).
+- `codes`: the enums every family uses (LoadMode, FinishReason, ErrorCode); no messages.
 
-Schema evolution: new fields get defaults; existing field types never change.
+On the wire: enums as their string values, block keys and fingerprints as raw bytes, one
+message type per meaning (no sentinel integers), and a `code: ErrorCode` on every failure a
+receiver acts on. Schema evolution: new fields get defaults; existing field types never
+change. (The one exception so far is the change to this typed protocol, which changed
+the types of `finish`, the key and fingerprint fields and the fetch progress messages:
+every process of a mesh must run the same version across it.)
 """

@@ -10,22 +10,28 @@ from __future__ import annotations
 
 import msgspec
 
+from shared.kv.layout import KVKind
+
 
 class StoreLayout(msgspec.Struct, frozen=True, omit_defaults=True):
     """Which model's blocks: the fingerprint names the store namespace; dims size the blocks."""
 
-    fingerprint: str  # hex digest of ModelFingerprint
+    fingerprint: bytes  # digest of ModelFingerprint (16 bytes; hex only in the store's directory name)
     model_id: str
     n_layers: int
     n_kv_heads: int
     head_dim: int
     dtype: str
     block_size: int
+    kv_layout: KVKind = KVKind.GQA  # what a Layer Block's two planes hold (K/V, or MLA latent rows)
+    latent_rank: int = 0  # MLA: the row split (kv_lora_rank, qk_rope_head_dim, V3.2 index key)
+    rope_dim: int = 0
+    index_dim: int = 0
 
 
 class HitQuery(msgspec.Struct, omit_defaults=True):
     layout: StoreLayout
-    keys: list[str]  # hex block keys of the prompt's full blocks, in order
+    keys: list[bytes]  # block keys of the prompt's full blocks, in order
 
 
 class HitReply(msgspec.Struct, omit_defaults=True):
@@ -36,7 +42,7 @@ class HitReply(msgspec.Struct, omit_defaults=True):
 class ReadBlocks(msgspec.Struct, omit_defaults=True):
     req_id: str
     layout: StoreLayout
-    keys: list[str]
+    keys: list[bytes]
     shm: str  # destination buffer segment
     offsets: list[int]  # byte offset in `shm` of each block's payload
     bulk: bool = False  # prefetch for queued work (lower priority)
@@ -53,7 +59,7 @@ class ReadDone(msgspec.Struct, omit_defaults=True):
 
 class WriteBlock(msgspec.Struct, omit_defaults=True):
     layout: StoreLayout
-    key: str
+    key: bytes
     shm: str
     offset: int
 

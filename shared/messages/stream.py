@@ -9,12 +9,16 @@ Two messages share the subject, told apart by their msgpack type:
 
 Example: a decode engine runs requests a, b (scheduler s1) and c (scheduler s2) in one step; it
 publishes StepEvents([a: [tok], b: [tok]]) on `out.s1` and StepEvents([c: [tok]]) on `out.s2`.
+A request's last event has `finish` set (a FinishReason); a failure has finish=error and its
+`code` (an ErrorCode), from which the scheduler picks the client's HTTP status.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import msgspec
+
+from shared.messages.codes import ErrorCode, FinishReason
 
 
 class TokenLogprob(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -30,12 +34,13 @@ class TokenEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     req_id: str
     tokens: list[int]  # new token ids, in order
     index: int = 0  # position of tokens[0] in the generated sequence (0 = first token)
-    finish: str = ""  # "" while running; stop | length | error | cancelled
-    error: str = ""
+    finish: FinishReason | None = None  # None while running
+    error: str = ""  # what failed, for people (logs, the client's message); receivers branch on `code`
     source: str = ""  # engine id that produced the event (empty inside a StepEvents: it says once)
     cached_tokens: int = 0  # set on the first event: prompt tokens served from the store
     retryable: bool = False  # an error caused by the mesh (a lost peer, a transfer deadline), not the request
     logprobs: list[TokenLogprob] = []  # one per token in `tokens` when the request asked (Sampling.logprobs)
+    code: ErrorCode | None = None  # with finish=error: what failed (the scheduler's HTTP status follows from it)
 
 
 @dataclass(frozen=True, slots=True)

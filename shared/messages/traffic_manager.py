@@ -6,9 +6,13 @@ Push (PE side, after prefill):
   TM --PushDone--> PE (slots, bytes). The PE then admits the request on the DE.
 Load (DE side): DE --LoadKV--> its TM: copy buffer slots -> KV blocks, free the slots.
 Release: free a request's slots (cancel, failure).
-Fetch (PE read path): PE --FetchKV--> its TM; TM has its node's gateway read the hit
-  blocks into the buffer, announces LayerLoaded(layer=-1, blocks) on `pe.<id>.loaded`,
-  then copies layer after layer into KV memory, announcing each layer as it lands.
+Fetch (PE read path): PE --FetchKV--> its TM, which reports on `pe.<id>.loaded` with one
+  message type per meaning (the `FetchProgress` union, one Decoder: `progress_decoder`):
+    [ReadQueued(eta_s): the read waits behind a storage queue; the PE's deadline waits too]
+    ReadFinished(blocks, de_slots, de_hits): the hit blocks are read (0: a miss after all)
+    LayersLoaded(layer) ...: layers 0..layer are in KV memory (the PE computes them meanwhile)
+  or, at any point, FetchFailed(code, error): before ReadFinished the PE computes the whole
+  prompt (nothing reached its KV memory); after, the load failed and so does the prefill.
 Save (DE persistence): DE --SaveKV--> its TM: copy full blocks KV -> buffer (bulk), reply
   SaveCopied (the DE may now free those blocks), then write them through the gateway.
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import msgspec
 
+from shared.messages.codes import ErrorCode
 from shared.messages.storage_gateway import StoreLayout
 
 
@@ -31,6 +36,7 @@ class PushKV(msgspec.Struct, omit_defaults=True):
 class PushDone(msgspec.Struct, omit_defaults=True):
     ok: bool = True
     error: str = ""
+    code: ErrorCode | None = None  # when not ok: why (buffer_full, not_ready, kv_transfer, ...)
     slots: list[int] = []
     nbytes: int = 0
     seconds: float = 0.0
@@ -46,6 +52,7 @@ class Reserved(msgspec.Struct, omit_defaults=True):
     error: str = ""
     slots: list[int] = []  # byte offsets in the buffer region, one per block
     grant: bytes = b""  # data-plane grant of exactly these slots (encoded Grant): the only way a peer reaches them
+    code: ErrorCode | None = None  # when not ok: why
 
 
 class LoadKV(msgspec.Struct, omit_defaults=True):
@@ -61,24 +68,51 @@ class Release(msgspec.Struct, omit_defaults=True):
 
 class FetchKV(msgspec.Struct, omit_defaults=True):
     req_id: str
-    keys: list[str]  # hit block keys, in prompt order
+    keys: list[bytes]  # hit block keys, in prompt order
     dst_blocks: list[int]  # KV blocks receiving them, same order
     node: str  # whose storage-gateway reads the PE-path part
     layout: StoreLayout
-    pe_blocks: int = -1  # keys[:pe_blocks] on the PE path, the rest on the DE path; -1 = all PE
+    pe_blocks: int  # keys[:pe_blocks] on the PE path, keys[pe_blocks:] on the DE path
     de_engine: str = ""  # DE-path: the DE whose TM stages the blocks in its buffer
     de_node: str = ""  # DE-path: the DE's node (its gateway reads)
     prompt_blocks: int = 0  # DE-path: DE-buffer slots to reserve for the whole prompt
 
 
-class LayerLoaded(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+# Fetch progress: per-layer messages are hot, so arrays; the tag (first element) says which.
+class _Progress(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag_field="kind"):
     req_id: str
-    blocks: int  # leading hit blocks that were read and verified (the rest is a miss)
-    layer: int  # -2: queued behind other reads (see eta_s); -1: storage read finished; l >= 0: layers 0..l in KV memory
-    error: str = ""
+
+
+class ReadQueued(_Progress, tag="queued"):
+    """The read waits behind other storage reads long enough to matter for the PE's deadline."""
+
+    eta_s: float  # the storage queue ahead of this read, in seconds (the deadline waits for it)
+
+
+class ReadFinished(_Progress, tag="read"):
+    """The storage read is over: `blocks` leading hits sit in the buffers, copied layer by layer next
+    (a short read only means fewer hits: why is on the traffic-manager's `kv_fetch` span)."""
+
+    blocks: int  # leading hit blocks read and verified (the rest is a miss: computed)
     de_slots: list[int] = []  # DE-path: DE-buffer slots reserved for the whole prompt
     de_hits: list[int] = []  # DE-path: block indexes whose stored KV sits in those slots
-    eta_s: float = 0.0  # layer -2: the storage queue ahead of this read, in seconds (the deadline waits for it)
+
+
+class LayersLoaded(_Progress, tag="layers"):
+    layer: int  # layers 0..layer of the read blocks are in KV memory
+
+
+class FetchFailed(_Progress, tag="failed"):
+    """The fetch ended early. Before `ReadFinished`: nothing reached KV memory (the PE computes
+    the prompt); after it: the load failed, so does a prefill waiting on the next layer."""
+
+    code: ErrorCode
+    error: str
+    layers: int = 0  # layers 0..layers-1 of the read blocks had landed in KV memory (a count, 0: none)
+
+
+FetchProgress = ReadQueued | ReadFinished | LayersLoaded | FetchFailed  # what arrives on `pe.<id>.loaded`
+progress_decoder = msgspec.msgpack.Decoder(FetchProgress)
 
 
 class Stage(msgspec.Struct, omit_defaults=True):
@@ -87,7 +121,7 @@ class Stage(msgspec.Struct, omit_defaults=True):
     req_id: str
     prompt_blocks: int  # slots to reserve (one per prompt block)
     first: int  # index of the first block read here
-    keys: list[str]  # keys of blocks first, first+1, ...
+    keys: list[bytes]  # keys of blocks first, first+1, ...
     node: str  # the DE's node (gateway)
     layout: StoreLayout
     slots: list[int] = []  # already reserved for req_id (byte offsets, one per prompt block); empty = reserve here
@@ -103,7 +137,7 @@ class Staged(msgspec.Struct, omit_defaults=True):
 class SaveKV(msgspec.Struct, omit_defaults=True):
     req_id: str
     blocks: list[int]  # full KV blocks to persist
-    keys: list[str]  # their hex keys
+    keys: list[bytes]  # their keys
     node: str  # whose storage-gateway writes
     layout: StoreLayout
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import msgspec
 
+from shared.messages.codes import ErrorCode, LoadMode
+
 
 class Sampling(msgspec.Struct, omit_defaults=True):
     temperature: float = 0.0  # 0 = greedy
@@ -36,11 +38,11 @@ class PrefillWork(msgspec.Struct, omit_defaults=True):
     sampling: Sampling
     de_engine: str  # where the KV goes after prefill
     reply: str  # output subject of the scheduler that owns the request
-    block_keys: list[str] = []  # hex keys of the prompt's full blocks (chained hashes)
+    block_keys: list[bytes] = []  # keys of the prompt's full blocks (chained hashes, 16 bytes each)
     hit_blocks: int = 0  # leading block_keys present in the store (load instead of compute)
     read_node: str = ""  # the PE's node: its storage-gateway reads the PE-path hit blocks
-    mode: str = "dualpath"  # dualpath | basic | oracle (no KV I/O at all: an upper bound)
-    pe_blocks: int = -1  # hit blocks [0, pe_blocks) on the PE path, the rest on the DE path; -1 = all PE
+    mode: LoadMode = LoadMode.DUALPATH  # how the hits are loaded (oracle: no KV I/O at all)
+    pe_blocks: int = 0  # hit blocks [0, pe_blocks) read on the PE path, the rest on the DE path (the scheduler counts)
     de_node: str = ""  # the DE's node (its storage-gateway reads the DE-path hit blocks)
 
 
@@ -53,7 +55,7 @@ class DecodeAdmit(msgspec.Struct, omit_defaults=True):
     buf_slots: list[int]  # DE-buffer byte offsets, one per prompt block, in order
     pe_engine: str = ""
     prompt: list[int] = []  # the prompt's token ids (block hashing for persistence)
-    block_keys: list[str] = []  # hex keys of the prompt's full blocks (for persistence)
+    block_keys: list[bytes] = []  # keys of the prompt's full blocks (for persistence)
     persisted_blocks: int = 0  # leading blocks already in the store
     oracle: bool = False  # no KV moved: nothing to load, nothing to persist
 
@@ -66,3 +68,4 @@ class Cancel(msgspec.Struct, omit_defaults=True):
 class Ack(msgspec.Struct, omit_defaults=True):
     ok: bool = True
     error: str = ""
+    code: ErrorCode | None = None  # when not ok: why (the sender's failure of the request carries it on)

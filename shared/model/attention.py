@@ -9,6 +9,7 @@ prefill) get one SDPA call each. Linear layers are the caller's business.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -55,7 +56,8 @@ class StepIndex:
     prefills: list[PrefillSlice]
 
     @staticmethod
-    def build(batch: ForwardBatch, block_size: int) -> StepIndex:
+    def build(batch: ForwardBatch, block_size: int, device: torch.device | str | None = None) -> StepIndex:
+        """The step's index tensors, made on `device` (the cache's) from host lists: one copy each."""
         tokens: list[int] = []
         positions: list[int] = []
         blocks: list[int] = []
@@ -65,40 +67,41 @@ class StepIndex:
             tokens.extend(s.token_ids)
             positions.extend(pos)
             blocks.extend(s.block_table[p // block_size] for p in pos)
-        lens = torch.tensor([len(s.token_ids) for s in batch], dtype=torch.long)
-        pos_t = torch.tensor(positions, dtype=torch.long)
-        firsts = (torch.cumsum(lens, 0) - lens).tolist()
+        counts = [len(s.token_ids) for s in batch]
+        ends = list(itertools.accumulate(counts))
+        firsts = [e - c for e, c in zip(ends, counts)]
+        pos_t = torch.tensor(positions, dtype=torch.long, device=device)
         return StepIndex(
-            tokens=torch.tensor(tokens, dtype=torch.long),
+            tokens=torch.tensor(tokens, dtype=torch.long, device=device),
             positions=pos_t,
-            write_blocks=torch.tensor(blocks, dtype=torch.long),
+            write_blocks=torch.tensor(blocks, dtype=torch.long, device=device),
             write_rows=pos_t % block_size,
-            last_index=torch.cumsum(lens, 0) - 1,
-            decode=_decode_group(list(batch), firsts, block_size),
-            prefills=[_prefill_slice(s, f, block_size) for s, f in zip(batch, firsts) if len(s.token_ids) > 1],
+            last_index=torch.tensor([e - 1 for e in ends], dtype=torch.long, device=device),
+            decode=_decode_group(list(batch), firsts, block_size, device),
+            prefills=[_prefill_slice(s, f, block_size, device) for s, f in zip(batch, firsts)
+                      if len(s.token_ids) > 1],
         )
 
 
-def _decode_group(seqs: list[SeqSlice], firsts: list[int], block_size: int) -> DecodeGroup | None:
+def _decode_group(seqs: list[SeqSlice], firsts: list[int], block_size: int, device) -> DecodeGroup | None:
     picked = [(s, f) for s, f in zip(seqs, firsts) if len(s.token_ids) == 1]
     if not picked:
         return None
     n_blocks = [-(-s.end_pos // block_size) for s, _ in picked]
     width = max(n_blocks)
-    tables = torch.zeros(len(picked), width, dtype=torch.long)
-    for i, ((s, _), n) in enumerate(zip(picked, n_blocks)):
-        tables[i, :n] = torch.tensor(s.block_table[:n], dtype=torch.long)
-    rows = torch.tensor([f for _, f in picked], dtype=torch.long)
-    return DecodeGroup(rows=rows, tables=tables, lens=[s.end_pos for s, _ in picked])
+    tables = [s.block_table[:n] + [0] * (width - n) for (s, _), n in zip(picked, n_blocks)]  # padded with block 0
+    return DecodeGroup(rows=torch.tensor([f for _, f in picked], dtype=torch.long, device=device),
+                       tables=torch.tensor(tables, dtype=torch.long, device=device),
+                       lens=[s.end_pos for s, _ in picked])
 
 
-def _prefill_slice(s: SeqSlice, first: int, block_size: int) -> PrefillSlice:
+def _prefill_slice(s: SeqSlice, first: int, block_size: int, device) -> PrefillSlice:
     n_blocks = -(-s.end_pos // block_size)
     mask = None
     if s.start_pos > 0:
-        q_pos = torch.arange(s.start_pos, s.end_pos)
-        mask = torch.arange(s.end_pos)[None, :] <= q_pos[:, None]  # (T, S)
-    table = torch.tensor(s.block_table[:n_blocks], dtype=torch.long)
+        q_pos = torch.arange(s.start_pos, s.end_pos, device=device)
+        mask = torch.arange(s.end_pos, device=device)[None, :] <= q_pos[:, None]  # (T, S)
+    table = torch.tensor(s.block_table[:n_blocks], dtype=torch.long, device=device)
     return PrefillSlice(first, len(s.token_ids), s.start_pos, table, mask)
 
 
@@ -143,7 +146,7 @@ def _decode_attention(q: torch.Tensor, layer_kv: torch.Tensor, g: DecodeGroup) -
     long_set = set(long)
     short = [i for i in range(len(g.lens)) if i not in long_set]
     if short:
-        sel = torch.tensor(short)
+        sel = torch.tensor(short, device=qd.device)
         out[sel] = paged_decode(qd[sel], layer_kv, g.tables[sel], [g.lens[i] for i in short])
     for i in long:
         t = g.lens[i]
@@ -181,6 +184,6 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> to
     kr = k.repeat_interleave(rep, dim=1).transpose(0, 1)  # (nh, T, hd)
     vr = v.repeat_interleave(rep, dim=1).transpose(0, 1)
     scores = q.transpose(0, 1) @ kr.transpose(1, 2) / math.sqrt(hd)  # (nh, T, T)
-    future = torch.ones(t, t, dtype=torch.bool).triu(1)
+    future = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1)
     scores = scores.masked_fill(future, float("-inf"))
     return (scores.softmax(-1) @ vr).transpose(0, 1)  # (T, nh, hd)

@@ -62,7 +62,7 @@ class DeepSeekV3(nn.Module):
         if isinstance(batch, list):
             batch = ForwardBatch(batch)
         self._check_cache(kv)
-        idx = StepIndex.build(batch, kv.block_size)
+        idx = StepIndex.build(batch, kv.block_size, kv.data.device)
         cos, sin = rope_tables(idx.positions, self.cfg, self.dtype)
         x = self.embed_tokens(idx.tokens)  # (N, D)
         for i, block in enumerate(self.layers):

@@ -22,9 +22,9 @@ def yarn_mscale(factor: float, mscale: float) -> float:
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
-def _yarn_inv_freq(dim: int, theta: float, y: YarnScaling) -> torch.Tensor:
+def _yarn_inv_freq(dim: int, theta: float, y: YarnScaling, device=None) -> torch.Tensor:
     """Frequencies blended between extrapolated (fast dims) and interpolated (slow dims)."""
-    exps = torch.arange(0, dim, 2, dtype=torch.float64) / dim
+    exps = torch.arange(0, dim, 2, dtype=torch.float64, device=device) / dim
     extra, inter = 1.0 / theta ** exps, 1.0 / (y.factor * theta ** exps)
 
     def dim_of(rotations: float) -> float:  # the dim index that turns `rotations` times over the trained context
@@ -32,7 +32,7 @@ def _yarn_inv_freq(dim: int, theta: float, y: YarnScaling) -> torch.Tensor:
 
     low = max(math.floor(dim_of(y.beta_fast)), 0)
     high = min(math.ceil(dim_of(y.beta_slow)), dim - 1)
-    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / max(high - low, 1e-3)).clamp(0, 1)
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64, device=device) - low) / max(high - low, 1e-3)).clamp(0, 1)
     return inter * ramp + extra * (1 - ramp)
 
 
@@ -40,11 +40,12 @@ def rope_tables(positions: torch.Tensor, cfg: ModelConfig, dtype: torch.dtype):
     """cos, sin of shape (N, 1, rope/2) for the interleaved-pair RoPE of MLA's rope dims."""
     dim, y = cfg.mla.qk_rope_head_dim, cfg.yarn
     if y is None:
-        inv_freq, scale = 1.0 / cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim), 1.0
+        exps = torch.arange(0, dim, 2, dtype=torch.float64, device=positions.device) / dim
+        inv_freq, scale = 1.0 / cfg.rope_theta ** exps, 1.0
     else:
-        inv_freq = _yarn_inv_freq(dim, cfg.rope_theta, y)
+        inv_freq = _yarn_inv_freq(dim, cfg.rope_theta, y, positions.device)
         scale = yarn_mscale(y.factor, y.mscale) / yarn_mscale(y.factor, y.mscale_all_dim)
-    angles = positions.to(torch.float64)[:, None, None] * inv_freq.to(positions.device)  # (N, 1, rope/2)
+    angles = positions.to(torch.float64)[:, None, None] * inv_freq  # (N, 1, rope/2)
     return (angles.cos() * scale).to(dtype), (angles.sin() * scale).to(dtype)
 
 

@@ -30,10 +30,11 @@ class PagedKVCache:
     block_size: int
 
     @classmethod
-    def allocate(cls, cfg: ModelConfig, num_blocks: int, block_size: int = 64) -> PagedKVCache:
-        """A zeroed cache in ordinary process memory."""
+    def allocate(cls, cfg: ModelConfig, num_blocks: int, block_size: int = 64,
+                 device: torch.device | str | None = None) -> PagedKVCache:
+        """A zeroed cache in ordinary memory of `device` (default: the CPU's)."""
         shape = cls.shape_for(cfg, num_blocks, block_size)
-        return cls(torch.zeros(shape, dtype=torch_dtype(cfg.dtype)), block_size)
+        return cls(torch.zeros(shape, dtype=torch_dtype(cfg.dtype), device=device), block_size)
 
     @classmethod
     def from_buffer(cls, buf, cfg: ModelConfig, num_blocks: int, block_size: int = 64) -> PagedKVCache:
@@ -108,6 +109,8 @@ class PagedKVCache:
 
     def _bytes(self) -> memoryview:
         # uint8 view of the same storage; numpy exposes it as a writable buffer.
+        if self.data.device.type != "cpu":
+            raise ValueError(f"a cache on {self.data.device} has no host bytes: copy blocks to the host region first")
         return memoryview(self.data.view(-1).view(torch.uint8).numpy()).cast("B")
 
     def _check_block(self, block: int) -> None:

@@ -73,7 +73,7 @@ class RMSNorm(nn.Module):
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
     """cos, sin of shape (N, 1, hd) for the rotate-half (HF) RoPE convention."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim)
     angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]  # (N, hd/2)
     angles = torch.cat([angles, angles], dim=-1)[:, None, :]  # (N, 1, hd)
     return angles.cos().to(dtype), angles.sin().to(dtype)
@@ -150,7 +150,7 @@ class Llama(nn.Module):
         if isinstance(batch, list):
             batch = ForwardBatch(batch)
         self._check_cache(kv)
-        idx = StepIndex.build(batch, kv.block_size)
+        idx = StepIndex.build(batch, kv.block_size, kv.data.device)
         cos, sin = rope_cos_sin(idx.positions, self.cfg.head_dim, self.cfg.rope_theta, self.dtype)
         x = self.embed_tokens(idx.tokens)  # (N, D)
         for i, block in enumerate(self.layers):
@@ -168,8 +168,10 @@ class Llama(nn.Module):
     @torch.inference_mode()
     def forward_reference(self, token_ids: list[int]) -> torch.Tensor:
         """Full causal pass over token_ids with no cache; logits (T, vocab) float32."""
-        tokens = torch.tensor(token_ids, dtype=torch.long)
-        cos, sin = rope_cos_sin(torch.arange(len(token_ids)), self.cfg.head_dim, self.cfg.rope_theta, self.dtype)
+        dev = self.embed_tokens.weight.device
+        tokens = torch.tensor(token_ids, dtype=torch.long, device=dev)
+        cos, sin = rope_cos_sin(torch.arange(len(token_ids), device=dev), self.cfg.head_dim, self.cfg.rope_theta,
+                                self.dtype)
         x = self.embed_tokens(tokens)  # (T, D)
         for block in self.layers:
             q, k, v = block.self_attn.qkv(block.input_layernorm(x), cos, sin)

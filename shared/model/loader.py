@@ -101,8 +101,18 @@ def _random_spec(arg: str, seed: int, dtype: str) -> LoadedModel:
     return LoadedModel(random_model(cfg, seed), tok, cfg, f"random-{digest}@seed{seed}")
 
 
-def load_model(spec: str, *, seed: int = 0, dtype: str = "float32") -> LoadedModel:
-    """Load the model named by spec (tiny | tiny-mla | random:<json> | smollm2 | *.gguf | HF dir)."""
+def load_model(spec: str, *, seed: int = 0, dtype: str = "float32", device: str = "cpu") -> LoadedModel:
+    """Load the model named by spec (tiny | tiny-mla | random:<json> | smollm2 | *.gguf | HF dir) onto `device`.
+
+    Weights are built (and random ones drawn) on the host, then moved: the same seed or file
+    gives the same weights on every device."""
+    loaded = _load(spec, seed, dtype)
+    if device != "cpu":
+        loaded.model.to(device)
+    return loaded
+
+
+def _load(spec: str, seed: int, dtype: str) -> LoadedModel:
     kind, arg = resolve_spec(spec)
     if kind in ("tiny", "tiny-mla"):
         tok = tokenizer_build.tiny_tokenizer()

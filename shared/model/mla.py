@@ -12,7 +12,8 @@ Owns the MLA projections and the three ways to attend:
   per-head K (nope + rope) and V, then one SDPA per sequence.
 - **absorbed** (decode): W_UK is folded into the query (q_lat = q_nope W_UK, per head) and
   W_UV into the output, so scores and the weighted sum run over the latent rows directly
-  (MQA with one shared "head" of width W; values are the first kv_lora_rank columns).
+  (MQA with one shared "head" of width W; values are the first kv_lora_rank columns); a
+  decode batch runs ragged straight from the paged cache (kernels.paged_mla).
 - **naive** (`naive_attention`): K and V materialised for the whole sequence, explicit
   softmax, no cache: the oracle both others are tested against.
 
@@ -26,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.paged_mla import gather_rows, paged_mla_decode
 from shared.model.attention import StepIndex
 from shared.model.config import ModelConfig
 from shared.model.deepseek_rope import rope_interleaved, yarn_mscale
@@ -43,8 +45,7 @@ def softmax_scale(cfg: ModelConfig) -> float:
 def read_rows(layer_kv: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
     """Latent rows (len(blocks) * bs, W) of `blocks` from one layer of the two-plane cache,
     (num_blocks, 2, bs, 1, W/2): plane 0 holds each row's first W/2 values, plane 1 the rest."""
-    half = layer_kv[blocks][:, :, :, 0]  # (n, 2, bs, W/2)
-    return torch.cat([half[:, 0], half[:, 1]], dim=-1).flatten(0, 1)
+    return gather_rows(layer_kv, blocks)
 
 
 class MLAttention(nn.Module):
@@ -166,22 +167,33 @@ def paged_mla(attn: MLAttention, q_nope, q_pe, new_rows, layer_kv: torch.Tensor,
     """
     out = q_nope.new_empty(q_nope.shape[0], attn.h, attn.v)
     if idx.decode is not None:
-        for row, table, length in zip(idx.decode.rows.tolist(), idx.decode.tables, idx.decode.lens):
-            rows = read_rows(layer_kv, table)[:length]
-            mask = None
-            if attn.indexer is not None:
-                full = torch.ones(1, length, dtype=torch.bool, device=rows.device)
-                mask = attn.sparse_mask(_rows_of(index_q, row, row + 1), rows, full)
-            out[row] = attend_absorbed(attn, q_nope[row : row + 1], q_pe[row : row + 1], rows, mask)[0]
+        out[idx.decode.rows] = _decode(attn, q_nope, q_pe, layer_kv, idx.decode, index_q)
     for p in idx.prefills:
         sl = slice(p.first, p.first + p.count)
         rows = new_rows[sl] if p.mask is None else read_rows(layer_kv, p.table)[: p.start_pos + p.count]
         mask = p.mask
         if attn.indexer is not None:
-            causal = p.mask if p.mask is not None else torch.ones(p.count, p.count, dtype=torch.bool).tril()
-            mask = attn.sparse_mask(_rows_of(index_q, p.first, p.first + p.count), rows, causal.to(rows.device))
+            causal = p.mask if p.mask is not None else torch.ones(p.count, p.count, dtype=torch.bool,
+                                                                  device=rows.device).tril()
+            mask = attn.sparse_mask(_rows_of(index_q, p.first, p.first + p.count), rows, causal)
         out[sl] = attend_expanded(attn, q_nope[sl], q_pe[sl], rows, mask)
     return out
+
+
+def _decode(attn: MLAttention, q_nope, q_pe, layer_kv: torch.Tensor, g, index_q) -> torch.Tensor:
+    """The decode rows, absorbed, in one ragged pass over the paged latent rows (kernels.paged_mla)."""
+    w_uk, w_uv = attn.up_weights()
+    q = torch.cat([torch.einsum("bhd,hdc->bhc", q_nope[g.rows], w_uk), q_pe[g.rows]], dim=-1)  # (B, H, c + rope)
+    masks = None
+    if attn.indexer is not None:  # V3.2: each query's top-k context tokens, from the index keys in its rows
+        masks = []
+        for i, (table, length) in enumerate(zip(g.tables, g.lens)):
+            rows = read_rows(layer_kv, table)[:length]
+            full = torch.ones(1, length, dtype=torch.bool, device=rows.device)
+            row = int(g.rows[i])
+            masks.append(attn.sparse_mask(_rows_of(index_q, row, row + 1), rows, full)[0])
+    o_lat = paged_mla_decode(q, layer_kv, g.tables, g.lens, values=attn.c, scale=attn.scale, masks=masks)
+    return torch.einsum("bhc,hvc->bhv", o_lat, w_uv)
 
 
 def _rows_of(index_q, start: int, stop: int):

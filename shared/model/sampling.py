@@ -58,8 +58,11 @@ def sample(
     top_p: Sequence[float],
     generators: Sequence[torch.Generator | None],
 ) -> list[int]:
-    """One token per row of logits (n, vocab); per-row temperature, top_p, generator."""
-    logits = logits.float()
+    """One token per row of logits (n, vocab); per-row temperature, top_p, generator.
+
+    Runs on the host whatever device the logits come from: each request's generator is a CPU
+    one, so a seeded request draws the same tokens on every device."""
+    logits = logits.float().cpu()
     out = logits.argmax(-1).tolist()  # greedy for every row; sampled rows overwritten
     for i, t in enumerate(temperature):
         if t > 0.0:

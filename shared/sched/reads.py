@@ -3,14 +3,18 @@
 Owns the count of hit tokens assigned to each node's storage path and not yet read (the
 scheduler's freshest read-queue signal: gateway announcements lag by a heartbeat; the
 simulator's only one), and turns the pure policy (`policy.read_path`) into a decision
-with its reason. The scheduler service releases a request's reads when its prefill is
-over; the simulator releases each node's share as that node's read completes. Pure.
+with its reason, by load mode: `dualpath` puts every hit block on the path with the shorter
+queue (`choose_path`), `dualpath-split` splits them so both queues drain together
+(`split_read`), `basic` and `oracle` read on the PE path only. The scheduler service
+releases a request's reads when its prefill is over; the simulator releases each node's
+share as that node's read completes. Pure.
 """
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
 
+from shared.messages.codes import LoadMode
 from shared.sched.policy.read_path import ReadPath, choose_path, split_read
 
 
@@ -34,22 +38,22 @@ class ReadQueues:
     pending: Counter = field(default_factory=Counter)  # node -> hit tokens assigned, not yet read
     held: dict[str, dict[str, int]] = field(default_factory=dict)  # req_id -> {node: tokens}
 
-    def decide(self, mode: str, hit_blocks: int, pe_node: str, de_node: str, block_size: int,
+    def decide(self, mode: LoadMode, hit_blocks: int, pe_node: str, de_node: str, block_size: int,
                force: str = "auto") -> PathDecision:
-        """`force` (dualpath mode only): "auto" = the policy's split, "pe" / "de" = every hit
-        block on that one path (the scheduler's `read_path` setting: tests, experiments),
-        "choose" = every hit block on the path with the shorter queue (`choose_path`)."""
-        pq, dq = self.pending[pe_node], self.pending[de_node]
+        """`force` (the dualpath modes only): "auto" = the mode's rule, "pe" / "de" = every hit
+        block on that one path (the scheduler's `read_path` setting: tests, experiments, the
+        simulator's round-robin baseline)."""
+        mode, pq, dq = LoadMode(mode), self.pending[pe_node], self.pending[de_node]
         if hit_blocks <= 0:
             return PathDecision(0, 0, pq, dq, "no hit")
-        if mode != "dualpath" or pe_node == de_node:
-            why = "basic mode: PE path only" if mode == "basic" else "PE and DE share a node"
+        if not mode.both_paths or pe_node == de_node:
+            why = "PE and DE share a node" if mode.both_paths else f"{mode} mode: PE path only"
             return PathDecision(hit_blocks, 0, pq, dq, why)
         if force == "pe":
             return PathDecision(hit_blocks, 0, pq, dq, "read_path setting: PE path only")
         if force == "de":
             return PathDecision(0, hit_blocks, pq, dq, "read_path setting: DE path only")
-        if force == "choose":
+        if mode == LoadMode.DUALPATH:
             pe_side = choose_path(pq, dq) is ReadPath.PE
             return PathDecision(hit_blocks if pe_side else 0, 0 if pe_side else hit_blocks, pq, dq,
                                 f"shorter read queue (PE {pq}, DE {dq} tokens)")

@@ -54,6 +54,26 @@ class Op(msgspec.Struct, array_like=True, frozen=True, gc=False):
     length: int
 
 
+def coalesce(ops: list[Op]) -> list[Op]:
+    """Merge runs of ops that continue each other on both sides into one op each.
+
+    Layer blocks of consecutive KV blocks often sit back to back in KV memory and in buffer
+    slots; one copy (or one frame) then moves the run, instead of one per block. Order kept.
+    Example: [Op("kv", 0, "buf", 0, 8), Op("kv", 8, "buf", 8, 8)] -> [Op("kv", 0, "buf", 0, 16)].
+    """
+    out: list[Op] = []
+    for op in ops:
+        last = out[-1] if out else None
+        if (last is not None and op.local_region == last.local_region and op.remote_region == last.remote_region
+                and op.local_offset == last.local_offset + last.length
+                and op.remote_offset == last.remote_offset + last.length):
+            out[-1] = Op(last.local_region, last.local_offset, last.remote_region, last.remote_offset,
+                         last.length + op.length)
+        else:
+            out.append(op)
+    return out
+
+
 class RegionDesc(msgspec.Struct, omit_defaults=True, frozen=True):
     """A registered region as announced to peers (immutable: descs are shared)."""
 

@@ -120,16 +120,21 @@ class CopyWorker:
     def _bulk(self, cls: int, dst: memoryview, src: memoryview, job: _Job) -> None:
         """Copy a bulk chunk slice by slice; if latency work is queued, requeue the rest."""
         done = 0
+        try:
+            d, s = np.frombuffer(dst, np.uint8), np.frombuffer(src, np.uint8)  # sliced below: no view per slice
+        except Exception:  # a bad view: let _one fail the job
+            return self._one(dst, src, job)
         while len(dst) - done > SLICE:
             if self._sched.queued(0) and not job.fut.done():
                 with self._cond:
                     self._sched.push_front(cls, (dst[done:], src[done:], job), len(dst) - done)
                 return
             try:
-                copy_pair(dst[done : done + SLICE], src[done : done + SLICE])
+                np.copyto(d[done : done + SLICE], s[done : done + SLICE])
             except Exception:  # a bad view: let _one fail the job
                 break
             done += SLICE
+        del d, s
         self._one(dst[done:], src[done:], job)
 
     def _one(self, dst: memoryview, src: memoryview, job: _Job) -> None:

@@ -17,7 +17,7 @@ import os
 from collections.abc import Iterable, Sequence
 
 from .aio import deadline
-from .base import EndpointDesc, Op, RegionDesc, TrafficClass, host_id
+from .base import EndpointDesc, Op, RegionDesc, TrafficClass, coalesce, host_id
 from .classes import DEFAULT_WEIGHTS
 from .copier import CopyWorker
 from .grants import Grant, GrantTable
@@ -83,7 +83,7 @@ class LocalSide:
         pairs = [
             (self.regions.resolve(o.remote_region, o.remote_offset, o.length),
              self.regions.resolve(o.local_region, o.local_offset, o.length))
-            for o in ops
+            for o in coalesce(ops)
         ]
         async with deadline(timeout if timeout is not None else self.timeout, self.node, _nbytes(ops)):
             await self.copier.copy(pairs, int(cls))

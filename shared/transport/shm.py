@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .aio import deadline
-from .base import Endpoint, EndpointDesc, Op, Peer, RegionDesc, TrafficClass
+from .base import Endpoint, EndpointDesc, Op, Peer, RegionDesc, TrafficClass, coalesce
 from .classes import DEFAULT_WEIGHTS
 from .copier import CopyWorker, Pair
 from .errors import PeerGone, RegionNotFound, TransportError
@@ -53,13 +53,13 @@ class ShmPeer(Peer):
     async def write(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None,
                     grant: Grant | None = None) -> None:
         check_grant(self.name, grant, ops, True)
-        pairs = [(self._view(o), self._regions.resolve(o.local_region, o.local_offset, o.length)) for o in ops]
+        pairs = [(self._view(o), self._regions.resolve(o.local_region, o.local_offset, o.length)) for o in coalesce(ops)]
         await self._run(pairs, cls, timeout)
 
     async def read(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None,
                    grant: Grant | None = None) -> None:
         check_grant(self.name, grant, ops, False)
-        pairs = [(self._regions.resolve(o.local_region, o.local_offset, o.length), self._view(o)) for o in ops]
+        pairs = [(self._regions.resolve(o.local_region, o.local_offset, o.length), self._view(o)) for o in coalesce(ops)]
         await self._run(pairs, cls, timeout)
 
     async def _run(self, pairs: list[Pair], cls: TrafficClass, timeout: float | None) -> None:

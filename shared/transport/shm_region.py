@@ -1,10 +1,17 @@
 """POSIX shared-memory regions, without multiprocessing's resource_tracker.
 
-Owns: creating, attaching, closing and unlinking one segment under /dev/shm. In Python
-3.11 `multiprocessing.shared_memory` registers even *attached* segments with the
-resource tracker, which unlinks them when the attaching process exits; a traffic-
-manager attaching its engine's KV cache would then destroy it. Here only the creator
-(or whoever calls `unlink`) ever removes a segment.
+Owns: creating, attaching, closing and unlinking one segment under /dev/shm, and telling
+a live segment from an orphan. In Python 3.11 `multiprocessing.shared_memory` registers
+even *attached* segments with the resource tracker, which unlinks them when the
+attaching process exits; a traffic-manager attaching its engine's KV cache would then
+destroy it. Here only the creator (or whoever calls `unlink`) ever removes a segment.
+
+A segment is alive while its creator holds a shared `flock` on it: taken before the name
+appears, held until the creator closes it or dies. That holds across processes that
+cannot see each other's pids (containers sharing one /dev/shm volume each have their own
+pid namespace), so `reap_orphans` unlinks only segments nobody holds, never by pid, and
+`unlink_own` unlinks what this process created, by its own record, never by the pid in a
+name (a sibling container's process can have the same pid).
 
 Example: the engine calls `ShmRegion.create(new_name("kv"), 64 << 20)` and announces the
 name; its traffic-manager calls `ShmRegion.attach(name)` and writes into `.buf`; the TM
@@ -13,12 +20,14 @@ exiting leaves the segment intact; the engine calls `close()` then `unlink()`.
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import uuid
 
 SHM_DIR = "/dev/shm"
 PREFIX = "dp-"
+_created: dict[str, int] = {}  # name -> pid of the creating process, until unlinked
 
 
 def new_name(tag: str = "r") -> str:
@@ -47,10 +56,45 @@ def process_alive(pid: int) -> bool:
     return True
 
 
-def reap_orphans(shm_dir: str = SHM_DIR) -> list[str]:
-    """Unlink segments whose creator process is gone (it was killed before it could unlink them).
+def _held(path: str) -> bool:
+    """Whether some process holds the creator's lock on `path` (unreadable: assume it does)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
-    Processes that still map such a segment keep their mapping; only the name goes.
+
+def _mapped_by(pid: int, name: str) -> bool:
+    """Whether process `pid` (as this pid namespace sees it) maps segment `name`: how a
+    creator that takes no lock (an older version) still counts as alive. In another pid
+    namespace the same pid is some other process, which does not map it."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return any(line.rstrip().endswith("/" + name) or f"/{name} (deleted)" in line for line in f)
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    except OSError:
+        return True  # cannot tell (another user's process): keep it
+
+
+def reap_orphans(shm_dir: str = SHM_DIR) -> list[str]:
+    """Unlink segments (named by `new_name`) that no process holds: their creator closed
+    them or was killed before it could unlink them.
+
+    A segment whose creator lock is free is kept only while the pid in its name maps it
+    (a creator of an older version, which took no lock). Processes that still map a
+    reaped segment keep their mapping; only the name goes.
     """
     reaped = []
     try:
@@ -59,9 +103,12 @@ def reap_orphans(shm_dir: str = SHM_DIR) -> list[str]:
         return reaped
     for name in names:
         pid = _creator(name)
-        if pid is not None and not process_alive(pid):
+        if pid is None:
+            continue
+        path = os.path.join(shm_dir, name)
+        if not _held(path) and not _mapped_by(pid, name):
             try:
-                os.unlink(os.path.join(shm_dir, name))
+                os.unlink(path)
                 reaped.append(name)
             except OSError:
                 pass
@@ -69,15 +116,17 @@ def reap_orphans(shm_dir: str = SHM_DIR) -> list[str]:
 
 
 def unlink_own(shm_dir: str = SHM_DIR) -> list[str]:
-    """Unlink every segment this process created (on its way out, whatever stopped it)."""
+    """Unlink every segment this process created and still has (on its way out, whatever stopped it)."""
     mine = []
-    for name in os.listdir(shm_dir) if os.path.isdir(shm_dir) else []:
-        if _creator(name) == os.getpid():
-            try:
-                os.unlink(os.path.join(shm_dir, name))
-                mine.append(name)
-            except OSError:
-                pass
+    for name, pid in list(_created.items()):
+        if pid != os.getpid():
+            continue  # a forked child's copy of its parent's record: the parent's segments
+        try:
+            os.unlink(os.path.join(shm_dir, name))
+        except OSError:
+            continue
+        del _created[name]
+        mine.append(name)
     return mine
 
 
@@ -90,24 +139,37 @@ def _path(name: str) -> str:
 class ShmRegion:
     """One mapped segment; `.buf` is a writable byte memoryview of the whole segment."""
 
-    def __init__(self, name: str, mm: mmap.mmap, owner: bool) -> None:
+    def __init__(self, name: str, mm: mmap.mmap, owner: bool, lock_fd: int = -1) -> None:
         self.name = name
         self.size = len(mm)
         self.owner = owner  # created here (not a rule about who unlinks; a hint)
         self._mm: mmap.mmap | None = mm
+        self._lock_fd = lock_fd  # creator only: the open file holding the shared flock
         self.buf: memoryview = memoryview(mm)
 
     @classmethod
     def create(cls, name: str, size: int) -> ShmRegion:
-        """Create a new zero-filled segment; fails if `name` already exists."""
+        """Create a new zero-filled segment; fails if `name` already exists (FileExistsError).
+
+        The segment is made under a hidden name, locked, then linked to `name`, so no
+        reaper ever sees `name` unlocked while its creator lives."""
         if size <= 0:
             raise ValueError(f"shm size must be > 0, got {size}")
-        fd = os.open(_path(name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        path = _path(name)
+        tmp = os.path.join(SHM_DIR, f".{name}.new")
+        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH)
+                os.link(tmp, path)  # fails when `name` exists, like O_EXCL
+            finally:
+                os.unlink(tmp)
+            _created[name] = os.getpid()
             os.ftruncate(fd, size)
-            return cls(name, mmap.mmap(fd, size), owner=True)
-        finally:
+            return cls(name, mmap.mmap(fd, size), owner=True, lock_fd=fd)
+        except BaseException:
             os.close(fd)
+            raise
 
     @classmethod
     def attach(cls, name: str) -> ShmRegion:
@@ -120,7 +182,8 @@ class ShmRegion:
             os.close(fd)
 
     def close(self) -> None:
-        """Unmap; the segment stays until someone unlinks it. Idempotent.
+        """Unmap; the segment stays until someone unlinks it (closed by its creator, it is an
+        orphan that `reap_orphans` may unlink). Idempotent.
 
         If slices of `.buf` are still alive elsewhere (a view held by a finished task's
         frame, a numpy array), the mapping is dropped here and unmapped by the garbage
@@ -134,6 +197,9 @@ class ShmRegion:
             mm.close()
         except BufferError:
             pass
+        if self._lock_fd >= 0:
+            fd, self._lock_fd = self._lock_fd, -1
+            os.close(fd)  # releases the creator's lock: unlinked or not, it is an orphan now
 
     def unlink(self) -> None:
         """Remove the name from /dev/shm; existing mappings stay valid. Idempotent."""
@@ -141,6 +207,8 @@ class ShmRegion:
             os.unlink(_path(self.name))
         except FileNotFoundError:
             pass
+        if _created.get(self.name) == os.getpid():
+            del _created[self.name]
 
     @property
     def closed(self) -> bool:

@@ -87,4 +87,4 @@ def block_file(store: Path, reference, prompt_ids: list[int], index: int, block_
     from shared.engine.store_layout import prompt_keys, store_layout
 
     key = prompt_keys(store_layout(reference.model_id, reference.config, block_size), prompt_ids)[index]
-    return next(store.rglob(key + ".kvb"))
+    return next(store.rglob(key.hex() + ".kvb"))

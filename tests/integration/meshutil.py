@@ -110,14 +110,14 @@ def wait_until(pred, what: str, timeout: float = 30.0, interval: float = 0.05):
         time.sleep(interval)
 
 
-def wait_stored(store, keys: list[str], timeout: float = 30.0) -> None:
-    """Wait until every block of `keys` (hex, as `prompt_keys` gives them) is a file in the
+def wait_stored(store, keys: list[bytes], timeout: float = 30.0) -> None:
+    """Wait until every block of `keys` (as `prompt_keys` gives them) is a file in the
     directory store `store`. Persistence is background work; a block's file appears (by rename)
     only once complete, and a file is what a lookup sees."""
     from pathlib import Path
 
     def missing() -> list[str]:
         have = {p.stem for p in Path(store).rglob("*.kvb")}
-        return [k for k in keys if k not in have]
+        return [k.hex() for k in keys if k.hex() not in have]
 
     wait_until(lambda: not missing(), f"{len(keys)} blocks stored under {store}", timeout)

@@ -89,6 +89,8 @@ def _valid(schema: dict, comps: dict, facts: dict, name: str = "") -> st.SearchS
         return _valid(comps[schema["$ref"].rsplit("/", 1)[-1]], comps, facts)
     if "anyOf" in schema:
         return st.one_of([_valid(s, comps, facts, name) for s in schema["anyOf"]])
+    if "enum" in schema:  # a closed set (dualpath_mode: the load modes), as the document lists it
+        return st.one_of(st.sampled_from(schema["enum"]), TEXT)
     kind = schema.get("type")
     if kind == "object":
         return _object(schema, comps, facts)
@@ -109,8 +111,6 @@ def _valid(schema: dict, comps: dict, facts: dict, name: str = "") -> st.SearchS
         return st.booleans()
     if kind == "null":
         return st.none()
-    if name == "dualpath_mode":
-        return st.one_of(st.sampled_from(["dualpath", "basic", "oracle"]), TEXT)
     if name == "model":
         return st.one_of(st.just("tiny2@seed0"), TEXT)
     if name == "role":

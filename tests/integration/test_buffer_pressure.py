@@ -37,7 +37,7 @@ async def _agent(client: httpx.AsyncClient, url: str, i: int) -> list[int]:
     for turn in range(TURNS):
         r = await client.post(url + "/v1/completions", json={
             "prompt": prompt, "max_tokens": 1 if turn == 1 else 20, "temperature": 0, "ignore_eos": True,
-            "dualpath_mode": "dualpath" if i % 3 else "basic"})
+            "dualpath_mode": "dualpath-split" if i % 3 else "basic"})
         assert r.status_code == 200, r.text
         body = r.json()
         cached.append(body["usage"]["prompt_tokens_details"]["cached_tokens"])

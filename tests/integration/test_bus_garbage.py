@@ -17,21 +17,22 @@ import pytest
 from shared.messages.registry import EngineAnnounce
 from shared.messages.storage_gateway import ReadBlocks, StoreLayout
 from shared.messages.stream import TokenEvent
-from shared.messages.traffic_manager import FetchKV, PushKV
+from shared.messages.traffic_manager import FetchKV, PushKV, ReadFinished
 from shared.messages.work import DecodeAdmit, PrefillWork, Sampling
 from tests.integration.meshutil import complete, tiny_mesh
 
 pytestmark = pytest.mark.integration
 
-LAYOUT = StoreLayout(fingerprint="ab" * 16, model_id="m", n_layers=2, n_kv_heads=1, head_dim=4, dtype="f32",
+LAYOUT = StoreLayout(fingerprint=b"\xab" * 16, model_id="m", n_layers=2, n_kv_heads=1, head_dim=4, dtype="f32",
                      block_size=4)
 REAL = [  # real messages, truncated before sending (never sent whole)
-    PrefillWork("fz-1", list(range(40)), Sampling(max_tokens=3), "nowhere", "nowhere", ["aa" * 16] * 3),
+    PrefillWork("fz-1", list(range(40)), Sampling(max_tokens=3), "nowhere", "nowhere", [b"\xaa" * 16] * 3),
     DecodeAdmit("fz-2", 40, 7, Sampling(), "nowhere", [0, 4096, 8192], prompt=list(range(40))),
     PushKV("fz-3", [1, 2, 3], "nowhere", 40, [0, 1, 2]),
-    FetchKV("fz-4", ["aa" * 16] * 2, [1, 2], "n", LAYOUT),
-    ReadBlocks("fz-5", LAYOUT, ["aa" * 16], "shm", [0]),
-    TokenEvent("fz-6", [1, 2, 3], 0, "", "", "e"),
+    FetchKV("fz-4", [b"\xaa" * 16] * 2, [1, 2], "n", LAYOUT, 2),
+    ReadBlocks("fz-5", LAYOUT, [b"\xaa" * 16], "shm", [0]),
+    TokenEvent("fz-6", [1, 2, 3], 0, None, "", "e"),
+    ReadFinished("fz-8", 2, [0, 4096], [0, 1]),
     EngineAnnounce(instance="fz-7", node="n", engine="fz-e", role="prefill", max_context=64),
 ]
 WRONG_SCHEMA = [msgspec.msgpack.encode(v) for v in (

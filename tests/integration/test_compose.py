@@ -20,6 +20,7 @@ sys.path.insert(0, str(ROOT / "deploy" / "compose"))
 
 import checks  # noqa: E402
 import images  # noqa: E402
+import lifecycle  # noqa: E402
 from stack import COMPOSE_DIR, Stack, compose_command, daemon_reachable  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -52,7 +53,7 @@ def running():
         raise
     finally:
         stack.down()
-        assert not stack.containers(), "containers left after `docker compose down`"
+        assert not stack.leftovers(), "left after `docker compose down -v`"
 
 
 def test_completion_through_the_published_port(running):
@@ -85,18 +86,26 @@ def test_nats_requires_the_credentials(running):
     print(checks.check_nats_credentials(stack, url, user, password))
 
 
-@pytest.mark.parametrize(("service", "how"), [("prefill-engine", "process"), ("decode-engine", "container")])
+@pytest.mark.parametrize(("service", "how"), [("prefill-engine", "process"), ("decode-engine", "docker-kill")])
 def test_killed_engine_container_is_restarted_and_the_stack_serves_again(running, service, how):
     stack, url, _, _ = running
-    print(checks.check_killed_engine_restarts(stack, url, service, how))
+    print(lifecycle.check_killed_engine_restarts(stack, url, service, how))
 
 
 def test_scaled_engines_both_receive_work(running):
     stack, url, _, _ = running
     stack.up("--scale", "prefill-engine=2", "--scale", "decode-engine=2")
     stack.wait_healthy(600, expect=SERVICES_AT_SCALE_1 + 2)
-    print(checks.check_scaled_engines_work(stack, url, secrets.token_hex(3)))
+    print(lifecycle.check_scaled_engines_work(stack, url, secrets.token_hex(3)))
     print(checks.check_metrics(stack, url))
+
+
+def test_stopping_one_replica_spares_the_shared_memory_of_its_siblings(running):
+    stack, url, _, _ = running
+    if len(stack.ids("prefill-engine")) < 2:
+        stack.up("--scale", "prefill-engine=2", "--scale", "decode-engine=2")
+        stack.wait_healthy(600, expect=SERVICES_AT_SCALE_1 + 2)
+    print(lifecycle.check_stopping_a_replica_spares_its_siblings(stack, url))
 
 
 def test_otlp_sink_keeps_what_an_sdk_exports(tmp_path):

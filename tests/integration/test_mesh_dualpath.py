@@ -114,7 +114,7 @@ def test_staged_slots_are_freed_when_the_prompt_finishes_at_prefill(mesh, refere
     probe = Probe(mesh.url)
     before = probe.snap()
     r2 = complete(mesh.url, {"prompt": p1 + r1.json()["choices"][0]["text"], "max_tokens": 1,
-                             "dualpath_mode": "dualpath"})
+                             "dualpath_mode": "dualpath-split"})
     assert r2.status_code == 200, r2.text
     assert r2.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 4 * 64
     staged = probe.delta(before, probe.snap(), ("gateway", "d1"), "dualpath_storage_gateway_read_bytes_total")

@@ -81,6 +81,7 @@ def test_killed_decode_engine_with_no_spare_fails_the_stream_cleanly(tmp_path):
         assert events[-1] == "[DONE]"
         err = json.loads(events[-2])
         assert "error" in err and "no engine" in err["error"]["message"]
+        assert (err["error"]["code"], err["error"]["type"]) == ("no_engine", "service_unavailable")
         assert httpx.get(mesh.url + "/health", timeout=5).status_code == 503  # degraded, still answering
     finally:
         mesh.stop()

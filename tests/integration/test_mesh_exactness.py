@@ -3,7 +3,7 @@ token's logprob within 1e-4 (fp32), on a model whose logprobs move when any one 
 is wrong (tests/model/test_tiny_sensitivity.py).
 
 Paths: empty store; a second turn loaded on the PE path (`basic`), on the DE path only
-(scheduler `read_path=de`), split across both (`dualpath`, idle queues); the same over the
+(scheduler `read_path=de`), split across both (`dualpath-split`, idle queues); the same over the
 tcp data plane instead of the shm shortcut; a stored block corrupted on disk on the DE side
 (a miss, recomputed); and the check's teeth: with `fault_flip_de_bytes` the DE traffic
 manager corrupts bytes after the checksum passed, and the comparison must see it.
@@ -65,7 +65,7 @@ def tcp_de_mesh(tmp_path_factory):
     m.stop()
 
 
-@pytest.mark.parametrize("mode", ["basic", "dualpath"])
+@pytest.mark.parametrize("mode", ["basic", "dualpath-split"])
 def test_second_turn_is_exact_on_the_pe_path_and_split(shm_mesh, reference, mode):
     prompt = _turn1(shm_mesh, reference, mode)
     probe = Probe(shm_mesh.url)

@@ -69,7 +69,7 @@ TASK = ("You are reviewing a pull request. The diff renames the function parse_c
         "scheduler, the prefill engine and the decode engine. ") * 11
 
 
-@pytest.mark.parametrize("mode", ["dualpath", "basic"])
+@pytest.mark.parametrize("mode", ["dualpath-split", "basic"])
 def test_two_turn_chat_from_the_store_equals_the_reference(mesh, smol, mode):
     """Turn 2 of a chat loads turn 1's blocks from the store (both paths, or the PE path only)
     and its tokens and logprobs equal the single-process reference."""

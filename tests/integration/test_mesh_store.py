@@ -53,7 +53,7 @@ def test_second_turn_reuses_stored_blocks_and_matches(tmp_path, reference):
 
         # corrupt one stored block of the chain: it is a miss (recomputed), never wrong output
         keys = prompt_keys(layout, t2["choices"][0]["prompt_token_ids"])
-        victim = next(store.rglob(keys[3] + ".kvb"))  # the 4th block of the prompt's chain
+        victim = next(store.rglob(keys[3].hex() + ".kvb"))  # the 4th block of the prompt's chain
         data = bytearray(victim.read_bytes())
         data[-100] ^= 0xFF
         victim.write_bytes(bytes(data))

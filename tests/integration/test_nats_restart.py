@@ -67,6 +67,7 @@ def test_mesh_survives_a_nats_restart_and_fails_the_request_caught_in_it(tmp_pat
         err = json.loads(events[-2])
         assert "error" in err, events[-3:]
         assert "no engine" in err["error"]["message"] or "stopped responding" in err["error"]["message"], err
+        assert err["error"]["code"] in ("no_engine", "engine_failed"), err
 
         # a request sent while NATS is down gets a JSON 5xx, not a hang (30 s: the hang guard)
         r = complete(mesh.url, {"prompt": "during the outage", **BODY}, timeout=30)

@@ -2,7 +2,7 @@
 
 A real prefill engine process (tiny model, real NATS) with every deadline at 600 s; the test
 plays its traffic-manager: it answers the engine's FetchKV with "read done, 3 hits", "layer 0
-in KV memory", then a `LayerLoaded` carrying an error. The engine's answer must be a retryable
+in KV memory", then a `FetchFailed` (kv_transfer). The engine's answer must be a retryable
 error event for that request -- which can only come from the error on the wire, since the
 layer wait and the transfer deadline would take 600 s -- and the engine must go on serving
 (a second prompt gets its first token) with every KV block free again.
@@ -18,10 +18,11 @@ import uuid
 import pytest
 
 from shared.bus import Bus
+from shared.messages.codes import ErrorCode, FinishReason, LoadMode
 from shared.messages.registry import Announce, EngineAnnounce
 from shared.messages.stream import TokenEvent
 from shared.messages.subjects import Subjects
-from shared.messages.traffic_manager import FetchKV, LayerLoaded
+from shared.messages.traffic_manager import FetchFailed, FetchKV, LayersLoaded, ReadFinished
 from shared.messages.work import PrefillWork, Sampling
 from tests.integration.natsutil import NatsServer
 
@@ -67,15 +68,15 @@ async def _scenario(url: str, ns: str) -> dict:
     try:
         await announced.get()  # the engine is up: model loaded, subscribed
         prompt = list(range(1, 3 * BS + 6))
-        keys = [f"{i:02x}" * 32 for i in range(3)]
+        keys = [bytes([i]) * 16 for i in range(3)]
         await bus.publish(subjects.prefill_work(ENGINE), PrefillWork(
             "lf-1#0", prompt, Sampling(max_tokens=8), "de-nowhere", "out.lf", block_keys=keys, hit_blocks=3,
-            mode="basic"))
+            mode=LoadMode.BASIC, pe_blocks=3))
         fetch = await fetches.get()
         loaded = subjects.prefill_loaded(ENGINE)
-        await bus.publish(loaded, LayerLoaded(fetch.req_id, 3, -1))  # read done: 3 hits in the buffer
-        await bus.publish(loaded, LayerLoaded(fetch.req_id, 3, 0))  # layer 0 in KV memory, then the copy dies
-        await bus.publish(loaded, LayerLoaded(fetch.req_id, 3, 1, error="layer copy failed: peer gone"))
+        await bus.publish(loaded, ReadFinished(fetch.req_id, 3))  # read done: 3 hits in the buffer
+        await bus.publish(loaded, LayersLoaded(fetch.req_id, 0))  # layer 0 in KV memory, then the copy dies
+        await bus.publish(loaded, FetchFailed(fetch.req_id, ErrorCode.KV_TRANSFER, "layer copy failed: peer gone"))
         failed = await events.get()
         await bus.publish(subjects.prefill_work(ENGINE), PrefillWork(
             "lf-2#0", prompt[:20], Sampling(max_tokens=1), "de-nowhere", "out.lf"))
@@ -101,8 +102,10 @@ def test_a_layer_copy_that_dies_fails_the_prefill_at_once_and_the_engine_keeps_s
                 pe.kill()
                 pe.wait()
     fetch, failed, served = got["fetch"], got["failed"], got["served"]
-    assert fetch.req_id == "lf-1#0" and len(fetch.keys) == 3 and len(fetch.dst_blocks) == 3
-    assert failed.req_id == "lf-1#0" and failed.finish == "error" and failed.retryable, failed
+    assert fetch.req_id == "lf-1#0" and fetch.keys == [bytes([i]) * 16 for i in range(3)] and len(fetch.dst_blocks) == 3
+    assert fetch.pe_blocks == 3  # the scheduler's count, passed on: every hit on the PE path
+    assert failed.req_id == "lf-1#0" and failed.finish is FinishReason.ERROR and failed.retryable, failed
+    assert failed.code is ErrorCode.KV_TRANSFER
     assert "peer gone" in failed.error and failed.source == ENGINE
-    assert served.req_id == "lf-2#0" and served.finish == "length" and len(served.tokens) == 1, served
+    assert served.req_id == "lf-2#0" and served.finish is FinishReason.LENGTH and len(served.tokens) == 1, served
     assert pe.returncode == 0, (tmp_path / "pe.log").read_text()[-2000:]

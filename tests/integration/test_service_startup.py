@@ -74,7 +74,7 @@ def test_without_nats_a_service_says_what_it_waits_for_then_gives_up(refused, tm
     assert p.returncode == 1
     assert f"waiting for NATS at {refused}" in err and "retrying every 0.25 s, giving up after 1.5 s" in err
     last = err.strip().splitlines()[-1]
-    assert last.startswith(f"storage-gateway: error: no NATS server at {refused} within 1.5 s"), last
+    assert last.startswith(f"storage_gateway: error: no NATS server at {refused} within 1.5 s"), last
     assert "Traceback" not in err
 
 
@@ -102,7 +102,7 @@ def test_a_running_service_stops_on_one_sigterm_with_exit_code_0(tmp_path):
     nats = NatsServer(tmp_path).start()
     p = _service("storage_gateway", "--nats", nats.url, "--store", str(tmp_path / "store"), tmp_path=tmp_path)
     try:
-        _until(p.stderr, r"storage-gateway-\w+ started")  # its /metrics server is serving now
+        _until(p.stderr, r"storage_gateway-\w+ started")  # its /metrics server is serving now
         p.send_signal(signal.SIGTERM)
         out, err = p.communicate()
     finally:

@@ -2,7 +2,7 @@
 
 The deadline exists to catch a dead traffic-manager or gateway, not a busy storage NIC:
 the TM adds the announced (and its own outstanding) read queue of the node to the
-deadline of each storage read, and tells the prefill engine (LayerLoaded layer -2), whose
+deadline of each storage read, and tells the prefill engine (`ReadQueued`), whose
 fetch deadline waits for the queue too.
 """
 from __future__ import annotations

@@ -18,18 +18,20 @@ from services.storage_gateway.config import StorageGatewayConfig
 from services.traffic_manager.app import NOT_ATTACHED, TrafficManagerService
 from services.traffic_manager.config import TrafficManagerConfig
 from shared.bus import Bus, Delivery
+from shared.messages.codes import ErrorCode
 from shared.messages.registry import Announce, EngineAnnounce, KVRegion, TrafficManagerAnnounce
 from shared.messages.storage_gateway import HitQuery, HitReply, StoreLayout
 from shared.messages.subjects import Subjects
-from shared.messages.traffic_manager import (FetchKV, LayerLoaded, LoadKV, PushDone, Release, Reserve, Reserved,
-                                SaveCopied, SaveKV)
+from shared.messages.traffic_manager import (FetchFailed, FetchKV, FetchProgress, LayersLoaded, LoadKV, PushDone,
+                                             ReadFinished, Release, Reserve, Reserved, SaveCopied, SaveKV,
+                                             progress_decoder)
 from shared.runtime import run_service
 from shared.transport.shm_region import ShmRegion, new_name
 from tests.integration.natsutil import NatsServer
 
 pytestmark = pytest.mark.integration
 
-LAYOUT = StoreLayout(fingerprint="cd" * 16, model_id="tm-failures", n_layers=4, n_kv_heads=1, head_dim=8,
+LAYOUT = StoreLayout(fingerprint=b"\xcd" * 16, model_id="tm-failures", n_layers=4, n_kv_heads=1, head_dim=8,
                      dtype="float32", block_size=4)
 LAYER_NBYTES = 2 * 4 * 1 * 8 * 4  # (K, V) x block_size x heads x head_dim x float32
 BLOCK_NBYTES = 4 * LAYER_NBYTES
@@ -53,12 +55,12 @@ class Mesh:
         self.url = nats.url
         self.stop = asyncio.Event()
         self.lives: list[asyncio.Future] = []
-        self.loaded: asyncio.Queue[LayerLoaded] = asyncio.Queue()
+        self.loaded: asyncio.Queue[FetchProgress] = asyncio.Queue()
         self.tm_beats: dict[str, asyncio.Queue[TrafficManagerAnnounce]] = {e: asyncio.Queue() for e in engines}
 
     async def __aenter__(self) -> "Mesh":
         self.bus = await Bus.connect(self.url, "engine-under-test")
-        await self.bus.subscribe(self.subjects.prefill_loaded(ENGINE), LayerLoaded, self._on_loaded)
+        await self.bus.subscribe(self.subjects.prefill_loaded(ENGINE), progress_decoder, self._on_loaded)
         await self.bus.subscribe(self.subjects.heartbeat, Announce, self._on_beat)
         self.lives = [asyncio.ensure_future(run_service(s, self.stop)) for s in (self.gateway, *self.tms.values())]
         for beats in self.tm_beats.values():
@@ -70,7 +72,7 @@ class Mesh:
         await asyncio.gather(*self.lives)
         await self.bus.close()
 
-    async def _on_loaded(self, msg: LayerLoaded, d: Delivery) -> None:
+    async def _on_loaded(self, msg: FetchProgress, d: Delivery) -> None:
         self.loaded.put_nowait(msg)
 
     async def _on_beat(self, msg, d: Delivery) -> None:
@@ -86,16 +88,16 @@ class Mesh:
         while not (await self.tm_beats[engine].get()).ready:
             pass
 
-    async def until_stored(self, keys: list[str]) -> None:
+    async def until_stored(self, keys: list[bytes]) -> None:
         """Until the gateway reports every key present (the TM's background writes landed)."""
         query = HitQuery(LAYOUT, keys)
         while (await self.bus.request(self.subjects.sg_any("hit"), query, HitReply)).blocks < len(keys):
             await asyncio.sleep(0.02)  # a poll of the condition, not a wait for time to pass
 
-    async def store_two_blocks(self, kv: ShmRegion) -> list[str]:
+    async def store_two_blocks(self, kv: ShmRegion) -> list[bytes]:
         """Fill blocks 0 and 1 of `kv`, persist them through the TM's save path; their keys."""
         kv.buf[:2 * BLOCK_NBYTES] = bytes(range(256)) * (2 * BLOCK_NBYTES // 256)
-        keys = [uuid.uuid4().hex, uuid.uuid4().hex]
+        keys = [uuid.uuid4().bytes, uuid.uuid4().bytes]
         saved = await self.bus.request(self.subjects.tm(ENGINE, "save"), SaveKV("s", [0, 1], keys, NODE, LAYOUT),
                                        SaveCopied, timeout=60)
         assert (saved.copied, saved.error) == (2, "")
@@ -120,13 +122,13 @@ def run(tmp_path, scenario, engines: tuple[str, ...] = (ENGINE,)) -> None:
 def test_fetch_before_kv_memory_is_attached_is_answered_at_once(tmp_path):
     async def scenario(mesh: Mesh) -> None:
         async with mesh:
-            fetch = FetchKV("early", ["ab" * 16], [0], NODE, LAYOUT)
+            fetch = FetchKV("early", [b"\xab" * 16], [0], NODE, LAYOUT, 1)
             await mesh.bus.publish(mesh.subjects.tm(ENGINE, "fetch"), fetch)
             msg = await mesh.loaded.get()
-            assert (msg.req_id, msg.blocks, msg.layer, msg.error) == ("early", 0, -1, NOT_ATTACHED)
+            assert msg == FetchFailed("early", ErrorCode.NOT_READY, NOT_ATTACHED)
             load = await mesh.bus.request(mesh.subjects.tm(ENGINE, "load"), LoadKV("early", [0], [0]), PushDone,
                                           timeout=60)
-            assert (load.ok, load.error) == (False, NOT_ATTACHED)
+            assert (load.ok, load.error, load.code) == (False, NOT_ATTACHED, ErrorCode.NOT_READY)
             assert not any(life.done() for life in mesh.lives)
 
     run(tmp_path, scenario)
@@ -142,16 +144,16 @@ def test_a_fetch_that_dies_mid_layers_tells_the_engine_which_layers_landed(tmp_p
             await mesh.attach(ENGINE, kv)
             keys = await mesh.store_two_blocks(kv)
 
-            await mesh.bus.publish(mesh.subjects.tm(ENGINE, "fetch"), FetchKV("f", keys[:1], [3], NODE, LAYOUT))
+            await mesh.bus.publish(mesh.subjects.tm(ENGINE, "fetch"), FetchKV("f", keys[:1], [3], NODE, LAYOUT, 1))
             read = await mesh.loaded.get()
-            assert (read.req_id, read.blocks, read.layer, read.error) == ("f", 1, -1, "")  # the read itself worked
+            assert read == ReadFinished("f", 1)  # the read itself worked
             msgs = [await mesh.loaded.get()]
-            while not msgs[-1].error:
+            while not isinstance(msgs[-1], FetchFailed):
                 msgs.append(await mesh.loaded.get())
             failed = msgs[-1]
-            assert (failed.req_id, failed.blocks, failed.layer) == ("f", 1, 1)
+            assert (failed.req_id, failed.code, failed.layers) == ("f", ErrorCode.KV_TRANSFER, 2)
             assert failed.error.startswith("OutOfBounds: region 'kv'")
-            assert all(m.layer <= 1 for m in msgs[:-1])  # no layer past the failure was announced
+            assert all(isinstance(m, LayersLoaded) and m.layer <= 1 for m in msgs[:-1])  # none past the failure
             assert bytes(kv.buf[3 * BLOCK_NBYTES:3 * BLOCK_NBYTES + 2 * LAYER_NBYTES]) == bytes(
                 kv.buf[:2 * LAYER_NBYTES])  # layers 0..1 really landed
             assert await mesh.tm_answers()
@@ -182,11 +184,11 @@ def test_a_de_path_fetch_that_dies_mid_layers_is_answered_too(tmp_path):
                             prompt_blocks=1)
             await mesh.bus.publish(mesh.subjects.tm(ENGINE, "fetch"), fetch)
             read = await mesh.loaded.get()
-            assert (read.blocks, read.layer, read.error, read.de_hits) == (1, -1, "", [0])
+            assert isinstance(read, ReadFinished) and (read.blocks, read.de_hits) == (1, [0])
             failed = await mesh.loaded.get()
-            while not failed.error:
+            while not isinstance(failed, FetchFailed):
                 failed = await mesh.loaded.get()
-            assert (failed.req_id, failed.blocks, failed.layer) == ("d", 1, 1)
+            assert (failed.req_id, failed.code, failed.layers) == ("d", ErrorCode.KV_TRANSFER, 2)
             assert failed.error.startswith("OutOfBounds")
             assert bytes(kv.buf[3 * BLOCK_NBYTES:3 * BLOCK_NBYTES + 2 * LAYER_NBYTES]) == bytes(
                 kv.buf[:2 * LAYER_NBYTES])  # layers 0..1 came over from the DE buffer

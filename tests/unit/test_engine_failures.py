@@ -18,16 +18,17 @@ from services.prefill_engine.layers import LayerGate, LoadError, LoadProgress
 from services.prefill_engine.record import PrefillRequest
 from shared.bus import BusError
 from shared.kv.allocator import SlotAllocator
+from shared.messages.codes import ErrorCode, FinishReason, LoadMode
 from shared.messages.storage_gateway import StoreLayout
 from shared.messages.stream import TokenEvent
-from shared.messages.traffic_manager import LayerLoaded
+from shared.messages.traffic_manager import FetchFailed, LayersLoaded, ReadFinished, ReadQueued
 from shared.messages.work import DecodeAdmit, PrefillWork, Sampling
 from shared.metrics import Metrics
 
 pytestmark = pytest.mark.unit
 HUGE = 600.0  # every deadline: a test that finishes did not wait for one
 BS = 16
-LAYOUT = StoreLayout(fingerprint="00" * 16, model_id="m", n_layers=4, n_kv_heads=1, head_dim=8, dtype="float32",
+LAYOUT = StoreLayout(fingerprint=bytes(16), model_id="m", n_layers=4, n_kv_heads=1, head_dim=8, dtype="float32",
                      block_size=BS)
 
 
@@ -70,16 +71,16 @@ class Engine:
                                ready=self.queued.append, fail=self.fail, failed_load=self.load_failed,
                                release=self.released.append)
 
-    async def fail(self, req, error, retryable=False, release=True):
-        self.failed.append((req.req_id, error, retryable))
+    async def fail(self, req, code, error, retryable=False, release=True):
+        self.failed.append((req.req_id, code, error, retryable))
 
-    async def load_failed(self, req, error):  # the engine fails it retryable (or its forward does)
-        self.failed.append((req.req_id, error, True))
+    async def load_failed(self, req, code, error):  # the engine fails it retryable (or its forward does)
+        self.failed.append((req.req_id, code, error, True))
 
     def submit(self, rid: str = "r1", hits: int = 3) -> PrefillRequest:
         prompt = list(range(hits * BS + 5))
-        work = PrefillWork(rid, prompt, Sampling(), "pe-x", "out", block_keys=[f"{i:02x}" * 16 for i in range(hits)],
-                           hit_blocks=hits, mode="basic")
+        work = PrefillWork(rid, prompt, Sampling(), "pe-x", "out", block_keys=[bytes([i]) * 16 for i in range(hits)],
+                           hit_blocks=hits, mode=LoadMode.BASIC, pe_blocks=hits)
         req = PrefillRequest(rid, prompt, work.sampling, "out", None, work=work)
         self.held[rid] = req
         self.fetcher.waiting.append(req)
@@ -102,7 +103,7 @@ def test_a_read_that_reports_cancels_its_deadline_task():
         req = eng.submit()
         timer = req.timer
         assert req.reading and timer is not None and not timer.done()
-        await eng.fetcher.on_loaded(LayerLoaded("r1", 3, -1))
+        await eng.fetcher.on_progress(ReadFinished("r1", 3))
         await asyncio.sleep(0)
         assert timer.cancelled() and req.timer is None and not req.reading
         assert eng.queued == [req] and req.hit_tokens == 3 * BS and not eng.failed
@@ -113,8 +114,8 @@ def test_a_layer_copy_that_dies_fails_the_request_and_wakes_the_model_thread():
     async def go(tg):
         eng = Engine(Bus(), tg)
         req = eng.submit()
-        await eng.fetcher.on_loaded(LayerLoaded("r1", 3, -1))
-        await eng.fetcher.on_loaded(LayerLoaded("r1", 3, 0))
+        await eng.fetcher.on_progress(ReadFinished("r1", 3))
+        await eng.fetcher.on_progress(LayersLoaded("r1", 0))
         caught: list[BaseException] = []
 
         def model_thread():  # the forward, blocked before layer 1 with a 600 s layer timeout
@@ -125,20 +126,31 @@ def test_a_layer_copy_that_dies_fails_the_request_and_wakes_the_model_thread():
 
         t = threading.Thread(target=model_thread, daemon=True)  # daemon: a broken fail() must not hang the run
         t.start()
-        await eng.fetcher.on_loaded(LayerLoaded("r1", 3, 1, error="copy failed: peer gone"))
+        await eng.fetcher.on_progress(FetchFailed("r1", ErrorCode.KV_TRANSFER, "copy failed: peer gone"))
         while t.is_alive():  # the model thread wakes when fail() reaches it
             await asyncio.sleep(0.005)
         assert isinstance(caught[0], LoadError) and caught[0].layer == 1 and "peer gone" in caught[0].reason
-        assert eng.failed == [("r1", "stored KV load failed: copy failed: peer gone", True)]
+        assert caught[0].code is ErrorCode.KV_TRANSFER
+        assert eng.failed == [("r1", ErrorCode.KV_TRANSFER, "stored KV load failed: copy failed: peer gone", True)]
     run(go)
 
 
-def test_an_error_before_the_read_reports_only_shortens_the_hits():
-    async def go(tg):  # layer -1 with an error: the verified leading blocks still count, the rest is computed
+def test_a_short_read_only_shortens_the_hits():
+    async def go(tg):  # one of three blocks verified: it still counts, the rest is computed
         eng = Engine(Bus(), tg)
         req = eng.submit()
-        await eng.fetcher.on_loaded(LayerLoaded("r1", 1, -1, error="block 1 failed its checksum"))
+        await eng.fetcher.on_progress(ReadFinished("r1", 1))
         assert eng.queued == [req] and req.hit_tokens == BS and not eng.failed and not req.load.error
+    run(go)
+
+
+def test_a_fetch_that_fails_before_its_read_finished_is_a_miss():
+    async def go(tg):  # nothing reached KV memory: the whole prompt is computed, nothing fails
+        eng = Engine(Bus(), tg)
+        req = eng.submit()
+        await eng.fetcher.on_progress(FetchFailed("r1", ErrorCode.NOT_READY, "engine KV memory not attached yet"))
+        assert eng.queued == [req] and req.hit_tokens == 0 and req.load is None and not eng.failed
+        assert not req.reading and req.timer is None
     run(go)
 
 
@@ -148,7 +160,7 @@ def test_a_fetch_that_cannot_be_sent_fails_at_once():
         req = eng.submit()
         for _ in range(10):
             await asyncio.sleep(0)
-        assert [(r, retry) for r, _, retry in eng.failed] == [("r1", True)]
+        assert [(r, code, retry) for r, code, _, retry in eng.failed] == [("r1", ErrorCode.STORAGE, True)]
         assert not req.reading and req.timer is None
     run(go)
 
@@ -158,7 +170,7 @@ def test_a_queued_read_pushes_its_deadline_back():
         eng = Engine(Bus(), tg)
         req = eng.submit()
         before = req.deadline
-        await eng.fetcher.on_loaded(LayerLoaded("r1", 0, -2, eta_s=50.0))
+        await eng.fetcher.on_progress(ReadQueued("r1", 50.0))
         assert req.deadline >= before + 49.0 and req.reading
     run(go)
 
@@ -194,8 +206,10 @@ def admitted(svc: DecodeEngineService) -> DecodeRequest:
     return req
 
 
-@pytest.mark.parametrize("exc", [RuntimeError("boom"), BusError("tm.de-t.load", "timeout")])
-def test_a_kv_load_that_raises_fails_only_its_request(exc):
+@pytest.mark.parametrize("exc,code", [(RuntimeError("boom"), ErrorCode.INTERNAL),
+                                      (BusError("tm.de-t.load", "timeout"), ErrorCode.KV_TRANSFER),
+                                      (BusError("tm.de-t.load", "full", ErrorCode.BUFFER_FULL), ErrorCode.BUFFER_FULL)])
+def test_a_kv_load_that_raises_fails_only_its_request(exc, code):
     async def go():
         bus = Bus(fail_with=exc)
         svc = decode_engine(bus)
@@ -206,7 +220,8 @@ def test_a_kv_load_that_raises_fails_only_its_request(exc):
     bus, svc, req = asyncio.run(go())
     svc.worker.close()
     events = [m for _, m in bus.sent if isinstance(m, TokenEvent)]
-    assert len(events) == 1 and events[0].finish == "error" and events[0].retryable
+    assert len(events) == 1 and events[0].finish is FinishReason.ERROR and events[0].retryable
+    assert events[0].code is code
     assert "KV load failed" in events[0].error and req.req_id not in svc.held and not svc.ready
 
 
@@ -220,7 +235,7 @@ def test_a_save_that_raises_ends_its_request_and_still_releases_it():
                           on_failure=lambda r, e: failures.append((r.req_id, e)))
             req = DecodeRequest("d1", list(range(BS)), Sampling(), "out", None, blocks=[3, 4])
             seq = RunningSeq(req, pos=BS, last=0, max_pos=64)
-            p.prompt(seq, DecodeAdmit("d1", BS, 0, Sampling(), "out", [0], block_keys=["ab" * 16]))
+            p.prompt(seq, DecodeAdmit("d1", BS, 0, Sampling(), "out", [0], block_keys=[b"\xab" * 16]))
             assert p.busy("d1")
             p.release_later(req)  # finished while its save was in flight
         assert failures and failures[0][0] == "d1" and "encoder broke" in failures[0][1]

@@ -35,7 +35,7 @@ def test_engine_request_tokens_count_prompt_and_generated():
 
 
 def test_keeps_going_below_every_limit():
-    assert finish_reason(seq([5, 6]), 6) == ""
+    assert finish_reason(seq([5, 6]), 6) is None
 
 
 def test_stop_token_finishes_with_stop():
@@ -48,13 +48,13 @@ def test_stop_token_wins_over_length_on_the_last_token():
 
 def test_reaching_max_tokens_finishes_with_length():
     assert finish_reason(seq([5, 6, 7], max_tokens=3), 7) == "length"
-    assert finish_reason(seq([5, 6], max_tokens=3), 6) == ""
+    assert finish_reason(seq([5, 6], max_tokens=3), 6) is None
 
 
 def test_reaching_the_context_limit_finishes_with_length():
     # prompt 4 + generated 3: the new token sits at position 6; max_pos 7 means no room for its KV
     assert finish_reason(seq([5, 6, 7], max_pos=7), 7) == "length"
-    assert finish_reason(seq([5, 6, 7], max_pos=8), 7) == ""
+    assert finish_reason(seq([5, 6, 7], max_pos=8), 7) is None
 
 
 def waiting(*ids: str) -> list[EngineRequest]:

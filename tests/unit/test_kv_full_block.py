@@ -15,6 +15,7 @@ from shared.kv.full_block import (
     ChecksumMismatch,
     FingerprintMismatch,
     KeyMismatch,
+    LayoutMismatch,
     SizeMismatch,
     decode_header,
     encode_header,
@@ -22,7 +23,7 @@ from shared.kv.full_block import (
     payload_checksum,
     verify_payload,
 )
-from shared.kv.layout import KVLayout, UnknownDtype
+from shared.kv.layout import KVKind, KVLayout, UnknownDtype
 
 pytestmark = pytest.mark.unit
 
@@ -76,7 +77,7 @@ def test_bad_version() -> None:
     struct.pack_into("<H", header, 8, 99)
     with pytest.raises(BadVersion) as err:
         decode_header(header)
-    assert (err.value.got, err.value.supported) == (99, 1)
+    assert (err.value.got, err.value.supported) == (99, 2)
 
 
 @pytest.mark.parametrize("offset", [12, 20, 40, 50, 66, 75, 1000, 4090])
@@ -123,3 +124,44 @@ def test_flipped_payload_byte_fails_the_payload_checksum() -> None:
 def test_unknown_dtype_is_rejected_early() -> None:
     with pytest.raises(UnknownDtype):
         KVLayout(n_layers=1, n_kv_heads=1, head_dim=1, dtype="float64")
+
+
+MLA = KVLayout.mla(n_layers=3, latent_rank=24, rope_dim=8, dtype="bfloat16", block_size=4)
+
+
+def test_an_mla_header_round_trips_its_kind_and_row_split() -> None:
+    assert (MLA.n_kv_heads, MLA.head_dim, MLA.kind) == (1, 16, KVKind.MLA)
+    payload = bytes(MLA.payload_bytes)
+    header = encode_header(KEY, FP, MLA, payload_checksum(payload))
+    got = decode_header(header, expected_key=KEY, expected_fingerprint=FP, expected_layout=MLA)
+    assert got.layout == MLA and (got.layout.latent_rank, got.layout.rope_dim, got.layout.index_dim) == (24, 8, 0)
+    assert struct.unpack_from("<HHIII", header, 80) == (2, 0, 24, 8, 0)
+    gqa = encode_header(KEY, FP, LAYOUT, 0)
+    assert struct.unpack_from("<HHIII", gqa, 80) == (1, 0, 0, 0, 0)
+
+
+@pytest.mark.parametrize("other", [
+    KVLayout(n_layers=3, n_kv_heads=1, head_dim=16, dtype="bfloat16", block_size=4),  # GQA planes, same bytes
+    KVLayout.mla(n_layers=3, latent_rank=16, rope_dim=16, dtype="bfloat16", block_size=4),  # same width, other split
+    KVLayout.mla(n_layers=3, latent_rank=16, rope_dim=8, index_dim=8, dtype="bfloat16", block_size=4),  # V3.2 row
+], ids=["gqa", "split", "indexer"])
+def test_a_block_of_another_layout_with_the_same_byte_count_is_refused(other: KVLayout) -> None:
+    assert other.payload_bytes == MLA.payload_bytes
+    header = encode_header(KEY, FP, MLA, 0)
+    with pytest.raises(LayoutMismatch) as err:
+        decode_header(header, expected_fingerprint=FP, expected_layout=other)
+    assert (err.value.expected, err.value.got) == (other, MLA)
+    assert "mla 24+8" in str(err.value)
+    with pytest.raises(LayoutMismatch):
+        decode_header(encode_header(KEY, FP, other, 0), expected_layout=MLA)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(n_layers=1, n_kv_heads=2, head_dim=8, kind=KVKind.MLA, latent_rank=8, rope_dim=8),  # MLA has one head
+    dict(n_layers=1, n_kv_heads=1, head_dim=9, kind=KVKind.MLA, latent_rank=8, rope_dim=8),  # 2 * 9 != 16
+    dict(n_layers=1, n_kv_heads=1, head_dim=8, kind=KVKind.GQA, latent_rank=8, rope_dim=8),  # GQA has no split
+    dict(n_layers=1, n_kv_heads=1, head_dim=8, kind=KVKind.MLA, latent_rank=16, rope_dim=0),  # no rope key
+])
+def test_an_inconsistent_layout_is_rejected(kwargs) -> None:
+    with pytest.raises(ValueError):
+        KVLayout(**kwargs)

@@ -1,6 +1,7 @@
 """Control-plane messages: msgpack round-trips, the tagged Announce union, schema evolution."""
 from __future__ import annotations
 
+import enum
 import importlib
 import inspect
 import pkgutil
@@ -11,7 +12,8 @@ import msgspec
 import pytest
 
 import shared.messages as messages_pkg
-from shared.messages import registry, stream
+from shared.messages import registry, stream, traffic_manager
+from shared.messages.codes import ErrorCode, FinishReason, LoadMode
 from shared.messages.registry import Announce, EngineAnnounce, StorageGatewayAnnounce, SchedulerAnnounce, \
     TrafficManagerAnnounce
 from shared.messages.stream import TokenEvent
@@ -37,6 +39,8 @@ def sample(tp, name: str):
         return [sample(elem, name), sample(elem, name + "2")]
     if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
         return build(tp)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return list(tp)[-1]  # the defaults are the first member (or None)
     if tp is bool:
         return True
     if tp is int:
@@ -159,8 +163,90 @@ def test_token_event_is_array_like_in_field_order():
 
 def test_token_event_from_an_older_sender_with_fewer_trailing_fields():
     got = stream.decoder.decode(msgspec.msgpack.encode(["r", [9], 4, "length"]))
-    assert got == TokenEvent("r", [9], 4, "length")
-    assert (got.source, got.cached_tokens) == ("", 0)
+    assert got == TokenEvent("r", [9], 4, FinishReason.LENGTH)
+    assert (got.source, got.cached_tokens, got.code) == ("", 0, None)
+
+
+def test_token_event_from_a_sender_before_error_codes_reads_code_none():
+    # every field such a sender knew, up to logprobs; `code` came after them all
+    old = ["r", [], 3, "error", "engine died", "de0", 0, True, []]
+    got = stream.decoder.decode(msgspec.msgpack.encode(old))
+    assert (got.finish, got.error, got.retryable, got.code) == (FinishReason.ERROR, "engine died", True, None)
+
+
+def test_token_event_code_is_the_last_array_element_and_a_plain_string():
+    ev = TokenEvent("r", [], 2, FinishReason.ERROR, "no engine took it", code=ErrorCode.NO_ENGINE)
+    raw = msgspec.msgpack.decode(stream.encoder.encode(ev))
+    assert raw[3] == "error" and raw[-1] == "no_engine" and type(raw[-1]) is str
+    assert stream.decoder.decode(stream.encoder.encode(ev)) == ev
+
+
+def test_a_running_token_event_carries_no_finish_string():
+    # the running state is None on the wire, not "": an empty string (the form before FinishReason) is refused
+    raw = msgspec.msgpack.decode(stream.encoder.encode(TokenEvent("r", [1], 0, source="pe0")))
+    assert raw[3] is None
+    with pytest.raises(msgspec.ValidationError, match="Invalid enum value ''"):
+        stream.decoder.decode(msgspec.msgpack.encode(["r", [1], 0, "", "", "pe0"]))
+
+
+@pytest.mark.parametrize("member", [*LoadMode, *FinishReason, *ErrorCode], ids=lambda m: f"{type(m).__name__}.{m.name}")
+def test_every_enum_member_travels_as_its_string_and_comes_back_as_the_member(member):
+    for codec in (msgspec.msgpack, msgspec.json):
+        wire = codec.encode(member)
+        assert codec.decode(wire) == member.value  # readable: the plain value, no wrapper
+        assert codec.decode(wire, type=type(member)) is member
+
+
+@pytest.mark.parametrize("tp", [LoadMode, FinishReason, ErrorCode])
+def test_an_unknown_enum_value_is_a_validation_error(tp):
+    with pytest.raises(msgspec.ValidationError, match="Invalid enum value 'martian'"):
+        msgspec.msgpack.decode(msgspec.msgpack.encode("martian"), type=tp)
+
+
+def test_enum_values_are_distinct_lowercase_words():
+    for tp in (LoadMode, FinishReason, ErrorCode):
+        values = [m.value for m in tp]
+        assert len(set(values)) == len(values) and all(v == v.lower() and " " not in v for v in values)
+
+
+# --- fetch progress: one message type per meaning, one Decoder ---------------------------------------
+
+PROGRESS = typing.get_args(traffic_manager.FetchProgress)
+
+
+@pytest.mark.parametrize("cls", PROGRESS, ids=lambda c: c.__name__)
+def test_fetch_progress_decoder_returns_each_member_by_its_tag(cls):
+    msg = build(cls)
+    got = traffic_manager.progress_decoder.decode(msgspec.msgpack.encode(msg))
+    assert type(got) is cls and got == msg
+
+
+def test_fetch_progress_is_an_array_tagged_by_its_first_element():
+    raw = msgspec.msgpack.decode(msgspec.msgpack.encode(traffic_manager.LayersLoaded("r", 5)))
+    assert raw == ["layers", "r", 5]
+    tags = {c.__struct_config__.tag for c in PROGRESS}
+    assert tags == {"queued", "read", "layers", "failed"}
+
+
+def test_fetch_progress_in_the_old_sentinel_form_is_refused():
+    old = ["r", 0, -2]  # LayerLoaded(req_id, blocks, layer=-2): "queued" as a sentinel integer
+    with pytest.raises(msgspec.ValidationError):
+        traffic_manager.progress_decoder.decode(msgspec.msgpack.encode(old))
+
+
+def test_fetch_failed_needs_a_known_code():
+    with pytest.raises(msgspec.ValidationError):
+        traffic_manager.progress_decoder.decode(msgspec.msgpack.encode(["failed", "r", "oops", "why"]))
+
+
+def test_block_keys_and_fingerprint_travel_as_raw_bytes():
+    from shared.messages.storage_gateway import HitQuery, StoreLayout
+
+    key, fp = bytes(range(16)), bytes(range(16, 32))
+    q = HitQuery(StoreLayout(fp, "m", 2, 1, 4, "float32", 16), [key, key])
+    raw = msgspec.msgpack.encode(q)
+    assert key in raw and fp in raw and key.hex().encode() not in raw  # bin, not hex text
+    assert msgspec.msgpack.decode(raw, type=HitQuery) == q
 
 
 def test_token_event_wrong_type_is_rejected():

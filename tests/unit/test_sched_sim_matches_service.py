@@ -27,7 +27,7 @@ pytestmark = pytest.mark.unit
 # 4 prefill + 4 decode nodes of 8 engines, two nodes a group; storage NICs slowed (SLOW) and short alpha and
 # beta, so read queues and token caps steer Algorithm 1 (classes 1, 2 and 3 all occur)
 CFG = SimConfig(model="ds-27b", P=4, D=4, group_nodes=2, trace="gen:32k:12", agents=48, scale=0.15, alpha_s=0.002,
-                beta_s=0.003, mode="dualpath", split=True)
+                beta_s=0.003, mode="dualpath-split")
 SLOW = 50
 
 

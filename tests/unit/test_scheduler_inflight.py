@@ -8,6 +8,7 @@ import pytest
 
 from services.scheduler import inflight as inflight_mod
 from services.scheduler.inflight import InFlight
+from shared.messages.codes import ErrorCode, FinishReason
 from shared.messages.stream import TokenEvent
 from shared.messages.work import Sampling
 
@@ -64,7 +65,7 @@ def test_gap_is_dropped_and_does_not_advance(clock):
 def test_gap_with_finish_does_not_finish(clock):
     r = rec()
     assert r.accept(ev([], 3, "stop")) is None
-    assert r.finished == ""
+    assert r.finished is None
 
 
 def test_partial_overlap_is_trimmed_to_new_tokens(clock):
@@ -162,11 +163,11 @@ def test_fail_queues_an_error_event_and_finishes():
     async def scenario():
         r = rec()
         r.accept(ev([10, 11], 0))
-        r.fail("engine died")
+        r.fail(ErrorCode.ENGINE_FAILED, "engine died")
         return r, await asyncio.wait_for(r.events.get(), 1)
 
     r, got = asyncio.run(scenario())
-    assert got == TokenEvent("r1", [], 2, finish="error", error="engine died")
+    assert got == TokenEvent("r1", [], 2, finish=FinishReason.ERROR, error="engine died", code=ErrorCode.ENGINE_FAILED)
     assert r.finished == "error"
     assert r.accept(ev([12], 2)) is None
 
@@ -175,7 +176,7 @@ def test_fail_after_finish_does_nothing():
     async def scenario():
         r = rec()
         r.accept(ev([10], 0, "stop"))
-        r.fail("too late")
+        r.fail(ErrorCode.INTERNAL, "too late")
         return r
 
     r = asyncio.run(scenario())
@@ -185,9 +186,9 @@ def test_fail_after_finish_does_nothing():
 def test_fail_twice_queues_one_error():
     async def scenario():
         r = rec()
-        r.fail("a")
-        r.fail("b")
+        r.fail(ErrorCode.NO_ENGINE, "a")
+        r.fail(ErrorCode.INTERNAL, "b")
         return r
 
     r = asyncio.run(scenario())
-    assert r.events.qsize() == 1 and r.events.get_nowait().error == "a"
+    assert r.events.qsize() == 1 and r.events.get_nowait().code is ErrorCode.NO_ENGINE

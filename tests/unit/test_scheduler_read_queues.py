@@ -33,13 +33,24 @@ def test_basic_mode_reads_every_block_on_the_pe_path_however_long_its_queue():
     assert "basic" in d.reason
 
 
-def test_dualpath_splits_so_both_queues_drain_together():
+def test_dualpath_split_splits_so_both_queues_drain_together():
     rq = ReadQueues()
     rq.pending["nA"] = 100
-    d = rq.decide("dualpath", 10, "nA", "nB", BS)
+    d = rq.decide("dualpath-split", 10, "nA", "nB", BS)
     assert (d.pe_blocks, d.de_blocks, d.path) == (4, 6, "split")
     assert (d.pe_queue, d.de_queue) == (100, 0)
     assert "PE 100 + 256" in d.reason and "DE 0 + 384" in d.reason
+
+
+@pytest.mark.parametrize(("pe_queue", "de_queue", "want"), [(100, 0, (0, 10, "de")), (0, 100, (10, 0, "pe")),
+                                                            (0, 0, (10, 0, "pe"))])  # a tie: the PE path
+def test_dualpath_reads_every_hit_on_the_shorter_queues_path_where_split_would_split(pe_queue, de_queue, want):
+    rq = ReadQueues()
+    rq.pending.update({"nA": pe_queue, "nB": de_queue})
+    d = rq.decide("dualpath", 10, "nA", "nB", BS)
+    assert (d.pe_blocks, d.de_blocks, d.path) == want and "shorter read queue" in d.reason
+    split = rq.decide("dualpath-split", 10, "nA", "nB", BS)
+    assert split.pe_blocks and split.de_blocks  # the same queues, the other dualpath mode: both paths
 
 
 def test_dualpath_sends_everything_to_the_shorter_queue_when_the_other_is_far_behind():
@@ -53,9 +64,9 @@ def test_dualpath_sends_everything_to_the_shorter_queue_when_the_other_is_far_be
 
 def test_a_decision_sees_the_reads_held_by_earlier_ones():
     rq = ReadQueues()
-    first = held(rq, "r1", "dualpath", 10)
+    first = held(rq, "r1", "dualpath-split", 10)
     assert (first.pe_blocks, first.de_blocks) == (5, 5)  # both idle: an even split
-    second = rq.decide("dualpath", 10, "nA", "nB", BS)
+    second = rq.decide("dualpath-split", 10, "nA", "nB", BS)
     assert (second.pe_queue, second.de_queue) == (320, 320)
 
 
@@ -77,8 +88,8 @@ def test_reads_on_a_shared_node_are_held_and_released():
 
 def test_done_returns_pending_to_zero_and_is_harmless_twice():
     rq = ReadQueues()
-    a = held(rq, "a", "dualpath", 10)
-    b = held(rq, "b", "dualpath", 7)
+    a = held(rq, "a", "dualpath-split", 10)
+    b = held(rq, "b", "dualpath-split", 7)
     assert rq.pending["nA"] == (a.pe_blocks + b.pe_blocks) * BS
     assert rq.pending["nB"] == (a.de_blocks + b.de_blocks) * BS
     rq.done("a")

@@ -38,7 +38,7 @@ def test_basic_reads_only_on_prefill_nodes_dualpath_uses_decode_snics(runs):
 def test_round_robin_and_split_variants_also_conserve_requests():
     small = replace(SMALL, agents=60)
     total = Simulation(small).w.total_requests
-    for cfg in (replace(small, assign="rr"), replace(small, split=True)):
+    for cfg in (replace(small, assign="rr"), replace(small, mode="dualpath-split")):
         assert run_sim(cfg).requests == total
 
 

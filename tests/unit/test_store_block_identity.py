@@ -49,7 +49,7 @@ def small_header() -> bytearray:
 
 def test_a_resigned_future_version_is_still_refused() -> None:
     with pytest.raises(BadVersion):
-        decode_header(edited(small_header(), "<H", 8, 2), expected_fingerprint=FP, expected_layout=SMALL)
+        decode_header(edited(small_header(), "<H", 8, 3), expected_fingerprint=FP, expected_layout=SMALL)
 
 
 def test_a_resigned_foreign_fingerprint_is_refused() -> None:
@@ -87,11 +87,12 @@ def _rewrite_header(path: str, fmt: str, offset: int, value: int | bytes) -> Non
 
 
 @pytest.mark.parametrize("fmt,offset,value,reason", [
-    ("<H", 8, 2, "version"),
+    ("<H", 8, 3, "version"),
+    ("<H", 8, 1, "version"),  # a block written before the layout code existed
     ("16s", 16, bytes(16), "fingerprint"),
     ("<Q", 64, LAYOUT.payload_bytes + 16, "size"),
     ("<I", 52, LAYOUT.block_size * 2, "size"),  # another block size: the payload length no longer matches
-], ids=["version", "fingerprint", "payload-length", "block-size"])
+], ids=["version", "version-1", "fingerprint", "payload-length", "block-size"])
 def test_a_stored_block_with_a_wrong_identity_is_never_served(tmp_path: Path, fmt, offset, value, reason) -> None:
     store = make_store(tmp_path)
     keys = make_keys(2)
@@ -115,3 +116,22 @@ def test_a_stored_block_with_a_trailing_byte_is_never_served(tmp_path: Path) -> 
     with pytest.raises(BlockCorrupt):
         read_back(store, key)
     store.check_integrity()
+
+
+def test_a_block_of_another_kv_layout_is_never_served_to_an_engine_of_this_one(tmp_path: Path) -> None:
+    """The same fingerprint and byte count: GQA planes (2 heads x 32 dims) written, an MLA row
+    (latent 112 + rope 16, halves of 64) expected; the header's layout code refuses it."""
+    from services.storage_gateway.store import DirectoryStore
+    from tests.unit.store_util import FINGERPRINT
+
+    gqa = make_store(tmp_path)
+    keys = make_keys(2)
+    fill(gqa, keys)
+    mla = KVLayout.mla(n_layers=2, latent_rank=112, rope_dim=16, dtype="float16", block_size=16)
+    assert mla.payload_bytes == LAYOUT.payload_bytes
+    reader = DirectoryStore(tmp_path, FINGERPRINT, mla)
+    with pytest.raises(BlockCorrupt) as err:
+        read_back(reader, keys[0])
+    assert "layout" in err.value.reason.lower() and "mla" in err.value.reason.lower()
+    assert reader.longest_prefix(keys) == 0
+    reader.check_integrity()

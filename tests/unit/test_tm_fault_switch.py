@@ -26,7 +26,7 @@ def test_the_switch_is_refused_unless_faults_are_allowed(monkeypatch):
 def test_flip_negates_the_middle_layer_of_one_block_only(dtype):
     import torch
 
-    layout = StoreLayout(fingerprint="00", model_id="m", n_layers=4, n_kv_heads=2, head_dim=8, dtype=dtype,
+    layout = StoreLayout(fingerprint=bytes(16), model_id="m", n_layers=4, n_kv_heads=2, head_dim=8, dtype=dtype,
                          block_size=4)
     t = getattr(torch, dtype)
     blocks = torch.randn(3, 4, 2, 4, 2, 8).to(t)  # [block, layer, kv, row, head, dim]

@@ -134,3 +134,14 @@ def test_bulk_moves_in_small_batches_latency_in_large_ones():
         return seen
 
     assert asyncio.run(main()) == [["b0", "b1"], ["b2", "b3"], ["l0", "l1", "l2", "l3"]]
+
+
+def test_coalesce_merges_runs_that_continue_on_both_sides_and_keeps_order():
+    from shared.transport.base import Op, coalesce
+
+    ops = [Op("kv", 0, "buf", 0, 8), Op("kv", 8, "buf", 8, 8), Op("kv", 16, "buf", 32, 8),  # dst jumps
+           Op("kv", 24, "buf", 40, 8), Op("x", 32, "buf", 48, 8), Op("x", 40, "buf", 56, 4)]
+    assert coalesce(ops) == [Op("kv", 0, "buf", 0, 16), Op("kv", 16, "buf", 32, 16), Op("x", 32, "buf", 48, 12)]
+    assert coalesce([]) == [] and coalesce(ops[2:3]) == ops[2:3]
+    backwards = [Op("kv", 8, "buf", 8, 8), Op("kv", 0, "buf", 0, 8)]
+    assert coalesce(backwards) == backwards

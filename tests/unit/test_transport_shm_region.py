@@ -74,15 +74,51 @@ def test_bad_names_and_sizes_are_rejected():
         ShmRegion.create(new_name("t"), 0)
 
 
-def test_segments_of_dead_creators_are_reaped_and_live_ones_kept(tmp_path):
+def _hold(path) -> subprocess.Popen:
+    """A process that holds the creator's lock on `path` until its stdin closes."""
+    code = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_SH); "
+            "print('held', flush=True); sys.stdin.read()")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_reaping_goes_by_the_creator_lock_not_by_the_pid_in_the_name(tmp_path):
+    """Containers sharing one /dev/shm volume have their own pid namespaces: a sibling's
+    live segment can carry a pid that is dead here, and a dead container's segment a pid
+    that is alive here (a different process). Only the creator's lock tells."""
     from shared.transport.shm_region import reap_orphans
 
-    mine = new_name("test")
-    assert f"-{os.getpid()}-" in mine
-    (tmp_path / mine).write_bytes(b"x")
     child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    dead = f"dp-test-{int(child.stdout)}-{'0' * 16}"  # its creator has exited
-    (tmp_path / dead).write_bytes(b"x")
-    (tmp_path / "dp-legacy-name").write_bytes(b"x")  # not made by new_name: never touched
-    assert reap_orphans(str(tmp_path)) == [dead]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine, "dp-legacy-name"])
+    gone = int(child.stdout)  # a pid with no process behind it (here)
+    sibling = f"dp-kv-{gone}-{'1' * 16}"  # held by a live process whose pid this namespace does not know
+    crashed = f"dp-kv-{os.getpid()}-{'2' * 16}"  # its pid is alive here, but that process never made it
+    dead = f"dp-kv-{gone}-{'3' * 16}"  # nobody holds it, its pid is gone
+    for name in (sibling, crashed, dead, "dp-legacy-name"):
+        (tmp_path / name).write_bytes(b"x")
+    holder = _hold(tmp_path / sibling)
+    try:
+        assert sorted(reap_orphans(str(tmp_path))) == sorted([crashed, dead])
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted([sibling, "dp-legacy-name"])
+    finally:
+        holder.stdin.close()
+        holder.wait(30)
+        holder.stdout.close()
+    assert reap_orphans(str(tmp_path)) == [sibling]  # its holder is gone: an orphan now
+
+
+def test_a_created_segment_is_held_until_closed_and_unlink_own_takes_only_its_own(tmp_path):
+    from shared.transport.shm_region import _held, unlink_own
+
+    r = ShmRegion.create(new_name("t"), 4096)
+    other = tmp_path / f"dp-t-{os.getpid()}-{'4' * 16}"  # same pid in its name, not made here
+    other.write_bytes(b"x")
+    try:
+        assert _held(f"/dev/shm/{r.name}")
+        assert not os.path.exists(f"/dev/shm/.{r.name}.new")
+        assert unlink_own(str(tmp_path)) == [] and other.exists()
+    finally:
+        r.close()
+    assert not _held(f"/dev/shm/{r.name}")  # closed by its creator: an orphan
+    assert unlink_own() == [r.name] and not os.path.exists(f"/dev/shm/{r.name}")

@@ -126,7 +126,7 @@ def test_after_a_steady_run_the_next_restart_is_quick_again():
 
 def test_a_clean_exit_is_restarted_too_unless_the_mesh_killed_it_on_purpose():
     mesh, clock, said, sup = _setup("gateway-p0", "tm-p0-e0")
-    mesh.procs[0].popen.returncode = 0  # unless-stopped: exit code 0 is restarted as well
+    mesh.procs[0].popen.returncode = 0  # restart: always: exit code 0 is restarted as well
     mesh.procs[1].popen.returncode, mesh.procs[1].expected_exit = -9, True  # Mesh.kill
     sup.tick()
     clock.t += 0.5

@@ -1,0 +1,147 @@
+"""What `make compose-check` asserts about engine containers' lives: killed, scaled, stopped.
+
+A killed engine container is restarted by its policy and the stack serves again; with
+two replicas of each engine service every replica gets work; one replica stopped takes
+only its own /dev/shm segments (the node's replicas share that volume but not a pid
+namespace) while the rest serve. Same contract as checks.py: Stack and URL in, a report
+line out, CheckFailed naming what was seen.
+"""
+from __future__ import annotations
+
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+from checks import WORK_METRICS, CheckFailed, _expect, _wait, complete, metric_value, metrics_text, prompt_text
+from stack import Stack
+
+
+def check_scaled_engines_work(stack: Stack, url: str, tag: str) -> str:
+    """With two replicas of each engine service, both of each receive work."""
+    pes, des = stack.ids("prefill-engine"), stack.ids("decode-engine")
+    _expect(len(pes) == 2 and len(des) == 2, "scale", f"prefill {len(pes)}, decode {len(des)} replicas")
+
+    def work() -> dict[str, float]:
+        out = {}
+        for cid in pes:
+            out[cid] = metric_value(metrics_text(stack, cid, 9100), WORK_METRICS["prefill-engine"])
+        for cid in des:
+            out[cid] = metric_value(metrics_text(stack, cid, 9100), WORK_METRICS["decode-engine"])
+        return out
+
+    base = work()
+    rounds = 0
+    with ThreadPoolExecutor(8) as pool:
+        while rounds < 6:
+            rounds += 1
+            prompts = [prompt_text(f"{tag}-scale-{rounds}-{i}", 90) for i in range(8)]
+            list(pool.map(lambda p: complete(url, p, 8), prompts))
+            now = work()
+            if all(now[c] > base[c] for c in now):
+                short = {c[:12]: now[c] - base[c] for c in now}
+                return f"scale: 2 prefill + 2 decode engines all got work after {rounds * 8} requests: {short}"
+    raise CheckFailed("scale", f"an engine got no work in {rounds * 8} requests: {work()} (before {base})")
+
+
+_KILL_ENGINE = """
+import os, signal, sys
+for pid in os.listdir("/proc"):
+    if pid.isdigit():
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")
+        except OSError:
+            continue
+        if b"service" in cmd and sys.argv[1].encode() in cmd:
+            os.kill(int(pid), signal.SIGKILL); print(pid); break
+"""
+
+
+def _shm(stack: Stack, cid: str) -> set[str]:
+    return set(stack.exec_in(cid, "ls", "/dev/shm").stdout.split())
+
+
+def check_stopping_a_replica_spares_its_siblings(stack: Stack, url: str, service: str = "prefill-engine") -> str:
+    """Replicas of one node share its /dev/shm volume but not a pid namespace (their processes
+    have the same pids): stopping one must remove its own segments only, and the rest serve."""
+    ids = stack.ids(service)
+    _expect(len(ids) >= 2, "replica stop", f"{len(ids)} {service} replicas")
+    keep, stop = ids[0], ids[-1]
+    before = _shm(stack, keep)
+    done = subprocess.run(["docker", "stop", "-t", "20", stop], capture_output=True, text=True)
+    _expect(done.returncode == 0, "replica stop", done.stderr)
+    after = _shm(stack, keep)
+    _expect(after and after < before, "replica stop", f"/dev/shm before {sorted(before)}, after {sorted(after)}")
+    r = _wait(lambda: _try_complete(url), "replica stop", "a completion with one replica stopped", 180, 1.0)
+    done = subprocess.run(["docker", "start", stop], capture_output=True, text=True)
+    _expect(done.returncode == 0, "replica stop", f"docker start: {done.stderr}")
+    return (f"replica stop: {service} {stop[:12]} stopped, its {len(before - after)} /dev/shm segments gone, "
+            f"the {len(after)} of {keep[:12]} kept; served ({r['usage']['completion_tokens']} tokens); started again")
+
+
+CRASH_SIGNAL = "SIGUSR1"  # `docker kill --signal` this: the entry script dies of it, as of a crash
+
+
+def kill_engine(stack: Stack, cid: str, service: str, how: str) -> str:
+    """Kill an engine container's work the way a crash would.
+    `process`: SIGKILL to the engine process inside the container (its entry script then
+    ends the pair and the container exits non-zero);
+    `docker-kill`: `docker kill --signal SIGUSR1`, which the container's init passes to
+    the entry script, which dies of it. Plain `docker kill` (SIGKILL) or the stop signal
+    is a manual stop to Docker: no restart policy restarts a container stopped that way."""
+    if how == "process":
+        done = stack.exec_in(cid, "python", "-c", _KILL_ENGINE, service)
+        _expect(done.returncode == 0 and done.stdout.strip(), "kill", f"no {service} process: {done.stderr}")
+        return f"engine process (pid {done.stdout.strip()} in the container) SIGKILLed"
+    if how == "docker-kill":
+        done = subprocess.run(["docker", "kill", "--signal", CRASH_SIGNAL, cid], capture_output=True, text=True)
+        _expect(done.returncode == 0, "kill", f"docker kill: {done.stderr}")
+        return f"`docker kill --signal {CRASH_SIGNAL}`"
+    raise ValueError(f"kill how: process or docker-kill, not {how!r}")
+
+
+def check_killed_engine_restarts(stack: Stack, url: str, service: str = "prefill-engine",
+                                 how: str = "process") -> str:
+    """A killed engine container is restarted by its restart policy and the stack serves again."""
+    cid = stack.ids(service)[0]
+    info = stack.inspect(cid)
+    restarts = info["RestartCount"]
+    started = info["State"]["StartedAt"]
+    t0 = time.monotonic()
+    what = kill_engine(stack, cid, service, how)
+
+    def back() -> bool:
+        s = stack.inspect(cid)
+        return (s["State"]["StartedAt"] != started and s["State"]["Running"]
+                and (s["State"].get("Health") or {}).get("Status") == "healthy")
+
+    try:
+        _wait(back, "kill", f"{service} {cid[:12]} restarted by its policy and healthy", 300, 1.0)
+    except CheckFailed as exc:
+        s = stack.inspect(cid)
+        raise CheckFailed("kill", f"{exc.seen}; after {what}: {s['State']['Status']}, exit code "
+                                  f"{s['State']['ExitCode']}, RestartCount {s['RestartCount']}") from None
+    restarted_s = time.monotonic() - t0
+    after = stack.inspect(cid)["RestartCount"]
+    _expect(after > restarts, "kill", f"RestartCount {restarts} -> {after}")
+    # the scheduler drops the dead engine and takes the new one: the stack serves again
+    r = _wait(lambda: _try_complete(url), "kill", "a completion after the restart", 180, 1.0)
+    served_s = time.monotonic() - t0
+    shm = stack.exec_in(cid, "sh", "-c", "ls /dev/shm").stdout.split()
+    return (f"kill: {service} {cid[:12]}: {what}; restarted by its policy (RestartCount {restarts}->{after}), "
+            f"healthy in {restarted_s:.0f}s, serving again at {served_s:.0f}s "
+            f"({r['usage']['completion_tokens']} tokens); the node's /dev/shm holds {len(shm)} segments: {shm}")
+
+
+def _try_complete(url: str) -> dict | None:
+    try:
+        r = httpx.post(url + "/v1/completions", json={"prompt": "Hello again", "max_tokens": 4,
+                                                       "temperature": 0, "ignore_eos": True}, timeout=120)
+    except httpx.HTTPError:
+        return None
+    return r.json() if r.status_code == 200 else None
+
+
+__all__ = ["check_scaled_engines_work", "check_stopping_a_replica_spares_its_siblings",
+           "check_killed_engine_restarts", "kill_engine", "CRASH_SIGNAL"]

@@ -1,0 +1,78 @@
+"""The closed vocabularies of the wire, each defined once: load modes, finish reasons, error codes.
+
+All three are `StrEnum`s, so msgspec carries them as their plain string values (a message
+stays readable in `nats sub` and in the journal) and rejects any other string when it
+decodes. Every list of modes elsewhere (API and settings validation, bench and sim
+choices, the generated settings docs) is derived from `LoadMode`; tests hold the rest of
+the code to that (tests/unit/test_load_modes.py).
+"""
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class LoadMode(StrEnum):
+    """How a request's stored (hit) KV blocks reach the prefill engine.
+
+    Example: a request with 10 hit blocks, its PE's node with 40 blocks of reads queued,
+    its DE's node with 0: `dualpath` reads all 10 through the DE node's storage NIC;
+    `dualpath-split` gives the DE node the share that makes both queues drain together;
+    `basic` reads all 10 on the PE node; `oracle` reads none and takes them as present."""
+
+    DUALPATH = "dualpath"  # per request, every hit block on the path whose node has the shorter read queue
+    DUALPATH_SPLIT = "dualpath-split"  # a request's hit blocks split across both paths so both queues drain together
+    BASIC = "basic"  # every hit block on the PE path (the paper's baseline)
+    ORACLE = "oracle"  # no KV read, copied or transferred at all: an upper bound whose output is not meaningful
+
+    @property
+    def both_paths(self) -> bool:
+        """Hit blocks may be read on the DE path too."""
+        return self in (LoadMode.DUALPATH, LoadMode.DUALPATH_SPLIT)
+
+    @property
+    def moves_kv(self) -> bool:
+        """Stored KV is read and KV is transferred (everything but the oracle)."""
+        return self is not LoadMode.ORACLE
+
+
+COMPARED = (LoadMode.BASIC, LoadMode.DUALPATH, LoadMode.ORACLE)  # what bench and sim run by default (the paper's)
+
+
+def mode_names() -> tuple[str, ...]:
+    """Every load mode's name, in declaration order (for choices and messages)."""
+    return tuple(m.value for m in LoadMode)
+
+
+def parse_modes(text: str) -> list[LoadMode]:
+    """`"basic,dualpath"` -> those modes in order; ValueError naming the first unknown one (or none given)."""
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in names if m not in mode_names()]
+    if bad or not names:
+        raise ValueError(f"unknown mode {bad[0] if bad else '(none)'} (choose from {', '.join(mode_names())})")
+    return [LoadMode(m) for m in names]
+
+
+class FinishReason(StrEnum):
+    """Why a request's stream ended (a running request's events carry None)."""
+
+    STOP = "stop"  # an end-of-sequence or stop token (or a stop string, at the scheduler)
+    LENGTH = "length"  # max_tokens, or the context, reached
+    ERROR = "error"  # the mesh failed it: the event's `code` says how
+    CANCELLED = "cancelled"  # the client left or it was cancelled
+
+
+class ErrorCode(StrEnum):
+    """What failed, on every failure that crosses the bus: receivers branch on this, never on the text.
+
+    The scheduler maps it to the client's HTTP status (services/scheduler/protocol.py)."""
+
+    NO_ENGINE = "no_engine"  # no engine can serve the request (none announced, none took it in time)
+    PROMPT_TOO_LONG = "prompt_too_long"  # the prompt does not fit an engine's context or KV memory
+    ENGINE_FAILED = "engine_failed"  # a forward raised, or an engine holding the request went silent
+    KV_TRANSFER = "kv_transfer"  # moving KV between engines failed (push, reserve, load, admit, a peer gone)
+    STORAGE = "storage"  # stored KV could not be read (a gateway error, a read past its deadline)
+    NOT_READY = "not_ready"  # a traffic-manager asked before its engine's KV memory is attached
+    BUFFER_FULL = "buffer_full"  # no DRAM-buffer slots for the request
+    CANCELLED = "cancelled"  # the request was cancelled while the work was under way
+    SHUTTING_DOWN = "shutting_down"  # the service holding the request is stopping
+    INTERNAL = "internal"  # a bug: an error nobody expected
