@@ -47,3 +47,23 @@ def test_a_grant_outside_the_region_is_refused_and_none_covers_all():
 def test_grants_ride_the_bus_as_bytes():
     g = Grant(b"t" * TOKEN, "buf", [0], [64], read=False)
     assert decode_grant(encode_grant(g)) == g and encode_grant(None) == b"" and decode_grant(b"") is None
+
+
+def test_a_connection_reaches_a_grant_only_through_a_handle_it_bound():
+    from shared.transport.grants import MAX_HANDLES, Bindings, Handles
+
+    t = GrantTable()
+    g = t.add("buf", 100, memoryview(bytearray(100)), None, True, True)
+    b, h = Bindings(t), Handles()
+    handle, new = h.of(g.token)
+    assert new and h.of(g.token) == (handle, False)  # bound once per connection
+    with pytest.raises(NotGranted, match="no live grant"):
+        b.view(handle, 0, 1, False)  # not bound on this connection yet
+    b.bind(handle, g.token)
+    assert len(b.view(handle, 0, 100, True)) == 100
+    for i in range(MAX_HANDLES + 1):  # a flood of bindings of dead tokens is forgotten, live ones kept
+        b.bind(10_000 + i, bytes(TOKEN))
+    assert len(b.view(handle, 0, 1, False)) == 1
+    t.revoke(g.token)
+    with pytest.raises(NotGranted):
+        b.view(handle, 0, 1, False)
