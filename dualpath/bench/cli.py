@@ -63,6 +63,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--report", help="write report.md, report.json and PNG plots into this directory")
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    p.add_argument("--netns", action="store_true",
+                   help="--up: hosts as network namespaces (root): KV between nodes over real tcp")
+    p.add_argument("--link-gbps", type=float, default=0.0,
+                   help="--up --netns: each node's link rate both ways in Gbit/s, enforced by tc (0 = unlimited)")
+    p.add_argument("--link-latency-ms", type=float, default=0.0,
+                   help="--up --netns: delay added to every packet a node sends, in ms")
     p.add_argument("--data-plane", action="store_true",
                    help="also measure the data plane (tcp vs raw socket, shm vs memcpy, latency class under bulk)")
     p.set_defaults(func=run)
@@ -92,6 +98,15 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CliError(str(exc)) from None
     _snic_flag(args)
+    if (args.netns or args.link_gbps or args.link_latency_ms) and not args.up:
+        raise CliError("--netns, --link-gbps and --link-latency-ms place a mesh this bench starts: add --up")
+    if (args.link_gbps or args.link_latency_ms) and not args.netns:
+        raise CliError("--link-gbps and --link-latency-ms shape namespace links: add --netns")
+    if args.netns:
+        from dualpath.netns.fabric import probe
+
+        if why := probe():
+            raise CliError(f"--netns: {why}")
     if not args.up:
         return _bench(args, args.url, modes)
     extra = {"scheduler": {"liveness-timeout-s": "5"}}
@@ -124,7 +139,8 @@ def _bench_up(args: argparse.Namespace, modes: list[LoadMode], topo: tuple[int, 
     tmp = tempfile.mkdtemp(prefix="dualpath-bench-")
     logs = args.log_dir or f"{tmp}/logs"
     spec = MeshSpec(model=args.model, port=0, prefill=topo[0], decode=topo[1], kv_blocks=args.kv_blocks,
-                    buffer_mb=args.buffer_mb, threads=1, store=f"{tmp}/store", log_dir=logs, extra=extra)
+                    buffer_mb=args.buffer_mb, threads=1, store=f"{tmp}/store", log_dir=logs, extra=extra,
+                    netns=args.netns, link_gbps=args.link_gbps, link_latency_ms=args.link_latency_ms)
     mesh = Mesh(spec)
     print(f"starting a {args.topology} mesh of {args.model} (logs in {logs}) ...", file=sys.stderr, flush=True)
     failed = True

@@ -27,6 +27,7 @@ from services.traffic_manager.parts import TMParts
 from services.traffic_manager.pool import BufferPool
 from services.traffic_manager.read_queues import ReadQueues
 from services.traffic_manager.secret import mesh_secret
+from services.traffic_manager.slot_grants import GrantsGiven, GrantsHeld
 from services.traffic_manager.store_path import StorePath
 from shared.bus import BusError, Delivery, error_code
 from shared.kv.allocator import OutOfSlots
@@ -37,6 +38,7 @@ from shared.messages.traffic_manager import (FetchFailed, FetchKV, LoadKV, PushD
 from shared.messages.work import Cancel
 from shared.runtime import Service, service_main
 from shared.transport.base import EndpointDesc, Op, Peer, TrafficClass
+from shared.transport.grants import decode_grant
 from shared.transport.shm_region import ShmRegion, new_name
 
 log = logging.getLogger("traffic_manager")
@@ -59,7 +61,9 @@ class TrafficManagerService(Service):
         self.m_bytes = m.counter("bytes_total", "Bytes moved on the data plane", ("kind",))
         self.m_xfer = m.histogram("transfer_seconds", "Transfer time", ("kind",))
         self.pool = BufferPool(ShmRegion.create(new_name("tm-buf"), cfg.buffer_mb << 20), cfg.transfer_timeout_s,
-                               m.gauge("buffer_free_bytes", "Free DRAM buffer bytes"))
+                               m.gauge("buffer_free_bytes", "Free DRAM buffer bytes"), self._take_back)
+        self.given: GrantsGiven | None = None  # set in start(), once the endpoint exists
+        self.held = GrantsHeld()
         self.queues = ReadQueues(cfg.transfer_timeout_s)
         self.endpoint = None
         self.kv_region: ShmRegion | None = None
@@ -77,9 +81,10 @@ class TrafficManagerService(Service):
                                         weights=(cfg.latency_weight, cfg.bulk_weight), secret=secret)
         await self.endpoint.start()
         log.info("data plane: %s transport (%s)", self.endpoint.backend, self.endpoint.why)
-        self.endpoint.register("buf", self.pool.buffer.buf, shm_name=self.pool.buffer.name)
+        self.endpoint.register("buf", self.pool.buffer.buf, shm_name=self.pool.buffer.name)  # reached via grants
+        self.given = GrantsGiven(self.endpoint)
         parts = TMParts(cfg, self.bus, self.subjects, self.metrics, self.pool, self.endpoint, self.peer, self.queues,
-                        self.m_bytes, self.spawn)
+                        self.m_bytes, self.spawn, self.given, self.held)
         self.fetch_path, self.store_path = FetchPath(parts), StorePath(parts)
         s, e = self.subjects, cfg.engine
         await self.bus.subscribe(s.heartbeat, Announce, self._on_announce)
@@ -165,14 +170,19 @@ class TrafficManagerService(Service):
             try:
                 if not self.pool.ready:
                     raise BusError("push", NOT_ATTACHED, ErrorCode.NOT_READY)
-                if msg.dst_slots:  # DE read path: slots were reserved when the hits were staged
+                if msg.dst_slots:  # DE read path: slots (and their grant) came with the staged hits
                     res = Reserved(slots=msg.dst_slots)
+                    grant = self.held.get(msg.req_id, msg.dst_engine)
+                    if grant is None:
+                        raise BusError("push", f"no data-plane grant held for {msg.dst_engine}'s slots of "
+                                               f"{msg.req_id}", ErrorCode.KV_TRANSFER)
                 else:
                     res = await self.bus.request(self.subjects.tm(msg.dst_engine, "reserve"),
                                                  Reserve(msg.req_id, len(msg.src_blocks)), Reserved,
                                                  timeout=self.cfg.transfer_timeout_s)
                     if not res.ok:
                         raise BusError("reserve", res.error, res.code)
+                    grant = decode_grant(res.grant)
                 skip = set(msg.skip)  # blocks whose stored KV is already in the DE buffer
                 ops = [Op("kv", b * bn, "buf", slot, bn)
                        for i, (b, slot) in enumerate(zip(msg.src_blocks, res.slots)) if i not in skip]
@@ -180,11 +190,13 @@ class TrafficManagerService(Service):
                 span.set_attributes({"bytes": nbytes, "blocks_sent": len(ops), "blocks_skipped": len(skip)})
                 if ops:
                     peer = await self.peer(msg.dst_engine)
-                    await peer.write(ops, TrafficClass.LATENCY, timeout=self.cfg.transfer_timeout_s)
+                    await peer.write(ops, TrafficClass.LATENCY, timeout=self.cfg.transfer_timeout_s, grant=grant)
             except Exception as exc:  # noqa: BLE001 - BusError and transport errors both end the push
                 span.record_exception(exc)
                 await d.respond(PushDone(ok=False, error=str(exc), code=error_code(exc, ErrorCode.KV_TRANSFER)))
                 return
+            finally:
+                self.held.drop(msg.req_id)  # the last transfer this TM makes for the request
             dt = time.perf_counter() - t0
             self.m_bytes.labels("pd_push").inc(nbytes)
             self.m_xfer.labels("pd_push").observe(dt)
@@ -207,7 +219,9 @@ class TrafficManagerService(Service):
                 await d.respond(Reserved(ok=False, error=f"DE buffer full: {exc}", code=ErrorCode.BUFFER_FULL))
                 return
         self.pool.note_free()
-        await d.respond(Reserved(slots=[s * self.pool.block_nbytes for s in slots]))
+        bn = self.pool.block_nbytes
+        offsets = [s * bn for s in slots]
+        await d.respond(Reserved(slots=offsets, grant=self.given.give(msg.req_id, offsets, bn)))
 
     async def _on_load(self, msg: LoadKV, d: Delivery) -> None:
         if not self.pool.ready:
@@ -238,7 +252,12 @@ class TrafficManagerService(Service):
         await d.respond(PushDone(nbytes=nbytes, seconds=dt))
 
     async def _on_release(self, msg, d: Delivery) -> None:
-        self.pool.cancel(msg.req_id)
+        self.pool.cancel(msg.req_id)  # also ends the grant of its slots (_take_back)
+        self.held.drop(msg.req_id)
+
+    def _take_back(self, owner: str) -> None:
+        if self.given is not None:
+            self.given.take_back(owner)
 
     # storage paths (fetch.py, store_path.py) -------------------------------------------------
     async def _on_fetch(self, msg: FetchKV, d: Delivery) -> None:

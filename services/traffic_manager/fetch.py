@@ -31,6 +31,7 @@ from shared.messages.traffic_manager import (FetchFailed, FetchKV, LayersLoaded,
                                              Reserved, Stage, Staged)
 from shared.transport.base import Op, TrafficClass
 from shared.transport.errors import TransportError
+from shared.transport.grants import Grant
 
 log = logging.getLogger("traffic_manager.fetch")
 tracer = trace.get_tracer("traffic_manager")
@@ -96,10 +97,11 @@ class FetchPath:
         await p.bus.publish(p.loaded_subject, ReadFinished(
             msg.req_id, hits, de_slots=staged.slots if staged else [], de_hits=de_hits))
         prog.read = True
+        grant = p.held.keep(msg.req_id, msg.de_engine, staged.grant) if staged else None  # also for the push
         if hits:
             local = [(off, b) for off, b in zip(offsets[:min(pe_ok, hits)], msg.dst_blocks)]
             remote = [(staged.slots[i], msg.dst_blocks[i]) for i in de_hits]
-            await self._layers(msg, local, remote, prog)
+            await self._layers(msg, local, remote, prog, grant)
 
     async def _announce_queue(self, msg: FetchKV, k: int) -> None:
         """Tell the engine when its read waits behind a storage queue long enough to matter for
@@ -170,7 +172,7 @@ class FetchPath:
                                     self._stage_remote(msg, k, res.slots))
 
     async def _layers(self, msg: FetchKV, local: list[tuple[int, int]], remote: list[tuple[int, int]],
-                      prog: Progress) -> None:
+                      prog: Progress, grant: Grant | None) -> None:
         """Layer after layer: PE-buffer blocks by local copy, DE-buffer blocks by a one-sided read.
         Both copies of a layer settle before a failure of either is raised (nothing of this
         fetch is still moving when the engine hears of it)."""
@@ -183,7 +185,7 @@ class FetchPath:
             rem = [Op("kv", b * bn + layer * lb, "buf", off + layer * lb, lb) for off, b in remote]
             done = await asyncio.gather(
                 p.endpoint.copy_local(loc, TrafficClass.LATENCY, timeout=timeout) if loc else _none(),
-                peer.read(rem, TrafficClass.LATENCY, timeout=timeout) if rem else _none(),
+                peer.read(rem, TrafficClass.LATENCY, timeout=timeout, grant=grant) if rem else _none(),
                 return_exceptions=True)
             for res in done:
                 if isinstance(res, BaseException):

@@ -2,7 +2,8 @@
 
 Owns only the bundle (`TMParts`): the settings, the bus and subjects, the buffer's slot
 pool, the data-plane endpoint with a way to reach another engine's traffic-manager, the
-gateways' read queues, the shared byte counter, and `spawn` for supervised tasks. The
+gateways' read queues, the shared byte counter, `spawn` for supervised tasks, and the
+data-plane grants given and held (slot_grants.py). The
 service builds it once its endpoint is up (`TrafficManagerService.start`).
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ from prometheus_client import Counter
 from services.traffic_manager.config import TrafficManagerConfig
 from services.traffic_manager.pool import BufferPool
 from services.traffic_manager.read_queues import ReadQueues
+from services.traffic_manager.slot_grants import GrantsGiven, GrantsHeld
 from shared.bus import Bus
 from shared.messages.subjects import Subjects
 from shared.metrics import Metrics
@@ -35,6 +37,8 @@ class TMParts:
     queues: ReadQueues
     m_bytes: Counter  # dualpath_traffic_manager_bytes_total{kind}
     spawn: Callable[..., asyncio.Task[Any]]  # Service.spawn: supervised tasks
+    given: GrantsGiven  # grants of this TM's buffer slots (DE side)
+    held: GrantsHeld  # grants other TMs gave this one (PE side)
 
     @property
     def loaded_subject(self) -> str:
