@@ -3,7 +3,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MODES = ("dualpath", "basic", "oracle")
+# dualpath: both read paths; basic: PE path only (the paper's baseline); oracle: no KV I/O;
+# sglang: an SGLang + Mooncake-style engine: PE path only, each request's whole stored prompt
+# in HBM before its compute starts (no layerwise overlap), round-robin engine choice (no
+# read-queue-aware scheduling)
+MODES = ("dualpath", "basic", "oracle", "sglang")
 
 
 @dataclass(frozen=True)
@@ -18,8 +22,9 @@ class SimConfig:
     seed: int = 0
     aps: float = 0.0  # online: agents per second (Poisson); 0 = offline batch
     duration_s: float = 0.0  # online: simulated seconds; 0 = until all agents finish
-    mode: str = "dualpath"  # dualpath | basic (PE path only) | oracle (no I/O cost)
+    mode: str = "dualpath"  # one of MODES
     assign: str = "policy"  # policy (Algorithm 1 + DE levels) | rr (round-robin)
+    layerwise: bool = True  # load hit KV layer by layer under the compute (False: before it)
     split: bool = False  # split each request's hit blocks across both paths
     pull_s: float = 0.05  # engine groups pull every pull_s
     quota_s: float = 0.3  # intra-PE compute quota (attention time per forward)
@@ -29,6 +34,16 @@ class SimConfig:
     chunk_align: int = 64  # chunked-prefill sizes are multiples of this
     block_tokens: int = 64  # tokens per KV block: hits are whole blocks, reads split by block
     group_nodes: int = 1  # nodes per engine group
+    pe_ep_nodes: int = 2  # nodes of one prefill EP domain (a step unit), at most P
+    de_ep_nodes: int = 4  # nodes of one decode EP domain, at most D
+    attn_tp: int = 1  # attention TP degree (1 = attention DP, the paper's layout)
+    model_traffic: float = 1.0  # scale of the model's collectives on the CNICs (0 = none)
+    # online stop rule (docs/design.md#published-figures): SLO, windows, steady state
+    slo_ttft_s: float = 4.0
+    slo_tpot_s: float = 0.050
+    window_s: float = 150.0  # TTFT / TPOT are judged over windows of this length
+    steady_lag_s: float = 1800.0  # steady: a window's TTFT within steady_tol of the one this long before
+    steady_tol: float = 0.05
     progress: bool = False
 
     def __post_init__(self) -> None:
@@ -40,3 +55,20 @@ class SimConfig:
             raise ValueError(f"block_tokens must be >= 1, got {self.block_tokens}")
         if self.agents < 1 or self.P < 1 or self.D < 1:
             raise ValueError("agents, P and D must be >= 1")
+        if self.pe_ep_nodes < 1 or self.de_ep_nodes < 1 or self.attn_tp < 1:
+            raise ValueError("pe_ep_nodes, de_ep_nodes and attn_tp must be >= 1")
+        if self.model_traffic < 0:
+            raise ValueError(f"model_traffic must be >= 0, got {self.model_traffic}")
+
+    @property
+    def reads_on_pe_only(self) -> bool:
+        return self.mode in ("basic", "sglang")
+
+    @property
+    def whole_prompt_first(self) -> bool:
+        """Stored KV is in HBM before the request computes (no layerwise overlap)."""
+        return self.mode == "sglang" or not self.layerwise
+
+    @property
+    def assign_kind(self) -> str:
+        return "rr" if self.mode == "sglang" else self.assign

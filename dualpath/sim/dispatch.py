@@ -35,13 +35,28 @@ class SimDispatch:
         self.reads = ReadQueues()
         self.reqs: dict[int, Req] = {}  # submitted, not yet given both engines
         self.by_eid = cluster.engines
-        self.pe_loads = [_line(e) for e in cluster.pes]  # one line per engine, refreshed at each pull
+        self.pe_loads = [_line(e) for e in cluster.pes]  # one line per engine, kept current (below)
         self.de_loads = [_line(e) for e in cluster.des]
+        # The dispatcher updates the lines of what it places itself; what changes its ledger or
+        # the read queues outside a pull is noted here and copied into the lines at the next pull
+        # (the same figures as a full refresh, for the engines and nodes that changed only).
+        self.pe_line = {e.eid: line for e, line in zip(cluster.pes, self.pe_loads)}
+        self.de_line = {e.eid: line for e, line in zip(cluster.des, self.de_loads)}
+        self.lines_of_node: dict[int, list[EngineLoad]] = {}
+        for line in self.pe_loads:
+            self.lines_of_node.setdefault(line.node, []).append(line)
+        self.touched_pe: set[int] = set()
+        self.touched_de: set[int] = set()
+        self.touched_nodes: set[int] = set()
         self.rr_queue: deque[Req] = deque()
         self.rr_pe = self.rr_de = self.rr_path = 0
+        # something a pull reads changed since the last pull (a pull leaves a fixed point: pulling
+        # again on unchanged loads places nothing, so such pulls are skipped, not simulated)
+        self.dirty = True
 
     # what the mesh tells the scheduler -------------------------------------------------
     def submit(self, r: Req) -> None:
+        self.dirty = True
         if self.rr:
             self.rr_queue.append(r)
             return
@@ -49,16 +64,24 @@ class SimDispatch:
         self.d.enqueue(Job(r.rid, r.prompt, r.gen))
 
     def prefill_done(self, r: Req) -> None:
+        self.dirty = True
+        self.touched_pe.add(r.pe.eid)
         self.d.prefill_done(r.rid)
 
     def finished(self, r: Req) -> None:
+        self.dirty = True
+        self.touched_pe.add(r.pe.eid)
+        self.touched_de.add(r.de.eid)
         self.d.remove(r.rid)
 
     def read_done(self, r: Req, node: Node) -> None:
+        self.dirty = True
+        self.touched_nodes.add(node.nid)
         self.reads.read_done(r.rid, node.nid)
 
     def pending(self) -> bool:
-        return bool(self.rr_queue) if self.rr else self.d.waiting() > 0
+        """Requests wait for engines and something changed since the last pull."""
+        return self.dirty and (bool(self.rr_queue) if self.rr else self.d.waiting() > 0)
 
     def read_q(self, node: Node) -> int:
         return self.reads.pending.get(node.nid, 0)
@@ -66,18 +89,29 @@ class SimDispatch:
     # pulls ------------------------------------------------------------------------------
     def tick(self) -> None:
         """Every group pulls once (the dispatcher rotates which prefill group goes first)."""
+        self.dirty = False
         if self.rr:
             self._tick_rr()
             return
-        pending = self.reads.pending
-        self.d.ledger.fill(self.pe_loads, "prefill")
-        self.d.ledger.fill(self.de_loads, "decode")
-        for line in self.pe_loads:
-            line.read_q = pending.get(line.node, 0)
+        self._refresh()
         for a in self.d.assign(self.pe_loads, self.de_loads):
             r = self.reqs.pop(a.req_id)
             r.pe, r.de = self.by_eid[a.pe], self.by_eid[a.de]
             self.on_assigned(r)
+
+    def _refresh(self) -> None:
+        led, pending = self.d.ledger, self.reads.pending
+        if self.touched_pe:
+            led.fill([self.pe_line[e] for e in self.touched_pe], "prefill")
+            self.touched_pe.clear()
+        if self.touched_de:
+            led.fill([self.de_line[e] for e in self.touched_de if e in self.de_line], "decode")
+            self.touched_de.clear()
+        for nid in self.touched_nodes:
+            q = pending.get(nid, 0)
+            for line in self.lines_of_node.get(nid, ()):
+                line.read_q = q
+        self.touched_nodes.clear()
 
     def _tick_rr(self) -> None:
         pes, des, led = self.c.pes, self.c.des, self.d.ledger
@@ -111,6 +145,8 @@ class SimDispatch:
         pe_node, de_node = r.pe.node.nid, r.de.node.nid
         d = self.reads.decide(self.mode, blocks, pe_node, de_node, self.block, force=force)
         self.reads.hold(r.rid, d, pe_node, de_node, self.block)
+        self.touched_nodes.add(pe_node)
+        self.touched_nodes.add(de_node)
         pe_hit = min(r.hit, d.pe_blocks * self.block)
         return pe_hit, r.hit - pe_hit
 

@@ -21,7 +21,7 @@ class Req:
     """One turn of one agent, as it moves through the simulated cluster."""
 
     __slots__ = ("rid", "agent", "prompt", "hit", "miss", "gen", "t_arrive", "pe", "de",
-                 "pe_hit", "de_hit", "reads_left", "ready", "done", "t_first", "t_join", "mem")
+                 "pe_hit", "de_hit", "reads_left", "ready", "done", "t_first", "t_join", "t_second", "mem")
 
     def __init__(self, rid: int, agent: int, prompt: int, hit: int, gen: int, t: float) -> None:
         self.rid = rid
@@ -40,6 +40,7 @@ class Req:
         self.done = 0  # miss tokens computed so far
         self.t_first = 0.0
         self.t_join = 0.0
+        self.t_second = 0.0  # when the DE's first step puts out the second token
         self.mem = prompt + gen  # KV tokens the DE holds at the end
 
 
@@ -50,9 +51,11 @@ class Workload:
     starts: list[float]  # start time of each agent
     block: int = BLOCK  # tokens per KV block: hits are whole blocks
 
+    def __post_init__(self) -> None:
+        self.turns_of = [len(self.base[b]) + (1 if pre else 0) for b, pre in self.agents]
+
     def n_turns(self, agent: int) -> int:
-        b, pre = self.agents[agent]
-        return len(self.base[b]) + (1 if pre else 0)
+        return self.turns_of[agent]
 
     def turn(self, agent: int, k: int) -> tuple[int, int]:
         b, pre = self.agents[agent]
@@ -62,7 +65,7 @@ class Workload:
 
     @property
     def total_requests(self) -> int:
-        return sum(self.n_turns(a) for a in range(len(self.agents)))
+        return sum(self.turns_of)
 
     def hit_ratio(self) -> float:
         """Token hit ratio of the base set (prompts weighted by length)."""

@@ -21,13 +21,14 @@ from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
+import msgspec
+
 from shared.sched.ledger import Ledger
 from shared.sched.policy import (EngineReport, PeThresholds, Request, assign_decode, assign_prefill,
                                        pick_de_group)
 
 
-@dataclass(frozen=True)
-class Job:
+class Job(msgspec.Struct, frozen=True):
     req_id: Hashable
     prompt_tokens: int
     max_tokens: int
@@ -54,8 +55,7 @@ class EngineLoad:
         return max(0, self.capacity_tokens - self.tok)
 
 
-@dataclass(frozen=True)
-class Assignment:
+class Assignment(msgspec.Struct, frozen=True):
     req_id: Hashable
     pe: Hashable
     de: Hashable
@@ -73,6 +73,8 @@ class Dispatcher:
     _rid: dict[Hashable, int] = field(default_factory=dict)  # req_id -> policy id (while waiting)
     _eid: dict[Hashable, int] = field(default_factory=dict)  # engine / node -> policy id
     _rosters: dict[str, "_Roster"] = field(default_factory=dict)  # role -> the engine lines last seen
+    _de_idle: dict[Hashable, tuple] = field(default_factory=dict)  # DE group -> its loads when its last
+    # level-2 pull placed nothing (same queue + same loads = same outcome: the pull is skipped)
     _next: int = 0
     _turn: int = 0  # rotates which PE group pulls first (pulls are staggered in time in a real mesh)
 
@@ -98,8 +100,10 @@ class Dispatcher:
         if rid is None:
             return False
         del self.jobs[rid]
-        for q in (self.queue, *self.de_private.values()):
-            _drop(q, rid)
+        _drop(self.queue, rid)
+        for key, q in self.de_private.items():
+            if _drop(q, rid):
+                self._de_idle.pop(key, None)
         self.de_pool = [r for r in self.de_pool if r.rid != rid]
         return True
 
@@ -139,15 +143,23 @@ class Dispatcher:
             totals = {i: sum(e.tok for e in g) for i, g in enumerate(groups)}
             target = _key(groups[pick_de_group(totals)][0])
             self.de_private.setdefault(target, deque()).extend(self.de_pool)
+            self._de_idle.pop(target, None)
             self.de_pool = []
         out: list[Assignment] = []
         for g, group in enumerate(groups):  # level 2 inside each group
-            private = self.de_private.get(_key(group[0]))
+            key = _key(group[0])
+            private = self.de_private.get(key)
             if not private:
                 continue
+            loads = tuple([(e.engine, e.tok, e.seq, e.capacity_tokens) for e in group])
+            if self._de_idle.get(key) == loads:
+                continue  # nothing changed since a pull that placed nothing
             reports = [EngineReport(eid, nid, e.seq, e.tok, 0, e.free_tokens)
                        for e, (eid, nid) in zip(group, roster.ids[g])]
-            for a in assign_decode(private, reports):  # removes what it places
+            placed = assign_decode(private, reports)  # removes what it places
+            if not placed:
+                self._de_idle[key] = loads
+            for a in placed:
                 job, de = self.jobs.pop(a.rid), roster.by_id[a.engine]
                 de.tok += job.tokens
                 de.seq += 1
@@ -185,11 +197,12 @@ class _Roster:
         self.by_id = {eid: e for g, gids in zip(groups, self.ids) for e, (eid, _) in zip(g, gids)}
 
 
-def _drop(q: deque[Request], rid: int) -> None:
+def _drop(q: deque[Request], rid: int) -> bool:
     for r in q:
         if r.rid == rid:
             q.remove(r)
-            return
+            return True
+    return False
 
 
 def _key(e: EngineLoad) -> Hashable:
