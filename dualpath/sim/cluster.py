@@ -60,11 +60,12 @@ class StepUnit:
     """Engines that run forward steps together: a prefill EP domain's PEs under attention
     DP + EP (MoE), or a single PE otherwise."""
 
-    __slots__ = ("engines", "busy", "batch", "step_s", "t_start", "lanes")
+    __slots__ = ("engines", "busy", "busy_s", "batch", "step_s", "t_start", "lanes")
 
     def __init__(self, engines: list[Engine]) -> None:
         self.engines = engines
         self.busy = False
+        self.busy_s = 0.0  # seconds spent in forward steps
         self.batch: list = []
         self.step_s = 0.0
         self.t_start = 0.0

@@ -19,6 +19,7 @@ class SimConfig:
     trace: str = "gen:64k"  # "gen:<32k|48k|64k>[:<n base>]" or a JSONL path
     agents: int = 500
     scale: float = 1.0  # shrink every trajectory length (keeps the hit ratio)
+    append_scale: float = 1.0  # multiply every turn's append but the first
     seed: int = 0
     aps: float = 0.0  # online: agents per second (Poisson); 0 = offline batch
     duration_s: float = 0.0  # online: simulated seconds; 0 = until all agents finish

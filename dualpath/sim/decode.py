@@ -21,12 +21,13 @@ EPS = 1e-9
 
 class DecodeState:
     __slots__ = ("model", "links", "comm", "heap", "steps", "t_last", "step_s", "ctx_base", "capped",
-                 "version", "n")
+                 "version", "n", "batch_s")
 
     def __init__(self, model: SimModel, engine=None, traffic: float = 1.0) -> None:
         self.model = model
         self.links = (engine.cnic_r, engine.cnic_w) if engine is not None and traffic > 0 else ()
         self.comm = model.decode_comm_bytes * traffic  # CNIC bytes per token per step
+        self.batch_s = 0.0  # integral of the batch size over time
         self.heap: list = []  # (finish step, rid, request)
         self.steps = 0.0
         self.t_last = 0.0
@@ -39,6 +40,7 @@ class DecodeState:
     def advance(self, now: float) -> None:
         if self.n:
             self.steps += (now - self.t_last) / self.step_s
+            self.batch_s += self.n * (now - self.t_last)
         self.t_last = now
 
     def join(self, now: float, rid: int, req, prompt: int, todo: int) -> None:

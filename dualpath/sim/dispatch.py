@@ -7,6 +7,12 @@ the shared `ReadQueues`), and each read-path decision is `ReadQueues.decide`. Th
 simulator tells it what the mesh would: a first token (`prefill_done`), a request's end
 (`finished`), a node's reads done (`read_done`). The "rr" variant is the round-robin
 baseline: engines in turn, read paths alternating, no live signals.
+
+Prefill groups pull in turn, each at its own phase of the pull period (as engine groups
+pulling on their own timers do), so that each takes what arrived since the previous
+group's pull; a round in which every group pulled at once would hand the whole queue to
+whichever group came first. The decode groups pull once a period (`Dispatcher.pull_decode`:
+the pool to the group with the fewest tokens, then each group places what fits).
 """
 from __future__ import annotations
 
@@ -50,13 +56,18 @@ class SimDispatch:
         self.touched_nodes: set[int] = set()
         self.rr_queue: deque[Req] = deque()
         self.rr_pe = self.rr_de = self.rr_path = 0
-        # something a pull reads changed since the last pull (a pull leaves a fixed point: pulling
-        # again on unchanged loads places nothing, so such pulls are skipped, not simulated)
-        self.dirty = True
+        self.pe_groups = [[self.pe_line[e.eid] for e in g.engines] for g in cluster.pe_groups]
+        # `version` counts changes to what a pull reads; a group that pulled at the current
+        # version would place nothing (a pull leaves a fixed point), so it is skipped
+        self.version = 0
+        self.pulled = [-1] * len(self.pe_groups)  # version at each prefill group's last pull
+        self.fresh = 0  # prefill groups that pulled at the current version
+        self.de_pulled = -1  # version at the decode groups' last pull
 
     # what the mesh tells the scheduler -------------------------------------------------
     def submit(self, r: Req) -> None:
-        self.dirty = True
+        self.version += 1
+        self.fresh = 0
         if self.rr:
             self.rr_queue.append(r)
             return
@@ -64,40 +75,73 @@ class SimDispatch:
         self.d.enqueue(Job(r.rid, r.prompt, r.gen))
 
     def prefill_done(self, r: Req) -> None:
-        self.dirty = True
+        self._changed()
         self.touched_pe.add(r.pe.eid)
         self.d.prefill_done(r.rid)
 
     def finished(self, r: Req) -> None:
-        self.dirty = True
+        self._changed()
         self.touched_pe.add(r.pe.eid)
         self.touched_de.add(r.de.eid)
         self.d.remove(r.rid)
 
     def read_done(self, r: Req, node: Node) -> None:
-        self.dirty = True
+        self._changed()
         self.touched_nodes.add(node.nid)
         self.reads.read_done(r.rid, node.nid)
 
     def pending(self) -> bool:
-        """Requests wait for engines and something changed since the last pull."""
-        return self.dirty and (bool(self.rr_queue) if self.rr else self.d.waiting() > 0)
+        """Requests wait for engines and something changed since some group's last pull."""
+        stale = self.fresh < len(self.pulled) or self.de_pulled != self.version
+        return stale and (bool(self.rr_queue) if self.rr else self.d.waiting() > 0)
+
+    @property
+    def n_groups(self) -> int:
+        return len(self.pe_groups)
+
+    def stale(self, k: int) -> bool:
+        """Would the pull at grid point k (prefill group k % n, decode groups at k % n == 0) do anything?"""
+        g = k % len(self.pulled)
+        return self.pulled[g] != self.version or (g == 0 and self.de_pulled != self.version)
+
+    def _changed(self) -> None:
+        self.version += 1
+        self.fresh = 0
 
     def read_q(self, node: Node) -> int:
         return self.reads.pending.get(node.nid, 0)
 
     # pulls ------------------------------------------------------------------------------
-    def tick(self) -> None:
-        """Every group pulls once (the dispatcher rotates which prefill group goes first)."""
-        self.dirty = False
-        if self.rr:
-            self._tick_rr()
+    def tick(self, k: int = 0) -> None:
+        """Grid point k: prefill group k % n pulls; at k % n == 0 the decode groups pull too.
+        A pull that places something changes what the others read (they become stale); the
+        puller itself is left at a fixed point."""
+        g = k % len(self.pulled)
+        if self.pulled[g] != self.version and not self.rr:
+            self._refresh()
+            if self.d.pull_prefill(self.pe_groups[g]):
+                self._changed()
+            if self.pulled[g] != self.version:
+                self.fresh += 1
+            self.pulled[g] = self.version
+        if g != 0 or self.de_pulled == self.version:
             return
-        self._refresh()
-        for a in self.d.assign(self.pe_loads, self.de_loads):
-            r = self.reqs.pop(a.req_id)
-            r.pe, r.de = self.by_eid[a.pe], self.by_eid[a.de]
-            self.on_assigned(r)
+        if self.rr:
+            placed = self._tick_rr()
+        else:
+            self._refresh()
+            placed = 0
+            for a in self.d.pull_decode(self.de_loads):
+                r = self.reqs.pop(a.req_id)
+                r.pe, r.de = self.by_eid[a.pe], self.by_eid[a.de]
+                self.on_assigned(r)
+                placed += 1
+        if placed:
+            self._changed()
+        self.de_pulled = self.version
+        if self.rr:
+            self.pulled = [self.version] * len(self.pulled)
+            self.fresh = len(self.pulled)
 
     def _refresh(self) -> None:
         led, pending = self.d.ledger, self.reads.pending
@@ -113,8 +157,9 @@ class SimDispatch:
                 line.read_q = q
         self.touched_nodes.clear()
 
-    def _tick_rr(self) -> None:
+    def _tick_rr(self) -> int:
         pes, des, led = self.c.pes, self.c.des, self.d.ledger
+        placed = 0
         while self.rr_queue:
             r = self.rr_queue[0]
             for k in range(len(des)):
@@ -122,7 +167,7 @@ class SimDispatch:
                 if e.cap - led.de_load(e.eid)[0] >= r.mem:
                     break
             else:
-                return  # no decode engine has room: the head waits
+                return placed  # no decode engine has room: the head waits
             self.rr_queue.popleft()
             self.rr_de += k + 1
             r.pe, r.de = pes[self.rr_pe % len(pes)], e
@@ -130,6 +175,8 @@ class SimDispatch:
             led.charge_pe(r.rid, r.pe.eid, r.prompt)
             led.charge_de(r.rid, e.eid, r.mem)
             self.on_assigned(r)
+            placed += 1
+        return placed
 
     # read paths -------------------------------------------------------------------------
     def split_hit(self, r: Req) -> tuple[int, int]:

@@ -23,23 +23,25 @@ from dualpath.sim.models import SimModel, build_model
 from dualpath.sim.online import StopRule
 from dualpath.sim.prefill import C_H2D, C_PD, C_PERSIST, Prefill, book, stage_end
 from dualpath.sim.resources import transfer
-from dualpath.sim.workload import Req, load_workload, make_request
+from dualpath.sim.workload import Req, Workload, load_workload, make_request
 from shared.sched.policy import PeThresholds
 
 
 class Simulation:
-    def __init__(self, cfg: SimConfig, model: SimModel | None = None) -> None:
+    def __init__(self, cfg: SimConfig, model: SimModel | None = None, workload: Workload | None = None,
+                 thresholds: PeThresholds | None = None) -> None:
         self.cfg = cfg
         self.hw = load_hardware(cfg.hardware) if isinstance(cfg.hardware, str) else cfg.hardware
         pe = Layout(min(cfg.pe_ep_nodes, cfg.P), self.hw.gpus, cfg.attn_tp)
         de = Layout(min(cfg.de_ep_nodes, cfg.D), self.hw.gpus, cfg.attn_tp)
         self.model = model or build_model(cfg.model, self.hw, pe, de)
         self.c = Cluster(cfg.P, cfg.D, self.hw, self.model, cfg.group_nodes, pe.ep_nodes, cfg.model_traffic)
-        self.w = load_workload(cfg.trace, cfg.agents, cfg.scale, cfg.seed, cfg.aps, cfg.block_tokens)
+        self.w = workload or load_workload(cfg.trace, cfg.agents, cfg.scale, cfg.seed, cfg.aps, cfg.block_tokens,
+                                           cfg.append_scale)
         self.kvb = self.model.kv_bytes
         self.oracle = cfg.mode == "oracle"
         self.whole_first = cfg.whole_prompt_first and not self.oracle
-        self.th = self._thresholds()
+        self.th = thresholds or self._thresholds()
         self.sched = SimDispatch(self.c, self.th, "basic" if cfg.reads_on_pe_only else cfg.mode, cfg.assign_kind,
                                  cfg.split, self._on_assigned, self.w.block)
         self.prefill = Prefill(self.model, cfg.quota_s, cfg.chunk_align, self.oracle, self.whole_first,
@@ -112,14 +114,21 @@ class Simulation:
             self.push(self.now + self.cfg.window_s, self._judge, None)
 
     def _arm_tick(self) -> None:
+        """The next pull: prefill group k % n pulls at the k-th point of a grid of pull_s / n (the
+        decode groups at k % n == 0, once a period); points whose pull would do nothing pass."""
         if not self.tick_armed:
             self.tick_armed = True
-            p = self.cfg.pull_s
+            n = self.sched.n_groups
+            p = self.cfg.pull_s / n
             k = int(self.now / p + 1e-6) + 1  # next grid point strictly after now
-            self.push(k * p, self._tick, None)
+            for _ in range(n):
+                if self.sched.stale(k):
+                    break
+                k += 1
+            self.push(k * p, self._tick, k)
 
-    def _tick(self, _) -> None:
-        self.sched.tick()
+    def _tick(self, k: int) -> None:
+        self.sched.tick(k)
         self.tick_armed = False
         if self.sched.pending():
             self._arm_tick()
@@ -176,6 +185,7 @@ class Simulation:
         dt = self.prefill.plan(unit, self.now)
         if dt > 0:
             unit.busy = True
+            unit.busy_s += dt
             unit.t_start = self.now
             self.push(self.now + dt, self._step_end, unit)
 
@@ -260,5 +270,5 @@ class Simulation:
             self._arm_tick()
 
 
-def run_sim(cfg: SimConfig, model: SimModel | None = None) -> SimResult:
-    return Simulation(cfg, model).run()
+def run_sim(cfg: SimConfig, model: SimModel | None = None, workload: Workload | None = None) -> SimResult:
+    return Simulation(cfg, model, workload).run()

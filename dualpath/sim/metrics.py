@@ -36,6 +36,8 @@ class SimResult:
     snic_write_gb: list[float]
     snic_max_over_avg: float  # per-node SNIC read traffic, max / mean over all nodes
     attn_max_over_avg: float  # per forward step across a step unit's GPUs (MoE), else per engine
+    pe_busy: float  # share of the span the prefill step units spend in forward steps (mean over units)
+    de_batch: float  # mean decode batch per decode engine over the span
     link_util: dict[str, dict[str, float]] = field(default_factory=dict)
     lanes: dict[str, dict[str, float]] = field(default_factory=dict)  # CNIC class -> model GB, slowdowns
     windows: list = field(default_factory=list)  # online: (end s, TTFT s, TPOT s) per judged window
@@ -51,6 +53,10 @@ class SimResult:
 
 def _pct(xs: list[float], q: float) -> float:
     return float(np.percentile(xs, q)) if xs else float("nan")
+
+
+def _mean(xs) -> float:
+    return float(np.mean(xs)) if xs else float("nan")
 
 
 def _max_over_avg(xs) -> float:
@@ -80,7 +86,8 @@ def collect(sim, span: float, wall: float) -> SimResult:
         run_s=span, ttft_window_s=v.ttft_s if v else float("nan"),
         snic_read_gb=reads, snic_write_gb=writes,
         snic_max_over_avg=_max_over_avg(reads) if sim.cfg.mode != "oracle" else float("nan"),
-        attn_max_over_avg=attn, link_util=_link_util(c, span), lanes=_lanes(c),
+        attn_max_over_avg=attn, pe_busy=_mean([u.busy_s / span for u in c.units]) if span > 0 else 0.0,
+        de_batch=_mean([e.decode.batch_s / span for e in c.des]) if span > 0 else 0.0, link_util=_link_util(c, span), lanes=_lanes(c),
         windows=[list(w) for w in v.windows] if v else [], events=sim.events,
         wall_s=wall, events_per_s=sim.events / wall if wall > 0 else 0.0,
         alpha=sim.th.alpha, beta=sim.th.beta)

@@ -4,7 +4,11 @@ Derives the work from the architecture (`dualpath.presets.load_arch`): KV bytes 
 token, linear FLOPs per token, attention FLOPs per (query, key) pair, weight bytes, and
 turns it into time with the rate each kind of work reaches on an H800 (`Rates`: the
 published figures of the kernels the paper's system is built on, FlashMLA, DeepGEMM and
-DeepEP, each cited; the few without a public figure say so). The prefill forward is
+DeepEP, each cited; the few without a public figure say so). Kernels reach their figures
+in isolation; what the same engines deliver end to end in production is lower, and
+`end_to_end` measures by how much (DeepSeek's published per-node throughput of its V3
+service against this model of V3): `Rates.prefill_e2e` applies it, off by default since
+that figure is a day's average and so only a lower bound. The prefill forward is
 linear GEMMs + attention (the policy's `AttentionModel`); a decode step is a roofline per
 kernel (GEMMs: FLOPs or weight reads, attention: FLOPs or KV reads) plus a fixed
 overhead, beside the EP all-to-all it overlaps with (two micro-batches, as DeepSeek's
@@ -13,7 +17,7 @@ A model measured on a running mesh fits the same fields (`dualpath.sim.calibrate
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dualpath.presets import load_arch
 from dualpath.sim.collectives import Layout, cnic_bytes_per_token
@@ -62,6 +66,23 @@ class Rates:
     # low-latency kernels at EP8 and 128 tokens take 77 / 114 us at 98 / 127 GB/s, of which
     # the bytes explain all but ~10 us; assumed 10 us.
     ep_latency_s: float = 10e-6
+    # End to end (DeepSeek-V3/R1 Inference System Overview, 2025-02-28: H800 nodes, prefill
+    # EP32 over 4 nodes, decode EP144 over 18): 73.7k input tokens/s per node while
+    # prefilling, 56.3% of input tokens hitting the KV cache, so 73.7k * 0.437 / 8 = 4.0k
+    # computed tokens/s per GPU; 14.8k output tokens/s per node while decoding at 20-22
+    # tokens/s per user, so ~88 sequences per GPU at 1/21 s a step. The prompt length is not
+    # published: assumed 4K tokens. `end_to_end` turns these into the share of the kernel
+    # rates that survives: about 1/3 for prefill, 0.44 for decode. Neither is applied by
+    # default: both are averages over a day of varying load (a lower bound on what a
+    # saturated engine reaches), and that service decodes with multi-token prediction (often
+    # two tokens a step), so 20-22 tokens/s per user is not one step's time.
+    prod_prefill_tok_s_node: float = 73_700.0
+    prod_hit: float = 0.563
+    prod_decode_tok_s_node: float = 14_800.0
+    prod_tpot_s: float = 1 / 21
+    prod_ctx: int = 4096
+    prefill_e2e: bool = False  # scale prefill to the production figure (a lower bound: see above)
+    decode_e2e: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +111,12 @@ class SimModel:
     d_kv_s_per_ctx: float
     decode_comm_bytes: float  # CNIC bytes per decoded token (each direction)
     comm_latency_s: float  # fixed part of one step's collectives
+    capacity_tokens: int = 0  # KV tokens a decode engine holds, when known (a mesh's blocks)
 
     def kv_capacity_tokens(self) -> int:
         """KV tokens one decode engine can hold (90% of HBM minus weights and 4 GB)."""
+        if self.capacity_tokens:
+            return self.capacity_tokens
         free = self.hbm_bytes * 0.9 - self.weight_bytes - 4e9
         if free <= 0:
             raise ValueError(f"{self.name}: weights do not fit in HBM")
@@ -115,11 +139,27 @@ class SimModel:
         return new / t
 
 
+def end_to_end(r: Rates, hw: Hardware) -> tuple[float, float]:
+    """(prefill, decode) share of the kernel rates that DeepSeek's V3 service reaches (see Rates)."""
+    raw = replace(r, prefill_e2e=False, decode_e2e=False)
+    v3 = build_model("ds-v3", hw, Layout(4, hw.gpus), Layout(18, hw.gpus), raw)
+    hit = int(r.prod_ctx * r.prod_hit)
+    new = r.prod_ctx - hit
+    per_gpu = r.prod_prefill_tok_s_node * (1 - r.prod_hit) / hw.gpus
+    prefill = per_gpu / v3.prefill_tokens_per_s(hit, new)
+    batch = r.prod_decode_tok_s_node / hw.gpus * r.prod_tpot_s
+    compute = v3.decode_compute_s(round(batch), batch * r.prod_ctx, 0.0) - v3.d_overhead_s
+    decode = compute / (r.prod_tpot_s - v3.d_overhead_s)
+    return min(prefill, 1.0), min(decode, 1.0)
+
+
 def build_model(name: str, hw: Hardware, pe: Layout | None = None, de: Layout | None = None,
                 rates: Rates | None = None) -> SimModel:
     """SimModel for a preset name or config path on hardware `hw`; `pe` / `de` are the prefill
     and decode layouts (EP domain sizes; default: one node each)."""
     r = rates or Rates()
+    fp, fd = end_to_end(r, hw) if r.prefill_e2e or r.decode_e2e else (1.0, 1.0)
+    fp, fd = (fp if r.prefill_e2e else 1.0), (fd if r.decode_e2e else 1.0)
     pe = pe or Layout(1, hw.gpus)
     de = de or Layout(1, hw.gpus)
     arch = load_arch(name)
@@ -145,28 +185,29 @@ def build_model(name: str, hw: Hardware, pe: Layout | None = None, de: Layout | 
     return SimModel(
         name=arch.name, kv_bytes=main + index, kv_main_bytes=main, kv_index_bytes=index,
         topk=arch.index_topk, moe=arch.is_moe,
-        linear_s_per_token=linear / ((r.gemm_fp8 if fp8 else r.gemm_bf16) * T),
+        linear_s_per_token=linear / ((r.gemm_fp8 if fp8 else r.gemm_bf16) * T * fp),
         pooled_fraction=min(2.0 * routed_active / linear, 1.0) if linear else 0.0,
-        attention=_attention_model(arch, r),
+        attention=_attention_model(arch, r, fp),
         prefill_comm_bytes=cnic_bytes_per_token(arch, pe, prefill=True),
         weight_bytes=weights, hbm_bytes=hw.hbm_gb * G,
-        d_overhead_s=r.decode_overhead_s, d_gemm_s_per_token=linear / (r.gemm_decode * T),
-        d_weights_s=weights / (r.weight_read * G),
-        d_att_s_per_capped=mla_pair / decode_att_rate if sparse else 0.0,
-        d_att_s_per_ctx=idx_pair / (r.indexer * T) if sparse else mla_pair / decode_att_rate,
-        d_kv_s_per_capped=main / kv_bw if sparse else 0.0,
-        d_kv_s_per_ctx=index / kv_bw if sparse else main / kv_bw,
+        d_overhead_s=r.decode_overhead_s, d_gemm_s_per_token=linear / (r.gemm_decode * T * fd),
+        d_weights_s=weights / (r.weight_read * G * fd),
+        d_att_s_per_capped=mla_pair / (decode_att_rate * fd) if sparse else 0.0,
+        d_att_s_per_ctx=idx_pair / (r.indexer * T * fd) if sparse else mla_pair / (decode_att_rate * fd),
+        d_kv_s_per_capped=main / (kv_bw * fd) if sparse else 0.0,
+        d_kv_s_per_ctx=index / (kv_bw * fd) if sparse else main / (kv_bw * fd),
         decode_comm_bytes=cnic_bytes_per_token(arch, de, prefill=False),
         comm_latency_s=2 * arch.num_moe_layers * r.ep_latency_s if de.ep_nodes > 1 else 0.0)
 
 
-def _attention_model(arch, r: Rates) -> AttentionModel:
-    """The policy's AttentionModel from the preset's attention FLOPs and the kernel rates."""
+def _attention_model(arch, r: Rates, f: float = 1.0) -> AttentionModel:
+    """The policy's AttentionModel from the preset's attention FLOPs and the kernel rates (times `f`)."""
     L = arch.num_layers
     if arch.index_topk:
         main = 2.0 * arch.num_heads * (2 * arch.kv_lora_rank + arch.qk_rope_head_dim) * L
         indexer = 2.0 * arch.index_n_heads * arch.index_head_dim * L
-        return AttentionModel(per_pair=indexer / (r.indexer * T), per_capped_pair=main / (r.sparse_mla_prefill * T),
+        return AttentionModel(per_pair=indexer / (r.indexer * T * f),
+                              per_capped_pair=main / (r.sparse_mla_prefill * T * f),
                               cap=arch.index_topk, per_batch=r.prefill_overhead_s)
     per_pair = arch.attention_flops(0, 1)  # one query over one key (itself), all layers: MHA form
-    return AttentionModel(per_pair=per_pair / (r.dense_attn_prefill * T), per_batch=r.prefill_overhead_s)
+    return AttentionModel(per_pair=per_pair / (r.dense_attn_prefill * T * f), per_batch=r.prefill_overhead_s)

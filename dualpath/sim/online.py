@@ -11,7 +11,7 @@ at its end:
 - once a window `steady_lag_s` earlier exists, a TTFT within `steady_tol` of that
   window's -> stop: steady, the rate meets the SLO;
 - at `max_s` (a cap for runs that neither fail nor settle) -> stop: judged by the last
-  window.
+  window (which must have had arrivals).
 The judge keeps per-window sums, so a check costs O(1) whatever the number of requests.
 """
 from __future__ import annotations
@@ -92,8 +92,8 @@ class StopRule:
                 before = self._ttft(back, t)
                 if before == before and abs(ttft - before) <= self.tol * before:
                     v = self._stop(t, "steady", True, ttft, tpot)
-            if v is None and t >= self.max_s - 1e-9:
-                v = self._stop(t, "cap", True, ttft, tpot)
+            if v is None and t >= self.max_s - 1e-9:  # a window without arrivals proves nothing
+                v = self._stop(t, "cap", ttft == ttft, ttft, tpot)
         self.verdict = v
         return v
 

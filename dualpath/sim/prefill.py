@@ -93,6 +93,7 @@ class Prefill:
         batch = []
         sent = []
         worst = pooled = attn_max = attn_sum = 0.0
+        busy = False
         load_end = now
         for e in unit.engines:
             ready = [r for r in e.queue if r.ready]
@@ -103,6 +104,7 @@ class Prefill:
             chunks = plan_batch(work, att, self.quota, self.align)
             attn = att.batch_time((c.cached, c.bsz) for c in chunks)
             tokens = sum(c.bsz for c in chunks)
+            busy = True
             lin = tokens * m.linear_s_per_token
             if comm:
                 sent.append((e, tokens * comm))
@@ -119,12 +121,12 @@ class Prefill:
                         t = stage_end(now, C_LOAD, r, m.kv_bytes, with_miss=False)
                         load_end = t if t > load_end else load_end
             batch.append((e, ready[:len(chunks)], chunks))
-        if attn_sum == 0.0:
+        if not busy:
             if unit.lanes:
                 _lanes(unit.engines, now, None, 1.0)
                 unit.lanes = False
             return 0.0
-        if len(unit.engines) > 1 and all(chunks for _, _, chunks in batch):
+        if len(unit.engines) > 1 and attn_sum > 0 and all(chunks for _, _, chunks in batch):
             self.attn_ratio_sum += attn_max * len(unit.engines) / attn_sum
             self.steps += 1
         step = worst + pooled / len(unit.engines)

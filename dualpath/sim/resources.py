@@ -52,6 +52,8 @@ class Link:
 
     def set_model(self, now: float, hi: float) -> None:
         """The model lane runs at utilisation `hi` from `now` on (0 = no model traffic)."""
+        if hi == self.hi:
+            return
         if self.hi:
             self.hi_bytes += self.hi * self.bw * (now - self.hi_since)
         self.hi = hi

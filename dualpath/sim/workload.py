@@ -88,8 +88,9 @@ def make_request(rid: int, agent: int, ctx: int, append: int, gen: int, t: float
 
 
 def load_workload(trace: str, agents: int, scale: float = 1.0, seed: int = 0,
-                  aps: float = 0.0, block: int = BLOCK) -> Workload:
-    """Agents for a trace spec; online (aps > 0) start times are Poisson at `aps`/s."""
+                  aps: float = 0.0, block: int = BLOCK, append_scale: float = 1.0) -> Workload:
+    """Agents for a trace spec; online (aps > 0) start times are Poisson at `aps`/s.
+    `append_scale` multiplies every turn's append but the first (the task prompt)."""
     if trace.startswith("gen:"):
         parts = trace.split(":")
         name = parts[1].lower()
@@ -102,6 +103,9 @@ def load_workload(trace: str, agents: int, scale: float = 1.0, seed: int = 0,
         if scale != 1.0:
             trajs = [_scaled(t.turns, scale) for t in trajs]  # type: ignore[misc]
     base = [t if isinstance(t, tuple) else t.turns for t in trajs]
+    if append_scale != 1.0:
+        base = [tuple((a if i == 0 else max(1, round(a * append_scale)), g) for i, (a, g) in enumerate(turns))
+                for turns in base]
     specs = expand_agents(len(base), agents, seed)
     if aps > 0:
         gaps = np.random.default_rng([seed, 7]).exponential(1.0 / aps, size=len(specs))
@@ -109,6 +113,12 @@ def load_workload(trace: str, agents: int, scale: float = 1.0, seed: int = 0,
     else:
         starts = [0.0] * len(specs)
     return Workload(base, specs, starts, block)
+
+
+def from_turns(trajectories: list[tuple[tuple[int, int], ...]], block: int = BLOCK) -> Workload:
+    """One agent per trajectory of (append, gen) turns, all starting at t=0 (a bench replay)."""
+    base = [tuple(t) for t in trajectories]
+    return Workload(base, [(i, 0) for i in range(len(base))], [0.0] * len(base), block)
 
 
 def _scaled(turns: tuple[tuple[int, int], ...], scale: float) -> tuple[tuple[int, int], ...]:

@@ -28,6 +28,9 @@ from shared.sched.policy import (EngineReport, PeThresholds, Request, assign_dec
                                        pick_de_group)
 
 
+ROSTERS = 256  # rosters (engine lines grouped) kept at most; callers passing fresh lines reuse none
+
+
 class Job(msgspec.Struct, frozen=True):
     req_id: Hashable
     prompt_tokens: int
@@ -72,7 +75,7 @@ class Dispatcher:
     jobs: dict[int, Job] = field(default_factory=dict)  # policy id -> job, for every waiting request
     _rid: dict[Hashable, int] = field(default_factory=dict)  # req_id -> policy id (while waiting)
     _eid: dict[Hashable, int] = field(default_factory=dict)  # engine / node -> policy id
-    _rosters: dict[str, "_Roster"] = field(default_factory=dict)  # role -> the engine lines last seen
+    _rosters: dict[tuple, "_Roster"] = field(default_factory=dict)  # (role, first line) -> lines last seen
     _de_idle: dict[Hashable, tuple] = field(default_factory=dict)  # DE group -> its loads when its last
     # level-2 pull placed nothing (same queue + same loads = same outcome: the pull is skipped)
     _next: int = 0
@@ -109,13 +112,16 @@ class Dispatcher:
 
     def assign(self, pes: list[EngineLoad], des: list[EngineLoad]) -> list[Assignment]:
         """One pull of every group; loads are updated in place as requests are placed."""
-        self._pull_prefill(pes)
-        return self._pull_decode(des)
+        self.pull_prefill(pes)
+        return self.pull_decode(des)
 
     # prefill side ----------------------------------------------------------------------
-    def _pull_prefill(self, pes: list[EngineLoad]) -> None:
+    def pull_prefill(self, pes: list[EngineLoad]) -> int:
+        """The prefill groups of `pes` pull (in rotating order); returns how many requests got a PE.
+        A caller whose groups pull at different times passes one group's lines at a time."""
         roster = self._roster("prefill", pes)
         n, beta = len(roster.groups), self.thresholds.beta
+        placed = 0
         self._turn += 1
         for i in range(n):
             if not self.queue:
@@ -132,9 +138,13 @@ class Dispatcher:
                 self.pe_of[job.req_id] = pe.engine
                 self.ledger.charge_pe(job.req_id, pe.engine, job.prompt_tokens)
                 self.de_pool.append(Request(a.rid, job.tokens, job.tokens))
+                placed += 1
+        return placed
 
     # decode side -----------------------------------------------------------------------
-    def _pull_decode(self, des: list[EngineLoad]) -> list[Assignment]:
+    def pull_decode(self, des: list[EngineLoad]) -> list[Assignment]:
+        """The decode groups pull: the pool to the group with the fewest tokens, then each group
+        with waiting requests places them; returns the requests that now hold both engines."""
         roster = self._roster("decode", des)
         groups = roster.groups
         if not groups:
@@ -146,11 +156,11 @@ class Dispatcher:
             self._de_idle.pop(target, None)
             self.de_pool = []
         out: list[Assignment] = []
-        for g, group in enumerate(groups):  # level 2 inside each group
+        waiting = sorted(roster.index[k] for k, q in self.de_private.items() if q and k in roster.index)
+        for g in waiting:  # level 2 inside each group that has requests waiting, in group order
+            group = groups[g]
             key = _key(group[0])
-            private = self.de_private.get(key)
-            if not private:
-                continue
+            private = self.de_private[key]
             loads = tuple([(e.engine, e.tok, e.seq, e.capacity_tokens) for e in group])
             if self._de_idle.get(key) == loads:
                 continue  # nothing changed since a pull that placed nothing
@@ -169,10 +179,14 @@ class Dispatcher:
         return out
 
     def _roster(self, role: str, lines: list[EngineLoad]) -> "_Roster":
-        """`lines` grouped, with the policy's ids; reused while the caller passes the same lines."""
-        got = self._rosters.get(role)
+        """`lines` grouped, with the policy's ids; reused while the caller passes the same lines
+        (one roster kept per role and first line, for callers that pull group by group)."""
+        key = (role, id(lines[0]) if lines else None)
+        got = self._rosters.get(key)
         if got is None or len(got.lines) != len(lines) or not all(map(operator.is_, got.lines, lines)):
-            got = self._rosters[role] = _Roster(list(lines), _groups(lines), self._eng)
+            if len(self._rosters) >= ROSTERS:  # a caller that builds fresh lines each round reuses nothing
+                self._rosters.clear()
+            got = self._rosters[key] = _Roster(list(lines), _groups(lines), self._eng)
         return got
 
     def _eng(self, name: Hashable) -> int:
@@ -195,6 +209,7 @@ class _Roster:
         self.groups = groups
         self.ids = [[(ids(e.engine), ids(("node", e.node))) for e in g] for g in groups]
         self.by_id = {eid: e for g, gids in zip(groups, self.ids) for e, (eid, _) in zip(g, gids)}
+        self.index = {_key(g[0]): i for i, g in enumerate(groups)}  # group key -> its place
 
 
 def _drop(q: deque[Request], rid: int) -> bool:
