@@ -20,6 +20,7 @@ from dualpath.sim.models import SimModel
 from shared.sched.policy import AttentionModel, PeThresholds
 
 UNCAPPED = 100e9  # bytes/s standing in for a link that has no cap
+PE_QUOTA_S = 4.0  # the prefill engine's compute quota (services/prefill_engine/config.py)
 
 
 @dataclass(frozen=True)
@@ -45,28 +46,38 @@ def mesh_hardware(r: MeshRates) -> Hardware:
                     snic_gbps=gbit(r.snic_bytes_s or UNCAPPED), dram_gbs=UNCAPPED / 1e9, link_eff=1.0)
 
 
-def mesh_model(r: MeshRates) -> SimModel:
+def mesh_model(r: MeshRates, overhead_in_forward: float = 1.0) -> SimModel:
+    """The mesh's engines as a SimModel: a prefill forward costs `overhead_in_forward` of the
+    turn's fixed cost plus its tokens at the probed rate (the quota's attention model carries
+    both, so batching shares the fixed part); a decode step a + b * (batch - 1)."""
     kvb = max(1, round(r.kv_bytes_per_token))
+    att = AttentionModel(per_token=1.0 / r.prefill_tok_s, per_batch=r.turn_overhead_s * overhead_in_forward)
     return SimModel(
         name="mesh", kv_bytes=kvb, kv_main_bytes=kvb, kv_index_bytes=0, topk=0, moe=False,
-        linear_s_per_token=1.0 / r.prefill_tok_s, pooled_fraction=0.0, attention=AttentionModel(),
+        linear_s_per_token=0.0, pooled_fraction=0.0, attention=att,
         prefill_comm_bytes=0.0, weight_bytes=0.0, hbm_bytes=0.0, capacity_tokens=r.kv_tokens_per_engine,
         d_overhead_s=r.decode_step_s - r.decode_per_seq_s, d_gemm_s_per_token=r.decode_per_seq_s, d_weights_s=0.0,
         d_att_s_per_capped=0.0, d_att_s_per_ctx=0.0, d_kv_s_per_capped=0.0, d_kv_s_per_ctx=0.0,
         decode_comm_bytes=0.0, comm_latency_s=0.0)
 
 
-def predict(r: MeshRates, trajectories: list[list[tuple[int, int]]], modes: list[str]) -> dict[str, float]:
-    """Predicted offline JCT (s) of each mode for these jobs' (append, gen) turns."""
+FORWARD_SHARE = 1.0  # of a turn's fixed cost, the share spent in the prefill engine's forward
+
+
+def predict(r: MeshRates, trajectories: list[list[tuple[int, int]]], modes: list[str],
+            forward_share: float = FORWARD_SHARE) -> dict[str, float]:
+    """Predicted offline JCT (s) of each mode for these jobs' (append, gen) turns; the rest of
+    a turn's fixed cost (front door, messages) passes between turns."""
     from dualpath.sim.engine import Simulation
     from dualpath.sim.workload import from_turns
 
-    hw, model = mesh_hardware(r), mesh_model(r)
+    hw, model = mesh_hardware(r), mesh_model(r, forward_share)
     out = {}
     for mode in modes:
         cfg = SimConfig(model="mesh", hardware=hw, P=r.prefill_nodes, D=r.decode_nodes, agents=len(trajectories),
-                        mode=mode, split=True, pull_s=0.005, quota_s=1e9, chunk_align=1,
-                        block_tokens=r.block_tokens, think_s=r.turn_overhead_s, pe_ep_nodes=1, de_ep_nodes=1,
+                        mode=mode, split=True, pull_s=0.005, quota_s=PE_QUOTA_S, chunk_align=16,
+                        block_tokens=r.block_tokens, think_s=r.turn_overhead_s * (1 - forward_share),
+                        pe_ep_nodes=1, de_ep_nodes=1,
                         model_traffic=0.0)
         sim = Simulation(cfg, model, from_turns([tuple(t) for t in trajectories], r.block_tokens),
                          thresholds=PeThresholds(alpha=r.alpha_tokens, beta=r.beta_tokens))
