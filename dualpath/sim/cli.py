@@ -52,11 +52,13 @@ def register(subparsers) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--reproduce", action="store_true",
                    help="the paper's published figures beside simulated ones (docs/design.md#published-figures); "
-                        "--quick takes about 5 minutes on 2 cores, the default size far longer")
+                        "--quick shrinks every run (tens of minutes on 2 shared cores), the default size is far longer")
     p.add_argument("--ablation", action="store_true",
                    help="the paper's ablation: JCT change as each technique is added, beside the published one")
     p.add_argument("--quick", action="store_true", help="with --reproduce or --ablation: smaller runs")
     p.add_argument("--full", action="store_true", help="with --reproduce: include 48P96D / 48K agents")
+    p.add_argument("--no-online", action="store_true",
+                   help="with --reproduce: skip the online capacity search (its costliest part)")
     p.add_argument("--pd-window", action="store_true",
                    help="P/D window sweep per hardware preset (docs/design.md#the-pd-ratio-window)")
     p.set_defaults(func=run)
@@ -80,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.reproduce:
         from dualpath.sim.reproduce import main as reproduce
-        return reproduce(quick=args.quick, full=args.full, json_path=args.json_path)
+        return reproduce(quick=args.quick, full=args.full, json_path=args.json_path, online=not args.no_online)
     if args.ablation:
         from dualpath.sim.ablation import main as ablation
         ablation(quick=args.quick)

@@ -12,9 +12,9 @@ from dualpath.sim.config import SimConfig
 from dualpath.sim.hardware import load_hardware
 from dualpath.sim.metrics import SimResult
 
-NOT_RUN_44P88D = ("not simulated: an online capacity search at 44P88D runs ~8 online runs per mode, each of "
-                  "~44 x the 2P4D request rate for >= 2 x 1800 s simulated (~3M requests a run at ~25k requests/s "
-                  "on one core: ~2 min a run, ~40 min for the row); the offline scale row (E) checks the same "
+NOT_RUN_44P88D = ("not simulated: a capacity search at 44P88D is ~6 online runs per mode, each at ~22x the 2P4D "
+                  "rate for 1950-3750 s simulated: ~10M requests a run at the simulator's ~5k requests per CPU-second "
+                  "here, ~30 CPU-minutes a run, ~6 CPU-hours for the row; the offline scale row (E) checks the same "
                   "property (a larger cluster keeps its per-engine behaviour)")
 
 
@@ -39,9 +39,9 @@ def speedup(a: dict, cfg: SimConfig) -> str:
             f"{_snic_gbs(cfg):.0f} GB/s each (PE SNICs {b.link_util['p.snic_r']['mean']:.0%} busy), JCT "
             f"{b.jct_s:.0f} s: storage-bound. dualpath's {_read_tb(d):.0f} TB over all {cfg.P + cfg.D} SNICs take "
             f"{t6:.0f} s and oracle (no I/O) runs {o.jct_s:.0f} s, so dualpath at {d.jct_s:.0f} s sits between "
-            f"them. The published 1.87x would put dualpath at {need:.0f} s, {need / o.jct_s:.2f}x our oracle: the "
-            f"paper's engine needs more time per turn without I/O than our compute model (prefill from DeepSeek's "
-            f"published production rate, decode from kernel figures), so storage weighs less there")
+            f"them. The published 1.87x would put dualpath at {need:.0f} s, {need / o.jct_s:.2f}x our oracle: "
+            f"the paper's engine spends more time per turn without I/O than this compute model (the kernels' "
+            f"published rates, an upper bound on what an engine reaches), so storage weighs less there")
 
 
 def oracle_gap(a: dict, cfg: SimConfig) -> str:
@@ -79,9 +79,10 @@ def snic_policy(r: SimResult, cfg: SimConfig) -> str:
 def attention(r: SimResult) -> str:
     return (f"measured over forward steps in which every GPU of a prefill EP domain had work; PE step units "
             f"busy {r.pe_busy:.0%}. The batcher evens attention time only when each GPU has more ready work "
-            f"than the 300 ms quota: at this load many GPUs hold less, take it all, and wait for the one that "
-            f"fills the quota. Under a saturating load (the full-size run: 2000 agents) every GPU's batch is "
-            f"cut at the quota and the ratio is ~1.08")
+            f"than the 300 ms quota: here most hold less (their requests wait on storage reads and on decode "
+            f"memory, not on the GPU), take it all, and wait for the one that fills the quota. Where prefill "
+            f"is the bottleneck every batch is cut at the quota: 2000 agents with prefill at DeepSeek's "
+            f"production rate (Rates.prefill_e2e) give 1.08")
 
 
 def pd_sweep(res: dict, cfg: SimConfig) -> str:

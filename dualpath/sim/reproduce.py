@@ -71,7 +71,7 @@ def capacity(cfg: SimConfig, log: list, guess: float, iters: int) -> tuple[float
     return ok, best
 
 
-def main(quick: bool = False, full: bool = False, json_path: str | None = None) -> int:
+def main(quick: bool = False, full: bool = False, json_path: str | None = None, online: bool = True) -> int:
     global _T0
     _T0 = time.perf_counter()
     size = "quick: a quarter of the lengths, a fifth of the agents" if quick else "full size"
@@ -118,24 +118,11 @@ def main(quick: bool = False, full: bool = False, json_path: str | None = None) 
     rows.append(("C", "max speedup over P/D ratios", "2.46x", max(pd_gain.values()), 2.46, why))
 
     lag = 1800.0 * scale
-    print(f"D. online capacity at the SLO (stop rule: TTFT > 4 s or TPOT > 50 ms fails; steady = a 150 s window's "
-          f"TTFT within 5% of the window {lag:.0f} s before; at most {2 * lag + 150:.0f} s)")
-    iters = 3 if quick else 4
-    caps = {}
-    for name, model, P, D, guess, pub in (("DS-27B 1P1D", "ds-27b", 1, 1, 1.0, 1.67),
-                                          ("DS-660B 2P4D", "ds-v3.2-660b", 2, 4, 0.5, 2.25)):
-        on = replace(base, model=model, P=P, D=D, agents=100_000, steady_lag_s=lag)
-        got = {m: capacity(replace(on, mode=m), log, guess / scale, iters) for m in ("basic", "dualpath")}
-        caps[name] = got
-        ratio = got["dualpath"][0] / got["basic"][0] if got["basic"][0] else None
-        rows.append(("D", f"APS at SLO {name}: {got['dualpath'][0]:.2f} vs {got['basic'][0]:.2f}", f"{pub}x",
-                     ratio, pub, reasons.capacity(got, pub)))
-    ratios = [v["dualpath"][0] / v["basic"][0] for v in caps.values() if v["basic"][0]]
-    rows.append(("D", "mean capacity gain (two models here, three published)", "1.96x",
-                 sum(ratios) / len(ratios) if ratios else None, 1.96, ""))
-    tp = [(v["dualpath"][1].tpot_p50_s / v["basic"][1].tpot_p50_s) for v in caps.values()
-          if v["dualpath"][1] and v["basic"][1]]
-    rows.append(("D", "TPOT p50 at capacity, dualpath / basic", "~1 (no penalty)", max(tp) if tp else None, 1.0, ""))
+    if online:
+        _capacity_rows(base, lag, scale, quick, log, rows)
+    else:
+        rows.append(("D", "online capacity rows", "1.67x, 2.25x, 1.96x", None, None,
+                     "not run (--no-online): the capacity search is the costliest part of the reproduction"))
 
     k = 24 if full else 4
     print(f"E. scale: 2P4D with {n660} agents vs {2 * k}P{4 * k}D with {n660 * k} agents")
@@ -159,6 +146,28 @@ def main(quick: bool = False, full: bool = False, json_path: str | None = None) 
         with open(json_path, "w", encoding="utf-8") as fh:
             json.dump({"rows": rows, "runs": log}, fh, indent=1, default=str)
     return 0
+
+
+def _capacity_rows(base: SimConfig, lag: float, scale: float, quick: bool, log: list, rows: list) -> None:
+    """D: capacity at the SLO by the stop rule, dualpath over basic, for both models."""
+    print(f"D. online capacity at the SLO (stop rule: TTFT > 4 s or TPOT > 50 ms fails; steady = a 150 s window's "
+          f"TTFT within 5% of the window {lag:.0f} s before; at most {2 * lag + 150:.0f} s)")
+    iters = 2 if quick else 4
+    caps = {}
+    for name, model, P, D, guess, pub in (("DS-27B 1P1D", "ds-27b", 1, 1, 0.7, 1.67),
+                                          ("DS-660B 2P4D", "ds-v3.2-660b", 2, 4, 0.5, 2.25)):
+        on = replace(base, model=model, P=P, D=D, agents=100_000, steady_lag_s=lag)
+        got = {m: capacity(replace(on, mode=m), log, guess / scale, iters) for m in ("basic", "dualpath")}
+        caps[name] = got
+        ratio = got["dualpath"][0] / got["basic"][0] if got["basic"][0] else None
+        rows.append(("D", f"APS at SLO {name}: {got['dualpath'][0]:.2f} vs {got['basic'][0]:.2f}", f"{pub}x",
+                     ratio, pub, reasons.capacity(got, pub)))
+    ratios = [v["dualpath"][0] / v["basic"][0] for v in caps.values() if v["basic"][0]]
+    rows.append(("D", "mean capacity gain (two models here, three published)", "1.96x",
+                 sum(ratios) / len(ratios) if ratios else None, 1.96, ""))
+    tp = [(v["dualpath"][1].tpot_p50_s / v["basic"][1].tpot_p50_s) for v in caps.values()
+          if v["dualpath"][1] and v["basic"][1]]
+    rows.append(("D", "TPOT p50 at capacity, dualpath / basic", "~1 (no penalty)", max(tp) if tp else None, 1.0, ""))
 
 
 def gap(sim: float | None, pub: float | None) -> float | None:
