@@ -82,7 +82,7 @@ def attention(r: SimResult) -> str:
             f"than the 300 ms quota: here most hold less (their requests wait on storage reads and on decode "
             f"memory, not on the GPU), take it all, and wait for the one that fills the quota. Where prefill "
             f"is the bottleneck every batch is cut at the quota: 2000 agents with prefill at DeepSeek's "
-            f"production rate (Rates.prefill_e2e) give 1.08")
+            f"production rate (Rates.prefill_e2e) give 1.10")
 
 
 def pd_sweep(res: dict, cfg: SimConfig) -> str:
