@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from shared.transport.classes import DEFAULT_WEIGHTS
-from shared.transport.copier import ITEM, SLICE, CopyWorker, group
+from shared.transport.copier import ITEM, LATENCY_INLINE, SLICE, CopyWorker, group
 
 pytestmark = pytest.mark.unit
 L, B = 0, 1
@@ -45,14 +45,17 @@ def test_scattered_and_long_pairs_land_exactly(cls):
     asyncio.run(main())
 
 
-def test_latency_overtakes_bulk_between_two_pieces_of_one_item(monkeypatch):
-    """A latency copy queued while a bulk item is mid-way runs after the bulk piece in hand,
-    not after the rest of the item (the item here is 20 pieces, well under ITEM)."""
+@pytest.mark.parametrize("lat_bytes", [LATENCY_INLINE, LATENCY_INLINE + (1 << 20)])
+def test_latency_overtakes_bulk_between_two_pieces_of_one_item(monkeypatch, lat_bytes):
+    """A latency copy issued while a bulk item is mid-way runs after the bulk piece in hand, not
+    after the rest of the item (the item here is 20 pieces, well under ITEM): up to
+    LATENCY_INLINE on the caller's thread at once, a larger one queued and taken by the worker
+    between two bulk pieces."""
     import shared.transport.copier as copier
 
     seen: list[str] = []
     in_piece, go = threading.Event(), threading.Event()
-    lat_buf = bytearray(1 << 20)
+    lat_buf = bytearray(lat_bytes)
     real = copier.copy_pair
 
     def traced(dst: memoryview, src: memoryview) -> None:
@@ -72,7 +75,8 @@ def test_latency_overtakes_bulk_between_two_pieces_of_one_item(monkeypatch):
             assert await asyncio.to_thread(in_piece.wait, 30)
             lsrc = memoryview(os.urandom(len(lat_buf)))
             lat = asyncio.ensure_future(w.copy([(memoryview(lat_buf), lsrc)], L))
-            await asyncio.sleep(0)  # the latency copy is queued (copy() pushes before it waits)
+            await asyncio.sleep(0)  # the latency copy is done or queued (copy() pushes before it waits)
+            assert lat.done() == (lat_bytes <= LATENCY_INLINE)
             go.set()
             await lat
             await bulk
