@@ -25,7 +25,7 @@ per turn.
 
 Example: `await w.copy([(kv[0:96K], buf[0:96K]), ...], TrafficClass.BULK)`: the pairs
 become items of <= 4 MiB in the BULK FIFO; the thread pops them in DRR order (99:1
-against LATENCY), copies each pair (96 KiB > SLICE: two numpy copies), checks the LATENCY
+against LATENCY), copies each pair (96 KiB <= SLICE: one numpy copy), checks the LATENCY
 FIFO between pieces, and the last item's completion resolves the future on the loop via
 call_soon_threadsafe. `await w.copy([(kv[0:1M], buf[0:1M])], TrafficClass.LATENCY)`
 copies at once and returns.
@@ -44,7 +44,7 @@ from .classes import CHUNK, DEFAULT_WEIGHTS, DrrScheduler
 INLINE_BYTES = 64 << 10  # below this, with an idle worker, copy on the loop
 LATENCY_INLINE = 4 << 20  # latency copies up to this run on the caller's thread, never queued
 NUMPY_BYTES = 32 << 10  # at or above this, copy via numpy (GIL released)
-SLICE = 64 << 10  # a bulk copy moves in pieces of at most this; latency work preempts between them
+SLICE = 128 << 10  # bulk moves in pieces of at most this (a layer block is one); queued latency preempts between
 ITEM = 4 << 20  # a transfer is queued in items of at most this many bytes
 
 Pair = tuple[memoryview, memoryview]  # (dst, src), equal lengths
