@@ -18,6 +18,7 @@ import time
 import httpx
 
 from dualpath.bench.metrics import percentile
+from shared.messages.codes import LoadMode
 
 _LINE = re.compile(r"^(dualpath_\w+)(\{[^}]*\})? ([0-9.eE+-]+)$", re.M)
 SERIES = {  # our name -> (metric, label filter)
@@ -43,10 +44,10 @@ def turn_figures(run) -> dict:
 def ratios(runs: list[dict]) -> dict:
     """hinted / oracle and mixed-run unhinted / hints-off unhinted TTFT, p50 and p99."""
     by = {(r["mode"], r.get("hints", "off")): r for r in runs}
-    oracle = next((r for (m, _), r in by.items() if m == "oracle"), None)
+    oracle = next((r for (m, _), r in by.items() if m == LoadMode.ORACLE), None)
     out = {}
     for (mode, hints), r in by.items():
-        if mode == "oracle":
+        if mode == LoadMode.ORACLE:
             continue
         off = by.get((mode, "off"))
         for q in (50, 99):

@@ -53,7 +53,8 @@ class SimPrefetch:
         if tool_s <= 0 or tokens <= 0 or not self.hinted(agent):
             return
         kvb, now = sim.kvb, sim.now
-        p = plan(tokens // block, block * kvb, now, now + tool_s, self._holders(kvb))
+        force = "auto" if sim.sched.mode.both_paths else "pe"  # basic (and sglang): the PE path only
+        p = plan(tokens // block, block * kvb, now, now + tool_s, self._holders(kvb), force=force)
         node = next(n for n in sim.c.nodes if n.nid == p.node)
         b = self.booked[agent] = Booked(tokens, node, node.role == "p")
         sim.push(p.start_at, self._start, (agent, b))
@@ -93,7 +94,7 @@ class SimPrefetch:
         pf = min(b.tokens, r.hit)
         rest = -(-(r.hit - pf) // block)
         pe_node, de_node = r.pe.node.nid, r.de.node.nid
-        d = sim.sched.reads.decide(sim.cfg.mode, rest, pe_node, de_node, block)
+        d = sim.sched.reads.decide(sim.sched.mode, rest, pe_node, de_node, block)
         sim.sched.reads.hold(r.rid, d, pe_node, de_node, block)
         pe_rest = min(r.hit - pf, d.pe_blocks * block)
         de_rest = r.hit - pf - pe_rest

@@ -23,28 +23,29 @@ from opentelemetry import trace
 
 from services.traffic_manager.config import TrafficManagerConfig
 from services.traffic_manager.fetch import FetchPath
-from services.traffic_manager.parts import TMParts
+from services.traffic_manager.parts import NOT_ATTACHED, TMParts
 from services.traffic_manager.pool import BufferPool
 from services.traffic_manager.prefetch import PrefetchPath
 from services.traffic_manager.read_queues import ReadQueues
 from services.traffic_manager.secret import mesh_secret
+from services.traffic_manager.slot_grants import GrantsGiven, GrantsHeld
 from services.traffic_manager.store_path import StorePath
 from shared.bus import BusError, Delivery, error_code
 from shared.kv.allocator import OutOfSlots
 from shared.messages.registry import Announce, EngineAnnounce, StorageGatewayAnnounce, KVRegion, TrafficManagerAnnounce
 from shared.messages.codes import ErrorCode
-from shared.messages.traffic_manager import (Claim, FetchFailed, FetchKV, LoadKV, Prefetch, Prefetched, PushDone, PushKV,
-                                             Release, Reserve, Reserved, SaveCopied, SaveKV, Stage, Staged)
+from shared.messages.traffic_manager import (Claim, FetchFailed, FetchKV, LoadKV, Prefetch, PushDone, PushKV, Release,
+                                             Reserve, Reserved, SaveCopied, SaveKV, Stage, Staged)
 from shared.messages.work import Cancel
 from shared.runtime import Service, service_main
 from shared.transport.base import EndpointDesc, Op, Peer, TrafficClass
+from shared.transport.grants import decode_grant
 from shared.transport.shm_region import ShmRegion, new_name
 
 log = logging.getLogger("traffic_manager")
 tracer = trace.get_tracer("traffic_manager")
 _desc_encoder = msgspec.msgpack.Encoder()
 _desc_decoder = msgspec.msgpack.Decoder(EndpointDesc)
-NOT_ATTACHED = "engine KV memory not attached yet"
 
 
 def _why(exc: Exception) -> str:
@@ -60,7 +61,10 @@ class TrafficManagerService(Service):
         self.m_bytes = m.counter("bytes_total", "Bytes moved on the data plane", ("kind",))
         self.m_xfer = m.histogram("transfer_seconds", "Transfer time", ("kind",))
         self.pool = BufferPool(ShmRegion.create(new_name("tm-buf"), cfg.buffer_mb << 20), cfg.transfer_timeout_s,
-                               m.gauge("buffer_free_bytes", "Free DRAM buffer bytes"))
+                               m.gauge("buffer_free_bytes", "Free DRAM buffer bytes"),
+                               lambda owner: self.given.take_back(owner) if self.given else None)  # slots freed
+        self.given: GrantsGiven | None = None  # set in start(), once the endpoint exists
+        self.held = GrantsHeld()
         self.queues = ReadQueues(cfg.transfer_timeout_s)
         self.endpoint = None
         self.kv_region: ShmRegion | None = None
@@ -79,9 +83,11 @@ class TrafficManagerService(Service):
                                         weights=(cfg.latency_weight, cfg.bulk_weight), secret=secret)
         await self.endpoint.start()
         log.info("data plane: %s transport (%s)", self.endpoint.backend, self.endpoint.why)
-        self.endpoint.register("buf", self.pool.buffer.buf, shm_name=self.pool.buffer.name)
+        self.endpoint.register("buf", self.pool.buffer.buf, shm_name=self.pool.buffer.name)  # reached via grants
+        self.given = GrantsGiven(self.endpoint)
         parts = TMParts(cfg, self.bus, self.subjects, self.metrics, self.pool, self.endpoint, self.peer, self.queues,
-                        self.m_bytes, self.spawn, claim_local=lambda o, k: self.prefetch.claim(o, k),
+                        self.m_bytes, self.spawn, self.given, self.held,
+                        claim_local=lambda o, k: self.prefetch.claim(o, k),
                         drop_local=lambda o, why: self.prefetch.drop(o, why))
         self.fetch_path, self.store_path = FetchPath(parts), StorePath(parts)
         self.prefetch = PrefetchPath(parts, cfg.prefetch_chunk_blocks, cfg.prefetch_share)
@@ -96,7 +102,7 @@ class TrafficManagerService(Service):
         await self.bus.subscribe(s.tm(e, "fetch"), FetchKV, self._on_fetch)
         await self.bus.subscribe(s.tm(e, "save"), SaveKV, self._on_save)
         await self.bus.subscribe(s.tm(e, "stage"), Stage, self._on_stage)
-        await self.bus.subscribe(s.tm(e, "prefetch"), Prefetch, self._on_prefetch)
+        await self.bus.subscribe(s.tm(e, "prefetch"), Prefetch, lambda msg, d: self.prefetch.on_prefetch(msg, d))
         await self.bus.subscribe(s.tm(e, "claim"), Claim, lambda msg, d: self.prefetch.on_claim(msg, d))
         await self.bus.subscribe(s.cancel, Cancel, self._on_release)
 
@@ -176,14 +182,19 @@ class TrafficManagerService(Service):
             try:
                 if not self.pool.ready:
                     raise BusError("push", NOT_ATTACHED, ErrorCode.NOT_READY)
-                if msg.dst_slots:  # DE read path: slots were reserved when the hits were staged
+                if msg.dst_slots:  # DE read path: slots (and their grant) came with the staged hits
                     res = Reserved(slots=msg.dst_slots)
+                    grant = self.held.get(msg.req_id, msg.dst_engine)
+                    if grant is None:
+                        raise BusError("push", f"no data-plane grant held for {msg.dst_engine}'s slots of "
+                                               f"{msg.req_id}", ErrorCode.KV_TRANSFER)
                 else:
                     res = await self.bus.request(self.subjects.tm(msg.dst_engine, "reserve"),
                                                  Reserve(msg.req_id, len(msg.src_blocks)), Reserved,
                                                  timeout=self.cfg.transfer_timeout_s)
                     if not res.ok:
                         raise BusError("reserve", res.error, res.code)
+                    grant = decode_grant(res.grant)
                 skip = set(msg.skip)  # blocks whose stored KV is already in the DE buffer
                 ops = [Op("kv", b * bn, "buf", slot, bn)
                        for i, (b, slot) in enumerate(zip(msg.src_blocks, res.slots)) if i not in skip]
@@ -191,11 +202,13 @@ class TrafficManagerService(Service):
                 span.set_attributes({"bytes": nbytes, "blocks_sent": len(ops), "blocks_skipped": len(skip)})
                 if ops:
                     peer = await self.peer(msg.dst_engine)
-                    await peer.write(ops, TrafficClass.LATENCY, timeout=self.cfg.transfer_timeout_s)
+                    await peer.write(ops, TrafficClass.LATENCY, timeout=self.cfg.transfer_timeout_s, grant=grant)
             except Exception as exc:  # noqa: BLE001 - BusError and transport errors both end the push
                 span.record_exception(exc)
                 await d.respond(PushDone(ok=False, error=str(exc), code=error_code(exc, ErrorCode.KV_TRANSFER)))
                 return
+            finally:
+                self.held.drop(msg.req_id)  # the last transfer this TM makes for the request
             dt = time.perf_counter() - t0
             self.m_bytes.labels("pd_push").inc(nbytes)
             self.m_xfer.labels("pd_push").observe(dt)
@@ -220,7 +233,9 @@ class TrafficManagerService(Service):
                 await d.respond(Reserved(ok=False, error=f"DE buffer full: {exc}", code=ErrorCode.BUFFER_FULL))
                 return
         self.pool.note_free()
-        await d.respond(Reserved(slots=adopted + [s * self.pool.block_nbytes for s in slots], adopted=len(adopted)))
+        bn = self.pool.block_nbytes
+        offsets = adopted + [s * bn for s in slots]
+        await d.respond(Reserved(slots=offsets, adopted=len(adopted), grant=self.given.give(msg.req_id, offsets, bn)))
 
     async def _on_load(self, msg: LoadKV, d: Delivery) -> None:
         if not self.pool.ready:
@@ -252,7 +267,8 @@ class TrafficManagerService(Service):
 
     async def _on_release(self, msg, d: Delivery) -> None:
         if not (self.prefetch and self.prefetch.drop(msg.req_id, "released")):
-            self.pool.cancel(msg.req_id)
+            self.pool.cancel(msg.req_id)  # also ends the grant of its slots (pool.on_free)
+        self.held.drop(msg.req_id)
 
     # storage paths (fetch.py, store_path.py) -------------------------------------------------
     async def _on_fetch(self, msg: FetchKV, d: Delivery) -> None:
@@ -269,13 +285,6 @@ class TrafficManagerService(Service):
             return
         self.spawn(self.store_path.stage(msg, d), name=f"stage-{msg.req_id}",
                    on_error=lambda exc: d.respond(Staged(error=_why(exc))))
-
-    async def _on_prefetch(self, msg: Prefetch, d: Delivery) -> None:
-        if not self.pool.ready:
-            await d.respond(Prefetched(error=NOT_ATTACHED))
-            return
-        self.spawn(self.prefetch.prefetch(msg, d), name=f"prefetch-{msg.owner}",
-                   on_error=lambda exc: d.respond(Prefetched(error=_why(exc))))
 
     async def _on_save(self, msg: SaveKV, d: Delivery) -> None:
         if not self.pool.ready:

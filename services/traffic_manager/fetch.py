@@ -35,6 +35,7 @@ from shared.messages.traffic_manager import (Claim, Claimed, FetchFailed, FetchK
                                              ReadQueued, Release, Reserve, Reserved, Stage, Staged)
 from shared.transport.base import Op, TrafficClass
 from shared.transport.errors import TransportError
+from shared.transport.grants import Grant, decode_grant
 
 log = logging.getLogger("traffic_manager.fetch")
 tracer = trace.get_tracer("traffic_manager")
@@ -93,7 +94,7 @@ class FetchPath:
         # prefetched: keys[:c] already sit in a buffer (the DE's: adopted into the prompt's slots there)
         reserved = await self._reserve_remote(msg, adopt=True) if self._adopts(msg) else None
         reserved = reserved if reserved is not None and reserved.ok else None
-        staged = [] if reserved is not None else await self._claim(msg)
+        staged, staged_grant = ([], None) if reserved is not None else await self._claim(msg)
         c = reserved.adopted if reserved is not None else len(staged)
         k = max(k, c)
         await self._announce_queue(msg, c, k)
@@ -108,15 +109,16 @@ class FetchPath:
         await p.bus.publish(p.loaded_subject, ReadFinished(
             msg.req_id, hits, de_slots=de.slots if de else [], de_hits=de_hits))
         prog.read = True
+        grant = p.held.keep(msg.req_id, msg.de_engine, de.grant) if de else None  # also for the push
         if hits:
             local = list(zip(offsets[:min(pe_ok, hits - c)], msg.dst_blocks[c:]))
-            remote = {msg.de_engine: [(de.slots[i], msg.dst_blocks[i]) for i in de_hits]} if de_hits else {}
+            remote = [(msg.de_engine, [(de.slots[i], msg.dst_blocks[i]) for i in de_hits], grant)] if de_hits else []
             pairs = list(zip(staged, msg.dst_blocks))
             if msg.staged_engine == p.cfg.engine:
                 local = pairs + local
-            elif pairs:  # one read per peer and layer, also when the holder is the DE
-                remote[msg.staged_engine] = pairs + remote.get(msg.staged_engine, [])
-            await self._layers(msg, local, list(remote.items()), prog)
+            elif pairs:  # one-sided reads from the holder, under the grant its claim gave
+                remote.append((msg.staged_engine, pairs, staged_grant))
+            await self._layers(msg, local, remote, prog)
             p.m_bytes.labels("de_path_pull").inc(len(de_hits) * p.pool.block_nbytes)
             p.m_bytes.labels("prefetch_used").inc(c * p.pool.block_nbytes)
 
@@ -125,21 +127,23 @@ class FetchPath:
         return bool(msg.staged_owner and msg.staged_blocks > 0 and msg.staged_engine == msg.de_engine
                     and msg.de_engine != self.p.cfg.engine)
 
-    async def _claim(self, msg: FetchKV) -> list[int]:
-        """Buffer offsets of the leading prefetched blocks still staged for this fetch ([]: none)."""
+    async def _claim(self, msg: FetchKV) -> tuple[list[int], Grant | None]:
+        """Buffer offsets of the leading prefetched blocks still staged for this fetch ([]: none),
+        with the holder's grant of them when the holder is another traffic-manager."""
         p, n = self.p, min(msg.staged_blocks, len(msg.keys))
         if not msg.staged_owner or n <= 0:
-            return []
+            return [], None
         keys = msg.keys[:n]
         if msg.staged_engine == p.cfg.engine:
-            return p.claim_local(msg.staged_owner, keys)
+            return p.claim_local(msg.staged_owner, keys), None
         try:
             got = await p.bus.request(p.subjects.tm(msg.staged_engine, "claim"), Claim(msg.staged_owner, keys),
                                       Claimed, timeout=p.cfg.transfer_timeout_s)
         except BusError as exc:  # gone: its blocks are read from storage instead
             log.info("prefetched blocks of %s not claimed: %s", msg.req_id, exc.reason)
-            return []
-        return got.slots[:n]
+            return [], None
+        grant = decode_grant(got.grant) if got.slots else None
+        return (got.slots[:n], grant) if grant is not None else ([], None)
 
     async def _release_staged(self, msg: FetchKV) -> None:
         """The prefetched slots are copied (or the fetch ended): their buffer takes them back."""
@@ -215,7 +219,8 @@ class FetchPath:
         n = len(msg.keys)
         if reserved is not None:
             if k == n:
-                return await self._read_local(msg, msg.keys[c:], owner), Staged(slots=reserved.slots)
+                staged = Staged(slots=reserved.slots, grant=reserved.grant)
+                return await self._read_local(msg, msg.keys[c:], owner), staged
             return await asyncio.gather(self._read_local(msg, msg.keys[c:k], owner),
                                         self._stage_remote(msg, k, reserved.slots))
         if k == n:
@@ -228,21 +233,22 @@ class FetchPath:
         return await asyncio.gather(self._read_local(msg, msg.keys[c:k], owner),
                                     self._stage_remote(msg, k, res.slots))
 
-    async def _layers(self, msg: FetchKV, local: list[tuple[int, int]], remote: list[tuple[str, list[tuple[int, int]]]],
-                      prog: Progress) -> None:
+    async def _layers(self, msg: FetchKV, local: list[tuple[int, int]],
+                      remote: list[tuple[str, list[tuple[int, int]], Grant | None]], prog: Progress) -> None:
         """Layer after layer: this buffer's blocks by local copy, other buffers' (the DE's, a
-        prefetch holder's) by one-sided reads. Every copy of a layer settles before a failure of
-        any is raised (nothing of this fetch is still moving when the engine hears of it)."""
+        prefetch holder's) by one-sided reads under the grant each gave. Every copy of a layer
+        settles before a failure of any is raised (nothing of this fetch is still moving when the
+        engine hears of it)."""
         p, lay = self.p, self.p.pool.layout
         lb, bn, timeout = lay.layer_block_nbytes, lay.block_nbytes, p.cfg.transfer_timeout_s
-        peers = [(await p.peer(engine), pairs) for engine, pairs in remote]
+        peers = [(await p.peer(engine), pairs, grant) for engine, pairs, grant in remote]
         t0 = last = time.perf_counter()
         for layer in range(lay.n_layers):
             loc = [Op("buf", off + layer * lb, "kv", b * bn + layer * lb, lb) for off, b in local]
             copies = [p.endpoint.copy_local(loc, TrafficClass.LATENCY, timeout=timeout)] if loc else []
-            for peer, pairs in peers:
+            for peer, pairs, grant in peers:
                 rem = [Op("kv", b * bn + layer * lb, "buf", off + layer * lb, lb) for off, b in pairs]
-                copies.append(peer.read(rem, TrafficClass.LATENCY, timeout=timeout))
+                copies.append(peer.read(rem, TrafficClass.LATENCY, timeout=timeout, grant=grant))
             for res in await asyncio.gather(*copies, return_exceptions=True):
                 if isinstance(res, BaseException):
                     raise res

@@ -22,7 +22,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from services.traffic_manager.parts import TMParts
+from services.traffic_manager.parts import NOT_ATTACHED, TMParts
 from shared.bus import BusError, Delivery
 from shared.messages.storage_gateway import ReadBlocks, ReadDone
 from shared.messages.traffic_manager import Claim, Claimed, Prefetch, Prefetched
@@ -64,6 +64,13 @@ class PrefetchPath:
         return max(0, min(budget, pool.spare())) * pool.block_nbytes
 
     # stage --------------------------------------------------------------------------------
+    async def on_prefetch(self, msg: Prefetch, d: Delivery) -> None:
+        if not self.p.pool.ready:
+            await d.respond(Prefetched(error=NOT_ATTACHED))
+            return
+        self.p.spawn(self.prefetch(msg, d), name=f"prefetch-{msg.owner}", on_error=lambda exc: d.respond(
+            Prefetched(error=exc.reason if isinstance(exc, BusError) else f"{type(exc).__name__}: {exc}")))
+
     async def prefetch(self, msg: Prefetch, d: Delivery) -> None:
         p, pool = self.p, self.p.pool
         bn = pool.block_nbytes
@@ -142,7 +149,11 @@ class PrefetchPath:
         return slots
 
     async def on_claim(self, msg: Claim, d: Delivery) -> None:
-        await d.respond(Claimed(slots=self.claim(msg.owner, msg.keys)))
+        """Another traffic-manager claims: the slots and a grant of exactly them (ended when the
+        entry's slots are freed: released, lease, adopted)."""
+        slots = self.claim(msg.owner, msg.keys)
+        grant = self.p.given.give(msg.owner, slots, self.p.pool.block_nbytes) if slots else b""
+        await d.respond(Claimed(slots=slots, grant=grant))
 
     def drop(self, owner: str, why: str) -> bool:
         """Free `owner`'s slots (when the read targeting them ends, if one does); False: not staged here."""

@@ -5,6 +5,7 @@ no latency read is pending."""
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from types import SimpleNamespace
 
@@ -14,11 +15,13 @@ from services.storage_gateway.bulk import BulkLane
 from services.traffic_manager.pool import BufferPool
 from services.traffic_manager.prefetch import PrefetchPath
 from services.traffic_manager.read_queues import ReadQueues
+from services.traffic_manager.slot_grants import GrantsGiven
 from shared.messages.registry import KVRegion
 from shared.messages.storage_gateway import ReadDone, StoreLayout
 from shared.messages.subjects import Subjects
-from shared.messages.traffic_manager import Prefetch
+from shared.messages.traffic_manager import Claim, Prefetch
 from shared.metrics import Metrics
+from shared.transport.grants import Grant, coalesce, decode_grant
 from shared.transport.shm_region import ShmRegion, new_name
 
 pytestmark = pytest.mark.unit
@@ -121,6 +124,41 @@ def test_the_decode_side_adopts_staged_blocks_as_the_requests_own_slots(parts):
     pool.free("req-1")
     assert pool.slots.free == 16
     pool.slots.check_integrity()
+
+
+class Endpoint:
+    """Grants as a serving endpoint makes them, and which are live."""
+
+    def __init__(self):
+        self.live: dict[bytes, Grant] = {}
+
+    def grant(self, region, ranges):
+        g = Grant(secrets.token_bytes(16), region, *coalesce(ranges))
+        self.live[g.token] = g
+        return g
+
+    def revoke(self, g):
+        return self.live.pop(g.token, None) is not None
+
+
+def test_another_tms_claim_gets_a_grant_of_exactly_the_claimed_slots_ended_when_they_go(parts):
+    ep = Endpoint()
+    parts.given = GrantsGiven(ep)
+    parts.pool.on_free = parts.given.take_back
+    pf = PrefetchPath(parts, chunk_blocks=8, share=1.0)
+    assert _stage(pf, "pf-a", _keys(6)).blocks == 6
+    staged = list(pf.entries["pf-a"].slots)
+    reply = Reply()
+    asyncio.run(pf.on_claim(Claim("pf-a", _keys(4) + _keys(1, b"x")), reply))
+    assert reply.msg.slots == staged[:4]
+    g = decode_grant(reply.msg.grant)
+    assert g is not None and g.token in ep.live
+    assert all(g.covers(off, BLOCK, False) for off in staged[:4])
+    assert not any(g.covers(off, BLOCK, False) for off in staged[4:])  # staged, not claimed: out of reach
+    reply = Reply()
+    asyncio.run(pf.on_claim(Claim("pf-a", _keys(1, b"x")), reply))  # nothing matches: no slots, no grant
+    assert reply.msg.slots == [] and reply.msg.grant == b""
+    assert pf.drop("pf-a", "released") and not ep.live  # the slots went back: the grant ended with them
 
 
 def test_unclaimed_blocks_go_at_their_ttl_claimed_ones_at_their_lease(parts):
