@@ -31,6 +31,7 @@ from services.scheduler.hints import Hint, Reuse
 from services.scheduler.inflight import InFlight
 from shared.bus import BusError
 from shared.engine.store_layout import prompt_keys
+from shared.messages.codes import LoadMode
 from shared.messages.storage_gateway import HitQuery, Retain, RetainLevel
 from shared.messages.traffic_manager import Prefetch, Prefetched, Release
 from shared.sched.prefetch import Holder, RecentBytes, Staged, StagedIndex, hold_until, plan
@@ -90,7 +91,7 @@ class Prefetcher:
         if h.prefetch and self.cfg.prefetch and keys:
             owner = f"pf-{uuid.uuid4().hex[:12]}"
             return_at = time.monotonic() + h.tool_s
-            self.planned[keys[-1]] = self.spawn(self._prefetch(owner, h, keys, layout, return_at),
+            self.planned[keys[-1]] = self.spawn(self._prefetch(owner, h, keys, layout, return_at, rec.mode),
                                                 name=f"prefetch-{owner}")
 
     def end_session(self, session: str, layout) -> None:
@@ -112,9 +113,10 @@ class Prefetcher:
             self.spawn(self.bus.publish(self.subjects.sg_any("retain"), msg), name="retain")
 
     # the prefetch ----------------------------------------------------------------------------------
-    async def _prefetch(self, owner: str, h: Hint, keys: list[bytes], layout, return_at: float) -> None:
+    async def _prefetch(self, owner: str, h: Hint, keys: list[bytes], layout, return_at: float,
+                        mode: LoadMode) -> None:
         try:
-            first = self._plan(len(keys), return_at)
+            first = self._plan(len(keys), return_at, mode)
             if first is None:
                 self.m_blocks.labels("no_room").inc(len(keys))
                 return
@@ -123,7 +125,7 @@ class Prefetcher:
             if self.planned.get(keys[-1]) is asyncio.current_task():
                 del self.planned[keys[-1]]
         stored = await self._stored(keys, layout, return_at)
-        p = self._plan(stored, return_at)
+        p = self._plan(stored, return_at, mode)
         if p is None:
             self.m_blocks.labels("no_room").inc(stored)
             return
@@ -171,10 +173,11 @@ class Prefetcher:
             await asyncio.sleep(PERSIST_POLL_S)
         return stored
 
-    def _plan(self, blocks: int, return_at: float):
+    def _plan(self, blocks: int, return_at: float, mode: LoadMode):
+        """The same path policy as a hit's read: basic reads on the PE path only, so it stages there."""
         bb = self._block_bytes()
         return plan(blocks, bb, time.monotonic(), return_at, self._holders(bb), self.cfg.prefetch_margin,
-                    force=self.cfg.read_path)
+                    force=self.cfg.read_path if LoadMode(mode).both_paths else "pe")
 
     def _holders(self, block_bytes: int) -> list[Holder]:
         now, out = time.monotonic(), []

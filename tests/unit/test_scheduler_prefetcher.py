@@ -143,3 +143,16 @@ def test_the_decode_side_stages_when_its_storage_nic_is_idler_and_oracle_turns_a
         await asyncio.sleep(0.05)
         assert len(bus.sent) == n
     asyncio.run(go())
+
+
+def test_a_basic_mode_session_stages_on_the_prefill_side_even_when_the_decode_nic_is_idler():
+    async def go():
+        from shared.messages.codes import LoadMode
+        pf, bus = _prefetcher()
+        pf.reads.pending["p0"] = 10_000  # as above: dualpath would stage on d1
+        rec = _done(list(range(300)), Hint(session="b", tool_s=0.05))
+        rec.mode = LoadMode.BASIC  # basic reads hits on the PE path only: its prefetch follows the same rule
+        pf.done(rec, "ok")
+        await _until(lambda: pf.index.by_owner)
+        assert next(m for _, m in bus.sent if isinstance(m, Prefetch)).node == "p0"
+    asyncio.run(go())
