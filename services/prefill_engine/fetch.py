@@ -140,6 +140,8 @@ class Fetcher:
             req.load = None  # a miss after all: compute the whole prompt
         else:
             req.load.blocks = req.blocks[:msg.blocks]  # where its layers land (sent up from there on a device)
+            if msg.layers:  # copied before the report (every hit was prefetched into this engine's buffer)
+                req.load.mark(msg.layers - 1)
         self.ready(req)
 
     def drop(self, req: PrefillRequest) -> None:

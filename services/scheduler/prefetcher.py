@@ -34,7 +34,7 @@ from shared.engine.store_layout import prompt_keys
 from shared.messages.codes import LoadMode
 from shared.messages.storage_gateway import HitQuery, Retain, RetainLevel
 from shared.messages.traffic_manager import Prefetch, Prefetched, Release
-from shared.sched.prefetch import Holder, RecentBytes, Staged, StagedIndex, hold_until, plan
+from shared.sched.prefetch import Holder, RecentBytes, Staged, StagedIndex, common, hold_until, plan
 
 log = logging.getLogger("scheduler.prefetch")
 tracer = trace.get_tracer("scheduler")
@@ -72,6 +72,15 @@ class Prefetcher:
         for other in self.index.of_session(session):  # the session came back on another prefix
             if other is not s and other.claimed_by is None:
                 self._release(other, "diverged")
+
+    def stored_prefix(self, keys: list[bytes]) -> int:
+        """Leading `keys` known to be stored without asking a gateway (0: ask one): a whole turn
+        staged for a session whose next prompt extends it. The blocks past it are the new turn's
+        own; one that another session stored on that very chain is computed, not loaded."""
+        s = self.index.match(keys)
+        if s is None or not s.whole or common(s.keys, keys) < len(s.keys):
+            return 0
+        return len(s.keys)
 
     # a finished turn ---------------------------------------------------------------------------
     def done(self, rec: InFlight, status: str) -> None:
@@ -131,7 +140,7 @@ class Prefetcher:
             return
         now = time.monotonic()
         s = Staged(owner, p.engine, p.node, keys[:p.blocks], hold_until(return_at, h.tool_s, self.cfg.prefetch_grace_s,
-                                                                        h.ttl_s), h.session)
+                                                                        h.ttl_s), h.session, whole=p.blocks == len(keys))
         self.index.add(s)  # claimable at once: an early turn takes what is staged by then
         nbytes = p.blocks * self._block_bytes()
         self.sending[p.engine] += p.blocks
@@ -155,6 +164,7 @@ class Prefetcher:
         if self.index.by_owner.get(owner) is s and s.claimed_by is None:
             self.index.remove(owner)
             if got.blocks:
+                s.whole = s.whole and got.blocks >= len(s.keys)
                 s.keys = s.keys[:got.blocks]
                 self.index.add(s)
         self._note()

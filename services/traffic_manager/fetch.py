@@ -5,9 +5,12 @@ DE's traffic-manager stages the rest in its buffer (its node's gateway reads the
 prefetched during the session's tool call (`staged_*`) are claimed from whichever buffer
 holds them and read from storage no more (in the request's DE's buffer they are adopted as
 its first DE-buffer slots: read like DE-path hits, never pushed back); a claim that comes
-back short leaves the rest to the PE path. Then, for each layer l: Layer Blocks buffer -> KV memory (local copy, one-sided
-read from another traffic-manager's buffer), and `LayersLoaded(l)` to the engine, which
-computes layer l while l+1.. are copied. Claimed prefetched slots are released at the end.
+back short leaves the rest to the PE path. Then, for each layer l: Layer Blocks buffer -> KV
+memory (local copy, one-sided read from another traffic-manager's buffer), and
+`LayersLoaded(l)` to the engine, which computes layer l while l+1.. are copied. When every
+hit was prefetched into this buffer (nothing read, nothing to overlap) all layers go in one
+copy before `ReadFinished(layers=n)`, and no `LayersLoaded` follows. Claimed prefetched
+slots are released at the end.
 Before the read, a deep storage queue is announced (`ReadQueued`); after it, `ReadFinished`.
 
 Every failure is answered on the wire, never by the engine's timeout: whatever ends a fetch
@@ -105,6 +108,9 @@ class FetchPath:
         de_hits = (list(range(c)) if reserved is not None else []) + list(range(k, hits))
         span.set_attributes({"blocks_ok": hits, "pe_ok": pe_ok, "de_ok": de_ok, "prefetched_blocks": c,
                              "read_at_arrival_blocks": hits - c, "error": pe_err or (de.error if de else "")})
+        if hits and hits == c and not de and msg.staged_engine == p.cfg.engine:
+            await self._all_local(msg, list(zip(staged, msg.dst_blocks)), prog)
+            return
         # a short read's error only means fewer hits: the rest of the prompt is computed
         await p.bus.publish(p.loaded_subject, ReadFinished(
             msg.req_id, hits, de_slots=de.slots if de else [], de_hits=de_hits))
@@ -121,6 +127,24 @@ class FetchPath:
             await self._layers(msg, local, remote, prog)
             p.m_bytes.labels("de_path_pull").inc(len(de_hits) * p.pool.block_nbytes)
             p.m_bytes.labels("prefetch_used").inc(c * p.pool.block_nbytes)
+
+    async def _all_local(self, msg: FetchKV, pairs: list[tuple[int, int]], prog: Progress) -> None:
+        """Every hit was prefetched into this buffer: nothing is read, so nothing overlaps the copy.
+        Every layer goes into KV memory in one copy, and `ReadFinished(layers=n)` says so: no
+        `LayersLoaded` follows, the engine computes without waiting on a layer. A failed copy
+        comes before `ReadFinished`: the engine computes the prompt (its blocks are overwritten)."""
+        p, lay = self.p, self.p.pool.layout
+        lb, bn = lay.layer_block_nbytes, lay.block_nbytes
+        t0 = time.perf_counter()
+        ops = [Op("buf", off + layer * lb, "kv", b * bn + layer * lb, lb)
+               for layer in range(lay.n_layers) for off, b in pairs]
+        await p.endpoint.copy_local(ops, TrafficClass.LATENCY, timeout=p.cfg.transfer_timeout_s)
+        prog.layers = lay.n_layers
+        await p.bus.publish(p.loaded_subject, ReadFinished(msg.req_id, len(pairs), layers=lay.n_layers))
+        prog.read = True
+        p.m_bytes.labels("h2d_layers").inc(bn * len(pairs))
+        p.m_bytes.labels("prefetch_used").inc(len(pairs) * bn)
+        self.m_wait.labels("h2d").observe(time.perf_counter() - t0)
 
     def _adopts(self, msg: FetchKV) -> bool:
         """Prefetched into the request's own DE's buffer (not this one): that TM adopts them."""

@@ -9,7 +9,8 @@ Release: free a request's slots (cancel, failure).
 Fetch (PE read path): PE --FetchKV--> its TM, which reports on `pe.<id>.loaded` with one
   message type per meaning (the `FetchProgress` union, one Decoder: `progress_decoder`):
     [ReadQueued(eta_s): the read waits behind a storage queue; the PE's deadline waits too]
-    ReadFinished(blocks, de_slots, de_hits): the hit blocks are read (0: a miss after all)
+    ReadFinished(blocks, de_slots, de_hits, layers): the hit blocks are read (0: a miss after all);
+      `layers` > 0: those layers are in KV memory already (every hit was prefetched into the TM's buffer)
     LayersLoaded(layer) ...: layers 0..layer are in KV memory (the PE computes them meanwhile)
   or, at any point, FetchFailed(code, error): before ReadFinished the PE computes the whole
   prompt (nothing reached its KV memory); after, the load failed and so does the prefill.
@@ -111,6 +112,7 @@ class ReadFinished(_Progress, tag="read"):
     blocks: int  # leading hit blocks read and verified (the rest is a miss: computed)
     de_slots: list[int] = []  # DE-path: DE-buffer slots reserved for the whole prompt
     de_hits: list[int] = []  # DE-path: block indexes whose stored KV sits in those slots
+    layers: int = 0  # layers 0..layers-1 of those blocks are in KV memory already (no LayersLoaded for them)
 
 
 class LayersLoaded(_Progress, tag="layers"):

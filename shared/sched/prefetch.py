@@ -122,6 +122,7 @@ class Staged:
     until: float  # released then if nobody claimed it
     session: str = ""
     claimed_by: Hashable = None  # the request whose fetch uses it
+    whole: bool = False  # `keys` are every block its turn persisted: the session stored nothing past them
 
 
 @dataclass

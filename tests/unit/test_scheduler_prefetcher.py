@@ -156,3 +156,32 @@ def test_a_basic_mode_session_stages_on_the_prefill_side_even_when_the_decode_ni
         await _until(lambda: pf.index.by_owner)
         assert next(m for _, m in bus.sent if isinstance(m, Prefetch)).node == "p0"
     asyncio.run(go())
+
+
+def test_a_whole_staged_turn_answers_the_next_turns_hit_lookup_without_a_gateway():
+    from services.scheduler.hits import lookup_hits
+    from services.scheduler.oracle import OracleIndex
+
+    async def go():
+        pf, bus = _prefetcher()
+        first = list(range(300))  # 4 full blocks stored, all staged
+        pf.done(_done(first, Hint(session="s", tool_s=0.05)), "ok")
+        await _until(lambda: pf.index.by_owner)
+        nxt = _turn(first + list(range(1000, 1100)), Hint(session="s"))
+        asked = []
+
+        async def ask(q):
+            asked.append(q)
+            return HitReply(blocks=len(q.keys))
+
+        await lookup_hits(nxt, LAYOUT, OracleIndex(), ask, pf.stored_prefix)
+        assert nxt.hit_blocks == 4 and not asked  # the staged turn is the stored prefix: no round trip
+        other = _turn(list(range(2000, 2300)), None)  # nothing staged for it: the gateway is asked
+        await lookup_hits(other, LAYOUT, OracleIndex(), ask, pf.stored_prefix)
+        assert len(asked) == 1 and other.hit_blocks == len(other.block_keys)
+        s = next(iter(pf.index.by_owner.values()))
+        s.whole = False  # staged short of its turn (the rest may be stored): asked as before
+        again = _turn(first + list(range(1000, 1100)), Hint(session="s"))
+        await lookup_hits(again, LAYOUT, OracleIndex(), ask, pf.stored_prefix)
+        assert len(asked) == 2
+    asyncio.run(go())
