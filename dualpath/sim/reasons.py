@@ -88,7 +88,7 @@ def attention(r: SimResult) -> str:
             f"units busy {r.pe_busy:.0%}); {cut}, in the rest {b['uncut_ratio']:.2f}. The quota evens attention "
             f"only where each GPU holds more ready work than it: a GPU's batch averages "
             f"{b['mean_attn_s'] * 1e3:.0f} ms of attention, and 300 ms is ~{b['quota_tokens']:,} new tokens 32K "
-            f"into a context (sparse attention), more than a GPU has ready, so each takes all it has and the "
+            f"into a context, more than a GPU has ready, so each takes all it has and the "
             f"others wait for the largest: {b['wait_share']:.0%} of step time. The policy balances prompt tokens "
             f"(Algorithm 1's tok_e), not attention time, and reads finish at different times. Summed over the run "
             f"the GPUs' attention times are {b['run_ratio']:.2f} max/avg")
