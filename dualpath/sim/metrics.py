@@ -53,6 +53,10 @@ class SimResult:
     events_per_s: float = 0.0
     alpha: int = 0
     beta: int = 0
+    hints: str = "off"  # agents that hinted their tool calls (prefetch): off | on | mixed
+    after_tool: dict[str, float] = field(default_factory=dict)  # TTFT p50/p99 of turns after a tool call
+    prefetched_gb: float = 0.0
+    prefetch_late: int = 0  # turns back before their prefetch had finished reading
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -99,7 +103,19 @@ def collect(sim, span: float, wall: float) -> SimResult:
         de_batch=_mean([e.decode.batch_s / span for e in c.des]) if span > 0 else 0.0, link_util=_link_util(c, span), lanes=_lanes(c),
         windows=[list(w) for w in v.windows] if v else [], events=sim.events,
         wall_s=wall, events_per_s=sim.events / wall if wall > 0 else 0.0,
-        alpha=sim.th.alpha, beta=sim.th.beta)
+        alpha=sim.th.alpha, beta=sim.th.beta, hints=sim.cfg.hints, after_tool=_after_tool(sim),
+        prefetched_gb=sim.pf.bytes / 1e9 if sim.pf else 0.0, prefetch_late=sim.pf.late if sim.pf else 0)
+
+
+def _after_tool(sim) -> dict[str, float]:
+    """TTFT percentiles of the turns that followed a tool call, hinted and unhinted agents apart."""
+    out = {}
+    for name, hinted in (("hinted", True), ("unhinted", False)):
+        xs = [t for h, t in getattr(sim, "ttft_after_tool", []) if h == hinted]
+        if xs:
+            out.update({f"{name}_turns": float(len(xs)), f"{name}_ttft_p50_s": _pct(xs, 50),
+                        f"{name}_ttft_p99_s": _pct(xs, 99)})
+    return out
 
 
 def _quota_tokens(sim) -> int:
