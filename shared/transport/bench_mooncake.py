@@ -20,13 +20,12 @@ rounds and each mover's median time over the raw socket's in the same round.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
 import numpy as np
 
-from .bench_throughput import LAYOUTS, MIB, RawSocket, Rig, loadavg, slots
+from .bench_throughput import LAYOUTS, MIB, RawSocket, Rig, drop_pair, loadavg, shm_pair, slots
 
 
 class Mooncake:
@@ -39,8 +38,8 @@ class Mooncake:
         for e in (self.a, self.b):
             if e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0:
                 raise RuntimeError("mooncake: initialize failed")
-        self.src = np.frombuffer(os.urandom(total), np.uint8).copy()
-        self.dst = np.zeros(total, np.uint8)
+        self.regions = shm_pair(total)  # page-aligned, as every mover's (bench_throughput.shm_pair)
+        self.src, self.dst = (np.frombuffer(r.buf, np.uint8) for r in self.regions)
         if self.a.register_memory(self.src.ctypes.data, total) or self.b.register_memory(self.dst.ctypes.data, total):
             raise RuntimeError("mooncake: register_memory failed")
         self.peer = f"127.0.0.1:{self.b.get_rpc_port()}"
@@ -52,6 +51,12 @@ class Mooncake:
         if self.a.batch_transfer_sync_write(self.peer, srcs, dsts, [block] * len(dst)) != 0:
             raise RuntimeError("mooncake: batch_transfer_sync_write failed")
         return time.perf_counter() - t
+
+    def close(self) -> None:
+        self.a.unregister_memory(self.src.ctypes.data)
+        self.b.unregister_memory(self.dst.ctypes.data)
+        del self.src, self.dst
+        drop_pair(self.regions)
 
     def check(self, block: int, dst: list[int]) -> None:
         for i, j in enumerate(dst):
@@ -82,6 +87,7 @@ async def compare(total: int, block: int, rounds: int) -> dict:
             mc.check(block, layouts["scattered"])
     finally:
         raw.close()
+        mc.close()
     gb = total / 1e9
     out: dict = {"payload_mib": total // MIB, "rounds": len(times["raw"]), "loadavg_before": load0,
                  "loadavg_after": loadavg(), "raw_gb_s": gb / statistics.median(times["raw"])}
