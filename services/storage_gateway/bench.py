@@ -25,6 +25,9 @@ aligned one, so an unaligned buffer would measure the allocator, not the gateway
   fit in CPU caches: one core's kernel copy into it runs far below ``dd``'s figure, so
   it is shown next to its own ceilings: a plain ``preadv`` of the same files into the
   same buffer on one thread (no checks) and ``memcpy`` into it.
+- CPU: the warm lines are billed in CPU per GB too (this process and its children:
+  dd), which a loaded machine moves far less than wall time: the gateway's CPU per
+  byte beside dd's is the like-for-like cost of its checks and hops.
 - cold: the files about to be read dropped from the page cache first (fsync +
   posix_fadvise(DONTNEED), which works for clean pages without root), then dd and
   the gateway as above; plus dd with ``iflag=direct`` (no page cache at all) where
@@ -40,6 +43,7 @@ import argparse
 import asyncio
 import os
 import re
+import resource
 import statistics
 import subprocess
 import tempfile
@@ -136,6 +140,11 @@ def _dd(path: str, direct: bool = False) -> float | None:
     return os.path.getsize(path) / float(match.group(1))
 
 
+def _children_cpu() -> float:
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return use.ru_utime + use.ru_stime
+
+
 def _memcpy(dst: np.ndarray) -> float:
     src = np.ones_like(dst)
     return _timed(lambda: np.copyto(dst, src), dst.nbytes)
@@ -146,10 +155,25 @@ class Figures:
 
     def __init__(self) -> None:
         self.samples: dict[str, list[float]] = {}
+        self.cpu: dict[str, list[float]] = {}  # CPU seconds per GB, for the lines measured with `bill`
 
     def add(self, name: str, rate: float | None) -> None:
         if rate is not None:
             self.samples.setdefault(name, []).append(rate)
+
+    def bill(self, name: str, measure: Callable[[], float | None], nbytes: int) -> None:
+        """`add(name, measure())`, also keeping the CPU it took per GB (this process's, every
+        thread, plus any child's: dd): what a loaded machine moves far less than wall time."""
+        t0, c0 = time.process_time(), _children_cpu()
+        rate = measure()
+        used = time.process_time() - t0 + _children_cpu() - c0
+        self.add(name, rate)
+        if rate is not None:
+            self.cpu.setdefault(name, []).append(used / (nbytes / 1e9))
+
+    def cpu_text(self, name: str, base: str) -> str:
+        mine, theirs = statistics.median(self.cpu[name]), statistics.median(self.cpu[base])
+        return f"  {name:44s} {mine * 1e3:7.1f} CPU ms/GB ({mine / max(theirs, 1e-9):.2f}x dd's)"
 
     def best(self, name: str) -> float | None:
         return max(self.samples[name]) if name in self.samples else None
@@ -188,10 +212,11 @@ def measure(root: Path, mib: int, threads: int, rounds: int) -> tuple[Figures, i
         for _ in range(rounds):
             _dd(raw)  # the previous round's cold reads left these uncached: warm them again
             _plain_read(files, big)
-            figs.add("warm  dd bs=4M", _dd(raw))
-            figs.add("warm  gateway, 1 block/request, reused slot", _gateway(core, keys, slot, 1))
-            figs.add("warm  gateway, 1 request, big buffer", _gateway(core, keys, big, n_blocks))
-            figs.add("warm  plain preadv into big buffer, 1 thread", _plain_read(files, big))
+            nbytes = n_blocks * FILE_BYTES
+            figs.bill("warm  dd bs=4M", lambda: _dd(raw), nbytes)
+            figs.bill("warm  gateway, 1 block/request, reused slot", lambda: _gateway(core, keys, slot, 1), nbytes)
+            figs.bill("warm  gateway, 1 request, big buffer", lambda: _gateway(core, keys, big, n_blocks), nbytes)
+            figs.bill("warm  plain preadv into big buffer, 1 thread", lambda: _plain_read(files, big), nbytes)
             figs.add("warm  preadv into big buffer +16 B, 1 thread", _plain_read(files, unaligned))
             figs.add("warm  memcpy into big buffer", _memcpy(big))
             drop_cache(raw)
@@ -227,6 +252,8 @@ def report(figs: Figures, n_blocks: int, threads: int, rounds: int, where: Path)
                      "warm  plain preadv into big buffer, 1 thread"),  # fmt: skip
         "  cold: gateway / dd "
         + figs.ratio("cold  gateway, 1 request, big buffer", "cold  dd bs=4M"),
+        "warm reads billed in CPU (medians; checksums, header checks and the thread hops included):",
+        *(figs.cpu_text(name, "warm  dd bs=4M") for name in figs.cpu),
     ]
     return "\n".join(lines)
 
