@@ -9,6 +9,7 @@ by the paper's rule (online.py), at `duration_s` at the latest.
 """
 from __future__ import annotations
 
+import gc
 import heapq
 import itertools
 import time
@@ -99,11 +100,19 @@ class Simulation:
             self.bar = tqdm(total=total, unit="req", mininterval=1.0, smoothing=0.1)
         heap, pop = self.heap, heapq.heappop
         self.stopped = False
-        while heap and not self.stopped:
-            t, _, fn, arg = pop(heap)
-            self.now = t
-            fn(arg)
-            self.events += 1
+        # The loop makes no reference cycles (what it drops, reference counting frees), so the
+        # cycle collector's passes over the live requests are skipped (a few percent at most).
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            while heap and not self.stopped:
+                t, _, fn, arg = pop(heap)
+                self.now = t
+                fn(arg)
+                self.events += 1
+        finally:
+            if collecting:
+                gc.enable()
         if self.bar is not None:
             self.bar.update(self.finished - self.bar.n)
             self.bar.close()
