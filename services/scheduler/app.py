@@ -260,6 +260,7 @@ class SchedulerService(Service):
                 self.dispatcher.remove(a.req_id)
                 continue
             rec.pe, rec.de, rec.assigned_at = a.pe, a.de, time.monotonic()
+            self.m.assign_wait.observe(rec.assigned_at - rec.queued_at)
             placed = place(rec, a.pe, a.de, self.view, self.reads, self.output_subject, self.cfg.read_path)
             with tracer.start_as_current_span("assign", context=rec.ctx, attributes=placed.span_attributes(rec)):
                 await self.bus.publish(self.subjects.prefill_work(a.pe), placed.work)
