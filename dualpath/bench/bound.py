@@ -26,6 +26,7 @@ class Capacity:
     prefill_engines: int
     prefill_tps: float | None  # prefill tokens per second of one engine
     tpot_s: float | None  # best decode seconds per token (batch 1)
+    rates: dict | None = None  # the probe's separated rates (replay.probe_rates), for the simulator's prediction
 
 
 def reading_nodes(mode: LoadMode, cap: Capacity) -> int:

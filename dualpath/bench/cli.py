@@ -189,9 +189,11 @@ def _bench(args: argparse.Namespace, url: str, modes: list[LoadMode]) -> int:
         "prefill_nodes": cap.prefill_nodes, "decode_nodes": cap.decode_nodes,
         "block_size": mesh.get("block_size")}, "runs": []}
     kv_bytes_per_block = [0.0]
+    lengths: dict[str, list] = {}  # mode -> the (append, gen) turns of each job it replayed (for the prediction)
     with Scraper(url) as scraper:
         def measure(mode: LoadMode, aps: float | None, order: int) -> dict:
             js = fresh_jobs(mode)
+            lengths[mode] = [[(len(a), g) for a, g in j.turns] for j in js]
             t0 = time.time()
             if aps is None:
                 r = replay.offline(url, js, mode, show, args.timeout)
@@ -228,6 +230,10 @@ def _bench(args: argparse.Namespace, url: str, modes: list[LoadMode]) -> int:
 
         print("measuring the data plane (tcp, shm) ...", file=sys.stderr, flush=True)
         doc["data_plane"] = figures()
+    if args.offline:
+        from dualpath.bench.predict import add_predictions
+
+        add_predictions(doc, cap, mesh, _settings(args.set), args.snic_gbit, lengths)
     doc = report.clean(doc)
     if args.report:
         print(report.write_report(doc, args.report))
@@ -286,14 +292,16 @@ def _capacity(args, url: str, mesh: dict, lo: int, hi: int):
     engines = [e for e in mesh.get("engines", []) if e.get("alive", True)]
     p_nodes = {e["node"] for e in engines if e.get("role") == "prefill"}
     d_nodes = {e["node"] for e in engines if e.get("role") == "decode"}
-    tps = tpot = None
+    tps = tpot = rates = None
     if not args.no_probe:
         n = min(256, max(64, (mesh.get("max_context") or 512) // 4))
-        tps, tpot = replay.probe(url, lo, hi, n_prompt=n, n_gen=8)
+        rates = replay.probe_rates(url, lo, hi, n_prompt=n, n_gen=8)
+        tps = n / (rates["turn_overhead_s"] + n / rates["prefill_tok_s"])  # a whole fresh prompt's rate
+        tpot = rates["decode_step_s"]
     return Capacity(read_bytes_per_s=args.snic_gbit * 1e9 / 8 if args.snic_gbit else None,
                     prefill_nodes=len(p_nodes) or 1, decode_nodes=len(d_nodes) or 1,
                     prefill_engines=sum(1 for e in engines if e.get("role") == "prefill") or 1,
-                    prefill_tps=tps, tpot_s=tpot)
+                    prefill_tps=tps, tpot_s=tpot, rates=rates)
 
 
 def _row(r, slo, by_node: dict, series: dict) -> dict:

@@ -51,16 +51,29 @@ def markdown(doc: dict) -> str:
     online = [r for r in doc["runs"] if r["kind"] == "online"]
     if offline:
         lines += ["## Offline (all agents start together; closed loop per agent)", "",
-                  "| mode | JCT s | lower bound s | measured/bound | bound set by | hit ratio | turns | errors "
-                  "| storage MB read per node |", "|---|---|---|---|---|---|---|---|---|"]
+                  "| mode | JCT s | simulator's prediction s | measured/predicted | lower bound s | measured/bound "
+                  "| bound set by | hit ratio | turns | errors | storage MB read per node |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in offline:
             b = r.get("bound") or {}
             ratio = r["jct_s"] / r["jct_lower_bound_s"] if r.get("jct_lower_bound_s") else None
             nodes = " ".join(f"{n}:{_mb(v)}" for n, v in sorted(r["storage_read_bytes_per_node"].items()))
-            lines.append(f"| {r['mode']} | {_f(r['jct_s'])} | {_f(r.get('jct_lower_bound_s'))} | {_f(ratio, 'x', 2)} "
-                         f"| {b.get('limit') or 'n/a'} | {_f(r['hit_ratio'])} | {r['turns']} | {r['errors']} | {nodes} |")
+            lines.append(f"| {r['mode']} | {_f(r['jct_s'])} | {_f(r.get('predicted_jct_s'))} "
+                         f"| {_f(r.get('measured_over_predicted'), 'x', 2)} | {_f(r.get('jct_lower_bound_s'))} "
+                         f"| {_f(ratio, 'x', 2)} | {b.get('limit') or 'n/a'} | {_f(r['hit_ratio'])} | {r['turns']} "
+                         f"| {r['errors']} | {nodes} |")
         lines += ["", "Lower bound = max(storage: hit KV bytes / read bandwidth of the nodes allowed to read, "
-                  "compute: miss tokens / summed prefill rate, serial: the longest agent's chain).", ""]
+                  "compute: miss tokens / summed prefill rate, serial: the longest agent's chain). Prediction: "
+                  "`dualpath sim` replaying the same turns on a cluster of this mesh's shape, fitted to the "
+                  "probed rates below (dualpath/sim/calibrate.py).", ""]
+        pr = (doc.get("prediction") or {}).get("rates")
+        if pr:
+            lines += [f"- probed: prefill {pr['prefill_tok_s']:.0f} tok/s + {pr['turn_overhead_s'] * 1e3:.0f} ms a "
+                      f"turn; decode step {pr['decode_step_s'] * 1e3:.1f} ms + {pr['decode_per_seq_s'] * 1e3:.1f} ms "
+                      f"per further sequence; KV {pr['kv_bytes_per_token']:.0f} B/token; storage NIC "
+                      f"{(pr['snic_bytes_s'] or 0) / 1e6:.1f} MB/s per node; data plane "
+                      f"{pr['data_plane_bytes_s'] / 1e9:.2f} GB/s; alpha {pr['alpha_tokens']}, beta "
+                      f"{pr['beta_tokens']} tokens", ""]
         for r in offline:
             b = r.get("bound") or {}
             lines.append(f"- {r['mode']}: storage {_f(b.get('storage_s'))} s ({b.get('reading_nodes', '?')} reading "

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from shared.config import require
 from shared.messages.codes import LoadMode
-from shared.runtime import CommonConfig
+from shared.service_config import CommonConfig
 
 
 @dataclass(frozen=True, repr=False)

@@ -64,9 +64,6 @@ class LruIndex:
         else:
             del self._pins[key]
 
-    def is_pinned(self, key: bytes) -> bool:
-        return key in self._pins
-
     def oldest_unpinned(self) -> tuple[bytes, Entry] | None:
         """The least recently used key that no read holds, if any."""
         for key, entry in self._entries.items():

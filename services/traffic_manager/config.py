@@ -5,7 +5,7 @@ import os
 from dataclasses import dataclass, field
 
 from shared.config import require
-from shared.runtime import CommonConfig
+from shared.service_config import CommonConfig
 
 BACKENDS = ("auto", "shm", "tcp", "verbs")
 ALLOW_FAULTS = "DUALPATH_ALLOW_FAULTS"  # the environment must say this too before a fault switch is taken

@@ -23,8 +23,8 @@ def _run(mode, kind="offline", aps=None, jct=12.0, bound=4.0):
 def test_offline_report_prints_the_bound_and_the_ratio():
     doc = clean({"trace": "gen:32k", "config": {"model": "tiny"}, "runs": [_run("basic"), _run("dualpath", jct=6.0)]})
     text = markdown(doc)
-    assert "| basic | 12.000 | 4.000 | 3.00x | storage_s |" in text
-    assert "| dualpath | 6.000 | 4.000 | 1.50x |" in text
+    assert "| basic | 12.000 | n/a | n/a | 4.000 | 3.00x | storage_s |" in text  # no prediction without a probe
+    assert "| dualpath | 6.000 | n/a | n/a | 4.000 | 1.50x |" in text
     assert "d1:1.00 p0:3.00" in text
 
 
