@@ -38,7 +38,7 @@ from shared.logs import setup_logging
 from shared.messages.registry import Announce
 from shared.messages.subjects import Subjects
 from shared.metrics import Metrics
-from shared.service_config import CommonConfig, check_common, config_parser
+from shared.service_config import CommonConfig, check_common, config_parser, nats_options
 from shared.tracing import setup_tracing, shutdown_tracing
 from shared.transport.shm_region import reap_orphans, unlink_own
 

@@ -35,10 +35,16 @@ class Turn:
     status: int
     prompt: int
     gen: int
+    made: int = 0  # completion tokens the reply reported (a completed turn: `gen`)
+
+
+class _Usage(msgspec.Struct):
+    completion_tokens: int = 0
 
 
 class _Reply(msgspec.Struct):
     id: str = ""
+    usage: _Usage = msgspec.field(default_factory=_Usage)
 
 
 _reply = msgspec.json.Decoder(_Reply)
@@ -112,8 +118,8 @@ class AgentLoad:
             self._error(type(exc).__name__)
             return False
         done = time.monotonic()
-        rid = _reply.decode(r.content).id if r.status_code == 200 else ""
-        self.turns.append(Turn(rid, sent, done, r.status_code, prompt, gen))
+        reply = _reply.decode(r.content) if r.status_code == 200 else _Reply()
+        self.turns.append(Turn(reply.id, sent, done, r.status_code, prompt, gen, reply.usage.completion_tokens))
         if r.status_code != 200:
             self._error(f"http {r.status_code}")
             return False

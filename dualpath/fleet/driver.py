@@ -54,6 +54,7 @@ class FleetSpec:
     warmup_s: float = 20.0
     measure_s: float = 30.0
     heartbeat_s: float = 0.5
+    time_scale: float = 1.0  # wall seconds per modelled second of engine work (tests: < 1)
     seed: int = 0
     scheduler: dict[str, str] = field(default_factory=dict)  # extra scheduler flags
     log_dir: str = ""
@@ -68,8 +69,9 @@ class FleetSpec:
         if self.engines < 3 * PER_NODE or self.engines % (3 * PER_NODE):
             raise ValueError(f"engines {self.engines}: a multiple of {3 * PER_NODE} (a third prefill nodes of "
                              f"{PER_NODE})")
-        if not 0 < self.load <= 10 or self.groups < 1 or self.measure_s <= 0 or self.warmup_s < 0:
-            raise ValueError("load in (0, 10], groups >= 1, measure_s > 0 and warmup_s >= 0")
+        if not 0 < self.load <= 10 or self.groups < 1 or self.measure_s <= 0 or self.warmup_s < 0 or \
+                not self.time_scale > 0:
+            raise ValueError("load in (0, 10], groups >= 1, measure_s > 0, warmup_s >= 0 and time_scale > 0")
 
 
 def cpu_s(pid: int) -> float:
@@ -133,10 +135,10 @@ class Fleet:
         self.sock = None
 
     def _spawn(self, name: str, argv: list[str], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
-        log = open(self.dir / f"{name}.log", "ab")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OTEL_SDK_DISABLED": os.environ.get("OTEL_SDK_DISABLED", "")}
-        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                             pass_fds=pass_fds, cwd=os.getcwd())
+        with open(self.dir / f"{name}.log", "ab") as log:  # the child keeps its own descriptor
+            p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                 pass_fds=pass_fds, cwd=os.getcwd())
         self.procs[name] = p
         return p
 
@@ -180,6 +182,7 @@ class Fleet:
                                       "--namespace", self.ns, "--name", f"group{g}", "--nodes", ",".join(mine),
                                       "--model", s.model, "--hardware", s.hardware,
                                       "--decode-engines", str(n_dec * PER_NODE), "--heartbeat-s", str(s.heartbeat_s),
+                                      "--time-scale", str(s.time_scale),
                                       "--out", str(self.dir)])
         self.wait_ready(n_pre * PER_NODE, n_dec * PER_NODE, timeout)
 
@@ -220,7 +223,7 @@ class Fleet:
         s = self.spec
         trajs = self.trajectories()
         stats = trace_stats(trajs)
-        timing = FleetTiming.build(s.model, s.hardware, s.nodes[1] * PER_NODE)
+        timing = FleetTiming.build(s.model, s.hardware, s.nodes[1] * PER_NODE, scale=s.time_scale)
         aps = PAPER_APS * s.engines / PAPER_ENGINES * s.load
         rate = aps * stats.turns  # steady state: every agent that arrives runs all its turns
         mean_gen = stats.gen
@@ -283,6 +286,8 @@ class Fleet:
             "engines": self.spec.engines, "load": self.spec.load, **load,
             "wall_s": wall, "requests_sent": len(window), "assigned": n_assigned,
             "assign_per_s": n_assigned / wall, "completed": len(ok), "failed": len(agents.turns) - len(ok),
+            "short": sum(1 for t in ok if t.made != t.gen),  # completed with fewer tokens than asked
+            "never_assigned": sum(1 for t in ok if t.rid not in work_at),  # no prefill engine saw it (must be 0)
             "errors": agents.errors,
             "assign_p50_ms": percentile(assigned, 0.5) * 1e3, "assign_p99_ms": percentile(assigned, 0.99) * 1e3,
             "sched_wait_p50_ms": hist_quantile(ha, hb, 0.5) * 1e3, "sched_wait_p99_ms": hist_quantile(ha, hb, 0.99) * 1e3,

@@ -69,7 +69,7 @@ class Group:
     def __init__(self, bus: Bus, args: argparse.Namespace):
         self.bus, self.name = bus, args.name
         self.subjects = Subjects(args.namespace)
-        self.timing = FleetTiming.build(args.model, args.hardware, args.decode_engines)
+        self.timing = FleetTiming.build(args.model, args.hardware, args.decode_engines, scale=args.time_scale)
         self.layout = fleet_layout(args.model, args.block_size)
         self.store = StoreIndex()
         self.quota_s, self.max_context, self.heartbeat_s = args.quota_s, args.max_context, args.heartbeat_s
@@ -110,7 +110,7 @@ class Group:
     def _gateway(self, node: str):
         def announce() -> StorageGatewayAnnounce:
             backlog = max(0.0, self.read_free.get(node, 0.0) - time.monotonic())
-            nbytes = int(backlog * self.timing.hw.snic_bw)
+            nbytes = int(backlog / self.timing.scale * self.timing.hw.snic_bw)
             return StorageGatewayAnnounce(instance=f"sg-{node}", node=node, metrics_url="", pid=os.getpid(),
                                           read_q_blocks=nbytes // max(1, self.layout.block_size *
                                                                       self.timing.model.kv_bytes),
@@ -214,6 +214,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=64)
     p.add_argument("--max-context", type=int, default=131072)
     p.add_argument("--quota-s", type=float, default=0.3, help="intra-PE compute quota per forward (simulator's)")
+    p.add_argument("--time-scale", type=float, default=1.0, help="wall seconds per modelled second (tests: < 1)")
     p.add_argument("--heartbeat-s", type=float, default=0.5, help="announce period (the services' default)")
     p.add_argument("--out", default=".", help="where a dump writes <name>.msgpack")
     return p
