@@ -54,6 +54,7 @@ class FleetSpec:
     warmup_s: float = 20.0
     measure_s: float = 30.0
     heartbeat_s: float = 0.5
+    idle_s: float = 5.0  # before the load: the scheduler's CPU with heartbeats only (0: skip)
     time_scale: float = 1.0  # wall seconds per modelled second of engine work (tests: < 1)
     seed: int = 0
     scheduler: dict[str, str] = field(default_factory=dict)  # extra scheduler flags
@@ -219,8 +220,18 @@ class Fleet:
                 "sched_in_bytes": sched.get("out_bytes", 0), "sched_out_bytes": sched.get("in_bytes", 0),
                 "metrics": _get(self.url + "/metrics").decode()}
 
+    async def idle_cost(self) -> float:
+        """Scheduler cores while only heartbeats arrive (the fleet's fan-in), over `idle_s`."""
+        if self.spec.idle_s <= 0:
+            return float("nan")
+        pid, t0 = self.procs["scheduler"].pid, time.monotonic()
+        c0 = cpu_s(pid)
+        await asyncio.sleep(self.spec.idle_s)
+        return (cpu_s(pid) - c0) / (time.monotonic() - t0)
+
     async def run_load(self) -> dict:
         s = self.spec
+        idle = await self.idle_cost()
         trajs = self.trajectories()
         stats = trace_stats(trajs)
         timing = FleetTiming.build(s.model, s.hardware, s.nodes[1] * PER_NODE, scale=s.time_scale)
@@ -255,7 +266,7 @@ class Fleet:
             await bus.close()
         work_at = await self.dump()
         return self.figures(marks["a"], marks["b"], agents, work_at,
-                            {"aps": aps, "target_rate": rate, "population": population, "turn_s_est": turn,
+                            {"sched_idle_cores": idle, "aps": aps, "target_rate": rate, "population": population, "turn_s_est": turn,
                              "turns_mean": stats.turns, "context_mean": stats.context, "gen_mean": mean_gen})
 
     async def dump(self) -> dict[str, float]:
@@ -293,6 +304,7 @@ class Fleet:
             "sched_wait_p50_ms": hist_quantile(ha, hb, 0.5) * 1e3, "sched_wait_p99_ms": hist_quantile(ha, hb, 0.99) * 1e3,
             "sched_cores": cpu["scheduler"] / wall,
             "sched_cpu_ms_per_req": cpu["scheduler"] / max(1, n_assigned) * 1e3,
+            "sched_net_ms_per_req": (cpu["scheduler"] - load["sched_idle_cores"] * wall) / max(1, n_assigned) * 1e3,
             "nats_cores": cpu["nats"] / wall, "emulator_cores": groups_cpu / wall,
             "agents_cores": (b["self_cpu"] - a["self_cpu"]) / wall,
             "bus_msgs_per_s": (b["bus_in"] - a["bus_in"]) / wall,
