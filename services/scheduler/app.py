@@ -2,7 +2,8 @@
 
 Owns the lifecycle of every accepted request until its last event reaches the client.
 Policy lives in `dispatch` (and `policy/`); a round's inputs and outputs in `placement`;
-protocol in `protocol`; HTTP handlers in `api`, which sees this service only as a `Front`.
+agent sessions (hints, prefetch) in `prefetcher`; protocol in `protocol`; HTTP handlers
+in `api`, which sees this service only as a `Front`.
 """
 from __future__ import annotations
 
@@ -18,11 +19,12 @@ from opentelemetry import trace
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.hits import lookup_hits
 from services.scheduler.inflight import InFlight
-from services.scheduler.journal import Accepted, Journal, JournalError, JournalUnavailable, cancel_lost
+from services.scheduler.journal import Accepted, Journal, JournalUnavailable, recover
 from services.scheduler.liveness import stranded, unassigned_past
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.oracle import OracleIndex
 from services.scheduler.placement import Lines, place
+from services.scheduler.prefetcher import Prefetcher
 from services.scheduler.view import MeshView
 from shared.bus import Delivery
 from shared.engine.store_layout import prompt_keys
@@ -60,6 +62,7 @@ class SchedulerService(Service):
         self.http_sock = adopt_socket(cfg.http_fd) if cfg.http_fd >= 0 else \
             bind_socket(cfg.http_host, cfg.http_port, "http_port")  # before NATS: a taken port fails at once
         self.journal: Journal | None = None
+        self.prefetcher: Prefetcher | None = None  # agent sessions: retention, prefetch, release (start())
         self.m = SchedulerMetrics.register(self.metrics)
         self.metrics_endpoint = self.metrics.endpoint
 
@@ -81,6 +84,9 @@ class SchedulerService(Service):
                 self.spawn(self._recover(), name="journal-recover")
             except JournalUnavailable as exc:
                 log.warning("%s; running without a request journal", exc)
+        self.prefetcher = Prefetcher(self.bus, self.subjects, self.view, self.reads, self.cfg, self.spawn,
+                                     self._ask_hits, self.metrics)
+        self.spawn(self.prefetcher.sweep(), name="prefetch-sweep")
         self.http = HttpServer(build_app(self), sock=self.http_sock)
         self.spawn(self.http.serve(), name="api-http")
         self.spawn(self._dispatch_loop(), name="dispatch")
@@ -120,6 +126,7 @@ class SchedulerService(Service):
 
     async def admit(self, rec: InFlight) -> None:
         await self.lookup_hits(rec)
+        self.prefetcher.arrive(rec)  # its prefix prefetched during a tool call: claimed for it
         self.submit(rec)
 
     # requests ---------------------------------------------------------------------
@@ -178,6 +185,7 @@ class SchedulerService(Service):
             self.journal.note_finished(rec.req_id, status, rec.next_index)
         self.reads.done(rec.req_id)
         self.dispatcher.remove(rec.req_id)
+        self.prefetcher.done(rec, status)
         if rec.mode == LoadMode.ORACLE and status == "ok" and rec.tokens:
             layout = self.view.store_layout()
             if layout is not None:  # what decode would have persisted: prompt + generated KV
@@ -188,15 +196,8 @@ class SchedulerService(Service):
 
     async def _recover(self) -> None:
         """Cancel and count failed what an earlier life of this scheduler left unanswered."""
-        await asyncio.sleep(self.cfg.liveness_timeout_s)  # hear live peer schedulers first: theirs are not ours
-        try:
-            n = await cancel_lost(self.journal, set(self.view.schedulers), self._cancel, self.cfg.max_resumes + 1)
-        except JournalError as exc:
-            log.warning("journal not read, nothing recovered: %s", exc)
-            return
-        self.m.requests.labels("error").inc(n)
-        if n:
-            log.warning("%d requests left unfinished by a previous scheduler: cancelled, counted failed", n)
+        self.m.requests.labels("error").inc(await recover(self.journal, lambda: set(self.view.schedulers), self._cancel,
+                                                          self.cfg.max_resumes + 1, self.cfg.liveness_timeout_s))
 
     async def _cancel(self, wire_id: str, reason: str) -> None:
         await self.bus.publish(self.subjects.cancel, Cancel(wire_id, reason))
@@ -241,8 +242,6 @@ class SchedulerService(Service):
             await self.kick.wait()
             await asyncio.sleep(0)  # kicks already on their way (a burst of heartbeats, submits) share this round
             self.kick.clear()
-            if not self.dispatcher.waiting():
-                continue  # a finish or a liveness tick with nothing queued: no round to run
             try:
                 await self._assign()
             except Exception:  # noqa: BLE001 - a bad request must never stop dispatching

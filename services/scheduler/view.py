@@ -139,9 +139,12 @@ class MeshView:
                        "node": m.node, "metrics_url": m.metrics_url, "age_s": round(now - seen.at, 3),
                        "alive": self.alive(seen, now)}
                 for field in ("engine", "role", "seq", "tok", "free_blocks", "total_blocks", "read_q_blocks",
-                              "read_q_bytes", "buffer_bytes", "buffer_free_bytes", "ready"):
+                              "read_q_bytes", "buffer_bytes", "buffer_free_bytes", "ready", "prefetch_bytes",
+                              "prefetch_room_bytes"):
                     if hasattr(m, field):
                         row[field] = getattr(m, field)
+                if getattr(m, "kv", None) is not None:
+                    row["kv_block_bytes"] = m.kv.block_nbytes
                 out.append(row)
             return out
 
