@@ -23,7 +23,7 @@ from services.scheduler.journal import Accepted, Journal, JournalUnavailable, re
 from services.scheduler.liveness import stranded, unassigned_past
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.oracle import OracleIndex
-from services.scheduler.placement import engine_loads, place
+from services.scheduler.placement import Lines, place
 from services.scheduler.prefetcher import Prefetcher
 from services.scheduler.view import MeshView
 from shared.bus import Delivery
@@ -56,6 +56,7 @@ class SchedulerService(Service):
         self.inflight: dict[str, InFlight] = {}
         self.kick = asyncio.Event()
         self.reads = ReadQueues()
+        self.lines = Lines()  # the dispatcher's engine lines, kept between rounds
         self.oracle = OracleIndex()
         self.http: HttpServer | None = None
         self.http_sock = adopt_socket(cfg.http_fd) if cfg.http_fd >= 0 else \
@@ -204,8 +205,7 @@ class SchedulerService(Service):
 
     # bus handlers -------------------------------------------------------------------
     async def _on_announce(self, msg, d: Delivery) -> None:
-        self.view.update(msg, time.monotonic())
-        if self.dispatcher.waiting():  # a heartbeat matters to dispatch only while something waits
+        if self.view.update(msg, time.monotonic()) and self.dispatcher.waiting():  # a change, while work waits
             self.kick.set()
 
     async def _on_output(self, msg: Output, d: Delivery) -> None:
@@ -234,6 +234,7 @@ class SchedulerService(Service):
             if out.index == rec.step0:  # this attempt's prefill is over: its reads are done, its PE is free
                 self.reads.done(rec.req_id)
                 self.dispatcher.prefill_done(rec.req_id)
+                self.kick.set()  # a freed PE may take what waits (a heartbeat does not kick)
             rec.events.put_nowait(out)
 
     # loops ----------------------------------------------------------------------------
@@ -249,11 +250,10 @@ class SchedulerService(Service):
                 self.m.loop_errors.labels("dispatch").inc()
 
     async def _assign(self) -> None:
-        """One round: engine loads from the ledger (O(engines)), placements, their work published."""
+        """One round: the engine lines (refreshed where something moved), placements, their work published."""
         self.m.rounds.inc()
         now = time.monotonic()
-        pes = engine_loads(self.view, self.dispatcher.ledger, self.reads, "prefill", now)
-        des = engine_loads(self.view, self.dispatcher.ledger, self.reads, "decode", now)
+        pes, des = self.lines.get(self.view, self.dispatcher.ledger, self.reads, now)
         self.m.engines.labels("prefill").set(len(pes))
         self.m.engines.labels("decode").set(len(des))
         for a in self.dispatcher.assign(pes, des):
@@ -262,6 +262,7 @@ class SchedulerService(Service):
                 self.dispatcher.remove(a.req_id)
                 continue
             rec.pe, rec.de, rec.assigned_at = a.pe, a.de, time.monotonic()
+            self.m.assign_wait.observe(rec.assigned_at - rec.queued_at)
             placed = place(rec, a.pe, a.de, self.view, self.reads, self.output_subject, self.cfg.read_path)
             with tracer.start_as_current_span("assign", context=rec.ctx, attributes=placed.span_attributes(rec)):
                 await self.bus.publish(self.subjects.prefill_work(a.pe), placed.work)

@@ -1,10 +1,14 @@
 """One dispatch round's inputs and outputs: engine loads in, prefill work messages out.
 
 Owns turning the mesh view plus the dispatcher's ledger into the `EngineLoad` lines a
-round needs (one dict lookup per engine: no scan of the requests in flight), and turning
-one assignment into its read-path decision and `PrefillWork` (the blocks prefetched for it
-during a tool call are named there and left out of the read-path decision). Pure: the
-caller passes the clock and publishes the work.
+round needs, and turning one assignment into its read-path decision and `PrefillWork` (the
+blocks prefetched for it during a tool call are named there and left out of the read-path
+decision). `Lines` keeps the lines between rounds: rebuilt only when the view's assignable list
+changes (an engine joins, leaves, goes silent), otherwise refreshed only for the engines whose
+ledger counters and the nodes whose read queues moved since the last round, so a round costs
+what changed, not the fleet's size; the dispatcher then reuses its grouped roster of the same
+lines. (`engine_loads` builds them afresh: O(engines).) Pure: the caller passes the clock and
+publishes the work.
 """
 from __future__ import annotations
 
@@ -31,6 +35,48 @@ def engine_loads(view: MeshView, ledger: Ledger, reads: ReadQueues, role: str, n
         out.append(EngineLoad(eng.engine, tok=tok, seq=seq, capacity_tokens=eng.total_blocks * eng.kv.block_size,
                               group=eng.group or eng.node, node=eng.node, read_q=reads.pending.get(eng.node, 0)))
     return out
+
+
+class Lines:
+    """The `EngineLoad` lines of both roles, kept up to date between dispatch rounds."""
+
+    def __init__(self) -> None:
+        self.src: dict[str, list] = {}  # role -> the view's assignable list the lines were built from
+        self.lines: dict[str, list[EngineLoad]] = {"prefill": [], "decode": []}
+        self.role_of: dict = {}  # engine -> its role (a line's ledger table)
+        self.by_engine: dict = {}
+        self.by_node: dict = {}  # node -> its lines (both roles: the lines read as `engine_loads` builds them)
+        self.rebuilds = 0
+
+    def get(self, view: MeshView, ledger: Ledger, reads: ReadQueues, now: float) -> tuple[list, list]:
+        """(prefill lines, decode lines) with current tok / seq / read_q; the same objects as last
+        round unless the assignable engines changed."""
+        fresh = any(view.assignable(role, now) is not self.src.get(role) for role in ("prefill", "decode"))
+        if fresh:  # rare (an engine joined, left, went silent): both roles afresh
+            for role in ("prefill", "decode"):
+                self.src[role] = view.assignable(role, now)
+                self.lines[role] = engine_loads(view, ledger, reads, role, now)
+            self._index()
+            ledger.take_touched()
+            reads.take_touched()
+            return self.lines["prefill"], self.lines["decode"]
+        for engine in ledger.take_touched():
+            line = self.by_engine.get(engine)
+            if line is not None:
+                line.tok, line.seq = (ledger.pe_load if self.role_of[engine] == "prefill" else ledger.de_load)(engine)
+        for node in reads.take_touched():
+            q = reads.pending.get(node, 0)
+            for line in self.by_node.get(node, ()):
+                line.read_q = q
+        return self.lines["prefill"], self.lines["decode"]
+
+    def _index(self) -> None:
+        self.rebuilds += 1
+        self.by_engine, self.role_of, self.by_node = {}, {}, {}
+        for role, lines in self.lines.items():
+            for line in lines:
+                self.by_engine[line.engine], self.role_of[line.engine] = line, role
+                self.by_node.setdefault(line.node, []).append(line)
 
 
 @dataclass(frozen=True)
