@@ -2,6 +2,8 @@
 
     dualpath bench --trace gen:32k --agents 4 --scale 0.05 --offline --modes basic,dualpath
     dualpath bench --up --model tiny --snic-gbit 0.2 --trace gen:32k --search-aps --report out/
+    dualpath bench --up --model tiny --trace gen:32k --offline --tool-calls 1 --hints off,on,mixed \
+        --modes dualpath,oracle
 
 Modes run one after another on the same mesh, each in its own time window (so bytes
 read per node are attributable to one mode), in a rotating order across load levels so
@@ -36,6 +38,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     load.add_argument("--offline", action="store_true", help="all agents start together; report JCT")
     load.add_argument("--aps", type=float, help="online: Poisson arrivals at this many agents per second")
     load.add_argument("--search-aps", action="store_true", help="online: find the highest APS that meets the SLO")
+    p.add_argument("--tool-calls", type=float, default=0.0, metavar="SCALE",
+                   help="agents run a tool call between turns: the trace's tool_ms (or generated ones, median 2 s) "
+                        "times SCALE; 0 = none (turn i+1 starts when turn i ends)")
+    p.add_argument("--hints", default="off",
+                   help="comma-separated agent-hint policies, one run each per mode: off, on (every agent sends "
+                        "agent_hints), mixed (every other agent); needs --tool-calls to matter")
     p.add_argument("--modes", default=",".join(COMPARED),
                    help=f"comma-separated load modes, one run each ({', '.join(mode_names())})")
     p.add_argument("--aps-start", type=float, default=0.5, help="--search-aps: first level")
@@ -93,6 +101,13 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--scale must be in (0, 1], got {args.scale}")
     if args.aps is not None and args.aps <= 0:
         raise CliError("--aps must be > 0")
+    if args.tool_calls < 0:
+        raise CliError(f"--tool-calls must be >= 0, got {args.tool_calls}")
+    from dualpath.bench.workload import HINTS
+    args.hint_runs = [h.strip() for h in args.hints.split(",") if h.strip()]
+    bad = [h for h in args.hint_runs if h not in HINTS] or ([] if args.hint_runs else ["(none)"])
+    if bad:
+        raise CliError(f"--hints: {bad[0]!r} is not one of {', '.join(HINTS)}")
     try:
         topo = parse_topology(args.topology)
     except ValueError as exc:
@@ -164,14 +179,15 @@ def _bench_up(args: argparse.Namespace, modes: list[LoadMode], topo: tuple[int, 
 def _bench(args: argparse.Namespace, url: str, modes: list[LoadMode]) -> int:
     import httpx
 
+    from dualpath.bench import hints as agent_hints
     from dualpath.bench import replay, report
     from dualpath.bench.metrics import ApsSearch, Slo
     from dualpath.bench.scrape import Scraper
-    from dualpath.bench.workload import jobs, load, token_range
+    from dualpath.bench.workload import jobs, load, token_range, with_hints
 
     mesh = httpx.get(url + "/v1/mesh", timeout=10).json()
     lo, hi = token_range(mesh["model"], mesh["vocab_size"])
-    wl = load(args.trace, args.agents or None, args.scale, args.seed, args.time_scale)
+    wl = load(args.trace, args.agents or None, args.scale, args.seed, args.time_scale, args.tool_calls)
     nonce = random.SystemRandom().randrange(1 << 30)  # fresh token contents: nothing from an earlier run hits
     runs_done = [0]
 
@@ -187,12 +203,13 @@ def _bench(args: argparse.Namespace, url: str, modes: list[LoadMode]) -> int:
         "max_turns": args.max_turns or None, "snic_gbit_s_per_node": args.snic_gbit or None,
         "prefill_tok_s": _r(cap.prefill_tps), "decode_s_per_tok": _r(cap.tpot_s, 4),
         "prefill_nodes": cap.prefill_nodes, "decode_nodes": cap.decode_nodes,
-        "block_size": mesh.get("block_size")}, "runs": []}
+        "block_size": mesh.get("block_size"), "tool_call_scale": args.tool_calls or None}, "runs": []}
     kv_bytes_per_block = [0.0]
+    hint_runs = args.hint_runs
     lengths: dict[str, list] = {}  # mode -> the (append, gen) turns of each job it replayed (for the prediction)
-    with Scraper(url) as scraper:
-        def measure(mode: LoadMode, aps: float | None, order: int) -> dict:
-            js = fresh_jobs(mode)
+    with Scraper(url) as scraper, agent_hints.TMScraper(url) as tms:
+        def measure(mode: LoadMode, aps: float | None, order: int, hints: str = "off") -> dict:
+            js = with_hints(fresh_jobs(mode), hints)
             lengths[mode] = [[(len(a), g) for a, g in j.turns] for j in js]
             t0 = time.time()
             if aps is None:
@@ -205,15 +222,25 @@ def _bench(args: argparse.Namespace, url: str, modes: list[LoadMode]) -> int:
             if bpb:
                 kv_bytes_per_block[0] = bpb
             row = _row(r, slo, by_node, scraper.series(t0, time.time()))
+            if args.tool_calls or hints != "off":
+                row["hints"] = hints
+                row.update(agent_hints.turn_figures(r))
+                pf = row["prefetch"] = tms.window(t0, time.time())
+                pf["arrival_read_bytes"] = sum(by_node.values()) - pf["bulk_read_bytes"]
             doc["runs"].append(row)
             return row
 
+        def policies(mode: LoadMode) -> list[str]:
+            return ["off"] if mode == LoadMode.ORACLE else hint_runs  # oracle moves no KV: nothing to hint
+
         if args.offline:
             for mode in modes:
-                measure(mode, None, 0)
+                for h in policies(mode):
+                    measure(mode, None, 0, h)
         elif args.aps is not None:
             for mode in modes:
-                measure(mode, args.aps, 0)
+                for h in policies(mode):
+                    measure(mode, args.aps, 0, h)
         else:
             searches = {m: ApsSearch(args.aps_start) for m in modes}
             for step in range(args.search_steps):
@@ -225,12 +252,14 @@ def _bench(args: argparse.Namespace, url: str, modes: list[LoadMode]) -> int:
             doc["search"] = {m: s.best for m, s in searches.items()}
     _bounds(doc, cap, kv_bytes_per_block[0] or None, mesh.get("block_size") or 64)
     doc["ratios"] = report.ratios(doc)
+    if any("hinted_turns" in r for r in doc["runs"]):
+        doc["hint_ratios"] = agent_hints.ratios(doc["runs"])
     if args.data_plane:
         from shared.transport.bench import figures
 
         print("measuring the data plane (tcp, shm) ...", file=sys.stderr, flush=True)
         doc["data_plane"] = figures()
-    if args.offline:
+    if args.offline and not args.tool_calls:  # the prediction replays turns back to back: no tool calls
         from dualpath.bench.predict import add_predictions
 
         add_predictions(doc, cap, mesh, _settings(args.set), args.snic_gbit, lengths)

@@ -28,14 +28,15 @@ def ratios(doc: dict) -> dict:
     """The DualPath headline ratios of an offline run (modes present in it only):
     speedup over basic (basic JCT / dualpath JCT), distance from oracle (dualpath JCT /
     oracle JCT), and the spread of storage bytes read across nodes (max/avg, dualpath)."""
-    jct = {r["mode"]: r["jct_s"] for r in doc["runs"] if r["kind"] == "offline" and r.get("jct_s")}
+    runs = [r for r in doc["runs"] if r.get("hints", "off") == "off"]  # hinted runs: dualpath/bench/hints.py
+    jct = {r["mode"]: r["jct_s"] for r in runs if r["kind"] == "offline" and r.get("jct_s")}
     out = {}
     dual, basic, oracle = LoadMode.DUALPATH, LoadMode.BASIC, LoadMode.ORACLE
     if dual in jct and basic in jct:
         out["dualpath_speedup_over_basic"] = jct[basic] / jct[dual]
     if dual in jct and oracle in jct:
         out["dualpath_over_oracle"] = jct[dual] / jct[oracle]
-    dp = next((r for r in doc["runs"] if r["kind"] == "offline" and r["mode"] == dual), None)
+    dp = next((r for r in runs if r["kind"] == "offline" and r["mode"] == dual), None)
     reads = list((dp or {}).get("storage_read_bytes_per_node", {}).values())
     if reads and sum(reads) > 0:
         out["dualpath_read_bytes_max_over_avg"] = max(reads) / (sum(reads) / len(reads))
@@ -58,7 +59,7 @@ def markdown(doc: dict) -> str:
             b = r.get("bound") or {}
             ratio = r["jct_s"] / r["jct_lower_bound_s"] if r.get("jct_lower_bound_s") else None
             nodes = " ".join(f"{n}:{_mb(v)}" for n, v in sorted(r["storage_read_bytes_per_node"].items()))
-            lines.append(f"| {r['mode']} | {_f(r['jct_s'])} | {_f(r.get('predicted_jct_s'))} "
+            lines.append(f"| {_name(r)} | {_f(r['jct_s'])} | {_f(r.get('predicted_jct_s'))} "
                          f"| {_f(r.get('measured_over_predicted'), 'x', 2)} | {_f(r.get('jct_lower_bound_s'))} "
                          f"| {_f(ratio, 'x', 2)} | {b.get('limit') or 'n/a'} | {_f(r['hit_ratio'])} | {r['turns']} "
                          f"| {r['errors']} | {nodes} |")
@@ -76,7 +77,7 @@ def markdown(doc: dict) -> str:
                       f"{pr['beta_tokens']} tokens", ""]
         for r in offline:
             b = r.get("bound") or {}
-            lines.append(f"- {r['mode']}: storage {_f(b.get('storage_s'))} s ({b.get('reading_nodes', '?')} reading "
+            lines.append(f"- {_name(r)}: storage {_f(b.get('storage_s'))} s ({b.get('reading_nodes', '?')} reading "
                          f"nodes), compute {_f(b.get('compute_s'))} s, serial {_f(b.get('serial_s'))} s")
         lines.append("")
         rat = doc.get("ratios") or {}
@@ -91,10 +92,13 @@ def markdown(doc: dict) -> str:
                   "| mode | APS | TTFT p50 s | TTFT p99 s | TTST p50 s | TPOT p50 ms | TPOT p99 ms | SLO attainment "
                   "| hit ratio | turns | errors |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in sorted(online, key=lambda r: (r["mode"], r["aps"] or 0)):
-            lines.append(f"| {r['mode']} | {_f(r['aps'], '', 3)} | {_f(r['ttft_p50_s'])} | {_f(r['ttft_p99_s'])} "
+            lines.append(f"| {_name(r)} | {_f(r['aps'], '', 3)} | {_f(r['ttft_p50_s'])} | {_f(r['ttft_p99_s'])} "
                          f"| {_f(r['ttst_p50_s'])} | {_f(_ms(r['tpot_p50_s']), '', 1)} | {_f(_ms(r['tpot_p99_s']), '', 1)} "
                          f"| {r['slo_attainment']:.1%} | {_f(r['hit_ratio'])} | {r['turns']} | {r['errors']} |")
         lines.append("")
+    from dualpath.bench.hints import markdown as hint_lines
+
+    lines += hint_lines(doc)
     errs = [f"- {r['mode']}" + (f" @{r['aps']:g} APS" if r.get("aps") else "") + f": {e}"
             for r in doc["runs"] for e in r.get("error_samples") or []]
     if errs:
@@ -111,6 +115,11 @@ def markdown(doc: dict) -> str:
     if doc.get("plots"):
         lines += ["## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in doc["plots"]] + [""]
     return "\n".join(lines)
+
+
+def _name(r: dict) -> str:
+    """The run's mode, and its agent-hint policy when it has one other than off."""
+    return r["mode"] + (f" (hints {r['hints']})" if r.get("hints", "off") != "off" else "")
 
 
 def _ms(v):

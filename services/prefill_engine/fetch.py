@@ -60,11 +60,12 @@ class Fetcher:
             n = usable_hits(work, self.cfg.block_size)
             pe = min(work.pe_blocks, n)  # the scheduler's count; the rest goes on the DE path
             req.load, req.reading = LoadProgress(req.req_id), True
-            if pe < n:
-                req.de_held = work.de_engine
+            if pe < n or (work.staged_blocks and work.staged_engine == work.de_engine):
+                req.de_held = work.de_engine  # DE-buffer slots are reserved for it (adopted prefetches too)
             fetch = FetchKV(req.req_id, work.block_keys[:n], req.blocks[:n], work.read_node or self.cfg.node,
                             self.store, pe, de_engine=work.de_engine, de_node=work.de_node,
-                            prompt_blocks=len(req.blocks))
+                            prompt_blocks=len(req.blocks), staged_engine=work.staged_engine,
+                            staged_owner=work.staged_owner, staged_blocks=min(work.staged_blocks, n))
             req.deadline = time.monotonic() + self.cfg.handoff_timeout_s
             req.timer = self.spawn(self._deadline(req), name=f"fetch-deadline-{req.req_id}")
             self.spawn(self._send(req, fetch), name=f"fetch-{req.req_id}")

@@ -3,7 +3,7 @@
 Owns the engine's DRAM buffer (slots of one KV block each, `pool.py`), the data-plane
 endpoint with regions "buf" (the buffer) and "kv" (the engine's KV memory, attached once
 the engine announces it), and connections to other traffic-managers. The storage paths
-(`fetch.py`, `store_path.py`) receive their collaborators (`parts.py`), not this service.
+(`fetch.py`, `store_path.py`, `prefetch.py`) receive their collaborators (`parts.py`), not this service.
 
 Push (PE side): PushKV -> Reserve at the DE's TM -> write blocks kv -> remote buf -> PushDone.
 Reserve (DE side): allocate buffer slots for a request.
@@ -23,8 +23,9 @@ from opentelemetry import trace
 
 from services.traffic_manager.config import TrafficManagerConfig
 from services.traffic_manager.fetch import FetchPath
-from services.traffic_manager.parts import TMParts
+from services.traffic_manager.parts import NOT_ATTACHED, TMParts
 from services.traffic_manager.pool import BufferPool
+from services.traffic_manager.prefetch import PrefetchPath
 from services.traffic_manager.read_queues import ReadQueues
 from services.traffic_manager.secret import mesh_secret
 from services.traffic_manager.slot_grants import GrantsGiven, GrantsHeld
@@ -33,8 +34,8 @@ from shared.bus import BusError, Delivery, error_code
 from shared.kv.allocator import OutOfSlots
 from shared.messages.registry import Announce, EngineAnnounce, StorageGatewayAnnounce, KVRegion, TrafficManagerAnnounce
 from shared.messages.codes import ErrorCode
-from shared.messages.traffic_manager import (FetchFailed, FetchKV, LoadKV, PushDone, PushKV, Release, Reserve, Reserved,
-                                             SaveCopied, SaveKV, Stage, Staged)
+from shared.messages.traffic_manager import (Claim, FetchFailed, FetchKV, LoadKV, Prefetch, PushDone, PushKV, Release,
+                                             Reserve, Reserved, SaveCopied, SaveKV, Stage, Staged)
 from shared.messages.work import Cancel
 from shared.runtime import Service, service_main
 from shared.transport.base import EndpointDesc, Op, Peer, TrafficClass
@@ -45,7 +46,6 @@ log = logging.getLogger("traffic_manager")
 tracer = trace.get_tracer("traffic_manager")
 _desc_encoder = msgspec.msgpack.Encoder()
 _desc_decoder = msgspec.msgpack.Decoder(EndpointDesc)
-NOT_ATTACHED = "engine KV memory not attached yet"
 
 
 def _why(exc: Exception) -> str:
@@ -61,7 +61,8 @@ class TrafficManagerService(Service):
         self.m_bytes = m.counter("bytes_total", "Bytes moved on the data plane", ("kind",))
         self.m_xfer = m.histogram("transfer_seconds", "Transfer time", ("kind",))
         self.pool = BufferPool(ShmRegion.create(new_name("tm-buf"), cfg.buffer_mb << 20), cfg.transfer_timeout_s,
-                               m.gauge("buffer_free_bytes", "Free DRAM buffer bytes"), self._take_back)
+                               m.gauge("buffer_free_bytes", "Free DRAM buffer bytes"),
+                               lambda owner: self.given.take_back(owner) if self.given else None)  # slots freed
         self.given: GrantsGiven | None = None  # set in start(), once the endpoint exists
         self.held = GrantsHeld()
         self.queues = ReadQueues(cfg.transfer_timeout_s)
@@ -71,6 +72,7 @@ class TrafficManagerService(Service):
         self.peers: dict[str, Peer] = {}
         self.fetch_path: FetchPath | None = None  # set in start(), once the endpoint is up
         self.store_path: StorePath | None = None
+        self.prefetch: PrefetchPath | None = None
 
     async def start(self) -> None:
         from shared.transport.registry import create_endpoint
@@ -84,8 +86,13 @@ class TrafficManagerService(Service):
         self.endpoint.register("buf", self.pool.buffer.buf, shm_name=self.pool.buffer.name)  # reached via grants
         self.given = GrantsGiven(self.endpoint)
         parts = TMParts(cfg, self.bus, self.subjects, self.metrics, self.pool, self.endpoint, self.peer, self.queues,
-                        self.m_bytes, self.spawn, self.given, self.held)
+                        self.m_bytes, self.spawn, self.given, self.held,
+                        claim_local=lambda o, k: self.prefetch.claim(o, k),
+                        drop_local=lambda o, why: self.prefetch.drop(o, why))
         self.fetch_path, self.store_path = FetchPath(parts), StorePath(parts)
+        self.prefetch = PrefetchPath(parts, cfg.prefetch_chunk_blocks, cfg.prefetch_share)
+        self.pool.reclaim = self.prefetch.reclaim
+        self.spawn(self.prefetch.sweep(), name="prefetch-sweep")
         s, e = self.subjects, cfg.engine
         await self.bus.subscribe(s.heartbeat, Announce, self._on_announce)
         await self.bus.subscribe(s.tm(e, "push"), PushKV, self._on_push)
@@ -95,6 +102,8 @@ class TrafficManagerService(Service):
         await self.bus.subscribe(s.tm(e, "fetch"), FetchKV, self._on_fetch)
         await self.bus.subscribe(s.tm(e, "save"), SaveKV, self._on_save)
         await self.bus.subscribe(s.tm(e, "stage"), Stage, self._on_stage)
+        await self.bus.subscribe(s.tm(e, "prefetch"), Prefetch, lambda msg, d: self.prefetch.on_prefetch(msg, d))
+        await self.bus.subscribe(s.tm(e, "claim"), Claim, lambda msg, d: self.prefetch.on_claim(msg, d))
         await self.bus.subscribe(s.cancel, Cancel, self._on_release)
 
     def announce(self) -> TrafficManagerAnnounce:
@@ -102,7 +111,8 @@ class TrafficManagerService(Service):
             instance=self.instance, node=self.cfg.node, metrics_url=self.metrics_url, pid=os.getpid(),
             engine=self.cfg.engine, endpoint=_desc_encoder.encode(self.endpoint.desc()) if self.endpoint else b"",
             buffer_bytes=self.pool.buffer.size, buffer_free_bytes=self.pool.free_bytes(),
-            ready=self.kv_region is not None)
+            ready=self.kv_region is not None, prefetch_bytes=self.prefetch.staged_bytes()
+            if self.prefetch else 0, prefetch_room_bytes=self.prefetch.room_bytes() if self.prefetch else 0)
 
     async def stop(self) -> None:
         for peer in self.peers.values():
@@ -143,6 +153,8 @@ class TrafficManagerService(Service):
         self.kv_region = ShmRegion.attach(layout.shm_name)
         self.endpoint.register("kv", self.kv_region.buf, shm_name=layout.shm_name, remote=False)  # peers: buf only
         self.pool.attach(layout)
+        if self.prefetch is not None:
+            self.prefetch.reset()
         log.info("attached KV memory %s (%d blocks)", layout.shm_name, layout.num_blocks)
 
     async def peer(self, engine: str) -> Peer:
@@ -213,15 +225,17 @@ class TrafficManagerService(Service):
     async def _reserve(self, msg: Reserve, d: Delivery) -> None:
         with tracer.start_as_current_span("kv_reserve", context=d.ctx,
                                           attributes={"req_id": msg.req_id, "blocks": msg.n_blocks}):
+            adopted = self.prefetch.adopt(msg.adopt, msg.adopt_keys, msg.req_id) if msg.adopt else []
             try:
-                slots = await self.pool.allocate_wait(msg.req_id, msg.n_blocks)
+                slots = await self.pool.allocate_wait(msg.req_id, msg.n_blocks - len(adopted))
             except OutOfSlots as exc:
+                self.pool.free(msg.req_id)
                 await d.respond(Reserved(ok=False, error=f"DE buffer full: {exc}", code=ErrorCode.BUFFER_FULL))
                 return
         self.pool.note_free()
         bn = self.pool.block_nbytes
-        offsets = [s * bn for s in slots]
-        await d.respond(Reserved(slots=offsets, grant=self.given.give(msg.req_id, offsets, bn)))
+        offsets = adopted + [s * bn for s in slots]
+        await d.respond(Reserved(slots=offsets, adopted=len(adopted), grant=self.given.give(msg.req_id, offsets, bn)))
 
     async def _on_load(self, msg: LoadKV, d: Delivery) -> None:
         if not self.pool.ready:
@@ -252,12 +266,9 @@ class TrafficManagerService(Service):
         await d.respond(PushDone(nbytes=nbytes, seconds=dt))
 
     async def _on_release(self, msg, d: Delivery) -> None:
-        self.pool.cancel(msg.req_id)  # also ends the grant of its slots (_take_back)
+        if not (self.prefetch and self.prefetch.drop(msg.req_id, "released")):
+            self.pool.cancel(msg.req_id)  # also ends the grant of its slots (pool.on_free)
         self.held.drop(msg.req_id)
-
-    def _take_back(self, owner: str) -> None:
-        if self.given is not None:
-            self.given.take_back(owner)
 
     # storage paths (fetch.py, store_path.py) -------------------------------------------------
     async def _on_fetch(self, msg: FetchKV, d: Delivery) -> None:

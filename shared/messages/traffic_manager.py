@@ -15,6 +15,15 @@ Fetch (PE read path): PE --FetchKV--> its TM, which reports on `pe.<id>.loaded` 
   prompt (nothing reached its KV memory); after, the load failed and so does the prefill.
 Save (DE persistence): DE --SaveKV--> its TM: copy full blocks KV -> buffer (bulk), reply
   SaveCopied (the DE may now free those blocks), then write them through the gateway.
+Prefetch (agent sessions, during a tool call): scheduler --Prefetch(owner, keys)--> a TM, which
+  stages the stored blocks in spare buffer slots named `owner` (bulk reads, in chunks) and
+  replies Prefetched. A later FetchKV naming them (`staged_*`) has its TM --Claim--> the
+  holder (reply Claimed: the slots of the leading keys still staged), copies those layer by
+  layer like any buffered block (a local copy, or a one-sided read from the holder), and
+  releases `owner`. When the holder is the request's DE, its Reserve adopts them instead:
+  they become the prompt's first DE-buffer slots, read by the PE like DE-path hits and never
+  pushed back. Unclaimed staged slots go back on Release, at their TTL, or as soon as a
+  real reservation needs the room (a prefetch never blocks a read).
 """
 from __future__ import annotations
 
@@ -45,6 +54,8 @@ class PushDone(msgspec.Struct, omit_defaults=True):
 class Reserve(msgspec.Struct, omit_defaults=True):
     req_id: str
     n_blocks: int
+    adopt: str = ""  # prefetched blocks staged here under this owner become the request's first slots
+    adopt_keys: list[bytes] = []  # ... as far as they match these keys (the prompt's leading blocks)
 
 
 class Reserved(msgspec.Struct, omit_defaults=True):
@@ -53,6 +64,7 @@ class Reserved(msgspec.Struct, omit_defaults=True):
     slots: list[int] = []  # byte offsets in the buffer region, one per block
     grant: bytes = b""  # data-plane grant of exactly these slots (encoded Grant): the only way a peer reaches them
     code: ErrorCode | None = None  # when not ok: why
+    adopted: int = 0  # slots[:adopted] hold the prompt's leading blocks already (prefetched)
 
 
 class LoadKV(msgspec.Struct, omit_defaults=True):
@@ -76,6 +88,9 @@ class FetchKV(msgspec.Struct, omit_defaults=True):
     de_engine: str = ""  # DE-path: the DE whose TM stages the blocks in its buffer
     de_node: str = ""  # DE-path: the DE's node (its gateway reads)
     prompt_blocks: int = 0  # DE-path: DE-buffer slots to reserve for the whole prompt
+    staged_engine: str = ""  # prefetched: the engine whose TM buffer holds keys[:staged_blocks] already
+    staged_owner: str = ""  # ... under this owner (claimed, copied, then released)
+    staged_blocks: int = 0  # keys[:staged_blocks] staged; keys[staged_blocks:pe_blocks] on the PE path
 
 
 # Fetch progress: per-layer messages are hot, so arrays; the tag (first element) says which.
@@ -145,3 +160,30 @@ class SaveKV(msgspec.Struct, omit_defaults=True):
 class SaveCopied(msgspec.Struct, omit_defaults=True):
     copied: int = 0  # blocks copied out of KV memory (the rest skipped: buffer full)
     error: str = ""
+
+
+class Prefetch(msgspec.Struct, omit_defaults=True):
+    """Stage `keys` (a session's stored prefix) in spare slots named `owner`, read by `node`'s gateway
+    in the bulk lane; hold them `ttl_s` unless claimed."""
+
+    owner: str
+    keys: list[bytes]
+    node: str
+    layout: StoreLayout
+    ttl_s: float
+
+
+class Prefetched(msgspec.Struct, omit_defaults=True):
+    blocks: int = 0  # leading keys staged (the budget, spare room or a miss may cut the tail)
+    error: str = ""
+
+
+class Claim(msgspec.Struct, omit_defaults=True):
+    owner: str
+    keys: list[bytes]  # what the claimer expects staged, in order
+
+
+class Claimed(msgspec.Struct, omit_defaults=True):
+    slots: list[int] = []  # buffer offsets of the leading `keys` still staged (empty: nothing usable)
+    error: str = ""
+    grant: bytes = b""  # data-plane grant of exactly those slots (encoded Grant): the claimer's one-sided reads
