@@ -12,12 +12,12 @@ unhinted TTFT / the hints-off run's (goal <= 1.05). Pure summaries plus one poll
 from __future__ import annotations
 
 import re
-import threading
 import time
 
 import httpx
 
 from dualpath.bench.metrics import percentile
+from dualpath.bench.scrape import Poller
 from shared.messages.codes import LoadMode
 
 _LINE = re.compile(r"^(dualpath_\w+)(\{[^}]*\})? ([0-9.eE+-]+)$", re.M)
@@ -92,30 +92,18 @@ def _mb(v) -> str:
     return "n/a" if v is None else f"{v / 1e6:.2f}"
 
 
-class TMScraper:
+class TMScraper(Poller):
     """Polls every traffic-manager's and gateway's /metrics (SERIES) in a thread."""
 
     def __init__(self, url: str, period_s: float = 0.25):
-        self.url, self.period = url, period_s
+        super().__init__(url, period_s, "bench-hints-scrape")
         self.samples: list[tuple[float, dict[str, float]]] = []  # (unix time, summed series)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="bench-hints-scrape", daemon=True)
-        self._http = httpx.Client(timeout=2)
         self.urls: list[str] = []
 
-    def __enter__(self) -> "TMScraper":
+    def discover(self) -> None:
         mesh = self._http.get(self.url + "/v1/mesh", timeout=10).json()
         self.urls = sorted({p["metrics_url"] for kind in ("traffic_managers", "gateways")
                             for p in mesh.get(kind, []) if p.get("metrics_url")})
-        self.scrape_once()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self.scrape_once()
-        self._http.close()
 
     def scrape_once(self) -> None:
         got = {k: 0.0 for k in SERIES}
@@ -129,10 +117,6 @@ class TMScraper:
                     if name == metric and want in (labels or ""):
                         got[key] += float(value)
         self.samples.append((time.time(), got))
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.period):
-            self.scrape_once()
 
     def window(self, t0: float, t1: float) -> dict:
         """Counters' growth in [t0, t1] and the peak of the staged-bytes gauge."""

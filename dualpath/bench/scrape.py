@@ -29,16 +29,50 @@ def parse_metrics(text: str) -> tuple[dict[str, float], float]:
     return by_node, blocks
 
 
-class Scraper:
-    def __init__(self, url: str, period_s: float = 0.2):
+class Poller:
+    """A thread that polls a mesh's /metrics pages every `period_s` while the block runs.
+
+    Subclasses say which pages (`discover`, once, from /v1/mesh) and what one poll keeps
+    (`scrape_once`); a poll is also taken on entry and on exit."""
+
+    def __init__(self, url: str, period_s: float, name: str):
         self.url, self.period = url, period_s
-        self.samples: list[tuple[float, str, float, float]] = []  # (unix time, node, read bytes, blocks)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="bench-scrape", daemon=True)
-        self.gateways: list[tuple[str, str]] = []  # (node, metrics url)
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         # one client for every poll: a fresh httpx.get builds an SSL context (the CA bundle) each
         # time, which cost the bench process ~30% of a core at 5 polls/s per gateway
         self._http = httpx.Client(timeout=2)
+
+    def discover(self) -> None:
+        raise NotImplementedError
+
+    def scrape_once(self) -> None:
+        raise NotImplementedError
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period):
+            self.scrape_once()
+
+    def __enter__(self):
+        self.discover()
+        self.scrape_once()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.scrape_once()
+        self._http.close()
+
+
+class Scraper(Poller):
+    """Every gateway's storage reads (bytes and blocks per node), sampled through the run."""
+
+    def __init__(self, url: str, period_s: float = 0.2):
+        super().__init__(url, period_s, "bench-scrape")
+        self.samples: list[tuple[float, str, float, float]] = []  # (unix time, node, read bytes, blocks)
+        self.gateways: list[tuple[str, str]] = []  # (node, metrics url)
 
     def discover(self) -> None:
         mesh = self._http.get(self.url + "/v1/mesh", timeout=10).json()
@@ -52,22 +86,6 @@ class Scraper:
             except httpx.HTTPError:
                 continue
             self.samples.append((now, node, by_node.get(node, sum(by_node.values())), blocks))
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.period):
-            self.scrape_once()
-
-    def __enter__(self) -> "Scraper":
-        self.discover()
-        self.scrape_once()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self.scrape_once()
-        self._http.close()
 
     def _at(self, node: str, t: float) -> tuple[float, float]:
         """(bytes, blocks) of the last sample of `node` at or before t (the first after, if none)."""

@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from .bench_throughput import LAYOUTS, MIB, RawSocket, Rig, drop_pair, loadavg, shm_pair, slots
+from .bench_throughput import LAYOUTS, MIB, RawSocket, Rig, Tally, drop_pair, loadavg, shm_pair, slots
 
 
 class Mooncake:
@@ -69,13 +69,8 @@ async def compare(total: int, block: int, rounds: int) -> dict:
     n = total // block
     total = n * block
     layouts = {lay: slots(n, lay) for lay in LAYOUTS}
-    times: dict[str, list[float]] = {}
-    cpu: dict[str, list[float]] = {}  # CPU seconds of this process (every thread: the engines' too)
-
-    def note(key: str, wall: float, cpu0: float) -> None:
-        times.setdefault(key, []).append(wall)
-        cpu.setdefault(key, []).append(time.process_time() - cpu0)
-
+    tally = Tally()  # CPU: this process, every thread (the engine's too)
+    times, cpu, note = tally.times, tally.cpu, tally.note
     load0 = loadavg()
     raw, mc = RawSocket(total), Mooncake(total)
     try:

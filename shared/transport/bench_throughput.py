@@ -166,6 +166,19 @@ class Rig:
                 raise AssertionError(f"{self.backend}: piece {i} did not land at slot {j}")
 
 
+class Tally:
+    """Wall and CPU seconds of each variant, one entry a round (CPU: this process, every thread)."""
+
+    def __init__(self) -> None:
+        self.times: dict[str, list[float]] = {}
+        self.cpu: dict[str, list[float]] = {}
+
+    def note(self, key: str, wall: float, cpu0: float) -> None:
+        """Record a round of `key` that took `wall` seconds and began at process_time() `cpu0`."""
+        self.times.setdefault(key, []).append(wall)
+        self.cpu.setdefault(key, []).append(time.process_time() - cpu0)
+
+
 def loadavg() -> list[float]:
     try:
         with open("/proc/loadavg") as f:
@@ -179,13 +192,8 @@ async def throughput(total: int, block: int, rounds: int = 5) -> dict:
     n = total // block
     total = n * block
     layouts = {lay: slots(n, lay) for lay in LAYOUTS}
-    times: dict[str, list[float]] = {}
-    cpu: dict[str, list[float]] = {}  # CPU seconds of this process (every thread), per variant
-
-    def note(key: str, wall: float, cpu0: float) -> None:
-        times.setdefault(key, []).append(wall)
-        cpu.setdefault(key, []).append(time.process_time() - cpu0)
-
+    tally = Tally()
+    times, cpu, note = tally.times, tally.cpu, tally.note
     load0 = loadavg()
     raw, mem = RawSocket(total), Memcpy(total)
     try:

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable
 
 from .classes import BULK_BATCH, BULK_CHUNK, LinkGate
-from .tcp_wire import IOV_MAX
+from .tcp_wire import IOV_MAX, advance_bufs
 
 Bufs = list[bytes | memoryview]
 
@@ -98,7 +98,7 @@ class BulkSender:
                 if self._stop:
                     return
                 continue
-            bufs = _advance(bufs, n)
+            bufs = advance_bufs(bufs, n)
 
     def close(self) -> None:
         """Stop the thread (frames still queued are dropped; their transfers fail as PeerGone)."""
@@ -106,15 +106,3 @@ class BulkSender:
         self._q.clear()
         self._wake.set()
         self._thread.join(5)
-
-
-def _advance(bufs: Bufs, n: int) -> Bufs:
-    """Drop the first `n` bytes from a buffer list."""
-    i = 0
-    while i < len(bufs) and n >= len(bufs[i]):
-        n -= len(bufs[i])
-        i += 1
-    rest = bufs[i:]
-    if n and rest:
-        rest[0] = memoryview(rest[0])[n:]
-    return rest

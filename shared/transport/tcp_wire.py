@@ -118,7 +118,7 @@ class FrameSock:
                 n = self.sock.sendmsg(bufs[:IOV_MAX])
             except BlockingIOError:
                 n = 0
-            bufs = _advance(bufs, n)
+            bufs = advance_bufs(bufs, n)
             if bufs:
                 await self._writable()
 
@@ -247,7 +247,7 @@ def _set_once(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-def _advance(bufs: list[bytes | memoryview], n: int) -> list[bytes | memoryview]:
+def advance_bufs(bufs: list[bytes | memoryview], n: int) -> list[bytes | memoryview]:
     """Drop the first `n` bytes from a buffer list."""
     i = 0
     while i < len(bufs) and n >= len(bufs[i]):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 from contextlib import contextmanager
@@ -121,3 +122,13 @@ def wait_stored(store, keys: list[bytes], timeout: float = 30.0) -> None:
         return [k.hex() for k in keys if k.hex() not in have]
 
     wait_until(lambda: not missing(), f"{len(keys)} blocks stored under {store}", timeout)
+
+
+def metric_samples(url: str, name: str = r"dualpath_\w+") -> dict[str, float]:
+    """Every sample of one /metrics page whose name matches `name`: {'name{labels}': value}."""
+    out = {}
+    for line in httpx.get(url, timeout=10).text.splitlines():
+        m = re.match(rf"^({name})(\{{[^}}]*\}})? ([0-9.e+-]+)$", line)
+        if m:
+            out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
+    return out

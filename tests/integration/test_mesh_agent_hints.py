@@ -12,7 +12,6 @@ one-sidedly over TCP layer by layer and pushes only the rest of the prompt).
 from __future__ import annotations
 
 import random
-import re
 import uuid
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import httpx
 import pytest
 
 from tests.integration.exactness import ask, assert_exact, wait_stored
-from tests.integration.meshutil import tiny_mesh, wait_until
+from tests.integration.meshutil import metric_samples, tiny_mesh, wait_until
 from tests.integration.test_mesh_dualpath import Probe
 
 pytestmark = pytest.mark.integration
@@ -58,12 +57,7 @@ def de_mesh(tmp_path_factory):
 
 def _series(url: str) -> dict[str, float]:
     """Every dualpath_* sample of one /metrics page (gauges too)."""
-    out = {}
-    for line in httpx.get(url, timeout=10).text.splitlines():
-        m = re.match(r"^(dualpath_\w+)(\{[^}]*\})? ([0-9.e+-]+)$", line)
-        if m:
-            out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
-    return out
+    return metric_samples(url)
 
 
 def _of(probe: Probe, who: tuple, name: str) -> float:

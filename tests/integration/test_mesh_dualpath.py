@@ -4,7 +4,6 @@ mode's bytes go: test_mesh_exactness.py.)
 """
 from __future__ import annotations
 
-import re
 import time
 import uuid
 from pathlib import Path
@@ -13,18 +12,13 @@ import httpx
 import pytest
 
 from tests.integration.exactness import wait_stored
-from tests.integration.meshutil import complete, tiny_mesh
+from tests.integration.meshutil import complete, metric_samples, tiny_mesh
 
 pytestmark = pytest.mark.integration
 
 
 def _counters(url: str) -> dict[str, float]:
-    out = {}
-    for line in httpx.get(url, timeout=10).text.splitlines():
-        m = re.match(r"^(dualpath_\w+_total)(\{[^}]*\})? ([0-9.e+-]+)$", line)
-        if m:
-            out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
-    return out
+    return metric_samples(url, r"dualpath_\w+_total")
 
 
 class Probe:
