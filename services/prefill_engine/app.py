@@ -62,7 +62,8 @@ class PrefillEngineService(EngineService):
                                fail=self.fail, failed_load=self._load_failed, release=self._release)
         self.handoff = Handoff(self.bus, self.subjects, self.engine, cfg.handoff_timeout_s,
                                self.loaded.config.eos_ids, self.m_handoff.observe, fail=self.fail,
-                               release=self._release, drop_de_slots=self._drop_de_slots)
+                               release=self._release, drop_de_slots=self._drop_de_slots, store=self.store,
+                               node=cfg.node)
         await self.bus.subscribe(self.subjects.prefill_work(self.engine), PrefillWork, self._on_work)
         await self.bus.subscribe(self.subjects.prefill_loaded(self.engine), progress_decoder, self._on_loaded)
         await self.bus.subscribe(self.subjects.cancel, Cancel, self._on_cancel)
@@ -119,8 +120,8 @@ class PrefillEngineService(EngineService):
         req.cancelled = True
         self.queue = [r for r in self.queue if r is not req]
         self.fetcher.drop(req)
-        if req.reading or req.in_step:
-            return  # the TM is still reading into its blocks / the forward computes it: released after
+        if req.reading or req.in_step or req.handing_off:
+            return  # the TM is still reading into its blocks / the forward computes it / the hand-off ends it
         self._drop(req)
 
     # prefill loop ---------------------------------------------------------
@@ -199,6 +200,7 @@ class PrefillEngineService(EngineService):
             return  # chunked prefill: the rest of the prompt in a later forward
         self.queue = [q for q in self.queue if q is not r]
         self.m_requests.inc()
+        r.handing_off = True  # from now on a cancel is the hand-off's to handle
         self.spawn(self.handoff.run(r, *tok), name=f"handoff-{r.req_id}",
                    on_error=lambda exc: self.fail(r, ErrorCode.INTERNAL, f"KV hand-off failed: {exc}", retryable=True))
 

@@ -5,7 +5,11 @@ Sequence for one finished prompt:
   -> PushKV to this engine's TM (KV blocks -> the DE's buffer, data plane) -> PushDone
   -> DecodeAdmit to the DE -> Ack -> the DE owns the request; its blocks here are freed.
 A failed push or admit fails the request as retryable (its scheduler resumes it) and frees
-the DE-buffer slots it held. Receives the bus and callbacks, never the engine itself.
+the DE-buffer slots it held. A prompt the decode engine never takes (its only token came
+from the prefill: max_tokens 1, an end-of-sequence token; cancelled; a failed hand-off) is
+persisted from here instead: its full blocks the store lacks go to this engine's TM
+(`SaveKV`, this node's gateway writes them) before its KV blocks are freed -- every
+prompt is stored, whatever ends it. Receives the bus and callbacks, never the engine itself.
 """
 from __future__ import annotations
 
@@ -21,7 +25,8 @@ from shared.engine.requests import stop_ids
 from shared.messages.codes import ErrorCode, FinishReason, LoadMode
 from shared.messages.stream import TokenEvent, TokenLogprob
 from shared.messages.subjects import Subjects
-from shared.messages.traffic_manager import PushDone, PushKV, Release
+from shared.messages.storage_gateway import StoreLayout
+from shared.messages.traffic_manager import PushDone, PushKV, Release, SaveCopied, SaveKV
 from shared.messages.work import Ack, DecodeAdmit
 
 log = logging.getLogger("prefill_engine.handoff")
@@ -31,11 +36,20 @@ tracer = trace.get_tracer("prefill_engine")
 class Handoff:
     def __init__(self, bus: Bus, subjects: Subjects, engine: str, timeout_s: float, eos_ids: tuple[int, ...],
                  observe: Callable[[float], None], *, fail: Callable[..., Awaitable[None]],
-                 release: Callable[[PrefillRequest], None], drop_de_slots: Callable[[PrefillRequest], None]):
+                 release: Callable[[PrefillRequest], None], drop_de_slots: Callable[[PrefillRequest], None],
+                 store: StoreLayout, node: str):
         self.bus, self.subjects, self.engine, self.timeout_s, self.eos_ids = bus, subjects, engine, timeout_s, eos_ids
         self.observe, self.fail, self.release, self.drop_de_slots = observe, fail, release, drop_de_slots
+        self.store, self.node = store, node
 
     async def run(self, req: PrefillRequest, first: int, lp: TokenLogprob | None) -> None:
+        req.handing_off = True  # a cancel from now on is seen here; the blocks are released at the end
+        try:
+            await self._run(req, first, lp)
+        finally:
+            req.handing_off = False
+
+    async def _run(self, req: PrefillRequest, first: int, lp: TokenLogprob | None) -> None:
         sp = req.sampling
         done = first in stop_ids(sp, self.eos_ids)
         finish = FinishReason.STOP if done else (FinishReason.LENGTH if sp.max_tokens <= 1 else None)
@@ -44,7 +58,10 @@ class Handoff:
                                                      logprobs=[lp] if lp is not None else []), ctx=req.ctx)
         if finish or req.cancelled:
             self.drop_de_slots(req)  # finished here (e.g. one token): the DE never loads them
-            self.release(req)
+            try:
+                await self.persist(req)
+            finally:
+                self.release(req)
             return
         t0 = time.perf_counter()
         work = req.work
@@ -59,11 +76,34 @@ class Handoff:
                 reason = exc.reason if isinstance(exc, BusError) else f"{type(exc).__name__}: {exc}"
                 if not req.cancelled:
                     code = error_code(exc, ErrorCode.KV_TRANSFER if isinstance(exc, BusError) else ErrorCode.INTERNAL)
-                    await self.fail(req, code, f"KV hand-off to {work.de_engine} failed: {reason}", retryable=True)
+                    await self.fail(req, code, f"KV hand-off to {work.de_engine} failed: {reason}", retryable=True,
+                                    release=False)
                 await self.bus.publish(self.subjects.tm(work.de_engine, "release"), Release(req.req_id))
+                await self.persist(req)  # the DE never took it: the prompt is stored from here
             finally:
                 self.release(req)
                 self.observe(time.perf_counter() - t0)
+
+    async def persist(self, req: PrefillRequest) -> None:
+        """Save the prompt's full blocks the store lacks from this engine's KV memory (its TM copies
+        them out, then this node's gateway writes them); returns once they are copied out."""
+        work = req.work
+        if work is None or work.mode == LoadMode.ORACLE or req.computed is None:
+            return
+        bs = self.store.block_size
+        n_full = min(len(req.prompt) // bs, len(work.block_keys), len(req.blocks))
+        start = min(work.hit_blocks, n_full)
+        if start >= n_full:
+            return
+        msg = SaveKV(req.req_id, req.blocks[start:n_full], list(work.block_keys[start:n_full]), self.node, self.store)
+        try:
+            res = await self.bus.request(self.subjects.tm(self.engine, "save"), msg, SaveCopied,
+                                         timeout=self.timeout_s, ctx=req.ctx)
+        except BusError as exc:
+            log.warning("persisting the prompt of %s failed: %s", req.req_id, exc.reason)
+            return
+        if res.error:
+            log.warning("persisting the prompt of %s: %s", req.req_id, res.error)
 
     async def _push_and_admit(self, req: PrefillRequest, first: int) -> None:
         """KV to the DE's buffer (none in the oracle mode), then the admission; BusError on failure."""

@@ -27,6 +27,7 @@ class PrefillRequest(EngineRequest):
     deadline: float = 0.0  # monotonic time its storage read must report by
     timer: asyncio.Task | None = None  # the deadline task it owns, if any
     in_step: bool = False  # inside the running forward
+    handing_off: bool = False  # its hand-off (push, admit or persist) reads its KV blocks: it releases them
 
     @property
     def done(self) -> int:

@@ -20,6 +20,8 @@ class TrafficManagerConfig(CommonConfig):
     transfer_timeout_s: float = 30.0  # every KV transfer has a deadline
     latency_weight: int = 99  # traffic-class weights (latency : bulk), work-conserving
     bulk_weight: int = 1  # bulk share of the traffic-class weights (see latency_weight)
+    save_queue_blocks: int = 4096  # saves waiting for buffer room, in blocks; a save past this is dropped (counted)
+    save_wait_s: float = 10.0  # longest wait of a save for buffer room (below the engines' save deadline)
     data_plane_secret: str = field(default="", repr=False)  # tcp peers' shared secret; empty = the mesh's own, on its NATS (JetStream)
     fault_flip_de_bytes: bool = False  # TESTS ONLY, refused unless DUALPATH_ALLOW_FAULTS=1: corrupt each DE-path read after its checksum passed
 
@@ -28,6 +30,9 @@ class TrafficManagerConfig(CommonConfig):
         require(bool(self.engine), "engine", self.engine, "name the engine this traffic-manager serves")
         require(self.transport in BACKENDS, "transport", self.transport, f"one of {', '.join(BACKENDS)}")
         require(self.buffer_mb > 0, "buffer_mb", self.buffer_mb, "must be > 0")
+        require(self.save_queue_blocks > 0, "save_queue_blocks", self.save_queue_blocks, "must be > 0")
+        require(0 < self.save_wait_s < self.transfer_timeout_s, "save_wait_s", self.save_wait_s,
+                "must be > 0 and below transfer_timeout_s")
         require(self.latency_weight > 0 and self.bulk_weight > 0, "latency_weight/bulk_weight",
                 (self.latency_weight, self.bulk_weight), "weights must be > 0")
         require(not self.fault_flip_de_bytes or os.environ.get(ALLOW_FAULTS) == "1", "fault_flip_de_bytes", True,

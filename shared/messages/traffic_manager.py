@@ -13,8 +13,10 @@ Fetch (PE read path): PE --FetchKV--> its TM, which reports on `pe.<id>.loaded` 
     LayersLoaded(layer) ...: layers 0..layer are in KV memory (the PE computes them meanwhile)
   or, at any point, FetchFailed(code, error): before ReadFinished the PE computes the whole
   prompt (nothing reached its KV memory); after, the load failed and so does the prefill.
-Save (DE persistence): DE --SaveKV--> its TM: copy full blocks KV -> buffer (bulk), reply
-  SaveCopied (the DE may now free those blocks), then write them through the gateway.
+Save (persistence): engine --SaveKV--> its TM: copy full blocks KV -> buffer (bulk; waiting in a
+  bounded line for spare slots), reply SaveCopied (the engine may now free those blocks), then
+  write them through the gateway. With `slots` the blocks are already in the TM's buffer (a
+  prompt the DE received): written from there, those slots held until the write is over.
 """
 from __future__ import annotations
 
@@ -134,12 +136,13 @@ class Staged(msgspec.Struct, omit_defaults=True):
 
 class SaveKV(msgspec.Struct, omit_defaults=True):
     req_id: str
-    blocks: list[int]  # full KV blocks to persist
+    blocks: list[int]  # full KV blocks to persist (empty when `slots` names them)
     keys: list[bytes]  # their keys
     node: str  # whose storage-gateway writes
     layout: StoreLayout
+    slots: list[int] = []  # or: buffer offsets (held by req_id) already holding them, one per key
 
 
 class SaveCopied(msgspec.Struct, omit_defaults=True):
-    copied: int = 0  # blocks copied out of KV memory (the rest skipped: buffer full)
-    error: str = ""
+    copied: int = 0  # blocks taken for writing (copied out of KV memory, or held in the buffer)
+    error: str = ""  # why none were (dropped: the save line was full or waited too long; slots released)

@@ -234,8 +234,10 @@ def test_a_save_that_raises_ends_its_request_and_still_releases_it():
                           Metrics("test-persist"), release=released.append,
                           on_failure=lambda r, e: failures.append((r.req_id, e)))
             req = DecodeRequest("d1", list(range(BS)), Sampling(), "out", None, blocks=[3, 4])
-            seq = RunningSeq(req, pos=BS, last=0, max_pos=64)
+            req.generated = list(range(BS))
+            seq = RunningSeq(req, pos=2 * BS, last=0, max_pos=64)
             p.prompt(seq, DecodeAdmit("d1", BS, 0, Sampling(), "out", [0], block_keys=[b"\xab" * 16]))
+            p.generated(seq, 1)  # decoding filled the second block: it is copied out of KV memory
             assert p.busy("d1")
             p.release_later(req)  # finished while its save was in flight
         assert failures and failures[0][0] == "d1" and "encoder broke" in failures[0][1]
