@@ -1,9 +1,13 @@
 """The prefill engine's hand-off: the first token out, then the prompt's KV to a decode engine.
 
-Sequence for one finished prompt:
-  TokenEvent(first token) on the request's output subject -> (finished already: release)
-  -> PushKV to this engine's TM (KV blocks -> the DE's buffer, data plane) -> PushDone
-  -> DecodeAdmit to the DE -> Ack -> the DE owns the request; its blocks here are freed.
+Sequence for one prompt:
+  its final forward starts -> PushKV(layerwise) to this engine's TM (`start_push`): layer l of
+  its KV goes to the DE's buffer while layer l + 1 computes (the forward reports each layer)
+  -> the forward ends: TokenEvent(first token) on the request's output subject -> PushDone
+  (the last layer has landed) -> DecodeAdmit to the DE -> Ack -> the DE owns the request; its
+  blocks here are freed. A prompt that finished at its first token waits for its push too
+  (its blocks are being read), then frees the DE-buffer slots. A forward that failed ends its
+  pushes (`abort_push`: Release to this TM) before its blocks are freed.
 A failed push or admit fails the request as retryable (its scheduler resumes it) and frees
 the DE-buffer slots it held. A prompt the decode engine never takes (its only token came
 from the prefill: max_tokens 1, an end-of-sequence token; cancelled; a failed hand-off) is
@@ -13,6 +17,7 @@ prompt is stored, whatever ends it. Receives the bus and callbacks, never the en
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Awaitable, Callable
@@ -26,7 +31,7 @@ from shared.messages.codes import ErrorCode, FinishReason, LoadMode
 from shared.messages.stream import TokenEvent, TokenLogprob
 from shared.messages.subjects import Subjects
 from shared.messages.storage_gateway import StoreLayout
-from shared.messages.traffic_manager import PushDone, PushKV, Release, SaveCopied, SaveKV
+from shared.messages.traffic_manager import KVWindow, PushDone, PushKV, Release, SaveCopied, SaveKV
 from shared.messages.work import Ack, DecodeAdmit
 
 log = logging.getLogger("prefill_engine.handoff")
@@ -37,10 +42,42 @@ class Handoff:
     def __init__(self, bus: Bus, subjects: Subjects, engine: str, timeout_s: float, eos_ids: tuple[int, ...],
                  observe: Callable[[float], None], *, fail: Callable[..., Awaitable[None]],
                  release: Callable[[PrefillRequest], None], drop_de_slots: Callable[[PrefillRequest], None],
-                 store: StoreLayout, node: str):
+                 store: StoreLayout, node: str, spawn: Callable[..., asyncio.Task],
+                 observe_tail: Callable[[float], None]):
         self.bus, self.subjects, self.engine, self.timeout_s, self.eos_ids = bus, subjects, engine, timeout_s, eos_ids
         self.observe, self.fail, self.release, self.drop_de_slots = observe, fail, release, drop_de_slots
-        self.store, self.node = store, node
+        self.store, self.node, self.spawn = store, node, spawn
+        self.observe_tail = observe_tail  # seconds from the last layer computed to the last layer landed
+
+    # layerwise push ------------------------------------------------------------------------
+    def start_push(self, req: PrefillRequest) -> None:
+        """The prompt's final forward is about to start: its TM sends each layer on as it is computed."""
+        work = req.work
+        if work is None or work.mode == LoadMode.ORACLE or req.push is not None:
+            return
+        req.de_held = work.de_engine  # the push may reserve slots there
+        w = req.window
+        msg = PushKV(req.req_id, req.blocks, work.de_engine, len(req.prompt), dst_slots=req.de_slots,
+                     skip=req.de_hits, layerwise=True,
+                     window=KVWindow(w.hits, list(w.ring), w.layers, w.used) if w else None)
+        req.push = self.spawn(self._push(req, msg), name=f"push-{req.req_id}")
+
+    async def _push(self, req: PrefillRequest, msg: PushKV) -> None:
+        """The push's outcome into `req.pushed`; never raises (a bus failure is a failed PushDone)."""
+        try:
+            req.pushed = await self.bus.request(self.subjects.tm(self.engine, "push"), msg, PushDone,
+                                                timeout=2 * self.timeout_s, ctx=req.ctx)
+        except BusError as exc:
+            req.pushed = PushDone(ok=False, error=exc.reason, code=exc.code or ErrorCode.KV_TRANSFER)
+
+    async def abort_push(self, req: PrefillRequest) -> None:
+        """End the request's push (its forward failed, or it was cancelled) and wait until its TM
+        no longer reads its blocks."""
+        if req.push is None:
+            return
+        if not req.push.done():
+            await self.bus.publish(self.subjects.tm(self.engine, "release"), Release(req.req_id))
+        await asyncio.wait([req.push])
 
     async def run(self, req: PrefillRequest, first: int, lp: TokenLogprob | None) -> None:
         req.handing_off = True  # a cancel from now on is seen here; the blocks are released at the end
@@ -53,12 +90,17 @@ class Handoff:
         sp = req.sampling
         done = first in stop_ids(sp, self.eos_ids)
         finish = FinishReason.STOP if done else (FinishReason.LENGTH if sp.max_tokens <= 1 else None)
-        await self.bus.publish(req.reply, TokenEvent(req.req_id, [first], 0, finish=finish, source=self.engine,
-                                                     cached_tokens=req.hit_tokens,
-                                                     logprobs=[lp] if lp is not None else []), ctx=req.ctx)
+        if not req.cancelled:
+            await self.bus.publish(req.reply, TokenEvent(req.req_id, [first], 0, finish=finish, source=self.engine,
+                                                         cached_tokens=req.hit_tokens,
+                                                         logprobs=[lp] if lp is not None else []), ctx=req.ctx)
         if finish or req.cancelled:
-            self.drop_de_slots(req)  # finished here (e.g. one token): the DE never loads them
             try:
+                if req.cancelled:
+                    await self.abort_push(req)
+                elif req.push is not None:
+                    await asyncio.wait([req.push])  # its TM still reads the blocks
+                self.drop_de_slots(req)  # finished here (e.g. one token): the DE never loads them
                 await self.persist(req)
             finally:
                 self.release(req)
@@ -92,7 +134,7 @@ class Handoff:
             return
         bs = self.store.block_size
         n_full = min(len(req.prompt) // bs, len(work.block_keys), len(req.blocks))
-        start = min(work.hit_blocks, n_full)
+        start = min(req.hit_tokens // bs, n_full)  # blocks a short read missed were computed: stored again
         if start >= n_full:
             return
         msg = SaveKV(req.req_id, req.blocks[start:n_full], list(work.block_keys[start:n_full]), self.node, self.store)
@@ -110,6 +152,11 @@ class Handoff:
         work = req.work
         if work.mode == LoadMode.ORACLE:
             pushed = PushDone()  # no PD transfer in the oracle mode
+        elif req.push is not None:  # sent layer by layer during the forward
+            await asyncio.wait([req.push])
+            pushed = req.pushed or PushDone(ok=False, error="the push task failed", code=ErrorCode.INTERNAL)
+            if pushed.ok and req.computed_at:
+                self.observe_tail(time.perf_counter() - req.computed_at)
         else:
             pushed = await self.bus.request(
                 self.subjects.tm(self.engine, "push"),

@@ -20,6 +20,7 @@ class TrafficManagerConfig(CommonConfig):
     transfer_timeout_s: float = 30.0  # every KV transfer has a deadline
     latency_weight: int = 99  # traffic-class weights (latency : bulk), work-conserving
     bulk_weight: int = 1  # bulk share of the traffic-class weights (see latency_weight)
+    read_layer_groups: int = 8  # a storage read lands in this many groups of layers, each reported (1: whole blocks)
     save_queue_blocks: int = 4096  # saves waiting for buffer room, in blocks; a save past this is dropped (counted)
     save_wait_s: float = 10.0  # longest wait of a save for buffer room (below the engines' save deadline)
     data_plane_secret: str = field(default="", repr=False)  # tcp peers' shared secret; empty = the mesh's own, on its NATS (JetStream)
@@ -30,6 +31,7 @@ class TrafficManagerConfig(CommonConfig):
         require(bool(self.engine), "engine", self.engine, "name the engine this traffic-manager serves")
         require(self.transport in BACKENDS, "transport", self.transport, f"one of {', '.join(BACKENDS)}")
         require(self.buffer_mb > 0, "buffer_mb", self.buffer_mb, "must be > 0")
+        require(self.read_layer_groups >= 1, "read_layer_groups", self.read_layer_groups, "must be >= 1")
         require(self.save_queue_blocks > 0, "save_queue_blocks", self.save_queue_blocks, "must be > 0")
         require(0 < self.save_wait_s < self.transfer_timeout_s, "save_wait_s", self.save_wait_s,
                 "must be > 0 and below transfer_timeout_s")

@@ -1,17 +1,26 @@
-"""The traffic-manager's fetch: a request's stored hit blocks into KV memory, layer by layer.
+"""The traffic-manager's fetch: a request's stored hit blocks into KV memory, layer by layer, as they
+are read from storage.
 
 PE path: buffer slots <- this node's gateway reads Full Blocks (storage NIC). DE path: the
-DE's traffic-manager stages the rest in its buffer (its node's gateway reads them). Then,
-for each layer l: Layer Blocks buffer -> KV memory (local copy, one-sided read from the DE
-buffer), and `LayersLoaded(l)` to the engine, which computes layer l while l+1.. are copied.
-Before the read, a deep storage queue is announced (`ReadQueued`); after it, `ReadFinished`.
+DE's traffic-manager stages the rest in its buffer (its node's gateway reads them; the
+prompt's DE-buffer slots are reserved first). Both reads go in layer groups (`read_layer_groups`):
+each gateway reports here (`LayersRead`) when the files are open -- then the engine hears
+`ReadFinished(blocks, eta_s)` at once, long before the bytes are in -- and as each group of
+layers lands. For each layer l, as soon as both reads have it: Layer Blocks buffer -> KV
+memory (local copy; one-sided read from the DE buffer) and `LayersLoaded(l)`, so the engine
+computes layer l while later layers are still crossing the storage NIC. The last layer is
+copied only once both reads have verified their checksums: a corrupt block fails the load
+(`FetchFailed`) before any forward can finish on it. When a node's read is over, the
+schedulers hear `NodeReadDone` (its read queue stops counting it).
+
+With a hit window (`FetchKV.window`), layer l of the hits lands in the window's ring and layer
+l + window reuses its slots: it waits until layer l has been pushed on (progress.py).
 
 Every failure is answered on the wire, never by the engine's timeout: whatever ends a fetch
 early (a transfer past its deadline, a peer gone, the bus, a bug) publishes
 `FetchFailed(code, error)`. Before `ReadFinished` the engine takes it as a miss (it computes
 the prompt); after, it fails the prefill waiting on the next layer at once. A transport or
-bus error is expected (logged, `kv_transfer`); anything else (`internal`) is re-raised for
-the supervisor to log and count.
+bus error is expected (logged, `kv_transfer`); anything else (`internal`) is re-raised.
 """
 from __future__ import annotations
 
@@ -23,12 +32,14 @@ from dataclasses import dataclass
 from opentelemetry import trace
 
 from services.traffic_manager.parts import TMParts
+from services.traffic_manager.progress import ReadTrack
 from shared.bus import BusError, Delivery, error_code
 from shared.kv.allocator import OutOfSlots
+from shared.kv.window import HitWindow
 from shared.messages.codes import ErrorCode
 from shared.messages.storage_gateway import ReadBlocks, ReadDone
-from shared.messages.traffic_manager import (FetchFailed, FetchKV, LayersLoaded, ReadFinished, ReadQueued, Reserve,
-                                             Reserved, Stage, Staged)
+from shared.messages.traffic_manager import (FetchFailed, FetchKV, LayersLoaded, NodeReadDone, ReadFinished,
+                                             ReadQueued, Reserve, Reserved, Stage, Staged)
 from shared.transport.base import Op, TrafficClass
 from shared.transport.errors import TransportError
 
@@ -60,17 +71,23 @@ class FetchPath:
         n = len(msg.keys)
         k = min(max(msg.pe_blocks, 0), n)
         owner, prog = f"{msg.req_id}/fetch", Progress()
+        tracks = {tag: self.p.reads.hold((msg.req_id, tag)) for tag in ("pe", "de")}
+        local: list[asyncio.Task] = []  # the PE-path read, once started: its slots are freed after it
         with tracer.start_as_current_span("kv_fetch", context=d.ctx, attributes={
                 "req_id": msg.req_id, "blocks": n, "pe_path_blocks": k, "de_path_blocks": n - k,
                 "pe_node": msg.node, "de_node": msg.de_node}) as span:
             try:
-                await self._run(msg, k, owner, prog, span)
+                await self._run(msg, k, owner, prog, span, tracks, local)
             except Exception as exc:  # noqa: BLE001 - answered on the wire; a bug goes on to the supervisor
                 span.record_exception(exc)
                 await self.failed(msg, prog, exc)
                 if not isinstance(exc, EXPECTED):
                     raise
             finally:
+                if local:  # the gateway may still be writing into the slots
+                    await asyncio.wait(local)
+                for tag in tracks:
+                    self.p.reads.release((msg.req_id, tag))
                 self.p.pool.release(owner)
 
     async def failed(self, msg: FetchKV, prog: Progress, exc: Exception) -> None:
@@ -81,25 +98,48 @@ class FetchPath:
                     "done" if prog.read else "not done", prog.layers, code, why)
         await self.p.bus.publish(self.p.loaded_subject, FetchFailed(msg.req_id, code, why, prog.layers))
 
-    async def _run(self, msg: FetchKV, k: int, owner: str, prog: Progress, span) -> None:
-        p = self.p
+    async def _run(self, msg: FetchKV, k: int, owner: str, prog: Progress, span, tracks,
+                   local: list[asyncio.Task]) -> None:
+        p, n = self.p, len(msg.keys)
         t0 = time.perf_counter()
         await self._announce_queue(msg, k)
-        (pe_ok, offsets, pe_err), staged = await self._both_paths(msg, k, owner)
-        self.m_wait.labels("read").observe(time.perf_counter() - t0)
-        de_ok = staged.blocks if staged else 0
+        pe, de = tracks["pe"], tracks["de"]
+        de_slots: list[int] = []
+        if k < n:
+            res = await self._reserve_remote(msg)
+            if res.ok:
+                de_slots = res.slots
+            else:  # no DE-buffer room: the PE path alone; the rest is computed
+                n = k
+                de.finish(0, res.error)
+        offsets: list[int] = []
+        if k:
+            offsets = await self._start_local(msg, msg.keys[:k], owner, pe, local)
+        else:
+            pe.finish(0)
+        if k < n:
+            p.spawn(self._stage_remote(msg, k, de_slots, de), name=f"stage-{msg.req_id}")
+        else:
+            de.finish(0, de.final_error)
+        bn = p.pool.block_nbytes
+        timeout = max(p.queues.deadline(msg.node, k * bn), p.queues.deadline(msg.de_node, (n - k) * bn))
+        await pe.until(lambda: pe.opened is not None, timeout, "PE-path read opened")
+        await de.until(lambda: de.opened is not None, timeout, "DE-path read opened")
+        pe_ok, de_ok = pe.opened, de.opened
         hits = pe_ok if pe_ok < k else k + de_ok
         de_hits = list(range(k, hits))
         span.set_attributes({"blocks_ok": hits, "pe_ok": pe_ok, "de_ok": de_ok,
-                             "error": pe_err or (staged.error if staged else "")})
+                             "error": pe.final_error or de.final_error})
         # a short read's error only means fewer hits: the rest of the prompt is computed
         await p.bus.publish(p.loaded_subject, ReadFinished(
-            msg.req_id, hits, de_slots=staged.slots if staged else [], de_hits=de_hits))
+            msg.req_id, hits, de_slots=de_slots if de_hits else [], de_hits=de_hits,
+            eta_s=round(max(pe.eta_s, de.eta_s), 4)))
         prog.read = True
         if hits:
-            local = [(off, b) for off, b in zip(offsets[:min(pe_ok, hits)], msg.dst_blocks)]
-            remote = [(staged.slots[i], msg.dst_blocks[i]) for i in de_hits]
-            await self._layers(msg, local, remote, prog)
+            local = [(off, i) for i, off in enumerate(offsets[:min(pe_ok, hits)])]
+            remote = [(de_slots[i], i) for i in de_hits]
+            await self._layers(msg, local, remote, prog, pe, de, timeout)
+        self.m_wait.labels("read").observe(time.perf_counter() - t0)
 
     async def _announce_queue(self, msg: FetchKV, k: int) -> None:
         """Tell the engine when its read waits behind a storage queue long enough to matter for
@@ -110,30 +150,36 @@ class FetchPath:
         if wait > 0.25 * p.cfg.transfer_timeout_s:
             await p.bus.publish(p.loaded_subject, ReadQueued(msg.req_id, round(wait, 3)))
 
-    async def _read_local(self, msg: FetchKV, keys: list[bytes], owner: str) -> tuple[int, list[int], str]:
-        """PE path: this node's gateway reads `keys` into this TM's buffer."""
+    async def _start_local(self, msg: FetchKV, keys: list[bytes], owner: str, track: ReadTrack,
+                           local: list[asyncio.Task]) -> list[int]:
+        """PE path: buffer slots, then this node's gateway reads `keys` into them (in the background)."""
         p = self.p
-        if not keys:
-            return 0, [], ""
         try:
             slots = await p.pool.allocate_wait(owner, len(keys))
         except OutOfSlots as exc:
-            return 0, [], f"PE buffer full: {exc}"
-        bn = p.pool.block_nbytes
-        offsets = [s * bn for s in slots]
+            track.finish(0, f"PE buffer full: {exc}")
+            return []
+        offsets = [s * p.pool.block_nbytes for s in slots]
+        local.append(p.spawn(self._read_local(msg, keys, offsets, track), name=f"read-{msg.req_id}"))
+        return offsets
+
+    async def _read_local(self, msg: FetchKV, keys: list[bytes], offsets: list[int], track: ReadTrack) -> None:
+        p, nbytes = self.p, len(keys) * self.p.pool.block_nbytes
         try:
-            with p.queues.read_at(msg.node, len(keys) * bn):
-                done = await p.bus.request(p.subjects.sg(msg.node, "read"),
-                                           ReadBlocks(msg.req_id, msg.layout, keys, p.pool.buffer.name, offsets),
-                                           ReadDone, timeout=p.queues.deadline(msg.node, len(keys) * bn))
+            with p.queues.read_at(msg.node, nbytes):
+                done = await p.bus.request(p.subjects.sg(msg.node, "read"), ReadBlocks(
+                    msg.req_id, msg.layout, keys, p.pool.buffer.name, offsets, group_layers=p.group_layers,
+                    progress=p.progress_subject, tag="pe"), ReadDone, timeout=p.queues.deadline(msg.node, nbytes))
+            track.finish(done.blocks, done.error or done.stop_reason)
         except BusError as exc:
-            return 0, offsets, exc.reason
-        return done.blocks, offsets, done.error
+            track.finish(0, exc.reason)
+        finally:
+            await self._reads_done(msg.req_id, msg.node)
 
     async def _reserve_remote(self, msg: FetchKV) -> Reserved:
-        """A split read first holds the prompt's DE-buffer slots, and only then takes PE-buffer
-        slots: one order for the two buffers, so no two fetches each hold one and wait for the
-        other (with both buffers full that hold-and-wait stalled every split until its deadline)."""
+        """A fetch with DE-path blocks first holds the prompt's DE-buffer slots, and only then takes
+        PE-buffer slots: one order for the two buffers, so no two fetches each hold one and wait for
+        the other (with both buffers full that hold-and-wait stalled every split until its deadline)."""
         p = self.p
         try:
             return await p.bus.request(p.subjects.tm(msg.de_engine, "reserve"),
@@ -142,60 +188,91 @@ class FetchPath:
         except BusError as exc:
             return Reserved(ok=False, error=exc.reason)
 
-    async def _stage_remote(self, msg: FetchKV, k: int, slots: list[int] | None = None) -> Staged:
-        """DE path: the DE's TM reserves the prompt's slots (unless given) and its gateway reads
-        keys[k:] into them."""
+    async def _stage_remote(self, msg: FetchKV, k: int, slots: list[int], track: ReadTrack) -> None:
+        """DE path: the DE's TM has its gateway read keys[k:] into the reserved slots, reporting here."""
         p = self.p
         nbytes = (len(msg.keys) - k) * p.pool.block_nbytes
         try:
             with p.queues.read_at(msg.de_node, nbytes):
-                return await p.bus.request(
+                staged = await p.bus.request(
                     p.subjects.tm(msg.de_engine, "stage"),
-                    Stage(msg.req_id, msg.prompt_blocks, k, msg.keys[k:], msg.de_node, msg.layout, slots=slots or []),
+                    Stage(msg.req_id, msg.prompt_blocks, k, msg.keys[k:], msg.de_node, msg.layout, slots=slots,
+                          group_layers=p.group_layers, progress=p.progress_subject),
                     Staged, timeout=p.queues.deadline(msg.de_node, nbytes))
+            track.finish(staged.blocks, staged.error)
         except BusError as exc:
-            return Staged(error=exc.reason)
+            track.finish(0, exc.reason)
+        finally:
+            await self._reads_done(msg.req_id, msg.de_node)
 
-    async def _both_paths(self, msg: FetchKV, k: int, owner: str):
-        """Read keys[:k] on the PE path and keys[k:] on the DE path at the same time."""
-        n = len(msg.keys)
-        if k == n:
-            return await self._read_local(msg, msg.keys, owner), None
-        if k == 0:
-            return (0, [], ""), await self._stage_remote(msg, 0)
-        res = await self._reserve_remote(msg)
-        if not res.ok:  # no DE-buffer room: the PE path alone; the rest is computed
-            return await self._read_local(msg, msg.keys[:k], owner), Staged(error=res.error)
-        return await asyncio.gather(self._read_local(msg, msg.keys[:k], owner),
-                                    self._stage_remote(msg, k, res.slots))
+    async def _reads_done(self, req_id: str, node: str) -> None:
+        await self.p.bus.publish(self.p.subjects.reads_done, NodeReadDone(req_id, node))
 
     async def _layers(self, msg: FetchKV, local: list[tuple[int, int]], remote: list[tuple[int, int]],
-                      prog: Progress) -> None:
-        """Layer after layer: PE-buffer blocks by local copy, DE-buffer blocks by a one-sided read.
-        Both copies of a layer settle before a failure of either is raised (nothing of this
+                      prog: Progress, pe: ReadTrack, de: ReadTrack, timeout: float) -> None:
+        """Layer after layer, once read: PE-buffer blocks by local copy, DE-buffer blocks by a one-sided
+        read. Both copies of a layer settle before a failure of either is raised (nothing of this
         fetch is still moving when the engine hears of it)."""
         p, lay = self.p, self.p.pool.layout
-        lb, bn, timeout = lay.layer_block_nbytes, lay.block_nbytes, p.cfg.transfer_timeout_s
-        peer = await p.peer(msg.de_engine) if remote else None
-        t0 = last = time.perf_counter()
-        for layer in range(lay.n_layers):
-            loc = [Op("buf", off + layer * lb, "kv", b * bn + layer * lb, lb) for off, b in local]
-            rem = [Op("kv", b * bn + layer * lb, "buf", off + layer * lb, lb) for off, b in remote]
-            done = await asyncio.gather(
-                p.endpoint.copy_local(loc, TrafficClass.LATENCY, timeout=timeout) if loc else _none(),
-                peer.read(rem, TrafficClass.LATENCY, timeout=timeout) if rem else _none(),
-                return_exceptions=True)
-            for res in done:
-                if isinstance(res, BaseException):
-                    raise res
-            prog.layers = layer + 1
-            now = time.perf_counter()
-            if layer == lay.n_layers - 1 or now - last >= LAYER_NOTIFY_GAP_S:
-                await p.bus.publish(p.loaded_subject, LayersLoaded(msg.req_id, layer))
-                last = now
-        p.m_bytes.labels("h2d_layers").inc(bn * len(local))
-        p.m_bytes.labels("de_path_pull").inc(bn * len(remote))
+        lb, n_layers = lay.layer_block_nbytes, lay.n_layers
+        window = _window(msg, n_layers)
+        state = p.layers.hold(msg.req_id) if window else None
+        try:
+            peer = await p.peer(msg.de_engine) if remote else None
+            t0 = last = time.perf_counter()
+            for layer in range(n_layers):
+                await self._landed(layer, n_layers, local, remote, pe, de, timeout)
+                if state is not None and window.released_before(layer) >= 0:
+                    before = window.released_before(layer)
+                    await state.until(lambda: state.pushed > before, timeout, f"layer {before} pushed on")
+                dst = [_layer_block(msg, i, layer, n_layers, window) * lb for i in range(len(msg.keys))]
+                loc = [Op("buf", off + layer * lb, "kv", dst[i], lb) for off, i in local]
+                rem = [Op("kv", dst[i], "buf", off + layer * lb, lb) for off, i in remote]
+                done = await asyncio.gather(
+                    p.endpoint.copy_local(loc, TrafficClass.LATENCY, timeout=p.cfg.transfer_timeout_s) if loc
+                    else _none(), peer.read(rem, TrafficClass.LATENCY, timeout=p.cfg.transfer_timeout_s) if rem
+                    else _none(), return_exceptions=True)
+                for res in done:
+                    if isinstance(res, BaseException):
+                        raise res
+                prog.layers = layer + 1
+                now = time.perf_counter()
+                if layer == n_layers - 1 or now - last >= LAYER_NOTIFY_GAP_S:
+                    await p.bus.publish(p.loaded_subject, LayersLoaded(msg.req_id, layer))
+                    last = now
+        except (LookupError, RuntimeError) as exc:
+            raise BusError("fetch", str(exc), ErrorCode.STORAGE) from None
+        finally:
+            if state is not None:
+                p.layers.release(msg.req_id)
+        p.m_bytes.labels("h2d_layers").inc(lay.block_nbytes * len(local))
+        p.m_bytes.labels("de_path_pull").inc(lay.block_nbytes * len(remote))
         self.m_wait.labels("h2d").observe(time.perf_counter() - t0)
+
+    async def _landed(self, layer: int, n_layers: int, local, remote, pe: ReadTrack, de: ReadTrack,
+                      timeout: float) -> None:
+        """Layer `layer` of both reads is in the buffers; before the last one, their checksums passed."""
+        for track, used in ((pe, len(local)), (de, len(remote))):
+            if not used:
+                continue
+            last = layer == n_layers - 1
+            await track.until(lambda: track.final is not None or (not last and track.layers > layer), timeout,
+                              f"layer {layer} read from storage")
+            if track.final is not None and track.final < used:
+                raise BusError("read", f"block {track.final} failed verification after its layers were read: "
+                                       f"{track.final_error}", ErrorCode.STORAGE)
+
+
+def _window(msg: FetchKV, n_layers: int) -> HitWindow | None:
+    w = msg.window
+    return None if w is None else HitWindow(w.hits, tuple(w.ring), w.layers, n_layers, w.used)
+
+
+def _layer_block(msg: FetchKV, i: int, layer: int, n_layers: int, window: HitWindow | None) -> int:
+    """Layer Block number (in KV memory) of hit `i` at `layer`: in the window's ring, or its own block."""
+    if window is not None and i < window.in_ring:
+        return window.layer_block(i, layer)
+    return msg.dst_blocks[i] * n_layers + layer
 
 
 async def _none() -> None:

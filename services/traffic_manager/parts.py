@@ -2,7 +2,8 @@
 
 Owns only the bundle (`TMParts`): the settings, the bus and subjects, the buffer's slot
 pool, the data-plane endpoint with a way to reach another engine's traffic-manager, the
-gateways' read queues, the shared byte counter, and `spawn` for supervised tasks. The
+gateways' read queues, the shared byte counter, `spawn` for supervised tasks, and the
+progress of reads and layers (progress.py). The
 service builds it once its endpoint is up (`TrafficManagerService.start`).
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ from prometheus_client import Counter
 
 from services.traffic_manager.config import TrafficManagerConfig
 from services.traffic_manager.pool import BufferPool
+from services.traffic_manager.progress import Registry
 from services.traffic_manager.read_queues import ReadQueues
 from shared.bus import Bus
 from shared.messages.subjects import Subjects
@@ -35,6 +37,20 @@ class TMParts:
     queues: ReadQueues
     m_bytes: Counter  # dualpath_traffic_manager_bytes_total{kind}
     spawn: Callable[..., asyncio.Task[Any]]  # Service.spawn: supervised tasks
+    reads: Registry  # (req_id, tag) -> ReadTrack: storage reads in layer groups, as reported
+    layers: Registry  # req_id -> LayerState: layers computed by the engine and pushed on
+
+    @property
+    def group_layers(self) -> int:
+        """Layers per group of a storage read (`read_layer_groups` groups; 0: whole blocks)."""
+        n = self.pool.layout.n_layers if self.pool.layout else 0
+        size = -(-n // self.cfg.read_layer_groups) if n else 0
+        return size if 0 < size < n else 0
+
+    @property
+    def progress_subject(self) -> str:
+        """Where gateways report this TM's reads in layer groups (`LayersRead`)."""
+        return self.subjects.tm(self.cfg.engine, "read_progress")
 
     @property
     def loaded_subject(self) -> str:

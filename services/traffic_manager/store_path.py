@@ -2,7 +2,8 @@
 
 Stage (DE side of the DE read path): reserve buffer slots for a whole prompt (unless the
 fetching TM reserved them already) and have this node's gateway read hit blocks into some
-of them; the PE's traffic-manager then reads them one-sidedly, layer by layer.
+of them, in layer groups reported straight to the fetching TM; the PE's traffic-manager
+reads each layer one-sidedly as it lands.
 Save: KV memory -> buffer slots (bulk class; a save finding no spare slots waits in the
 bounded line of `saves.py`) -> `SaveCopied` to the engine (its blocks may be reused from
 then on) -> gateway writes each block in the background. A save naming buffer slots (a
@@ -55,10 +56,13 @@ class StorePath:
                 try:
                     offsets = slots[msg.first:msg.first + len(msg.keys)]
                     nbytes = len(msg.keys) * bn
+                    streamed = msg.progress and not p.cfg.fault_flip_de_bytes  # a fault goes in after the checksum
                     with p.queues.read_at(msg.node, nbytes):
                         done = await p.bus.request(
                             p.subjects.sg(msg.node, "read"),
-                            ReadBlocks(msg.req_id, msg.layout, msg.keys, pool.buffer.name, offsets), ReadDone,
+                            ReadBlocks(msg.req_id, msg.layout, msg.keys, pool.buffer.name, offsets,
+                                       group_layers=msg.group_layers if streamed else 0,
+                                       progress=msg.progress if streamed else "", tag="de"), ReadDone,
                             timeout=p.queues.deadline(msg.node, nbytes))
                 except BusError as exc:
                     done = ReadDone(error=exc.reason)

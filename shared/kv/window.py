@@ -8,7 +8,8 @@ that number times the Layer Block's size. A prompt's blocks normally own all the
 from a ring cut out of a few whole blocks (`ring`), and layer l of hit block j sits in ring
 slot `(l % layers) * hits + j`. Layer l + layers reuses layer l's slots once layer l has been
 computed and handed on, so the hits of a prompt take `ceil(hits * layers / n_layers)` blocks
-instead of `hits`.
+instead of `hits`. A read that found fewer hits than the ring was cut for keeps the slots
+(`used` says how many blocks are really in the ring); the others get blocks of their own.
 
 Example: 30 layers, 6 hits, a window of 5 layers: the ring is 1 block (30 Layer Blocks =
 5 layers x 6 hits); layer 7 of hit 2 is ring slot (7 % 5) * 6 + 2 = 14, Layer Block
@@ -24,10 +25,17 @@ NO_BLOCK = -1  # block-table entry of a hit block whose layers live in a window'
 
 @dataclass(frozen=True, slots=True)
 class HitWindow:
-    hits: int  # leading blocks of the prompt whose KV lives in the ring
+    hits: int  # leading blocks of the prompt the ring was cut for (the slot stride)
     ring: tuple[int, ...]  # the whole KV blocks cut into the ring's Layer Blocks
     layers: int  # layers the ring holds at once (1 <= layers < n_layers)
     n_layers: int
+    used: int = -1  # of those, the leading blocks whose KV is really there (-1: all `hits`; fewer after a
+    #                 short read, whose other blocks got blocks of their own)
+
+    @property
+    def in_ring(self) -> int:
+        """Leading blocks read through the ring."""
+        return self.hits if self.used < 0 else self.used
 
     def __post_init__(self) -> None:
         if not 0 < self.layers < self.n_layers or self.hits <= 0:
@@ -54,7 +62,7 @@ def layer_blocks(blocks: list[int], layer: int, n_layers: int, window: HitWindow
     """Layer Block numbers of every block of a prompt at `layer` (hits in the window's ring)."""
     out = []
     for j, b in enumerate(blocks):
-        if window is not None and j < window.hits:
+        if window is not None and j < window.in_ring:
             out.append(window.layer_block(j, layer))
         else:
             if b < 0:

@@ -9,10 +9,17 @@ Release: free a request's slots (cancel, failure).
 Fetch (PE read path): PE --FetchKV--> its TM, which reports on `pe.<id>.loaded` with one
   message type per meaning (the `FetchProgress` union, one Decoder: `progress_decoder`):
     [ReadQueued(eta_s): the read waits behind a storage queue; the PE's deadline waits too]
-    ReadFinished(blocks, de_slots, de_hits): the hit blocks are read (0: a miss after all)
+    ReadFinished(blocks, de_slots, de_hits, eta_s): the hit blocks are found (0: a miss after all);
+      their layers land in groups within eta_s (a read in layer groups), or have landed
     LayersLoaded(layer) ...: layers 0..layer are in KV memory (the PE computes them meanwhile)
   or, at any point, FetchFailed(code, error): before ReadFinished the PE computes the whole
   prompt (nothing reached its KV memory); after, the load failed and so does the prefill.
+Layerwise push (PE side, during the final forward of a prompt): PE --PushKV(layerwise)--> its
+  TM at the forward's start; the PE reports LayersComputed(layer) after each layer, and the TM
+  sends that layer of the prompt's blocks to the DE buffer while the next layer computes;
+  PushDone once the last layer has landed. A Release (or Cancel) of the request ends it early.
+Reads done: when a node's share of a fetch's storage reads is over, the TM tells the schedulers
+  (NodeReadDone, broadcast): that node's read queue no longer counts it.
 Save (persistence): engine --SaveKV--> its TM: copy full blocks KV -> buffer (bulk; waiting in a
   bounded line for spare slots), reply SaveCopied (the engine may now free those blocks), then
   write them through the gateway. With `slots` the blocks are already in the TM's buffer (a
@@ -26,13 +33,39 @@ from shared.messages.codes import ErrorCode
 from shared.messages.storage_gateway import StoreLayout
 
 
+class KVWindow(msgspec.Struct, array_like=True, omit_defaults=True):
+    """A prompt's hit window (shared/kv/window.py `HitWindow`): its first `hits` blocks hold `layers`
+    layers at a time in the Layer Blocks of the `ring` blocks."""
+
+    hits: int
+    ring: list[int]
+    layers: int
+    used: int = -1  # leading blocks really in the ring (-1: all `hits`)
+
+
 class PushKV(msgspec.Struct, omit_defaults=True):
     req_id: str
-    src_blocks: list[int]  # PE KV block ids, in prompt order
+    src_blocks: list[int]  # PE KV block ids, in prompt order (NO_BLOCK for hits in the window)
     dst_engine: str  # the DE whose TM buffer receives them
     n_tokens: int = 0
     dst_slots: list[int] = []  # DE-buffer slots already reserved (DE read path), one per src block
     skip: list[int] = []  # block indexes already in the DE buffer (DE-path hits): not sent
+    layerwise: bool = False  # send each layer as the PE reports it computed (LayersComputed)
+    window: KVWindow | None = None  # where the hits' layers are (src_blocks has no entry for them)
+
+
+class LayersComputed(msgspec.Struct, array_like=True, gc=False):
+    """PE -> its TM: layers 0..layer of these requests' final forward are computed (their KV written)."""
+
+    req_ids: list[str]
+    layer: int
+
+
+class NodeReadDone(msgspec.Struct, array_like=True, gc=False):
+    """TM -> schedulers: `node`'s storage reads for the request are over (its read queue drops them)."""
+
+    req_id: str  # as the engines see it: "<request>#<attempt>"
+    node: str
 
 
 class PushDone(msgspec.Struct, omit_defaults=True):
@@ -77,6 +110,7 @@ class FetchKV(msgspec.Struct, omit_defaults=True):
     de_engine: str = ""  # DE-path: the DE whose TM stages the blocks in its buffer
     de_node: str = ""  # DE-path: the DE's node (its gateway reads)
     prompt_blocks: int = 0  # DE-path: DE-buffer slots to reserve for the whole prompt
+    window: KVWindow | None = None  # the hits' layers land in this ring (dst_blocks has no entry for them)
 
 
 # Fetch progress: per-layer messages are hot, so arrays; the tag (first element) says which.
@@ -94,9 +128,10 @@ class ReadFinished(_Progress, tag="read"):
     """The storage read is over: `blocks` leading hits sit in the buffers, copied layer by layer next
     (a short read only means fewer hits: why is on the traffic-manager's `kv_fetch` span)."""
 
-    blocks: int  # leading hit blocks read and verified (the rest is a miss: computed)
+    blocks: int  # leading hit blocks found (the rest is a miss: computed)
     de_slots: list[int] = []  # DE-path: DE-buffer slots reserved for the whole prompt
     de_hits: list[int] = []  # DE-path: block indexes whose stored KV sits in those slots
+    eta_s: float = 0.0  # until their last layer has been read from storage (0: read already)
 
 
 class LayersLoaded(_Progress, tag="layers"):
@@ -126,6 +161,8 @@ class Stage(msgspec.Struct, omit_defaults=True):
     node: str  # the DE's node (gateway)
     layout: StoreLayout
     slots: list[int] = []  # already reserved for req_id (byte offsets, one per prompt block); empty = reserve here
+    group_layers: int = 0  # read in layer groups, reported to `progress` (the fetching TM) as they land
+    progress: str = ""
 
 
 class Staged(msgspec.Struct, omit_defaults=True):

@@ -108,7 +108,7 @@ def _layer_table(table: torch.Tensor, window: HitWindow | None, layer: int, n_la
     """A slice's block table at `layer` as Layer Block numbers (its hits from the window's ring)."""
     out = table * n_layers + layer
     if window is not None:
-        hits = min(window.hits, len(out))
+        hits = min(window.in_ring, len(out))
         out[:hits] = torch.tensor([window.layer_block(j, layer) for j in range(hits)], dtype=out.dtype,
                                   device=out.device)
     return out
