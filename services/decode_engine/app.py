@@ -72,11 +72,13 @@ class DecodeEngineService(EngineService):
             return
         req = DecodeRequest(msg.req_id, list(msg.prompt), msg.sampling, msg.reply, d.ctx, admit=msg)
         req.generated.append(msg.first_token)
+        why = "" if msg.oracle else await self.persister.claim_prompt(req, msg)  # on its way to the store now
+        if why:
+            await d.respond(Ack(False, f"prompt not saved: {why}", ErrorCode.CANCELLED))
+            return
         self.held[req.req_id] = req
         self.waiting.append(req)
         await d.respond(Ack())
-        if not msg.oracle:  # the prompt is on its way to the store from here on, whatever ends the request
-            req.prompt_save = self.persister.save_prompt(req, msg)
         self.wake.set()
 
     def _limit(self, req: DecodeRequest) -> int:
@@ -118,8 +120,6 @@ class DecodeEngineService(EngineService):
         self.wake.set()
 
     async def _copy_in(self, req: DecodeRequest, admit: DecodeAdmit) -> None:
-        if req.prompt_save is not None:  # the TM holds the slots for that write before the load may free them
-            await req.prompt_save
         n = len(admit.buf_slots)
         done = await self.bus.request(self.subjects.tm(self.engine, "load"),
                                       LoadKV(req.req_id, admit.buf_slots, req.blocks[:n]), PushDone,

@@ -1,8 +1,9 @@
 """Persistence from the decode side: every full block is saved the moment it fills.
 
-Prompt blocks the store did not have (the PE computed them) are saved on admission,
-straight from the DE buffer they arrived in (`save_prompt`: whatever ends the request
-later, a cancel while it waits for KV memory included, they are on their way); each
+Prompt blocks the store did not have (the PE computed them) are saved on admission, before
+it is acknowledged, straight from the DE buffer they arrived in (`claim_prompt`: whatever
+ends the request later, a cancel while it waits for KV memory included, they are on their
+way; a cancel that overtook the admission makes the admission fail, and the PE saves them); each
 generated block when decoding completes it, copied out of KV memory. Saving is
 background work of the traffic-manager (bulk class) and never stalls a decode step; the
 engine keeps a request's KV blocks until the TM has copied them out (`busy`), so a block
@@ -42,16 +43,24 @@ class Persister:
         self.m_saved = metrics.counter("persisted_blocks_total", "Full blocks handed to persistence")
         self.m_failed = metrics.counter("persist_failures_total", "Saves that failed unexpectedly")
 
-    def save_prompt(self, req: EngineRequest, admit: DecodeAdmit) -> asyncio.Task | None:
-        """On admission: the prompt's full blocks the store lacks, written from the DE buffer slots
-        they arrived in. The load must await the task (the TM then holds those slots until written)."""
+    async def claim_prompt(self, req: EngineRequest, admit: DecodeAdmit) -> str:
+        """On admission, before it is acknowledged: the prompt's full blocks the store lacks, written
+        from the DE buffer slots they arrived in (the TM holds those slots until written, whatever
+        ends the request). Returns why it could not ("": claimed, or nothing to save): the slots were
+        released already (a cancel overtook the admission) -- then the PE, still holding the prompt,
+        persists it."""
         n_full = min(admit.prompt_len // self.layout.block_size, len(admit.block_keys), len(admit.buf_slots))
         start = min(admit.persisted_blocks, n_full)
         if start >= n_full:
-            return None
+            return ""
         msg = SaveKV(req.req_id, [], list(admit.block_keys[start:n_full]), self.node, self.layout,
                      slots=list(admit.buf_slots[start:n_full]))
-        return self.spawn(self._request(req, msg, count=False), name=f"persist-prompt-{req.req_id}")
+        try:
+            res = await self.bus.request(self.subject, msg, SaveCopied, timeout=self.timeout_s, ctx=req.ctx)
+        except BusError as exc:
+            return exc.reason
+        self.m_saved.inc(res.copied)
+        return res.error
 
     def prompt(self, seq: RunningSeq, admit: DecodeAdmit) -> None:
         """On joining the batch: the keys of the prompt's full blocks (generated blocks chain on them)."""

@@ -19,7 +19,6 @@ class DecodeRequest(EngineRequest):
     """One record per request a decode engine holds."""
 
     admit: DecodeAdmit | None = None  # the hand-off (buffer slots, prompt keys); None once loaded
-    prompt_save: Any = None  # the task saving its prompt from the DE buffer (the load waits for its reply)
     failed: str = ""  # set when background work for it failed: the loop ends it with this error
 
 

@@ -33,7 +33,8 @@ class StorePath:
         self.p = parts
         self.m_saved = parts.metrics.counter("saved_blocks_total", "Blocks handed to the gateway for persistence",
                                              ("outcome",))
-        self.line = SaveLine(parts.pool, parts.cfg.save_queue_blocks, parts.cfg.save_wait_s,
+        wait_s = min(parts.cfg.save_wait_s, parts.cfg.transfer_timeout_s / 2)  # inside the engines' save deadline
+        self.line = SaveLine(parts.pool, parts.cfg.save_queue_blocks, wait_s,
                              parts.metrics.gauge("save_queue_blocks", "Blocks of saves waiting for buffer room"),
                              self.m_saved)
 
