@@ -52,6 +52,7 @@ class PrefillEngineService(EngineService):
         self.m_requests = m.counter("requests_total", "Prompts prefilled")
         self.m_tokens = m.counter("tokens_total", "Prompt tokens computed")
         self.m_step = m.histogram("step_seconds", "Prefill forward time")
+        self.m_compute = m.counter("compute_seconds", "Forward time not spent waiting for stored KV")
         self.m_handoff = m.histogram("handoff_seconds", "KV push + admit time")
         self.m_tail = m.histogram("handoff_tail_seconds", "Last layer computed -> last layer in the DE buffer",
                                   buckets=(1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 1))
@@ -92,11 +93,7 @@ class PrefillEngineService(EngineService):
         hits = usable_hits(msg, self.cfg.block_size)
         if msg.mode == LoadMode.ORACLE:  # no I/O: the hit KV is taken as present (output not meaningful)
             req.hit_tokens = hits * self.cfg.block_size
-            self.queue.append(req)
-        elif hits:
-            self.fetcher.waiting.append(req)
-        else:
-            self.queue.append(req)
+        (self.fetcher.waiting if hits and msg.mode != LoadMode.ORACLE else self.queue).append(req)
         self._note_queue()
         self.wake.set()
 
@@ -164,8 +161,8 @@ class PrefillEngineService(EngineService):
         computed = (lambda layer: loop.call_soon_threadsafe(self._computed, pushes, layer)) if pushes else None
         t0 = time.perf_counter()
         try:
-            firsts = await self.worker.run(forward, self.loaded.model, self.kv, batch, self.cfg.handoff_timeout_s,
-                                           computed)
+            firsts, waited = await self.worker.run(forward, self.loaded.model, self.kv, batch,
+                                                   self.cfg.handoff_timeout_s, computed)
         except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the engine
             step_span.end()
             await self._step_failed(batch, spans, exc)
@@ -175,7 +172,8 @@ class PrefillEngineService(EngineService):
                 c.req.in_step = False
         dt = time.perf_counter() - t0
         self.m_step.observe(dt)
-        self.s_per_token = 0.8 * self.s_per_token + 0.2 * dt / max(1, sum(c.bsz for c in batch))
+        self.m_compute.inc(max(0.0, dt - waited))
+        self.s_per_token = 0.8 * self.s_per_token + 0.2 * max(0.0, dt - waited) / max(1, sum(c.bsz for c in batch))
         step_span.end()
         for c, span, tok in zip(batch, spans, firsts):
             self._after_step(c, span, tok)

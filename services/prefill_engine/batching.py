@@ -49,9 +49,9 @@ def written_blocks(batch: list[Chunk], block_size: int) -> list[int]:
 
 
 def forward(model, kv: KVMemory, batch: list[Chunk], layer_timeout_s: float,
-            on_computed: Callable[[int], None] | None = None) -> list[First | None]:
-    """Model thread: one batched forward; per chunk, the first token if it finished its prompt.
-    `on_computed(l)`: layer l's new KV is in the host region (its push may start)."""
+            on_computed: Callable[[int], None] | None = None) -> tuple[list[First | None], float]:
+    """Model thread: one batched forward; per chunk, the first token if it finished its prompt, and the
+    seconds it waited for stored KV. `on_computed(l)`: layer l is over (its push may start)."""
     import torch
 
     from shared.engine.sampling import next_tokens
@@ -67,8 +67,8 @@ def forward(model, kv: KVMemory, batch: list[Chunk], layer_timeout_s: float,
     last = [i for i, c in enumerate(batch) if c.cached + c.bsz >= len(c.req.prompt)]
     out: list[First | None] = [None] * len(batch)
     if not last:
-        return out
+        return out, gate.waited_s
     toks, lps = next_tokens(logits[last], [batch[i].req.sampling for i in last], [0] * len(last))
     for i, t, lp in zip(last, toks, lps):
         out[i] = (t, lp)
-    return out
+    return out, gate.waited_s

@@ -92,14 +92,17 @@ class LayerGate:
         self.pending: list[tuple[int, object]] = []  # (layer, its copy-down event) not reported yet
         self.downs: dict[int, object] = {}  # layer -> its copy-down event (device cache)
         self.last_computed_at = 0.0  # perf_counter when the last layer was reported
+        self.waited_s = 0.0  # time the forward spent waiting for stored KV to land (not computing)
 
     def before_layer(self, layer: int) -> None:
         if layer > 0:
             self._done(layer - 1)
+        t0 = time.perf_counter()
         for p in self.loads:
             p.wait(layer, self.timeout)
             if self.copies is not None:
                 self._upload(p, layer)
+        self.waited_s += time.perf_counter() - t0
 
     def _upload(self, p: LoadProgress, layer: int) -> None:
         landed = p.layers  # read once: the event loop may mark more meanwhile
