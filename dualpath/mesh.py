@@ -12,6 +12,9 @@ a restarted nats-server binds that port again, so every service reconnects to th
 `restart()` starts a process again in place; `dualpath/supervisor.py` decides when.
 Logs go to `log_dir`; a temporary one is removed by `stop()` unless something failed
 (then `MeshError` names it and it stays for reading).
+With `netns=True` every node (gateway, engines, traffic managers), the scheduler and NATS
+run in network namespaces of their own, joined by kernel-shaped links (dualpath/netns/):
+listeners bind each host's address, and `stop()` deletes the namespaces again.
 """
 from __future__ import annotations
 
@@ -71,6 +74,9 @@ class MeshSpec:
     log_dir: str = ""  # kept as given; empty = a temporary directory, removed at stop() unless a process failed
     extra: dict[str, dict[str, str]] = field(default_factory=dict)  # service -> {flag: value}
     env: dict[str, str] = field(default_factory=dict)
+    netns: bool = False  # hosts as network namespaces (root only; see dualpath/netns/)
+    link_gbps: float = 0.0  # with netns: each node's link rate both ways (compute NIC); 0 = unlimited
+    link_latency_ms: float = 0.0  # with netns: added to every packet a node sends
 
 
 @dataclass
@@ -102,9 +108,23 @@ class Mesh:
         self.http_port = spec.port
         self.url = f"http://{spec.host}:{spec.port}" if spec.port else ""  # final once start() bound the port
         self._seq = 0
+        self.net = None  # MeshNet once start() made the namespaces (netns=True)
+
+    def _net(self):
+        if self.spec.netns and self.net is None:
+            from dualpath.netns.placement import MeshNet
+
+            self.net = MeshNet(self.spec.link_gbps, self.spec.link_latency_ms)
+        return self.net
+
+    def host_of(self, where: str) -> str:
+        """The address listeners of host `where` ("nats", "sched" or a node) bind."""
+        return self.net.ip(where) if self._net() else self.spec.host
 
     # processes ----------------------------------------------------------------------
-    def _spawn(self, name: str, argv: list[str], pass_fds: tuple[int, ...] = ()) -> Proc:
+    def _spawn(self, name: str, argv: list[str], pass_fds: tuple[int, ...] = (), where: str = "") -> Proc:
+        if where and self._net():
+            argv = self.net.argv(where, argv)
         log = self.log_dir / f"{name}.log"
         proc = Proc(name, self._popen(argv, log, pass_fds), log, argv, pass_fds)
         self.procs.append(proc)
@@ -119,21 +139,27 @@ class Mesh:
             return subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                     cwd=os.getcwd(), pass_fds=pass_fds)
 
-    def _service(self, name: str, module: str, flags: dict[str, object], pass_fds: tuple[int, ...] = ()) -> Proc:
-        common = {"nats-url": self.nats_url, "namespace": self.spec.namespace, "host": self.spec.host}
+    def _service(self, name: str, module: str, flags: dict[str, object], pass_fds: tuple[int, ...] = (),
+                 where: str = "") -> Proc:
+        common = {"nats-url": self.nats_url, "namespace": self.spec.namespace, "host": self.host_of(where)}
         merged = {**common, **flags, **self.spec.extra.get(module, {})}
         argv = [sys.executable, "-m", f"services.{module}"]
         for key, value in merged.items():
             if value is not None and value != "":
                 argv += [f"--{key}", str(value)]
-        return self._spawn(name, argv, pass_fds)
+        return self._spawn(name, argv, pass_fds, where)
 
     def bind_http(self) -> str:
         """Bind the scheduler's listening socket (PortInUse when `port` is taken); returns the URL."""
         if self.http_sock is None:
-            self.http_sock = bind_socket(self.spec.host, self.spec.port, "port")
+            host = self.host_of("sched")
+            if self.net:
+                with self.net.entered("sched"):  # the listener lives in the scheduler's namespace
+                    self.http_sock = bind_socket(host, self.spec.port, "port")
+            else:
+                self.http_sock = bind_socket(host, self.spec.port, "port")
             self.http_port = self.http_sock.getsockname()[1]
-            self.url = f"http://{self.spec.host}:{self.http_port}"
+            self.url = f"http://{host}:{self.http_port}"
         return self.url
 
     def start_nats(self, timeout: float = 15.0) -> None:
@@ -142,10 +168,11 @@ class Mesh:
         ports = self.log_dir / "nats-ports"
         ports.mkdir(exist_ok=True)
         js = ["-js", "-sd", str(self.log_dir / "jetstream")]  # JetStream: the scheduler's request journal
-        proc = self._spawn("nats", [nats_server_binary(), "-a", self.spec.host, "-p", "-1",
-                                    "--ports_file_dir", str(ports), *js, *self.spec.nats_args])
+        host = self.host_of("nats")
+        proc = self._spawn("nats", [nats_server_binary(), "-a", host, "-p", "-1",
+                                    "--ports_file_dir", str(ports), *js, *self.spec.nats_args], where="nats")
         port = _wait_ports_file(ports, proc, timeout)
-        self.nats_url = f"nats://{self.spec.host}:{port}"
+        self.nats_url = f"nats://{host}:{port}"
         proc.argv[proc.argv.index("-p") + 1] = str(port)  # a restart binds the port every service knows
 
     def add_node(self, role: str, node: str | None = None) -> list[Proc]:
@@ -153,15 +180,15 @@ class Mesh:
         s = self.spec
         node = node or f"{role[0]}{self._seq}"
         self._seq += 1
-        procs = [self._service(f"gateway-{node}", "storage_gateway", {"node": node, "store": s.store})]
+        procs = [self._service(f"gateway-{node}", "storage_gateway", {"node": node, "store": s.store}, where=node)]
         for i in range(s.engines_per_node):
             engine = f"{node}-e{i}"
             module = "prefill_engine" if role == "prefill" else "decode_engine"
             procs.append(self._service(f"{role}-{engine}", module, {
                 "node": node, "engine": engine, "model": s.model, "kv-blocks": s.kv_blocks,
-                "block-size": s.block_size, "threads": s.threads or None}))
+                "block-size": s.block_size, "threads": s.threads or None}, where=node))
             procs.append(self._service(f"tm-{engine}", "traffic_manager", {
-                "node": node, "engine": engine, "transport": s.transport, "buffer-mb": s.buffer_mb}))
+                "node": node, "engine": engine, "transport": s.transport, "buffer-mb": s.buffer_mb}, where=node))
         return procs
 
     def start(self, timeout: float = 180.0, progress: Callable[[str], None] | None = None) -> "Mesh":
@@ -179,8 +206,8 @@ class Mesh:
             self.start_nats()
             fd = self.http_sock.fileno()
             self._service("scheduler", "scheduler", {"node": "sched", "model": self.spec.model,
-                                                     "http-host": self.spec.host, "http-port": self.http_port,
-                                                     "http-fd": fd}, pass_fds=(fd,))
+                                                     "http-host": self.host_of("sched"), "http-port": self.http_port,
+                                                     "http-fd": fd}, pass_fds=(fd,), where="sched")
             for _ in range(self.spec.prefill):
                 self.add_node("prefill")
             for _ in range(self.spec.decode):
@@ -272,6 +299,9 @@ class Mesh:
         from shared.transport.shm_region import reap_orphans
 
         reap_orphans()  # KV memory and buffers of processes that were killed (-9) and never unlinked
+        if self.net is not None:
+            self.net.close()
+            self.net = None
         if not self.keep_logs:
             shutil.rmtree(self.log_dir, ignore_errors=True)
 

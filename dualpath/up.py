@@ -37,6 +37,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="data plane between traffic-managers (auto: shm within this host)")
     p.add_argument("--store", default="", help="KV store directory (empty: ~/.cache/dualpath/store)")
     p.add_argument("--nats", default="", help="use this NATS server (nats://host:port) instead of starting one")
+    p.add_argument("--netns", action="store_true",
+                   help="hosts as network namespaces (root): each node, the scheduler and NATS in its own, joined "
+                        "by veth links to a bridge; KV between nodes moves over real TCP")
+    p.add_argument("--link-gbps", type=float, default=0.0,
+                   help="with --netns: each node's link rate both ways in Gbit/s, enforced by tc (0 = unlimited)")
+    p.add_argument("--link-latency-ms", type=float, default=0.0,
+                   help="with --netns: delay added to every packet a node sends, in ms")
     p.add_argument("--log-dir", default="", help="keep each process's log here (empty: a temporary directory, "
                                                  "removed on exit unless something failed)")
     p.add_argument("--debug", action="store_true", help="on failure, print the traceback and the failed log's tail")
@@ -55,6 +62,18 @@ def run(args: argparse.Namespace) -> int:
             raise CliError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
     if not 0 <= args.port < 65536:
         raise CliError(f"--port {args.port} is not a port number")
+    if (args.link_gbps or args.link_latency_ms) and not args.netns:
+        raise CliError("--link-gbps and --link-latency-ms shape namespace links: add --netns")
+    if args.link_gbps < 0 or args.link_latency_ms < 0:
+        raise CliError(f"--link-gbps {args.link_gbps:g} / --link-latency-ms {args.link_latency_ms:g} must be >= 0")
+    if args.netns and args.nats:
+        raise CliError("--nats with --netns: the namespaces reach only the NATS server the mesh starts itself")
+    if args.netns:
+        from dualpath.netns.fabric import probe
+
+        why = probe()
+        if why:
+            raise CliError(f"--netns: {why}")
     if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
         raise CliError(f"--device {args.device!r}: want cpu, cuda or cuda:N")
     on = {}
@@ -70,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
     spec = MeshSpec(model=args.model, port=args.port, host=args.host, prefill=args.prefill, decode=args.decode,
                     engines_per_node=args.engines_per_node, kv_blocks=args.kv_blocks, transport=args.transport,
                     store=args.store, nats_url=args.nats, log_dir=args.log_dir,
-                    extra={"prefill_engine": on, "decode_engine": on} if on else {})
+                    extra={"prefill_engine": on, "decode_engine": on} if on else {}, netns=args.netns,
+                    link_gbps=args.link_gbps, link_latency_ms=args.link_latency_ms)
     mesh = Mesh(spec)
     stop = _Stop()
     supervisor = None
@@ -79,6 +99,10 @@ def run(args: argparse.Namespace) -> int:
         where = mesh.log_dir if args.log_dir else f"{mesh.log_dir}, removed on exit unless something fails"
         print(f"starting the mesh (logs: {where}) ...", flush=True)
         print("data plane: %s transport (%s)" % choose_transport(args.transport), flush=True)
+        if args.netns:
+            rate = f"{args.link_gbps:g} Gbit/s" if args.link_gbps else "unlimited"
+            print(f"hosts: network namespaces, node links {rate}, +{args.link_latency_ms:g} ms; "
+                  f"between nodes KV moves over tcp", flush=True)
         mesh.start(progress=lambda line: print(line, flush=True))
         stop.serving()
         print(f"serving {mesh.url}  (OpenAI API: {mesh.url}/v1/completions; Ctrl-C stops)", flush=True)

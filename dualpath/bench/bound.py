@@ -40,6 +40,7 @@ class Capacity:
     write_bytes_per_s: float | None = None  # per node
     cores: int = 0  # cores this host gives the mesh (0: unknown)
     data_plane_bytes_per_s: float | None = None
+    rates: dict | None = None  # the probe's separated rates (replay.probe_rates), for the simulator's prediction
 
 
 def reading_nodes(mode: LoadMode, cap: Capacity) -> int:

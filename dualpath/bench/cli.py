@@ -73,6 +73,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--report", help="write report.md, report.json and PNG plots into this directory")
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    p.add_argument("--netns", action="store_true",
+                   help="--up: hosts as network namespaces (root): KV between nodes over real tcp")
+    p.add_argument("--link-gbps", type=float, default=0.0,
+                   help="--up --netns: each node's link rate both ways in Gbit/s, enforced by tc (0 = unlimited)")
+    p.add_argument("--link-latency-ms", type=float, default=0.0,
+                   help="--up --netns: delay added to every packet a node sends, in ms")
     p.add_argument("--data-plane", action="store_true",
                    help="also measure the data plane (tcp vs raw socket, shm vs memcpy, latency class under bulk)")
     p.set_defaults(func=run)
@@ -106,6 +112,15 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CliError(str(exc)) from None
     _snic_flag(args)
+    if (args.netns or args.link_gbps or args.link_latency_ms) and not args.up:
+        raise CliError("--netns, --link-gbps and --link-latency-ms place a mesh this bench starts: add --up")
+    if (args.link_gbps or args.link_latency_ms) and not args.netns:
+        raise CliError("--link-gbps and --link-latency-ms shape namespace links: add --netns")
+    if args.netns:
+        from dualpath.netns.fabric import probe
+
+        if why := probe():
+            raise CliError(f"--netns: {why}")
     if not args.up:
         return _bench(args, args.url, modes)
     extra = {"scheduler": {"liveness-timeout-s": "5"}}
@@ -138,7 +153,8 @@ def _bench_up(args: argparse.Namespace, modes: list[LoadMode], topo: tuple[int, 
     tmp = tempfile.mkdtemp(prefix="dualpath-bench-")
     logs = args.log_dir or f"{tmp}/logs"
     spec = MeshSpec(model=args.model, port=0, prefill=topo[0], decode=topo[1], kv_blocks=args.kv_blocks,
-                    buffer_mb=args.buffer_mb, threads=1, store=f"{tmp}/store", log_dir=logs, extra=extra)
+                    buffer_mb=args.buffer_mb, threads=1, store=f"{tmp}/store", log_dir=logs, extra=extra,
+                    netns=args.netns, link_gbps=args.link_gbps, link_latency_ms=args.link_latency_ms)
     mesh = Mesh(spec)
     print(f"starting a {args.topology} mesh of {args.model} (logs in {logs}) ...", file=sys.stderr, flush=True)
     failed = True
@@ -177,12 +193,15 @@ def _bench(args: argparse.Namespace, url: str, modes: list[LoadMode], extra_pids
     wl = load(args.trace, most, args.scale, args.seed, args.time_scale)
     nonce = random.SystemRandom().randrange(1 << 30)  # fresh token contents: nothing from an earlier run hits
     runs_done = [0]
+    lengths: dict[str, list] = {}  # mode -> the (append, gen) turns of each job it replayed (for the prediction)
 
     def fresh_jobs(mode: LoadMode, n_agents: int) -> list:
         """This run's copy of the workload: new token contents each run, so no run hits another's KV."""
         runs_done[0] += 1
         js = _cap_turns(jobs(wl, mode, lo, hi, nonce + runs_done[0], mesh.get("max_context") or 0), args.max_turns)
-        return js[:n_agents] if n_agents else js
+        js = js[:n_agents] if n_agents else js
+        lengths[mode] = [[(len(a), g) for a, g in j.turns] for j in js]
+        return js
     cap = _capacity(args, url, mesh, lo, hi)
     slo = Slo(args.slo_ttft, args.slo_tpot, args.slo_target, args.slo_warmup)
     doc = {"trace": args.trace, "config": {
@@ -206,12 +225,16 @@ def _bench(args: argparse.Namespace, url: str, modes: list[LoadMode], extra_pids
     doc["runs"] = runner.rows
     doc["config"]["kv_bytes_per_block"] = runner.bytes_per_token * (mesh.get("block_size") or 64) or None
     doc["config"]["load_average_after"] = _loadavg()
-    doc["summary"] = summary(doc["runs"])
     if args.data_plane:
         from shared.transport.bench import figures
 
         print("measuring the data plane (tcp, shm) ...", file=sys.stderr, flush=True)
         doc["data_plane"] = figures()
+    if args.offline:
+        from dualpath.bench.predict import add_predictions
+
+        add_predictions(doc, cap, mesh, _settings(args.set), args.snic_gbit, lengths)
+    doc["summary"] = summary(doc["runs"])
     doc = report.clean(doc)
     if args.report:
         print(report.write_report(doc, args.report))
@@ -277,17 +300,19 @@ def _capacity(args, url: str, mesh: dict, lo: int, hi: int):
     engines = [e for e in mesh.get("engines", []) if e.get("alive", True)]
     p_nodes = {e["node"] for e in engines if e.get("role") == "prefill"}
     d_nodes = {e["node"] for e in engines if e.get("role") == "decode"}
-    tps = tpot = None
+    tps = tpot = rates = None
     if not args.no_probe:
         n = min(256, max(64, (mesh.get("max_context") or 512) // 4))
-        tps, tpot = replay.probe(url, lo, hi, n_prompt=n, n_gen=8, repeat=3)
+        rates = replay.probe_rates(url, lo, hi, n_prompt=n, n_gen=8, repeat=3)
+        tps = n / (rates["turn_overhead_s"] + n / rates["prefill_tok_s"])  # a whole fresh prompt's rate
+        tpot = rates["decode_step_s"]
     rate = args.snic_gbit * 1e9 / 8 if args.snic_gbit else None
     local = args.up or url.startswith(("http://127.", "http://localhost"))
     return Capacity(read_bytes_per_s=rate, prefill_nodes=len(p_nodes) or 1, decode_nodes=len(d_nodes) or 1,
                     prefill_engines=sum(1 for e in engines if e.get("role") == "prefill") or 1,
                     prefill_tps=tps, tpot_s=tpot, write_bytes_per_s=rate,
                     cores=len(os.sched_getaffinity(0)) if local else 0,
-                    data_plane_bytes_per_s=_memcpy_rate() if local else None)
+                    data_plane_bytes_per_s=_memcpy_rate() if local else None, rates=rates)
 
 
 def _memcpy_rate() -> float:

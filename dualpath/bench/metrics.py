@@ -164,6 +164,8 @@ def summary(rows: list[dict]) -> dict:
         per_mode[m] = {
             "jct_s": spread(r["jct_s"] for r in rs), "bound_s": spread(r.get("jct_lower_bound_s") for r in rs),
             "jct_over_bound": spread(r.get("jct_over_bound") for r in rs),
+            "predicted_jct_s": spread(r.get("predicted_jct_s") for r in rs),
+            "measured_over_predicted": spread(r.get("measured_over_predicted") for r in rs),
             "hit_ratio": spread(r["hit_ratio"] for r in rs),
             "read_max_over_avg": spread(_max_over_avg(r.get("storage_read_bytes_per_node") or {}) for r in rs),
             "limit": max(set(limits), key=limits.count) if limits else None,

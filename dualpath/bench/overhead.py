@@ -13,12 +13,20 @@ engine hands the B prompts over one after another, so before that window the dec
 is still filling, and the prefills compete for the CPU; the whole-window rate, ramp
 included, is printed beside it.) Each batch stream reads until it has --batch-decode
 tokens inside that window (then leaves); one process decodes that many steps.
+
+Wall-clock rates on a shared machine move with what else runs there, and the two sides run
+minutes apart. So decode is also billed in CPU: milliseconds of CPU per decoded token, the
+one process's own (its decode loop) against the mesh's decode side (the decode engine, and
+the rest: scheduler, gateways, traffic managers, NATS and this client, which reads the
+streams), counted from /proc over the whole batch run. The mesh's figure includes the ramp
+(steps before the batch is full cost more per token), so it errs against the mesh.
 """
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
 import json
+import os
 import statistics
 import sys
 import threading
@@ -27,7 +35,7 @@ import uuid
 
 import httpx
 
-from dualpath.bench.procstat import status_mb
+from dualpath.bench.procstat import cpu_seconds, status_mb
 
 
 _T0 = time.monotonic()
@@ -56,6 +64,8 @@ def in_process(model: str, n_prompt: int, n_decode: int, repeat: int, n_batch: i
     bs = 64
     per_seq = -(-(max(n_prompt + n_decode, BATCH_PROMPT + n_batch) + 1) // bs)
 
+    cpu_ms: dict[int, float] = {}  # batch -> CPU ms per decoded token (last run)
+
     def run(batch: int, n: int = n_prompt, steps: int = n_decode) -> tuple[float, float]:
         kv = PagedKVCache.allocate(lm.config, per_seq * batch, bs)
         seqs = [(_prompt(lm.tokenizer, n), list(range(i * per_seq, (i + 1) * per_seq))) for i in range(batch)]
@@ -64,22 +74,24 @@ def in_process(model: str, n_prompt: int, n_decode: int, repeat: int, n_batch: i
             logits = lm.model.forward(ForwardBatch([SeqSlice(p, 0, b) for p, b in seqs]), kv)
             ttft = time.perf_counter() - t0
             last = logits.argmax(-1).tolist()
-            t1 = time.perf_counter()
+            t1, c1 = time.perf_counter(), time.process_time()
             for step in range(steps):
                 fb = ForwardBatch([SeqSlice([t], n + step, b) for t, (_, b) in zip(last, seqs)])
                 last = lm.model.forward(fb, kv).argmax(-1).tolist()
             tps = batch * steps / (time.perf_counter() - t1)
+            cpu_ms[batch] = (time.process_time() - c1) * 1e3 / (batch * steps)
         return ttft, tps
 
     say(f"one process: TTFT, {repeat} runs")
     ttft = statistics.median(run(1)[0] for _ in range(repeat))
     say(f"one process: decode at batch 1, {repeat} runs of {n_decode} tokens")
     tps1 = statistics.median(run(1)[1] for _ in range(repeat))
-    out = {"ttft_s": ttft, "decode_tps_b1": tps1}
+    out = {"ttft_s": ttft, "decode_tps_b1": tps1, "decode_cpu_ms_b1": cpu_ms[1]}
     for batch in BATCHES:
         say(f"one process: decode at batch {batch}, {n_batch} tokens")
         out[f"decode_tps_b{batch}"] = statistics.median(run(batch, BATCH_PROMPT, n_batch)[1]
                                                         for _ in range(max(1, repeat // 2) if batch <= 8 else 1))
+        out[f"decode_cpu_ms_b{batch}"] = cpu_ms[batch]
     return out
 
 
@@ -128,7 +140,26 @@ def _batch_rates(url: str, tok, batch: int, n: int) -> tuple[float, float]:
     else:
         common = sum(1 for t in runs for x in t if start < x <= end) / (end - start)
     whole = sum(len(t) - 1 for t in runs) / (max(t[-1] for t in runs) - min(t[0] for t in runs))
-    return common, whole
+    return common, whole, sum(len(t) - 1 for t in runs)
+
+
+class _MeshCpu:
+    """CPU seconds of the mesh's decode side since construction: the decode engines, the rest
+    (every other process but the prefill side's) and this client, which reads the streams."""
+
+    def __init__(self, mesh) -> None:
+        self.pids = {p.name: p.popen.pid for p in mesh.procs if not p.name.startswith(("prefill-", "tm-p", "gateway-p"))}
+        self.pids["client"] = os.getpid()
+        self.start = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+
+    def per_token(self, batch: int, tokens: int) -> dict:
+        used = {name: cpu_seconds(pid) - self.start[name] for name, pid in self.pids.items()}
+        engine = sum(v for k, v in used.items() if k.startswith("decode-"))
+        client = used["client"]
+        rest = sum(used.values()) - engine - client
+        n = max(1, tokens)
+        return {f"decode_cpu_ms_b{batch}": engine * 1e3 / n, f"rest_cpu_ms_b{batch}": rest * 1e3 / n,
+                f"client_cpu_ms_b{batch}": client * 1e3 / n}
 
 
 def through_mesh(model: str, n_prompt: int, n_decode: int, repeat: int, n_batch: int) -> tuple[dict, dict]:
@@ -145,11 +176,15 @@ def through_mesh(model: str, n_prompt: int, n_decode: int, repeat: int, n_batch:
         say(f"mesh: TTFT, {repeat} runs")
         ttft = statistics.median(_stream(mesh.url, _prompt(tok, n_prompt), 1)[0] for _ in range(repeat))
         say(f"mesh: decode at batch 1, {repeat} runs of {n_decode} tokens")
+        cpu = _MeshCpu(mesh)
         runs = [_stream(mesh.url, _prompt(tok, n_prompt), n_decode)[1] for _ in range(repeat)]
         out = {"ttft_s": ttft, "decode_tps_b1": statistics.median((len(t) - 1) / (t[-1] - t[0]) for t in runs)}
+        out.update(cpu.per_token(1, sum(len(t) - 1 for t in runs)))
         for batch in BATCHES:
             say(f"mesh: decode at batch {batch}, {n_batch} tokens")
-            out[f"decode_tps_b{batch}"], out[f"decode_tps_b{batch}_whole"] = _batch_rates(mesh.url, tok, batch, n_batch)
+            cpu = _MeshCpu(mesh)
+            out[f"decode_tps_b{batch}"], out[f"decode_tps_b{batch}_whole"], n = _batch_rates(mesh.url, tok, batch, n_batch)
+            out.update(cpu.per_token(batch, n))
         rss = {p.name: status_mb(p.popen.pid, "VmHWM") for p in mesh.procs}
     finally:
         mesh.stop()
@@ -180,6 +215,12 @@ def main(argv: list[str] | None = None) -> int:
     whole = [(b, mesh[f"decode_tps_b{b}_whole"], one[f"decode_tps_b{b}"]) for b in BATCHES]
     print("mesh, whole window (batch still filling, prefills running): "
           + ", ".join(f"batch {b} {w:.3f} tok/s ({w / o:.2f}x)" for b, w, o in whole))
+    print("CPU ms per decoded token (load-robust; mesh: decode engine + the rest of the decode side; "
+          "the bench's HTTP client apart):")
+    for b in (1,) + BATCHES:
+        eng, rest, own = mesh[f"decode_cpu_ms_b{b}"], mesh[f"rest_cpu_ms_b{b}"], one[f"decode_cpu_ms_b{b}"]
+        print(f"  batch {b:<3} one process {own:8.1f} | mesh {eng + rest:8.1f} (engine {eng:.1f} + rest {rest:.1f})"
+              f" | one/mesh {own / (eng + rest):.2f}x | client {mesh[f'client_cpu_ms_b{b}']:.1f}")
     print("peak resident memory (MiB):")
     for name, mb in rss.items():
         print(f"  {name:24} {mb:8.0f}")

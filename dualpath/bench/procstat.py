@@ -1,5 +1,7 @@
-"""Process memory from /proc: resident (VmRSS) and peak resident (VmHWM) size in MiB."""
+"""Process figures from /proc: resident (VmRSS) and peak resident (VmHWM) size in MiB, CPU seconds."""
 from __future__ import annotations
+
+import os
 
 
 def status_mb(pid: int, field: str = "VmRSS") -> float:
@@ -12,3 +14,16 @@ def status_mb(pid: int, field: str = "VmRSS") -> float:
     except OSError:
         pass
     return 0.0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process `pid` has used, all threads (0.0 when it is gone).
+
+    Unlike wall time, this hardly moves with what else runs on the machine: a loaded host
+    slows a process down but does not bill it for the waiting."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

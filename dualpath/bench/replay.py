@@ -178,6 +178,38 @@ def online(url: str, jobs: list[Job], mode: LoadMode, aps: float, seed: int = 0,
     return asyncio.run(_drive(url, jobs, arrivals, mode, "online", aps, show, timeout, stop_ttft_s))
 
 
+def probe_rates(url: str, lo: int, hi: int, n_prompt: int = 256, n_gen: int = 16, batch: int = 4,
+                repeat: int = 2) -> dict:
+    """One engine's rates, separated from the fixed costs (best of `repeat` fresh prompts each):
+    prefill tokens/s and fixed seconds per turn from TTFT at n_prompt / 4 and n_prompt tokens,
+    decode seconds per step alone and added per further sequence (`batch` streams at once)."""
+    async def ttft_tpot(client, n: int, k: int) -> tuple[float, float]:
+        best_f, best_d = float("inf"), float("inf")
+        for rep in range(repeat):
+            seed = int(time.time() * 1e6) % (1 << 31)
+            prompts = [np.random.default_rng([seed, rep, i]).integers(lo, hi, n).tolist() for i in range(k)]
+            got = await asyncio.gather(*(one_turn(client, url, p, n_gen, LoadMode.ORACLE, time.perf_counter())
+                                         for p in prompts))
+            for res, _ in got:
+                if res.error:
+                    raise RuntimeError(f"probe request failed: {res.error}")
+            best_f = min(best_f, min(res.ttft for res, _ in got))
+            best_d = min(best_d, sum(res.tpot for res, _ in got) / k)
+        return best_f, best_d
+
+    async def go() -> dict:
+        async with httpx.AsyncClient(timeout=120) as client:
+            small, step1 = await ttft_tpot(client, max(8, n_prompt // 4), 1)
+            big, _ = await ttft_tpot(client, n_prompt, 1)
+            _, step_k = await ttft_tpot(client, max(8, n_prompt // 4), batch)
+        n_small = max(8, n_prompt // 4)
+        per_token = max((big - small) / (n_prompt - n_small), 1e-9)
+        return {"prefill_tok_s": 1.0 / per_token, "turn_overhead_s": max(0.0, small - n_small * per_token),
+                "decode_step_s": step1, "decode_per_seq_s": max(0.0, (step_k - step1) / (batch - 1)),
+                "probe_prompt_tokens": n_prompt, "probe_batch": batch}
+    return asyncio.run(go())
+
+
 def probe(url: str, lo: int, hi: int, n_prompt: int = 256, n_gen: int = 16, repeat: int = 2) -> tuple[float, float]:
     """(prefill tokens/s, decode seconds/token) of one engine: best of `repeat` fresh prompts."""
     async def go() -> tuple[float, float]:

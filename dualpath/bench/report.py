@@ -12,6 +12,7 @@ import json
 import math
 from pathlib import Path
 
+from dualpath.bench.metrics import summary
 from shared.messages.codes import LoadMode
 
 
@@ -44,7 +45,7 @@ def markdown(doc: dict) -> str:
     lines = [f"# dualpath bench: {doc.get('trace', '?')}", ""]
     lines.append(", ".join(f"{k}={v}" for k, v in cfg.items() if v not in (None, "")))
     lines.append("")
-    summ = doc.get("summary") or {}
+    summ = doc.get("summary") or summary(doc["runs"])
     if summ.get("offline"):
         lines += _offline(doc, summ)
     online = [r for r in doc["runs"] if r["kind"] == "online"]
@@ -70,18 +71,28 @@ def _offline(doc: dict, summ: dict) -> list[str]:
     n = doc.get("config", {}).get("repeat") or 1
     what = f"medians of {n} runs [min-max]" if n > 1 else "one run"
     lines = [f"## Offline (all agents start together; closed loop per agent; {what})", "",
-             "| mode | JCT s | lower bound s | JCT/bound | bound set by | hit ratio | storage read max/avg |",
-             "|---|---|---|---|---|---|---|"]
+             "| mode | JCT s | lower bound s | JCT/bound | bound set by | simulator's prediction s "
+             "| measured/predicted | hit ratio | storage read max/avg |", "|---|---|---|---|---|---|---|---|---|"]
     for m, v in summ["offline"].items():
         lines.append(f"| {m} | {_sp(v['jct_s'])} | {_sp(v['bound_s'])} | {_sp(v['jct_over_bound'], 'x', 2)} "
-                     f"| {TERM_NAMES.get(v['limit'], v['limit'] or 'n/a')} | {_sp(v['hit_ratio'])} "
+                     f"| {TERM_NAMES.get(v['limit'], v['limit'] or 'n/a')} | {_sp(v.get('predicted_jct_s'))} "
+                     f"| {_sp(v.get('measured_over_predicted'), 'x', 2)} | {_sp(v['hit_ratio'])} "
                      f"| {_sp(v['read_max_over_avg'], 'x', 2)} |")
     lines += ["", "Lower bound = the largest of its terms (seconds; medians), each a resource the run needs "
               "(dualpath/bench/bound.py):", "",
               "| mode | " + " | ".join(TERM_NAMES.values()) + " |", "|---" * (len(TERM_NAMES) + 1) + "|"]
     for m, v in summ["offline"].items():
         lines.append(f"| {m} | " + " | ".join(_f((v["terms"][k] or {}).get("median")) for k in TERM_NAMES) + " |")
-    lines.append("")
+    lines += ["", "Prediction: `dualpath sim` replaying the same turns on a cluster of this mesh's shape, fitted "
+              "to the probed rates (dualpath/sim/calibrate.py).", ""]
+    pr = (doc.get("prediction") or {}).get("rates")
+    if pr:
+        lines += [f"- probed: prefill {pr['prefill_tok_s']:.0f} tok/s + {pr['turn_overhead_s'] * 1e3:.0f} ms a "
+                  f"turn; decode step {pr['decode_step_s'] * 1e3:.1f} ms + {pr['decode_per_seq_s'] * 1e3:.1f} ms "
+                  f"per further sequence; KV {pr['kv_bytes_per_token']:.0f} B/token; storage NIC "
+                  f"{(pr['snic_bytes_s'] or 0) / 1e6:.1f} MB/s per node; data plane "
+                  f"{pr['data_plane_bytes_s'] / 1e9:.2f} GB/s; alpha {pr['alpha_tokens']}, beta "
+                  f"{pr['beta_tokens']} tokens", ""]
     names = {"speedup": "speed-up (basic JCT / its JCT)", "bound_ratio": "ratio of the bounds (basic / its)",
              "of_bound_ratio": "speed-up / bound ratio", "jct_ratio": "JCT / oracle JCT"}
     for pair, vals in summ.get("pairs", {}).items():

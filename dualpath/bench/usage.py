@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from dualpath.bench import procstat
+
 _LINE = re.compile(r"^(dualpath_\w+)(\{[^}]*\})?\s+([0-9.eE+-]+)$", re.M)
 DATA_PLANE_KINDS = ("pd_push", "de_path_pull")  # bytes that cross between engines (h2d: local copies)
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 @dataclass
@@ -49,12 +50,7 @@ def parse(text: str) -> list[tuple[str, dict[str, str], float]]:
 
 def cpu_seconds(pid: int) -> float | None:
     """utime + stime of a process on this host (None when it is not here)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / _TICK
+    return procstat.cpu_seconds(pid) if os.path.exists(f"/proc/{pid}/stat") else None
 
 
 def snapshot(client: httpx.Client, url: str, extra_pids: tuple[int, ...] = ()) -> Usage:

@@ -1,8 +1,9 @@
 """`dualpath sim`: run the cluster simulator, the paper reproduction, or the P/D window.
 
     dualpath sim --model ds-v3.2-660b --hardware h800 --topology 2P4D --trace gen:64k \
-        --agents 2000 --offline --modes dualpath,dualpath-split --json out.json
-    dualpath sim --reproduce [--quick] [--full]      # --quick: about 5 minutes on 2 cores
+        --agents 2000 --offline --modes basic,dualpath,oracle --json out.json
+    dualpath sim --reproduce [--quick] [--full]      # the published figures beside simulated ones
+    dualpath sim --ablation [--quick]                # Basic -> +layerwise -> +dual path -> +scheduler
     dualpath sim --pd-window [--hardware dgx-h100]
 
 Heavy imports (numpy, the simulator) happen inside `run`, so `dualpath --help` stays fast.
@@ -12,7 +13,8 @@ from __future__ import annotations
 import argparse
 import re
 
-from shared.messages.codes import COMPARED, mode_names, parse_modes
+from dualpath.sim.config import SGLANG, SIM_MODES, parse_sim_modes
+from shared.messages.codes import COMPARED
 
 
 def register(subparsers) -> None:
@@ -26,11 +28,24 @@ def register(subparsers) -> None:
     load = p.add_mutually_exclusive_group()
     load.add_argument("--offline", action="store_true", help="all agents start at t=0 (default); report JCT")
     load.add_argument("--aps", type=float, default=0.0, help="online: agents per second (Poisson); 0 = offline")
-    p.add_argument("--duration", type=float, default=600.0, help="online: simulated seconds")
+    p.add_argument("--duration", type=float, default=0.0,
+                   help="online: at most this many simulated seconds (0: the stop rule's cap, 2 x --steady-lag + "
+                        "--window)")
+    p.add_argument("--window", type=float, default=150.0, help="online: SLO window, s")
+    p.add_argument("--steady-lag", type=float, default=1800.0,
+                   help="online: steady state = a window's TTFT within 5%% of the window this long before, s")
     p.add_argument("--modes", default=",".join(COMPARED),
-                   help=f"comma-separated load modes, one run each ({', '.join(mode_names())})")
+                   help=f"comma-separated load modes, one run each ({', '.join(SIM_MODES)}; {SGLANG}: an "
+                        "SGLang + Mooncake-style baseline the simulator alone models)")
     p.add_argument("--assign", default="policy", choices=("policy", "rr"),
                    help="engine assignment: the scheduler's policy, or round-robin (the balance figure's baseline)")
+    p.add_argument("--no-layerwise", action="store_true",
+                   help="load each request's stored KV into HBM before its compute (no layerwise overlap)")
+    p.add_argument("--model-traffic", type=float, default=1.0,
+                   help="scale of the model's collectives on the CNICs (EP all-to-all, TP all-reduce); 0 = none")
+    p.add_argument("--pe-ep-nodes", type=int, default=2, help="nodes of one prefill EP domain (step unit)")
+    p.add_argument("--de-ep-nodes", type=int, default=4, help="nodes of one decode EP domain")
+    p.add_argument("--attn-tp", type=int, default=1, help="attention TP degree (1 = attention DP)")
     p.add_argument("--scale", type=float, default=1.0, help="shrink trajectory lengths (keeps hit ratio)")
     p.add_argument("--seed", type=int, default=0, help="trace and arrival seed")
     p.add_argument("--pull", type=float, default=0.05, help="group pull period, s")
@@ -40,9 +55,13 @@ def register(subparsers) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--reproduce", action="store_true",
                    help="the paper's published figures beside simulated ones (docs/design.md#published-figures); "
-                        "--quick takes about 5 minutes on 2 cores, the default size far longer")
-    p.add_argument("--quick", action="store_true", help="with --reproduce: smaller runs")
+                        "--quick shrinks every run (tens of minutes on 2 shared cores), the default size is far longer")
+    p.add_argument("--ablation", action="store_true",
+                   help="the paper's ablation: JCT change as each technique is added, beside the published one")
+    p.add_argument("--quick", action="store_true", help="with --reproduce or --ablation: smaller runs")
     p.add_argument("--full", action="store_true", help="with --reproduce: include 48P96D / 48K agents")
+    p.add_argument("--no-online", action="store_true",
+                   help="with --reproduce: skip the online capacity search (its costliest part)")
     p.add_argument("--pd-window", action="store_true",
                    help="P/D window sweep per hardware preset (docs/design.md#the-pd-ratio-window)")
     p.set_defaults(func=run)
@@ -66,7 +85,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.reproduce:
         from dualpath.sim.reproduce import main as reproduce
-        return reproduce(quick=args.quick, full=args.full, json_path=args.json_path)
+        return reproduce(quick=args.quick, full=args.full, json_path=args.json_path, online=not args.no_online)
+    if args.ablation:
+        from dualpath.sim.ablation import main as ablation
+        ablation(quick=args.quick)
+        return 0
     return _simulate(args)
 
 
@@ -81,9 +104,12 @@ def _simulate(args: argparse.Namespace) -> int:
     base = dict(model=args.model, hardware=args.hardware, P=P, D=D, trace=args.trace,
                 agents=args.agents, scale=args.scale, seed=args.seed, aps=args.aps,
                 duration_s=args.duration if args.aps > 0 else 0.0, assign=args.assign,
-                pull_s=args.pull, quota_s=args.quota, think_s=args.think, progress=not args.no_progress)
+                pull_s=args.pull, quota_s=args.quota, think_s=args.think,
+                layerwise=not args.no_layerwise, model_traffic=args.model_traffic, pe_ep_nodes=args.pe_ep_nodes,
+                de_ep_nodes=args.de_ep_nodes, attn_tp=args.attn_tp, window_s=args.window,
+                steady_lag_s=args.steady_lag, progress=not args.no_progress)
     try:
-        modes = parse_modes(args.modes)
+        modes = parse_sim_modes(args.modes)
     except ValueError as exc:
         from dualpath.cli import CliError
         raise CliError(f"--modes: {exc}") from None

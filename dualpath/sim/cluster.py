@@ -25,14 +25,16 @@ class Node:
 
 
 class Engine:
-    """A PE or DE (one GPU) with its CNIC."""
+    """A PE or DE (one GPU) with its CNIC; its node's links are reachable from it too
+    (`snic_r`, `snic_w`, `dram`), so a transfer names every hop as an engine attribute."""
 
-    __slots__ = ("eid", "node", "group", "unit", "queue", "cap",
+    __slots__ = ("eid", "node", "group", "unit", "queue", "cap", "snic_r", "snic_w", "dram",
                  "cnic_r", "cnic_w", "attn_s", "decode")
 
     def __init__(self, eid: int, node: Node, hw: Hardware) -> None:
         self.eid = eid
         self.node = node
+        self.snic_r, self.snic_w, self.dram = node.snic_r, node.snic_w, node.dram
         self.group = None
         self.unit = None  # PE: the step unit it computes in
         self.queue: list = []  # PE: assigned requests not yet prefilled (FIFO)
@@ -55,21 +57,24 @@ class Group:
 
 
 class StepUnit:
-    """Engines that run forward steps together: a PE node under attention DP + EP (MoE),
-    or a single PE otherwise."""
+    """Engines that run forward steps together: a prefill EP domain's PEs under attention
+    DP + EP (MoE), or a single PE otherwise."""
 
-    __slots__ = ("engines", "busy", "batch", "step_s", "t_start")
+    __slots__ = ("engines", "busy", "busy_s", "batch", "step_s", "t_start", "lanes")
 
     def __init__(self, engines: list[Engine]) -> None:
         self.engines = engines
         self.busy = False
+        self.busy_s = 0.0  # seconds spent in forward steps
         self.batch: list = []
         self.step_s = 0.0
         self.t_start = 0.0
+        self.lanes = False  # its CNICs carry a step's model traffic now
 
 
 class Cluster:
-    def __init__(self, P: int, D: int, hw: Hardware, model: SimModel, group_nodes: int = 1) -> None:
+    def __init__(self, P: int, D: int, hw: Hardware, model: SimModel, group_nodes: int = 1,
+                 pe_ep_nodes: int = 1, traffic: float = 1.0) -> None:
         if P < 1 or D < 1:
             raise ValueError(f"need at least one prefill and one decode node, got {P}P{D}D")
         self.hw = hw
@@ -83,15 +88,16 @@ class Cluster:
                 self.engines.append(e)
         self.pes = [e for n in self.pe_nodes for e in n.engines]
         self.des = [e for n in self.de_nodes for e in n.engines]
-        ep = D * hw.gpus
-        cap = model.kv_capacity_tokens(ep)
+        cap = model.kv_capacity_tokens()
         for e in self.des:
             e.cap = cap
-            e.decode = DecodeState(model, ep)
+            e.decode = DecodeState(model, e, traffic)
         self.pe_groups = self._groups(self.pe_nodes, "p", group_nodes, 0)
         self.de_groups = self._groups(self.de_nodes, "d", group_nodes, len(self.pe_groups))
         if model.moe:
-            self.units = [StepUnit(n.engines) for n in self.pe_nodes]
+            per = max(1, min(pe_ep_nodes, P))
+            self.units = [StepUnit([e for n in self.pe_nodes[i:i + per] for e in n.engines])
+                          for i in range(0, P, per)]
         else:
             self.units = [StepUnit([e]) for e in self.pes]
         for u in self.units:
@@ -112,3 +118,7 @@ class Cluster:
     @property
     def nodes(self) -> list[Node]:
         return self.pe_nodes + self.de_nodes
+
+    def links(self) -> list:
+        out = [link for n in self.nodes for link in (n.snic_r, n.snic_w, n.dram)]
+        return out + [link for e in self.engines for link in (e.cnic_r, e.cnic_w)]

@@ -5,6 +5,22 @@ from dataclasses import dataclass
 
 from shared.messages.codes import LoadMode, mode_names
 
+# The mesh's load modes (LoadMode), plus one the simulator alone models: an SGLang +
+# Mooncake-style engine — PE path only, each request's whole stored prompt in HBM before its
+# compute starts (no layerwise overlap), round-robin engine choice (no read-queue-aware
+# scheduling).
+SGLANG = "sglang"
+SIM_MODES = (*mode_names(), SGLANG)
+
+
+def parse_sim_modes(text: str) -> list[str]:
+    """`--modes` of the simulator: the mesh's load modes and SGLANG; ValueError naming a bad one."""
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in names if m not in SIM_MODES]
+    if bad or not names:
+        raise ValueError(f"unknown mode {bad[0] if bad else '(none)'} (choose from {', '.join(SIM_MODES)})")
+    return [m if m == SGLANG else LoadMode(m) for m in names]
+
 
 @dataclass(frozen=True)
 class SimConfig:
@@ -15,11 +31,13 @@ class SimConfig:
     trace: str = "gen:64k"  # "gen:<32k|48k|64k>[:<n base>]" or a JSONL path
     agents: int = 500
     scale: float = 1.0  # shrink every trajectory length (keeps the hit ratio)
+    append_scale: float = 1.0  # multiply every turn's append but the first
     seed: int = 0
     aps: float = 0.0  # online: agents per second (Poisson); 0 = offline batch
     duration_s: float = 0.0  # online: simulated seconds; 0 = until all agents finish
-    mode: LoadMode = LoadMode.DUALPATH  # how hits are read (shared/messages/codes.py; oracle: no I/O cost)
+    mode: str = LoadMode.DUALPATH  # how hits are read: a LoadMode (oracle: no I/O cost), or SGLANG
     assign: str = "policy"  # policy (Algorithm 1 + DE levels) | rr (round-robin)
+    layerwise: bool = True  # load hit KV layer by layer under the compute (False: before it)
     pull_s: float = 0.05  # engine groups pull every pull_s
     quota_s: float = 0.3  # intra-PE compute quota (attention time per forward)
     alpha_s: float = 3.0  # alpha = tokens a node reads from storage in alpha_s
@@ -28,15 +46,43 @@ class SimConfig:
     chunk_align: int = 64  # chunked-prefill sizes are multiples of this
     block_tokens: int = 64  # tokens per KV block: hits are whole blocks, reads split by block
     group_nodes: int = 1  # nodes per engine group
+    pe_ep_nodes: int = 2  # nodes of one prefill EP domain (a step unit), at most P
+    de_ep_nodes: int = 4  # nodes of one decode EP domain, at most D
+    attn_tp: int = 1  # attention TP degree (1 = attention DP, the paper's layout)
+    model_traffic: float = 1.0  # scale of the model's collectives on the CNICs (0 = none)
+    # online stop rule (docs/design.md#published-figures): SLO, windows, steady state
+    slo_ttft_s: float = 4.0
+    slo_tpot_s: float = 0.050
+    window_s: float = 150.0  # TTFT / TPOT are judged over windows of this length
+    steady_lag_s: float = 1800.0  # steady: a window's TTFT within steady_tol of the one this long before
+    steady_tol: float = 0.05
     progress: bool = False
 
     def __post_init__(self) -> None:
-        if self.mode not in mode_names():
-            raise ValueError(f"mode must be one of {', '.join(mode_names())}, got {self.mode!r}")
-        object.__setattr__(self, "mode", LoadMode(self.mode))
+        if self.mode not in SIM_MODES:
+            raise ValueError(f"mode must be one of {', '.join(SIM_MODES)}, got {self.mode!r}")
+        if self.mode != SGLANG:
+            object.__setattr__(self, "mode", LoadMode(self.mode))
         if self.assign not in ("policy", "rr"):
             raise ValueError(f"assign must be 'policy' or 'rr', got {self.assign!r}")
         if self.block_tokens < 1:
             raise ValueError(f"block_tokens must be >= 1, got {self.block_tokens}")
         if self.agents < 1 or self.P < 1 or self.D < 1:
             raise ValueError("agents, P and D must be >= 1")
+        if self.pe_ep_nodes < 1 or self.de_ep_nodes < 1 or self.attn_tp < 1:
+            raise ValueError("pe_ep_nodes, de_ep_nodes and attn_tp must be >= 1")
+        if self.model_traffic < 0:
+            raise ValueError(f"model_traffic must be >= 0, got {self.model_traffic}")
+
+    @property
+    def reads_on_pe_only(self) -> bool:
+        return self.mode in (LoadMode.BASIC, SGLANG)
+
+    @property
+    def whole_prompt_first(self) -> bool:
+        """Stored KV is in HBM before the request computes (no layerwise overlap)."""
+        return self.mode == SGLANG or not self.layerwise
+
+    @property
+    def assign_kind(self) -> str:
+        return "rr" if self.mode == SGLANG else self.assign

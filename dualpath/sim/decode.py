@@ -5,6 +5,10 @@ All running requests decode one token per step; the step time depends on the bat
 step counter at 1/step_s; a request that joined at step j with n tokens to go finishes
 at step j + n. So each request costs two events (join, finish), not one per token.
 The summed context is exact: sum_i(prompt_i + 1 - j_i) + batch * steps.
+
+A step lasts max(compute, collectives) (two micro-batches overlap them): the EP all-to-all
+of `batch` tokens crosses the engine's CNIC in the model's lane, which from then on runs
+at that utilisation (resources.py), so KV on the same CNIC gets the rest.
 """
 from __future__ import annotations
 
@@ -16,12 +20,14 @@ EPS = 1e-9
 
 
 class DecodeState:
-    __slots__ = ("model", "ep", "heap", "steps", "t_last", "step_s", "ctx_base", "capped",
-                 "version", "n")
+    __slots__ = ("model", "links", "comm", "heap", "steps", "t_last", "step_s", "ctx_base", "capped",
+                 "version", "n", "batch_s")
 
-    def __init__(self, model: SimModel, ep: int) -> None:
+    def __init__(self, model: SimModel, engine=None, traffic: float = 1.0) -> None:
         self.model = model
-        self.ep = ep
+        self.links = (engine.cnic_r, engine.cnic_w) if engine is not None and traffic > 0 else ()
+        self.comm = model.decode_comm_bytes * traffic  # CNIC bytes per token per step
+        self.batch_s = 0.0  # integral of the batch size over time
         self.heap: list = []  # (finish step, rid, request)
         self.steps = 0.0
         self.t_last = 0.0
@@ -34,6 +40,7 @@ class DecodeState:
     def advance(self, now: float) -> None:
         if self.n:
             self.steps += (now - self.t_last) / self.step_s
+            self.batch_s += self.n * (now - self.t_last)
         self.t_last = now
 
     def join(self, now: float, rid: int, req, prompt: int, todo: int) -> None:
@@ -68,11 +75,25 @@ class DecodeState:
 
     def _retime(self) -> None:
         self.version += 1
-        if self.n:
-            ctx = self.ctx_base + self.n * self.steps
-            self.step_s = self.model.decode_step_s(self.n, ctx, self.capped, self.ep)
-        else:
+        n = self.n
+        if not n:
             self.step_s = 0.0
+            for link in self.links:
+                link.set_model(self.t_last, 0.0)
+            return
+        ctx = self.ctx_base + n * self.steps
+        step = self.model.decode_compute_s(n, ctx, self.capped)
+        if self.comm and self.links:
+            nbytes = n * self.comm
+            now = self.t_last
+            out, into = self.links
+            a, b = out.model_burst(now, nbytes), into.model_burst(now, nbytes)
+            comm = self.model.comm_latency_s + (a if a > b else b)
+            step = comm if comm > step else step
+            u = nbytes / (out.bw * step)
+            out.set_model(now, u if u < 1.0 else 1.0)
+            into.set_model(now, u if u < 1.0 else 1.0)
+        self.step_s = step
 
     def next_finish(self) -> float:
         """Time of the next departure (inf when idle)."""

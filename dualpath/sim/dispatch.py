@@ -7,6 +7,12 @@ the shared `ReadQueues`), and each read-path decision is `ReadQueues.decide`. Th
 simulator tells it what the mesh would: a first token (`prefill_done`), a request's end
 (`finished`), a node's reads done (`read_done`). The "rr" variant is the round-robin
 baseline: engines in turn, read paths alternating, no live signals.
+
+Prefill groups pull in turn, each at its own phase of the pull period (as engine groups
+pulling on their own timers do), so that each takes what arrived since the previous
+group's pull; a round in which every group pulled at once would hand the whole queue to
+whichever group came first. The decode groups pull once a period (`Dispatcher.pull_decode`:
+the pool to the group with the fewest tokens, then each group places what fits).
 """
 from __future__ import annotations
 
@@ -35,13 +41,33 @@ class SimDispatch:
         self.reads = ReadQueues()
         self.reqs: dict[int, Req] = {}  # submitted, not yet given both engines
         self.by_eid = cluster.engines
-        self.pe_loads = [_line(e) for e in cluster.pes]  # one line per engine, refreshed at each pull
+        self.pe_loads = [_line(e) for e in cluster.pes]  # one line per engine, kept current (below)
         self.de_loads = [_line(e) for e in cluster.des]
+        # The dispatcher updates the lines of what it places itself; what changes its ledger or
+        # the read queues outside a pull is noted here and copied into the lines at the next pull
+        # (the same figures as a full refresh, for the engines and nodes that changed only).
+        self.pe_line = {e.eid: line for e, line in zip(cluster.pes, self.pe_loads)}
+        self.de_line = {e.eid: line for e, line in zip(cluster.des, self.de_loads)}
+        self.lines_of_node: dict[int, list[EngineLoad]] = {}
+        for line in self.pe_loads:
+            self.lines_of_node.setdefault(line.node, []).append(line)
+        self.touched_pe: set[int] = set()
+        self.touched_de: set[int] = set()
+        self.touched_nodes: set[int] = set()
         self.rr_queue: deque[Req] = deque()
         self.rr_pe = self.rr_de = self.rr_path = 0
+        self.pe_groups = [[self.pe_line[e.eid] for e in g.engines] for g in cluster.pe_groups]
+        # `version` counts changes to what a pull reads; a group that pulled at the current
+        # version would place nothing (a pull leaves a fixed point), so it is skipped
+        self.version = 0
+        self.pulled = [-1] * len(self.pe_groups)  # version at each prefill group's last pull
+        self.fresh = 0  # prefill groups that pulled at the current version
+        self.de_pulled = -1  # version at the decode groups' last pull
 
     # what the mesh tells the scheduler -------------------------------------------------
     def submit(self, r: Req) -> None:
+        self.version += 1
+        self.fresh = 0
         if self.rr:
             self.rr_queue.append(r)
             return
@@ -49,38 +75,91 @@ class SimDispatch:
         self.d.enqueue(Job(r.rid, r.prompt, r.gen))
 
     def prefill_done(self, r: Req) -> None:
+        self._changed()
+        self.touched_pe.add(r.pe.eid)
         self.d.prefill_done(r.rid)
 
     def finished(self, r: Req) -> None:
+        self._changed()
+        self.touched_pe.add(r.pe.eid)
+        self.touched_de.add(r.de.eid)
         self.d.remove(r.rid)
 
     def read_done(self, r: Req, node: Node) -> None:
+        self._changed()
+        self.touched_nodes.add(node.nid)
         self.reads.read_done(r.rid, node.nid)
 
     def pending(self) -> bool:
-        return bool(self.rr_queue) if self.rr else self.d.waiting() > 0
+        """Requests wait for engines and something changed since some group's last pull."""
+        stale = self.fresh < len(self.pulled) or self.de_pulled != self.version
+        return stale and (bool(self.rr_queue) if self.rr else self.d.waiting() > 0)
+
+    @property
+    def n_groups(self) -> int:
+        return len(self.pe_groups)
+
+    def stale(self, k: int) -> bool:
+        """Would the pull at grid point k (prefill group k % n, decode groups at k % n == 0) do anything?"""
+        g = k % len(self.pulled)
+        return self.pulled[g] != self.version or (g == 0 and self.de_pulled != self.version)
+
+    def _changed(self) -> None:
+        self.version += 1
+        self.fresh = 0
 
     def read_q(self, node: Node) -> int:
         return self.reads.pending.get(node.nid, 0)
 
     # pulls ------------------------------------------------------------------------------
-    def tick(self) -> None:
-        """Every group pulls once (the dispatcher rotates which prefill group goes first)."""
-        if self.rr:
-            self._tick_rr()
+    def tick(self, k: int = 0) -> None:
+        """Grid point k: prefill group k % n pulls; at k % n == 0 the decode groups pull too.
+        A pull that places something changes what the others read (they become stale); the
+        puller itself is left at a fixed point."""
+        g = k % len(self.pulled)
+        if self.pulled[g] != self.version and not self.rr:
+            self._refresh()
+            if self.d.pull_prefill(self.pe_groups[g]):
+                self._changed()
+            if self.pulled[g] != self.version:
+                self.fresh += 1
+            self.pulled[g] = self.version
+        if g != 0 or self.de_pulled == self.version:
             return
-        pending = self.reads.pending
-        self.d.ledger.fill(self.pe_loads, "prefill")
-        self.d.ledger.fill(self.de_loads, "decode")
-        for line in self.pe_loads:
-            line.read_q = pending.get(line.node, 0)
-        for a in self.d.assign(self.pe_loads, self.de_loads):
-            r = self.reqs.pop(a.req_id)
-            r.pe, r.de = self.by_eid[a.pe], self.by_eid[a.de]
-            self.on_assigned(r)
+        if self.rr:
+            placed = self._tick_rr()
+        else:
+            self._refresh()
+            placed = 0
+            for a in self.d.pull_decode(self.de_loads):
+                r = self.reqs.pop(a.req_id)
+                r.pe, r.de = self.by_eid[a.pe], self.by_eid[a.de]
+                self.on_assigned(r)
+                placed += 1
+        if placed:
+            self._changed()
+        self.de_pulled = self.version
+        if self.rr:
+            self.pulled = [self.version] * len(self.pulled)
+            self.fresh = len(self.pulled)
 
-    def _tick_rr(self) -> None:
+    def _refresh(self) -> None:
+        led, pending = self.d.ledger, self.reads.pending
+        if self.touched_pe:
+            led.fill([self.pe_line[e] for e in self.touched_pe], "prefill")
+            self.touched_pe.clear()
+        if self.touched_de:
+            led.fill([self.de_line[e] for e in self.touched_de if e in self.de_line], "decode")
+            self.touched_de.clear()
+        for nid in self.touched_nodes:
+            q = pending.get(nid, 0)
+            for line in self.lines_of_node.get(nid, ()):
+                line.read_q = q
+        self.touched_nodes.clear()
+
+    def _tick_rr(self) -> int:
         pes, des, led = self.c.pes, self.c.des, self.d.ledger
+        placed = 0
         while self.rr_queue:
             r = self.rr_queue[0]
             for k in range(len(des)):
@@ -88,7 +167,7 @@ class SimDispatch:
                 if e.cap - led.de_load(e.eid)[0] >= r.mem:
                     break
             else:
-                return  # no decode engine has room: the head waits
+                return placed  # no decode engine has room: the head waits
             self.rr_queue.popleft()
             self.rr_de += k + 1
             r.pe, r.de = pes[self.rr_pe % len(pes)], e
@@ -96,6 +175,8 @@ class SimDispatch:
             led.charge_pe(r.rid, r.pe.eid, r.prompt)
             led.charge_de(r.rid, e.eid, r.mem)
             self.on_assigned(r)
+            placed += 1
+        return placed
 
     # read paths -------------------------------------------------------------------------
     def split_hit(self, r: Req) -> tuple[int, int]:
@@ -111,6 +192,8 @@ class SimDispatch:
         pe_node, de_node = r.pe.node.nid, r.de.node.nid
         d = self.reads.decide(self.mode, blocks, pe_node, de_node, self.block, force=force)
         self.reads.hold(r.rid, d, pe_node, de_node, self.block)
+        self.touched_nodes.add(pe_node)
+        self.touched_nodes.add(de_node)
         pe_hit = min(r.hit, d.pe_blocks * self.block)
         return pe_hit, r.hit - pe_hit
 

@@ -1,43 +1,54 @@
 """The event loop: requests flow queue -> assign -> read -> prefill -> PD -> decode.
 
 Events are (time, seq, handler, arg) in one heap. Per request: arrival, storage read
-completion(s), DE join, DE finish; prefill steps are shared by a step unit's batch and
-scheduler pulls by all groups. Links are fluid FIFO servers (resources.py), so queues
-cost no events. Offline: all agents start at t=0, JCT = last agent's end. Online:
-agents start by a Poisson process and the run stops at duration_s.
+completion(s), DE join, DE finish (plus a load event without layerwise prefill); prefill
+steps are shared by a step unit's batch and scheduler pulls by all groups. Links are
+fluid FIFO servers (resources.py), so queues cost no events. Offline: all agents start at
+t=0, JCT = last agent's end. Online: agents start by a Poisson process and the run stops
+by the paper's rule (online.py), at `duration_s` at the latest.
 """
 from __future__ import annotations
 
 import heapq
+import itertools
 import time
 
 from dualpath.sim.cluster import Cluster, StepUnit
-from dualpath.sim.config import SimConfig
+from dualpath.sim.collectives import Layout
+from dualpath.sim.config import SGLANG, SimConfig
+from dualpath.sim.dispatch import SimDispatch
 from dualpath.sim.hardware import load_hardware
 from dualpath.sim.metrics import SimResult, collect
-from dualpath.sim.models import build_model
-from dualpath.sim.prefill import C_H2D, C_PD, C_PERSIST, Prefill, legs, stage_end
+from dualpath.sim.models import SimModel, build_model
+from dualpath.sim.online import StopRule
+from dualpath.sim.prefill import C_H2D, C_PD, C_PERSIST, Prefill, book, stage_end
 from dualpath.sim.resources import transfer
-from dualpath.sim.dispatch import SimDispatch
-from dualpath.sim.workload import Req, load_workload, make_request
+from dualpath.sim.workload import Req, Workload, load_workload, make_request
+from shared.messages.codes import LoadMode
 from shared.sched.policy import PeThresholds
 
 
 class Simulation:
-    def __init__(self, cfg: SimConfig) -> None:
+    def __init__(self, cfg: SimConfig, model: SimModel | None = None, workload: Workload | None = None,
+                 thresholds: PeThresholds | None = None) -> None:
         self.cfg = cfg
-        self.hw = load_hardware(cfg.hardware)
-        self.model = build_model(cfg.model, self.hw)
-        self.c = Cluster(cfg.P, cfg.D, self.hw, self.model, cfg.group_nodes)
-        self.w = load_workload(cfg.trace, cfg.agents, cfg.scale, cfg.seed, cfg.aps, cfg.block_tokens)
+        self.hw = load_hardware(cfg.hardware) if isinstance(cfg.hardware, str) else cfg.hardware
+        pe = Layout(min(cfg.pe_ep_nodes, cfg.P), self.hw.gpus, cfg.attn_tp)
+        de = Layout(min(cfg.de_ep_nodes, cfg.D), self.hw.gpus, cfg.attn_tp)
+        self.model = model or build_model(cfg.model, self.hw, pe, de)
+        self.c = Cluster(cfg.P, cfg.D, self.hw, self.model, cfg.group_nodes, pe.ep_nodes, cfg.model_traffic)
+        self.w = workload or load_workload(cfg.trace, cfg.agents, cfg.scale, cfg.seed, cfg.aps, cfg.block_tokens,
+                                           cfg.append_scale)
         self.kvb = self.model.kv_bytes
-        self.oracle = not cfg.mode.moves_kv
-        self.th = self._thresholds()
-        self.sched = SimDispatch(self.c, self.th, cfg.mode, cfg.assign, self._on_assigned,
-                                 self.w.block)
-        self.prefill = Prefill(self.model, cfg.quota_s, cfg.chunk_align, self.oracle)
+        self.oracle = not cfg.mode.moves_kv if cfg.mode != SGLANG else False
+        self.whole_first = cfg.whole_prompt_first and not self.oracle
+        self.th = thresholds or self._thresholds()
+        self.sched = SimDispatch(self.c, self.th, LoadMode.BASIC if cfg.reads_on_pe_only else cfg.mode,
+                                 cfg.assign_kind, self._on_assigned, self.w.block)
+        self.prefill = Prefill(self.model, cfg.quota_s, cfg.chunk_align, self.oracle, self.whole_first,
+                               cfg.model_traffic)
         self.heap: list = []
-        self.seq = 0
+        self._seq = itertools.count()
         self.now = 0.0
         self.events = 0
         self.tick_armed = False
@@ -49,9 +60,16 @@ class Simulation:
         self.end_t = 0.0
         self.t_arrive: list[float] = []
         self.ttft: list[float] = []
+        self.ttst: list[float] = []
         self.tpot: list[float] = []
         self.finished = 0
         self.bar = None
+        self.online = cfg.aps > 0
+        self.judge = None
+        if self.online:
+            cap = cfg.duration_s if cfg.duration_s > 0 else 2 * cfg.steady_lag_s + cfg.window_s
+            self.judge = StopRule(cfg.window_s, cfg.steady_lag_s, cfg.steady_tol, cfg.slo_ttft_s, cfg.slo_tpot_s,
+                                  cap)
 
     def _thresholds(self) -> PeThresholds:
         """alpha: tokens a node reads in alpha_s; beta: prompt tokens one PE handles in beta_s."""
@@ -63,41 +81,55 @@ class Simulation:
 
     # --- event plumbing -------------------------------------------------------------
     def push(self, t: float, fn, arg) -> None:
-        self.seq += 1
-        heapq.heappush(self.heap, (t, self.seq, fn, arg))
+        heapq.heappush(self.heap, (t, next(self._seq), fn, arg))
 
     def run(self) -> SimResult:
         wall = time.perf_counter()
         for a, t in enumerate(self.w.starts):
             self.push(t, self._arrive, a)
+        if self.judge is not None:
+            self.push(self.cfg.window_s, self._judge, None)
         total = self.w.total_requests
         if self.cfg.progress:
             from tqdm import tqdm
             self.bar = tqdm(total=total, unit="req", mininterval=1.0, smoothing=0.1)
-        stop = self.cfg.duration_s if self.cfg.duration_s > 0 else float("inf")
         heap, pop = self.heap, heapq.heappop
-        while heap:
+        self.stopped = False
+        while heap and not self.stopped:
             t, _, fn, arg = pop(heap)
-            if t > stop:
-                break
             self.now = t
             fn(arg)
             self.events += 1
         if self.bar is not None:
             self.bar.update(self.finished - self.bar.n)
             self.bar.close()
-        span = self.end_t if self.cfg.duration_s <= 0 else min(self.now, stop)
+        for link in self.c.links():
+            link.finish(self.now)
+        span = self.now if self.online else self.end_t
         return collect(self, span, time.perf_counter() - wall)
 
+    def _judge(self, _) -> None:
+        if self.judge.check(self.now) is not None:
+            self.stopped = True
+        else:
+            self.push(self.now + self.cfg.window_s, self._judge, None)
+
     def _arm_tick(self) -> None:
+        """The next pull: prefill group k % n pulls at the k-th point of a grid of pull_s / n (the
+        decode groups at k % n == 0, once a period); points whose pull would do nothing pass."""
         if not self.tick_armed:
             self.tick_armed = True
-            p = self.cfg.pull_s
+            n = self.sched.n_groups
+            p = self.cfg.pull_s / n
             k = int(self.now / p + 1e-6) + 1  # next grid point strictly after now
-            self.push(k * p, self._tick, None)
+            for _ in range(n):
+                if self.sched.stale(k):
+                    break
+                k += 1
+            self.push(k * p, self._tick, k)
 
-    def _tick(self, _) -> None:
-        self.sched.tick()
+    def _tick(self, k: int) -> None:
+        self.sched.tick(k)
         self.tick_armed = False
         if self.sched.pending():
             self._arm_tick()
@@ -107,6 +139,8 @@ class Simulation:
         append, gen = self.w.turn(a, self.turn[a])
         r = make_request(self.next_rid, a, self.ctx[a], append, gen, self.now, self.w.block)
         self.next_rid += 1
+        if self.judge is not None:
+            self.judge.arrived(self.now)
         self.sched.submit(r)
         self._arm_tick()
 
@@ -136,6 +170,8 @@ class Simulation:
     def _read_done(self, arg) -> None:
         r, node, _tokens = arg
         self.sched.read_done(r, node)
+        if self.sched.pending():
+            self._arm_tick()
         r.reads_left -= 1
         if r.reads_left == 0:
             self._make_ready(r)
@@ -150,6 +186,7 @@ class Simulation:
         dt = self.prefill.plan(unit, self.now)
         if dt > 0:
             unit.busy = True
+            unit.busy_s += dt
             unit.t_start = self.now
             self.push(self.now + dt, self._step_end, unit)
 
@@ -163,17 +200,21 @@ class Simulation:
                     continue
                 gone = True
                 r.t_first = now
+                if self.judge is not None:
+                    self.judge.first_token(r.t_arrive, now - r.t_arrive)
                 self.sched.prefill_done(r)
                 if self.oracle:
                     self.push(now, self._join, r)
                     continue
                 pd_end = max(now, stage_end(unit.t_start, C_PD, r, kvb))
-                join = transfer(pd_end, legs(C_H2D, r, r.hit * kvb, r.miss * kvb))
+                join = book(pd_end, C_H2D, r, r.hit * kvb, r.miss * kvb)
                 self.push(join, self._join, r)
             if gone:
                 e.queue = [r for r in e.queue if r.done < r.miss]
         unit.batch = []
         unit.busy = False
+        if self.sched.pending():
+            self._arm_tick()
         self._kick(unit)
 
     def _join(self, r: Req) -> None:
@@ -183,6 +224,7 @@ class Simulation:
             return
         d = r.de.decode
         d.join(self.now, r.rid, r, r.prompt, r.gen - 1)
+        r.t_second = self.now + d.step_s
         self._schedule_de(r.de)
 
     def _schedule_de(self, e) -> None:
@@ -202,11 +244,15 @@ class Simulation:
         now = self.now
         self.sched.finished(r)
         if not self.oracle:
-            transfer(now, legs(C_PERSIST, r, 0, 0, (r.miss + r.gen) * self.kvb))
+            book(now, C_PERSIST, r, 0, 0, (r.miss + r.gen) * self.kvb)
         self.t_arrive.append(r.t_arrive)
         self.ttft.append(r.t_first - r.t_arrive)
         if r.gen > 1:
-            self.tpot.append((now - r.t_join) / (r.gen - 1))
+            tpot = (now - r.t_join) / (r.gen - 1)
+            self.tpot.append(tpot)
+            self.ttst.append(r.t_second - r.t_arrive)
+            if self.judge is not None:
+                self.judge.finished(now, tpot)
         self.finished += 1
         if self.bar is not None and self.finished % 5000 == 0:
             self.bar.update(self.finished - self.bar.n)
@@ -225,5 +271,5 @@ class Simulation:
             self._arm_tick()
 
 
-def run_sim(cfg: SimConfig) -> SimResult:
-    return Simulation(cfg).run()
+def run_sim(cfg: SimConfig, model: SimModel | None = None, workload: Workload | None = None) -> SimResult:
+    return Simulation(cfg, model, workload).run()

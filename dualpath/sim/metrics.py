@@ -1,7 +1,10 @@
-"""Results of a run: JCT, latency distributions, link traffic and balance.
+"""Results of a run: JCT, latency distributions (TTFT, TTST, TPOT), the online verdict, link traffic and balance.
 
 Owns SimResult (the JSON shape of one run) and how it is computed from a finished
-Simulation; knows nothing about how the run was driven.
+Simulation; knows nothing about how the run was driven. The CNIC lanes (resources.py)
+report, per role, the model traffic carried and how much each lane was slowed:
+`kv_slowdown` (KV transfer time over what an idle link would take) and
+`model_slowdown` (model bursts beside KV over alone: at most 1 / 0.99).
 """
 from __future__ import annotations
 
@@ -11,14 +14,10 @@ import numpy as np
 
 from shared.messages.codes import LoadMode
 
-SLO_TTFT_S = 4.0
-SLO_TPOT_S = 0.050
-WINDOW_S = 150.0
-
 
 @dataclass
 class SimResult:
-    mode: LoadMode
+    mode: str  # a LoadMode, or the simulator-only "sglang" baseline (config.SGLANG)
     jct_s: float  # offline: time the last agent finished; online: simulated span
     requests: int
     agents_done: int
@@ -26,16 +25,24 @@ class SimResult:
     ttft_p90_s: float
     ttft_p99_s: float
     ttft_mean_s: float
+    ttst_p50_s: float  # time to the second token
+    ttst_p90_s: float
     tpot_p50_s: float
     tpot_p90_s: float
     tpot_mean_s: float
-    ttft_window_s: float  # online: mean TTFT of requests arriving in the last 150 s
-    slo_ok: bool
+    slo_ok: bool  # online: the stop rule's verdict (offline: False)
+    stop_reason: str  # online: "ttft over SLO" | "tpot over SLO" | "steady" | "cap"; offline: "done"
+    run_s: float  # simulated seconds the run lasted
+    ttft_window_s: float  # online: TTFT of the deciding window
     snic_read_gb: list[float]  # per node, prefill nodes first
     snic_write_gb: list[float]
     snic_max_over_avg: float  # per-node SNIC read traffic, max / mean over all nodes
-    attn_max_over_avg: float  # per forward step across a PE node's GPUs (MoE), else per engine
+    attn_max_over_avg: float  # per forward step across a step unit's GPUs (MoE), else per engine
+    pe_busy: float  # share of the span the prefill step units spend in forward steps (mean over units)
+    de_batch: float  # mean decode batch per decode engine over the span
     link_util: dict[str, dict[str, float]] = field(default_factory=dict)
+    lanes: dict[str, dict[str, float]] = field(default_factory=dict)  # CNIC class -> model GB, slowdowns
+    windows: list = field(default_factory=list)  # online: (end s, TTFT s, TPOT s) per judged window
     events: int = 0
     wall_s: float = 0.0
     events_per_s: float = 0.0
@@ -48,6 +55,10 @@ class SimResult:
 
 def _pct(xs: list[float], q: float) -> float:
     return float(np.percentile(xs, q)) if xs else float("nan")
+
+
+def _mean(xs) -> float:
+    return float(np.mean(xs)) if xs else float("nan")
 
 
 def _max_over_avg(xs) -> float:
@@ -65,36 +76,27 @@ def collect(sim, span: float, wall: float) -> SimResult:
     else:
         attn = _max_over_avg([e.attn_s for e in c.pes])
     ttft = sim.ttft
-    window = _window_ttft(sim, span)
+    v = sim.judge.verdict if sim.judge is not None else None
     tpot_mean = float(np.mean(sim.tpot)) if sim.tpot else float("nan")
-    res = SimResult(
+    return SimResult(
         mode=sim.cfg.mode, jct_s=span, requests=sim.finished, agents_done=sim.agents_done,
         ttft_p50_s=_pct(ttft, 50), ttft_p90_s=_pct(ttft, 90), ttft_p99_s=_pct(ttft, 99),
         ttft_mean_s=float(np.mean(ttft)) if ttft else float("nan"),
+        ttst_p50_s=_pct(sim.ttst, 50), ttst_p90_s=_pct(sim.ttst, 90),
         tpot_p50_s=_pct(sim.tpot, 50), tpot_p90_s=_pct(sim.tpot, 90), tpot_mean_s=tpot_mean,
-        ttft_window_s=window, slo_ok=window <= SLO_TTFT_S and not tpot_mean > SLO_TPOT_S,
+        slo_ok=bool(v and v.ok), stop_reason=v.reason if v else ("done" if not sim.online else "ran out of agents"),
+        run_s=span, ttft_window_s=v.ttft_s if v else float("nan"),
         snic_read_gb=reads, snic_write_gb=writes,
-        snic_max_over_avg=_max_over_avg(reads) if sim.cfg.mode.moves_kv else float("nan"),
-        attn_max_over_avg=attn, link_util=_link_util(c, span), events=sim.events,
+        snic_max_over_avg=_max_over_avg(reads) if sim.cfg.mode != LoadMode.ORACLE else float("nan"),
+        attn_max_over_avg=attn, pe_busy=_mean([u.busy_s / span for u in c.units]) if span > 0 else 0.0,
+        de_batch=_mean([e.decode.batch_s / span for e in c.des]) if span > 0 else 0.0, link_util=_link_util(c, span), lanes=_lanes(c),
+        windows=[list(w) for w in v.windows] if v else [], events=sim.events,
         wall_s=wall, events_per_s=sim.events / wall if wall > 0 else 0.0,
         alpha=sim.th.alpha, beta=sim.th.beta)
-    return res
-
-
-def _window_ttft(sim, span: float) -> float:
-    """Mean TTFT of requests that arrived in the last WINDOW_S; requests still waiting
-    for their first token at the end count with their wait so far."""
-    lo = span - WINDOW_S
-    done = [t for a, t in zip(sim.t_arrive, sim.ttft) if a >= lo]
-    waiting = [span - r.t_arrive for r in sim.sched.reqs.values() if r.t_arrive >= lo]
-    for e in sim.c.pes:
-        waiting += [span - r.t_arrive for r in e.queue if r.t_arrive >= lo]
-    xs = done + waiting
-    return float(np.mean(xs)) if xs else float("nan")
 
 
 def _link_util(c, span: float) -> dict[str, dict[str, float]]:
-    """Mean and max utilisation of each link class, per role."""
+    """Mean and max utilisation (KV) of each link class, per role."""
     out: dict[str, dict[str, float]] = {}
     for role, nodes in (("p", c.pe_nodes), ("d", c.de_nodes)):
         engines = [e for n in nodes for e in n.engines]
@@ -103,4 +105,18 @@ def _link_util(c, span: float) -> dict[str, dict[str, float]]:
                             ("cnic_w", [e.cnic_w for e in engines])):
             u = [link.utilisation(span) for link in links]
             out[f"{role}.{name}"] = {"mean": float(np.mean(u)), "max": float(np.max(u))}
+    return out
+
+
+def _lanes(c) -> dict[str, dict[str, float]]:
+    """Per CNIC class: model GB, KV GB, and each lane's slowdown (time taken / time alone)."""
+    out = {}
+    for role, engines in (("p", c.pes), ("d", c.des)):
+        for name in ("cnic_r", "cnic_w"):
+            links = [getattr(e, name) for e in engines]
+            busy, kv_time = sum(x.busy for x in links), sum(x.kv_time for x in links)
+            ideal, took = sum(x.hi_ideal for x in links), sum(x.hi_time for x in links)
+            out[f"{role}.{name}"] = {
+                "model_gb": sum(x.hi_bytes for x in links) / 1e9, "kv_gb": sum(x.bytes for x in links) / 1e9,
+                "kv_slowdown": kv_time / busy if busy else 1.0, "model_slowdown": took / ideal if ideal else 1.0}
     return out

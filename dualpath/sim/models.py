@@ -1,76 +1,137 @@
 """Compute and memory model of one engine for a model preset on a node type.
 
-Derives every number from the architecture (`dualpath.presets.load_arch`): KV bytes per
-token, linear FLOPs per token, attention FLOPs per (query, key) pair (sparse-aware),
-weight bytes. Prefill runs at an MFU; decode is bound by HBM bandwidth over weights
-plus the KV it reads, plus a fixed per-step overhead (MoE all-to-all, launches).
-Efficiency factors are the "fitted to profiling" knobs of docs/design.md; defaults are
-plausible for H800-class GPUs, not measured.
+Derives the work from the architecture (`dualpath.presets.load_arch`): KV bytes per
+token, linear FLOPs per token, attention FLOPs per (query, key) pair, weight bytes, and
+turns it into time with the rate each kind of work reaches on an H800 (`Rates`: the
+published figures of the kernels the paper's system is built on, FlashMLA, DeepGEMM and
+DeepEP, each cited; the few without a public figure say so). Kernels reach their figures
+in isolation; what the same engines deliver end to end in production is lower, and
+`end_to_end` measures by how much (DeepSeek's published per-node throughput of its V3
+service against this model of V3): `Rates.prefill_e2e` applies it, off by default since
+that figure is a day's average and so only a lower bound. The prefill forward is
+linear GEMMs + attention (the policy's `AttentionModel`); a decode step is a roofline per
+kernel (GEMMs: FLOPs or weight reads, attention: FLOPs or KV reads) plus a fixed
+overhead, beside the EP all-to-all it overlaps with (two micro-batches, as DeepSeek's
+engines run it); the all-to-all's bytes cross the CNICs (collectives.py, resources.py).
+A model measured on a running mesh fits the same fields (`dualpath.sim.calibrate`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dualpath.presets import load_arch
+from dualpath.sim.collectives import Layout, cnic_bytes_per_token
 from dualpath.sim.hardware import Hardware
 from shared.sched.policy import AttentionModel
 
+T = 1e12
+G = 1e9
+
 
 @dataclass(frozen=True, slots=True)
-class Efficiency:
-    """How close each kind of work gets to peak."""
+class Rates:
+    """Achieved rates on one H800 SXM5 (TFLOPS, GB/s); 1979 / 989 TFLOPS FP8 / BF16 dense peak."""
 
-    linear_mfu: float = 0.45  # prefill GEMMs (FP8 for DS, BF16 for dense models)
-    attention_mfu: float = 0.35  # prefill attention kernels
-    decode_hbm: float = 0.75  # achieved fraction of HBM bandwidth in decode
-    decode_overhead_moe_s: float = 0.012  # per decode step: EP all-to-all, launches
-    decode_overhead_dense_s: float = 0.004
-    batch_overhead_s: float = 0.004  # per prefill forward
+    # FP8 GEMMs in prefill: DeepGEMM README (H800): MoE grouped contiguous layout
+    # 1099-1297 TFLOPS, normal GEMMs at M=4096 990-1358 TFLOPS.
+    gemm_fp8: float = 1200.0
+    # BF16 GEMMs (dense models): no DeepGEMM figure at the time; assumed 2/3 of the BF16 peak.
+    gemm_bf16: float = 650.0
+    # Sparse MLA prefill (V3.2 top-k, over the latent: 2*h*(576+512) FLOPs per pair and layer):
+    # FlashMLA README, sparse prefill forward up to 640 TFLOPS on H800.
+    sparse_mla_prefill: float = 640.0
+    # Dense attention prefill (MHA form; GQA): FlashAttention-3 paper, up to 740 TFLOPS BF16
+    # forward on H100 SXM5; H800 clocks throttle to ~865 of 989 TFLOPS (FlashMLA deep dive),
+    # so 740 * 865 / 989.
+    dense_attn_prefill: float = 647.0
+    # V3.2 lightning indexer (FP8 logits of 64 heads x 128 dims against every earlier key):
+    # no published kernel figure; assumed at DeepGEMM's normal FP8 GEMM rate (M=4096, N=2112:
+    # 1058 TFLOPS).
+    indexer: float = 1000.0
+    # Decode attention: FlashMLA README, dense MLA decode 660 TFLOPS compute-bound and
+    # 3000 GB/s memory-bound; token-level sparse decode (FP8 KV) 410 TFLOPS.
+    mla_decode: float = 660.0
+    sparse_mla_decode: float = 410.0
+    kv_read: float = 3000.0
+    # Decode GEMMs: DeepGEMM README, masked grouped layout (decode MoE) 925-1233 TFLOPS at
+    # 1024 rows per group; weight-read bound at small batch: normal GEMMs at M=64-128 read
+    # 1509-2668 GB/s.
+    gemm_decode: float = 1000.0
+    weight_read: float = 2000.0
+    # Per decode step: launches, sampling, the scheduler (CUDA graphs); assumed.
+    decode_overhead_s: float = 0.002
+    # Per prefill forward: launches and batch set-up; assumed.
+    prefill_overhead_s: float = 0.004
+    # Fixed cost of one EP collective (dispatch or combine) beyond its bytes: DeepEP's
+    # low-latency kernels at EP8 and 128 tokens take 77 / 114 us at 98 / 127 GB/s, of which
+    # the bytes explain all but ~10 us; assumed 10 us.
+    ep_latency_s: float = 10e-6
+    # End to end (DeepSeek-V3/R1 Inference System Overview, 2025-02-28: H800 nodes, prefill
+    # EP32 over 4 nodes, decode EP144 over 18): 73.7k input tokens/s per node while
+    # prefilling, 56.3% of input tokens hitting the KV cache, so 73.7k * 0.437 / 8 = 4.0k
+    # computed tokens/s per GPU; 14.8k output tokens/s per node while decoding at 20-22
+    # tokens/s per user, so ~88 sequences per GPU at 1/21 s a step. The prompt length is not
+    # published: assumed 4K tokens. `end_to_end` turns these into the share of the kernel
+    # rates that survives: about 1/3 for prefill, 0.44 for decode. Neither is applied by
+    # default: both are averages over a day of varying load (a lower bound on what a
+    # saturated engine reaches), and that service decodes with multi-token prediction (often
+    # two tokens a step), so 20-22 tokens/s per user is not one step's time.
+    prod_prefill_tok_s_node: float = 73_700.0
+    prod_hit: float = 0.563
+    prod_decode_tok_s_node: float = 14_800.0
+    prod_tpot_s: float = 1 / 21
+    prod_ctx: int = 4096
+    prefill_e2e: bool = False  # scale prefill to the production figure (a lower bound: see above)
+    decode_e2e: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class SimModel:
-    """Everything the simulator needs about a model on one engine (GPU)."""
+    """Everything the simulator needs about a model on one engine (GPU). Times in seconds."""
 
     name: str
     kv_bytes: int  # stored KV bytes per token, all layers (incl. indexer keys)
-    kv_main_bytes: int  # bytes per token read by sparse/main attention in decode
+    kv_main_bytes: int  # bytes per token read by main attention in decode
     kv_index_bytes: int  # bytes per token read by the indexer (0 if none)
     topk: int  # sparse-attention cap (0 = dense attention)
-    moe: bool  # attention DP + EP: a node's engines step together
+    moe: bool  # attention DP + EP: a step unit's engines step together
     linear_s_per_token: float  # prefill GEMM time per new token
     pooled_fraction: float  # share of linear time that is routed-expert (EP-pooled) work
-    attention: AttentionModel  # policy attention-time model (seconds)
-    weight_bytes_dense: float  # non-routed weights, replicated on every engine
-    weight_bytes_routed: float  # routed experts, divided over the EP group
-    n_experts: int
-    decode_flops_per_token: float
+    attention: AttentionModel  # prefill attention time (the policy's model)
+    prefill_comm_bytes: float  # CNIC bytes per prefilled token (each direction)
+    weight_bytes: float  # on one decode engine
     hbm_bytes: float
-    hbm_bw: float  # bytes/s
-    eff: Efficiency
-    peak_flops: float
+    # decode step = overhead + max(batch * gemm, weights) + max(attention FLOPs, KV reads)
+    d_overhead_s: float
+    d_gemm_s_per_token: float
+    d_weights_s: float
+    d_att_s_per_capped: float  # main attention, per (token, key) pair within the cap
+    d_att_s_per_ctx: float  # indexer (or dense attention), per (token, key) pair
+    d_kv_s_per_capped: float
+    d_kv_s_per_ctx: float
+    decode_comm_bytes: float  # CNIC bytes per decoded token (each direction)
+    comm_latency_s: float  # fixed part of one step's collectives
+    capacity_tokens: int = 0  # KV tokens a decode engine holds, when known (a mesh's blocks)
 
-    def weights_per_gpu(self, ep_gpus: int) -> float:
-        ep = max(1, min(ep_gpus, self.n_experts)) if self.n_experts else 1
-        return self.weight_bytes_dense + self.weight_bytes_routed / ep
-
-    def kv_capacity_tokens(self, ep_gpus: int) -> int:
+    def kv_capacity_tokens(self) -> int:
         """KV tokens one decode engine can hold (90% of HBM minus weights and 4 GB)."""
-        free = self.hbm_bytes * 0.9 - self.weights_per_gpu(ep_gpus) - 4e9
+        if self.capacity_tokens:
+            return self.capacity_tokens
+        free = self.hbm_bytes * 0.9 - self.weight_bytes - 4e9
         if free <= 0:
-            raise ValueError(f"{self.name}: weights do not fit in HBM on {ep_gpus} GPUs")
+            raise ValueError(f"{self.name}: weights do not fit in HBM")
         return int(free // self.kv_bytes)
 
-    def decode_step_s(self, batch: int, ctx_sum: float, capped_sum: float, ep_gpus: int) -> float:
-        """One decode step of a batch holding `ctx_sum` context tokens in total."""
+    def decode_compute_s(self, batch: int, ctx_sum: float, capped_sum: float) -> float:
+        """One decode step's compute of a batch holding `ctx_sum` context tokens in total
+        (`capped_sum`: the same, each request capped at top-k); without its collectives."""
         if batch == 0:
             return 0.0
-        main = capped_sum if self.topk else ctx_sum
-        kv = main * self.kv_main_bytes + ctx_sum * self.kv_index_bytes
-        mem = (self.weights_per_gpu(ep_gpus) + kv) / (self.eff.decode_hbm * self.hbm_bw)
-        compute = batch * self.decode_flops_per_token / (self.peak_flops * self.eff.linear_mfu)
-        over = self.eff.decode_overhead_moe_s if self.moe else self.eff.decode_overhead_dense_s
-        return max(mem, compute) + over
+        main = capped_sum if self.topk else 0.0
+        gemm = batch * self.d_gemm_s_per_token
+        att = main * self.d_att_s_per_capped + ctx_sum * self.d_att_s_per_ctx
+        kv = main * self.d_kv_s_per_capped + ctx_sum * self.d_kv_s_per_ctx
+        return self.d_overhead_s + (gemm if gemm > self.d_weights_s else self.d_weights_s) + (att if att > kv else kv)
 
     def prefill_tokens_per_s(self, cached: int, new: int) -> float:
         """New tokens per second of one engine on requests of this shape."""
@@ -78,37 +139,75 @@ class SimModel:
         return new / t
 
 
-def build_model(name: str, hw: Hardware, eff: Efficiency | None = None) -> SimModel:
-    """SimModel for a preset name or config path on hardware `hw`."""
-    eff = eff or Efficiency()
+def end_to_end(r: Rates, hw: Hardware) -> tuple[float, float]:
+    """(prefill, decode) share of the kernel rates that DeepSeek's V3 service reaches (see Rates)."""
+    raw = replace(r, prefill_e2e=False, decode_e2e=False)
+    v3 = build_model("ds-v3", hw, Layout(4, hw.gpus), Layout(18, hw.gpus), raw)
+    hit = int(r.prod_ctx * r.prod_hit)
+    new = r.prod_ctx - hit
+    per_gpu = r.prod_prefill_tok_s_node * (1 - r.prod_hit) / hw.gpus
+    prefill = per_gpu / v3.prefill_tokens_per_s(hit, new)
+    batch = r.prod_decode_tok_s_node / hw.gpus * r.prod_tpot_s
+    compute = v3.decode_compute_s(round(batch), batch * r.prod_ctx, 0.0) - v3.d_overhead_s
+    decode = compute / (r.prod_tpot_s - v3.d_overhead_s)
+    return min(prefill, 1.0), min(decode, 1.0)
+
+
+def build_model(name: str, hw: Hardware, pe: Layout | None = None, de: Layout | None = None,
+                rates: Rates | None = None) -> SimModel:
+    """SimModel for a preset name or config path on hardware `hw`; `pe` / `de` are the prefill
+    and decode layouts (EP domain sizes; default: one node each)."""
+    r = rates or Rates()
+    fp, fd = end_to_end(r, hw) if r.prefill_e2e or r.decode_e2e else (1.0, 1.0)
+    fp, fd = (fp if r.prefill_e2e else 1.0), (fd if r.decode_e2e else 1.0)
+    pe = pe or Layout(1, hw.gpus)
+    de = de or Layout(1, hw.gpus)
     arch = load_arch(name)
     p = arch.params()
-    fp8 = arch.is_mla  # DeepSeek models: FP8 weights and FP8 KV; others BF16 KV, FP8 weights
-    kv_dtype = 1 if fp8 else 2
-    main = arch.kv_bytes_per_token(kv_dtype)
+    fp8 = arch.is_mla  # DeepSeek models: FP8 weights, GEMMs and KV; the others BF16
+    wb = 1.0 if fp8 else 2.0
+    main = arch.kv_bytes_per_token(1 if fp8 else 2)
     index = arch.index_bytes_per_token(1)
-    peak = (hw.peak_fp8_tflops if fp8 else hw.peak_bf16_tflops) * 1e12
     linear = arch.prefill_flops_per_token()
     routed_active = p.routed_experts * arch.experts_per_token / arch.n_routed_experts if arch.is_moe else 0
-    pooled = 2.0 * routed_active / linear if linear else 0.0
-    wb = 1.0  # bytes per weight (FP8 serving for every preset; see report)
+    ep_gpus = de.ep_nodes * de.gpus
+    ep = max(1, min(ep_gpus, arch.n_routed_experts)) if arch.is_moe else 1
+    weights = (p.total - p.routed_experts) * wb + p.routed_experts * wb / ep
+    L = arch.num_layers
+    if arch.is_mla:  # absorbed form over the latent (FlashMLA's FLOP count): d_k = latent + rope, d_v = latent
+        mla_pair = 2.0 * arch.num_heads * (2 * arch.kv_lora_rank + arch.qk_rope_head_dim) * L
+    else:
+        mla_pair = 2.0 * arch.num_heads * 2 * arch.head_dim * L
+    idx_pair = 2.0 * arch.index_n_heads * arch.index_head_dim * L
+    sparse = arch.index_topk > 0
+    decode_att_rate = (r.sparse_mla_decode if sparse else r.mla_decode) * T
+    kv_bw = r.kv_read * G
     return SimModel(
-        name=arch.name, kv_bytes=main + index, kv_main_bytes=main,
-        kv_index_bytes=index, topk=arch.index_topk, moe=arch.is_moe,
-        linear_s_per_token=linear / (peak * eff.linear_mfu), pooled_fraction=min(pooled, 1.0),
-        attention=_attention_model(arch, peak * eff.attention_mfu, eff.batch_overhead_s),
-        weight_bytes_dense=(p.total - p.routed_experts) * wb, weight_bytes_routed=p.routed_experts * wb,
-        n_experts=arch.n_routed_experts, decode_flops_per_token=linear,
-        hbm_bytes=hw.hbm_gb * 1e9, hbm_bw=hw.hbm_tbs * 1e12, eff=eff, peak_flops=peak)
+        name=arch.name, kv_bytes=main + index, kv_main_bytes=main, kv_index_bytes=index,
+        topk=arch.index_topk, moe=arch.is_moe,
+        linear_s_per_token=linear / ((r.gemm_fp8 if fp8 else r.gemm_bf16) * T * fp),
+        pooled_fraction=min(2.0 * routed_active / linear, 1.0) if linear else 0.0,
+        attention=_attention_model(arch, r, fp),
+        prefill_comm_bytes=cnic_bytes_per_token(arch, pe, prefill=True),
+        weight_bytes=weights, hbm_bytes=hw.hbm_gb * G,
+        d_overhead_s=r.decode_overhead_s, d_gemm_s_per_token=linear / (r.gemm_decode * T * fd),
+        d_weights_s=weights / (r.weight_read * G * fd),
+        d_att_s_per_capped=mla_pair / (decode_att_rate * fd) if sparse else 0.0,
+        d_att_s_per_ctx=idx_pair / (r.indexer * T * fd) if sparse else mla_pair / (decode_att_rate * fd),
+        d_kv_s_per_capped=main / (kv_bw * fd) if sparse else 0.0,
+        d_kv_s_per_ctx=index / (kv_bw * fd) if sparse else main / (kv_bw * fd),
+        decode_comm_bytes=cnic_bytes_per_token(arch, de, prefill=False),
+        comm_latency_s=2 * arch.num_moe_layers * r.ep_latency_s if de.ep_nodes > 1 else 0.0)
 
 
-def _attention_model(arch, flops_per_s: float, per_batch: float) -> AttentionModel:
-    """Fit the policy's AttentionModel to the preset's attention FLOPs (exact, not sampled)."""
-    f = arch.attention_flops
+def _attention_model(arch, r: Rates, f: float = 1.0) -> AttentionModel:
+    """The policy's AttentionModel from the preset's attention FLOPs and the kernel rates (times `f`)."""
+    L = arch.num_layers
     if arch.index_topk:
-        c = arch.index_topk + 10
-        indexer = f(c + 1, 1) - f(c, 1)  # per pair, uncapped
-        main = f(0, 1) - indexer  # per pair, capped at top-k
-        return AttentionModel(per_pair=indexer / flops_per_s, per_capped_pair=main / flops_per_s,
-                              cap=arch.index_topk, per_batch=per_batch)
-    return AttentionModel(per_pair=f(0, 1) / flops_per_s, per_batch=per_batch)
+        main = 2.0 * arch.num_heads * (2 * arch.kv_lora_rank + arch.qk_rope_head_dim) * L
+        indexer = 2.0 * arch.index_n_heads * arch.index_head_dim * L
+        return AttentionModel(per_pair=indexer / (r.indexer * T * f),
+                              per_capped_pair=main / (r.sparse_mla_prefill * T * f),
+                              cap=arch.index_topk, per_batch=r.prefill_overhead_s)
+    per_pair = arch.attention_flops(0, 1)  # one query over one key (itself), all layers: MHA form
+    return AttentionModel(per_pair=per_pair / (r.dense_attn_prefill * T * f), per_batch=r.prefill_overhead_s)

@@ -1,10 +1,13 @@
 """Prefill forward steps of a step unit, planned by the policy's intra-PE batcher.
 
 A step: every engine of the unit plans a batch from its ready requests (FIFO, compute
-quota, chunked prefill by binary search: `policy.plan_batch`); the step lasts
+quota, chunked prefill by binary search: `policy.plan_batch`); its compute lasts
   max_e(attention_e + non-pooled GEMMs_e) + pooled expert GEMMs / engines
-(attention DP waits for the slowest GPU before the EP stage), but never less than the
-layerwise load of the hit KV of the requests starting in it (load overlaps compute).
+(attention DP waits for the slowest GPU before the EP stage), and the step lasts the
+longer of that and its EP all-to-all (two micro-batches overlap them; its bytes cross
+each engine's CNIC in the model's lane), but never less than the layerwise load of the
+hit KV of the requests starting in it (load overlaps compute). Without layerwise
+prefill (`whole_first`) that load comes first: the step lasts load + compute.
 A request that finishes its prefill streams its KV to the DE during the step (PD
 transfer), then the DE copies it into HBM.
 """
@@ -12,17 +15,21 @@ from __future__ import annotations
 
 from dualpath.sim.cluster import StepUnit
 from dualpath.sim.models import SimModel
-from dualpath.sim.resources import transfer
 from dualpath.sim.traffic import H2D, LOAD, PD, PERSIST, READ
 from dualpath.sim.workload import Req
 from shared.sched.policy import PrefillWork, ReadPath, plan_batch
 
-# Stages compiled from dualpath.sim.traffic, so timing and the traffic table agree:
-# (side is PE?, link lives on the node?, link attribute, bytes kind).
+# Stages compiled from dualpath.sim.traffic, so timing and the traffic table agree: per link
+# of the stage (side is PE?, engine attribute, hit / miss / persist multiplicity), one
+# reservation per link however many times the stage crosses it.
+KINDS = ("hit", "miss", "persist")
 
 
 def _compile(hops) -> tuple:
-    return tuple((side == "pe", not link.startswith("cnic"), link, kind) for side, link, kind in hops)
+    merged: dict[tuple[bool, str], list[int]] = {}
+    for side, link, kind in hops:
+        merged.setdefault((side == "pe", link), [0, 0, 0])[KINDS.index(kind)] += 1
+    return tuple((is_pe, attr, *counts) for (is_pe, attr), counts in merged.items())
 
 
 C_READ = {p: _compile(READ[p]) for p in ReadPath}
@@ -32,45 +39,61 @@ C_H2D = _compile(H2D)
 C_PERSIST = _compile(PERSIST)
 
 
-def legs(hops: tuple, r: Req, hit: float, miss: float, persist: float = 0.0) -> list:
-    """(Link, bytes) pairs of one stage of request `r` (bytes already multiplied out)."""
-    out = []
-    for is_pe, on_node, attr, kind in hops:
-        n = hit if kind == "hit" else miss if kind == "miss" else persist
-        if n > 0:
-            eng = r.pe if is_pe else r.de
-            out.append((getattr(eng.node if on_node else eng, attr), n))
-    return out
+def book(now: float, hops: tuple, r: Req, hit: float, miss: float, persist: float = 0.0) -> float:
+    """Reserve one stage of request `r` (bytes already multiplied out); returns when it ends."""
+    end = now
+    pe, de = r.pe, r.de
+    for is_pe, attr, ch, cm, cp in hops:
+        n = ch * hit + cm * miss + cp * persist
+        if n > 0:  # Link.reserve, inlined: this is the simulator's hottest loop
+            link = getattr(pe if is_pe else de, attr)
+            bw = link.bw
+            dt = n / (bw * link.lo)
+            t = link.free_at
+            t = (t if t > now else now) + dt
+            link.free_at = t
+            link.busy += n / bw
+            link.kv_time += dt
+            link.bytes += n
+            if t > end:
+                end = t
+    return end
 
 
 def stage_end(now: float, table: dict, r: Req, kvb: int, with_miss: bool = True) -> float:
     """Reserve a per-path stage for both parts of a (possibly split) read."""
-    lg = []
+    end = now
     miss = r.miss * kvb if with_miss else 0.0
     if r.pe_hit or (miss and not r.de_hit):
-        lg += legs(table[ReadPath.PE], r, r.pe_hit * kvb, miss)
+        end = book(now, table[ReadPath.PE], r, r.pe_hit * kvb, miss)
         miss = 0.0
     if r.de_hit or miss:
-        lg += legs(table[ReadPath.DE], r, r.de_hit * kvb, miss)
-    return transfer(now, lg)
+        t = book(now, table[ReadPath.DE], r, r.de_hit * kvb, miss)
+        end = t if t > end else end
+    return end
 
 
 class Prefill:
     """Plans and times the forward steps of every step unit."""
 
-    def __init__(self, model: SimModel, quota: float, align: int, oracle: bool) -> None:
+    def __init__(self, model: SimModel, quota: float, align: int, oracle: bool, whole_first: bool = False,
+                 traffic: float = 1.0) -> None:
         self.m = model
         self.quota = quota
         self.align = align
         self.oracle = oracle
+        self.whole_first = whole_first
+        self.comm = model.prefill_comm_bytes * traffic  # CNIC bytes per prefilled token
         self.attn_ratio_sum = 0.0  # over steps where every GPU had work: max/avg attention time
         self.steps = 0
 
     def plan(self, unit: StepUnit, now: float) -> float:
         """Fill unit.batch; returns the step duration (0 when nothing is ready)."""
-        m, att = self.m, self.m.attention
+        m, att, comm = self.m, self.m.attention, self.comm
         batch = []
+        sent = []
         worst = pooled = attn_max = attn_sum = 0.0
+        busy = False
         load_end = now
         for e in unit.engines:
             ready = [r for r in e.queue if r.ready]
@@ -80,7 +103,11 @@ class Prefill:
             work = (PrefillWork(r.rid, r.hit + r.done, r.miss - r.done) for r in ready)
             chunks = plan_batch(work, att, self.quota, self.align)
             attn = att.batch_time((c.cached, c.bsz) for c in chunks)
-            lin = sum(c.bsz for c in chunks) * m.linear_s_per_token
+            tokens = sum(c.bsz for c in chunks)
+            busy = True
+            lin = tokens * m.linear_s_per_token
+            if comm:
+                sent.append((e, tokens * comm))
             pooled += lin * m.pooled_fraction
             own = attn + lin * (1.0 - m.pooled_fraction)
             worst = own if own > worst else worst
@@ -94,11 +121,30 @@ class Prefill:
                         t = stage_end(now, C_LOAD, r, m.kv_bytes, with_miss=False)
                         load_end = t if t > load_end else load_end
             batch.append((e, ready[:len(chunks)], chunks))
-        if attn_sum == 0.0:
+        if not busy:
+            if unit.lanes:
+                _lanes(unit.engines, now, None, 1.0)
+                unit.lanes = False
             return 0.0
-        if len(unit.engines) > 1 and all(chunks for _, _, chunks in batch):
+        if len(unit.engines) > 1 and attn_sum > 0 and all(chunks for _, _, chunks in batch):
             self.attn_ratio_sum += attn_max * len(unit.engines) / attn_sum
             self.steps += 1
         step = worst + pooled / len(unit.engines)
+        if sent:
+            t = m.comm_latency_s + max(max(e.cnic_r.model_burst(now, b), e.cnic_w.model_burst(now, b)) for e, b in sent)
+            step = t if t > step else step
+        load = load_end - now
+        step = step + load if self.whole_first else (step if step > load else load)
+        if sent or unit.lanes:
+            _lanes(unit.engines, now, dict(sent), step)
+            unit.lanes = bool(sent)
         unit.batch = batch
-        return max(step, load_end - now)
+        return step
+
+
+def _lanes(engines: list, now: float, sent: dict | None, step: float) -> None:
+    """Each engine's CNICs carry its share of the step's model traffic (none when absent)."""
+    for e in engines:
+        u = min(1.0, sent.get(e, 0.0) / (e.cnic_r.bw * step)) if sent else 0.0
+        e.cnic_r.set_model(now, u)
+        e.cnic_w.set_model(now, u)

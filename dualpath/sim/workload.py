@@ -21,7 +21,7 @@ class Req:
     """One turn of one agent, as it moves through the simulated cluster."""
 
     __slots__ = ("rid", "agent", "prompt", "hit", "miss", "gen", "t_arrive", "pe", "de",
-                 "pe_hit", "de_hit", "reads_left", "ready", "done", "t_first", "t_join", "mem")
+                 "pe_hit", "de_hit", "reads_left", "ready", "done", "t_first", "t_join", "t_second", "mem")
 
     def __init__(self, rid: int, agent: int, prompt: int, hit: int, gen: int, t: float) -> None:
         self.rid = rid
@@ -40,6 +40,7 @@ class Req:
         self.done = 0  # miss tokens computed so far
         self.t_first = 0.0
         self.t_join = 0.0
+        self.t_second = 0.0  # when the DE's first step puts out the second token
         self.mem = prompt + gen  # KV tokens the DE holds at the end
 
 
@@ -50,9 +51,11 @@ class Workload:
     starts: list[float]  # start time of each agent
     block: int = BLOCK  # tokens per KV block: hits are whole blocks
 
+    def __post_init__(self) -> None:
+        self.turns_of = [len(self.base[b]) + (1 if pre else 0) for b, pre in self.agents]
+
     def n_turns(self, agent: int) -> int:
-        b, pre = self.agents[agent]
-        return len(self.base[b]) + (1 if pre else 0)
+        return self.turns_of[agent]
 
     def turn(self, agent: int, k: int) -> tuple[int, int]:
         b, pre = self.agents[agent]
@@ -62,7 +65,7 @@ class Workload:
 
     @property
     def total_requests(self) -> int:
-        return sum(self.n_turns(a) for a in range(len(self.agents)))
+        return sum(self.turns_of)
 
     def hit_ratio(self) -> float:
         """Token hit ratio of the base set (prompts weighted by length)."""
@@ -85,8 +88,9 @@ def make_request(rid: int, agent: int, ctx: int, append: int, gen: int, t: float
 
 
 def load_workload(trace: str, agents: int, scale: float = 1.0, seed: int = 0,
-                  aps: float = 0.0, block: int = BLOCK) -> Workload:
-    """Agents for a trace spec; online (aps > 0) start times are Poisson at `aps`/s."""
+                  aps: float = 0.0, block: int = BLOCK, append_scale: float = 1.0) -> Workload:
+    """Agents for a trace spec; online (aps > 0) start times are Poisson at `aps`/s.
+    `append_scale` multiplies every turn's append but the first (the task prompt)."""
     if trace.startswith("gen:"):
         parts = trace.split(":")
         name = parts[1].lower()
@@ -99,6 +103,9 @@ def load_workload(trace: str, agents: int, scale: float = 1.0, seed: int = 0,
         if scale != 1.0:
             trajs = [_scaled(t.turns, scale) for t in trajs]  # type: ignore[misc]
     base = [t if isinstance(t, tuple) else t.turns for t in trajs]
+    if append_scale != 1.0:
+        base = [tuple((a if i == 0 else max(1, round(a * append_scale)), g) for i, (a, g) in enumerate(turns))
+                for turns in base]
     specs = expand_agents(len(base), agents, seed)
     if aps > 0:
         gaps = np.random.default_rng([seed, 7]).exponential(1.0 / aps, size=len(specs))
@@ -106,6 +113,12 @@ def load_workload(trace: str, agents: int, scale: float = 1.0, seed: int = 0,
     else:
         starts = [0.0] * len(specs)
     return Workload(base, specs, starts, block)
+
+
+def from_turns(trajectories: list[tuple[tuple[int, int], ...]], block: int = BLOCK) -> Workload:
+    """One agent per trajectory of (append, gen) turns, all starting at t=0 (a bench replay)."""
+    base = [tuple(t) for t in trajectories]
+    return Workload(base, [(i, 0) for i in range(len(base))], [0.0] * len(base), block)
 
 
 def _scaled(turns: tuple[tuple[int, int], ...], scale: float) -> tuple[tuple[int, int], ...]:

@@ -42,6 +42,7 @@ import msgspec
 from services.storage_gateway.block_file import bytes_view, check_slots
 from services.storage_gateway.bucket import TokenBucket
 from services.storage_gateway.errors import BlockUnavailable
+from services.storage_gateway.grouped import GroupedRead
 from services.storage_gateway.read_queue import ReadQueue, ReadQueueSnapshot
 from services.storage_gateway.store import DirectoryStore, WriteOutcome
 
@@ -127,11 +128,10 @@ class GatewayCore:
         size = self.store.layout.payload_bytes
         check_slots(len(view), size, keys, offsets)
         if report is not None and 0 < group_layers < self.store.layout.n_layers:
-            from services.storage_gateway.grouped import GroupedRead
-
             self._reads_idle.clear()
             slots = [view[off : off + size] for off in offsets]
-            return await GroupedRead(self, keys, slots, group_layers, report).run()
+            good, key, why = await GroupedRead(self, keys, slots, group_layers, report).run()
+            return ReadResult(blocks=good, bytes=good * size, requested=len(keys), stop_key=key, stop_reason=why)
         n = len(keys)
         chain = _Chain(stop=n)
         self._queue.enqueue(n, n * size)

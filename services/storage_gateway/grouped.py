@@ -9,7 +9,7 @@ of its file. Sequence for keys [k0, k1], groups of 2 layers of a 4-layer model:
     open k0, k1: sizes and headers checked    -> report(0 layers, 2 blocks, eta of the last byte)
     at the time layers 0-1 of both have crossed the NIC: read them   -> report(2, 2, eta)
     at the time layers 2-3 have crossed: read them                   -> report(4, 2, 0)
-    verify both checksums (fed as the parts landed); close, unpin    -> ReadResult(blocks=2)
+    verify both checksums (fed as the parts landed); close, unpin    -> (2 blocks, no stop)
 
 A block missing at open ends the chain there (fewer blocks reported from the first report on);
 a checksum that fails at the end makes the result shorter than what was reported -- the
@@ -38,9 +38,8 @@ class GroupedRead:
         self.layer_bytes = self.store.layout.layer_bytes
         self.n_layers = self.store.layout.n_layers
 
-    async def run(self):
-        from services.storage_gateway.engine import ReadResult
-
+    async def run(self) -> tuple[int, bytes | None, str | None]:
+        """(leading blocks read and verified, the first block that was not, why)."""
         core, store, n = self.core, self.store, len(self.keys)
         size = store.layout.payload_bytes
         left = n * size  # bytes still pending on the node's read queue
@@ -70,7 +69,7 @@ class GroupedRead:
             core.queue.dequeue(n, left)
             core.queue.finish_request()
             core.note_idle()
-        return ReadResult(blocks=good, bytes=good * size, requested=n, stop_key=stop_key, stop_reason=reason)
+        return good, stop_key, reason
 
     async def _until_crossed(self, t_end: float, bytes_after: int) -> None:
         """Wait until the NIC has passed every byte of this request but the last `bytes_after`."""

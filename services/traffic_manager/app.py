@@ -30,8 +30,9 @@ from services.traffic_manager.progress import LayerState, ReadTrack, Registry
 from services.traffic_manager.push import PushPath
 from services.traffic_manager.read_queues import ReadQueues
 from services.traffic_manager.secret import mesh_secret
+from services.traffic_manager.slot_grants import GrantsGiven, GrantsHeld
 from services.traffic_manager.store_path import StorePath
-from shared.bus import BusError, Delivery, error_code
+from shared.bus import BusError, Delivery
 from shared.kv.allocator import OutOfSlots
 from shared.messages.registry import Announce, EngineAnnounce, StorageGatewayAnnounce, KVRegion, TrafficManagerAnnounce
 from shared.messages.codes import ErrorCode
@@ -63,7 +64,9 @@ class TrafficManagerService(Service):
         self.m_bytes = m.counter("bytes_total", "Bytes moved on the data plane", ("kind",))
         self.m_xfer = m.histogram("transfer_seconds", "Transfer time", ("kind",))
         self.pool = BufferPool(ShmRegion.create(new_name("tm-buf"), cfg.buffer_mb << 20), cfg.transfer_timeout_s,
-                               m.gauge("buffer_free_bytes", "Free DRAM buffer bytes"))
+                               m.gauge("buffer_free_bytes", "Free DRAM buffer bytes"), self._take_back)
+        self.given: GrantsGiven | None = None  # set in start(), once the endpoint exists
+        self.held = GrantsHeld()
         self.queues = ReadQueues(cfg.transfer_timeout_s)
         self.endpoint = None
         self.kv_region: ShmRegion | None = None
@@ -84,9 +87,10 @@ class TrafficManagerService(Service):
                                         weights=(cfg.latency_weight, cfg.bulk_weight), secret=secret)
         await self.endpoint.start()
         log.info("data plane: %s transport (%s)", self.endpoint.backend, self.endpoint.why)
-        self.endpoint.register("buf", self.pool.buffer.buf, shm_name=self.pool.buffer.name)
+        self.endpoint.register("buf", self.pool.buffer.buf, shm_name=self.pool.buffer.name)  # reached via grants
+        self.given = GrantsGiven(self.endpoint)
         parts = TMParts(cfg, self.bus, self.subjects, self.metrics, self.pool, self.endpoint, self.peer, self.queues,
-                        self.m_bytes, self.spawn, self.reads, self.layers)
+                        self.m_bytes, self.spawn, self.given, self.held, self.reads, self.layers)
         self.fetch_path, self.store_path, self.push_path = FetchPath(parts), StorePath(parts), PushPath(parts, self.m_xfer)
         s, e = self.subjects, cfg.engine
         await self.bus.subscribe(s.heartbeat, Announce, self._on_announce)
@@ -204,7 +208,9 @@ class TrafficManagerService(Service):
                 await d.respond(Reserved(ok=False, error=f"DE buffer full: {exc}", code=ErrorCode.BUFFER_FULL))
                 return
         self.pool.note_free()
-        await d.respond(Reserved(slots=[s * self.pool.block_nbytes for s in slots]))
+        bn = self.pool.block_nbytes
+        offsets = [s * bn for s in slots]
+        await d.respond(Reserved(slots=offsets, grant=self.given.give(msg.req_id, offsets, bn)))
 
     async def _on_load(self, msg: LoadKV, d: Delivery) -> None:
         if not self.pool.ready:
@@ -235,8 +241,13 @@ class TrafficManagerService(Service):
         await d.respond(PushDone(nbytes=nbytes, seconds=dt))
 
     async def _on_release(self, msg, d: Delivery) -> None:
-        self.pool.cancel(msg.req_id)
+        self.pool.cancel(msg.req_id)  # also ends the grant of its slots (_take_back)
+        self.held.drop(msg.req_id)
         self.layers.fail(lambda key: key == msg.req_id, "the request was released")
+
+    def _take_back(self, owner: str) -> None:
+        if self.given is not None:
+            self.given.take_back(owner)
 
     # storage paths (fetch.py, store_path.py) -------------------------------------------------
     async def _on_fetch(self, msg: FetchKV, d: Delivery) -> None:

@@ -42,6 +42,7 @@ from shared.messages.traffic_manager import (FetchFailed, FetchKV, LayersLoaded,
                                              ReadQueued, Reserve, Reserved, Stage, Staged)
 from shared.transport.base import Op, TrafficClass
 from shared.transport.errors import TransportError
+from shared.transport.grants import Grant
 
 log = logging.getLogger("traffic_manager.fetch")
 tracer = trace.get_tracer("traffic_manager")
@@ -105,10 +106,12 @@ class FetchPath:
         await self._announce_queue(msg, k)
         pe, de = tracks["pe"], tracks["de"]
         de_slots: list[int] = []
+        grant = None  # the DE's grant of the prompt's slots: for the DE-path pull and, later, the push
         if k < n:
             res = await self._reserve_remote(msg)
             if res.ok:
                 de_slots = res.slots
+                grant = p.held.keep(msg.req_id, msg.de_engine, res.grant)
             else:  # no DE-buffer room: the PE path alone; the rest is computed
                 n = k
                 de.finish(0, res.error)
@@ -138,7 +141,7 @@ class FetchPath:
         if hits:
             local = [(off, i) for i, off in enumerate(offsets[:min(pe_ok, hits)])]
             remote = [(de_slots[i], i) for i in de_hits]
-            await self._layers(msg, local, remote, prog, pe, de, timeout)
+            await self._layers(msg, local, remote, prog, pe, de, timeout, grant)
         self.m_wait.labels("read").observe(time.perf_counter() - t0)
 
     async def _announce_queue(self, msg: FetchKV, k: int) -> None:
@@ -209,7 +212,8 @@ class FetchPath:
         await self.p.bus.publish(self.p.subjects.reads_done, NodeReadDone(req_id, node))
 
     async def _layers(self, msg: FetchKV, local: list[tuple[int, int]], remote: list[tuple[int, int]],
-                      prog: Progress, pe: ReadTrack, de: ReadTrack, timeout: float) -> None:
+                      prog: Progress, pe: ReadTrack, de: ReadTrack, timeout: float,
+                      grant: Grant | None) -> None:
         """Layer after layer, once read: PE-buffer blocks by local copy, DE-buffer blocks by a one-sided
         read. Both copies of a layer settle before a failure of either is raised (nothing of this
         fetch is still moving when the engine hears of it)."""
@@ -230,8 +234,8 @@ class FetchPath:
                 rem = [Op("kv", dst[i], "buf", off + layer * lb, lb) for off, i in remote]
                 done = await asyncio.gather(
                     p.endpoint.copy_local(loc, TrafficClass.LATENCY, timeout=p.cfg.transfer_timeout_s) if loc
-                    else _none(), peer.read(rem, TrafficClass.LATENCY, timeout=p.cfg.transfer_timeout_s) if rem
-                    else _none(), return_exceptions=True)
+                    else _none(), peer.read(rem, TrafficClass.LATENCY, timeout=p.cfg.transfer_timeout_s, grant=grant)
+                    if rem else _none(), return_exceptions=True)
                 for res in done:
                     if isinstance(res, BaseException):
                         raise res

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import Gauge
 
@@ -22,8 +22,10 @@ from shared.transport.shm_region import ShmRegion
 
 
 class BufferPool:
-    def __init__(self, buffer: ShmRegion, wait_s: float, m_free: Gauge):
+    def __init__(self, buffer: ShmRegion, wait_s: float, m_free: Gauge,
+                 on_free: Callable[[str], None] = lambda owner: None):
         self.buffer = buffer
+        self.on_free = on_free  # told when an owner's slots are freed (its data-plane grant ends)
         self.wait_s = wait_s  # the longest wait in line for room (the transfer deadline)
         self.m_free = m_free  # free bytes, kept current
         self.layout: KVRegion | None = None  # set by attach()
@@ -70,11 +72,13 @@ class BufferPool:
         if req_id in self.busy:
             self.free_later.add(req_id)
             return
+        self.on_free(req_id)
         if self.slots is not None and self.slots.release(req_id):
             self.note_free()
 
     def release(self, owner: str) -> None:
         """Free `owner`'s slots now (the caller knows no read targets them)."""
+        self.on_free(owner)
         if self.slots is not None:
             self.slots.release(owner)
         self.note_free()

@@ -72,7 +72,8 @@ class StorePath:
                 flip_layer_signs(pool.buffer.buf, slots[msg.first], msg.layout)
                 span.set_attribute("fault_injected", "flip_de_bytes")
             pool.note_free()
-            await d.respond(Staged(slots=slots, blocks=done.blocks, error=done.error))
+            grant = p.given.give(msg.req_id, slots, bn) if msg.req_id not in pool.cancelled else b""
+            await d.respond(Staged(slots=slots, blocks=done.blocks, error=done.error, grant=grant))
 
     # save --------------------------------------------------------------------------------
     async def save(self, msg: SaveKV, d: Delivery) -> None:

@@ -86,6 +86,7 @@ class Reserved(msgspec.Struct, omit_defaults=True):
     ok: bool = True
     error: str = ""
     slots: list[int] = []  # byte offsets in the buffer region, one per block
+    grant: bytes = b""  # data-plane grant of exactly these slots (encoded Grant): the only way a peer reaches them
     code: ErrorCode | None = None  # when not ok: why
 
 
@@ -169,6 +170,7 @@ class Staged(msgspec.Struct, omit_defaults=True):
     slots: list[int] = []  # buffer offsets, one per prompt block
     blocks: int = 0  # leading `keys` read and verified
     error: str = ""
+    grant: bytes = b""  # data-plane grant of the prompt's slots (encoded Grant): read staged blocks, write the rest
 
 
 class SaveKV(msgspec.Struct, omit_defaults=True):

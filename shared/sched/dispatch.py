@@ -21,13 +21,17 @@ from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
+import msgspec
+
 from shared.sched.ledger import Ledger
 from shared.sched.policy import (EngineReport, PeThresholds, Request, assign_decode, assign_prefill,
                                        pick_de_group)
 
 
-@dataclass(frozen=True)
-class Job:
+ROSTERS = 256  # rosters (engine lines grouped) kept at most; callers passing fresh lines reuse none
+
+
+class Job(msgspec.Struct, frozen=True):
     req_id: Hashable
     prompt_tokens: int
     max_tokens: int
@@ -54,8 +58,7 @@ class EngineLoad:
         return max(0, self.capacity_tokens - self.tok)
 
 
-@dataclass(frozen=True)
-class Assignment:
+class Assignment(msgspec.Struct, frozen=True):
     req_id: Hashable
     pe: Hashable
     de: Hashable
@@ -72,7 +75,9 @@ class Dispatcher:
     jobs: dict[int, Job] = field(default_factory=dict)  # policy id -> job, for every waiting request
     _rid: dict[Hashable, int] = field(default_factory=dict)  # req_id -> policy id (while waiting)
     _eid: dict[Hashable, int] = field(default_factory=dict)  # engine / node -> policy id
-    _rosters: dict[str, "_Roster"] = field(default_factory=dict)  # role -> the engine lines last seen
+    _rosters: dict[tuple, "_Roster"] = field(default_factory=dict)  # (role, first line) -> lines last seen
+    _de_idle: dict[Hashable, tuple] = field(default_factory=dict)  # DE group -> its loads when its last
+    # level-2 pull placed nothing (same queue + same loads = same outcome: the pull is skipped)
     _next: int = 0
     _turn: int = 0  # rotates which PE group pulls first (pulls are staggered in time in a real mesh)
 
@@ -98,20 +103,25 @@ class Dispatcher:
         if rid is None:
             return False
         del self.jobs[rid]
-        for q in (self.queue, *self.de_private.values()):
-            _drop(q, rid)
+        _drop(self.queue, rid)
+        for key, q in self.de_private.items():
+            if _drop(q, rid):
+                self._de_idle.pop(key, None)
         self.de_pool = [r for r in self.de_pool if r.rid != rid]
         return True
 
     def assign(self, pes: list[EngineLoad], des: list[EngineLoad]) -> list[Assignment]:
         """One pull of every group; loads are updated in place as requests are placed."""
-        self._pull_prefill(pes)
-        return self._pull_decode(des)
+        self.pull_prefill(pes)
+        return self.pull_decode(des)
 
     # prefill side ----------------------------------------------------------------------
-    def _pull_prefill(self, pes: list[EngineLoad]) -> None:
+    def pull_prefill(self, pes: list[EngineLoad]) -> int:
+        """The prefill groups of `pes` pull (in rotating order); returns how many requests got a PE.
+        A caller whose groups pull at different times passes one group's lines at a time."""
         roster = self._roster("prefill", pes)
         n, beta = len(roster.groups), self.thresholds.beta
+        placed = 0
         self._turn += 1
         for i in range(n):
             if not self.queue:
@@ -128,9 +138,13 @@ class Dispatcher:
                 self.pe_of[job.req_id] = pe.engine
                 self.ledger.charge_pe(job.req_id, pe.engine, job.prompt_tokens)
                 self.de_pool.append(Request(a.rid, job.tokens, job.tokens))
+                placed += 1
+        return placed
 
     # decode side -----------------------------------------------------------------------
-    def _pull_decode(self, des: list[EngineLoad]) -> list[Assignment]:
+    def pull_decode(self, des: list[EngineLoad]) -> list[Assignment]:
+        """The decode groups pull: the pool to the group with the fewest tokens, then each group
+        with waiting requests places them; returns the requests that now hold both engines."""
         roster = self._roster("decode", des)
         groups = roster.groups
         if not groups:
@@ -139,15 +153,23 @@ class Dispatcher:
             totals = {i: sum(e.tok for e in g) for i, g in enumerate(groups)}
             target = _key(groups[pick_de_group(totals)][0])
             self.de_private.setdefault(target, deque()).extend(self.de_pool)
+            self._de_idle.pop(target, None)
             self.de_pool = []
         out: list[Assignment] = []
-        for g, group in enumerate(groups):  # level 2 inside each group
-            private = self.de_private.get(_key(group[0]))
-            if not private:
-                continue
+        waiting = sorted(roster.index[k] for k, q in self.de_private.items() if q and k in roster.index)
+        for g in waiting:  # level 2 inside each group that has requests waiting, in group order
+            group = groups[g]
+            key = _key(group[0])
+            private = self.de_private[key]
+            loads = tuple([(e.engine, e.tok, e.seq, e.capacity_tokens) for e in group])
+            if self._de_idle.get(key) == loads:
+                continue  # nothing changed since a pull that placed nothing
             reports = [EngineReport(eid, nid, e.seq, e.tok, 0, e.free_tokens)
                        for e, (eid, nid) in zip(group, roster.ids[g])]
-            for a in assign_decode(private, reports):  # removes what it places
+            placed = assign_decode(private, reports)  # removes what it places
+            if not placed:
+                self._de_idle[key] = loads
+            for a in placed:
                 job, de = self.jobs.pop(a.rid), roster.by_id[a.engine]
                 de.tok += job.tokens
                 de.seq += 1
@@ -157,10 +179,14 @@ class Dispatcher:
         return out
 
     def _roster(self, role: str, lines: list[EngineLoad]) -> "_Roster":
-        """`lines` grouped, with the policy's ids; reused while the caller passes the same lines."""
-        got = self._rosters.get(role)
+        """`lines` grouped, with the policy's ids; reused while the caller passes the same lines
+        (one roster kept per role and first line, for callers that pull group by group)."""
+        key = (role, id(lines[0]) if lines else None)
+        got = self._rosters.get(key)
         if got is None or len(got.lines) != len(lines) or not all(map(operator.is_, got.lines, lines)):
-            got = self._rosters[role] = _Roster(list(lines), _groups(lines), self._eng)
+            if len(self._rosters) >= ROSTERS:  # a caller that builds fresh lines each round reuses nothing
+                self._rosters.clear()
+            got = self._rosters[key] = _Roster(list(lines), _groups(lines), self._eng)
         return got
 
     def _eng(self, name: Hashable) -> int:
@@ -183,13 +209,15 @@ class _Roster:
         self.groups = groups
         self.ids = [[(ids(e.engine), ids(("node", e.node))) for e in g] for g in groups]
         self.by_id = {eid: e for g, gids in zip(groups, self.ids) for e, (eid, _) in zip(g, gids)}
+        self.index = {_key(g[0]): i for i, g in enumerate(groups)}  # group key -> its place
 
 
-def _drop(q: deque[Request], rid: int) -> None:
+def _drop(q: deque[Request], rid: int) -> bool:
     for r in q:
         if r.rid == rid:
             q.remove(r)
-            return
+            return True
+    return False
 
 
 def _key(e: EngineLoad) -> Hashable:

@@ -14,12 +14,13 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+import msgspec
+
 from shared.messages.codes import LoadMode
 from shared.sched.policy.read_path import ReadPath, choose_path, split_read
 
 
-@dataclass(frozen=True)
-class PathDecision:
+class PathDecision(msgspec.Struct, frozen=True):
     pe_blocks: int  # hit blocks read on the PE path (the prompt's first ones)
     de_blocks: int  # the rest, read on the DE path
     pe_queue: int  # read-queue tokens of each node when decided

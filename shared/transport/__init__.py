@@ -1,6 +1,7 @@
 """The data plane: how bulk KV bytes move between traffic-managers (never over NATS).
 
 Public API: `create_endpoint`, the Endpoint/Peer contract and descriptors (base.py),
+grants of region byte ranges to peers (grants.py),
 `ShmRegion` (shm_region.py) and the typed errors (errors.py).
 """
 
@@ -8,6 +9,7 @@ from .base import Endpoint, EndpointDesc, Op, Peer, RegionDesc, TrafficClass
 from .errors import (
     AuthFailed,
     BackendUnavailable,
+    NotGranted,
     OutOfBounds,
     PeerGone,
     RegionNotFound,
@@ -15,11 +17,13 @@ from .errors import (
     TransferTimeout,
     TransportError,
 )
+from .grants import Grant, decode_grant, encode_grant
 from .registry import create_endpoint
 from .shm_region import ShmRegion, new_name
 
 __all__ = [
-    "AuthFailed", "BackendUnavailable", "Endpoint", "EndpointDesc", "Op", "OutOfBounds", "Peer", "PeerGone",
+    "AuthFailed", "BackendUnavailable", "Endpoint", "EndpointDesc", "Grant", "NotGranted", "Op", "OutOfBounds",
+    "Peer", "PeerGone",
     "RegionDesc", "RegionNotFound", "RemoteError", "ShmRegion", "TrafficClass", "TransferTimeout",
-    "TransportError", "create_endpoint", "new_name",
+    "TransportError", "create_endpoint", "decode_grant", "encode_grant", "new_name",
 ]

@@ -6,15 +6,18 @@ travels over NATS is an `EndpointDesc` (msgspec, so it can ride in any control m
 
 Model: an endpoint owns named *regions* (its DRAM buffer, its engine's KV memory). A
 transfer is one-sided: the initiator names (remote region, offset, length) and the
-remote CPU runs no per-transfer logic beyond what the backend needs.
+remote CPU runs no per-transfer logic beyond what the backend needs. A peer reaches a
+remote region only through a `Grant` its owner made for the transfer (grants.py) and
+handed over on the control plane; tcp checks every frame against it on the serving side.
 
 Example sequence (PE traffic-manager pulls two layer blocks from a DE buffer):
     ep = create_endpoint("tcp", node="pe0"); await ep.start()
-    ep.register("kv", kv_shm.buf, shm_name=kv_shm.name)
-    # ... DE TM announced de_desc = de_ep.desc() over NATS ...
+    ep.register("kv", kv_shm.buf, shm_name=kv_shm.name, remote=False)
+    # ... DE TM announced de_desc = de_ep.desc() over NATS, and replied to a Reserve with
+    # g = de_ep.grant("buf", [(4096, 96 << 10), (200704, 96 << 10)]) ...
     peer = await ep.connect(de_desc)
     await peer.read([Op("kv", 0, "buf", 4096, 96 << 10),
-                     Op("kv", 96 << 10, "buf", 200704, 96 << 10)], TrafficClass.LATENCY)
+                     Op("kv", 96 << 10, "buf", 200704, 96 << 10)], TrafficClass.LATENCY, grant=g)
     # returns once both blocks are in local "kv"; PeerGone / TransferTimeout otherwise.
 """
 
@@ -24,8 +27,11 @@ import abc
 import enum
 import os
 import socket
+from collections.abc import Iterable
 
 import msgspec
+
+from .grants import Grant
 
 
 class TrafficClass(enum.IntEnum):
@@ -102,7 +108,10 @@ class EndpointDesc(msgspec.Struct, omit_defaults=True):
 
 
 def host_id() -> str:
-    """Identify this host *and* its /dev/shm mount: equal ids can share segments."""
+    """Identify this host *and* its /dev/shm mount: equal ids can share segments.
+
+    The network namespace is part of it: processes in two namespaces of one machine are
+    two hosts to the data plane (dualpath/netns/ emulates hosts that way), so they talk tcp."""
     boot = ""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
@@ -113,7 +122,11 @@ def host_id() -> str:
         dev = os.stat("/dev/shm").st_dev
     except OSError:
         dev = -1
-    return f"{socket.gethostname()}/{boot}/{dev}"
+    try:
+        net = os.readlink("/proc/thread-self/ns/net")  # this thread: a test may create endpoints in another
+    except OSError:
+        net = ""
+    return f"{socket.gethostname()}/{boot}/{dev}/{net}"
 
 
 class Peer(abc.ABC):
@@ -122,11 +135,15 @@ class Peer(abc.ABC):
     name: str
 
     @abc.abstractmethod
-    async def write(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None) -> None:
-        """Copy local -> remote for every op; returns when all bytes are in the remote region."""
+    async def write(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None,
+                    grant: Grant | None = None) -> None:
+        """Copy local -> remote for every op; returns when all bytes are in the remote region.
+
+        Every op's remote range must lie inside `grant` (NotGranted otherwise, or without one)."""
 
     @abc.abstractmethod
-    async def read(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None) -> None:
+    async def read(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None,
+                   grant: Grant | None = None) -> None:
         """Copy remote -> local for every op; returns when all bytes are in the local region."""
 
     def refresh(self, remote: EndpointDesc) -> None:
@@ -156,6 +173,15 @@ class Endpoint(abc.ABC):
         """Make `buf` addressable as `name`; `shm_name` if it is a /dev/shm segment.
 
         `remote=False` keeps it local: `copy_local` reaches it, no peer can (it is not announced)."""
+
+    @abc.abstractmethod
+    def grant(self, region: str, ranges: Iterable[tuple[int, int]] | None = None, *, read: bool = True,
+              write: bool = True) -> Grant:
+        """A grant of `ranges` ((offset, length); None = all) of a region registered for peers."""
+
+    @abc.abstractmethod
+    def revoke(self, grant: Grant) -> bool:
+        """End a grant this endpoint made; peers' frames naming it are refused from then on."""
 
     @abc.abstractmethod
     async def connect(self, remote: EndpointDesc) -> Peer:

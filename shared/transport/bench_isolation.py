@@ -28,7 +28,7 @@ from typing import Any
 
 import msgspec
 
-from . import EndpointDesc, Op, ShmRegion, TrafficClass, create_endpoint, new_name
+from . import EndpointDesc, Grant, Op, ShmRegion, TrafficClass, create_endpoint, new_name
 
 MIB = 1 << 20
 BULK_AT = 32 * MIB  # bulk pulls use [BULK_AT, size); latency pulls use [0, BULK_AT)
@@ -82,7 +82,7 @@ async def _target(backend: str, size: int, conn: Connection) -> None:
         seg.buf[:] = bytes(size)
         await ep.start()
         ep.register("buf", seg.buf, shm_name=seg.name)
-        conn.send_bytes(msgspec.msgpack.encode(ep.desc()))
+        conn.send_bytes(msgspec.msgpack.encode((ep.desc(), ep.grant("buf"))))  # what a Reserve reply carries
         await asyncio.get_running_loop().run_in_executor(None, conn.recv_bytes)  # until "stop"
     finally:
         await ep.close()
@@ -95,7 +95,7 @@ async def _target(backend: str, size: int, conn: Connection) -> None:
 class Initiator:
     def __init__(self, backend: str, desc: bytes, size: int, node: str) -> None:
         self.backend, self.size, self.node = backend, size, node
-        self.remote = msgspec.msgpack.decode(desc, type=EndpointDesc)
+        self.remote, self.grant = msgspec.msgpack.decode(desc, type=tuple[EndpointDesc, Grant])
 
     async def __aenter__(self) -> Initiator:
         self.ep = create_endpoint(self.backend, node=self.node, secret=SECRET)
@@ -115,7 +115,7 @@ class Initiator:
         """Pull bulk back to back until `stop` is set; returns (bytes, seconds)."""
         ops, moved, t = bulk_ops(self.size), 0, time.perf_counter()
         while not (poll() if poll else stop.is_set()):
-            await self.peer.read(ops, TrafficClass.BULK)
+            await self.peer.read(ops, TrafficClass.BULK, grant=self.grant)
             moved += sum(o.length for o in ops)
         return moved, time.perf_counter() - t
 
@@ -124,7 +124,7 @@ class Initiator:
         ts = []
         for i in range(samples):
             t = time.perf_counter()
-            await self.peer.read(pulls[i % len(pulls)], TrafficClass.LATENCY)
+            await self.peer.read(pulls[i % len(pulls)], TrafficClass.LATENCY, grant=self.grant)
             ts.append(time.perf_counter() - t)
             await asyncio.sleep(0.001)
         return statistics.median(ts)

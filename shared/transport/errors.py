@@ -40,6 +40,20 @@ class OutOfBounds(TransportError):
         self.size = size
 
 
+class NotGranted(TransportError):
+    """A transfer reaches bytes its grant does not cover (or no live grant at all).
+
+    `why` says which: "read" / "write" (the direction is not granted, or the range is
+    outside the grant), "no live grant" (never given, or revoked)."""
+
+    def __init__(self, region: str, offset: int, length: int, why: str) -> None:
+        super().__init__(f"region {region!r}: [{offset}, {offset}+{length}) not granted ({why})")
+        self.region = region
+        self.offset = offset
+        self.length = length
+        self.why = why
+
+
 class PeerGone(TransportError):
     """The remote endpoint closed, died or its connection broke."""
 

@@ -1,6 +1,7 @@
 """What every endpoint has locally: regions, copy worker, liveness marker, announcement.
 
-Owns `LocalSide`, the shared half of all backends: region registration, `copy_local`
+Owns `LocalSide`, the shared half of all backends: region registration, grants of their
+byte ranges to peers (`grant` / `revoke`, grants.py), `copy_local`
 (buffer <-> KV memory, class-scheduled on the CopyWorker), the liveness segment peers on
 the same host check (byte 0 is 1 while open), and the base `EndpointDesc`. Backends add
 their wire (server, QPs) on top.
@@ -13,12 +14,13 @@ kv[8192:12288].
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from .aio import deadline
 from .base import EndpointDesc, Op, RegionDesc, TrafficClass, coalesce, host_id
 from .classes import DEFAULT_WEIGHTS
 from .copier import CopyWorker
+from .grants import Grant, GrantTable
 from .regions import RegionTable
 from .shm_region import ShmRegion, new_name
 
@@ -50,6 +52,7 @@ class LocalSide:
         self.weights = tuple(weights)
         self.timeout = timeout
         self.regions = RegionTable()
+        self.grants = GrantTable()
         self.copier = CopyWorker(self.weights, name=f"dp-copy-{node}")
         self.liveness = Liveness()
         self.host_id = host_id()
@@ -57,6 +60,17 @@ class LocalSide:
 
     def register(self, name: str, buf: memoryview, *, shm_name: str = "", remote: bool = True) -> RegionDesc:
         return self.regions.add(name, buf, shm_name=shm_name, remote=remote)
+
+    def grant(self, region: str, ranges: Iterable[tuple[int, int]] | None = None, *, read: bool = True,
+              write: bool = True) -> Grant:
+        """Let the holder of the returned grant reach `ranges` ((offset, length) pairs; None = the
+        whole region) of `region`, which must be registered for peers; until `revoke`."""
+        view = self.regions.remote_view(region)
+        return self.grants.add(region, len(view), view, ranges, read, write)
+
+    def revoke(self, grant: Grant) -> bool:
+        """End `grant` (frames naming it are refused from now on); False if it was not live."""
+        return self.grants.revoke(grant.token)
 
     def base_desc(self, **extra: object) -> EndpointDesc:
         return EndpointDesc(
@@ -81,6 +95,7 @@ class LocalSide:
         self.liveness.close()
         self.copier.close()
         self.regions.clear()
+        self.grants.clear()
 
 
 def _nbytes(ops: list[Op]) -> int:

@@ -1,18 +1,17 @@
-"""Local region table: name/wire-id -> memoryview, with bounds checks.
+"""Local region table: name -> memoryview, with bounds checks; which regions peers may be granted.
 
 Owns the bookkeeping every backend shares; owns no I/O. `resolve` is on the hot path of
 every op, so it is a dict lookup plus one comparison and a slice.
 
-A region is granted to remote peers (`remote=True`, a transfer area such as the DRAM
+A region is registered for remote peers (`remote=True`, a transfer area such as the DRAM
 buffer) or kept local (`remote=False`, e.g. the engine's KV memory: reached only by
-`copy_local`). `by_rid`, the lookup a server does for a peer's frame, sees granted
-regions only, and `remote_descs` is all a peer is told: a local region has no wire id
-a peer could name. Same cost as before: one dict lookup.
+`copy_local`). Only the former is announced (`remote_descs`) and only it can be granted
+(`remote_view`, what grants.py slices): a peer then reaches the ranges a grant covers.
 
 Example: `t.add("buf", mv)` -> RegionDesc(name="buf", size=len(mv), rid=1);
 `t.resolve("buf", 4096, 512)` -> mv[4096:4608]; `t.resolve("buf", len(mv), 1)` raises
-OutOfBounds("buf", len(mv), 1, len(mv)); `t.by_rid(9, 0, 1)` raises RegionNotFound("#9");
-after `t.add("kv", kv, remote=False)` (rid 2), `t.by_rid(2, 0, 1)` raises RegionNotFound("#2").
+OutOfBounds("buf", len(mv), 1, len(mv)); after `t.add("kv", kv, remote=False)`,
+`t.remote_view("kv")` raises RegionNotFound("kv").
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ class RegionTable:
 
     def __init__(self) -> None:
         self._by_name: dict[str, tuple[RegionDesc, memoryview]] = {}
-        self._by_rid: dict[int, tuple[RegionDesc, memoryview]] = {}  # granted to remote peers only
+        self._by_rid: dict[int, tuple[RegionDesc, memoryview]] = {}  # registered for remote peers only
         self._next = 1
 
     def add(self, name: str, buf: memoryview | bytearray, *, shm_name: str = "", remote: bool = True,
@@ -78,14 +77,13 @@ class RegionTable:
         check_bounds(name, offset, length, desc.size)
         return mv[offset : offset + length]
 
-    def by_rid(self, rid: int, offset: int, length: int) -> memoryview:
-        """A peer's frame names `rid`: only a region granted to remote peers is found."""
+    def remote_view(self, name: str) -> memoryview:
+        """The whole view of a region granted to peers (what a grant slices); RegionNotFound for
+        a local one, so no grant can ever open the engine's KV memory."""
         try:
-            desc, mv = self._by_rid[rid]
+            return self._by_rid[self._by_name[name][0].rid][1]
         except KeyError:
-            raise RegionNotFound(f"#{rid}") from None
-        check_bounds(desc.name, offset, length, desc.size)
-        return mv[offset : offset + length]
+            raise RegionNotFound(name) from None
 
     def clear(self) -> None:
         """Forget every region (views are released by their owners)."""

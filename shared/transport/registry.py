@@ -35,7 +35,6 @@ def _tcp(node: str, host: str, port: int, weights: Sequence[int], **opts: Any) -
 def _verbs(node: str, host: str, port: int, weights: Sequence[int], **opts: Any) -> Endpoint:
     from .verbs import VerbsEndpoint  # imports pyverbs
 
-    opts.pop("secret", None)  # the verbs setup exchange is not authenticated yet (only tcp is)
     return VerbsEndpoint(node, host, port, weights, **opts)
 
 
@@ -83,8 +82,8 @@ def create_endpoint(
     weights: Sequence[int] = DEFAULT_WEIGHTS,
     **opts: Any,
 ) -> Endpoint:
-    """Build an endpoint (not started). opts: timeout (s), shm_fast_path, secret (tcp: the mesh's
-    data-plane secret; none = this process's own), verbs: device, port_num, gid_index, sl."""
+    """Build an endpoint (not started). opts: timeout (s), shm_fast_path, secret (tcp and verbs: the
+    mesh's data-plane secret; none = this process's own), verbs: device, port_num, gid_index, sl."""
     try:
         factory = BACKENDS[backend]
     except KeyError:

@@ -20,6 +20,7 @@ from .base import Endpoint, EndpointDesc, Op, Peer, RegionDesc, TrafficClass, co
 from .classes import DEFAULT_WEIGHTS
 from .copier import CopyWorker, Pair
 from .errors import PeerGone, RegionNotFound, TransportError
+from .grants import Grant, check_grant
 from .local import LocalSide
 from .regions import RegionTable, check_bounds
 from .shm_region import ShmRegion, process_alive
@@ -49,11 +50,15 @@ class ShmPeer(Peer):
     def refresh(self, remote: EndpointDesc) -> None:
         self._remote = remote
 
-    async def write(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None) -> None:
+    async def write(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None,
+                    grant: Grant | None = None) -> None:
+        check_grant(self.name, grant, ops, True)
         pairs = [(self._view(o), self._regions.resolve(o.local_region, o.local_offset, o.length)) for o in coalesce(ops)]
         await self._run(pairs, cls, timeout)
 
-    async def read(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None) -> None:
+    async def read(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None,
+                   grant: Grant | None = None) -> None:
+        check_grant(self.name, grant, ops, False)
         pairs = [(self._regions.resolve(o.local_region, o.local_offset, o.length), self._view(o)) for o in coalesce(ops)]
         await self._run(pairs, cls, timeout)
 

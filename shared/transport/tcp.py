@@ -7,8 +7,9 @@ tcp_bulk.py) and `TcpPeer` (the initiator: frames ops, schedules them by
 class, matches ACK / DATA / ERR to pending transfers). Wire format: tcp_wire.py.
 Every socket is authenticated before its first frame (tcp_auth.py: both ends prove the
 mesh secret); the accepting side closes a socket that fails before it reads a frame, so
-a stranger never names a region. Frames reach only regions registered with
-`remote=True` (regions.py).
+a stranger never names a region. An authenticated peer's frames reach only what a
+live grant covers (grants.py): a frame names a grant handle bound on its socket by a
+GRANT frame, never a region.
 
 Example: `await peer.write([Op("kv", 0, "buf", 0, 300K)], BULK)` -> req 5 is cut into
 WRITE frames of 128K, 128K and 44K (bulk frames are at most BULK_CHUNK; latency frames
@@ -30,9 +31,10 @@ from collections.abc import Sequence
 from .aio import TaskOwner, deadline
 from .base import Endpoint, EndpointDesc, Op, Peer, TrafficClass
 from .classes import DEFAULT_WEIGHTS, ClassSender, LinkGate, chunk_for, split
-from .errors import AuthFailed, OutOfBounds, PeerGone, RegionNotFound, RemoteError, TransportError
+from .errors import AuthFailed, PeerGone, TransportError
+from .grants import TOKEN, Bindings, Grant, GrantTable, Handles, check_grant
 from .local import LocalSide
-from .regions import RegionTable, check_bounds
+from .regions import RegionTable
 from .shm import ShmPeer, shm_reachable
 from .tcp_auth import HANDSHAKE_S, accept, initiate, key_of
 from .tcp_bulk import BulkReader
@@ -75,8 +77,9 @@ class _Link:
 class _ServerConn:
     """Serves one initiator's frames against the endpoint's regions."""
 
-    def __init__(self, sock: socket.socket, regions: RegionTable, weights: Sequence[int], gate: LinkGate) -> None:
-        self.regions = regions
+    def __init__(self, sock: socket.socket, grants: GrantTable, weights: Sequence[int], gate: LinkGate) -> None:
+        self.bindings = Bindings(grants)  # grant handles (a frame's rid) of this socket only
+        self.view, self.bind = self.bindings.view, self.bindings.bind
         self.gate = gate
         self.done = asyncio.Event()
         self._writing: set[int] = set()  # latency write reqs mid-transfer (gate held open)
@@ -90,6 +93,9 @@ class _ServerConn:
     async def _serve(self) -> None:
         try:
             first = await self.link.fs.read_header()
+            while first[0] == Kind.GRANT:  # bindings come first; the first transfer frame decides
+                await self._frame(*first)
+                first = await self.link.fs.read_header()
             if first[1] != TrafficClass.LATENCY and first[0] == Kind.WRITE:
                 # a bulk socket that pushes: its payload receives move to a thread (tcp_bulk.py);
                 # one that starts by pulling stays here (its frames are small requests)
@@ -108,7 +114,7 @@ class _ServerConn:
     async def _serve_on_thread(self, first: tuple[int, int, int, int, int, int, int, int]) -> None:
         cap_kernel_queue(self.link.fs.sock)
         self._capped = True
-        reader = BulkReader(self.link.fs, self.regions, self.gate, self.link.sender.submit)
+        reader = BulkReader(self.link.fs, self.view, self.bind, self.gate, self.link.sender.submit)
         reader.start(first)
         try:
             await asyncio.shield(reader.done)
@@ -144,21 +150,22 @@ class _ServerConn:
             cap_kernel_queue(fs.sock)
         try:
             if kind == Kind.WRITE:
-                await self._receive(cls, flags, req, self._view(rid, off, n))
+                await self._receive(cls, flags, req, self.view(rid, off, n, True))
                 if flags & ACK_ME:
                     send(TrafficClass.LATENCY, [header(Kind.ACK, cls, 0, req, rid, idx, 0, 0)], HLEN)
             elif kind == Kind.READ:
-                src = self._view(rid, off, n)
+                src = self.view(rid, off, n, False)
                 send(cls, [header(Kind.DATA, cls, 0, req, rid, idx, off, n), src], HLEN + n,
                      hold=cls == TrafficClass.LATENCY)
+            elif kind == Kind.GRANT:
+                self.bind(rid, await fs.read_bytes(n) if n == TOKEN else b"")
+                if n != TOKEN:
+                    await fs.skip(n)
         except TransportError as exc:
             if kind == Kind.WRITE:
                 await fs.skip(n)
             body = encode_error(exc)
             send(TrafficClass.LATENCY, [header(Kind.ERR, cls, 0, req, rid, idx, 0, len(body)), body], HLEN)
-
-    def _view(self, rid: int, off: int, n: int) -> memoryview:
-        return self.regions.by_rid(rid, off, n)
 
     async def close(self) -> None:
         await self.link.close()
@@ -177,6 +184,7 @@ class TcpPeer(Peer):
         self._reqs = itertools.count(1)
         self._gone_reason = ""
         self._gate: LinkGate = lp.gate  # type: ignore[attr-defined]
+        self._handles = [Handles() for _ in TrafficClass]  # per class socket: grant -> handle
         # one connection per class (like one QP per class): bulk bytes queued in kernel
         # buffers never sit in front of a latency frame; the endpoint's gate ranks the
         # classes across connections (gate.py), each sender still runs DRR.
@@ -205,8 +213,10 @@ class TcpPeer(Peer):
     def refresh(self, remote: EndpointDesc) -> None:
         self._remote = remote
 
-    async def write(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None) -> None:
-        frames = [(self._rid(o), o, self._local.resolve(o.local_region, o.local_offset, o.length)) for o in ops]
+    async def write(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None,
+                    grant: Grant | None = None) -> None:
+        h = self._handle(cls, check_grant(self.name, grant, ops, True))
+        frames = [(h, o, self._local.resolve(o.local_region, o.local_offset, o.length)) for o in ops]
         req, fut = self._begin([], cls)
         size = chunk_for(cls)
         pieces = [(rid, o.remote_offset + p, src[p : p + n]) for rid, o, src in frames for p, n in split(0, o.length, size)]
@@ -216,8 +226,10 @@ class TcpPeer(Peer):
             self.links[cls].sender.submit(cls, [hdr, payload], HLEN + len(payload))
         await self._wait(req, fut, sum(o.length for o in ops), timeout)
 
-    async def read(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None) -> None:
-        asks = [(self._rid(o), o, self._local.resolve(o.local_region, o.local_offset, o.length)) for o in ops]
+    async def read(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None,
+                   grant: Grant | None = None) -> None:
+        h = self._handle(cls, check_grant(self.name, grant, ops, False))
+        asks = [(h, o, self._local.resolve(o.local_region, o.local_offset, o.length)) for o in ops]
         size = chunk_for(cls)
         pieces = [(rid, o.remote_offset + p, dst[p : p + n]) for rid, o, dst in asks for p, n in split(0, o.length, size)]
         req, fut = self._begin([dst for _, _, dst in pieces], cls)
@@ -225,12 +237,14 @@ class TcpPeer(Peer):
             self.links[cls].sender.submit(cls, [header(Kind.READ, cls, 0, req, rid, i, roff, len(dst))], HLEN)
         await self._wait(req, fut, sum(o.length for o in ops), timeout)
 
-    def _rid(self, op: Op) -> int:
-        desc = self._remote.region(op.remote_region)
-        if desc is None:
-            raise RegionNotFound(op.remote_region, where="remote")
-        check_bounds(op.remote_region, op.remote_offset, op.length, desc.size)
-        return desc.rid
+    def _handle(self, cls: TrafficClass, grant: Grant) -> int:
+        """The handle `grant` has on class `cls`'s socket; the first use binds it with a GRANT
+        frame queued ahead of the transfer's frames (one socket per class keeps them in order)."""
+        h, new = self._handles[cls].of(grant.token)
+        if new:
+            self.links[cls].sender.submit(cls, [header(Kind.GRANT, cls, 0, 0, h, 0, 0, TOKEN), grant.token],
+                                          HLEN + TOKEN)
+        return h
 
     def _begin(self, dests: list[memoryview], cls: TrafficClass) -> tuple[int, asyncio.Future[None]]:
         """Register transfer `req`; a latency transfer holds the gate open until it ends."""
@@ -281,17 +295,9 @@ class TcpPeer(Peer):
         elif kind == Kind.ACK and p is not None and not p.fut.done():
             p.fut.set_result(None)
         elif kind == Kind.ERR:
-            err = decode_error(await fs.read_bytes(n))
+            err = decode_error(await fs.read_bytes(n), self.name)
             if p is not None and not p.fut.done():
-                p.fut.set_exception(self._typed(err))
-
-    def _typed(self, e: object) -> TransportError:
-        code, name = getattr(e, "code"), getattr(e, "name")
-        if code == 1:
-            return RegionNotFound(name, where="remote")
-        if code == 2:
-            return OutOfBounds(name, e.offset, e.length, e.size)  # type: ignore[attr-defined]
-        return RemoteError(self.name, code, e.detail)  # type: ignore[attr-defined]
+                p.fut.set_exception(err)
 
     def _fail_all(self, exc: BaseException) -> None:
         self._gone_reason = self._gone_reason or f"{type(exc).__name__}: {exc}"
@@ -357,7 +363,7 @@ class TcpEndpoint(LocalSide, Endpoint):
             raise
         gone = [c for c in self._conns if c.done.is_set()]
         self._conns = [c for c in self._conns if not c.done.is_set()] + [
-            _ServerConn(sock, self.regions, self.weights, self.gate)]
+            _ServerConn(sock, self.grants, self.weights, self.gate)]
         for c in gone:  # their initiators left: close the sockets, end their tasks
             await c.close()
 

@@ -2,7 +2,7 @@
 
 Owns `BulkReader`: once a server connection is seen to carry bulk frames (each traffic
 class has its own socket), one thread reads its frames with blocking receives straight
-into the region slices. The kernel-to-region copy then releases the GIL and runs beside
+into the granted region slices (the connection's `view` checks each frame's grant). The kernel-to-region copy then releases the GIL and runs beside
 the event loop, which keeps sending (the initiator's frames when both endpoints share a
 process, every other link's frames otherwise); per frame the loop does nothing at all
 unless the frame needs an answer (ACK, DATA, ERR): the thread queues those and hands the
@@ -28,18 +28,20 @@ from collections.abc import Callable
 from .base import TrafficClass
 from .classes import LinkGate
 from .errors import TransportError
-from .regions import RegionTable
+from .grants import TOKEN
 from .tcp_wire import ACK_ME, HLEN, FrameSock, Kind, encode_error, header
 
 Header = tuple[int, int, int, int, int, int, int, int]
 Submit = Callable[..., None]  # ClassSender.submit (loop side only)
+View = Callable[[int, int, int, bool], memoryview]  # (handle, offset, length, write) -> granted slice
+Bind = Callable[[int, bytes], None]  # a GRANT frame: handle -> token
 
 
 class BulkReader:
     """Serves one connection's frames on a thread (see module docstring)."""
 
-    def __init__(self, fs: FrameSock, regions: RegionTable, gate: LinkGate, submit: Submit) -> None:
-        self.fs, self.regions, self.gate, self.submit = fs, regions, gate, submit
+    def __init__(self, fs: FrameSock, view: View, bind: Bind, gate: LinkGate, submit: Submit) -> None:
+        self.fs, self.view, self.bind, self.gate, self.submit = fs, view, bind, gate, submit
         self.loop = asyncio.get_running_loop()
         self.done: asyncio.Future[BaseException] = self.loop.create_future()
         self._latency: set[int] = set()  # latency write reqs mid-transfer (gate held open)
@@ -86,12 +88,16 @@ class BulkReader:
     def _frame(self, kind: int, cls: int, flags: int, req: int, rid: int, idx: int, off: int, n: int) -> None:
         try:
             if kind == Kind.WRITE:
-                self._write(cls, flags, req, self.regions.by_rid(rid, off, n))
+                self._write(cls, flags, req, self.view(rid, off, n, True))
                 if flags & ACK_ME:
                     self._post(self.submit, TrafficClass.LATENCY, [header(Kind.ACK, cls, 0, req, rid, idx, 0, 0)], HLEN)
             elif kind == Kind.READ:
-                src = self.regions.by_rid(rid, off, n)
+                src = self.view(rid, off, n, False)
                 self._post(self._answer_read, cls, [header(Kind.DATA, cls, 0, req, rid, idx, off, n), src], HLEN + n)
+            elif kind == Kind.GRANT:
+                token = bytearray(n)
+                self.fs.read_into_sync(memoryview(token))
+                self.bind(rid, bytes(token) if n == TOKEN else b"")
         except TransportError as exc:
             if kind == Kind.WRITE:
                 self.fs.skip_sync(n)

@@ -10,8 +10,14 @@ Frame = Header [+ payload of `length` bytes]:
     DATA   s->i  payload = those bytes, tagged (req, idx): the initiator knows where they go
     ACK    s->i  write transfer `req` complete (all its frames were written, in order)
     ERR    s->i  payload = msgpack WireError; transfer `req` failed on the server
-Example: write of 2 ops = [WRITE(req 7, idx 0) + 96K][WRITE(req 7, idx 1, ACK_ME) + 96K]
-in one sendmsg -> the server reads each payload into its region -> ACK(req 7).
+    GRANT  i->s  payload = a 16-byte grant token; from now on frames with rid == this frame's
+                 rid (a handle the initiator picked for this socket) reach what it grants
+WRITE and READ name no region: their rid is a grant handle, and the server checks each
+frame against the live grant bound to it (grants.py); an unbound or revoked handle, or a
+range the grant does not cover, is answered with ERR (code 4) and touches nothing.
+Example: write of 2 ops = [GRANT(rid 1) + token][WRITE(req 7, rid 1, idx 0) + 96K]
+[WRITE(req 7, rid 1, idx 1, ACK_ME) + 96K] in one sendmsg -> the server reads each payload
+into the granted slice -> ACK(req 7). The next transfer under the same grant sends no GRANT.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import struct
 
 import msgspec
 
-from .errors import OutOfBounds, RegionNotFound, TransportError
+from .errors import NotGranted, OutOfBounds, RegionNotFound, RemoteError, TransportError
 
 HEADER = struct.Struct("<BBHIIIQQ")
 HLEN = HEADER.size  # 32
@@ -46,6 +52,7 @@ class Kind(enum.IntEnum):
     DATA = 3
     ACK = 4
     ERR = 5
+    GRANT = 6
 
 
 ACK_ME = 1
@@ -54,7 +61,7 @@ ACK_ME = 1
 class WireError(msgspec.Struct, array_like=True):
     """Why the server refused a frame; decoded back into the typed exception."""
 
-    code: int  # 1 region not found, 2 out of bounds, 3 other
+    code: int  # 1 region not found, 2 out of bounds, 3 other, 4 not granted (detail: why)
     name: str = ""
     offset: int = 0
     length: int = 0
@@ -67,14 +74,24 @@ def encode_error(exc: TransportError) -> bytes:
         return msgspec.msgpack.encode(WireError(1, exc.name))
     if isinstance(exc, OutOfBounds):
         return msgspec.msgpack.encode(WireError(2, exc.region, exc.offset, exc.length, exc.size))
+    if isinstance(exc, NotGranted):
+        return msgspec.msgpack.encode(WireError(4, exc.region, exc.offset, exc.length, detail=exc.why))
     return msgspec.msgpack.encode(WireError(3, detail=str(exc)))
 
 
 _ERR_DECODER = msgspec.msgpack.Decoder(WireError)
 
 
-def decode_error(payload: bytes) -> WireError:
-    return _ERR_DECODER.decode(payload)
+def decode_error(payload: bytes, peer: str = "") -> TransportError:
+    """The typed exception an ERR frame's payload stands for (raised on the initiator's side)."""
+    e = _ERR_DECODER.decode(payload)
+    if e.code == 1:
+        return RegionNotFound(e.name, where="remote")
+    if e.code == 2:
+        return OutOfBounds(e.name, e.offset, e.length, e.size)
+    if e.code == 4:
+        return NotGranted(e.name, e.offset, e.length, f"refused by {peer}: {e.detail}")
+    return RemoteError(peer, e.code, e.detail)
 
 
 def header(kind: Kind, cls: int, flags: int, req: int, rid: int, idx: int, offset: int, length: int) -> bytes:

@@ -4,13 +4,17 @@ Owns `load_pyverbs` / `probe` (is there a usable device, and if not, why), and
 `VerbsEndpoint` / `VerbsPeer`. Pure logic (batching, MR translation, setup messages,
 SLs) lives in verbs_plan.py. Imported only by the registry's verbs factory.
 
-Connection setup rides a small TCP side channel on the endpoint's host:port:
+Connection setup rides a small TCP side channel on the endpoint's host:port
+(side_channel.py), authenticated with the mesh secret before any setup message:
   PE: create QP[LATENCY] (SL 3), QP[BULK] (SL 0) -> send ConnectRequest(qpns, psns, gid, regions)
   DE: create its two QPs, move them to RTS against the PE's -> reply ConnectReply(...)
   PE: move its QPs to RTS against the DE's; peer.write(ops, LATENCY) posts chained RDMA
   WRITEs on QP[LATENCY] (signaled only on the last) and polls CQ[LATENCY] until it lands.
 Local copies (copy_local) use the CopyWorker; a loopback QP for CNIC-assisted copies is
-not done yet.
+not done yet. Grants (grants.py) are checked by the initiator only: a region's MR and
+rkey cover all of it, so a member of the mesh that ignores its grants could reach the
+whole DRAM buffer (never the KV memory: its MR has no remote access). Enforcing grants
+in the NIC needs one MR (or memory window) per grant; not done.
 """
 
 from __future__ import annotations
@@ -18,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import random
-import struct
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -26,7 +29,10 @@ from typing import Any
 from .aio import deadline
 from .base import Endpoint, EndpointDesc, Op, Peer, RegionDesc, TrafficClass
 from .classes import DEFAULT_WEIGHTS
-from .errors import BackendUnavailable, PeerGone, TransportError
+from .errors import BackendUnavailable, PeerGone
+from .grants import Grant, check_grant
+from .side_channel import SideChannel, exchange
+from .tcp_auth import key_of
 from .local import LocalSide
 from .shm import ShmPeer, shm_reachable
 from .verbs_plan import (SL_DEFAULT, ConnectReply, ConnectRequest, MrBook, QpInfo, WrBatch,
@@ -34,7 +40,6 @@ from .verbs_plan import (SL_DEFAULT, ConnectReply, ConnectRequest, MrBook, QpInf
 
 DEBIAN_DIST = "/usr/lib/python3/dist-packages"  # where `apt-get install python3-pyverbs` puts it
 CLASSES = (TrafficClass.LATENCY, TrafficClass.BULK)
-LEN = struct.Struct("<I")
 
 
 def load_pyverbs() -> Any:
@@ -120,10 +125,14 @@ class VerbsPeer(Peer):
     def refresh(self, remote: EndpointDesc) -> None:
         self._book.set_remote(remote.regions)
 
-    async def write(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None) -> None:
+    async def write(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None,
+                    grant: Grant | None = None) -> None:
+        check_grant(self.name, grant, ops, True)
         await self._post(ops, cls, timeout, read=False)
 
-    async def read(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None) -> None:
+    async def read(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None,
+                   grant: Grant | None = None) -> None:
+        check_grant(self.name, grant, ops, False)
         await self._post(ops, cls, timeout, read=True)
 
     async def _post(self, ops: list[Op], cls: TrafficClass, timeout: float | None, read: bool) -> None:
@@ -178,7 +187,8 @@ class VerbsEndpoint(LocalSide, Endpoint):
 
     def __init__(self, node: str, host: str = "127.0.0.1", port: int = 0, weights: Sequence[int] = DEFAULT_WEIGHTS,
                  device: str = "", port_num: int = 1, gid_index: int = 0, sl: dict[int, int] | None = None,
-                 timeout: float | None = None, shm_fast_path: bool = False) -> None:
+                 timeout: float | None = None, shm_fast_path: bool = False,
+                 secret: bytes | str | None = None) -> None:
         reason = probe()
         if reason is not None:
             raise BackendUnavailable("verbs", reason)
@@ -189,8 +199,9 @@ class VerbsEndpoint(LocalSide, Endpoint):
         self.dev = _Device(name, port_num, gid_index)
         self.host, self.port, self.sl = host, port, dict(sl or SL_DEFAULT)
         self.shm_fast_path = shm_fast_path
+        self.key = key_of(secret)  # None: this process's own secret (tcp_auth.py)
         self._mrs: list[Any] = []
-        self._server: asyncio.AbstractServer | None = None
+        self._side = SideChannel(node, self.key, self._on_setup)
         self._peers: list[Peer] = []
 
     def register(self, name: str, buf: memoryview, *, shm_name: str = "", remote: bool = True) -> RegionDesc:
@@ -214,8 +225,12 @@ class VerbsEndpoint(LocalSide, Endpoint):
         return book
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._accept, self.host, self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
+        self.port = await self._side.start(self.host, self.port)
+
+    @property
+    def refused(self) -> int:
+        """Side-channel connections closed because their handshake failed."""
+        return self._side.refused
 
     def desc(self) -> EndpointDesc:
         return self.base_desc(host=self.host, port=self.port, gid=self.dev.gid, lid=self.dev.lid, sl=self.sl)
@@ -229,43 +244,31 @@ class VerbsEndpoint(LocalSide, Endpoint):
         for m in mine:
             self.dev.to_rts(qps[m.cls], m, theirs[m.cls], msg.lid, msg.gid)
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            req = decode_setup(await reader.readexactly(LEN.unpack(await reader.readexactly(4))[0]))
-            if not isinstance(req, ConnectRequest):
-                return
-            qps, mine = self._new_qps()
-            self._bring_up(qps, mine, req)
-            self._peers.append(VerbsPeer(req.node, self.dev, qps, self._book(req.regions), self.timeout))
-            rep = encode_setup(ConnectReply(self.node, self.dev.lid, self.dev.gid, mine, self.regions.remote_descs()))
-            writer.write(LEN.pack(len(rep)) + rep)
-            await writer.drain()
-        except (OSError, asyncio.IncompleteReadError, TransportError):
-            pass
-        finally:
-            writer.close()
+    async def _on_setup(self, body: bytes) -> bytes:
+        """An authenticated peer's ConnectRequest -> our QPs at RTS against its -> ConnectReply."""
+        req = decode_setup(body)
+        if not isinstance(req, ConnectRequest):
+            raise PeerGone("?", f"expected a ConnectRequest, got {type(req).__name__}")
+        qps, mine = self._new_qps()
+        self._bring_up(qps, mine, req)
+        self._peers.append(VerbsPeer(req.node, self.dev, qps, self._book(req.regions), self.timeout))
+        return encode_setup(ConnectReply(self.node, self.dev.lid, self.dev.gid, mine, self.regions.remote_descs()))
 
     async def connect(self, remote: EndpointDesc) -> Peer:
         if self.shm_fast_path and shm_reachable(self.host_id, remote):
             return ShmPeer(self.regions, self.copier, remote, self.timeout)
         qps, mine = self._new_qps()
         req = encode_setup(ConnectRequest(self.node, self.dev.lid, self.dev.gid, mine, self.regions.remote_descs()))
-        try:
-            reader, writer = await asyncio.open_connection(remote.host, remote.port)
-            writer.write(LEN.pack(len(req)) + req)
-            rep = decode_setup(await reader.readexactly(LEN.unpack(await reader.readexactly(4))[0]))
-            writer.close()
-        except (OSError, asyncio.IncompleteReadError) as exc:
-            raise PeerGone(remote.node, f"verbs setup: {exc}") from None
-        assert isinstance(rep, ConnectReply)
+        rep = decode_setup(await exchange(remote.host, remote.port, self.key, remote.node, req))
+        if not isinstance(rep, ConnectReply):
+            raise PeerGone(remote.node, f"verbs setup: expected a ConnectReply, got {type(rep).__name__}")
         self._bring_up(qps, mine, rep)
         peer = VerbsPeer(remote.node, self.dev, qps, self._book(rep.regions), self.timeout)
         self._peers.append(peer)
         return peer
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        await self._side.close()
         for p in self._peers:
             await p.close()
         for mr in self._mrs:

@@ -193,6 +193,13 @@ def test_up_prints_serving_only_when_a_completion_succeeds_and_cleans_up_on_ctrl
         assert r.status_code == 200, r.text  # the first request after the line is served
         logs = Path(re.search(r"logs: (\S+?),", lines[0]).group(1))
         assert logs.is_dir()
+        # the transport chosen and why: said by `up`, and by every traffic manager in its log
+        said = [ln.rstrip() for ln in lines if ln.startswith("data plane: ")]
+        assert len(said) == 1 and re.fullmatch(r"data plane: (tcp|verbs) transport \(auto: .+\)", said[0]), lines
+        tms = sorted(logs.glob("tm-*.log"))
+        assert tms, sorted(logs.iterdir())
+        for tm in tms:
+            assert re.search(r"data plane: (tcp|verbs) transport \(auto: .+\)", tm.read_text()), tm.name
         p.send_signal(signal.SIGINT)
         out, err = p.communicate()
     finally:

@@ -7,7 +7,7 @@ import threading
 import msgspec
 import pytest
 
-from shared.transport import Op, OutOfBounds, ShmRegion, TrafficClass, create_endpoint, new_name
+from shared.transport import NotGranted, Op, ShmRegion, TrafficClass, create_endpoint, new_name
 
 pytestmark = pytest.mark.integration
 SIZE = 4 << 20
@@ -30,18 +30,17 @@ def test_bulk_pushes_land_on_the_reader_thread_and_refusals_come_back_typed():
             data = os.urandom(SIZE)
             kv.buf[:] = data
             peer = await pe.connect(de.desc())
+            g = de.grant("buf")
             ops = [Op("kv", i * 98304, "buf", SIZE - (i + 1) * 98304, 98304) for i in range(40)]
-            await peer.write(ops, B)
+            await peer.write(ops, B, grant=g)
             assert len(bulk_threads()) == 1  # the bulk socket is served by its thread
             for o in ops:
                 assert buf.buf[o.remote_offset : o.remote_offset + o.length] == data[o.local_offset : o.local_offset + o.length]
-            lying = pe_desc = de.desc()
-            lying.regions = [msgspec.structs.replace(r, size=2 * SIZE) for r in pe_desc.regions]
-            peer.refresh(lying)
-            with pytest.raises(OutOfBounds) as oob:  # refused by the thread, payload skipped
-                await peer.write([Op("kv", 0, "buf", SIZE, 100_001)], B)
-            assert (oob.value.offset, oob.value.length, oob.value.size) == (SIZE, 100_001, SIZE)
-            await peer.write([Op("kv", 0, "buf", 0, 300_000)], B)  # the stream is still in step
+            forged = msgspec.structs.replace(g, ends=[2 * SIZE])  # the initiator's copy lies
+            with pytest.raises(NotGranted) as ng:  # refused by the thread, payload skipped
+                await peer.write([Op("kv", 0, "buf", SIZE, 100_001)], B, grant=forged)
+            assert (ng.value.region, ng.value.offset, ng.value.length) == ("buf", SIZE, 100_001)
+            await peer.write([Op("kv", 0, "buf", 0, 300_000)], B, grant=g)  # the stream is still in step
             assert buf.buf[:300_000] == data[:300_000]
         finally:
             await pe.close()

@@ -38,7 +38,7 @@ def test_offline_report_prints_medians_spread_every_term_and_the_ratios():
     runs += [_run("oracle", jct=j, bound=1.0, repeat=k) for k, j in enumerate((4.0, 4.0, 5.0))]
     text = markdown(_doc(runs, repeat=3))
     assert "medians of 3 runs" in text
-    assert "| basic | 12.000 [10.000-14.000] | 4.000 | 3.00x [2.50-3.50] | storage read |" in text
+    assert "| basic | 12.000 [10.000-14.000] | 4.000 | 3.00x [2.50-3.50] | storage read | n/a | n/a |" in text
     assert "| storage read | storage write | prefill compute | decode compute" in text
     assert "| dualpath | 2.000 | 0.500 | 1.000 | 0.800 | 0.900 | 1.200 | 0.010 | n/a |" in text
     assert "dualpath/basic: speed-up (basic JCT / its JCT) 2.00x [1.75-2.00]" in text
@@ -46,6 +46,19 @@ def test_offline_report_prints_medians_spread_every_term_and_the_ratios():
     assert "dualpath/oracle: JCT / oracle JCT 1.50x [1.25-1.60]" in text
     assert "storage MB read per node, dualpath (median): d1:1.00 p0:3.00" in text
     assert "hit ratios of the modes lie within 0.000" in text
+
+
+def test_offline_report_shows_the_simulators_prediction_beside_the_measured_jct():
+    runs = [_run("basic", jct=j, repeat=k) for k, j in enumerate((12.0, 10.0))]
+    for r, pred in zip(runs, (10.0, 10.0)):
+        r.update(predicted_jct_s=pred, measured_over_predicted=r["jct_s"] / pred)
+    rates = {"prefill_tok_s": 2000.0, "turn_overhead_s": 0.02, "decode_step_s": 0.01, "decode_per_seq_s": 0.001,
+             "kv_bytes_per_token": 2048.0, "snic_bytes_s": 2.1e7, "data_plane_bytes_s": 3e9, "alpha_tokens": 1,
+             "beta_tokens": 2}
+    text = markdown(_doc(runs, repeat=2, prediction={"rates": rates}))
+    assert "| basic | 11.000 [10.000-12.000] | 4.000 | 2.75x [2.50-3.00] | storage read | 10.000 | 1.10x [1.00-1.20] |" \
+        in text
+    assert "- probed: prefill 2000 tok/s + 20 ms a turn; decode step 10.0 ms" in text
 
 
 def test_online_report_has_levels_the_failed_term_and_the_capacity_ratio():

@@ -146,4 +146,4 @@ def test_bench_and_sim_name_a_bad_mode_and_the_choices(argv, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(argv)
     assert exit_.value.code == 2
-    assert "--modes: unknown mode fast (choose from dualpath, dualpath-split, basic, oracle)" in capsys.readouterr().err
+    assert "--modes: unknown mode fast (choose from dualpath, dualpath-split, basic, oracle" in capsys.readouterr().err

@@ -2,8 +2,8 @@
 make the same assignments and the same read-path decisions.
 
 The simulator runs a small workload; every event its dispatcher hears (a request arriving,
-a pull, a first token, a request's end, a read-path decision, a node's reads done) is
-recorded. The same events are then replayed through the service's side: a `MeshView` built
+a pull by one prefill group, a first token, a request's end, a read-path decision, a
+node's reads done) is recorded. The same events are then replayed through the service's side: a `MeshView` built
 from engine announcements, `placement.engine_loads`, the `Dispatcher`, `ReadQueues`.
 Both must choose the same engine pair for every request, in the same pulls, and split its
 reads the same way.
@@ -54,7 +54,8 @@ def record(sim: Simulation) -> list[tuple]:
         setattr(obj, name, call)
 
     wrap(s, "submit", lambda out, r: ("submit", r.rid, r.prompt, r.gen))
-    wrap(d, "assign", lambda out, pes, des: ("pull", [(a.req_id, a.pe, a.de) for a in out]))
+    wrap(d, "pull_prefill", lambda out, pes: ("pe pull", [e.engine for e in pes]))
+    wrap(d, "pull_decode", lambda out, des: ("pull", [(a.req_id, a.pe, a.de) for a in out]))
     wrap(s, "prefill_done", lambda out, r: ("first", r.rid))
     wrap(s, "finished", lambda out, r: ("end", r.rid))
     wrap(reads, "decide", lambda out, mode, blocks, pe, de, bs, force="auto":
@@ -85,10 +86,12 @@ def replay(sim: Simulation, log: list[tuple]) -> tuple[list, list]:
         if kind == "submit":
             rid, prompt, gen = rest
             d.enqueue(Job(f"r{rid}", prompt, gen))
-        elif kind == "pull":
-            pes = engine_loads(view, d.ledger, reads, "prefill", 0.0)
+        elif kind == "pe pull":  # one prefill group pulls (its engines)
+            group = {eng(e) for e in rest[0]}
+            d.pull_prefill([line for line in engine_loads(view, d.ledger, reads, "prefill", 0.0) if line.engine in group])
+        elif kind == "pull":  # the decode groups pull: requests get both engines
             des = engine_loads(view, d.ledger, reads, "decode", 0.0)
-            pulls.append([(a.req_id, a.pe, a.de) for a in d.assign(pes, des)])
+            pulls.append([(a.req_id, a.pe, a.de) for a in d.pull_decode(des)])
         elif kind == "first":
             d.prefill_done(f"r{rest[0]}")
         elif kind == "end":
@@ -121,12 +124,12 @@ def runs():
     sim = simulation(CFG)
     log = record(sim)
     pressure = []  # per pull: nodes whose read queue exceeds alpha; prefill engines over beta
-    inner = sim.sched.d.assign
+    inner = sim.sched.d.pull_prefill
 
-    def assign(pes, des):
+    def pull(pes):
         pressure.append((sum(1 for e in pes if e.read_q > sim.th.alpha), sum(1 for e in pes if e.tok > sim.th.beta)))
-        return inner(pes, des)
-    sim.sched.d.assign = assign
+        return inner(pes)
+    sim.sched.d.pull_prefill = pull
     result = sim.run()
     return sim, log, result, pressure
 

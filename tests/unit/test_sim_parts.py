@@ -1,6 +1,7 @@
 """Simulator building blocks: links, decode aggregation, traffic table, P/D window."""
 import pytest
 
+from dualpath.sim.collectives import Layout
 from dualpath.sim.decode import DecodeState
 from dualpath.sim.hardware import HARDWARE
 from dualpath.sim.models import build_model
@@ -39,7 +40,7 @@ def test_numeric_window_matches_closed_form(hw):
 
 def test_decode_aggregation_finishes_in_order_with_exact_context():
     m = build_model("ds-27b", HARDWARE["h800"])
-    d = DecodeState(m, ep=8)
+    d = DecodeState(m)
     d.join(0.0, 1, "a", prompt=1000, todo=10)
     step_one = d.step_s
     d.join(0.0, 2, "b", prompt=2000, todo=5)
@@ -58,5 +59,6 @@ def test_model_presets_have_sane_numbers():
     ds, qw = build_model("ds-v3.2-660b", hw), build_model("qwen2.5-32b", hw)
     assert 30_000 < ds.kv_bytes < 60_000 and qw.kv_bytes == 262_144  # FP8 MLA vs BF16 GQA
     assert ds.moe and not qw.moe and ds.topk == 2048
-    assert ds.kv_capacity_tokens(32) > 100_000
-    assert 0.005 < ds.decode_step_s(64, 64 * 30000, 64 * 2048, 32) < 0.1
+    ds32 = build_model("ds-v3.2-660b", hw, de=Layout(4, 8))  # decode EP32, as the paper's 2P4D
+    assert ds32.kv_capacity_tokens() > 100_000
+    assert 0.005 < ds32.decode_compute_s(64, 64 * 30000, 64 * 2048) < 0.1

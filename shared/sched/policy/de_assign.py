@@ -14,6 +14,7 @@ qualifies -> engine 1 (tok 4). r2: engine 1 -> 8 <= Z qualifies -> engine 1.
 from __future__ import annotations
 
 from collections import deque
+from itertools import islice
 from typing import Mapping, Sequence
 
 from shared.sched.policy.types import Assignment, EngineReport, Request
@@ -65,11 +66,14 @@ def assign_decode(
     seq = [r.seq for r in reports]
     free = [r.free_mem for r in reports]
     n_fit = fit_count(queue, sum(free))
+    limit = n_fit + lookahead
+    roomiest = max(free)
+    if all(r.mem > roomiest for r in islice(queue, limit)):
+        return []  # nothing in the scan window fits anywhere (the scan below would keep them all)
     z = factor * (sum(queue[i].tokens for i in range(n_fit)) + sum(tok)) / len(reports)
     out: list[Assignment] = []
     kept: list[Request] = []
     scanned = 0
-    limit = n_fit + lookahead
     with_room = sum(1 for f in free if f > 0)
     while queue and scanned < limit and with_room:
         req = queue.popleft()

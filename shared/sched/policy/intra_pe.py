@@ -12,6 +12,8 @@ t(a, b[:bsz']) <= 0.3 s, rounded down to `align` tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import msgspec
 from typing import Iterable
 
 
@@ -58,8 +60,7 @@ def _capped_pairs(cached: int, bsz: int, cap: int) -> int:
     return below * cached + below * (below + 1) // 2 + (bsz - below) * cap
 
 
-@dataclass(frozen=True, slots=True)
-class PrefillWork:
+class PrefillWork(msgspec.Struct, frozen=True):
     """A ready request on a PE: `cached` tokens have KV (hit + computed), `remaining` to go."""
 
     rid: int
@@ -68,8 +69,7 @@ class PrefillWork:
     whole: bool = False  # never chunked (its hits are held a few layers at a time): whole, or not in this batch
 
 
-@dataclass(frozen=True, slots=True)
-class Chunk:
+class Chunk(msgspec.Struct, frozen=True):
     """Compute `bsz` tokens of request `rid` after its `cached` tokens in this batch."""
 
     rid: int

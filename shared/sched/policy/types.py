@@ -1,16 +1,18 @@
 """Value types shared by the policy modules: requests, engine reports, assignments.
 
-Plain slotted dataclasses so the simulator can build thousands per second. The policy
-never mutates a report; it copies the counters it needs.
+Frozen msgspec Structs: immutable and hashable like frozen dataclasses, but built in C
+(a tenth of a frozen dataclass's cost), since every pull builds one report per engine and
+the simulator makes millions. The policy never mutates a report; it copies the counters
+it needs.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import IntEnum
 
+import msgspec
 
-@dataclass(frozen=True, slots=True)
-class Request:
+
+class Request(msgspec.Struct, frozen=True):
     """A request as the policy sees it.
 
     tokens: len(r), the load proxy added to tok_e (prompt tokens on the PE side,
@@ -24,8 +26,7 @@ class Request:
     mem: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class EngineReport:
+class EngineReport(msgspec.Struct, frozen=True):
     """One engine's line in a group pull (docs/design.md#engine-groups-and-pulls)."""
 
     engine: int  # engine id, unique across the cluster
@@ -36,8 +37,7 @@ class EngineReport:
     free_mem: int = 0  # free KV memory (DE only), in the caller's unit
 
 
-@dataclass(frozen=True, slots=True)
-class Assignment:
+class Assignment(msgspec.Struct, frozen=True):
     """Request `rid` goes to engine `engine`."""
 
     rid: int

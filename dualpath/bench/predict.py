@@ -1,0 +1,71 @@
+"""The simulator's prediction of an offline bench run: each mode's JCT from the rates the bench probed.
+
+Gathers what `dualpath.sim.calibrate` needs from the run (the probed rates, the storage
+NIC cap, the data plane's bandwidth, the KV bytes per block the gateways reported, the
+engines' KV blocks, the scheduler's alpha / beta) and the turn lengths each mode
+replayed, runs the simulator once per offline mode, and puts `predicted_jct_s` and
+`measured_over_predicted` on each offline row. Without a probe (`--no-probe`) or a
+KV block size there is nothing to predict from, and the rows say so (None).
+"""
+from __future__ import annotations
+
+DEFAULT_DATA_PLANE = 1.0e9  # bytes/s when the run measured none (shm copies on one host reach several GB/s)
+
+
+def thresholds(settings: list[tuple[str, str, str]]) -> tuple[int, int]:
+    """The scheduler's (alpha, beta) in tokens: its defaults, or what `--set` gave."""
+    from services.scheduler.config import SchedulerConfig
+
+    alpha, beta = SchedulerConfig.pe_alpha_tokens, SchedulerConfig.pe_beta_tokens
+    for service, key, value in settings:
+        if service == "scheduler" and key == "pe-alpha-tokens":
+            alpha = int(value)
+        elif service == "scheduler" and key == "pe-beta-tokens":
+            beta = int(value)
+    return alpha, beta
+
+
+def rates(doc: dict, cap, mesh: dict, settings: list, snic_gbit: float):
+    """MeshRates for this run, or None when a figure the model needs is missing."""
+    from dualpath.sim.calibrate import MeshRates
+
+    probe = getattr(cap, "rates", None)
+    cfg = doc["config"]
+    block = cfg.get("block_size") or 0
+    bpb = cfg.get("kv_bytes_per_block")
+    if not probe or not block or not bpb:
+        return None
+    decode = [e for e in mesh.get("engines", []) if e.get("role") == "decode" and e.get("total_blocks")]
+    kv_tokens = min(e["total_blocks"] for e in decode) * block if decode else 1 << 30
+    tput = (doc.get("data_plane") or {}).get("throughput") or {}
+    alpha, beta = thresholds(settings)
+    return MeshRates(
+        prefill_tok_s=probe["prefill_tok_s"], turn_overhead_s=probe["turn_overhead_s"],
+        decode_step_s=probe["decode_step_s"], decode_per_seq_s=probe["decode_per_seq_s"],
+        snic_bytes_s=snic_gbit * 1e9 / 8 if snic_gbit else None,
+        data_plane_bytes_s=tput.get("shm_gb_s", DEFAULT_DATA_PLANE / 1e9) * 1e9,
+        kv_bytes_per_token=bpb / block, block_tokens=block, prefill_nodes=cap.prefill_nodes,
+        decode_nodes=cap.decode_nodes, kv_tokens_per_engine=kv_tokens, alpha_tokens=alpha, beta_tokens=beta)
+
+
+def add_predictions(doc: dict, cap, mesh: dict, settings: list, snic_gbit: float,
+                    lengths: dict[str, list[list[tuple[int, int]]]]) -> None:
+    """Predicted JCT beside measured on every offline row (None where it cannot be predicted)."""
+    from dualpath.sim.calibrate import predict
+
+    offline = [r for r in doc["runs"] if r["kind"] == "offline"]
+    if not offline:
+        return
+    r = rates(doc, cap, mesh, settings, snic_gbit)
+    doc["prediction"] = {"rates": vars(r) if r else None}
+    for row in offline:
+        row["predicted_jct_s"] = row["measured_over_predicted"] = None
+    if r is None:
+        return
+    for row in offline:
+        turns = lengths.get(row["mode"])
+        if not turns:
+            continue
+        got = predict(r, turns, [row["mode"]])[row["mode"]]
+        row["predicted_jct_s"] = got
+        row["measured_over_predicted"] = row["jct_s"] / got if got else None

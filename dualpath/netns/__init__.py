@@ -1,0 +1,1 @@
+"""Hosts as Linux network namespaces on one machine: fabric, kernel-shaped links, faults, mesh placement."""

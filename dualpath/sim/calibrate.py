@@ -1,0 +1,85 @@
+"""The simulator fitted to a running mesh: its probed rates in, each mode's predicted offline JCT out.
+
+`dualpath bench` probes the mesh it measures (`MeshRates`): one prefill engine's rate and
+fixed cost per turn (two prompt lengths), one decode engine's step time alone and with
+several sequences, the emulated storage NIC's cap, the data plane's bandwidth, the KV
+bytes a token stores, each engine's KV blocks and the scheduler's alpha / beta. From
+those `predict` builds a cluster of the mesh's shape (one engine per node, as `dualpath
+up` runs them) with no EP lock-step and no model collectives, replays the same turn
+lengths the bench replayed (one agent per bench job, all starting at t=0), and returns
+each mode's JCT. What it cannot know: CPU contention between the mesh's processes (all
+share this machine's cores) and whatever else runs on them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dualpath.sim.config import SimConfig
+from dualpath.sim.hardware import Hardware
+from dualpath.sim.models import SimModel
+from shared.sched.policy import AttentionModel, PeThresholds
+
+UNCAPPED = 100e9  # bytes/s standing in for a link that has no cap
+PE_QUOTA_S = 4.0  # the prefill engine's compute quota (services/prefill_engine/config.py)
+
+
+@dataclass(frozen=True)
+class MeshRates:
+    prefill_tok_s: float  # one prefill engine, tokens/s, beyond its fixed cost per turn
+    turn_overhead_s: float  # fixed cost of a turn (front door, scheduling, messages, first step)
+    decode_step_s: float  # one decode step with one sequence
+    decode_per_seq_s: float  # added per further sequence in the step
+    snic_bytes_s: float | None  # per node (None: uncapped)
+    data_plane_bytes_s: float  # between engines (and host <-> engine memory)
+    kv_bytes_per_token: float
+    block_tokens: int
+    prefill_nodes: int
+    decode_nodes: int
+    kv_tokens_per_engine: int
+    alpha_tokens: int
+    beta_tokens: int
+
+
+def mesh_hardware(r: MeshRates) -> Hardware:
+    gbit = lambda b: b * 8 / 1e9  # noqa: E731  (Hardware takes Gbit/s)
+    return Hardware(name="mesh", gpus=1, cnic_gbps=gbit(r.data_plane_bytes_s),
+                    snic_gbps=gbit(r.snic_bytes_s or UNCAPPED), dram_gbs=UNCAPPED / 1e9, link_eff=1.0)
+
+
+def mesh_model(r: MeshRates, overhead_in_forward: float = 1.0) -> SimModel:
+    """The mesh's engines as a SimModel: a prefill forward costs `overhead_in_forward` of the
+    turn's fixed cost plus its tokens at the probed rate (the quota's attention model carries
+    both, so batching shares the fixed part); a decode step a + b * (batch - 1)."""
+    kvb = max(1, round(r.kv_bytes_per_token))
+    att = AttentionModel(per_token=1.0 / r.prefill_tok_s, per_batch=r.turn_overhead_s * overhead_in_forward)
+    return SimModel(
+        name="mesh", kv_bytes=kvb, kv_main_bytes=kvb, kv_index_bytes=0, topk=0, moe=False,
+        linear_s_per_token=0.0, pooled_fraction=0.0, attention=att,
+        prefill_comm_bytes=0.0, weight_bytes=0.0, hbm_bytes=0.0, capacity_tokens=r.kv_tokens_per_engine,
+        d_overhead_s=r.decode_step_s - r.decode_per_seq_s, d_gemm_s_per_token=r.decode_per_seq_s, d_weights_s=0.0,
+        d_att_s_per_capped=0.0, d_att_s_per_ctx=0.0, d_kv_s_per_capped=0.0, d_kv_s_per_ctx=0.0,
+        decode_comm_bytes=0.0, comm_latency_s=0.0)
+
+
+FORWARD_SHARE = 1.0  # of a turn's fixed cost, the share spent in the prefill engine's forward
+
+
+def predict(r: MeshRates, trajectories: list[list[tuple[int, int]]], modes: list[str],
+            forward_share: float = FORWARD_SHARE) -> dict[str, float]:
+    """Predicted offline JCT (s) of each mode for these jobs' (append, gen) turns; the rest of
+    a turn's fixed cost (front door, messages) passes between turns."""
+    from dualpath.sim.engine import Simulation
+    from dualpath.sim.workload import from_turns
+
+    hw, model = mesh_hardware(r), mesh_model(r, forward_share)
+    out = {}
+    for mode in modes:
+        cfg = SimConfig(model="mesh", hardware=hw, P=r.prefill_nodes, D=r.decode_nodes, agents=len(trajectories),
+                        mode=mode, pull_s=0.005, quota_s=PE_QUOTA_S, chunk_align=16,
+                        block_tokens=r.block_tokens, think_s=r.turn_overhead_s * (1 - forward_share),
+                        pe_ep_nodes=1, de_ep_nodes=1,
+                        model_traffic=0.0)
+        sim = Simulation(cfg, model, from_turns([tuple(t) for t in trajectories], r.block_tokens),
+                         thresholds=PeThresholds(alpha=r.alpha_tokens, beta=r.beta_tokens))
+        out[mode] = sim.run().jct_s
+    return out

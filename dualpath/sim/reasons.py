@@ -1,0 +1,112 @@
+"""Why a reproduced figure differs from the published one: each reason's arithmetic, from the runs' own figures.
+
+`dualpath sim --reproduce` prints these under the table for every row whose gap exceeds
+15%. Each is a sentence built from what the runs measured (JCT, bytes read per node, link
+and GPU utilisation, TTFT), so the reader can check it: e.g. for the offline speedup, the
+time basic needs to read its bytes through the prefill nodes' storage NICs against the
+JCT it got, and what the published ratio would require.
+"""
+from __future__ import annotations
+
+from dualpath.sim.config import SimConfig
+from dualpath.sim.hardware import load_hardware
+from dualpath.sim.metrics import SimResult
+from shared.messages.codes import LoadMode
+
+NOT_RUN_44P88D = ("not simulated: a capacity search at 44P88D is ~6 online runs per mode, each at ~22x the 2P4D "
+                  "rate for 1950-3750 s simulated: ~10M requests a run at the simulator's ~5k requests per CPU-second "
+                  "here, ~30 CPU-minutes a run, ~6 CPU-hours for the row; the offline scale row (E) checks the same "
+                  "property (a larger cluster keeps its per-engine behaviour)")
+
+
+def _read_tb(r: SimResult) -> float:
+    return sum(r.snic_read_gb) / 1e3
+
+
+def _snic_gbs(cfg: SimConfig) -> float:
+    return load_hardware(cfg.hardware).snic_bw / 1e9
+
+
+def _storage_s(r: SimResult, nodes: int, cfg: SimConfig) -> float:
+    return sum(r.snic_read_gb) / (nodes * _snic_gbs(cfg))
+
+
+def speedup(a: dict, cfg: SimConfig) -> str:
+    b, d, o = a[LoadMode.BASIC], a[LoadMode.DUALPATH], a[LoadMode.ORACLE]
+    t2 = _storage_s(b, cfg.P, cfg)
+    t6 = _storage_s(d, cfg.P + cfg.D, cfg)
+    need = b.jct_s / 1.87
+    return (f"basic reads {_read_tb(b):.0f} TB through {cfg.P} prefill SNICs: {t2:.0f} s at "
+            f"{_snic_gbs(cfg):.0f} GB/s each (PE SNICs {b.link_util['p.snic_r']['mean']:.0%} busy), JCT "
+            f"{b.jct_s:.0f} s: storage-bound. dualpath's {_read_tb(d):.0f} TB over all {cfg.P + cfg.D} SNICs take "
+            f"{t6:.0f} s and oracle (no I/O) runs {o.jct_s:.0f} s, so dualpath at {d.jct_s:.0f} s sits between "
+            f"them. The published 1.87x would put dualpath at {need:.0f} s, {need / o.jct_s:.2f}x our oracle: "
+            f"the paper's engine spends more time per turn without I/O than this compute model (the kernels' "
+            f"published rates, an upper bound on what an engine reaches), so storage weighs less there")
+
+
+def oracle_gap(a: dict, cfg: SimConfig) -> str:
+    d, o = a[LoadMode.DUALPATH], a[LoadMode.ORACLE]
+    t6 = _storage_s(d, cfg.P + cfg.D, cfg)
+    util = (cfg.P * d.link_util["p.snic_r"]["mean"] + cfg.D * d.link_util["d.snic_r"]["mean"]) / (cfg.P + cfg.D)
+    return (f"reading dualpath's {_read_tb(d):.0f} TB through all {cfg.P + cfg.D} SNICs takes {t6:.0f} s = "
+            f"{t6 / o.jct_s:.0%} of oracle's JCT ({o.jct_s:.0f} s), and the SNICs are {util:.0%} busy on average "
+            f"(PE {d.link_util['p.snic_r']['mean']:.0%}, DE {d.link_util['d.snic_r']['mean']:.0%}): storage stays "
+            f"on dualpath's critical path here; TTFT p50 {d.ttft_p50_s:.2f} s vs oracle's {o.ttft_p50_s:.2f} s")
+
+
+def appends(gains: dict[float, float]) -> str:
+    parts = ", ".join(f"x{f:g}: {g:.2f}x" for f, g in sorted(gains.items()))
+    return (f"speedup by append scale {parts}: longer appends mean more compute per stored byte, so storage "
+            f"weighs less and the gain shrinks; the published range is narrower and higher, as for row A's "
+            f"speedup (the same cause)")
+
+
+def snic_rr(r: SimResult, cfg: SimConfig) -> str:
+    per = ", ".join(f"{x:.0f}" for x in r.snic_read_gb)
+    return (f"GB read per node (prefill nodes first): {per}; round-robin alternates the paths per request, so "
+            f"each PE node carries half of 1/{cfg.P} of the reads and each DE node half of 1/{cfg.D}: "
+            f"max/avg = ({cfg.P + cfg.D}/2)/{cfg.P} = {(cfg.P + cfg.D) / 2 / cfg.P:.2f} for equal requests")
+
+
+def snic_policy(r: SimResult, cfg: SimConfig) -> str:
+    per = ", ".join(f"{x:.0f}" for x in r.snic_read_gb)
+    return (f"GB read per node (prefill nodes first): {per}. The path goes to the shorter of the two nodes' "
+            f"read queues, a tie to the PE path; with queues often empty between pulls (SNICs PE "
+            f"{r.link_util['p.snic_r']['mean']:.0%}, DE {r.link_util['d.snic_r']['mean']:.0%} busy), ties favour "
+            f"the {cfg.P} prefill nodes, each in 1/{cfg.P} of the requests against 1/{cfg.D} for a decode node")
+
+
+def attention(r: SimResult) -> str:
+    return (f"measured over forward steps in which every GPU of a prefill EP domain had work; PE step units "
+            f"busy {r.pe_busy:.0%}. The batcher evens attention time only when each GPU has more ready work "
+            f"than the 300 ms quota: here most hold less (their requests wait on storage reads and on decode "
+            f"memory, not on the GPU), take it all, and wait for the one that fills the quota. Where prefill "
+            f"is the bottleneck every batch is cut at the quota: 2000 agents with prefill at DeepSeek's "
+            f"production rate (Rates.prefill_e2e) give 1.10")
+
+
+def pd_sweep(res: dict, cfg: SimConfig) -> str:
+    parts = []
+    for (p, d) in ((1, 1), (1, 3), (2, 2), (3, 1)):
+        b, dp = res[(p, d, LoadMode.BASIC)], res[(p, d, LoadMode.DUALPATH)]
+        parts.append(f"{p}P{d}D {b.jct_s / dp.jct_s:.2f}x (basic PE SNICs {b.link_util['p.snic_r']['mean']:.0%}, "
+                     f"PE GPUs {b.pe_busy:.0%} busy)")
+    return ("; ".join(parts) + ": the gain over basic can exceed 1 only where basic is storage-bound; "
+            "where its PE GPUs are the busier resource both modes wait on compute")
+
+
+def capacity(got: dict, pub: float) -> str:
+    b, d = got[LoadMode.BASIC], got[LoadMode.DUALPATH]
+    return (f"highest APS meeting the SLO: basic {b[0]:.2f}, dualpath {d[0]:.2f} (a rate passes when its "
+            f"windows reach a steady TTFT under 4 s; the search halves its bracket 3-4 times, so each capacity "
+            f"is known to ~10-20%, and the ratio to ~25%); published {pub}x")
+
+
+def ablation_reason(row: tuple, table: list) -> tuple:
+    exp, metric, pub_text, sim, pub, _ = row
+    steps = ", ".join(f"{name} {jct:.0f} s" for name, jct, _, _ in table)
+    why = (f"JCTs: {steps}. Without layerwise prefill a step waits for its batch's stored KV to reach HBM "
+           f"before computing; that costs what loading takes next to compute, and dual-path loading gains "
+           f"only where basic is storage-bound (row A)")
+    return exp, metric, pub_text, sim, pub, why

@@ -1,0 +1,213 @@
+"""Data-plane throughput against its baselines, side by side, round after round.
+
+Owns the throughput half of `python -m shared.transport.bench` (bench.py prints it):
+64 MiB moved in layer-block pieces (96 KiB) by the tcp backend beside a raw loopback
+socket, and by the shm backend beside an in-process memcpy of the same pieces, each in
+two layouts:
+    contiguous  piece i lands at slot i: consecutive pieces continue each other, so the
+                shm backend (and copy_local) merges them into one copy (base.coalesce)
+    scattered   piece i lands at slot perm[i] (a fixed permutation with no piece right
+                after its predecessor): nothing merges, every piece is its own copy or
+                frame, as when layer blocks go to free slots of an engine's KV memory
+The baselines move the same bytes to the same places (memcpy piece by piece; the raw
+socket streams, the layout is the receiver's business). Every variant runs once per
+round, in the same order, on rigs set up once; a figure is the median over rounds and a
+ratio the median of the per-round ratios, so a shared machine's drift hits both sides
+of a ratio alike.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import threading
+import time
+
+import numpy as np
+
+from . import Op, ShmRegion, TrafficClass, create_endpoint, new_name
+
+MIB = 1 << 20
+LAYOUTS = ("contiguous", "scattered")
+
+
+def slots(n: int, layout: str) -> list[int]:
+    """Destination slot of each of `n` pieces: identity, or a permutation with no i -> i+1 run."""
+    if layout == "contiguous":
+        return list(range(n))
+    perm = [int(x) for x in np.random.default_rng(0).permutation(n)]
+    for i in range(1, n):  # break the rare run a random permutation has
+        if perm[i] == perm[i - 1] + 1:
+            j = (i + 1) % n
+            perm[i], perm[j] = perm[j], perm[i]
+    return perm
+
+
+class RawSocket:
+    """A blocking loopback socket pair; `seconds()` streams `total` bytes per block, the receiver
+    (a thread) recv_into one buffer and answers one byte at the end."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.src, self.dst = memoryview(os.urandom(total)), memoryview(bytearray(total))
+        lsock = socket.create_server(("127.0.0.1", 0))
+        self.tx = socket.create_connection(lsock.getsockname())
+        self.tx.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.rx, _ = lsock.accept()
+        lsock.close()
+        self._go = threading.Semaphore(0)
+        self._thread = threading.Thread(target=self._recv, daemon=True)
+        self._thread.start()
+
+    def _recv(self) -> None:
+        while True:
+            self._go.acquire()
+            got = 0
+            while got < self.total:
+                n = self.rx.recv_into(self.dst[got:])
+                if not n:
+                    return
+                got += n
+            self.rx.sendall(b"k")
+
+    def seconds(self, block: int) -> float:
+        self._go.release()
+        t = time.perf_counter()
+        for off in range(0, self.total, block):
+            self.tx.sendall(self.src[off : off + block])
+        self.tx.recv(1)
+        return time.perf_counter() - t
+
+    def close(self) -> None:
+        self.tx.close()
+        self._go.release()
+        self._thread.join(5)
+        self.rx.close()
+
+
+class Memcpy:
+    """Two shm segments; `seconds(dst_slots)` copies piece i to slot dst_slots[i], in one thread."""
+
+    def __init__(self, total: int) -> None:
+        self.a, self.b = ShmRegion.create(new_name("bm"), total), ShmRegion.create(new_name("bm"), total)
+        self.a.buf[:] = os.urandom(total)
+        self.b.buf[:] = bytes(total)
+
+    def seconds(self, block: int, dst: list[int]) -> float:
+        a, b = self.a.buf, self.b.buf
+        t = time.perf_counter()
+        for i, j in enumerate(dst):
+            b[j * block : (j + 1) * block] = a[i * block : (i + 1) * block]
+        return time.perf_counter() - t
+
+    def close(self) -> None:
+        for r in (self.a, self.b):
+            r.close()
+            r.unlink()
+
+
+class Rig:
+    """Two endpoints of one backend with `total`-byte shm regions, connected."""
+
+    def __init__(self, backend: str, total: int) -> None:
+        self.backend, self.total = backend, total
+
+    async def __aenter__(self) -> Rig:
+        self.a = create_endpoint(self.backend, node="pe")
+        self.b = create_endpoint(self.backend, node="de")
+        self.ra, self.rb = ShmRegion.create(new_name("bm"), self.total), ShmRegion.create(new_name("bm"), self.total)
+        self.ra.buf[:] = os.urandom(self.total)
+        self.rb.buf[:] = bytes(self.total)
+        await self.a.start()
+        await self.b.start()
+        self.a.register("kv", self.ra.buf, shm_name=self.ra.name)
+        self.b.register("buf", self.rb.buf, shm_name=self.rb.name)
+        self.peer = await self.a.connect(self.b.desc())
+        self.grant = self.b.grant("buf")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.peer.close()
+        await self.a.close()
+        await self.b.close()
+        for r in (self.ra, self.rb):
+            r.close()
+            r.unlink()
+
+    def ops(self, block: int, dst: list[int]) -> list[Op]:
+        return [Op("kv", i * block, "buf", j * block, block) for i, j in enumerate(dst)]
+
+    async def seconds(self, ops: list[Op]) -> float:
+        t = time.perf_counter()
+        await self.peer.write(ops, TrafficClass.BULK, grant=self.grant)
+        return time.perf_counter() - t
+
+    def check(self, block: int, dst: list[int]) -> None:
+        for i, j in enumerate(dst):
+            if self.ra.buf[i * block : (i + 1) * block] != self.rb.buf[j * block : (j + 1) * block]:
+                raise AssertionError(f"{self.backend}: piece {i} did not land at slot {j}")
+
+
+def loadavg() -> list[float]:
+    try:
+        with open("/proc/loadavg") as f:
+            return [float(x) for x in f.read().split()[:3]]
+    except OSError:
+        return []
+
+
+async def throughput(total: int, block: int, rounds: int = 5) -> dict:
+    """Every throughput figure (GB/s medians, time ratios medians of per-round ratios) as a dict."""
+    n = total // block
+    total = n * block
+    layouts = {lay: slots(n, lay) for lay in LAYOUTS}
+    times: dict[str, list[float]] = {}
+    load0 = loadavg()
+    raw, mem = RawSocket(total), Memcpy(total)
+    try:
+        async with Rig("tcp", total) as tcp, Rig("shm", total) as shm:
+            ops = {(r.backend, lay): r.ops(block, dst) for r in (tcp, shm) for lay, dst in layouts.items()}
+            for key in ops:  # warm-up: connections, mappings, page tables
+                await (tcp if key[0] == "tcp" else shm).seconds(ops[key])
+            raw.seconds(block)
+            for _ in range(max(1, rounds)):
+                times.setdefault("raw", []).append(raw.seconds(block))
+                for lay, dst in layouts.items():
+                    times.setdefault(f"tcp_{lay}", []).append(await tcp.seconds(ops[("tcp", lay)]))
+                    times.setdefault(f"memcpy_{lay}", []).append(mem.seconds(block, dst))
+                    times.setdefault(f"shm_{lay}", []).append(await shm.seconds(ops[("shm", lay)]))
+            for r in (tcp, shm):
+                r.check(block, layouts["scattered"])
+    finally:
+        raw.close()
+        mem.close()
+    gb = total / 1e9
+    med = {k: statistics.median(v) for k, v in times.items()}
+
+    def ratio(a: str, b: str) -> float:
+        return statistics.median(x / y for x, y in zip(times[a], times[b]))
+
+    out = {"payload_mib": total // MIB, "piece_kib": block // 1024, "rounds": len(times["raw"]),
+           "loadavg_before": load0, "loadavg_after": loadavg(), "raw_socket_gb_s": gb / med["raw"]}
+    for lay in LAYOUTS:  # one raw figure per round serves both layouts
+        out[f"tcp_{lay}_gb_s"] = gb / med[f"tcp_{lay}"]
+        out[f"tcp_{lay}_over_raw_time"] = ratio(f"tcp_{lay}", "raw")
+        out[f"shm_{lay}_gb_s"] = gb / med[f"shm_{lay}"]
+        out[f"memcpy_{lay}_gb_s"] = gb / med[f"memcpy_{lay}"]
+        out[f"shm_{lay}_over_memcpy_time"] = ratio(f"shm_{lay}", f"memcpy_{lay}")
+    return out
+
+
+def throughput_lines(t: dict) -> list[str]:
+    load = lambda xs: "/".join(f"{x:.2f}" for x in xs) or "?"  # noqa: E731
+    out = [f"payload: {t['payload_mib']} MiB in {t['piece_kib']} KiB pieces, medians of {t['rounds']} rounds "
+           f"(load average {load(t['loadavg_before'])} before, {load(t['loadavg_after'])} after)"]
+    for lay in LAYOUTS:
+        out += [f"  {lay:<10} tcp backend {t[f'tcp_{lay}_gb_s']:6.2f} GB/s | raw socket {t['raw_socket_gb_s']:6.2f} GB/s "
+                f"| tcp/raw time ratio {t[f'tcp_{lay}_over_raw_time']:.2f}x "
+                f"(= {1 / t[f'tcp_{lay}_over_raw_time']:.2f}x raw speed)",
+                f"  {lay:<10} shm backend {t[f'shm_{lay}_gb_s']:6.2f} GB/s | memcpy     {t[f'memcpy_{lay}_gb_s']:6.2f} GB/s "
+                f"| shm/memcpy time ratio {t[f'shm_{lay}_over_memcpy_time']:.2f}x "
+                f"(= {1 / t[f'shm_{lay}_over_memcpy_time']:.2f}x memcpy speed)"]
+    return out
