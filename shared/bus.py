@@ -26,6 +26,7 @@ from shared.tracing import extract_context, inject_headers
 log = logging.getLogger("bus")
 T = TypeVar("T")
 _encoder = msgspec.msgpack.Encoder()
+_NO_CONTEXT = otel_context.Context()  # what extracting from no headers gives (shared: contexts are immutable)
 
 
 RETRY_S = 0.25  # between connection attempts, at start-up and after a lost server
@@ -162,13 +163,14 @@ class Bus:
         return dec
 
     async def publish(self, subject: str, msg: msgspec.Struct, ctx: otel_context.Context | None = None) -> None:
-        await self.nc.publish(subject, _encoder.encode(msg), headers=inject_headers(ctx=ctx))
+        # no trace context: a plain PUB (an empty header block would still be sent and parsed on every delivery)
+        await self.nc.publish(subject, _encoder.encode(msg), headers=inject_headers(ctx=ctx) or None)
 
     async def request(self, subject: str, msg: msgspec.Struct, reply_type: type[T], timeout: float = 5.0,
                       ctx: otel_context.Context | None = None) -> T:
         try:
             reply = await self.nc.request(subject, _encoder.encode(msg), timeout=timeout,
-                                          headers=inject_headers(ctx=ctx))
+                                          headers=inject_headers(ctx=ctx) or None)
         except nats.errors.NoRespondersError:
             raise BusError(subject, "no responders") from None
         except nats.errors.TimeoutError:
@@ -189,8 +191,8 @@ class Bus:
                 self.bad_messages += 1
                 log.warning("dropped bad message on %s: %s", m.subject, exc)
                 return
-            headers = dict(m.headers or {})
-            delivery = Delivery(m.subject, m.reply, headers, extract_context(headers), self)
+            headers = dict(m.headers) if m.headers else {}
+            delivery = Delivery(m.subject, m.reply, headers, extract_context(headers) if headers else _NO_CONTEXT, self)
             try:
                 await handler(msg, delivery)
             except Exception:  # noqa: BLE001 - a handler bug must not kill the loop

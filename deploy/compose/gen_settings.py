@@ -26,7 +26,7 @@ from services.scheduler.config import SchedulerConfig  # noqa: E402
 from services.storage_gateway.config import StorageGatewayConfig  # noqa: E402
 from services.traffic_manager.config import TrafficManagerConfig  # noqa: E402
 from shared.config import field_docs  # noqa: E402
-from shared.runtime import CommonConfig  # noqa: E402
+from shared.service_config import CommonConfig  # noqa: E402
 
 # TOML table -> (dataclass, service name on the command line). `common` holds the
 # CommonConfig fields; each service table holds only the fields its class adds.

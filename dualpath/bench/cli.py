@@ -2,6 +2,8 @@
 
     dualpath bench --trace gen:32k --agents 4 --scale 0.05 --offline --modes basic,dualpath
     dualpath bench --up --model tiny --snic-gbit 0.2 --trace gen:32k --search-aps --report out/
+    dualpath bench --up --model tiny --trace gen:32k --offline --tool-calls 1 --hints off,on,mixed \
+        --modes dualpath,oracle
 
 Modes run one after another on the same mesh, each in its own time window (so bytes
 read per node are attributable to one mode), in a rotating order across load levels so
@@ -37,6 +39,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     load.add_argument("--offline", action="store_true", help="all agents start together; report JCT")
     load.add_argument("--aps", type=float, help="online: Poisson arrivals at this many agents per second")
     load.add_argument("--search-aps", action="store_true", help="online: find the highest APS that meets the SLO")
+    p.add_argument("--tool-calls", type=float, default=0.0, metavar="SCALE",
+                   help="agents run a tool call between turns: the trace's tool_ms (or generated ones, median 2 s) "
+                        "times SCALE; 0 = none (turn i+1 starts when turn i ends)")
+    p.add_argument("--hints", default="off",
+                   help="comma-separated agent-hint policies, one run each per mode: off, on (every agent sends "
+                        "agent_hints), mixed (every other agent); needs --tool-calls to matter")
     p.add_argument("--modes", default=",".join(BENCH_MODES),
                    help=f"comma-separated load modes, one run each ({', '.join(mode_names())})")
     p.add_argument("--repeat", type=int, default=1,
@@ -107,6 +115,13 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--repeat must be >= 1, got {args.repeat}")
     if not 0 < args.search_precision < 1:
         raise CliError(f"--search-precision must be in (0, 1), got {args.search_precision}")
+    if args.tool_calls < 0:
+        raise CliError(f"--tool-calls must be >= 0, got {args.tool_calls}")
+    from dualpath.bench.workload import HINTS
+    args.hint_runs = [h.strip() for h in args.hints.split(",") if h.strip()]
+    bad = [h for h in args.hint_runs if h not in HINTS] or ([] if args.hint_runs else ["(none)"])
+    if bad:
+        raise CliError(f"--hints: {bad[0]!r} is not one of {', '.join(HINTS)}")
     try:
         topo = parse_topology(args.topology)
     except ValueError as exc:
@@ -178,11 +193,12 @@ def _bench_up(args: argparse.Namespace, modes: list[LoadMode], topo: tuple[int, 
 def _bench(args: argparse.Namespace, url: str, modes: list[LoadMode], extra_pids: tuple[int, ...] = ()) -> int:
     import httpx
 
+    from dualpath.bench import hints as agent_hints
     from dualpath.bench import report
     from dualpath.bench.metrics import Slo, summary
     from dualpath.bench.runs import Plan, Runner, agents_for_turns
     from dualpath.bench.scrape import Scraper
-    from dualpath.bench.workload import jobs, load, token_range
+    from dualpath.bench.workload import jobs, load, token_range, with_hints
 
     mesh = httpx.get(url + "/v1/mesh", timeout=10).json()
     lo, hi = token_range(mesh["model"], mesh["vocab_size"])
@@ -190,16 +206,16 @@ def _bench(args: argparse.Namespace, url: str, modes: list[LoadMode], extra_pids
     base_agents = args.agents or (None if not args.trace.startswith("gen:") else 4)
     agents_for = lambda aps: agents_for_turns(args.min_turns, base_agents or 0, turns_per_agent)  # noqa: E731
     most = max(base_agents or 0, agents_for(0)) or None
-    wl = load(args.trace, most, args.scale, args.seed, args.time_scale)
+    wl = load(args.trace, most, args.scale, args.seed, args.time_scale, args.tool_calls)
     nonce = random.SystemRandom().randrange(1 << 30)  # fresh token contents: nothing from an earlier run hits
     runs_done = [0]
     lengths: dict[str, list] = {}  # mode -> the (append, gen) turns of each job it replayed (for the prediction)
 
-    def fresh_jobs(mode: LoadMode, n_agents: int) -> list:
+    def fresh_jobs(mode: LoadMode, n_agents: int, hints: str = "off") -> list:
         """This run's copy of the workload: new token contents each run, so no run hits another's KV."""
         runs_done[0] += 1
         js = _cap_turns(jobs(wl, mode, lo, hi, nonce + runs_done[0], mesh.get("max_context") or 0), args.max_turns)
-        js = js[:n_agents] if n_agents else js
+        js = with_hints(js[:n_agents] if n_agents else js, hints)
         lengths[mode] = [[(len(a), g) for a, g in j.turns] for j in js]
         return js
     cap = _capacity(args, url, mesh, lo, hi)
@@ -210,10 +226,11 @@ def _bench(args: argparse.Namespace, url: str, modes: list[LoadMode], extra_pids
         "snic_gbit_s_per_node": args.snic_gbit or None, "prefill_tok_s": _r(cap.prefill_tps),
         "decode_s_per_tok": _r(cap.tpot_s, 4), "prefill_nodes": cap.prefill_nodes, "decode_nodes": cap.decode_nodes,
         "cores": cap.cores, "data_plane_gb_s": _r((cap.data_plane_bytes_per_s or 0) / 1e9, 2),
-        "block_size": mesh.get("block_size"), "load_average": _loadavg()}, "runs": []}
+        "block_size": mesh.get("block_size"), "load_average": _loadavg(),
+        "tool_call_scale": args.tool_calls or None}, "runs": []}
     plan = Plan(url, fresh_jobs, slo, cap, not args.no_progress, args.timeout, mesh.get("block_size") or 64,
-                extra_pids)
-    with Scraper(url) as scraper, Runner(plan, scraper) as runner:
+                extra_pids, tuple(args.hint_runs), bool(args.tool_calls))
+    with Scraper(url) as scraper, agent_hints.TMScraper(url) as tms, Runner(plan, scraper, tms) as runner:
         n = base_agents or 0
         if args.offline:
             runner.offline(modes, n, args.repeat)
@@ -225,12 +242,14 @@ def _bench(args: argparse.Namespace, url: str, modes: list[LoadMode], extra_pids
     doc["runs"] = runner.rows
     doc["config"]["kv_bytes_per_block"] = runner.bytes_per_token * (mesh.get("block_size") or 64) or None
     doc["config"]["load_average_after"] = _loadavg()
+    if any("hinted_turns" in r for r in doc["runs"]):
+        doc["hint_ratios"] = agent_hints.ratios(doc["runs"])
     if args.data_plane:
         from shared.transport.bench import figures
 
         print("measuring the data plane (tcp, shm) ...", file=sys.stderr, flush=True)
         doc["data_plane"] = figures()
-    if args.offline:
+    if args.offline and not args.tool_calls:  # the prediction replays turns back to back: no tool calls
         from dualpath.bench.predict import add_predictions
 
         add_predictions(doc, cap, mesh, _settings(args.set), args.snic_gbit, lengths)

@@ -149,15 +149,21 @@ BOUND_TERMS = ("storage_read_s", "storage_write_s", "prefill_s", "decode_s", "en
                "data_plane_s", "serial_s")
 
 
+def run_name(r: dict) -> str:
+    """The run's mode, and its agent-hint policy when it has one other than off."""
+    return r["mode"] + (f" (hints {r['hints']})" if r.get("hints", "off") != "off" else "")
+
+
 def summary(rows: list[dict]) -> dict:
     """Offline medians over repeats, with their spread: per mode (JCT, bound, JCT/bound, every bound
     term, hit ratio, storage bytes read per node max/avg) and between modes (dual modes' speed-up
     over basic beside the ratio of their bounds; their JCT over the oracle's), each pairing runs of
-    the same repeat; and how far the modes' hit ratios lie apart."""
+    the same repeat; and how far the modes' hit ratios lie apart. A run with an agent-hint policy
+    other than off is its own line ("dualpath (hints on)"), left out of the ratios."""
     off = [r for r in rows if r["kind"] == "offline"]
     by: dict[str, list[dict]] = {}
     for r in off:
-        by.setdefault(r["mode"], []).append(r)
+        by.setdefault(run_name(r), []).append(r)
     per_mode = {}
     for m, rs in by.items():
         limits = [(r.get("bound") or {}).get("limit") for r in rs]
@@ -179,7 +185,8 @@ def summary(rows: list[dict]) -> dict:
                                      "of_bound_ratio": spread(s / b for s, b in zip(speed, bounds) if s and b)}
         if m in by and oracle in by:
             pairs[f"{m}/{oracle}"] = {"jct_ratio": spread(_paired(by, m, oracle, "jct_s"))}
-    hits = [v["hit_ratio"]["median"] for v in per_mode.values() if v["hit_ratio"]["median"] is not None]
+    hits = [v["hit_ratio"]["median"] for m, v in per_mode.items() if v["hit_ratio"]["median"] is not None
+            and m in {x.value for x in LoadMode}]
     return {"offline": per_mode, "pairs": pairs, "hit_ratio_spread": (max(hits) - min(hits)) if hits else None}
 
 

@@ -18,8 +18,10 @@ Wall-clock rates on a shared machine move with what else runs there, and the two
 minutes apart. So decode is also billed in CPU: milliseconds of CPU per decoded token, the
 one process's own (its decode loop) against the mesh's decode side (the decode engine, and
 the rest: scheduler, gateways, traffic managers, NATS and this client, which reads the
-streams), counted from /proc over the whole batch run. The mesh's figure includes the ramp
-(steps before the batch is full cost more per token), so it errs against the mesh.
+streams), counted from /proc over the whole batch run ("ramp incl.": steps before the batch
+is full cost more per token, so it errs against the mesh) and over the window while all
+streams run ("all running": the counters read when the last stream's first chunk and the
+first stream's last chunk arrive), the one process's condition.
 """
 from __future__ import annotations
 
@@ -114,33 +116,44 @@ def _stream(url: str, prompt: list[int], n: int, enough=None) -> tuple[float, li
     return times[0] - t0, times
 
 
-def _batch_rates(url: str, tok, batch: int, n: int) -> tuple[float, float]:
+def _batch_rates(url: str, tok, batch: int, n: int, cpu: _MeshCpu | None = None) -> tuple:
     """Decode chunks/s of `batch` concurrent streams: while all of them run, and over the whole
     window (from the first first chunk to the last last chunk, tokens after each first). Each
     stream may generate 4n tokens and reads until it has n chunks after the last first chunk,
-    so however long the prompts take to hand over, all `batch` decode together for n steps."""
+    so however long the prompts take to hand over, all `batch` decode together for n steps.
+    With `cpu`, the mesh's CPU counters are also read when all streams run (the last first
+    chunk) and when the first stream has its n: (start, end) snapshots, returned last, with
+    the chunks between them."""
     firsts: list[float] = []
     lock = threading.Lock()
+    marks: dict[str, dict[str, float]] = {}
 
     def enough(times: list[float]) -> bool:
         if len(times) == 1:
             with lock:
                 firsts.append(times[0])
+                if len(firsts) == batch and cpu is not None:
+                    marks["start"] = cpu.snapshot()
         if len(firsts) < batch:
             return False
         start = max(firsts)
-        return sum(1 for t in times if t > start) >= n
+        done = sum(1 for t in times if t > start) >= n
+        if done and cpu is not None:
+            with lock:
+                marks.setdefault("end", cpu.snapshot())
+        return done
 
     with cf.ThreadPoolExecutor(batch) as pool:
         runs = list(pool.map(lambda _: _stream(url, _prompt(tok, BATCH_PROMPT), 4 * n, enough)[1], range(batch)))
     start, end = max(t[0] for t in runs), min(t[-1] for t in runs)
+    in_window = sum(1 for t in runs for x in t if start < x <= end)
     if end <= start:  # the first streams ended before the last prompt was handed over
         say(f"batch {batch}: no moment when all {batch} streams ran (more than {4 * n} tokens' time to hand over)")
         common = float("nan")
     else:
-        common = sum(1 for t in runs for x in t if start < x <= end) / (end - start)
+        common = in_window / (end - start)
     whole = sum(len(t) - 1 for t in runs) / (max(t[-1] for t in runs) - min(t[0] for t in runs))
-    return common, whole, sum(len(t) - 1 for t in runs)
+    return common, whole, sum(len(t) - 1 for t in runs), in_window, (marks.get("start"), marks.get("end"))
 
 
 class _MeshCpu:
@@ -150,16 +163,22 @@ class _MeshCpu:
     def __init__(self, mesh) -> None:
         self.pids = {p.name: p.popen.pid for p in mesh.procs if not p.name.startswith(("prefill-", "tm-p", "gateway-p"))}
         self.pids["client"] = os.getpid()
-        self.start = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        self.start = self.snapshot()
 
-    def per_token(self, batch: int, tokens: int) -> dict:
-        used = {name: cpu_seconds(pid) - self.start[name] for name, pid in self.pids.items()}
+    def snapshot(self) -> dict[str, float]:
+        return {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+
+    def per_token(self, batch: int, tokens: int, since: dict | None = None, until: dict | None = None,
+                  tag: str = "") -> dict:
+        """CPU ms per token between two snapshots (default: construction to now), keys suffixed `tag`."""
+        since, until = since or self.start, until or self.snapshot()
+        used = {name: until[name] - since[name] for name in self.pids}
         engine = sum(v for k, v in used.items() if k.startswith("decode-"))
         client = used["client"]
         rest = sum(used.values()) - engine - client
         n = max(1, tokens)
-        return {f"decode_cpu_ms_b{batch}": engine * 1e3 / n, f"rest_cpu_ms_b{batch}": rest * 1e3 / n,
-                f"client_cpu_ms_b{batch}": client * 1e3 / n}
+        return {f"decode_cpu_ms_b{batch}{tag}": engine * 1e3 / n, f"rest_cpu_ms_b{batch}{tag}": rest * 1e3 / n,
+                f"client_cpu_ms_b{batch}{tag}": client * 1e3 / n}
 
 
 def through_mesh(model: str, n_prompt: int, n_decode: int, repeat: int, n_batch: int) -> tuple[dict, dict]:
@@ -183,8 +202,11 @@ def through_mesh(model: str, n_prompt: int, n_decode: int, repeat: int, n_batch:
         for batch in BATCHES:
             say(f"mesh: decode at batch {batch}, {n_batch} tokens")
             cpu = _MeshCpu(mesh)
-            out[f"decode_tps_b{batch}"], out[f"decode_tps_b{batch}_whole"], n = _batch_rates(mesh.url, tok, batch, n_batch)
+            common, whole, n, n_full, (t0, t1) = _batch_rates(mesh.url, tok, batch, n_batch, cpu)
+            out[f"decode_tps_b{batch}"], out[f"decode_tps_b{batch}_whole"] = common, whole
             out.update(cpu.per_token(batch, n))
+            if t0 and t1 and n_full:  # all streams running: the one process's condition
+                out.update(cpu.per_token(batch, n_full, t0, t1, tag="_full"))
         rss = {p.name: status_mb(p.popen.pid, "VmHWM") for p in mesh.procs}
     finally:
         mesh.stop()
@@ -217,10 +239,13 @@ def main(argv: list[str] | None = None) -> int:
           + ", ".join(f"batch {b} {w:.3f} tok/s ({w / o:.2f}x)" for b, w, o in whole))
     print("CPU ms per decoded token (load-robust; mesh: decode engine + the rest of the decode side; "
           "the bench's HTTP client apart):")
-    for b in (1,) + BATCHES:
-        eng, rest, own = mesh[f"decode_cpu_ms_b{b}"], mesh[f"rest_cpu_ms_b{b}"], one[f"decode_cpu_ms_b{b}"]
-        print(f"  batch {b:<3} one process {own:8.1f} | mesh {eng + rest:8.1f} (engine {eng:.1f} + rest {rest:.1f})"
-              f" | one/mesh {own / (eng + rest):.2f}x | client {mesh[f'client_cpu_ms_b{b}']:.1f}")
+    for b, tag in [(1, "")] + [(b, t) for b in BATCHES for t in ("", "_full")]:
+        if f"decode_cpu_ms_b{b}{tag}" not in mesh:
+            continue
+        eng, rest, own = mesh[f"decode_cpu_ms_b{b}{tag}"], mesh[f"rest_cpu_ms_b{b}{tag}"], one[f"decode_cpu_ms_b{b}"]
+        label = f"batch {b}" + (", all running" if tag else (", ramp incl." if b > 1 else ""))
+        print(f"  {label:<22} one process {own:8.1f} | mesh {eng + rest:8.1f} (engine {eng:.1f} + rest {rest:.1f})"
+              f" | one/mesh {own / (eng + rest):.2f}x | client {mesh[f'client_cpu_ms_b{b}{tag}']:.1f}")
     print("peak resident memory (MiB):")
     for name, mb in rss.items():
         print(f"  {name:24} {mb:8.0f}")

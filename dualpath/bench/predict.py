@@ -25,6 +25,13 @@ def thresholds(settings: list[tuple[str, str, str]]) -> tuple[int, int]:
     return alpha, beta
 
 
+def data_plane_bytes_s(doc: dict) -> float:
+    """The data plane's bandwidth the run measured (`--data-plane`): the shm backend with
+    scattered destinations (layer blocks into free slots, as in the mesh), else the default."""
+    tput = (doc.get("data_plane") or {}).get("throughput") or {}
+    return tput.get("shm_scattered_gb_s", DEFAULT_DATA_PLANE / 1e9) * 1e9
+
+
 def rates(doc: dict, cap, mesh: dict, settings: list, snic_gbit: float):
     """MeshRates for this run, or None when a figure the model needs is missing."""
     from dualpath.sim.calibrate import MeshRates
@@ -37,13 +44,12 @@ def rates(doc: dict, cap, mesh: dict, settings: list, snic_gbit: float):
         return None
     decode = [e for e in mesh.get("engines", []) if e.get("role") == "decode" and e.get("total_blocks")]
     kv_tokens = min(e["total_blocks"] for e in decode) * block if decode else 1 << 30
-    tput = (doc.get("data_plane") or {}).get("throughput") or {}
     alpha, beta = thresholds(settings)
     return MeshRates(
         prefill_tok_s=probe["prefill_tok_s"], turn_overhead_s=probe["turn_overhead_s"],
         decode_step_s=probe["decode_step_s"], decode_per_seq_s=probe["decode_per_seq_s"],
         snic_bytes_s=snic_gbit * 1e9 / 8 if snic_gbit else None,
-        data_plane_bytes_s=tput.get("shm_gb_s", DEFAULT_DATA_PLANE / 1e9) * 1e9,
+        data_plane_bytes_s=data_plane_bytes_s(doc),
         kv_bytes_per_token=bpb / block, block_tokens=block, prefill_nodes=cap.prefill_nodes,
         decode_nodes=cap.decode_nodes, kv_tokens_per_engine=kv_tokens, alpha_tokens=alpha, beta_tokens=beta)
 

@@ -37,6 +37,8 @@ class TurnResult:
     end: float
     cached_tokens: int
     error: str = ""
+    hinted: bool = False  # sent agent_hints
+    after_tool_s: float = 0.0  # the tool call this turn waited for (0: none; the first turn never has one)
 
     @property
     def tpot(self) -> float:
@@ -84,10 +86,12 @@ class Progress:
 
 
 async def one_turn(client: httpx.AsyncClient, url: str, prompt: list[int], gen: int, mode: LoadMode,
-                   t0: float) -> tuple[TurnResult, list[int]]:
+                   t0: float, hints: dict | None = None) -> tuple[TurnResult, list[int]]:
     """Stream one completion; returns its timings and the generated token ids."""
     body = {"prompt": prompt, "max_tokens": gen, "temperature": 0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}, "return_token_ids": True, "dualpath_mode": mode}
+    if hints:
+        body["agent_hints"] = hints
     start = time.perf_counter()
     stamps: list[float] = []
     ids: list[int] = []
@@ -120,9 +124,12 @@ async def run_job(client: httpx.AsyncClient, url: str, job: Job, t0: float, out:
                   progress: Progress, stop_ttft_s: float = 0.0) -> None:
     context: list[int] = []
     for i, (append, gen) in enumerate(job.turns):
+        tool = job.tool_after(i - 1) if i else 0.0
+        if tool:
+            await asyncio.sleep(tool)  # the agent's tool call runs; the mesh may prefetch meanwhile
         prompt = context + list(append)
-        res, ids = await one_turn(client, url, prompt, gen, job.mode, t0)
-        res.job, res.turn = job.id, i
+        res, ids = await one_turn(client, url, prompt, gen, job.mode, t0, job.hints(i))
+        res.job, res.turn, res.hinted, res.after_tool_s = job.id, i, job.hinted, tool
         out.turns.append(res)
         progress.step()
         if stop_ttft_s and len(out.turns) >= STOP_WINDOW:
@@ -148,7 +155,9 @@ async def _drive(url: str, jobs: list[Job], arrivals: list[float], mode: LoadMod
     out = RunResult(mode, kind, aps, t0_unix=time.time())
     progress = Progress(sum(len(j.turns) for j in jobs), f"{kind} {mode}" + (f" @{aps:g}" if aps else ""),
                         enabled=show)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    # idle connections go before the server's 5 s keep-alive does: an agent back from a tool call
+    # must not send its turn on a connection the server is closing (httpx.ReadError)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=1.0)
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits) as client:
         t0 = time.perf_counter()
 

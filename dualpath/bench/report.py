@@ -12,6 +12,7 @@ import json
 import math
 from pathlib import Path
 
+from dualpath.bench.metrics import run_name as _name
 from dualpath.bench.metrics import summary
 from shared.messages.codes import LoadMode
 
@@ -51,6 +52,9 @@ def markdown(doc: dict) -> str:
     online = [r for r in doc["runs"] if r["kind"] == "online"]
     if online:
         lines += _online(online)
+    from dualpath.bench.hints import markdown as hint_lines
+
+    lines += hint_lines(doc)
     errs = [f"- {r['mode']}" + (f" @{r['aps']:g} APS" if r.get("aps") else "") + f": {e}"
             for r in doc["runs"] for e in r.get("error_samples") or []]
     if errs:
@@ -103,7 +107,7 @@ def _offline(doc: dict, summ: dict) -> list[str]:
     for r in doc["runs"]:
         if r["kind"] == "offline":
             for node, b in r["storage_read_bytes_per_node"].items():
-                nodes.setdefault(r["mode"], {}).setdefault(node, []).append(b)
+                nodes.setdefault(_name(r), {}).setdefault(node, []).append(b)
     lines += [""] + [f"- storage MB read per node, {m} (median): " + " ".join(
         f"{node}:{_mb(sorted(bs)[len(bs) // 2])}" for node, bs in sorted(per.items())) for m, per in nodes.items()]
     return lines + [""]
@@ -116,7 +120,7 @@ def _online(online: list[dict]) -> list[str]:
              "| mode | APS | repeat | turns | TTFT mean s | TTFT p99 s | TPOT mean ms | TPOT p99 ms | attainment "
              "| holds | failed | hit ratio | errors |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(online, key=lambda r: (r["mode"], r["aps"] or 0, r.get("repeat", 0))):
-        lines.append(f"| {r['mode']} | {_f(r['aps'], '', 3)} | {r.get('repeat', 0)} | {r['turns']} "
+        lines.append(f"| {_name(r)} | {_f(r['aps'], '', 3)} | {r.get('repeat', 0)} | {r['turns']} "
                      f"| {_f(r.get('ttft_steady_mean_s'))} | {_f(r['ttft_p99_s'])} "
                      f"| {_f(_ms(r.get('tpot_steady_mean_s')), '', 1)} | {_f(_ms(r['tpot_p99_s']), '', 1)} "
                      f"| {r['slo_attainment']:.1%} | {'yes' if r.get('slo_holds') else 'no'} "
@@ -138,6 +142,7 @@ def _search(search: dict) -> list[str]:
         if base and search.get(m, {}).get("capacity_aps"):
             lines.append(f"- {m} / {LoadMode.BASIC.value} capacity: {search[m]['capacity_aps'] / base:.2f}x")
     return lines + [""]
+
 
 
 def _ms(v):

@@ -7,7 +7,9 @@ Online search: a level runs `repeat` times for each mode still searching (orders
 the level holds for a mode when the median of its repeats' steady mean TTFT and TPOT are
 within the SLO and none of them failed a turn or was stopped; the search then narrows by
 bisection (metrics.ApsSearch) to the precision asked. Each level replays at least
-`min_turns` turns (more agents than `--agents` when a level needs them). Owns the order of
+`min_turns` turns (more agents than `--agents` when a level needs them). Offline and at a
+fixed APS every agent-hint policy asked for runs once per mode and repeat (hints.py figures
+in its row; the search runs hints off). Owns the order of
 runs and their rows; the numbers are metrics.py's and bound.py's, the output report.py's.
 """
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from dualpath.bench import hints as agent_hints
 from dualpath.bench import replay
 from dualpath.bench.bound import Capacity, lower_bound
 from dualpath.bench.metrics import ApsSearch, Slo, spread, summarise
@@ -36,11 +39,13 @@ class Plan:
     timeout: float
     block_size: int = 64
     extra_pids: tuple[int, ...] = ()  # this host's mesh processes not announced (nats-server)
+    hint_runs: tuple[str, ...] = ("off",)  # agent-hint policies: one run each per mode (offline, fixed APS)
+    tool_calls: bool = False  # the workload has tool calls between turns: each row gets the hint figures
 
 
 class Runner:
-    def __init__(self, plan: Plan, scraper: Scraper):
-        self.p, self.scraper = plan, scraper
+    def __init__(self, plan: Plan, scraper: Scraper, tms=None):
+        self.p, self.scraper, self.tms = plan, scraper, tms  # tms: hints.TMScraper (prefetch figures)
         self.http = httpx.Client(timeout=10)
         self.rows: list[dict] = []
         self.bytes_per_token = 0.0
@@ -51,9 +56,9 @@ class Runner:
     def __exit__(self, *exc) -> None:
         self.http.close()
 
-    def run(self, mode: LoadMode, aps: float | None, agents: int, seed: int, repeat: int) -> dict:
+    def run(self, mode: LoadMode, aps: float | None, agents: int, seed: int, repeat: int, hints: str = "off") -> dict:
         p = self.p
-        js = p.make_jobs(mode, agents)
+        js = p.make_jobs(mode, agents, hints)
         before = snapshot(self.http, p.url, p.extra_pids)
         t0 = time.time()
         if aps is None:
@@ -73,18 +78,29 @@ class Runner:
             b = lower_bound(mode, used, _chains(r, self.bytes_per_token), p.cap)
             row.update(bound=b, jct_lower_bound_s=b["bound_s"],
                        jct_over_bound=row["jct_s"] / b["bound_s"] if b["bound_s"] else None)
+        if p.tool_calls or hints != "off":
+            row["hints"] = hints
+            row.update(agent_hints.turn_figures(r))
+            if self.tms is not None:
+                pf = row["prefetch"] = self.tms.window(t0, time.time())
+                pf["arrival_read_bytes"] = sum(by_node.values()) - pf["bulk_read_bytes"]
         self.rows.append(row)
         return row
 
     def offline(self, modes: list[LoadMode], agents: int, repeats: int) -> None:
         for k in range(repeats):
             for mode in _rotated(modes, k):
-                self.run(mode, None, agents, 0, k)
+                for hints in self._policies(mode):
+                    self.run(mode, None, agents, 0, k, hints)
 
     def fixed(self, modes: list[LoadMode], aps: float, agents: int, repeats: int, seed: int) -> None:
         for k in range(repeats):
             for mode in _rotated(modes, k):
-                self.run(mode, aps, agents, seed + k, k)
+                for hints in self._policies(mode):
+                    self.run(mode, aps, agents, seed + k, k, hints)
+
+    def _policies(self, mode: LoadMode) -> tuple[str, ...]:
+        return ("off",) if mode == LoadMode.ORACLE else self.p.hint_runs  # oracle moves no KV: nothing to hint
 
     def search(self, modes: list[LoadMode], start: float, agents_for, repeats: int, seed: int, precision: float,
                max_levels: int) -> dict:

@@ -11,11 +11,11 @@ token content; knows nothing about HTTP.
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from dualpath.traces import Trajectory, expand_agents, generate, read_trajectories
+from dualpath.traces import Trajectory, expand_agents, generate, read_trajectories, with_tool_calls
 from dualpath.traces.generator import PRESETS
 from shared.messages.codes import LoadMode
 
@@ -26,6 +26,20 @@ class Job:
     mode: LoadMode
     turns: tuple[tuple[tuple[int, ...], int], ...]  # (append ids, gen tokens)
     arrival_s: float | None = None  # recorded arrival (Mooncake); None = scheduled by the driver
+    tool_s: tuple[float, ...] = ()  # the tool call after turn i, seconds (the replayer waits it out)
+    hinted: bool = False  # its turns carry agent_hints (session, the coming tool call, release at the end)
+
+    def tool_after(self, i: int) -> float:
+        return self.tool_s[i] if i < len(self.tool_s) else 0.0
+
+    def hints(self, i: int) -> dict | None:
+        """The `agent_hints` of turn `i`: the session, the tool call that follows it, `release` on the last."""
+        if not self.hinted:
+            return None
+        if i == len(self.turns) - 1:
+            return {"session_id": self.id, "release": True}
+        tool = self.tool_after(i)
+        return {"session_id": self.id, **({"expected_tool_duration_ms": round(tool * 1000)} if tool else {})}
 
     @property
     def prompt_lengths(self) -> list[int]:
@@ -46,6 +60,7 @@ class Workload:
     mooncake: tuple = ()  # MooncakeRequest, ...
     scale: float = 1.0
     time_scale: float = 1.0
+    tool_scale: float = 0.0  # tool calls: 0 = none; else the traced (or generated) durations times this
 
 
 def token_range(model: str, vocab_size: int) -> tuple[int, int]:
@@ -55,8 +70,11 @@ def token_range(model: str, vocab_size: int) -> tuple[int, int]:
     return 100, vocab_size - 1000
 
 
-def load(spec: str, agents: int | None, scale: float, seed: int = 0, time_scale: float = 1.0) -> Workload:
-    """`gen:32k` | `gen:48k` | `gen:64k` | `mooncake:PATH` | PATH (trajectory JSONL)."""
+def load(spec: str, agents: int | None, scale: float, seed: int = 0, time_scale: float = 1.0,
+         tool_scale: float = 0.0) -> Workload:
+    """`gen:32k` | `gen:48k` | `gen:64k` | `mooncake:PATH` | PATH (trajectory JSONL). With `tool_scale`
+    > 0 every gap between turns is a tool call: the file's own `tool_ms` where it has them, else
+    generated ones (dualpath.traces.with_tool_calls), times `tool_scale`."""
     if spec.startswith("mooncake:"):
         from dualpath.traces.mooncake import read_mooncake
 
@@ -71,7 +89,9 @@ def load(spec: str, agents: int | None, scale: float, seed: int = 0, time_scale:
     else:
         base = [_scaled(t, scale) for t in read_trajectories(spec)]
         n = agents or len(base)
-    return Workload(spec, tuple(base), tuple(expand_agents(len(base), n, seed)), scale=scale)
+    if tool_scale > 0:
+        base = with_tool_calls(base, seed)
+    return Workload(spec, tuple(base), tuple(expand_agents(len(base), n, seed)), scale=scale, tool_scale=tool_scale)
 
 
 def _scaled(t: Trajectory, scale: float) -> Trajectory:
@@ -79,7 +99,7 @@ def _scaled(t: Trajectory, scale: float) -> Trajectory:
         return t
     turns = tuple((max(1 if i == 0 else 0, round(a * scale)), max(1, round(g * scale)))
                   for i, (a, g) in enumerate(t.turns))
-    return Trajectory(t.id, turns, t.meta)
+    return replace(t, turns=turns)
 
 
 def mode_salt(mode: LoadMode) -> int:
@@ -107,9 +127,20 @@ def jobs(w: Workload, mode: LoadMode, lo: int, hi: int, seed: int = 0, max_conte
                 break
             built.append((tuple(rng.integers(lo, hi, a).tolist()), g))
             ctx += a + g
+        gaps = ((0.0,) if pre else ()) + tuple(ms / 1000 * w.tool_scale for ms in traj.tool_ms)
         if built:
-            out.append(Job(f"{mode}/{traj.id}#{k}", mode, tuple(built)))
+            out.append(Job(f"{mode}/{traj.id}#{k}", mode, tuple(built), tool_s=gaps[:len(built) - 1]))
     return out
+
+
+def with_hints(js: list[Job], hints: str) -> list[Job]:
+    """`off`: no job hints; `on`: every job; `mixed`: every other one (the rest is unhinted traffic)."""
+    if hints not in HINTS:
+        raise ValueError(f"hints must be one of {', '.join(HINTS)}, got {hints!r}")
+    return [replace(j, hinted=hints == "on" or (hints == "mixed" and k % 2 == 0)) for k, j in enumerate(js)]
+
+
+HINTS = ("off", "on", "mixed")
 
 
 def _mooncake_jobs(w: Workload, mode: LoadMode, lo: int, hi: int, salt: int, max_context: int) -> list[Job]:

@@ -14,7 +14,7 @@ import argparse
 import re
 
 from dualpath.sim.config import SGLANG, SIM_MODES, parse_sim_modes
-from shared.messages.codes import COMPARED
+from shared.messages.codes import COMPARED, LoadMode
 
 
 def register(subparsers) -> None:
@@ -51,6 +51,11 @@ def register(subparsers) -> None:
     p.add_argument("--pull", type=float, default=0.05, help="group pull period, s")
     p.add_argument("--quota", type=float, default=0.3, help="intra-PE compute quota, s")
     p.add_argument("--think", type=float, default=0.0, help="seconds between a turn and the next")
+    p.add_argument("--tool-calls", type=float, default=0.0, metavar="SCALE",
+                   help="a tool call between turns: the trace's tool_ms (or generated, median 2 s) times SCALE")
+    p.add_argument("--hints", default="off",
+                   help="comma-separated: off, on (every agent hints its tool calls: prefetch), mixed (every "
+                        "other agent); one run each per mode (oracle: off only)")
     p.add_argument("--json", dest="json_path", help="write {config, runs: [...]} here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--reproduce", action="store_true",
@@ -98,13 +103,13 @@ def _simulate(args: argparse.Namespace) -> int:
 
     from dualpath.sim.config import SimConfig
     from dualpath.sim.engine import run_sim
-    from dualpath.sim.report import format_runs
+    from dualpath.sim.report import format_hints, format_runs
 
     P, D = parse_topology(args.topology)
     base = dict(model=args.model, hardware=args.hardware, P=P, D=D, trace=args.trace,
                 agents=args.agents, scale=args.scale, seed=args.seed, aps=args.aps,
                 duration_s=args.duration if args.aps > 0 else 0.0, assign=args.assign,
-                pull_s=args.pull, quota_s=args.quota, think_s=args.think,
+                pull_s=args.pull, quota_s=args.quota, think_s=args.think, tool_calls=args.tool_calls,
                 layerwise=not args.no_layerwise, model_traffic=args.model_traffic, pe_ep_nodes=args.pe_ep_nodes,
                 de_ep_nodes=args.de_ep_nodes, attn_tp=args.attn_tp, window_s=args.window,
                 steady_lag_s=args.steady_lag, progress=not args.no_progress)
@@ -113,14 +118,17 @@ def _simulate(args: argparse.Namespace) -> int:
     except ValueError as exc:
         from dualpath.cli import CliError
         raise CliError(f"--modes: {exc}") from None
+    hints = [h.strip() for h in args.hints.split(",") if h.strip()] or ["off"]
     try:
-        cfgs = [SimConfig(mode=m, **base) for m in modes]
+        cfgs = [SimConfig(mode=m, hints=h, **base) for m in modes for h in (["off"] if m == LoadMode.ORACLE else hints)]
     except ValueError as exc:
         from dualpath.cli import CliError
         raise CliError(str(exc)) from None
     runs = [run_sim(c) for c in cfgs]
     print(format_runs(runs, title=f"{args.model} {args.topology} {args.hardware} {args.trace} "
                                   f"agents={args.agents}" + (f" aps={args.aps}" if args.aps else " offline")))
+    if any(r.after_tool for r in runs):
+        print(format_hints(runs))
     if args.json_path:
         with open(args.json_path, "w", encoding="utf-8") as fh:
             json.dump({"config": base, "runs": [r.to_dict() for r in runs]}, fh, indent=1)

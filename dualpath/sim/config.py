@@ -43,6 +43,8 @@ class SimConfig:
     alpha_s: float = 3.0  # alpha = tokens a node reads from storage in alpha_s
     beta_s: float = 5.0  # beta = tokens one PE processes in beta_s
     think_s: float = 0.0  # delay between a turn's end and the next turn
+    tool_calls: float = 0.0  # tool calls between turns: the trace's (or generated) durations times this; 0 = none
+    hints: str = "off"  # agents that hint their tool calls (prefetch, dualpath/sim/prefetch.py): off | on | mixed
     chunk_align: int = 64  # chunked-prefill sizes are multiples of this
     block_tokens: int = 64  # tokens per KV block: hits are whole blocks, reads split by block
     group_nodes: int = 1  # nodes per engine group
@@ -65,6 +67,10 @@ class SimConfig:
             object.__setattr__(self, "mode", LoadMode(self.mode))
         if self.assign not in ("policy", "rr"):
             raise ValueError(f"assign must be 'policy' or 'rr', got {self.assign!r}")
+        if self.hints not in ("off", "on", "mixed"):
+            raise ValueError(f"hints must be off, on or mixed, got {self.hints!r}")
+        if self.tool_calls < 0:
+            raise ValueError(f"tool_calls must be >= 0, got {self.tool_calls}")
         if self.block_tokens < 1:
             raise ValueError(f"block_tokens must be >= 1, got {self.block_tokens}")
         if self.agents < 1 or self.P < 1 or self.D < 1:

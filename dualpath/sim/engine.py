@@ -9,6 +9,7 @@ by the paper's rule (online.py), at `duration_s` at the latest.
 """
 from __future__ import annotations
 
+import gc
 import heapq
 import itertools
 import time
@@ -21,6 +22,7 @@ from dualpath.sim.hardware import load_hardware
 from dualpath.sim.metrics import SimResult, collect
 from dualpath.sim.models import SimModel, build_model
 from dualpath.sim.online import StopRule
+from dualpath.sim.prefetch import SimPrefetch
 from dualpath.sim.prefill import C_H2D, C_PD, C_PERSIST, Prefill, book, stage_end
 from dualpath.sim.resources import transfer
 from dualpath.sim.workload import Req, Workload, load_workload, make_request
@@ -38,7 +40,7 @@ class Simulation:
         self.model = model or build_model(cfg.model, self.hw, pe, de)
         self.c = Cluster(cfg.P, cfg.D, self.hw, self.model, cfg.group_nodes, pe.ep_nodes, cfg.model_traffic)
         self.w = workload or load_workload(cfg.trace, cfg.agents, cfg.scale, cfg.seed, cfg.aps, cfg.block_tokens,
-                                           cfg.append_scale)
+                                           cfg.tool_calls, cfg.append_scale)
         self.kvb = self.model.kv_bytes
         self.oracle = not cfg.mode.moves_kv if cfg.mode != SGLANG else False
         self.whole_first = cfg.whole_prompt_first and not self.oracle
@@ -64,6 +66,9 @@ class Simulation:
         self.tpot: list[float] = []
         self.finished = 0
         self.bar = None
+        self.pf = SimPrefetch(self, cfg.hints) if cfg.hints != "off" and not self.oracle else None
+        self.after_tool: dict[int, bool] = {}  # rid -> the turn followed a tool call
+        self.ttft_after_tool: list[tuple[bool, float]] = []  # (its agent hinted, TTFT) of those turns
         self.online = cfg.aps > 0
         self.judge = None
         if self.online:
@@ -95,11 +100,19 @@ class Simulation:
             self.bar = tqdm(total=total, unit="req", mininterval=1.0, smoothing=0.1)
         heap, pop = self.heap, heapq.heappop
         self.stopped = False
-        while heap and not self.stopped:
-            t, _, fn, arg = pop(heap)
-            self.now = t
-            fn(arg)
-            self.events += 1
+        # The loop makes no reference cycles (what it drops, reference counting frees), so the
+        # cycle collector's passes over the live requests are skipped (a few percent at most).
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            while heap and not self.stopped:
+                t, _, fn, arg = pop(heap)
+                self.now = t
+                fn(arg)
+                self.events += 1
+        finally:
+            if collecting:
+                gc.enable()
         if self.bar is not None:
             self.bar.update(self.finished - self.bar.n)
             self.bar.close()
@@ -138,6 +151,8 @@ class Simulation:
     def _arrive(self, a: int) -> None:
         append, gen = self.w.turn(a, self.turn[a])
         r = make_request(self.next_rid, a, self.ctx[a], append, gen, self.now, self.w.block)
+        if self.turn[a] and self.w.tool_after(a, self.turn[a] - 1) > 0:
+            self.after_tool[r.rid] = True
         self.next_rid += 1
         if self.judge is not None:
             self.judge.arrived(self.now)
@@ -150,6 +165,8 @@ class Simulation:
         if self.oracle:
             r.reads_left = 0
             self._make_ready(r)
+            return
+        if self.pf is not None and self.pf.serve(r):  # part of its hit was prefetched during a tool call
             return
         pe_hit, de_hit = self.sched.split_hit(r)
         self._issue_reads(r, pe_hit, de_hit)
@@ -247,6 +264,8 @@ class Simulation:
             book(now, C_PERSIST, r, 0, 0, (r.miss + r.gen) * self.kvb)
         self.t_arrive.append(r.t_arrive)
         self.ttft.append(r.t_first - r.t_arrive)
+        if self.after_tool.pop(r.rid, False):
+            self.ttft_after_tool.append((self.pf is not None and self.pf.hinted(r.agent), r.t_first - r.t_arrive))
         if r.gen > 1:
             tpot = (now - r.t_join) / (r.gen - 1)
             self.tpot.append(tpot)
@@ -260,8 +279,11 @@ class Simulation:
         self.ctx[a] = r.prompt + r.gen
         self.turn[a] += 1
         if self.turn[a] < self.w.n_turns(a):
-            if self.cfg.think_s > 0:
-                self.push(now + self.cfg.think_s, self._arrive, a)
+            tool = self.w.tool_after(a, self.turn[a] - 1)
+            if self.pf is not None:
+                self.pf.turn_done(a, self.ctx[a], tool)
+            if self.cfg.think_s + tool > 0:
+                self.push(now + self.cfg.think_s + tool, self._arrive, a)
             else:
                 self._arrive(a)
         else:

@@ -44,8 +44,6 @@ class Hardware:
         """Node SNIC bandwidth in units of one CNIC (s in docs/design.md)."""
         return self.snics * self.snic_gbps / self.cnic_gbps
 
-    def with_(self, **changes: float) -> "Hardware":
-        return replace(self, **changes)
 
 
 HARDWARE = {

@@ -42,12 +42,21 @@ class SimResult:
     de_batch: float  # mean decode batch per decode engine over the span
     link_util: dict[str, dict[str, float]] = field(default_factory=dict)
     lanes: dict[str, dict[str, float]] = field(default_factory=dict)  # CNIC class -> model GB, slowdowns
+    # attention max/avg apart (prefill.AttnBalance): steps the quota cut on every GPU ("cut_ratio", their
+    # "cut_share") and the rest ("uncut_ratio"); the GPUs' mean attention per step
+    # ("mean_attn_s"); the share of step time a GPU waits on the slowest one's attention
+    # ("wait_share"); attention summed over the run per GPU, max/avg ("run_ratio")
+    attn_balance: dict[str, float] = field(default_factory=dict)
     windows: list = field(default_factory=list)  # online: (end s, TTFT s, TPOT s) per judged window
     events: int = 0
     wall_s: float = 0.0
     events_per_s: float = 0.0
     alpha: int = 0
     beta: int = 0
+    hints: str = "off"  # agents that hinted their tool calls (prefetch): off | on | mixed
+    after_tool: dict[str, float] = field(default_factory=dict)  # TTFT p50/p99 of turns after a tool call
+    prefetched_gb: float = 0.0
+    prefetch_late: int = 0  # turns back before their prefetch had finished reading
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -71,8 +80,9 @@ def collect(sim, span: float, wall: float) -> SimResult:
     nodes = c.nodes
     reads = [n.snic_r.bytes / 1e9 for n in nodes]
     writes = [n.snic_w.bytes / 1e9 for n in nodes]
-    if sim.prefill.steps:
-        attn = sim.prefill.attn_ratio_sum / sim.prefill.steps
+    balance = sim.prefill.attn.figures()
+    if balance["steps"]:
+        attn = balance["ratio"]
     else:
         attn = _max_over_avg([e.attn_s for e in c.pes])
     ttft = sim.ttft
@@ -88,11 +98,37 @@ def collect(sim, span: float, wall: float) -> SimResult:
         run_s=span, ttft_window_s=v.ttft_s if v else float("nan"),
         snic_read_gb=reads, snic_write_gb=writes,
         snic_max_over_avg=_max_over_avg(reads) if sim.cfg.mode != LoadMode.ORACLE else float("nan"),
-        attn_max_over_avg=attn, pe_busy=_mean([u.busy_s / span for u in c.units]) if span > 0 else 0.0,
+        attn_max_over_avg=attn, attn_balance={**balance, "run_ratio": _run_ratio(c),
+                                                      "quota_tokens": _quota_tokens(sim)}, pe_busy=_mean([u.busy_s / span for u in c.units]) if span > 0 else 0.0,
         de_batch=_mean([e.decode.batch_s / span for e in c.des]) if span > 0 else 0.0, link_util=_link_util(c, span), lanes=_lanes(c),
         windows=[list(w) for w in v.windows] if v else [], events=sim.events,
         wall_s=wall, events_per_s=sim.events / wall if wall > 0 else 0.0,
-        alpha=sim.th.alpha, beta=sim.th.beta)
+        alpha=sim.th.alpha, beta=sim.th.beta, hints=sim.cfg.hints, after_tool=_after_tool(sim),
+        prefetched_gb=sim.pf.bytes / 1e9 if sim.pf else 0.0, prefetch_late=sim.pf.late if sim.pf else 0)
+
+
+def _after_tool(sim) -> dict[str, float]:
+    """TTFT percentiles of the turns that followed a tool call, hinted and unhinted agents apart."""
+    out = {}
+    for name, hinted in (("hinted", True), ("unhinted", False)):
+        xs = [t for h, t in getattr(sim, "ttft_after_tool", []) if h == hinted]
+        if xs:
+            out.update({f"{name}_turns": float(len(xs)), f"{name}_ttft_p50_s": _pct(xs, 50),
+                        f"{name}_ttft_p99_s": _pct(xs, 99)})
+    return out
+
+
+def _quota_tokens(sim) -> int:
+    """About how many new tokens of a request 32K tokens into its context fill the compute quota."""
+    one = sim.model.attention.request_time(32768, 1)
+    return int(sim.cfg.quota_s / one) if one > 0 else 0
+
+
+def _run_ratio(c) -> float:
+    """Attention time summed over the run per GPU, max/avg inside each step unit (mean over units)."""
+    xs = [_max_over_avg([e.attn_s for e in u.engines]) for u in c.units if len(u.engines) > 1]
+    xs = [x for x in xs if x == x]
+    return _mean(xs) if xs else _max_over_avg([e.attn_s for e in c.pes])
 
 
 def _link_util(c, span: float) -> dict[str, dict[str, float]]:

@@ -84,8 +84,7 @@ class Prefill:
         self.oracle = oracle
         self.whole_first = whole_first
         self.comm = model.prefill_comm_bytes * traffic  # CNIC bytes per prefilled token
-        self.attn_ratio_sum = 0.0  # over steps where every GPU had work: max/avg attention time
-        self.steps = 0
+        self.attn = AttnBalance()
 
     def plan(self, unit: StepUnit, now: float) -> float:
         """Fill unit.batch; returns the step duration (0 when nothing is ready)."""
@@ -94,6 +93,7 @@ class Prefill:
         sent = []
         worst = pooled = attn_max = attn_sum = 0.0
         busy = False
+        every_cut = True  # the quota cut every GPU's batch (each had more ready work than it)
         load_end = now
         for e in unit.engines:
             ready = [r for r in e.queue if r.ready]
@@ -114,6 +114,9 @@ class Prefill:
             attn_max = attn if attn > attn_max else attn_max
             attn_sum += attn
             e.attn_s += attn
+            if every_cut:
+                last = ready[len(chunks) - 1]
+                every_cut = len(chunks) < len(ready) or chunks[-1].bsz < last.miss - last.done
             if not self.oracle:
                 for i in range(len(chunks)):
                     r = ready[i]
@@ -126,20 +129,55 @@ class Prefill:
                 _lanes(unit.engines, now, None, 1.0)
                 unit.lanes = False
             return 0.0
-        if len(unit.engines) > 1 and attn_sum > 0 and all(chunks for _, _, chunks in batch):
-            self.attn_ratio_sum += attn_max * len(unit.engines) / attn_sum
-            self.steps += 1
         step = worst + pooled / len(unit.engines)
         if sent:
             t = m.comm_latency_s + max(max(e.cnic_r.model_burst(now, b), e.cnic_w.model_burst(now, b)) for e, b in sent)
             step = t if t > step else step
         load = load_end - now
         step = step + load if self.whole_first else (step if step > load else load)
+        if len(unit.engines) > 1 and attn_sum > 0 and all(chunks for _, _, chunks in batch):
+            self.attn.add(attn_max, attn_sum, len(unit.engines), every_cut, step)
         if sent or unit.lanes:
             _lanes(unit.engines, now, dict(sent), step)
             unit.lanes = bool(sent)
         unit.batch = batch
         return step
+
+
+class AttnBalance:
+    """Attention time max/avg across a step unit's GPUs, per forward step in which every GPU had
+    work, kept apart for the steps in which the quota cut every GPU's batch (the batcher's own
+    balance) and the rest (some GPU held less ready work than the quota and took all of it)."""
+
+    __slots__ = ("steps", "ratio_sum", "cut_steps", "cut_ratio_sum", "mean_sum", "wait_s", "step_s")
+
+    def __init__(self) -> None:
+        self.steps = self.cut_steps = 0
+        self.ratio_sum = self.cut_ratio_sum = 0.0
+        self.mean_sum = 0.0  # per step, the GPUs' mean attention time
+        self.wait_s = 0.0  # per step, max - mean attention: what the other GPUs wait on average
+        self.step_s = 0.0  # the counted steps' duration
+
+    def add(self, worst: float, total: float, gpus: int, cut: bool, step: float) -> None:
+        ratio = worst * gpus / total
+        mean = total / gpus
+        self.steps += 1
+        self.ratio_sum += ratio
+        self.mean_sum += mean
+        self.wait_s += worst - mean
+        self.step_s += step
+        if cut:
+            self.cut_steps += 1
+            self.cut_ratio_sum += ratio
+
+    def figures(self) -> dict[str, float]:
+        nan = float("nan")
+        n, k = self.steps, self.cut_steps
+        return {"steps": n, "ratio": self.ratio_sum / n if n else nan,
+                "cut_share": k / n if n else nan, "cut_ratio": self.cut_ratio_sum / k if k else nan,
+                "uncut_ratio": (self.ratio_sum - self.cut_ratio_sum) / (n - k) if n > k else nan,
+                "mean_attn_s": self.mean_sum / n if n else nan,
+                "wait_share": self.wait_s / self.step_s if self.step_s else nan}
 
 
 def _lanes(engines: list, now: float, sent: dict | None, step: float) -> None:

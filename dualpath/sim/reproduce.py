@@ -107,6 +107,13 @@ def main(quick: bool = False, full: bool = False, json_path: str | None = None, 
                  reasons.snic_policy(a[DUAL], base)))
     rows.append(("B", "attention max/avg across GPUs", "< 1.06", a[DUAL].attn_max_over_avg, 1.06,
                  reasons.attention(a[DUAL])))
+    cut = a[DUAL].attn_balance.get("cut_ratio", float("nan"))
+    rows.append(("B", "  the same, steps the quota cut on every GPU", "< 1.06", cut if cut == cut else None, 1.06,
+                 "no step in which the quota cut every GPU's batch (see the row above)"))
+    rows.append(("B", "  the same, each GPU's attention summed over the run", "< 1.06",
+                 a[DUAL].attn_balance.get("run_ratio"), 1.06,
+                 f"{a[DUAL].requests} requests over the GPUs: Algorithm 1 evens the prompt tokens each GPU is given, "
+                 f"not their attention time, which grows with each prompt's context"))
 
     print("C. P/D sweep, DS-27B, 64K trace")
     c_base = replace(base, model="ds-27b", agents=150 if quick else 600)

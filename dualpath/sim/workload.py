@@ -7,11 +7,11 @@ unless the run says otherwise).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from dualpath.traces import expand_agents, generate, read_trajectories
+from dualpath.traces import expand_agents, generate, read_trajectories, with_tool_calls
 from dualpath.traces.generator import PRESETS
 
 BLOCK = 64  # default tokens per KV block (SimConfig.block_tokens)
@@ -50,6 +50,16 @@ class Workload:
     agents: list[tuple[int, int]]  # (base index, prepended append or 0)
     starts: list[float]  # start time of each agent
     block: int = BLOCK  # tokens per KV block: hits are whole blocks
+    tools: list[tuple[float, ...]] = field(default_factory=list)  # per base trajectory: tool call after turn i, s
+
+    def tool_after(self, agent: int, k: int) -> float:
+        """Seconds of the tool call between the agent's turn k and k+1 (0: none)."""
+        b, pre = self.agents[agent]
+        if not self.tools or (pre and k == 0):
+            return 0.0
+        i = k - 1 if pre else k
+        t = self.tools[b]
+        return t[i] if 0 <= i < len(t) else 0.0
 
     def __post_init__(self) -> None:
         self.turns_of = [len(self.base[b]) + (1 if pre else 0) for b, pre in self.agents]
@@ -88,8 +98,10 @@ def make_request(rid: int, agent: int, ctx: int, append: int, gen: int, t: float
 
 
 def load_workload(trace: str, agents: int, scale: float = 1.0, seed: int = 0,
-                  aps: float = 0.0, block: int = BLOCK, append_scale: float = 1.0) -> Workload:
-    """Agents for a trace spec; online (aps > 0) start times are Poisson at `aps`/s.
+                  aps: float = 0.0, block: int = BLOCK, tool_scale: float = 0.0,
+                  append_scale: float = 1.0) -> Workload:
+    """Agents for a trace spec; online (aps > 0) start times are Poisson at `aps`/s; with
+    `tool_scale` > 0 a tool call between turns (the trace's tool_ms, else generated) times it.
     `append_scale` multiplies every turn's append but the first (the task prompt)."""
     if trace.startswith("gen:"):
         parts = trace.split(":")
@@ -100,8 +112,10 @@ def load_workload(trace: str, agents: int, scale: float = 1.0, seed: int = 0,
         trajs = generate(name, n_base, seed=seed, scale=scale)
     else:
         trajs = read_trajectories(trace)
-        if scale != 1.0:
-            trajs = [_scaled(t.turns, scale) for t in trajs]  # type: ignore[misc]
+    tools = [tuple(ms / 1000 * tool_scale for ms in t.tool_ms) for t in with_tool_calls(trajs, seed)] \
+        if tool_scale > 0 else []
+    if not trace.startswith("gen:") and scale != 1.0:
+        trajs = [_scaled(t.turns, scale) for t in trajs]  # type: ignore[misc]
     base = [t if isinstance(t, tuple) else t.turns for t in trajs]
     if append_scale != 1.0:
         base = [tuple((a if i == 0 else max(1, round(a * append_scale)), g) for i, (a, g) in enumerate(turns))
@@ -112,7 +126,7 @@ def load_workload(trace: str, agents: int, scale: float = 1.0, seed: int = 0,
         starts = np.cumsum(gaps).tolist()
     else:
         starts = [0.0] * len(specs)
-    return Workload(base, specs, starts, block)
+    return Workload(base, specs, starts, block, tools)
 
 
 def from_turns(trajectories: list[tuple[tuple[int, int], ...]], block: int = BLOCK) -> Workload:

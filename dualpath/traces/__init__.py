@@ -4,9 +4,9 @@ A trajectory is a list of turns (append tokens A_i, generated tokens G_i); the p
 turn i+1 is A1,G1,...,Ai,Gi,A(i+1). Shared by `dualpath sim` and `dualpath bench`.
 """
 from dualpath.traces.format import Trajectory, TraceFormatError, read_trajectories, write_trajectories
-from dualpath.traces.generator import PRESETS, TraceStats, expand_agents, generate, trace_stats
+from dualpath.traces.generator import PRESETS, TraceStats, expand_agents, generate, trace_stats, with_tool_calls
 
 __all__ = [
     "PRESETS", "TraceFormatError", "TraceStats", "Trajectory", "expand_agents", "generate",
-    "read_trajectories", "trace_stats", "write_trajectories",
+    "read_trajectories", "trace_stats", "with_tool_calls", "write_trajectories",
 ]

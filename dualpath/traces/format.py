@@ -1,10 +1,11 @@
 """The trajectory JSONL format: one trajectory per line.
 
-    {"id": "t0", "turns": [[608, 148], [430, 160], ...]}
+    {"id": "t0", "turns": [[608, 148], [430, 160], ...], "tool_ms": [2300, ...]}
 
 `turns` is a non-empty list of [append, gen] pairs of token counts (append >= 1 in the
-first turn, >= 0 after; gen >= 1). Optional "id"; other keys (e.g. "max_len", the
-trace's cap) are kept as meta. Owns parsing, validation (a msgspec Struct with
+first turn, >= 0 after; gen >= 1). Optional "id"; optional "tool_ms": the tool call that
+runs between turn i and turn i+1, in milliseconds (one per gap: len(turns) - 1 values, each
+0 .. a day); other keys (e.g. "max_len", the trace's cap) are kept as meta. Owns parsing, validation (a msgspec Struct with
 constraints; errors name the file, line and field) and writing; knows nothing about
 how trajectories are generated or replayed.
 """
@@ -35,6 +36,11 @@ class Trajectory:
     id: str
     turns: tuple[tuple[int, int], ...]
     meta: dict = field(default_factory=dict, compare=False)
+    tool_ms: tuple[int, ...] = ()  # the tool call after turn i (before turn i+1); () = none recorded
+
+    def tool_s(self, i: int) -> float:
+        """Seconds the tool call after turn `i` runs (0 after the last turn, or when none is recorded)."""
+        return self.tool_ms[i] / 1000 if i < len(self.tool_ms) else 0.0
 
     @property
     def total_tokens(self) -> int:
@@ -50,11 +56,14 @@ class Trajectory:
 
     def to_json(self) -> str:
         obj = {"id": self.id, "turns": [list(t) for t in self.turns], **self.meta}
+        if self.tool_ms:
+            obj["tool_ms"] = list(self.tool_ms)
         return json.dumps(obj, separators=(",", ":"))
 
 
 Append = Annotated[int, msgspec.Meta(ge=0)]  # tokens a turn appends (0 allowed after the first)
 Gen = Annotated[int, msgspec.Meta(ge=1)]  # tokens a turn generates
+ToolMs = Annotated[int, msgspec.Meta(ge=0, le=86_400_000)]  # a tool call's duration: 0 .. a day
 
 
 class TrajectoryLine(msgspec.Struct):
@@ -62,10 +71,14 @@ class TrajectoryLine(msgspec.Struct):
 
     turns: Annotated[list[tuple[Append, Gen]], msgspec.Meta(min_length=1)]
     id: str | int | None = None
+    tool_ms: list[ToolMs] | None = None
 
     def __post_init__(self) -> None:
         if self.turns[0][0] < 1:
             raise ValueError("turn 0: the first append must be >= 1 token")
+        if self.tool_ms is not None and len(self.tool_ms) != len(self.turns) - 1:
+            raise ValueError(f"tool_ms: one duration per gap between turns ({len(self.turns) - 1}), "
+                             f"got {len(self.tool_ms)}")
 
 
 def decode_line(text: str, type_: Any, path: str, line: int) -> Any:
@@ -85,9 +98,9 @@ def parse_line(text: str, path: str = "<string>", line: int = 1) -> Trajectory:
         parsed = msgspec.convert(obj, TrajectoryLine)
     except msgspec.ValidationError as exc:
         raise TraceFormatError(path, line, str(exc)) from None
-    meta = {k: v for k, v in obj.items() if k not in ("id", "turns")}
+    meta = {k: v for k, v in obj.items() if k not in ("id", "turns", "tool_ms")}
     name = f"line{line}" if parsed.id is None else str(parsed.id)
-    return Trajectory(name, tuple(parsed.turns), meta)
+    return Trajectory(name, tuple(parsed.turns), meta, tuple(parsed.tool_ms or ()))
 
 
 def read_jsonl(path: str | Path, parse, what: str) -> list:

@@ -12,16 +12,23 @@ trajectory) exceed total/turns; sigma and the shares are fitted so that all five
 columns (turns, append, gen, total, context) land within a few percent (see
 tests/unit/test_traces_generator.py).
 `scale` multiplies every length (turn counts unchanged), which keeps the hit ratio.
+With `tools`, each gap between turns gets a tool call: LogNormal with a median of
+TOOL_MEDIAN_S and sigma TOOL_SIGMA (a few seconds typically, a long tail of test runs and
+builds), clipped to TOOL_CLIP_S, from a stream of its own, so the turns are the same with or
+without them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from dualpath.traces.format import Trajectory
 
 BLOCK = 64
+TOOL_MEDIAN_S = 2.0  # agent traces' typical tool call (file reads, greps: < 1 s; test runs: tens of s)
+TOOL_SIGMA = 1.0
+TOOL_CLIP_S = (0.05, 120.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,12 +70,32 @@ PUBLISHED = {  # turns, append, gen, total, context (docs/design.md#agent-traces
 }
 
 
-def generate(preset: str | TracePreset, n: int = 500, seed: int = 0, scale: float = 1.0) -> list[Trajectory]:
-    """`n` trajectories of a preset ("32k", "48k", "64k"), lengths multiplied by `scale`."""
+def generate(preset: str | TracePreset, n: int = 500, seed: int = 0, scale: float = 1.0,
+             tools: bool = False) -> list[Trajectory]:
+    """`n` trajectories of a preset ("32k", "48k", "64k"), lengths multiplied by `scale`; with
+    `tools`, a tool-call duration in every gap between turns (`with_tool_calls`)."""
     p = PRESETS[preset] if isinstance(preset, str) else preset
     if not 0 < scale <= 1 or n < 1:
         raise ValueError(f"need n >= 1 and 0 < scale <= 1, got n={n}, scale={scale}")
-    return [_one(p, seed, i, scale) for i in range(n)]
+    out = [_one(p, seed, i, scale) for i in range(n)]
+    return with_tool_calls(out, seed) if tools else out
+
+
+def with_tool_calls(trajs: list[Trajectory], seed: int = 0, median_s: float = TOOL_MEDIAN_S,
+                    sigma: float = TOOL_SIGMA, keep: bool = True) -> list[Trajectory]:
+    """Each trajectory with a tool call in every gap between its turns, drawn per (seed, index);
+    `keep`: trajectories that record their own durations keep them."""
+    if median_s <= 0 or sigma < 0:
+        raise ValueError(f"need median_s > 0 and sigma >= 0, got {median_s}, {sigma}")
+    out = []
+    for i, t in enumerate(trajs):
+        if keep and t.tool_ms:
+            out.append(t)
+            continue
+        rng = np.random.default_rng([seed, i, 0x7001])
+        s = np.clip(rng.lognormal(np.log(median_s), sigma, len(t.turns) - 1), *TOOL_CLIP_S)
+        out.append(replace(t, tool_ms=tuple(int(round(x * 1000)) for x in s)))
+    return out
 
 
 def _one(p: TracePreset, seed: int, index: int, scale: float) -> Trajectory:

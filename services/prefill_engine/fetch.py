@@ -47,7 +47,8 @@ class Fetcher:
                  held: dict[str, PrefillRequest], spawn: Callable[..., asyncio.Task], *,
                  ready: Callable[[PrefillRequest], None], fail: Fail, failed_load: Fail,
                  release: Callable[[PrefillRequest], None], one_forward: Callable[[int, int], bool],
-                 estimate: Callable[[PrefillRequest], float], abandon: Fail):
+                 estimate: Callable[[PrefillRequest], float], abandon: Fail, engine: str = ""):
+        self.engine = engine  # this engine's id (a prefetch staged in its own TM's buffer names it)
         self.bus, self.subject, self.cfg, self.store, self.kv = bus, subject, cfg, store, kv
         self.n_layers, self.held, self.spawn = n_layers, held, spawn
         self.ready, self.fail, self.failed_load, self.release = ready, fail, failed_load, release
@@ -63,18 +64,21 @@ class Fetcher:
             req = self.waiting[0]
             work = req.work
             n = usable_hits(work, cfg.block_size)
-            window = cfg.hit_window_layers if self.one_forward(n * cfg.block_size, len(req.prompt)) else 0
+            # every hit prefetched into this engine's buffer: one copy of all layers, so no window
+            local = bool(work.staged_engine) and work.staged_engine == self.engine and work.staged_blocks >= n
+            window = cfg.hit_window_layers if self.one_forward(n * cfg.block_size, len(req.prompt)) and not local else 0
             if not memory.allocate(kv, req, n, window, self.n_layers):
                 return
             self.waiting.pop(0)
             pe = min(work.pe_blocks, n)  # the scheduler's count; the rest goes on the DE path
             req.load, req.reading = LoadProgress(req.req_id, req.window), True
-            if pe < n:
-                req.de_held = work.de_engine
+            if pe < n or (work.staged_blocks and work.staged_engine == work.de_engine):
+                req.de_held = work.de_engine  # DE-buffer slots are reserved for it (adopted prefetches too)
             w = req.window
             fetch = FetchKV(req.req_id, work.block_keys[:n], req.blocks[:n], work.read_node or cfg.node,
                             self.store, pe, de_engine=work.de_engine, de_node=work.de_node,
-                            prompt_blocks=len(req.blocks),
+                            prompt_blocks=len(req.blocks), staged_engine=work.staged_engine,
+                            staged_owner=work.staged_owner, staged_blocks=min(work.staged_blocks, n),
                             window=KVWindow(w.hits, list(w.ring), w.layers) if w else None)
             req.deadline = time.monotonic() + cfg.handoff_timeout_s
             req.timer = self.spawn(self._deadline(req), name=f"fetch-deadline-{req.req_id}")
@@ -156,6 +160,8 @@ class Fetcher:
             req.load = None  # a miss after all: compute the whole prompt
         else:
             req.load.blocks, req.load.window = req.blocks[:msg.blocks], req.window  # where its layers land
+            if msg.layers:  # copied before the report (every hit was prefetched into this engine's buffer)
+                req.load.mark(msg.layers - 1)
         delay = msg.eta_s - self.estimate(req)
         if delay <= 0:
             self.ready(req)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import time
 from typing import AsyncIterator, Callable
 
 from opentelemetry import trace
@@ -22,6 +23,7 @@ from starlette.routing import Route
 
 from services.scheduler.auth import ApiKeyMiddleware
 from services.scheduler.front import Front
+from services.scheduler.hints import parse_hints
 from services.scheduler.inflight import InFlight
 from services.scheduler.logprobs import LogprobTrack, Reported, logprobs_body
 from services.scheduler.openapi import openapi_document
@@ -113,27 +115,30 @@ def _prepare(svc: Front, body: bytes, chat: bool):
         if isinstance(req.prompt, str):
             prompt = svc.tokenizer.encode(req.prompt) if req.prompt else []
         else:
-            prompt = list(req.prompt)
-            bad = [t for t in prompt if not 0 <= t < svc.tokenizer.vocab_size]
-            if bad:
-                raise ApiError(400, f"token id {bad[0]} outside the vocabulary (0..{svc.tokenizer.vocab_size - 1})",
-                               "prompt")
+            prompt = req.prompt  # decoded for this request alone: no copy needed
+            vocab = svc.tokenizer.vocab_size  # a call into the tokenizer: once, not once per token
+            if prompt and (min(prompt) < 0 or max(prompt) >= vocab):  # C loops; the slow scan only on an error
+                bad = next(t for t in prompt if not 0 <= t < vocab)
+                raise ApiError(400, f"token id {bad} outside the vocabulary (0..{vocab - 1})", "prompt")
         max_tokens = req.max_tokens
     max_tokens = check_sampling(req, max_tokens, len(prompt), svc.max_context())
+    hint = parse_hints(req.agent_hints)  # a bad hint is a 400 before anything is queued
     stops = stop_list(req.stop)
     sampling = Sampling(temperature=req.temperature, top_p=req.top_p, seed=req.seed, max_tokens=max_tokens,
                         ignore_eos=req.ignore_eos, logprobs=logprob_count(req))
-    return req, prompt, sampling, stops, mid
+    return req, prompt, sampling, stops, mid, hint
 
 
 async def _handle(svc: Front, request: Request, texts: TokenText, chat: bool) -> Response:
+    arrived = time.monotonic()  # before the body is read: TTFT and the assignment wait count it
     body = await _read_body(request, svc.cfg.max_body_bytes)
-    req, prompt, sampling, stops, mid = _prepare(svc, body, chat)
+    req, prompt, sampling, stops, mid, hint = _prepare(svc, body, chat)
     rid = new_id("chatcmpl" if chat else "cmpl")
     span = tracer.start_span("POST " + request.url.path, attributes={
-        "req_id": rid, "prompt_tokens": len(prompt), "max_tokens": sampling.max_tokens, "stream": req.stream})
+        "req_id": rid, "prompt_tokens": len(prompt), "max_tokens": sampling.max_tokens, "stream": req.stream,
+        "agent_session": hint.session if hint else "", "agent_hinted": hint is not None})
     rec = InFlight(rid, prompt, sampling, ctx=trace.set_span_in_context(span),
-                   mode=req.dualpath_mode or svc.cfg.mode)
+                   mode=req.dualpath_mode or svc.cfg.mode, arrived=arrived, queued_at=arrived, hint=hint)
     await svc.admit(rec)
     events = _events(svc, rec, stops, span)
     show = None if sampling.logprobs is None else functools.partial(logprobs_body, text=texts, chat=chat)

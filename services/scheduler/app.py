@@ -2,7 +2,8 @@
 
 Owns the lifecycle of every accepted request until its last event reaches the client.
 Policy lives in `dispatch` (and `policy/`); a round's inputs and outputs in `placement`;
-protocol in `protocol`; HTTP handlers in `api`, which sees this service only as a `Front`.
+agent sessions (hints, prefetch) in `prefetcher`; protocol in `protocol`; HTTP handlers
+in `api`, which sees this service only as a `Front`.
 """
 from __future__ import annotations
 
@@ -18,11 +19,12 @@ from opentelemetry import trace
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.hits import lookup_hits
 from services.scheduler.inflight import InFlight
-from services.scheduler.journal import Accepted, Journal, JournalError, JournalUnavailable, cancel_lost
+from services.scheduler.journal import Accepted, Journal, JournalUnavailable, recover
 from services.scheduler.liveness import stranded, unassigned_past
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.oracle import OracleIndex
-from services.scheduler.placement import engine_loads, place
+from services.scheduler.placement import Lines, place
+from services.scheduler.prefetcher import Prefetcher
 from services.scheduler.view import MeshView
 from shared.bus import Delivery
 from shared.engine.store_layout import prompt_keys
@@ -55,11 +57,13 @@ class SchedulerService(Service):
         self.inflight: dict[str, InFlight] = {}
         self.kick = asyncio.Event()
         self.reads = ReadQueues()
+        self.lines = Lines()  # the dispatcher's engine lines, kept between rounds
         self.oracle = OracleIndex()
         self.http: HttpServer | None = None
         self.http_sock = adopt_socket(cfg.http_fd) if cfg.http_fd >= 0 else \
             bind_socket(cfg.http_host, cfg.http_port, "http_port")  # before NATS: a taken port fails at once
         self.journal: Journal | None = None
+        self.prefetcher: Prefetcher | None = None  # agent sessions: retention, prefetch, release (start())
         self.m = SchedulerMetrics.register(self.metrics)
         self.metrics_endpoint = self.metrics.endpoint
 
@@ -69,7 +73,6 @@ class SchedulerService(Service):
 
     async def start(self) -> None:
         from services.scheduler.api import build_app
-
         await self.bus.subscribe(self.subjects.heartbeat, Announce, self._on_announce)
         await self.bus.subscribe(self.output_subject, Output, self._on_output)
         await self.bus.subscribe(self.subjects.reads_done, NodeReadDone, self._on_reads_done)
@@ -82,6 +85,9 @@ class SchedulerService(Service):
                 self.spawn(self._recover(), name="journal-recover")
             except JournalUnavailable as exc:
                 log.warning("%s; running without a request journal", exc)
+        self.prefetcher = Prefetcher(self.bus, self.subjects, self.view, self.reads, self.cfg, self.spawn,
+                                     self._ask_hits, self.metrics)
+        self.spawn(self.prefetcher.sweep(), name="prefetch-sweep")
         self.http = HttpServer(build_app(self), sock=self.http_sock)
         self.spawn(self.http.serve(), name="api-http")
         self.spawn(self._loop("dispatch", self._kicked, self._assign), name="dispatch")
@@ -120,11 +126,13 @@ class SchedulerService(Service):
 
     async def admit(self, rec: InFlight) -> None:
         await self.lookup_hits(rec)
+        self.prefetcher.arrive(rec)  # its prefix prefetched during a tool call: claimed for it
         self.submit(rec)
 
     # requests ---------------------------------------------------------------------
     async def lookup_hits(self, rec: InFlight) -> None:
-        await lookup_hits(rec, self.view.store_layout(), self.oracle, self._ask_hits)
+        known = self.prefetcher.stored_prefix if rec.mode.moves_kv else None
+        await lookup_hits(rec, self.view.store_layout(), self.oracle, self._ask_hits, known)
 
     async def _ask_hits(self, query: HitQuery) -> HitReply:
         return await self.bus.request(self.subjects.sg_any("hit"), query, HitReply, timeout=2.0)
@@ -178,33 +186,24 @@ class SchedulerService(Service):
             self.journal.note_finished(rec.req_id, status, rec.next_index)
         self.reads.done(rec.req_id)
         self.dispatcher.remove(rec.req_id)
-        if rec.mode == LoadMode.ORACLE and status == "ok" and rec.tokens:
-            layout = self.view.store_layout()
-            if layout is not None:  # what decode would have persisted: prompt + generated KV
-                self.oracle.add(prompt_keys(layout, rec.prompt + rec.tokens[:-1]))
+        self.prefetcher.done(rec, status)
+        if rec.mode == LoadMode.ORACLE and status == "ok" and rec.tokens and (layout := self.view.store_layout()):
+            self.oracle.add(prompt_keys(layout, rec.prompt + rec.tokens[:-1]))  # what decode would have persisted
         self.m.finished(rec, status)
         self.m.running.set(self.dispatcher.ledger.placed)
         self.kick.set()
 
     async def _recover(self) -> None:
         """Cancel and count failed what an earlier life of this scheduler left unanswered."""
-        await asyncio.sleep(self.cfg.liveness_timeout_s)  # hear live peer schedulers first: theirs are not ours
-        try:
-            n = await cancel_lost(self.journal, set(self.view.schedulers), self._cancel, self.cfg.max_resumes + 1)
-        except JournalError as exc:
-            log.warning("journal not read, nothing recovered: %s", exc)
-            return
-        self.m.requests.labels("error").inc(n)
-        if n:
-            log.warning("%d requests left unfinished by a previous scheduler: cancelled, counted failed", n)
+        self.m.requests.labels("error").inc(await recover(self.journal, lambda: set(self.view.schedulers), self._cancel,
+                                                          self.cfg.max_resumes + 1, self.cfg.liveness_timeout_s))
 
     async def _cancel(self, wire_id: str, reason: str) -> None:
         await self.bus.publish(self.subjects.cancel, Cancel(wire_id, reason))
 
     # bus handlers -------------------------------------------------------------------
     async def _on_announce(self, msg, d: Delivery) -> None:
-        self.view.update(msg, time.monotonic())
-        if self.dispatcher.waiting():  # a heartbeat matters to dispatch only while something waits
+        if self.view.update(msg, time.monotonic()) and self.dispatcher.waiting():  # a change, while work waits
             self.kick.set()
 
     async def _on_output(self, msg: Output, d: Delivery) -> None:
@@ -222,9 +221,8 @@ class SchedulerService(Service):
 
     async def _on_reads_done(self, msg: NodeReadDone, d: Delivery) -> None:
         """A node's reads for a request are over: its read_q (bytes queued or in flight) drops them."""
-        base, _, attempt = msg.req_id.partition("#")
-        rec = self.inflight.get(base)
-        if rec is not None and attempt == str(rec.attempt):
+        rec = self.inflight.get(msg.req_id.partition("#")[0])
+        if rec is not None and msg.req_id == rec.wire_id:  # not an old attempt's
             self.reads.read_done(rec.req_id, msg.node)
             self.kick.set()
 
@@ -241,6 +239,7 @@ class SchedulerService(Service):
             if out.index == rec.step0:  # this attempt's prefill is over: its reads are done, its PE is free
                 self.reads.done(rec.req_id)
                 self.dispatcher.prefill_done(rec.req_id)
+                self.kick.set()  # a freed PE may take what waits (a heartbeat does not kick)
             rec.events.put_nowait(out)
 
     # loops ----------------------------------------------------------------------------
@@ -259,19 +258,19 @@ class SchedulerService(Service):
         self.kick.clear()
 
     async def _assign(self) -> None:
-        """One round: engine loads from the ledger (O(engines)), placements, their work published."""
+        """One round: the engine lines (refreshed where something moved), placements, their work published."""
         self.m.rounds.inc()
         now = time.monotonic()
-        pes = engine_loads(self.view, self.dispatcher.ledger, self.reads, "prefill", now)
-        des = engine_loads(self.view, self.dispatcher.ledger, self.reads, "decode", now)
-        for role, engines in (("prefill", pes), ("decode", des)):
-            self.m.engines.labels(role).set(len(engines))
+        pes, des = self.lines.get(self.view, self.dispatcher.ledger, self.reads, now)
+        self.m.engines.labels("prefill").set(len(pes))
+        self.m.engines.labels("decode").set(len(des))
         for a in self.dispatcher.assign(pes, des):
             rec = self.inflight.get(a.req_id)
             if rec is None:
                 self.dispatcher.remove(a.req_id)
                 continue
             rec.pe, rec.de, rec.assigned_at = a.pe, a.de, time.monotonic()
+            self.m.assign_wait.observe(rec.assigned_at - rec.queued_at)
             placed = place(rec, a.pe, a.de, self.view, self.reads, self.output_subject, self.cfg.read_path)
             with tracer.start_as_current_span("assign", context=rec.ctx, attributes=placed.span_attributes(rec)):
                 await self.bus.publish(self.subjects.prefill_work(a.pe), placed.work)

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from shared.config import require
 from shared.messages.codes import LoadMode
-from shared.runtime import CommonConfig
+from shared.service_config import CommonConfig
 
 
 @dataclass(frozen=True, repr=False)
@@ -24,6 +24,10 @@ class SchedulerConfig(CommonConfig):
     api_keys: tuple[str, ...] = ()  # Bearer keys required on the API when set (DUALPATH_API_KEYS=k1,k2); /health stays open
     mode: LoadMode = LoadMode.DUALPATH  # how stored KV is loaded when a request names no dualpath_mode (README: Load modes)
     read_path: str = "auto"  # dualpath modes: auto (the mode's rule) | pe | de (every hit on that path: tests)
+    prefetch: bool = True  # act on agent hints' tool calls: stage the session's stored KV in a buffer meanwhile
+    prefetch_margin: float = 2.0  # start a prefetch this many expected read times before the session is due back
+    prefetch_grace_s: float = 5.0  # staged blocks wait this long past the expected return (or a tool call's length)
+    hint_ttl_s: float = 120.0  # retention of a hinted session's blocks when its hints name no cache_ttl_ms
     journal: bool = True  # record accepted/finished requests on JetStream (off, or no -js on the server: run without)
 
     def validate(self) -> None:
@@ -33,6 +37,9 @@ class SchedulerConfig(CommonConfig):
         require(self.read_path in ("auto", "pe", "de"), "read_path", self.read_path, "auto, pe or de")
         require(self.pe_alpha_tokens >= 0, "pe_alpha_tokens", self.pe_alpha_tokens, "must be >= 0")
         require(self.pe_beta_tokens > 0, "pe_beta_tokens", self.pe_beta_tokens, "must be > 0")
+        require(self.prefetch_margin >= 0, "prefetch_margin", self.prefetch_margin, "must be >= 0")
+        require(self.prefetch_grace_s >= 0, "prefetch_grace_s", self.prefetch_grace_s, "must be >= 0")
+        require(self.hint_ttl_s >= 0, "hint_ttl_s", self.hint_ttl_s, "must be >= 0")
         require(self.liveness_timeout_s > 0, "liveness_timeout_s", self.liveness_timeout_s, "must be > 0")
 
     def __repr__(self) -> str:  # never print the API keys

@@ -22,8 +22,10 @@ tracer = trace.get_tracer("scheduler")
 Ask = Callable[[HitQuery], Awaitable[HitReply]]  # one request to any storage-gateway (raises BusError)
 
 
-async def lookup_hits(rec: InFlight, layout, oracle: OracleIndex, ask: Ask) -> None:
-    """Set `rec.block_keys` and `rec.hit_blocks` (the leading keys present in the store)."""
+async def lookup_hits(rec: InFlight, layout, oracle: OracleIndex, ask: Ask,
+                      known: Callable[[list[bytes]], int] | None = None) -> None:
+    """Set `rec.block_keys` and `rec.hit_blocks` (the leading keys present in the store).
+    `known(keys)`: leading keys known stored without a lookup (a session's prefetched turn), 0: ask."""
     if layout is None:
         return
     rec.block_keys = prompt_keys(layout, rec.work_prompt)
@@ -31,6 +33,9 @@ async def lookup_hits(rec: InFlight, layout, oracle: OracleIndex, ask: Ask) -> N
         return
     if rec.mode == LoadMode.ORACLE:  # no store: the oracle's own index of what would be stored
         rec.hit_blocks = oracle.hits(rec.block_keys)
+        return
+    if known is not None and (staged := known(rec.block_keys)):
+        rec.hit_blocks = staged  # its prefix was prefetched: no gateway round trip before the assignment
         return
     with tracer.start_as_current_span("hit_lookup", context=rec.ctx,
                                       attributes={"req_id": rec.req_id, "blocks": len(rec.block_keys)}) as span:

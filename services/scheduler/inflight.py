@@ -40,6 +40,8 @@ class InFlight:
     step0: int = 0  # tokens delivered before the current attempt started
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     ctx: object = None  # trace context of the request's root span
+    hint: object = None  # the agent's `hints.Hint` (None: no agent_hints); never reaches an engine
+    staged: object = None  # `shared.sched.prefetch.Staged`: its prompt's prefix prefetched into a buffer
 
     def accept(self, ev: TokenEvent) -> TokenEvent | None:
         """Keep only tokens not seen yet; returns the event to deliver (or None)."""
@@ -86,6 +88,7 @@ class InFlight:
         self.pe = self.de = ""
         self.hit_blocks = 0
         self.block_keys = []
+        # `staged` stays: a fetch that never ran leaves it usable; one that did left nothing to claim
         return self.sampling.max_tokens - self.step0
 
     def fail(self, code: ErrorCode, error: str) -> None:

@@ -1,9 +1,9 @@
 """The request journal: which requests a scheduler accepted and which it finished, on JetStream.
 
 Owns the stream `DP_<ns>_REQUESTS` (subjects `{ns}.journal.>`, file storage, bounded
-by age and count) and the two record types written to it. It does not own what a
-restarted scheduler does with `unfinished()` (the wiring in app.py does: cancel each
-request on `{ns}.cancel` and count it failed).
+by age and count) and the two record types written to it, and what a restarted scheduler
+does with `unfinished()` (`recover`: cancel each request on `{ns}.cancel`; the wiring in
+app.py counts them failed).
 
 One request's sequence:
   accept  -> `{ns}.journal.accepted`  Accepted(req_id, ...)   Nats-Msg-Id = req_id
@@ -212,3 +212,18 @@ async def cancel_lost(journal: Journal, live: set[str], cancel: Callable[[str, s
             await cancel(f"{acc.req_id}#{attempt}", "scheduler restarted")
         journal.note_finished(acc.req_id, "error", 0)
     return len(lost)
+
+
+async def recover(journal: Journal, live: Callable[[], set[str]], cancel: Callable[[str, str], Awaitable[None]],
+                  attempts: int, wait_s: float) -> int:
+    """`cancel_lost` once `wait_s` has passed (live peer schedulers heard first: theirs are not
+    ours); logs what it did and returns how many were cancelled (0 when the journal is unreadable)."""
+    await asyncio.sleep(wait_s)
+    try:
+        n = await cancel_lost(journal, live(), cancel, attempts)
+    except JournalError as exc:
+        log.warning("journal not read, nothing recovered: %s", exc)
+        return 0
+    if n:
+        log.warning("%d requests left unfinished by a previous scheduler: cancelled, counted failed", n)
+    return n

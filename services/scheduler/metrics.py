@@ -7,6 +7,9 @@ from typing import Any
 from services.scheduler.inflight import InFlight
 from shared.metrics import Metrics
 
+ASSIGN_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.2, 0.5, 1,
+                  2, 5, 10, 30)
+
 
 @dataclass(frozen=True)
 class SchedulerMetrics:
@@ -22,6 +25,7 @@ class SchedulerMetrics:
     loop_errors: Any
     resumes: Any
     rounds: Any
+    assign_wait: Any
 
     @classmethod
     def register(cls, m: Metrics) -> "SchedulerMetrics":
@@ -39,6 +43,8 @@ class SchedulerMetrics:
             loop_errors=m.counter("loop_errors_total", "Exceptions caught in the scheduler's loops", ("loop",)),
             resumes=m.counter("request_resumes_total", "Requests resumed on other engines after a failure"),
             rounds=m.counter("dispatch_rounds_total", "Dispatch rounds run (kicks arriving together share one)"),
+            assign_wait=m.histogram("assign_wait_seconds", "From a request's arrival (or resumption) to its work "
+                                    "published to a prefill engine", buckets=ASSIGN_BUCKETS),
         )
 
     def finished(self, rec: InFlight, status: str) -> None:

@@ -1,9 +1,14 @@
 """One dispatch round's inputs and outputs: engine loads in, prefill work messages out.
 
 Owns turning the mesh view plus the dispatcher's ledger into the `EngineLoad` lines a
-round needs (one dict lookup per engine: no scan of the requests in flight), and turning
-one assignment into its read-path decision and `PrefillWork`. Pure: the caller passes
-the clock and publishes the work.
+round needs, and turning one assignment into its read-path decision and `PrefillWork` (the
+blocks prefetched for it during a tool call are named there and left out of the read-path
+decision). `Lines` keeps the lines between rounds: rebuilt only when the view's assignable list
+changes (an engine joins, leaves, goes silent), otherwise refreshed only for the engines whose
+ledger counters and the nodes whose read queues moved since the last round, so a round costs
+what changed, not the fleet's size; the dispatcher then reuses its grouped roster of the same
+lines. (`engine_loads` builds them afresh: O(engines).) Pure: the caller passes the clock and
+publishes the work.
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from shared.messages.codes import LoadMode
 from shared.messages.work import PrefillWork
 from shared.sched.dispatch import EngineLoad
 from shared.sched.ledger import Ledger
+from shared.sched.prefetch import common
 from shared.sched.reads import PathDecision, ReadQueues
 
 DEFAULT_BLOCK = 64  # block size when no engine has announced a store layout yet
@@ -31,19 +37,64 @@ def engine_loads(view: MeshView, ledger: Ledger, reads: ReadQueues, role: str, n
     return out
 
 
+class Lines:
+    """The `EngineLoad` lines of both roles, kept up to date between dispatch rounds."""
+
+    def __init__(self) -> None:
+        self.src: dict[str, list] = {}  # role -> the view's assignable list the lines were built from
+        self.lines: dict[str, list[EngineLoad]] = {"prefill": [], "decode": []}
+        self.role_of: dict = {}  # engine -> its role (a line's ledger table)
+        self.by_engine: dict = {}
+        self.by_node: dict = {}  # node -> its lines (both roles: the lines read as `engine_loads` builds them)
+        self.rebuilds = 0
+
+    def get(self, view: MeshView, ledger: Ledger, reads: ReadQueues, now: float) -> tuple[list, list]:
+        """(prefill lines, decode lines) with current tok / seq / read_q; the same objects as last
+        round unless the assignable engines changed."""
+        fresh = any(view.assignable(role, now) is not self.src.get(role) for role in ("prefill", "decode"))
+        if fresh:  # rare (an engine joined, left, went silent): both roles afresh
+            for role in ("prefill", "decode"):
+                self.src[role] = view.assignable(role, now)
+                self.lines[role] = engine_loads(view, ledger, reads, role, now)
+            self._index()
+            ledger.take_touched()
+            reads.take_touched()
+            return self.lines["prefill"], self.lines["decode"]
+        for engine in ledger.take_touched():
+            line = self.by_engine.get(engine)
+            if line is not None:
+                line.tok, line.seq = (ledger.pe_load if self.role_of[engine] == "prefill" else ledger.de_load)(engine)
+        for node in reads.take_touched():
+            q = reads.pending.get(node, 0)
+            for line in self.by_node.get(node, ()):
+                line.read_q = q
+        return self.lines["prefill"], self.lines["decode"]
+
+    def _index(self) -> None:
+        self.rebuilds += 1
+        self.by_engine, self.role_of, self.by_node = {}, {}, {}
+        for role, lines in self.lines.items():
+            for line in lines:
+                self.by_engine[line.engine], self.role_of[line.engine] = line, role
+                self.by_node.setdefault(line.node, []).append(line)
+
+
 @dataclass(frozen=True)
 class Placed:
     """What a round sends for one assigned request, and why its reads go where they go."""
 
     work: PrefillWork
     path: PathDecision
+    prefetched: int = 0  # leading hit blocks already in a buffer (prefetched during a tool call)
 
     def span_attributes(self, rec: InFlight) -> dict:
         p = self.path
         return {"req_id": rec.req_id, "pe": rec.pe, "de": rec.de, "mode": rec.mode,
                 "queue_wait_s": rec.assigned_at - rec.arrived, "hit_blocks": rec.hit_blocks,
                 "read_path": p.path, "pe_path_blocks": p.pe_blocks, "de_path_blocks": p.de_blocks,
-                "pe_read_queue_tokens": p.pe_queue, "de_read_queue_tokens": p.de_queue, "read_path_reason": p.reason}
+                "pe_read_queue_tokens": p.pe_queue, "de_read_queue_tokens": p.de_queue, "read_path_reason": p.reason,
+                "prefetched_blocks": self.prefetched, "read_at_arrival_blocks": p.pe_blocks + p.de_blocks,
+                "prefetch_engine": self.work.staged_engine}
 
 
 def place(rec: InFlight, pe: str, de: str, view: MeshView, reads: ReadQueues, reply: str,
@@ -52,10 +103,13 @@ def place(rec: InFlight, pe: str, de: str, view: MeshView, reads: ReadQueues, re
     pe_node, de_node = view.node_of(pe), view.node_of(de)
     layout = view.store_layout()
     bs = layout.block_size if layout else DEFAULT_BLOCK
-    usable = min(rec.hit_blocks, (len(rec.work_prompt) - 1) // bs)
-    path = reads.decide(rec.mode, usable if LoadMode(rec.mode).moves_kv else 0, pe_node, de_node, bs, force=read_path)
+    usable = min(rec.hit_blocks, (len(rec.work_prompt) - 1) // bs) if LoadMode(rec.mode).moves_kv else 0
+    staged = rec.staged
+    s = min(common(staged.keys, rec.block_keys), usable) if staged is not None else 0  # prefetched: not read now
+    path = reads.decide(rec.mode, usable - s, pe_node, de_node, bs, force=read_path)
     reads.hold(rec.req_id, path, pe_node, de_node, bs)
     work = PrefillWork(rec.wire_id, rec.work_prompt, rec.work_sampling(), de, reply, block_keys=rec.block_keys,
-                       hit_blocks=rec.hit_blocks, read_node=pe_node, mode=rec.mode, pe_blocks=path.pe_blocks,
-                       de_node=de_node)
-    return Placed(work, path)
+                       hit_blocks=rec.hit_blocks, read_node=pe_node, mode=rec.mode, pe_blocks=s + path.pe_blocks,
+                       de_node=de_node, staged_engine=staged.engine if s else "", staged_owner=staged.owner if s else "",
+                       staged_blocks=s)
+    return Placed(work, path, s)

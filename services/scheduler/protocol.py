@@ -55,6 +55,30 @@ class StreamOptions(msgspec.Struct, kw_only=True):
     include_usage: bool = False  # OpenAI: a last chunk with empty choices and the usage
 
 
+Ms = Annotated[float, msgspec.Meta(ge=0, le=7 * 86_400_000)]  # a duration in milliseconds: 0 .. a week
+HintId = Annotated[str, msgspec.Meta(max_length=256)]
+
+
+class AgentHints(msgspec.Struct, kw_only=True):
+    """What an agent knows about the conversation's future (the public agent-aware KV cache RFCs'
+    `agent_hints` shape); every field optional, unknown ones ignored, none of them changes the
+    generated tokens (hints.py turns them into the scheduler's `Hint`)."""
+
+    session_id: HintId | None = None  # the conversation; without it, workflow_id/agent_id name it
+    workflow_id: HintId | None = None
+    agent_id: HintId | None = None
+    step_id: HintId | int | None = None  # accepted for compatibility; not used
+    parent_step_id: HintId | int | None = None
+    expected_tool_duration_ms: Annotated[Ms | None, msgspec.Meta(
+        description="a tool call runs after this turn; the session's next turn comes back in about this long "
+                    "(its stored KV is read into a buffer meanwhile)")] = None
+    cache_ttl_ms: Annotated[Ms | None, msgspec.Meta(
+        description="keep the session's stored KV ahead of unhinted KV in the store's eviction for this long")] = None
+    reuse_hint: Annotated[str | float | None, msgspec.Meta(
+        description="none | low | medium | high, or a probability in [0, 1]: how likely the KV is reused")] = None
+    release: bool = False  # the session is over: end its retention, drop what was prefetched for it
+
+
 class _Common(msgspec.Struct, kw_only=True):
     model: str | None = None
     max_tokens: int | None = None
@@ -67,6 +91,7 @@ class _Common(msgspec.Struct, kw_only=True):
     ignore_eos: bool = False  # vLLM extension: generate exactly max_tokens
     return_token_ids: bool = False  # vLLM extension: prompt and completion token ids in the choice
     dualpath_mode: LoadMode | None = None  # benchmark override of the deployment's load mode
+    agent_hints: AgentHints | None = None  # agent-aware KV: retention, prefetch during tool calls, release
     n: int = 1
 
 

@@ -1,12 +1,14 @@
 """Storage-gateway wiring: the node's storage NIC over NATS.
 
 Owns every storage read and write of its node: hit queries, Full Block reads
-straight into a traffic-manager's shared-memory buffer, background writes from it.
+straight into a traffic-manager's shared-memory buffer (prefetches in the bulk lane,
+after the latency reads), background writes from it, agents' retention hints.
 One store namespace per model fingerprint; one read and one write token bucket for
 the whole node (the emulated SNIC), shared by all of them.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -14,6 +16,7 @@ import time
 from opentelemetry import trace
 
 from services.storage_gateway.bucket import TokenBucket
+from services.storage_gateway.bulk import BulkLane
 from services.storage_gateway.config import StorageGatewayConfig
 from services.storage_gateway.engine import GatewayCore
 from services.storage_gateway.store import DirectoryStore
@@ -21,7 +24,7 @@ from shared.bus import Delivery
 from shared.engine.store_layout import kv_layout
 from shared.kv.hashing import FINGERPRINT_BYTES, check_key
 from shared.messages.registry import StorageGatewayAnnounce
-from shared.messages.storage_gateway import (HitQuery, HitReply, LayersRead, ReadBlocks, ReadDone, StoreLayout,
+from shared.messages.storage_gateway import (HitQuery, HitReply, LayersRead, ReadBlocks, ReadDone, Retain, StoreLayout,
                                              WriteBlock, WriteDone)
 from shared.runtime import Service, service_main
 from shared.transport.shm_region import ShmRegion
@@ -40,11 +43,16 @@ class StorageGatewayService(Service):
         self.write_bucket = TokenBucket.from_gbps(cfg.snic_write_gbps)
         self.cores: dict[StoreLayout, GatewayCore] = {}  # one per layout (fingerprint and block layout)
         self.buffers: dict[str, ShmRegion] = {}  # attached TM buffers by shm name
+        self.lane = BulkLane()  # prefetch reads wait for the latency reads of the node (bulk.py)
+        self.marks: dict[StoreLayout, int] = {}  # retention marks held per store (agents' hints)
         m = self.metrics
         self.m_read = m.counter("read_bytes_total", "Bytes read from the store", ("node",))
+        self.m_bulk = m.counter("bulk_read_bytes_total", "Bytes read in the bulk lane (prefetches; also in read_bytes)",
+                                ("node",))
         self.m_write = m.counter("write_bytes_total", "Bytes written to the store", ("node",))
         self.m_blocks = m.counter("blocks_total", "Blocks by outcome", ("outcome",))
         self.m_read_s = m.histogram("read_seconds", "Read request time (incl. queueing)")
+        self.m_marks = m.gauge("retention_marks", "Blocks agents' hints retain or demote (expired ones until swept)")
         self.m_queue = m.gauge("read_queue_bytes", "Pending read bytes (read_q)", ("node",))
 
     async def start(self) -> None:
@@ -52,6 +60,7 @@ class StorageGatewayService(Service):
         await self.bus.subscribe(s.sg(node, "read"), ReadBlocks, self._on_read)
         await self.bus.subscribe(s.sg(node, "write"), WriteBlock, self._on_write)
         await self.bus.subscribe(s.sg_any("hit"), HitQuery, self._on_hit, queue="hit")
+        await self.bus.subscribe(s.sg_any("retain"), Retain, self._on_retain)  # every gateway: its own index
 
     def announce(self) -> StorageGatewayAnnounce:
         blocks, nbytes = self.read_queue()
@@ -103,12 +112,16 @@ class StorageGatewayService(Service):
     async def _read(self, msg: ReadBlocks, d: Delivery) -> None:
         t0 = time.perf_counter()
         with tracer.start_as_current_span("storage_read", context=d.ctx, attributes={
-                "req_id": msg.req_id, "node": self.cfg.node, "blocks": len(msg.keys)}) as span:
+                "req_id": msg.req_id, "node": self.cfg.node, "blocks": len(msg.keys), "bulk": msg.bulk}) as span:
             try:
                 core = self.core(msg.layout)
+                if msg.bulk and not await self.lane.wait_turn(msg.start_within_s):
+                    await d.respond(ReadDone(stop_reason="bulk lane busy"))  # nothing was written
+                    return
                 self.m_queue.labels(self.cfg.node).set(self.read_queue()[1])
-                res = await core.read_blocks([check_key(k) for k in msg.keys], self.buffer(msg.shm), msg.offsets,
-                                             msg.group_layers, self._reporter(msg) if msg.progress else None)
+                with contextlib.nullcontext() if msg.bulk else self.lane.latency_read():
+                    res = await core.read_blocks([check_key(k) for k in msg.keys], self.buffer(msg.shm), msg.offsets,
+                                                 msg.group_layers, self._reporter(msg) if msg.progress else None)
             except Exception as exc:  # noqa: BLE001
                 span.record_exception(exc)
                 await d.respond(ReadDone(error=str(exc)))
@@ -116,6 +129,8 @@ class StorageGatewayService(Service):
             dt = time.perf_counter() - t0
             span.set_attributes({"bytes": res.bytes, "blocks_ok": res.blocks, "stop_reason": res.stop_reason or ""})
         self.m_read.labels(self.cfg.node).inc(res.bytes)
+        if msg.bulk:
+            self.m_bulk.labels(self.cfg.node).inc(res.bytes)
         self.m_blocks.labels("read").inc(res.blocks)
         if res.stop_reason:
             self.m_blocks.labels("miss_" + res.stop_reason.split(":")[0][:20]).inc()
@@ -129,6 +144,18 @@ class StorageGatewayService(Service):
             self.m_queue.labels(self.cfg.node).set(self.read_queue()[1])
             await self.bus.publish(msg.progress, LayersRead(msg.req_id, msg.tag, layers, blocks, round(eta_s, 4)))
         return report
+
+    async def _on_retain(self, msg: Retain, d: Delivery) -> None:
+        if msg.release:
+            for layout, core in self.cores.items():
+                self.marks[layout] = self.marks.get(layout, 0) - core.store.release(msg.session)
+        else:
+            try:
+                keys = [check_key(k) for k in msg.keys]
+                self.marks[msg.layout] = self.core(msg.layout).store.retain(keys, msg.level, msg.ttl_s, msg.session)
+            except ValueError as exc:  # a bad key or layout: dropped, never fatal
+                log.warning("retention hint dropped: %s", exc)
+        self.m_marks.set(sum(self.marks.values()))
 
     async def _on_write(self, msg: WriteBlock, d: Delivery) -> None:
         self.spawn(self._write(msg, d), name=f"write-{msg.key.hex()[:8]}",

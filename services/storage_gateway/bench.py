@@ -9,6 +9,13 @@ the file bytes read (header included), so both sides move the same bytes. Rounds
 interleave the measurements (each round times every line once) so both sides see the
 same machine load; a figure is the best round, the median in brackets.
 
+Every buffer the gateway (and the plain ``preadv``) reads into is a page-aligned
+shared-memory region, as in the mesh, where it reads into its traffic manager's
+``ShmRegion``. Alignment matters more than anything else here: on this machine's AMD
+cores the kernel's page-cache copy into a destination 16 bytes off a page boundary
+(where ``malloc`` puts a big numpy array) runs at about a third of its speed into an
+aligned one, so an unaligned buffer would measure the allocator, not the gateway.
+
 - warm, reused buffer: ``dd bs=4M`` reads into one buffer it reuses; the gateway
   reads one block per request into one reused 8 MiB slot: the same job (page cache
   into a buffer that stays in CPU cache), plus header checks, checksums and the
@@ -18,6 +25,9 @@ same machine load; a figure is the best round, the median in brackets.
   fit in CPU caches: one core's kernel copy into it runs far below ``dd``'s figure, so
   it is shown next to its own ceilings: a plain ``preadv`` of the same files into the
   same buffer on one thread (no checks) and ``memcpy`` into it.
+- CPU: the warm lines are billed in CPU per GB too (this process and its children:
+  dd), which a loaded machine moves far less than wall time: the gateway's CPU per
+  byte beside dd's is the like-for-like cost of its checks and hops.
 - cold: the files about to be read dropped from the page cache first (fsync +
   posix_fadvise(DONTNEED), which works for clean pages without root), then dd and
   the gateway as above; plus dd with ``iflag=direct`` (no page cache at all) where
@@ -33,6 +43,7 @@ import argparse
 import asyncio
 import os
 import re
+import resource
 import statistics
 import subprocess
 import tempfile
@@ -47,6 +58,7 @@ from services.storage_gateway.store import DirectoryStore
 from shared.kv.full_block import HEADER_SIZE
 from shared.kv.hashing import ModelFingerprint, block_hashes
 from shared.kv.layout import KVLayout
+from shared.transport.shm_region import ShmRegion, new_name
 
 LAYOUT = KVLayout(n_layers=32, n_kv_heads=8, head_dim=128, dtype="bfloat16", block_size=64)
 FILE_BYTES = HEADER_SIZE + LAYOUT.payload_bytes
@@ -128,6 +140,11 @@ def _dd(path: str, direct: bool = False) -> float | None:
     return os.path.getsize(path) / float(match.group(1))
 
 
+def _children_cpu() -> float:
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return use.ru_utime + use.ru_stime
+
+
 def _memcpy(dst: np.ndarray) -> float:
     src = np.ones_like(dst)
     return _timed(lambda: np.copyto(dst, src), dst.nbytes)
@@ -138,10 +155,25 @@ class Figures:
 
     def __init__(self) -> None:
         self.samples: dict[str, list[float]] = {}
+        self.cpu: dict[str, list[float]] = {}  # CPU seconds per GB, for the lines measured with `bill`
 
     def add(self, name: str, rate: float | None) -> None:
         if rate is not None:
             self.samples.setdefault(name, []).append(rate)
+
+    def bill(self, name: str, measure: Callable[[], float | None], nbytes: int) -> None:
+        """`add(name, measure())`, also keeping the CPU it took per GB (this process's, every
+        thread, plus any child's: dd): what a loaded machine moves far less than wall time."""
+        t0, c0 = time.process_time(), _children_cpu()
+        rate = measure()
+        used = time.process_time() - t0 + _children_cpu() - c0
+        self.add(name, rate)
+        if rate is not None:
+            self.cpu.setdefault(name, []).append(used / (nbytes / 1e9))
+
+    def cpu_text(self, name: str, base: str) -> str:
+        mine, theirs = statistics.median(self.cpu[name]), statistics.median(self.cpu[base])
+        return f"  {name:44s} {mine * 1e3:7.1f} CPU ms/GB ({mine / max(theirs, 1e-9):.2f}x dd's)"
 
     def best(self, name: str) -> float | None:
         return max(self.samples[name]) if name in self.samples else None
@@ -166,18 +198,26 @@ def measure(root: Path, mib: int, threads: int, rounds: int) -> tuple[Figures, i
     store, keys, raw = _setup(root, n_blocks)
     files = [store.path_for(k) for k in keys]
     core = GatewayCore(store, io_threads=threads)
-    big = np.ones(n_blocks * LAYOUT.payload_bytes, np.uint8)  # pre-faulted
-    slot = np.ones(LAYOUT.payload_bytes, np.uint8)
+    regions = [ShmRegion.create(new_name("sg-bench"), n) for n in (n_blocks * LAYOUT.payload_bytes,
+                                                                    LAYOUT.payload_bytes)]
+    big, slot = (np.frombuffer(r.buf, np.uint8) for r in regions)
+    big[:] = 1  # pre-faulted
+    slot[:] = 1
+    heap = np.ones(big.nbytes + 64, np.uint8)  # malloc'd, then 16 B past a cache line on purpose
+    off = next(i for i in range(64) if (heap.ctypes.data + i) % 64 == 16)
+    unaligned = heap[off : off + big.nbytes]
     figs = Figures()
 
     try:
         for _ in range(rounds):
             _dd(raw)  # the previous round's cold reads left these uncached: warm them again
             _plain_read(files, big)
-            figs.add("warm  dd bs=4M", _dd(raw))
-            figs.add("warm  gateway, 1 block/request, reused slot", _gateway(core, keys, slot, 1))
-            figs.add("warm  gateway, 1 request, big buffer", _gateway(core, keys, big, n_blocks))
-            figs.add("warm  plain preadv into big buffer, 1 thread", _plain_read(files, big))
+            nbytes = n_blocks * FILE_BYTES
+            figs.bill("warm  dd bs=4M", lambda: _dd(raw), nbytes)
+            figs.bill("warm  gateway, 1 block/request, reused slot", lambda: _gateway(core, keys, slot, 1), nbytes)
+            figs.bill("warm  gateway, 1 request, big buffer", lambda: _gateway(core, keys, big, n_blocks), nbytes)
+            figs.bill("warm  plain preadv into big buffer, 1 thread", lambda: _plain_read(files, big), nbytes)
+            figs.add("warm  preadv into big buffer +16 B, 1 thread", _plain_read(files, unaligned))
             figs.add("warm  memcpy into big buffer", _memcpy(big))
             drop_cache(raw)
             figs.add("cold  dd bs=4M", _dd(raw))
@@ -187,6 +227,10 @@ def measure(root: Path, mib: int, threads: int, rounds: int) -> tuple[Figures, i
         figs.add("cold  dd O_DIRECT (no page cache)", _dd(raw, direct=True))
     finally:
         core.close()
+        del big, slot, unaligned, heap
+        for region in regions:
+            region.close()
+            region.unlink()
     return figs, n_blocks
 
 
@@ -203,8 +247,13 @@ def report(figs: Figures, n_blocks: int, threads: int, rounds: int, where: Path)
         + ", gateway / plain preadv "
         + figs.ratio("warm  gateway, 1 request, big buffer",
                      "warm  plain preadv into big buffer, 1 thread"),  # fmt: skip
+        "  warm, plain preadv into a buffer 16 B off a cache line / aligned "
+        + figs.ratio("warm  preadv into big buffer +16 B, 1 thread",
+                     "warm  plain preadv into big buffer, 1 thread"),  # fmt: skip
         "  cold: gateway / dd "
         + figs.ratio("cold  gateway, 1 request, big buffer", "cold  dd bs=4M"),
+        "warm reads billed in CPU (medians; checksums, header checks and the thread hops included):",
+        *(figs.cpu_text(name, "warm  dd bs=4M") for name in figs.cpu),
     ]
     return "\n".join(lines)
 

@@ -5,7 +5,7 @@ import os
 from dataclasses import dataclass
 
 from shared.config import require
-from shared.runtime import CommonConfig
+from shared.service_config import CommonConfig
 
 
 def default_store() -> str:

@@ -2,7 +2,8 @@
 
 Pure bookkeeping (no I/O, no locking — ``DirectoryStore`` holds its lock around every
 call). Recency comes from reads and writes; ``oldest_unpinned`` names the next
-eviction candidate, skipping blocks pinned by an in-flight read. Several gateways
+eviction candidate, skipping blocks pinned by an in-flight read (the store asks its
+retention marks instead, ``retention.py``, which walk ``iter_oldest_first``). Several gateways
 sharing one root each keep their own index; the store reconciles with file mtimes.
 
 Owns: ``LruIndex`` and its invariant check.
@@ -12,6 +13,7 @@ Does not own: files, capacity policy or mtimes (``store.py``).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 
@@ -65,6 +67,7 @@ class LruIndex:
             del self._pins[key]
 
     def is_pinned(self, key: bytes) -> bool:
+        """A read holds `key` (retention's victim choice skips it, store.py)."""
         return key in self._pins
 
     def oldest_unpinned(self) -> tuple[bytes, Entry] | None:
@@ -76,6 +79,10 @@ class LruIndex:
 
     def keys_oldest_first(self) -> list[bytes]:
         return list(self._entries)
+
+    def iter_oldest_first(self) -> Iterator[bytes]:
+        """Keys least recently used first, without a copy (no change to the index while iterating)."""
+        return iter(self._entries)
 
     def check_integrity(self) -> None:
         total = sum(e.size for e in self._entries.values())

@@ -13,11 +13,12 @@ rename wins.
 Reads (``store_reads.py``) pin, open and verify; any fault deletes that exact file and is a
 miss, never wrong output. Eviction unlinks; on POSIX a reader holding the file open keeps
 reading the old inode intact, so eviction by another gateway never corrupts a read in flight.
+Eviction order: LRU unpinned, as agents' retention marks rank it (``retention.py``).
 
 Owns: ``DirectoryStore``, ``WriteOutcome``.
 Does not own: the read protocols (``store_reads.py``), the file-level write and verified
-read (``block_file.py``), the LRU bookkeeping (``lru.py``), the format (``shared/kv``), rate
-limiting or threads (``engine.py``).
+read (``block_file.py``), the LRU bookkeeping (``lru.py``), the marks (``retention.py``),
+the format (``shared/kv``), rate limiting or threads (``engine.py``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pathlib import Path
 
 from services.storage_gateway.block_file import BlockReader, bytes_view, file_mtime, unlink_quiet, write_file
 from services.storage_gateway.lru import LruIndex
+from services.storage_gateway.retention import Level, Retention
 from services.storage_gateway.scan import SUFFIX, scan_blocks
 from services.storage_gateway.stats import StoreCounters, StoreStats
 from services.storage_gateway.store_reads import StoreReads
@@ -70,6 +72,7 @@ class DirectoryStore(StoreReads):
         self._clock = clock
         self._lock = threading.Lock()
         self._index = LruIndex()
+        self._retention = Retention()  # agents' hints: evicted first / last (retention.py)
         self._reserved = 0  # bytes of writes in flight (counted against capacity)
         self._counters = StoreCounters()
         self._made_dirs: set[str] = set()
@@ -90,11 +93,7 @@ class DirectoryStore(StoreReads):
 
     def longest_prefix(self, keys: Sequence[bytes]) -> int:
         """How many leading ``keys`` are stored (the prompt's hit, in blocks)."""
-        n = 0
-        for key in keys:
-            if not self.contains(key):
-                break
-            n += 1
+        n = next((i for i, key in enumerate(keys) if not self.contains(key)), len(keys))
         with self._lock:
             self._counters.hit_blocks += n
             self._counters.miss_blocks += len(keys) - n
@@ -119,6 +118,17 @@ class DirectoryStore(StoreReads):
             yield
         finally:
             self.unpin(keys)
+
+    # ----- retention (agents' hints) -----------------------------------------
+    def retain(self, keys: Sequence[bytes], level: Level, ttl_s: float, session: str) -> int:
+        """Evict ``keys`` after (RETAINED) or before (DEMOTED) ordinary blocks for ``ttl_s``; returns the marks held."""
+        with self._lock:
+            return self._retention.mark(keys, level, ttl_s, session, self._clock())
+
+    def release(self, session: str) -> int:
+        """End ``session``'s retention now; returns the marks dropped."""
+        with self._lock:
+            return self._retention.release(session)
 
     # ----- write ------------------------------------------------------------
     def write(self, key: bytes, payload: memoryview | bytes) -> WriteOutcome:
@@ -177,10 +187,10 @@ class DirectoryStore(StoreReads):
         if self.capacity_bytes is None:
             return True
         while self._index.total_bytes + self._reserved + incoming > self.capacity_bytes:
-            victim = self._index.oldest_unpinned()
-            if victim is None:
+            key = self._retention.victim(self._index.iter_oldest_first(), self._index.is_pinned, self._clock())
+            if key is None:
                 return False
-            key, entry = victim
+            entry = self._index.get(key)
             path = self.path_for(key)
             mtime = file_mtime(path)
             if mtime is not None and mtime > entry.used_at + 1e-3:
@@ -209,9 +219,7 @@ class DirectoryStore(StoreReads):
     # ----- reporting --------------------------------------------------------
     def stats(self) -> StoreStats:
         with self._lock:
-            return self._counters.snapshot(
-                len(self._index), self._index.total_bytes, self.capacity_bytes
-            )
+            return self._counters.snapshot(len(self._index), self._index.total_bytes, self.capacity_bytes)
 
     def resident_keys(self) -> list[bytes]:
         """Keys in this store's index, least recently used first."""
@@ -221,6 +229,7 @@ class DirectoryStore(StoreReads):
     def check_integrity(self) -> None:
         with self._lock:
             self._index.check_integrity()
+            self._retention.check_integrity()
             assert self._reserved >= 0, self._reserved
             cap = self.capacity_bytes
             assert cap is None or self._index.total_bytes <= cap or len(self._index) == 0

@@ -3,7 +3,7 @@
 Owns the engine's DRAM buffer (slots of one KV block each, `pool.py`), the data-plane
 endpoint with regions "buf" (the buffer) and "kv" (the engine's KV memory, attached once
 the engine announces it), and connections to other traffic-managers. The storage paths
-(`fetch.py`, `store_path.py`) receive their collaborators (`parts.py`), not this service.
+(`fetch.py`, `store_path.py`, `prefetch.py`) receive their collaborators (`parts.py`), not this service.
 
 Push (PE side, `push.py`): PushKV -> Reserve at the DE's TM -> write blocks (or each layer as the
 engine reports it computed: LayersComputed) kv -> remote buf -> PushDone.
@@ -24,8 +24,9 @@ from opentelemetry import trace
 
 from services.traffic_manager.config import TrafficManagerConfig
 from services.traffic_manager.fetch import FetchPath
-from services.traffic_manager.parts import TMParts
+from services.traffic_manager.parts import NOT_ATTACHED, TMParts
 from services.traffic_manager.pool import BufferPool
+from services.traffic_manager.prefetch import PrefetchPath
 from services.traffic_manager.progress import LayerState, ReadTrack, Registry
 from services.traffic_manager.push import PushPath
 from services.traffic_manager.read_queues import ReadQueues
@@ -37,8 +38,8 @@ from shared.kv.allocator import OutOfSlots
 from shared.messages.registry import Announce, EngineAnnounce, StorageGatewayAnnounce, KVRegion, TrafficManagerAnnounce
 from shared.messages.codes import ErrorCode
 from shared.messages.storage_gateway import LayersRead
-from shared.messages.traffic_manager import (FetchFailed, FetchKV, LayersComputed, LoadKV, PushDone, PushKV, Release,
-                                             Reserve, Reserved, SaveCopied, SaveKV, Stage, Staged)
+from shared.messages.traffic_manager import (Claim, FetchFailed, FetchKV, LayersComputed, LoadKV, Prefetch, PushDone,
+                                             PushKV, Release, Reserve, Reserved, SaveCopied, SaveKV, Stage, Staged)
 from shared.messages.work import Cancel
 from shared.runtime import Service, service_main
 from shared.transport.base import EndpointDesc, Op, Peer, TrafficClass
@@ -48,7 +49,6 @@ log = logging.getLogger("traffic_manager")
 tracer = trace.get_tracer("traffic_manager")
 _desc_encoder = msgspec.msgpack.Encoder()
 _desc_decoder = msgspec.msgpack.Decoder(EndpointDesc)
-NOT_ATTACHED = "engine KV memory not attached yet"
 
 
 def _why(exc: Exception) -> str:
@@ -64,7 +64,8 @@ class TrafficManagerService(Service):
         self.m_bytes = m.counter("bytes_total", "Bytes moved on the data plane", ("kind",))
         self.m_xfer = m.histogram("transfer_seconds", "Transfer time", ("kind",))
         self.pool = BufferPool(ShmRegion.create(new_name("tm-buf"), cfg.buffer_mb << 20), cfg.transfer_timeout_s,
-                               m.gauge("buffer_free_bytes", "Free DRAM buffer bytes"), self._take_back)
+                               m.gauge("buffer_free_bytes", "Free DRAM buffer bytes"),
+                               lambda owner: self.given.take_back(owner) if self.given else None)  # slots freed
         self.given: GrantsGiven | None = None  # set in start(), once the endpoint exists
         self.held = GrantsHeld()
         self.queues = ReadQueues(cfg.transfer_timeout_s)
@@ -77,6 +78,7 @@ class TrafficManagerService(Service):
         self.push_path: PushPath | None = None
         self.reads = Registry(ReadTrack)  # storage reads in layer groups, as their gateways report them
         self.layers = Registry(LayerState)  # layers computed by the engine and pushed on, per request
+        self.prefetch: PrefetchPath | None = None
 
     async def start(self) -> None:
         from shared.transport.registry import create_endpoint
@@ -90,8 +92,13 @@ class TrafficManagerService(Service):
         self.endpoint.register("buf", self.pool.buffer.buf, shm_name=self.pool.buffer.name)  # reached via grants
         self.given = GrantsGiven(self.endpoint)
         parts = TMParts(cfg, self.bus, self.subjects, self.metrics, self.pool, self.endpoint, self.peer, self.queues,
-                        self.m_bytes, self.spawn, self.given, self.held, self.reads, self.layers)
+                        self.m_bytes, self.spawn, self.given, self.held, self.reads, self.layers,
+                        claim_local=lambda o, k: self.prefetch.claim(o, k),
+                        drop_local=lambda o, why: self.prefetch.drop(o, why))
         self.fetch_path, self.store_path, self.push_path = FetchPath(parts), StorePath(parts), PushPath(parts, self.m_xfer)
+        self.prefetch = PrefetchPath(parts, cfg.prefetch_chunk_blocks, cfg.prefetch_share)
+        self.pool.reclaim = self.prefetch.reclaim
+        self.spawn(self.prefetch.sweep(), name="prefetch-sweep")
         s, e = self.subjects, cfg.engine
         await self.bus.subscribe(s.heartbeat, Announce, self._on_announce)
         await self.bus.subscribe(s.tm(e, "push"), PushKV, self._on_push)
@@ -103,6 +110,8 @@ class TrafficManagerService(Service):
         await self.bus.subscribe(s.tm(e, "stage"), Stage, self._on_stage)
         await self.bus.subscribe(s.tm(e, "computed"), LayersComputed, self._on_computed)
         await self.bus.subscribe(parts.progress_subject, LayersRead, self._on_read_progress)
+        await self.bus.subscribe(s.tm(e, "prefetch"), Prefetch, lambda msg, d: self.prefetch.on_prefetch(msg, d))
+        await self.bus.subscribe(s.tm(e, "claim"), Claim, lambda msg, d: self.prefetch.on_claim(msg, d))
         await self.bus.subscribe(s.cancel, Cancel, self._on_release)
 
     def announce(self) -> TrafficManagerAnnounce:
@@ -110,7 +119,8 @@ class TrafficManagerService(Service):
             instance=self.instance, node=self.cfg.node, metrics_url=self.metrics_url, pid=os.getpid(),
             engine=self.cfg.engine, endpoint=_desc_encoder.encode(self.endpoint.desc()) if self.endpoint else b"",
             buffer_bytes=self.pool.buffer.size, buffer_free_bytes=self.pool.free_bytes(),
-            ready=self.kv_region is not None)
+            ready=self.kv_region is not None, prefetch_bytes=self.prefetch.staged_bytes()
+            if self.prefetch else 0, prefetch_room_bytes=self.prefetch.room_bytes() if self.prefetch else 0)
 
     async def stop(self) -> None:
         for peer in self.peers.values():
@@ -151,6 +161,8 @@ class TrafficManagerService(Service):
         self.kv_region = ShmRegion.attach(layout.shm_name)
         self.endpoint.register("kv", self.kv_region.buf, shm_name=layout.shm_name, remote=False)  # peers: buf only
         self.pool.attach(layout)
+        if self.prefetch is not None:
+            self.prefetch.reset()
         log.info("attached KV memory %s (%d blocks)", layout.shm_name, layout.num_blocks)
 
     async def peer(self, engine: str) -> Peer:
@@ -202,15 +214,17 @@ class TrafficManagerService(Service):
     async def _reserve(self, msg: Reserve, d: Delivery) -> None:
         with tracer.start_as_current_span("kv_reserve", context=d.ctx,
                                           attributes={"req_id": msg.req_id, "blocks": msg.n_blocks}):
+            adopted = self.prefetch.adopt(msg.adopt, msg.adopt_keys, msg.req_id) if msg.adopt else []
             try:
-                slots = await self.pool.allocate_wait(msg.req_id, msg.n_blocks)
+                slots = await self.pool.allocate_wait(msg.req_id, msg.n_blocks - len(adopted))
             except OutOfSlots as exc:
+                self.pool.free(msg.req_id)
                 await d.respond(Reserved(ok=False, error=f"DE buffer full: {exc}", code=ErrorCode.BUFFER_FULL))
                 return
         self.pool.note_free()
         bn = self.pool.block_nbytes
-        offsets = [s * bn for s in slots]
-        await d.respond(Reserved(slots=offsets, grant=self.given.give(msg.req_id, offsets, bn)))
+        offsets = adopted + [s * bn for s in slots]
+        await d.respond(Reserved(slots=offsets, adopted=len(adopted), grant=self.given.give(msg.req_id, offsets, bn)))
 
     async def _on_load(self, msg: LoadKV, d: Delivery) -> None:
         if not self.pool.ready:
@@ -241,13 +255,10 @@ class TrafficManagerService(Service):
         await d.respond(PushDone(nbytes=nbytes, seconds=dt))
 
     async def _on_release(self, msg, d: Delivery) -> None:
-        self.pool.cancel(msg.req_id)  # also ends the grant of its slots (_take_back)
+        if not (self.prefetch and self.prefetch.drop(msg.req_id, "released")):
+            self.pool.cancel(msg.req_id)  # also ends the grant of its slots (pool.on_free)
         self.held.drop(msg.req_id)
         self.layers.fail(lambda key: key == msg.req_id, "the request was released")
-
-    def _take_back(self, owner: str) -> None:
-        if self.given is not None:
-            self.given.take_back(owner)
 
     # storage paths (fetch.py, store_path.py) -------------------------------------------------
     async def _on_fetch(self, msg: FetchKV, d: Delivery) -> None:

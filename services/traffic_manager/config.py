@@ -5,7 +5,7 @@ import os
 from dataclasses import dataclass, field
 
 from shared.config import require
-from shared.runtime import CommonConfig
+from shared.service_config import CommonConfig
 
 BACKENDS = ("auto", "shm", "tcp", "verbs")
 ALLOW_FAULTS = "DUALPATH_ALLOW_FAULTS"  # the environment must say this too before a fault switch is taken
@@ -24,6 +24,8 @@ class TrafficManagerConfig(CommonConfig):
     save_queue_blocks: int = 4096  # saves waiting for buffer room, in blocks; a save past this is dropped (counted)
     save_wait_s: float = 10.0  # longest wait of a save for buffer room (at most half of transfer_timeout_s)
     data_plane_secret: str = field(default="", repr=False)  # tcp peers' shared secret; empty = the mesh's own, on its NATS (JetStream)
+    prefetch_share: float = 0.5  # most of the buffer prefetched blocks may hold (agent sessions' tool calls)
+    prefetch_chunk_blocks: int = 8  # most blocks per bulk read of a prefetch (a latency read waits behind one at most; 10 ms of a rate-capped storage NIC)
     fault_flip_de_bytes: bool = False  # TESTS ONLY, refused unless DUALPATH_ALLOW_FAULTS=1: corrupt each DE-path read after its checksum passed
 
 
@@ -36,5 +38,7 @@ class TrafficManagerConfig(CommonConfig):
         require(self.save_wait_s > 0, "save_wait_s", self.save_wait_s, "must be > 0")
         require(self.latency_weight > 0 and self.bulk_weight > 0, "latency_weight/bulk_weight",
                 (self.latency_weight, self.bulk_weight), "weights must be > 0")
+        require(0 <= self.prefetch_share <= 1, "prefetch_share", self.prefetch_share, "a share of the buffer, 0..1")
+        require(self.prefetch_chunk_blocks > 0, "prefetch_chunk_blocks", self.prefetch_chunk_blocks, "must be > 0")
         require(not self.fault_flip_de_bytes or os.environ.get(ALLOW_FAULTS) == "1", "fault_flip_de_bytes", True,
                 f"a fault-injection switch for tests: it serves wrong KV on purpose; refused unless {ALLOW_FAULTS}=1")

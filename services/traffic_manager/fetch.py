@@ -3,18 +3,21 @@ are read from storage.
 
 PE path: buffer slots <- this node's gateway reads Full Blocks (storage NIC). DE path: the
 DE's traffic-manager stages the rest in its buffer (its node's gateway reads them; the
-prompt's DE-buffer slots are reserved first). Both reads go in layer groups (`read_layer_groups`):
-each gateway reports here (`LayersRead`) when the files are open -- then the engine hears
-`ReadFinished(blocks, eta_s)` at once, long before the bytes are in -- and as each group of
-layers lands. For each layer l, as soon as both reads have it: Layer Blocks buffer -> KV
-memory (local copy; one-sided read from the DE buffer) and `LayersLoaded(l)`, so the engine
-computes layer l while later layers are still crossing the storage NIC. The last layer is
-copied only once both reads have verified their checksums: a corrupt block fails the load
-(`FetchFailed`) before any forward can finish on it. When a node's read is over, the
-schedulers hear `NodeReadDone` (its read queue stops counting it).
-
-With a hit window (`FetchKV.window`), layer l of the hits lands in the window's ring and layer
-l + window reuses its slots: it waits until layer l has been pushed on (progress.py).
+prompt's DE-buffer slots are reserved first). Blocks prefetched during the session's tool
+call (`staged_*`, staged.py) are claimed from whichever buffer holds them, not read again
+(in the request's DE's buffer they are adopted as its first DE-buffer slots: read like
+DE-path hits, never pushed back); a short claim leaves the rest to the PE path. Reads go in
+layer groups (`read_layer_groups`): each gateway reports here (`LayersRead`) when the files
+are open -- the engine hears `ReadFinished(blocks, eta_s)` then, long before the bytes are
+in -- and as each group lands. Each layer l, once every read has it: Layer Blocks buffer ->
+KV memory (local copy; one-sided reads from the DE's or a prefetch holder's buffer) and
+`LayersLoaded(l)`, so the engine computes layer l while later layers cross the storage NIC.
+The last layer is copied only once every read verified its checksums: a corrupt block fails
+the load (`FetchFailed`) before a forward can finish on it. A node's read over, the
+schedulers hear `NodeReadDone`. With a hit window (`FetchKV.window`) layer l of the hits
+lands in the window's ring, and layer l + window waits until layer l was pushed on
+(progress.py). When every hit was prefetched into this buffer and no window is asked for,
+all layers go in one copy before `ReadFinished(layers=n)`, no `LayersLoaded` follows.
 
 Every failure is answered on the wire, never by the engine's timeout: whatever ends a fetch
 early (a transfer past its deadline, a peer gone, the bus, a bug) publishes
@@ -31,18 +34,19 @@ from dataclasses import dataclass
 
 from opentelemetry import trace
 
+from services.traffic_manager import staged
 from services.traffic_manager.parts import TMParts
 from services.traffic_manager.progress import ReadTrack
 from shared.bus import BusError, Delivery, error_code
 from shared.kv.allocator import OutOfSlots
-from shared.kv.window import HitWindow
+from shared.kv.window import HitWindow, layer_blocks
 from shared.messages.codes import ErrorCode
 from shared.messages.storage_gateway import ReadBlocks, ReadDone
 from shared.messages.traffic_manager import (FetchFailed, FetchKV, LayersLoaded, NodeReadDone, ReadFinished,
                                              ReadQueued, Reserve, Reserved, Stage, Staged)
 from shared.transport.base import Op, TrafficClass
 from shared.transport.errors import TransportError
-from shared.transport.grants import Grant
+from shared.transport.grants import Grant, decode_grant
 
 log = logging.getLogger("traffic_manager.fetch")
 tracer = trace.get_tracer("traffic_manager")
@@ -90,6 +94,8 @@ class FetchPath:
                 for tag in tracks:
                     self.p.reads.release((msg.req_id, tag))
                 self.p.pool.release(owner)
+                if msg.staged_owner:
+                    await staged.release(self.p, msg)
 
     async def failed(self, msg: FetchKV, prog: Progress, exc: Exception) -> None:
         """Tell the engine the fetch ended early, and how far it got."""
@@ -103,21 +109,27 @@ class FetchPath:
                    local: list[asyncio.Task]) -> None:
         p, n = self.p, len(msg.keys)
         t0 = time.perf_counter()
-        await self._announce_queue(msg, k)
         pe, de = tracks["pe"], tracks["de"]
-        de_slots: list[int] = []
-        grant = None  # the DE's grant of the prompt's slots: for the DE-path pull and, later, the push
-        if k < n:
+        # prefetched: keys[:c] already sit in a buffer (the DE's: adopted into the prompt's slots there)
+        res = await self._reserve_remote(msg, adopt=True) if staged.adopts(p, msg) else None
+        res = res if res is not None and res.ok else None
+        held, held_grant = ([], None) if res is not None else await staged.claim(p, msg)
+        adopted = res.adopted if res is not None else 0
+        c = adopted or len(held)
+        k = max(k, c)
+        await self._announce_queue(msg, c, k)
+        if res is None and k < n:
             res = await self._reserve_remote(msg)
-            if res.ok:
-                de_slots = res.slots
-                grant = p.held.keep(msg.req_id, msg.de_engine, res.grant)
-            else:  # no DE-buffer room: the PE path alone; the rest is computed
-                n = k
+            if not res.ok:  # no DE-buffer room: the PE path alone; the rest is computed
                 de.finish(0, res.error)
+                n, res = k, None
+                await self._reads_done(msg.req_id, msg.de_node)
+        de_slots = res.slots if res is not None else []
+        # the DE's grant of the prompt's slots: for the DE-path pull and, later, the push
+        grant = p.held.keep(msg.req_id, msg.de_engine, res.grant) if res is not None else None
         offsets: list[int] = []
-        if k:
-            offsets = await self._start_local(msg, msg.keys[:k], owner, pe, local)
+        if k > c:
+            offsets = await self._start_local(msg, msg.keys[c:k], owner, pe, local)
         else:
             pe.finish(0)
         if k < n:
@@ -125,30 +137,41 @@ class FetchPath:
         else:
             de.finish(0, de.final_error)
         bn = p.pool.block_nbytes
-        timeout = max(p.queues.deadline(msg.node, k * bn), p.queues.deadline(msg.de_node, (n - k) * bn))
+        timeout = max(p.queues.deadline(msg.node, (k - c) * bn), p.queues.deadline(msg.de_node, (n - k) * bn))
         await pe.until(lambda: pe.opened is not None, timeout, "PE-path read opened")
         await de.until(lambda: de.opened is not None, timeout, "DE-path read opened")
         pe_ok, de_ok = pe.opened, de.opened
-        hits = pe_ok if pe_ok < k else k + de_ok
-        de_hits = list(range(k, hits))
-        span.set_attributes({"blocks_ok": hits, "pe_ok": pe_ok, "de_ok": de_ok,
-                             "error": pe.final_error or de.final_error})
+        hits = c + pe_ok if pe_ok < k - c else k + de_ok
+        de_hits = list(range(adopted)) + list(range(k, hits))
+        span.set_attributes({"blocks_ok": hits, "pe_ok": pe_ok, "de_ok": de_ok, "prefetched_blocks": c,
+                             "read_at_arrival_blocks": hits - c, "error": pe.final_error or de.final_error})
+        if hits and hits == c and res is None and msg.staged_engine == p.cfg.engine and msg.window is None:
+            await staged.copy_all(p, msg, list(zip(held, msg.dst_blocks)), prog, self.m_wait)
+            return
         # a short read's error only means fewer hits: the rest of the prompt is computed
         await p.bus.publish(p.loaded_subject, ReadFinished(
             msg.req_id, hits, de_slots=de_slots if de_hits else [], de_hits=de_hits,
             eta_s=round(max(pe.eta_s, de.eta_s), 4)))
         prog.read = True
         if hits:
-            local = [(off, i) for i, off in enumerate(offsets[:min(pe_ok, hits)])]
-            remote = [(de_slots[i], i) for i in de_hits]
-            await self._layers(msg, local, remote, prog, pe, de, timeout, grant)
+            pe_used, de_used = min(pe_ok, hits - c), max(hits - k, 0)
+            local = [(off, c + j) for j, off in enumerate(offsets[:pe_used])]
+            remote = [(msg.de_engine, [(de_slots[i], i) for i in de_hits], grant)] if de_hits else []
+            pairs = [(off, i) for i, off in enumerate(held)]
+            if msg.staged_engine == p.cfg.engine:
+                local = pairs + local
+            elif pairs:  # one-sided reads from the holder, under the grant its claim gave
+                remote.append((msg.staged_engine, pairs, held_grant))
+            await self._layers(msg, local, remote, prog, ((pe, pe_used), (de, de_used)), timeout)
+            p.m_bytes.labels("de_path_pull").inc(len(de_hits) * bn)
+            p.m_bytes.labels("prefetch_used").inc(c * bn)
         self.m_wait.labels("read").observe(time.perf_counter() - t0)
 
-    async def _announce_queue(self, msg: FetchKV, k: int) -> None:
+    async def _announce_queue(self, msg: FetchKV, c: int, k: int) -> None:
         """Tell the engine when its read waits behind a storage queue long enough to matter for
         its fetch deadline (`ReadQueued`): deep queues are what a storage-bound node looks like."""
         p, n, bn = self.p, len(msg.keys), self.p.pool.block_nbytes
-        wait = max(p.queues.queue_wait(msg.node, k * bn),
+        wait = max(p.queues.queue_wait(msg.node, (k - c) * bn),
                    p.queues.queue_wait(msg.de_node, (n - k) * bn) if k < n else 0.0)
         if wait > 0.25 * p.cfg.transfer_timeout_s:
             await p.bus.publish(p.loaded_subject, ReadQueued(msg.req_id, round(wait, 3)))
@@ -179,30 +202,31 @@ class FetchPath:
         finally:
             await self._reads_done(msg.req_id, msg.node)
 
-    async def _reserve_remote(self, msg: FetchKV) -> Reserved:
+    async def _reserve_remote(self, msg: FetchKV, adopt: bool = False) -> Reserved:
         """A fetch with DE-path blocks first holds the prompt's DE-buffer slots, and only then takes
         PE-buffer slots: one order for the two buffers, so no two fetches each hold one and wait for
-        the other (with both buffers full that hold-and-wait stalled every split until its deadline)."""
+        the other (with both buffers full that hold-and-wait stalled every split until its deadline).
+        With `adopt`, the blocks prefetched into that buffer become the first of those slots."""
         p = self.p
+        ask = Reserve(msg.req_id, msg.prompt_blocks, adopt=msg.staged_owner if adopt else "",
+                      adopt_keys=msg.keys[:msg.staged_blocks] if adopt else [])
         try:
-            return await p.bus.request(p.subjects.tm(msg.de_engine, "reserve"),
-                                       Reserve(msg.req_id, msg.prompt_blocks), Reserved,
+            return await p.bus.request(p.subjects.tm(msg.de_engine, "reserve"), ask, Reserved,
                                        timeout=p.cfg.transfer_timeout_s)
         except BusError as exc:
             return Reserved(ok=False, error=exc.reason)
 
     async def _stage_remote(self, msg: FetchKV, k: int, slots: list[int], track: ReadTrack) -> None:
         """DE path: the DE's TM has its gateway read keys[k:] into the reserved slots, reporting here."""
-        p = self.p
-        nbytes = (len(msg.keys) - k) * p.pool.block_nbytes
+        p, nbytes = self.p, (len(msg.keys) - k) * self.p.pool.block_nbytes
         try:
             with p.queues.read_at(msg.de_node, nbytes):
-                staged = await p.bus.request(
+                done = await p.bus.request(
                     p.subjects.tm(msg.de_engine, "stage"),
                     Stage(msg.req_id, msg.prompt_blocks, k, msg.keys[k:], msg.de_node, msg.layout, slots=slots,
                           group_layers=p.group_layers, progress=p.progress_subject),
                     Staged, timeout=p.queues.deadline(msg.de_node, nbytes))
-            track.finish(staged.blocks, staged.error)
+            track.finish(done.blocks, done.error)
         except BusError as exc:
             track.finish(0, exc.reason)
         finally:
@@ -211,73 +235,63 @@ class FetchPath:
     async def _reads_done(self, req_id: str, node: str) -> None:
         await self.p.bus.publish(self.p.subjects.reads_done, NodeReadDone(req_id, node))
 
-    async def _layers(self, msg: FetchKV, local: list[tuple[int, int]], remote: list[tuple[int, int]],
-                      prog: Progress, pe: ReadTrack, de: ReadTrack, timeout: float,
-                      grant: Grant | None) -> None:
-        """Layer after layer, once read: PE-buffer blocks by local copy, DE-buffer blocks by a one-sided
-        read. Both copies of a layer settle before a failure of either is raised (nothing of this
-        fetch is still moving when the engine hears of it)."""
+    async def _layers(self, msg: FetchKV, local: list[tuple[int, int]],
+                      remote: list[tuple[str, list[tuple[int, int]], Grant | None]], prog: Progress,
+                      reads: tuple[tuple[ReadTrack, int], ...], timeout: float) -> None:
+        """Layer after layer, once read: this buffer's blocks by local copy, other buffers' (the DE's,
+        a prefetch holder's) by one-sided reads under the grant each gave; pairs are (buffer offset,
+        hit index). Every copy of a layer settles before a failure of any is raised (nothing of
+        this fetch is still moving when the engine hears of it)."""
         p, lay = self.p, self.p.pool.layout
-        lb, n_layers = lay.layer_block_nbytes, lay.n_layers
-        window = _window(msg, n_layers)
+        lb, n_layers, xfer = lay.layer_block_nbytes, lay.n_layers, p.cfg.transfer_timeout_s
+        window = HitWindow.of(msg.window, n_layers)
         state = p.layers.hold(msg.req_id) if window else None
         try:
-            peer = await p.peer(msg.de_engine) if remote else None
+            peers = [(await p.peer(engine), pairs, grant) for engine, pairs, grant in remote]
             t0 = last = time.perf_counter()
+            sent = 0  # layers 0..sent-1 announced to the engine (LayersLoaded)
             for layer in range(n_layers):
-                await self._landed(layer, n_layers, local, remote, pe, de, timeout)
-                if state is not None and window.released_before(layer) >= 0:
-                    before = window.released_before(layer)
+                before = window.released_before(layer) if state is not None else -1
+                if sent < layer and not (all(t.has(layer, layer == n_layers - 1) for t, used in reads if used)
+                                         and (before < 0 or state.pushed > before)):
+                    # about to wait: the engine hears first what is in place (a reused window slot waits
+                    # for the forward to compute those layers; announced later, it would wait for ever)
+                    await p.bus.publish(p.loaded_subject, LayersLoaded(msg.req_id, layer - 1))
+                    sent, last = layer, time.perf_counter()
+                await _landed(layer, n_layers, reads, timeout)
+                if before >= 0:
                     await state.until(lambda: state.pushed > before, timeout, f"layer {before} pushed on")
-                dst = [_layer_block(msg, i, layer, n_layers, window) * lb for i in range(len(msg.keys))]
+                dst = [b * lb for b in layer_blocks(msg.dst_blocks, layer, n_layers, window)]
                 loc = [Op("buf", off + layer * lb, "kv", dst[i], lb) for off, i in local]
-                rem = [Op("kv", dst[i], "buf", off + layer * lb, lb) for off, i in remote]
-                done = await asyncio.gather(
-                    p.endpoint.copy_local(loc, TrafficClass.LATENCY, timeout=p.cfg.transfer_timeout_s) if loc
-                    else _none(), peer.read(rem, TrafficClass.LATENCY, timeout=p.cfg.transfer_timeout_s, grant=grant)
-                    if rem else _none(), return_exceptions=True)
-                for res in done:
+                copies = [p.endpoint.copy_local(loc, TrafficClass.LATENCY, timeout=xfer)] if loc else []
+                for peer, pairs, grant in peers:
+                    rem = [Op("kv", dst[i], "buf", off + layer * lb, lb) for off, i in pairs]
+                    copies.append(peer.read(rem, TrafficClass.LATENCY, timeout=xfer, grant=grant))
+                for res in await asyncio.gather(*copies, return_exceptions=True):
                     if isinstance(res, BaseException):
                         raise res
                 prog.layers = layer + 1
                 now = time.perf_counter()
                 if layer == n_layers - 1 or now - last >= LAYER_NOTIFY_GAP_S:
                     await p.bus.publish(p.loaded_subject, LayersLoaded(msg.req_id, layer))
-                    last = now
+                    sent, last = layer + 1, now
         except (LookupError, RuntimeError) as exc:
             raise BusError("fetch", str(exc), ErrorCode.STORAGE) from None
         finally:
             if state is not None:
                 p.layers.release(msg.req_id)
         p.m_bytes.labels("h2d_layers").inc(lay.block_nbytes * len(local))
-        p.m_bytes.labels("de_path_pull").inc(lay.block_nbytes * len(remote))
         self.m_wait.labels("h2d").observe(time.perf_counter() - t0)
 
-    async def _landed(self, layer: int, n_layers: int, local, remote, pe: ReadTrack, de: ReadTrack,
-                      timeout: float) -> None:
-        """Layer `layer` of both reads is in the buffers; before the last one, their checksums passed."""
-        for track, used in ((pe, len(local)), (de, len(remote))):
-            if not used:
-                continue
-            last = layer == n_layers - 1
-            await track.until(lambda: track.final is not None or (not last and track.layers > layer), timeout,
-                              f"layer {layer} read from storage")
-            if track.final is not None and track.final < used:
-                raise BusError("read", f"block {track.final} failed verification after its layers were read: "
-                                       f"{track.final_error}", ErrorCode.STORAGE)
 
-
-def _window(msg: FetchKV, n_layers: int) -> HitWindow | None:
-    w = msg.window
-    return None if w is None else HitWindow(w.hits, tuple(w.ring), w.layers, n_layers, w.used)
-
-
-def _layer_block(msg: FetchKV, i: int, layer: int, n_layers: int, window: HitWindow | None) -> int:
-    """Layer Block number (in KV memory) of hit `i` at `layer`: in the window's ring, or its own block."""
-    if window is not None and i < window.in_ring:
-        return window.layer_block(i, layer)
-    return msg.dst_blocks[i] * n_layers + layer
-
-
-async def _none() -> None:
-    return None
+async def _landed(layer: int, n_layers: int, reads: tuple[tuple[ReadTrack, int], ...], timeout: float) -> None:
+    """Layer `layer` of every read (track, blocks of it used) is in the buffers; before the last one,
+    their checksums passed."""
+    last = layer == n_layers - 1
+    for track, used in reads:
+        if not used:
+            continue
+        await track.until(lambda: track.has(layer, last), timeout, f"layer {layer} read from storage")
+        if track.final is not None and track.final < used:
+            raise BusError("read", f"block {track.final} failed verification after its layers were read: "
+                                   f"{track.final_error}", ErrorCode.STORAGE)

@@ -2,9 +2,9 @@
 
 Owns only the bundle (`TMParts`): the settings, the bus and subjects, the buffer's slot
 pool, the data-plane endpoint with a way to reach another engine's traffic-manager, the
-gateways' read queues, the shared byte counter, `spawn` for supervised tasks, and the
+gateways' read queues, the shared byte counter, `spawn` for supervised tasks, the
 data-plane grants given and held (slot_grants.py), the progress of reads and layers
-(progress.py). The
+(progress.py), and the claim and release of this buffer's prefetched blocks. The
 service builds it once its endpoint is up (`TrafficManagerService.start`).
 """
 from __future__ import annotations
@@ -26,6 +26,8 @@ from shared.messages.subjects import Subjects
 from shared.metrics import Metrics
 from shared.transport.base import Endpoint, Peer
 
+NOT_ATTACHED = "engine KV memory not attached yet"  # what a request before the engine announced is told
+
 
 @dataclass(frozen=True)
 class TMParts:
@@ -39,10 +41,12 @@ class TMParts:
     queues: ReadQueues
     m_bytes: Counter  # dualpath_traffic_manager_bytes_total{kind}
     spawn: Callable[..., asyncio.Task[Any]]  # Service.spawn: supervised tasks
-    given: GrantsGiven  # grants of this TM's buffer slots (DE side)
+    given: GrantsGiven  # grants of this TM's buffer slots (DE side; prefetch holder)
     held: GrantsHeld  # grants other TMs gave this one (PE side)
     reads: Registry  # (req_id, tag) -> ReadTrack: storage reads in layer groups, as reported
     layers: Registry  # req_id -> LayerState: layers computed by the engine and pushed on
+    claim_local: Callable[[str, list[bytes]], list[int]] = lambda owner, keys: []  # prefetched slots here
+    drop_local: Callable[[str, str], bool] = lambda owner, why: False  # ... released (prefetch.py)
 
     @property
     def group_layers(self) -> int:

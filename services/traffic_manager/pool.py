@@ -1,7 +1,7 @@
 """The traffic-manager's DRAM buffer as a pool of slots, one KV block each.
 
 Owns: the buffer region, its slots (once the engine's KV layout is known), the line of
-requests waiting for room (`WaitLine`), the ids released or cancelled recently (a
+requests waiting for room (`WaitLine`; prefetched slots are reclaimed for them), the ids released or cancelled recently (a
 reservation arriving after its cancel is refused), and the requests whose slots a storage
 read still targets (released only when the read ends: a gateway never writes into slots
 that may be someone else's). Does not own the data plane, the bus or the KV memory.
@@ -34,6 +34,7 @@ class BufferPool:
         self.cancelled = RecentSet()  # released/cancelled ids: a reservation arriving after them is dropped
         self.busy: Counter[str] = Counter()  # requests whose slots storage reads or writes still target (how many)
         self.free_later: set[str] = set()  # released while busy: freed when the read ends
+        self.reclaim: Callable[[int], None] | None = None  # frees prefetched slots for a reservation (prefetch.py)
 
     @property
     def ready(self) -> bool:
@@ -55,7 +56,11 @@ class BufferPool:
         self.m_free.set(self.free_bytes())
 
     async def allocate_wait(self, owner: str, n: int) -> list[int]:
-        """`n` slots for `owner`, waiting in line (up to the transfer deadline) for room."""
+        """`n` slots for `owner`, waiting in line (up to the transfer deadline) for room; prefetched
+        blocks give up their slots first when the spare ones are too few (a prefetch never blocks a read)."""
+        short = n - self.line.spare()
+        if short > 0 and self.reclaim is not None:
+            self.reclaim(short)
         return await self.line.allocate(owner, n, self.wait_s, lambda o: o in self.cancelled)
 
     def spare(self) -> int:

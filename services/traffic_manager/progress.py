@@ -63,6 +63,10 @@ class ReadTrack(Waitable):
     def __post_init__(self) -> None:
         Waitable.__init__(self)
 
+    def has(self, layer: int, last: bool) -> bool:
+        """Layer `layer` is in the buffer (the `last` layer: only once the read is over, checksums checked)."""
+        return self.final is not None or (not last and self.layers > layer)
+
     def finish(self, blocks: int, error: str = "") -> None:
         self.final, self.final_error = blocks, error
         if self.opened is None:

@@ -97,8 +97,7 @@ class PushPath:
         """Each layer as soon as it is computed (or at once, when not layerwise); `state.pushed` follows."""
         p, lay = self.p, self.p.pool.layout
         lb, n_layers, timeout = lay.layer_block_nbytes, lay.n_layers, p.cfg.transfer_timeout_s
-        w = msg.window
-        window = None if w is None else HitWindow(w.hits, tuple(w.ring), w.layers, n_layers, w.used)
+        window = HitWindow.of(msg.window, n_layers)
         for layer in range(n_layers):
             if state is not None and msg.layerwise:
                 await state.until(lambda: state.computed > layer, timeout, f"layer {layer} computed")

@@ -5,7 +5,7 @@ import re
 from dataclasses import dataclass
 
 from shared.config import require
-from shared.runtime import CommonConfig
+from shared.service_config import CommonConfig
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,18 @@ class SlotAllocator:
     def owners(self) -> list[str]:
         return list(self._held)
 
+    def transfer(self, src: str, dst: str, slots: list[int]) -> None:
+        """Hand `slots` (held by `src`) to `dst`, in that order after what `dst` holds already."""
+        held = self._held.get(src, [])
+        for s in slots:
+            if self._owner.get(s) != src:
+                raise ValueError(f"slot {s} is not held by {src!r}")
+            self._owner[s] = dst
+            held.remove(s)
+        self._held[dst].extend(slots)
+        if not held:
+            self._held.pop(src, None)
+
     def release(self, owner: str) -> int:
         """Free every slot `owner` holds; returns how many (0 if none: idempotent)."""
         slots = self._held.pop(owner, [])

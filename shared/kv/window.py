@@ -44,6 +44,11 @@ class HitWindow:
             raise ValueError(f"ring of {len(self.ring)} blocks < {self.hits} hits x {self.layers} layers")
 
     @staticmethod
+    def of(w, n_layers: int) -> "HitWindow | None":
+        """From a message's window (a `KVWindow`: hits, ring, layers, used), or None for none."""
+        return None if w is None else HitWindow(w.hits, tuple(w.ring), w.layers, n_layers, w.used)
+
+    @staticmethod
     def ring_blocks(hits: int, layers: int, n_layers: int) -> int:
         """Whole blocks a window of `layers` layers over `hits` hit blocks needs."""
         return -(-hits * layers // n_layers)

@@ -50,6 +50,8 @@ class TrafficManagerAnnounce(Base, tag="traffic_manager"):
     buffer_bytes: int = 0
     buffer_free_bytes: int = 0
     ready: bool = False  # attached to its engine's KV memory
+    prefetch_bytes: int = 0  # buffer bytes holding prefetched blocks (agent sessions)
+    prefetch_room_bytes: int = 0  # what a new prefetch may take now (its budget, within the spare slots)
 
 
 class StorageGatewayAnnounce(Base, tag="storage_gateway"):

@@ -12,6 +12,8 @@ A read in layer groups (`group_layers`, `progress`) also reports as it goes, on 
 """
 from __future__ import annotations
 
+import enum
+
 import msgspec
 
 from shared.kv.layout import KVKind
@@ -49,7 +51,8 @@ class ReadBlocks(msgspec.Struct, omit_defaults=True):
     keys: list[bytes]
     shm: str  # destination buffer segment
     offsets: list[int]  # byte offset in `shm` of each block's payload
-    bulk: bool = False  # prefetch for queued work (lower priority)
+    bulk: bool = False  # prefetch (a session's KV during its tool call): waits until no other read is pending
+    start_within_s: float = 0.0  # bulk: not started within this long, it is answered with 0 blocks (0: no limit)
     group_layers: int = 0  # read in groups of this many layers, each reported on `progress` (0: whole blocks)
     progress: str = ""  # where the `LayersRead` reports go (a traffic-manager's subject)
     tag: str = ""  # echoed in the reports: which read of a fetch this is
@@ -84,3 +87,24 @@ class WriteBlock(msgspec.Struct, omit_defaults=True):
 class WriteDone(msgspec.Struct, omit_defaults=True):
     outcome: str = ""  # written | exists | no_space
     error: str = ""
+
+
+class RetainLevel(enum.IntEnum):
+    """Where an agent's hint puts blocks in the store's eviction order."""
+
+    DEMOTED = 0  # evicted before ordinary blocks (reuse_hint: none)
+    NORMAL = 1
+    RETAINED = 2  # evicted after ordinary blocks until the mark's TTL passes
+
+
+class Retain(msgspec.Struct, omit_defaults=True):
+    """A session's eviction hint on stored blocks, to every gateway (each keeps its own eviction
+    index over a shared root): `keys` at `level` for `ttl_s`, or with `release` the end of every
+    mark `session` set. Keys may be marked before their blocks are persisted."""
+
+    layout: StoreLayout
+    session: str
+    keys: list[bytes] = []
+    level: RetainLevel = RetainLevel.RETAINED
+    ttl_s: float = 0.0
+    release: bool = False

@@ -9,8 +9,9 @@ Release: free a request's slots (cancel, failure).
 Fetch (PE read path): PE --FetchKV--> its TM, which reports on `pe.<id>.loaded` with one
   message type per meaning (the `FetchProgress` union, one Decoder: `progress_decoder`):
     [ReadQueued(eta_s): the read waits behind a storage queue; the PE's deadline waits too]
-    ReadFinished(blocks, de_slots, de_hits, eta_s): the hit blocks are found (0: a miss after all);
-      their layers land in groups within eta_s (a read in layer groups), or have landed
+    ReadFinished(blocks, de_slots, de_hits, eta_s, layers): the hit blocks are found (0: a miss after
+      all); their layers land in groups within eta_s (a read in layer groups), or have landed;
+      `layers` > 0: those layers are in KV memory already (every hit was prefetched into the TM's buffer)
     LayersLoaded(layer) ...: layers 0..layer are in KV memory (the PE computes them meanwhile)
   or, at any point, FetchFailed(code, error): before ReadFinished the PE computes the whole
   prompt (nothing reached its KV memory); after, the load failed and so does the prefill.
@@ -24,6 +25,15 @@ Save (persistence): engine --SaveKV--> its TM: copy full blocks KV -> buffer (bu
   bounded line for spare slots), reply SaveCopied (the engine may now free those blocks), then
   write them through the gateway. With `slots` the blocks are already in the TM's buffer (a
   prompt the DE received): written from there, those slots held until the write is over.
+Prefetch (agent sessions, during a tool call): scheduler --Prefetch(owner, keys)--> a TM, which
+  stages the stored blocks in spare buffer slots named `owner` (bulk reads, in chunks) and
+  replies Prefetched. A later FetchKV naming them (`staged_*`) has its TM --Claim--> the
+  holder (reply Claimed: the slots of the leading keys still staged), copies those layer by
+  layer like any buffered block (a local copy, or a one-sided read from the holder), and
+  releases `owner`. When the holder is the request's DE, its Reserve adopts them instead:
+  they become the prompt's first DE-buffer slots, read by the PE like DE-path hits and never
+  pushed back. Unclaimed staged slots go back on Release, at their TTL, or as soon as a
+  real reservation needs the room (a prefetch never blocks a read).
 """
 from __future__ import annotations
 
@@ -80,6 +90,8 @@ class PushDone(msgspec.Struct, omit_defaults=True):
 class Reserve(msgspec.Struct, omit_defaults=True):
     req_id: str
     n_blocks: int
+    adopt: str = ""  # prefetched blocks staged here under this owner become the request's first slots
+    adopt_keys: list[bytes] = []  # ... as far as they match these keys (the prompt's leading blocks)
 
 
 class Reserved(msgspec.Struct, omit_defaults=True):
@@ -88,6 +100,7 @@ class Reserved(msgspec.Struct, omit_defaults=True):
     slots: list[int] = []  # byte offsets in the buffer region, one per block
     grant: bytes = b""  # data-plane grant of exactly these slots (encoded Grant): the only way a peer reaches them
     code: ErrorCode | None = None  # when not ok: why
+    adopted: int = 0  # slots[:adopted] hold the prompt's leading blocks already (prefetched)
 
 
 class LoadKV(msgspec.Struct, omit_defaults=True):
@@ -112,6 +125,9 @@ class FetchKV(msgspec.Struct, omit_defaults=True):
     de_node: str = ""  # DE-path: the DE's node (its gateway reads)
     prompt_blocks: int = 0  # DE-path: DE-buffer slots to reserve for the whole prompt
     window: KVWindow | None = None  # the hits' layers land in this ring (dst_blocks has no entry for them)
+    staged_engine: str = ""  # prefetched: the engine whose TM buffer holds keys[:staged_blocks] already
+    staged_owner: str = ""  # ... under this owner (claimed, copied, then released)
+    staged_blocks: int = 0  # keys[:staged_blocks] staged; keys[staged_blocks:pe_blocks] on the PE path
 
 
 # Fetch progress: per-layer messages are hot, so arrays; the tag (first element) says which.
@@ -133,6 +149,7 @@ class ReadFinished(_Progress, tag="read"):
     de_slots: list[int] = []  # DE-path: DE-buffer slots reserved for the whole prompt
     de_hits: list[int] = []  # DE-path: block indexes whose stored KV sits in those slots
     eta_s: float = 0.0  # until their last layer has been read from storage (0: read already)
+    layers: int = 0  # layers 0..layers-1 of those blocks are in KV memory already (no LayersLoaded for them)
 
 
 class LayersLoaded(_Progress, tag="layers"):
@@ -185,3 +202,30 @@ class SaveKV(msgspec.Struct, omit_defaults=True):
 class SaveCopied(msgspec.Struct, omit_defaults=True):
     copied: int = 0  # blocks taken for writing (copied out of KV memory, or held in the buffer)
     error: str = ""  # why none were (dropped: the save line was full or waited too long; slots released)
+
+
+class Prefetch(msgspec.Struct, omit_defaults=True):
+    """Stage `keys` (a session's stored prefix) in spare slots named `owner`, read by `node`'s gateway
+    in the bulk lane; hold them `ttl_s` unless claimed."""
+
+    owner: str
+    keys: list[bytes]
+    node: str
+    layout: StoreLayout
+    ttl_s: float
+
+
+class Prefetched(msgspec.Struct, omit_defaults=True):
+    blocks: int = 0  # leading keys staged (the budget, spare room or a miss may cut the tail)
+    error: str = ""
+
+
+class Claim(msgspec.Struct, omit_defaults=True):
+    owner: str
+    keys: list[bytes]  # what the claimer expects staged, in order
+
+
+class Claimed(msgspec.Struct, omit_defaults=True):
+    slots: list[int] = []  # buffer offsets of the leading `keys` still staged (empty: nothing usable)
+    error: str = ""
+    grant: bytes = b""  # data-plane grant of exactly those slots (encoded Grant): the claimer's one-sided reads

@@ -44,6 +44,9 @@ class PrefillWork(msgspec.Struct, omit_defaults=True):
     mode: LoadMode = LoadMode.DUALPATH  # how the hits are loaded (oracle: no KV I/O at all)
     pe_blocks: int = 0  # hit blocks [0, pe_blocks) read on the PE path, the rest on the DE path (the scheduler counts)
     de_node: str = ""  # the DE's node (its storage-gateway reads the DE-path hit blocks)
+    staged_engine: str = ""  # prefetched during a tool call: whose TM buffer holds hit blocks [0, staged_blocks)
+    staged_owner: str = ""  # the name of those buffer slots
+    staged_blocks: int = 0  # (pe_blocks counts them: [staged_blocks, pe_blocks) is read on the PE path)
 
 
 class DecodeAdmit(msgspec.Struct, omit_defaults=True):

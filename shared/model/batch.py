@@ -54,7 +54,3 @@ class ForwardBatch:
 
     def __len__(self) -> int:
         return len(self.seqs)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(len(s.token_ids) for s in self.seqs)

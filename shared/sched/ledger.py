@@ -8,6 +8,8 @@ engine's load costs the same whatever the number of requests in flight.
 
 Example: r1 (prompt 100, 10 to generate) is picked for PE p0 -> p0 (100 tok, 1 seq);
 picked for DE d0 -> d0 (110, 1); first token -> p0 (0, 0); finished -> d0 (0, 0).
+Every engine whose counters moved is noted in `touched` until `take_touched()`, so a caller that
+keeps engine lines between rounds refreshes only those (a bounded set: engine ids).
 Pure: no I/O, no clock. Does not decide placements (`dispatch`).
 """
 from __future__ import annotations
@@ -40,6 +42,7 @@ class Ledger:
         self._pe: dict[Hashable, list[int]] = {}  # engine -> [tok, seq]
         self._de: dict[Hashable, list[int]] = {}
         self.placed = 0  # requests holding a decode engine (the scheduler's "running")
+        self.touched: set[Hashable] = set()  # engines whose counters moved since take_touched()
 
     # events ---------------------------------------------------------------------------
     def charge_pe(self, req: Hashable, engine: Hashable, tokens: int) -> None:
@@ -47,12 +50,14 @@ class Ledger:
         self._drop_pe(c)
         c.pe, c.pe_tok = engine, tokens
         _add(self._pe, engine, tokens, 1)
+        self.touched.add(engine)
 
     def charge_de(self, req: Hashable, engine: Hashable, tokens: int) -> None:
         c = self._charge(req)
         self._drop_de(c)
         c.de, c.de_tok = engine, tokens
         _add(self._de, engine, tokens, 1)
+        self.touched.add(engine)
         self.placed += 1
 
     def prefill_done(self, req: Hashable) -> None:
@@ -79,6 +84,11 @@ class Ledger:
         """(tok_e, seq_e) of a decode engine: prompt + tokens to generate of the requests it holds."""
         tok, seq = self._de.get(engine, (0, 0))
         return tok, seq
+
+    def take_touched(self) -> set[Hashable]:
+        """The engines whose counters moved since the last call (and forget them)."""
+        out, self.touched = self.touched, set()
+        return out
 
     def fill(self, lines: Iterable, role: str) -> None:
         """Set `tok` and `seq` of each line (anything with `.engine`) of `role` from the counters."""
@@ -116,11 +126,13 @@ class Ledger:
     def _drop_pe(self, c: Charge) -> None:
         if c.pe is not None:
             _add(self._pe, c.pe, -c.pe_tok, -1)
+            self.touched.add(c.pe)
             c.pe, c.pe_tok = None, 0
 
     def _drop_de(self, c: Charge) -> None:
         if c.de is not None:
             _add(self._de, c.de, -c.de_tok, -1)
+            self.touched.add(c.de)
             c.de, c.de_tok = None, 0
             self.placed -= 1
 

@@ -2,7 +2,8 @@
 
 Owns the count of hit tokens assigned to each node's storage path and not yet read (the
 scheduler's freshest read-queue signal: gateway announcements lag by a heartbeat; the
-simulator's only one), and turns the pure policy (`policy.read_path`) into a decision
+simulator's only one; every node whose count moved is noted in `touched` until `take_touched()`),
+and turns the pure policy (`policy.read_path`) into a decision
 with its reason, by load mode: `dualpath` puts every hit block on the path with the shorter
 queue (`choose_path`), `dualpath-split` splits them so both queues drain together
 (`split_read`), `basic` and `oracle` read on the PE path only. The scheduler service
@@ -38,6 +39,11 @@ class PathDecision(msgspec.Struct, frozen=True):
 class ReadQueues:
     pending: Counter = field(default_factory=Counter)  # node -> hit tokens assigned, not yet read
     held: dict[str, dict[str, int]] = field(default_factory=dict)  # req_id -> {node: tokens}
+    touched: set = field(default_factory=set)  # nodes whose pending count moved since take_touched()
+
+    def take_touched(self) -> set:
+        out, self.touched = self.touched, set()
+        return out
 
     def decide(self, mode: LoadMode, hit_blocks: int, pe_node: str, de_node: str, block_size: int,
                force: str = "auto") -> PathDecision:
@@ -72,6 +78,7 @@ class ReadQueues:
             share[de_node] = share.get(de_node, 0) + d.de_blocks * block_size
         for node, tokens in share.items():
             self.pending[node] += tokens
+            self.touched.add(node)
         if share:
             self.held[req_id] = share
 
@@ -82,6 +89,7 @@ class ReadQueues:
         if not share:
             self.held.pop(req_id, None)
         if tokens:
+            self.touched.add(node)
             self.pending[node] -= tokens
             if self.pending[node] <= 0:
                 del self.pending[node]
@@ -89,6 +97,7 @@ class ReadQueues:
     def done(self, req_id: str) -> None:
         """The request's reads are over (its prefill finished, or it ended)."""
         for node, tokens in self.held.pop(req_id, {}).items():
+            self.touched.add(node)
             self.pending[node] -= tokens
             if self.pending[node] <= 0:
                 del self.pending[node]

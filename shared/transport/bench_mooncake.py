@@ -14,19 +14,19 @@ Moves 64 MiB in 96 KiB pieces (contiguous and scattered destinations, as
 bench_throughput.py) with three movers in one process, once each per round: a raw
 loopback socket, our tcp backend (`peer.write`, BULK), and the engine's TCP transport
 (`batch_transfer_sync_write`, P2P handshake, no metadata server). Prints medians over
-rounds and each mover's median time over the raw socket's in the same round.
+rounds and each mover's median time over the raw socket's in the same round, and each
+mover's CPU (this process's, every thread: both ends and the engines' own threads).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
 import numpy as np
 
-from .bench_throughput import LAYOUTS, MIB, RawSocket, Rig, loadavg, slots
+from .bench_throughput import LAYOUTS, MIB, RawSocket, Rig, drop_pair, loadavg, shm_pair, slots
 
 
 class Mooncake:
@@ -39,8 +39,8 @@ class Mooncake:
         for e in (self.a, self.b):
             if e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0:
                 raise RuntimeError("mooncake: initialize failed")
-        self.src = np.frombuffer(os.urandom(total), np.uint8).copy()
-        self.dst = np.zeros(total, np.uint8)
+        self.regions = shm_pair(total)  # page-aligned, as every mover's (bench_throughput.shm_pair)
+        self.src, self.dst = (np.frombuffer(r.buf, np.uint8) for r in self.regions)
         if self.a.register_memory(self.src.ctypes.data, total) or self.b.register_memory(self.dst.ctypes.data, total):
             raise RuntimeError("mooncake: register_memory failed")
         self.peer = f"127.0.0.1:{self.b.get_rpc_port()}"
@@ -53,6 +53,12 @@ class Mooncake:
             raise RuntimeError("mooncake: batch_transfer_sync_write failed")
         return time.perf_counter() - t
 
+    def close(self) -> None:
+        self.a.unregister_memory(self.src.ctypes.data)
+        self.b.unregister_memory(self.dst.ctypes.data)
+        del self.src, self.dst
+        drop_pair(self.regions)
+
     def check(self, block: int, dst: list[int]) -> None:
         for i, j in enumerate(dst):
             if not np.array_equal(self.src[i * block : (i + 1) * block], self.dst[j * block : (j + 1) * block]):
@@ -64,6 +70,12 @@ async def compare(total: int, block: int, rounds: int) -> dict:
     total = n * block
     layouts = {lay: slots(n, lay) for lay in LAYOUTS}
     times: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}  # CPU seconds of this process (every thread: the engines' too)
+
+    def note(key: str, wall: float, cpu0: float) -> None:
+        times.setdefault(key, []).append(wall)
+        cpu.setdefault(key, []).append(time.process_time() - cpu0)
+
     load0 = loadavg()
     raw, mc = RawSocket(total), Mooncake(total)
     try:
@@ -74,17 +86,22 @@ async def compare(total: int, block: int, rounds: int) -> dict:
                 mc.seconds(block, dst)
             raw.seconds(block)
             for _ in range(max(1, rounds)):
-                times.setdefault("raw", []).append(raw.seconds(block))
+                c = time.process_time()
+                note("raw", raw.seconds(block), c)
                 for lay, dst in layouts.items():
-                    times.setdefault(f"tcp_{lay}", []).append(await tcp.seconds(ops[lay]))
-                    times.setdefault(f"mooncake_{lay}", []).append(mc.seconds(block, dst))
+                    c = time.process_time()
+                    note(f"tcp_{lay}", await tcp.seconds(ops[lay]), c)
+                    c = time.process_time()
+                    note(f"mooncake_{lay}", mc.seconds(block, dst), c)
             tcp.check(block, layouts["scattered"])
             mc.check(block, layouts["scattered"])
     finally:
         raw.close()
+        mc.close()
     gb = total / 1e9
     out: dict = {"payload_mib": total // MIB, "rounds": len(times["raw"]), "loadavg_before": load0,
                  "loadavg_after": loadavg(), "raw_gb_s": gb / statistics.median(times["raw"])}
+    out["cpu_ms"] = {k: 1e3 * statistics.median(v) for k, v in cpu.items()}
     for key in times:
         if key != "raw":
             out[f"{key}_gb_s"] = gb / statistics.median(times[key])
@@ -104,11 +121,13 @@ def main() -> None:
     print(f"payload {r['payload_mib']} MiB in {args.block_kib} KiB pieces, medians of {r['rounds']} rounds, load "
           f"average {'/'.join(f'{x:.2f}' for x in r['loadavg_before'])} -> "
           f"{'/'.join(f'{x:.2f}' for x in r['loadavg_after'])}")
-    print(f"  raw socket                 {r['raw_gb_s']:6.2f} GB/s")
+    ms = r["cpu_ms"]
+    print(f"  raw socket                 {r['raw_gb_s']:6.2f} GB/s | CPU {ms['raw']:6.1f} ms")
     for lay in LAYOUTS:
         for mover in ("tcp", "mooncake"):
             print(f"  {mover + ' ' + lay:<26} {r[f'{mover}_{lay}_gb_s']:6.2f} GB/s | time over raw "
-                  f"{r[f'{mover}_{lay}_over_raw_time']:.2f}x")
+                  f"{r[f'{mover}_{lay}_over_raw_time']:.2f}x | CPU {ms[f'{mover}_{lay}']:6.1f} ms "
+                  f"({ms[f'{mover}_{lay}'] / max(ms['raw'], 1e-6):.2f}x raw's)")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,9 @@ The baselines move the same bytes to the same places (memcpy piece by piece; the
 socket streams, the layout is the receiver's business). Every variant runs once per
 round, in the same order, on rigs set up once; a figure is the median over rounds and a
 ratio the median of the per-round ratios, so a shared machine's drift hits both sides
-of a ratio alike.
+of a ratio alike. Every variant is also billed in CPU (this process's, every thread:
+both ends of each mover live here), which a loaded machine does not move the way it
+moves wall time.
 """
 
 from __future__ import annotations
@@ -44,13 +46,34 @@ def slots(n: int, layout: str) -> list[int]:
     return perm
 
 
+def shm_pair(total: int) -> tuple[ShmRegion, ShmRegion]:
+    """A source segment of random bytes and a zeroed destination, as every mover here uses.
+
+    Every baseline moves between shm segments, like the backends: page-aligned memory.
+    A malloc'd buffer of this size starts 16 bytes past a page (and a cache line), and the
+    kernel's copy into such a destination runs at about a third of its aligned speed on
+    AMD cores: a baseline on heap buffers would be slowed by its allocator, not its job.
+    """
+    a, b = ShmRegion.create(new_name("bm"), total), ShmRegion.create(new_name("bm"), total)
+    a.buf[:] = os.urandom(total)
+    b.buf[:] = bytes(total)
+    return a, b
+
+
+def drop_pair(regions: tuple[ShmRegion, ShmRegion]) -> None:
+    for r in regions:
+        r.close()
+        r.unlink()
+
+
 class RawSocket:
     """A blocking loopback socket pair; `seconds()` streams `total` bytes per block, the receiver
     (a thread) recv_into one buffer and answers one byte at the end."""
 
     def __init__(self, total: int) -> None:
         self.total = total
-        self.src, self.dst = memoryview(os.urandom(total)), memoryview(bytearray(total))
+        self.regions = shm_pair(total)
+        self.src, self.dst = self.regions[0].buf, self.regions[1].buf
         lsock = socket.create_server(("127.0.0.1", 0))
         self.tx = socket.create_connection(lsock.getsockname())
         self.tx.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -84,15 +107,15 @@ class RawSocket:
         self._go.release()
         self._thread.join(5)
         self.rx.close()
+        del self.src, self.dst
+        drop_pair(self.regions)
 
 
 class Memcpy:
     """Two shm segments; `seconds(dst_slots)` copies piece i to slot dst_slots[i], in one thread."""
 
     def __init__(self, total: int) -> None:
-        self.a, self.b = ShmRegion.create(new_name("bm"), total), ShmRegion.create(new_name("bm"), total)
-        self.a.buf[:] = os.urandom(total)
-        self.b.buf[:] = bytes(total)
+        self.a, self.b = shm_pair(total)
 
     def seconds(self, block: int, dst: list[int]) -> float:
         a, b = self.a.buf, self.b.buf
@@ -102,9 +125,7 @@ class Memcpy:
         return time.perf_counter() - t
 
     def close(self) -> None:
-        for r in (self.a, self.b):
-            r.close()
-            r.unlink()
+        drop_pair((self.a, self.b))
 
 
 class Rig:
@@ -116,9 +137,7 @@ class Rig:
     async def __aenter__(self) -> Rig:
         self.a = create_endpoint(self.backend, node="pe")
         self.b = create_endpoint(self.backend, node="de")
-        self.ra, self.rb = ShmRegion.create(new_name("bm"), self.total), ShmRegion.create(new_name("bm"), self.total)
-        self.ra.buf[:] = os.urandom(self.total)
-        self.rb.buf[:] = bytes(self.total)
+        self.ra, self.rb = shm_pair(self.total)
         await self.a.start()
         await self.b.start()
         self.a.register("kv", self.ra.buf, shm_name=self.ra.name)
@@ -131,9 +150,7 @@ class Rig:
         await self.peer.close()
         await self.a.close()
         await self.b.close()
-        for r in (self.ra, self.rb):
-            r.close()
-            r.unlink()
+        drop_pair((self.ra, self.rb))
 
     def ops(self, block: int, dst: list[int]) -> list[Op]:
         return [Op("kv", i * block, "buf", j * block, block) for i, j in enumerate(dst)]
@@ -163,6 +180,12 @@ async def throughput(total: int, block: int, rounds: int = 5) -> dict:
     total = n * block
     layouts = {lay: slots(n, lay) for lay in LAYOUTS}
     times: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}  # CPU seconds of this process (every thread), per variant
+
+    def note(key: str, wall: float, cpu0: float) -> None:
+        times.setdefault(key, []).append(wall)
+        cpu.setdefault(key, []).append(time.process_time() - cpu0)
+
     load0 = loadavg()
     raw, mem = RawSocket(total), Memcpy(total)
     try:
@@ -172,11 +195,15 @@ async def throughput(total: int, block: int, rounds: int = 5) -> dict:
                 await (tcp if key[0] == "tcp" else shm).seconds(ops[key])
             raw.seconds(block)
             for _ in range(max(1, rounds)):
-                times.setdefault("raw", []).append(raw.seconds(block))
+                c = time.process_time()
+                note("raw", raw.seconds(block), c)
                 for lay, dst in layouts.items():
-                    times.setdefault(f"tcp_{lay}", []).append(await tcp.seconds(ops[("tcp", lay)]))
-                    times.setdefault(f"memcpy_{lay}", []).append(mem.seconds(block, dst))
-                    times.setdefault(f"shm_{lay}", []).append(await shm.seconds(ops[("shm", lay)]))
+                    c = time.process_time()
+                    note(f"tcp_{lay}", await tcp.seconds(ops[("tcp", lay)]), c)
+                    c = time.process_time()
+                    note(f"memcpy_{lay}", mem.seconds(block, dst), c)
+                    c = time.process_time()
+                    note(f"shm_{lay}", await shm.seconds(ops[("shm", lay)]), c)
             for r in (tcp, shm):
                 r.check(block, layouts["scattered"])
     finally:
@@ -185,8 +212,8 @@ async def throughput(total: int, block: int, rounds: int = 5) -> dict:
     gb = total / 1e9
     med = {k: statistics.median(v) for k, v in times.items()}
 
-    def ratio(a: str, b: str) -> float:
-        return statistics.median(x / y for x, y in zip(times[a], times[b]))
+    def ratio(a: str, b: str, of: dict[str, list[float]] = times) -> float:
+        return statistics.median(x / max(y, 1e-9) for x, y in zip(of[a], of[b]))
 
     out = {"payload_mib": total // MIB, "piece_kib": block // 1024, "rounds": len(times["raw"]),
            "loadavg_before": load0, "loadavg_after": loadavg(), "raw_socket_gb_s": gb / med["raw"]}
@@ -196,6 +223,9 @@ async def throughput(total: int, block: int, rounds: int = 5) -> dict:
         out[f"shm_{lay}_gb_s"] = gb / med[f"shm_{lay}"]
         out[f"memcpy_{lay}_gb_s"] = gb / med[f"memcpy_{lay}"]
         out[f"shm_{lay}_over_memcpy_time"] = ratio(f"shm_{lay}", f"memcpy_{lay}")
+        out[f"tcp_{lay}_over_raw_cpu"] = ratio(f"tcp_{lay}", "raw", cpu)
+        out[f"shm_{lay}_over_memcpy_cpu"] = ratio(f"shm_{lay}", f"memcpy_{lay}", cpu)
+    out["cpu_ms"] = {k: 1e3 * statistics.median(v) for k, v in cpu.items()}
     return out
 
 
@@ -210,4 +240,10 @@ def throughput_lines(t: dict) -> list[str]:
                 f"  {lay:<10} shm backend {t[f'shm_{lay}_gb_s']:6.2f} GB/s | memcpy     {t[f'memcpy_{lay}_gb_s']:6.2f} GB/s "
                 f"| shm/memcpy time ratio {t[f'shm_{lay}_over_memcpy_time']:.2f}x "
                 f"(= {1 / t[f'shm_{lay}_over_memcpy_time']:.2f}x memcpy speed)"]
+    ms = t["cpu_ms"]
+    out.append(f"  CPU of this process (all threads) per {t['payload_mib']} MiB, medians; load-robust where wall rates are not:")
+    for lay in LAYOUTS:
+        out.append(f"  {lay:<10} tcp {ms[f'tcp_{lay}']:6.1f} ms vs raw socket {ms['raw']:6.1f} ms "
+                   f"({t[f'tcp_{lay}_over_raw_cpu']:.2f}x) | shm {ms[f'shm_{lay}']:6.1f} ms vs memcpy "
+                   f"{ms[f'memcpy_{lay}']:6.1f} ms ({t[f'shm_{lay}_over_memcpy_cpu']:.2f}x)")
     return out

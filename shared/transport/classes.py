@@ -33,6 +33,9 @@ CHUNK = 256 << 10
 # time): 64 KiB pieces 3.7-4.1x, 128 KiB 2.6-2.9x, 256 KiB 2.3-2.6x.
 BULK_CHUNK = 128 << 10
 DEFAULT_WEIGHTS = (99, 1)
+# A batch of an initiator's bulk-only socket while no latency work is open on the endpoint
+# (tcp_send.py): several pieces per sendmsg; once latency opens, batches are BULK_CHUNK.
+BULK_BATCH = 512 << 10
 
 
 def chunk_for(cls: int) -> int:
@@ -207,6 +210,10 @@ class ClassSender(Generic[T]):
         self._wake.set()
         if not cls and self._gate is not None:
             self._gate.poke()  # a bulk batch of this link held at the gate lets it pass
+
+    def submit_many(self, cls: int, frames: list[tuple[T, int]]) -> None:
+        for item, nbytes in frames:
+            self.submit(cls, item, nbytes)
 
     async def run(self) -> None:
         try:

@@ -13,9 +13,10 @@ GRANT frame, never a region.
 
 Example: `await peer.write([Op("kv", 0, "buf", 0, 300K)], BULK)` -> req 5 is cut into
 WRITE frames of 128K, 128K and 44K (bulk frames are at most BULK_CHUNK; latency frames
-CHUNK), the last with ACK_ME, queued in the BULK FIFO; the ClassSender sends each
-batch with one sendmsg; the server reads the payloads into "buf" and answers ACK(5);
-the reader task resolves req 5's future. If the socket closes first, every pending
+CHUNK), the last with ACK_ME, handed in one call to the bulk socket's sender thread
+(tcp_send.py: up to 512K of frames per sendmsg; latency sockets and the server's
+answers use a ClassSender on the loop); the server reads the payloads into "buf" and
+answers ACK(5); the reader task resolves req 5's future. If the socket closes first, every pending
 transfer fails with PeerGone.
 """
 
@@ -38,6 +39,7 @@ from .regions import RegionTable
 from .shm import ShmPeer, shm_reachable
 from .tcp_auth import HANDSHAKE_S, accept, initiate, key_of
 from .tcp_bulk import BulkReader
+from .tcp_send import BulkSender
 from .tcp_wire import ACK_ME, HLEN, FrameSock, Kind, cap_kernel_queue, decode_error, encode_error, header
 
 Bufs = list[bytes | memoryview]
@@ -60,16 +62,23 @@ class _Pending:
 class _Link:
     """A FrameSock plus its class-scheduled sender task; shared by both sides."""
 
-    def __init__(self, fs: FrameSock, weights: Sequence[int], on_gone: object, gate: LinkGate) -> None:
+    def __init__(self, fs: FrameSock, weights: Sequence[int], on_gone: object, gate: LinkGate,
+                 threaded: bool = False) -> None:
         self.fs = fs
         self.tasks = TaskOwner()
-        self.sender: ClassSender[Bufs] = ClassSender(self._emit, weights, on_error=on_gone, gate=gate)  # type: ignore[arg-type]
-        self.tasks.spawn(self.sender.run(), "dp-tcp-send")
+        self.sender: ClassSender[Bufs] | BulkSender
+        if threaded:  # a socket that carries bulk frames only: FIFO from a thread (tcp_send.py)
+            self.sender = BulkSender(fs.sock, gate, on_gone)  # type: ignore[arg-type]
+        else:
+            self.sender = ClassSender(self._emit, weights, on_error=on_gone, gate=gate)  # type: ignore[arg-type]
+            self.tasks.spawn(self.sender.run(), "dp-tcp-send")
 
     async def _emit(self, batch: list[Bufs]) -> None:
         await self.fs.sendv(_flatten(batch))
 
     async def close(self) -> None:
+        if isinstance(self.sender, BulkSender):
+            self.sender.close()
         await self.tasks.aclose()
         self.fs.close()
 
@@ -188,7 +197,8 @@ class TcpPeer(Peer):
         # one connection per class (like one QP per class): bulk bytes queued in kernel
         # buffers never sit in front of a latency frame; the endpoint's gate ranks the
         # classes across connections (gate.py), each sender still runs DRR.
-        self.links = [_Link(FrameSock(s), lp.weights, self._fail_all, self._gate) for s in socks]
+        self.links = [_Link(FrameSock(s), lp.weights, self._fail_all, self._gate, c == TrafficClass.BULK)
+                      for c, s in zip(TrafficClass, socks, strict=True)]
         for link in self.links:
             link.tasks.spawn(self._recv(link.fs), "dp-tcp-recv")
 
@@ -220,10 +230,10 @@ class TcpPeer(Peer):
         req, fut = self._begin([], cls)
         size = chunk_for(cls)
         pieces = [(rid, o.remote_offset + p, src[p : p + n]) for rid, o, src in frames for p, n in split(0, o.length, size)]
-        for i, (rid, roff, payload) in enumerate(pieces):
-            flags = ACK_ME if i == len(pieces) - 1 else 0
-            hdr = header(Kind.WRITE, cls, flags, req, rid, i, roff, len(payload))
-            self.links[cls].sender.submit(cls, [hdr, payload], HLEN + len(payload))
+        last = len(pieces) - 1
+        out = [([header(Kind.WRITE, cls, ACK_ME if i == last else 0, req, rid, i, roff, len(payload)), payload],
+                HLEN + len(payload)) for i, (rid, roff, payload) in enumerate(pieces)]
+        self.links[cls].sender.submit_many(cls, out)
         await self._wait(req, fut, sum(o.length for o in ops), timeout)
 
     async def read(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None,
@@ -233,8 +243,8 @@ class TcpPeer(Peer):
         size = chunk_for(cls)
         pieces = [(rid, o.remote_offset + p, dst[p : p + n]) for rid, o, dst in asks for p, n in split(0, o.length, size)]
         req, fut = self._begin([dst for _, _, dst in pieces], cls)
-        for i, (rid, roff, dst) in enumerate(pieces):
-            self.links[cls].sender.submit(cls, [header(Kind.READ, cls, 0, req, rid, i, roff, len(dst))], HLEN)
+        self.links[cls].sender.submit_many(cls, [([header(Kind.READ, cls, 0, req, rid, i, roff, len(dst))], HLEN)
+                                                 for i, (rid, roff, dst) in enumerate(pieces)])
         await self._wait(req, fut, sum(o.length for o in ops), timeout)
 
     def _handle(self, cls: TrafficClass, grant: Grant) -> int:

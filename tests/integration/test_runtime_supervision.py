@@ -20,7 +20,8 @@ import pytest
 from shared.bus import Bus, Delivery
 from shared.messages.registry import StorageGatewayAnnounce
 from shared.messages.traffic_manager import Release, Reserved
-from shared.runtime import CommonConfig, Service, run_service
+from shared.runtime import Service, run_service
+from shared.service_config import CommonConfig
 from tests.integration.natsutil import NatsServer
 
 pytestmark = pytest.mark.integration

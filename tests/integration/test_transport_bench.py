@@ -16,6 +16,9 @@ def test_figures_cover_throughput_and_isolation():
         for k in (f"tcp_{lay}_gb_s", "raw_socket_gb_s", f"shm_{lay}_gb_s", f"memcpy_{lay}_gb_s",
                   f"tcp_{lay}_over_raw_time", f"shm_{lay}_over_memcpy_time"):
             assert t[k] > 0, k
+        assert t[f"tcp_{lay}_over_raw_cpu"] > 0 and t[f"shm_{lay}_over_memcpy_cpu"] > 0
+    assert set(t["cpu_ms"]) == {"raw", "tcp_contiguous", "tcp_scattered", "memcpy_contiguous", "memcpy_scattered",
+                                "shm_contiguous", "shm_scattered"}
     assert len(t["loadavg_before"]) == 3
     iso = fig["isolation"]["shm"]
     for what in ("one_block_s", "one_layer_s"):
@@ -23,4 +26,4 @@ def test_figures_cover_throughput_and_isolation():
     assert iso["bulk_alone_gb_s"] > 0
     text = "\n".join(lines(fig))
     assert "tcp/raw time ratio" in text and "latency class over shm" in text
-    assert "scattered  shm backend" in text and "load average" in text
+    assert "scattered  shm backend" in text and "load average" in text and "CPU of this process" in text

@@ -25,7 +25,17 @@ def test_mesh_keeps_its_requests_placed_and_loads_agree_with_the_recount():
 def test_prints_a_row_per_cluster_size(capsys):
     assert sched.main(["--engines", "4", "8", "--inflight", "64", "--seconds", "0.01", "--no-recount"]) == 0
     rows = capsys.readouterr().out.splitlines()[2:]
-    assert [r.split()[0] for r in rows] == ["4", "8"] and all(float(r.split()[1]) > 0 for r in rows)
+    assert [r.split()[0] for r in rows] == ["4", "8"] and all(float(x) > 0 for r in rows for x in r.split()[1:3])
+
+
+def test_kept_lines_make_the_same_placements_as_fresh_ones():
+    kept, fresh = (sched.Mesh(engines=16, inflight=300, arrivals=8, recount=False, kept=k) for k in (True, False))
+    for _ in range(10):
+        for m in (kept, fresh):
+            m.churn()
+            m.round()
+        assert kept.last == fresh.last
+    assert kept.lines.rebuilds == 1
 
 
 @pytest.mark.parametrize("flag, value", [("--engines", "1"), ("--inflight", "0"), ("--seconds", "-1")])

@@ -14,7 +14,7 @@ from services.prefill_engine.config import PrefillEngineConfig
 from services.scheduler.config import SchedulerConfig
 from services.storage_gateway.config import StorageGatewayConfig
 from services.traffic_manager.config import TrafficManagerConfig
-from shared.runtime import config_parser
+from shared.service_config import config_parser
 
 pytestmark = pytest.mark.unit
 

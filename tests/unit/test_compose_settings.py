@@ -19,7 +19,7 @@ from services.scheduler.config import SchedulerConfig
 from services.storage_gateway.config import StorageGatewayConfig
 from services.traffic_manager.config import TrafficManagerConfig
 from shared.config import load_config
-from shared.runtime import CommonConfig
+from shared.service_config import CommonConfig
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""CLI flags generated from a config dataclass (shared/runtime.config_parser); no network."""
+"""CLI flags generated from a config dataclass (shared/service_config.config_parser); no network."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,7 +11,7 @@ from services.scheduler.config import SchedulerConfig
 from services.storage_gateway.config import StorageGatewayConfig
 from services.traffic_manager.config import TrafficManagerConfig
 from shared.config import ConfigError, load_config
-from shared.runtime import CommonConfig, config_parser
+from shared.service_config import CommonConfig, config_parser
 
 pytestmark = pytest.mark.unit
 

@@ -156,7 +156,7 @@ def _service(name: str, settings: list[str]) -> None:
     import importlib
 
     from dualpath.service_cli import SERVICES
-    from shared.runtime import CommonConfig, config_parser
+    from shared.service_config import CommonConfig, config_parser
 
     assert name in SERVICES, f"no service {name!r}"
     mod = importlib.import_module(SERVICES[name].rsplit(".", 1)[0] + ".config")  # the config only: no torch

@@ -36,3 +36,12 @@ def test_a_heartbeat_while_requests_wait_asks_for_a_round(svc):
     svc.dispatcher.enqueue(Job("r1", 10, 5))
     heartbeat(svc)
     assert svc.kick.is_set()
+
+
+def test_a_repeat_heartbeat_that_changes_nothing_asks_for_no_round(svc):
+    heartbeat(svc)
+    svc.dispatcher.enqueue(Job("r1", 10, 5))
+    heartbeat(svc)  # the same engine again: nothing a round uses moved
+    assert not svc.kick.is_set()
+    asyncio.run(svc._on_announce(EngineAnnounce("i-e0", "n0", engine="e0", total_blocks=99), None))
+    assert svc.kick.is_set()  # its KV size changed: a round is due

@@ -165,3 +165,25 @@ def test_max_context_is_the_smallest_announced_and_ignores_zero():
 
 def test_max_context_is_zero_with_no_engines():
     assert MeshView().max_context() == 0 and MeshView().model_ids() == []
+
+
+def test_update_says_when_an_announcement_changes_what_dispatch_uses():
+    view = MeshView(timeout_s=3.0)
+    assert view.update(eng("p0"), 0.0)  # new
+    assert not view.update(eng("p0"), 0.5)  # a heartbeat
+    assert view.update(eng("p0", total_blocks=7), 1.0)  # its KV size moved
+    assert view.update(eng("p0", total_blocks=7), 5.0)  # back after going silent
+    assert view.update(tm("p0"), 5.0) and not view.update(tm("p0"), 5.5) and view.update(tm("p0", ready=False), 6)
+    assert view.update(eng("p0", leaving=True), 6.0) and not view.update(eng("p0", leaving=True), 6.1)
+
+
+def test_assignable_list_is_kept_while_engines_heartbeat_and_exact_when_one_goes_silent():
+    view = mesh(eng("p0"), tm("p0"), eng("p1"), tm("p1"))
+    first = view.assignable("prefill", 0.0)
+    for t in (0.5, 1.0, 2.5, 3.0, 4.5):  # past the first expiry: a rescan finds both still there
+        for m in (eng("p0"), tm("p0"), eng("p1"), tm("p1")):
+            view.update(m, t)
+        assert view.assignable("prefill", t) is first and ids(first) == ["p0", "p1"]
+    view.update(eng("p0"), 6.0)
+    view.update(tm("p0"), 6.0)
+    assert ids(view.assignable("prefill", 7.6)) == ["p0"]  # p1 silent since 4.5

@@ -12,7 +12,7 @@ from dualpath.mesh import Mesh, MeshSpec
 from services.storage_gateway.config import StorageGatewayConfig
 from shared.config import ConfigError, load_config
 from shared.http import PortInUse, adopt_socket, bind_socket
-from shared.runtime import CommonConfig, check_common
+from shared.service_config import CommonConfig, check_common
 
 pytestmark = pytest.mark.unit
 

@@ -78,7 +78,9 @@ def assign_decode(
     while queue and scanned < limit and with_room:
         req = queue.popleft()
         scanned += 1
-        i = _choose_engine(req, tok, seq, free, z)
+        # a request larger than every engine's free memory fits none (what _choose_engine would
+        # find engine by engine): kept without the scan, the common case while memory is full
+        i = _choose_engine(req, tok, seq, free, z) if req.mem <= roomiest else -1
         if i < 0:
             kept.append(req)
             continue
@@ -87,6 +89,8 @@ def assign_decode(
         if free[i] > 0 and free[i] - req.mem <= 0:
             with_room -= 1
         free[i] -= req.mem
+        if free[i] + req.mem == roomiest:
+            roomiest = max(free)
         out.append(Assignment(req.rid, reports[i].engine))
     queue.extendleft(reversed(kept))
     return out

@@ -1,0 +1,89 @@
+"""Fleet benchmark: one real scheduler and a real NATS around thousands of emulated engines.
+
+    .venv/bin/python -m dualpath.bench.fleet [--engines 96 384 1152] [--load 0.05] [--measure-s 30]
+
+For each fleet size (a third prefill engines, eight engines a node, as the paper's 48P96D) it
+starts a fresh fleet (dualpath/fleet/driver.py), drives agents at `--load` times the paper's
+per-engine agent load (8.8 agents/s on 1,152 engines; each agent runs all its turns, so the
+steady-state request rate is that times the trace's mean turns), and prints one row: requests
+assigned per second, time from arrival to assignment (p50/p99, from the client's send to the
+prefill engine's receipt; and inside the scheduler), scheduler CPU per request and in cores (also
+with heartbeats only, measured for `--idle-s` before the load, and per request net of that), bus
+messages per second (all of NATS, and the scheduler's own in/out), the CPU the emulators, NATS
+and the agents used, and the load average, since all share this machine's cores.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+
+from dualpath.fleet.driver import Fleet, FleetSpec
+
+COLUMNS = (
+    ("engines", "engines", "{:d}"), ("req/s want", "target_rate", "{:.1f}"), ("assign/s", "assign_per_s", "{:.1f}"),
+    ("p50 ms", "assign_p50_ms", "{:.1f}"), ("p99 ms", "assign_p99_ms", "{:.1f}"),
+    ("sched p50", "sched_wait_p50_ms", "{:.2f}"), ("sched p99", "sched_wait_p99_ms", "{:.2f}"),
+    ("sched ms/req", "sched_cpu_ms_per_req", "{:.2f}"), ("net ms/req", "sched_net_ms_per_req", "{:.2f}"),
+    ("sched cores", "sched_cores", "{:.2f}"), ("idle cores", "sched_idle_cores", "{:.3f}"),
+    ("bus msg/s", "bus_msgs_per_s", "{:.0f}"), ("sched in/s", "sched_in_msgs_per_s", "{:.0f}"),
+    ("sched out/s", "sched_out_msgs_per_s", "{:.0f}"), ("emul cores", "emulator_cores", "{:.2f}"),
+    ("nats cores", "nats_cores", "{:.2f}"), ("agent cores", "agents_cores", "{:.2f}"), ("load", "loadavg", "{:.1f}"),
+    ("failed", "failed", "{:d}"),
+)
+
+
+def table(rows: list[dict]) -> str:
+    head = " | ".join(c[0] for c in COLUMNS)
+    lines = [f"| {head} |", "|" + "|".join("---" for _ in COLUMNS) + "|"]
+    for r in rows:
+        lines.append("| " + " | ".join(fmt.format(r[key]) for _, key, fmt in COLUMNS) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dualpath.bench.fleet", description=__doc__.split("\n\n")[0])
+    p.add_argument("--engines", type=int, nargs="+", default=[96, 384, 1152], help="fleet sizes (multiples of 24)")
+    p.add_argument("--load", type=float, default=0.05, help="fraction of the paper's per-engine agent load")
+    p.add_argument("--groups", type=int, default=2, help="emulator processes")
+    p.add_argument("--trace", default="64k", choices=("32k", "48k", "64k"), help="trace generator preset")
+    p.add_argument("--warmup-s", type=float, default=20.0)
+    p.add_argument("--measure-s", type=float, default=30.0)
+    p.add_argument("--idle-s", type=float, default=5.0, help="heartbeats only, before the load (0: skip)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a scheduler setting, e.g. journal=false (repeatable)")
+    p.add_argument("--log-dir", default="", help="keep every process's log here")
+    p.add_argument("--json", help="write the rows here")
+    p.add_argument("--profile", default="", help="write the scheduler's cProfile statistics to PATH.<engines>")
+    args = p.parse_args(argv)
+    extra = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            p.error(f"--set {item!r}: expected KEY=VALUE")
+        extra[key.replace("_", "-")] = value
+    rows = []
+    for n in args.engines:
+        spec = FleetSpec(engines=n, groups=args.groups, load=args.load, trace=args.trace, warmup_s=args.warmup_s,
+                         measure_s=args.measure_s, idle_s=args.idle_s, scheduler=extra,
+                         log_dir=f"{args.log_dir}/{n}" if args.log_dir else "",
+                         profile=f"{args.profile}.{n}" if args.profile else "")
+        try:
+            spec.check()
+        except ValueError as exc:
+            p.error(str(exc))
+        print(f"fleet of {n} engines: starting ...", file=sys.stderr, flush=True)
+        with Fleet(spec) as fleet:
+            row = asyncio.run(fleet.run_load())
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "errors"}), file=sys.stderr, flush=True)
+    print(table(rows))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(rows, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,75 @@
+"""The emulated store: which block keys are stored, and the tokens emulated engines generate.
+
+A real store is one shared file system: a block a decode engine persists on one node is a hit
+for a gateway on any node. The emulator keeps that index per emulator process and shares new
+keys between processes (`StoredKeys` batches on `{ns}.fleet.stored`, an emulator-only subject
+the scheduler never sees). Emulated decode engines "generate" token ids that are a function of
+the position and of the context's first token (`generated_token`), so an agent can build its
+next turn's prompt, and so its keys, without asking for token ids back. Pure.
+
+Example: a prompt of 130 tokens (block 64: keys k0, k1) finishes after 20 generated tokens:
+`extend_keys([k0, k1], tokens 128..149)` keys no more (block 2 is not full); after 60 it keys
+block 2, and the store then answers 3 leading hits for a next turn that starts with those 188.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import msgspec
+
+from shared.kv.hashing import chain_hash
+
+TOKEN_LO, TOKEN_SPAN = 100, 40_000  # ordinary token ids of the scheduler's tokenizer (smollm2: 49,152)
+
+
+class StoredKeys(msgspec.Struct, array_like=True):
+    """Keys an emulator process added to the store since its last share."""
+
+    source: str
+    keys: list[bytes]
+
+
+def generated_token(first: int, position: int) -> int:
+    """The id an emulated engine generates at absolute `position` of a context starting with `first`."""
+    return TOKEN_LO + (position * 2654435761 + first * 40503) % TOKEN_SPAN
+
+
+def generated_tokens(first: int, start: int, n: int) -> list[int]:
+    return [generated_token(first, p) for p in range(start, start + n)]
+
+
+class StoreIndex:
+    def __init__(self) -> None:
+        self.keys: set[bytes] = set()
+        self.fresh: list[bytes] = []  # added here, not yet shared
+
+    def add(self, keys: Iterable[bytes], share: bool = True) -> None:
+        for k in keys:
+            if k not in self.keys:
+                self.keys.add(k)
+                if share:
+                    self.fresh.append(k)
+
+    def hit_length(self, keys: Sequence[bytes]) -> int:
+        """Leading keys present (a gateway's hit query)."""
+        n = 0
+        for k in keys:
+            if k not in self.keys:
+                break
+            n += 1
+        return n
+
+    def take_fresh(self) -> list[bytes]:
+        out, self.fresh = self.fresh, []
+        return out
+
+
+def extend_keys(keys: Sequence[bytes], tokens: Sequence[int], block: int, fingerprint: bytes) -> list[bytes]:
+    """Keys of the full blocks of `tokens`, which continue a context whose first blocks `keys` name
+    (chained from its last key; from the fingerprint when there is none): what a real decode
+    engine persists as blocks fill."""
+    out, parent = [], keys[-1] if keys else fingerprint
+    for i in range(len(tokens) // block):
+        parent = chain_hash(parent, tokens[i * block:(i + 1) * block])
+        out.append(parent)
+    return out

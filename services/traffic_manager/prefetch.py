@@ -1,0 +1,199 @@
+"""The traffic-manager's prefetched blocks: a session's stored KV staged in spare buffer slots during its tool call.
+
+Owns this buffer's staged entries (owner -> keys, slots, expiry, claim) through their life:
+  stage (`Prefetch`): spare slots only (never waiting, never ahead of a waiter), within the
+    buffer's prefetch budget, read by the node's gateway in its bulk lane a chunk at a time
+    (so a latency read waits behind one chunk at most: a few blocks, no more than CHUNK_S of
+    a rate-capped storage NIC), stopping once the entry is dropped or claimed; replied with
+    the leading blocks staged;
+  claim (a fetch about to copy them, local or from another traffic-manager): the slots of
+    the leading keys staged so far that match what the fetch expects; pinned from then on;
+    or adopt (this TM is the request's DE): those slots become the request's own;
+  drop: `Release` (the fetch is done, the session ended, or the scheduler gave up on it),
+    the TTL (unclaimed) or a claim lease (a claimer that vanished), and buffer pressure:
+    `reclaim` frees unclaimed entries, the one due back last first, as soon as a real
+    reservation finds too little room, so a prefetch never blocks a read.
+A drop while a gateway read still targets the slots frees them when that read ends (pool.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+from services.traffic_manager.parts import NOT_ATTACHED, TMParts
+from shared.bus import BusError, Delivery
+from shared.messages.storage_gateway import ReadBlocks, ReadDone
+from shared.messages.traffic_manager import Claim, Claimed, Prefetch, Prefetched
+
+log = logging.getLogger("traffic_manager.prefetch")
+SWEEP_S = 0.25  # how often expired entries are looked for
+CHUNK_S = 0.01  # a bulk read holds a rate-capped storage NIC this long at most
+CLAIM_LEASE_TIMEOUTS = 10  # a claim outlives its claimer's silence by this many transfer deadlines
+
+
+@dataclass
+class Entry:
+    owner: str
+    until: float  # monotonic: dropped then unless claimed
+    keys: list[bytes] = field(default_factory=list)  # staged so far, read and verified
+    slots: list[int] = field(default_factory=list)  # their buffer offsets
+    claimed_until: float = 0.0  # > 0: a fetch copies from it (pinned until released, or this lease ends)
+
+
+class PrefetchPath:
+    def __init__(self, parts: TMParts, chunk_blocks: int, share: float):
+        self.p, self.chunk, self.share = parts, max(1, chunk_blocks), share
+        self.entries: dict[str, Entry] = {}
+        m = parts.metrics
+        self.m_staged = m.gauge("prefetch_staged_bytes", "Buffer bytes holding prefetched blocks (read, unreleased)")
+        self.m_blocks = m.counter("prefetch_blocks_total", "Prefetched blocks by outcome", ("outcome",))
+
+    # budget ------------------------------------------------------------------------------
+    def staged_slots(self) -> int:
+        pool = self.p.pool
+        return sum(len(pool.slots.held(o)) for o in self.entries) if pool.slots else 0
+
+    def room_bytes(self) -> int:
+        """What a new prefetch may take now: the budget left, within the spare slots."""
+        pool = self.p.pool
+        if not pool.ready:
+            return 0
+        budget = int(self.share * pool.slots.n_slots) - self.staged_slots()
+        return max(0, min(budget, pool.spare())) * pool.block_nbytes
+
+    # stage --------------------------------------------------------------------------------
+    async def on_prefetch(self, msg: Prefetch, d: Delivery) -> None:
+        if not self.p.pool.ready:
+            await d.respond(Prefetched(error=NOT_ATTACHED))
+            return
+        self.p.spawn(self.prefetch(msg, d), name=f"prefetch-{msg.owner}", on_error=lambda exc: d.respond(
+            Prefetched(error=exc.reason if isinstance(exc, BusError) else f"{type(exc).__name__}: {exc}")))
+
+    async def prefetch(self, msg: Prefetch, d: Delivery) -> None:
+        p, pool = self.p, self.p.pool
+        bn = pool.block_nbytes
+        n = min(len(msg.keys), self.room_bytes() // bn if bn else 0)
+        why = "released before it was staged" if msg.owner in pool.cancelled else \
+            "already staged" if msg.owner in self.entries else "no prefetch room in the buffer" if n <= 0 else ""
+        if why:
+            await d.respond(Prefetched(error=why))
+            return
+        offsets = [s * bn for s in pool.slots.allocate(msg.owner, n)]  # spare slots: nobody waits for them
+        e = self.entries[msg.owner] = Entry(msg.owner, time.monotonic() + msg.ttl_s)
+        self._note()
+        error = ""
+        try:
+            while len(e.keys) < n and self.entries.get(msg.owner) is e and not e.claimed_until:
+                got = await self._chunk(msg, e, offsets)
+                if got < 0:
+                    break
+        except BusError as exc:
+            error = exc.reason
+        staged = len(e.keys) if self.entries.get(msg.owner) is e else 0
+        if staged == 0:
+            self.drop(msg.owner, "miss")
+        self.m_blocks.labels("staged").inc(staged)
+        p.m_bytes.labels("prefetch_stage").inc(staged * bn)
+        await d.respond(Prefetched(staged, error))
+
+    async def _chunk(self, msg: Prefetch, e: Entry, offsets: list[int]) -> int:
+        """Read the next chunk; returns blocks read, -1 when the chain stopped (a miss, a busy lane)."""
+        p, pool = self.p, self.p.pool
+        i = len(e.keys)
+        end = min(i + self._chunk_blocks(msg.node), len(offsets))  # the slots the budget gave, not every key
+        keys, offs = msg.keys[i:end], offsets[i:end]
+        nbytes = len(keys) * pool.block_nbytes
+        wait = max(0.0, e.until - time.monotonic())  # a chunk that cannot start before the TTL is not read
+        with pool.reading(msg.owner), p.queues.read_at(msg.node, nbytes):
+            done = await p.bus.request(
+                p.subjects.sg(msg.node, "read"),
+                ReadBlocks(msg.owner, msg.layout, keys, pool.buffer.name, offs, bulk=True, start_within_s=wait),
+                ReadDone, timeout=wait + p.queues.deadline(msg.node, nbytes))
+        if self.entries.get(msg.owner) is e:  # not dropped meanwhile
+            e.keys += keys[:done.blocks]
+            e.slots += offs[:done.blocks]
+            self._note()
+        return done.blocks if done.blocks == len(keys) else -1
+
+    def _chunk_blocks(self, node: str) -> int:
+        """Blocks per bulk read: `prefetch_chunk_blocks`, and no more than CHUNK_S of the node's storage
+        NIC when its rate is known (what a latency read arriving meanwhile waits behind)."""
+        g = self.p.queues.gateways.get(node)
+        rate, bn = (g.read_bytes_per_s if g else 0.0), self.p.pool.block_nbytes
+        return max(1, min(self.chunk, int(rate * CHUNK_S / bn))) if rate > 0 and bn else self.chunk
+
+    # claim / drop -----------------------------------------------------------------------------
+    def claim(self, owner: str, keys: list[bytes]) -> list[int]:
+        """Offsets of the leading `keys` staged under `owner` (pinned from now on); [] when gone."""
+        e = self.entries.get(owner)
+        if e is None:
+            return []
+        n = 0
+        while n < min(len(keys), len(e.keys)) and keys[n] == e.keys[n]:
+            n += 1
+        e.claimed_until = time.monotonic() + CLAIM_LEASE_TIMEOUTS * self.p.cfg.transfer_timeout_s
+        self.m_blocks.labels("claimed").inc(n)
+        return e.slots[:n]
+
+    def adopt(self, owner: str, keys: list[bytes], req_id: str) -> list[int]:
+        """The leading staged blocks matching `keys` become `req_id`'s slots (the request's DE-buffer
+        prompt slots: loaded and freed with it); the entry goes, its other slots back to the pool."""
+        slots = self.claim(owner, keys)
+        if slots:
+            bn = self.p.pool.block_nbytes
+            self.p.pool.slots.transfer(owner, req_id, [off // bn for off in slots])
+            self.m_blocks.labels("adopted").inc(len(slots))
+        self.drop(owner, "used")
+        return slots
+
+    async def on_claim(self, msg: Claim, d: Delivery) -> None:
+        """Another traffic-manager claims: the slots and a grant of exactly them (ended when the
+        entry's slots are freed: released, lease, adopted)."""
+        slots = self.claim(msg.owner, msg.keys)
+        grant = self.p.given.give(msg.owner, slots, self.p.pool.block_nbytes) if slots else b""
+        await d.respond(Claimed(slots=slots, grant=grant))
+
+    def drop(self, owner: str, why: str) -> bool:
+        """Free `owner`'s slots (when the read targeting them ends, if one does); False: not staged here."""
+        e = self.entries.pop(owner, None)
+        if e is None:
+            return False
+        if why not in ("used", "miss"):
+            self.m_blocks.labels(f"dropped_{why}").inc(len(e.keys))
+        self.p.pool.free(owner)
+        self._note()
+        return True
+
+    def reclaim(self, n: int) -> None:
+        """A real reservation needs `n` more slots: drop unclaimed entries, the one due back last first."""
+        pool = self.p.pool
+        for e in sorted((e for e in self.entries.values() if not e.claimed_until), key=lambda e: -e.until):
+            if n <= 0:
+                return
+            n -= len(pool.slots.held(e.owner))
+            self.drop(e.owner, "pressure")
+
+    def reset(self) -> None:
+        """The buffer was cut into new slots (the engine restarted): what was staged is gone."""
+        self.entries.clear()
+        self._note()
+
+    def expire(self, now: float) -> None:
+        """Drop expired entries: unclaimed past their TTL, claimed past their lease."""
+        for e in list(self.entries.values()):
+            if (e.claimed_until or e.until) <= now:
+                self.drop(e.owner, "lease" if e.claimed_until else "ttl")
+
+    async def sweep(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            self.expire(time.monotonic())
+
+    def staged_bytes(self) -> int:
+        """Bytes of blocks read and held for a claim (what the buffer gives prefetching now)."""
+        return sum(len(e.keys) for e in self.entries.values()) * self.p.pool.block_nbytes
+
+    def _note(self) -> None:
+        self.m_staged.set(self.staged_bytes())

@@ -1,0 +1,50 @@
+"""The simulator's figures on small fixed runs, pinned: a speed-up must leave every result as it was.
+
+The pinned values were produced by the simulator before its speed work (main at 1341cec);
+a change that is meant to alter results (the model, the policy, the trace generator)
+updates them on purpose, with the reason in its commit. The attention-balance split
+(`prefill.AttnBalance`) is checked on a hand-built step.
+"""
+import pytest
+
+from dualpath.sim.config import SimConfig
+from dualpath.sim.engine import run_sim
+from dualpath.sim.prefill import AttnBalance
+
+pytestmark = pytest.mark.unit
+
+SMALL = dict(agents=60, scale=0.25)  # DS-660B 2P4D, 64K trace, a quarter of the lengths
+PINNED = {
+    ("dualpath", "policy"): dict(jct_s=137.1456501074673, requests=7431, events=34203,
+                                 ttft_p50_s=0.06259574500943188, tpot_p50_s=0.021378373712268584,
+                                 attn_max_over_avg=3.3751845986487514, snic_max_over_avg=2.123107356893645),
+    ("basic", "policy"): dict(jct_s=138.0956501074673, requests=7431, events=34630,
+                              ttft_p50_s=0.06480784670799267, tpot_p50_s=0.02137780791447739,
+                              attn_max_over_avg=3.4212007790027155, snic_max_over_avg=3.0330158756656598),
+    ("sglang", "policy"): dict(jct_s=139.10706491880006, requests=7431, events=33985,
+                               ttft_p50_s=0.0808713876895979, tpot_p50_s=0.021385380711277453,
+                               attn_max_over_avg=2.6888485538685054, snic_max_over_avg=3.002216082666978),
+    ("dualpath-split", "rr"): dict(jct_s=136.8956501074673, requests=7431, events=34337,
+                                   ttft_p50_s=0.06304767234573205, tpot_p50_s=0.02138665336929672,
+                                   attn_max_over_avg=1.957131599098706, snic_max_over_avg=1.5030298983356425),
+}
+
+
+@pytest.mark.parametrize("mode,assign", list(PINNED))
+def test_small_run_matches_pinned_figures(mode, assign):
+    r = run_sim(SimConfig(mode=mode, assign=assign, **SMALL)).to_dict()
+    want = PINNED[(mode, assign)]
+    got = {k: r[k] for k in want}
+    assert got == pytest.approx(want, rel=1e-12, abs=0)  # events and requests: exact (ints)
+
+
+def test_attention_balance_keeps_cut_steps_apart():
+    b = AttnBalance()
+    b.add(0.30, 0.30 * 3 + 0.29, 4, cut=True, step=0.5)  # quota-cut on every GPU: 0.30 vs mean 0.2975
+    b.add(0.20, 0.20 + 0.05 * 3, 4, cut=False, step=0.4)  # one GPU had more ready work than the rest
+    f = b.figures()
+    assert f["steps"] == 2 and f["cut_share"] == 0.5
+    assert f["cut_ratio"] == pytest.approx(0.30 / 0.2975)
+    assert f["uncut_ratio"] == pytest.approx(0.20 / 0.0875)
+    assert f["ratio"] == pytest.approx((0.30 / 0.2975 + 0.20 / 0.0875) / 2)
+    assert f["wait_share"] == pytest.approx(((0.30 - 0.2975) + (0.20 - 0.0875)) / 0.9)
