@@ -156,10 +156,11 @@ class PrefillEngineService(EngineService):
         pushes = [c.req for c in batch if c.cached + c.bsz >= len(c.req.prompt) and c.req.work.mode.moves_kv]
         for c in batch:
             c.req.in_step = True
-        for r in pushes:  # each layer goes to the DE as soon as it is computed
-            self.handoff.start_push(r)
+        for r in pushes:  # each layer goes to the DE as soon as it is computed (in about `expect_s`)
+            self.handoff.start_push(r, expect_s=sum(c.bsz for c in batch) * self.s_per_token)
         loop = asyncio.get_running_loop()
         computed = (lambda layer: loop.call_soon_threadsafe(self._computed, pushes, layer)) if pushes else None
+        alive = self.spawn(self.handoff.keepalive(pushes), name="keepalive")  # until the forward ends
         t0 = time.perf_counter()
         try:
             firsts, waited = await self.worker.run(forward, self.loaded.model, self.kv, batch,
@@ -171,6 +172,7 @@ class PrefillEngineService(EngineService):
         finally:
             for c in batch:
                 c.req.in_step = False
+            alive.cancel()
         dt = time.perf_counter() - t0
         self.m_step.observe(dt)
         self.m_compute.inc(max(0.0, dt - waited))
@@ -240,8 +242,7 @@ class PrefillEngineService(EngineService):
 
     def _allocate(self, req: PrefillRequest) -> bool:
         """KV blocks for a request that loads nothing (a miss, or the oracle's hits taken as present)."""
-        bs, cfg = self.cfg.block_size, self.cfg
-        hits = req.hit_tokens // bs
+        cfg, hits = self.cfg, req.hit_tokens // self.cfg.block_size
         window = cfg.hit_window_layers if hits and self._one_forward(req.hit_tokens, len(req.prompt)) else 0
         return memory.allocate(self.kv, req, hits, window, self.loaded.config.n_layers)
 

@@ -14,7 +14,7 @@ class PrefillEngineConfig(EngineConfig):
     attn_per_token_s: float = 2.0e-3  # attention-time model: seconds per new token (profiled on this CPU)
     attn_per_pair_s: float = 2.0e-8  # ... per (new token, attended token) pair
     attn_per_batch_s: float = 1.0e-3  # ... once per forward
-    handoff_timeout_s: float = 30.0  # deadline for pushing KV to the decode engine
+    handoff_timeout_s: float = 30.0  # hand-off deadline; a layer's load waits this long after its last progress
     hit_window_layers: int = 4  # stored hits of a prompt computed in one forward occupy this many layers at once (0: all)
 
     def validate(self) -> None:

@@ -160,6 +160,7 @@ class Fetcher:
             req.load = None  # a miss after all: compute the whole prompt
         else:
             req.load.blocks, req.load.window = req.blocks[:msg.blocks], req.window  # where its layers land
+            req.load.expect(msg.eta_s)  # a layer's wait counts from the read's expected end at the earliest
             if msg.layers:  # copied before the report (every hit was prefetched into this engine's buffer)
                 req.load.mark(msg.layers - 1)
         delay = msg.eta_s - self.estimate(req)

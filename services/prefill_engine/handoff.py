@@ -31,7 +31,7 @@ from shared.messages.codes import ErrorCode, FinishReason, LoadMode
 from shared.messages.stream import TokenEvent, TokenLogprob
 from shared.messages.subjects import Subjects
 from shared.messages.storage_gateway import StoreLayout
-from shared.messages.traffic_manager import KVWindow, PushDone, PushKV, Release, SaveCopied, SaveKV
+from shared.messages.traffic_manager import KVWindow, LayersComputed, PushDone, PushKV, Release, SaveCopied, SaveKV
 from shared.messages.work import Ack, DecodeAdmit
 
 log = logging.getLogger("prefill_engine.handoff")
@@ -50,8 +50,9 @@ class Handoff:
         self.observe_tail = observe_tail  # seconds from the last layer computed to the last layer landed
 
     # layerwise push ------------------------------------------------------------------------
-    def start_push(self, req: PrefillRequest) -> None:
-        """The prompt's final forward is about to start: its TM sends each layer on as it is computed."""
+    def start_push(self, req: PrefillRequest, expect_s: float = 0.0) -> None:
+        """The prompt's final forward is about to start (computing for about `expect_s`, at the measured
+        rate): its TM sends each layer on as it is computed."""
         work = req.work
         if work is None or work.mode == LoadMode.ORACLE or req.push is not None:
             return
@@ -60,13 +61,25 @@ class Handoff:
         msg = PushKV(req.req_id, req.blocks, work.de_engine, len(req.prompt), dst_slots=req.de_slots,
                      skip=req.de_hits, layerwise=True,
                      window=KVWindow(w.hits, list(w.ring), w.layers, w.used) if w else None)
-        req.push = self.spawn(self._push(req, msg), name=f"push-{req.req_id}")
+        req.push = self.spawn(self._push(req, msg, 2 * (self.timeout_s + expect_s)), name=f"push-{req.req_id}")
 
-    async def _push(self, req: PrefillRequest, msg: PushKV) -> None:
-        """The push's outcome into `req.pushed`; never raises (a bus failure is a failed PushDone)."""
+    async def keepalive(self, reqs: list[PrefillRequest]) -> None:
+        """While their forward runs (cancelled when it ends): this engine's TM hears every quarter of
+        the deadline that it is alive (`LayersComputed` of layer -1), so a push waiting on a layer,
+        and a fetch whose window waits on that push, restart their deadlines however long the
+        forward computes or waits for other requests' reads; when the engine dies, they stop."""
+        ids, subject = [r.req_id for r in reqs], self.subjects.tm(self.engine, "computed")
+        while ids:
+            await asyncio.sleep(self.timeout_s / 4)
+            await self.bus.publish(subject, LayersComputed(ids, -1))
+
+    async def _push(self, req: PrefillRequest, msg: PushKV, timeout: float) -> None:
+        """The push's outcome into `req.pushed`; never raises (a bus failure is a failed PushDone). The
+        TM answers every push (its waits give up once the forward stops moving): `timeout`, which
+        grows with the forward's expected time, is for a TM gone."""
         try:
             req.pushed = await self.bus.request(self.subjects.tm(self.engine, "push"), msg, PushDone,
-                                                timeout=2 * self.timeout_s, ctx=req.ctx)
+                                                timeout=timeout, ctx=req.ctx)
         except BusError as exc:
             req.pushed = PushDone(ok=False, error=exc.reason, code=exc.code or ErrorCode.KV_TRANSFER)
 

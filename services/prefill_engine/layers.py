@@ -3,7 +3,9 @@
 `LoadProgress` is fed from the event loop (`LayersLoaded` messages from the
 traffic-manager) and read from the model thread; `LayerGate` is the LayerHooks
 object passed to `forward`, blocking in `before_layer(l)` until every request of the
-batch that loads stored KV has layer l in KV memory.
+batch that loads stored KV has layer l in KV memory. A wait gives up only once its load
+made no progress for the timeout (a layer landed, or the read's expected end, restarts it):
+a slow machine or a long storage queue fails nothing, a traffic-manager gone silent does.
 
 With the cache on a device apart from the host KV region (shared/engine/kv_device.py) the
 gate is also the GPU form of itself: `before_layer(l)` sends every layer that has landed
@@ -51,12 +53,20 @@ class LoadProgress:
         self.blocks: list[int] = []  # the KV blocks its loaded layers land in (set once the read reports)
         self.uploaded = 0  # layers 0..uploaded-1 sent up to the device cache (model thread only)
         self.events: list = []  # their copy events, one per layer (None on CPU)
+        self.moved = time.monotonic()  # the last sign of progress (a layer landed, the read reported)
         self._cond = threading.Condition()
 
     def mark(self, layer: int) -> None:
         with self._cond:
             self.layers = max(self.layers, layer + 1)
+            self.moved = time.monotonic()
             self._cond.notify_all()
+
+    def expect(self, eta_s: float) -> None:
+        """The read reported: its last layer crosses the storage NIC within `eta_s` (no waiter gives
+        up before that)."""
+        with self._cond:
+            self.moved = max(self.moved, time.monotonic() + eta_s)
 
     def layer_blocks(self, layer: int, n_layers: int) -> list[int]:
         """Layer Block numbers where `layer` of the loaded hits lands (in a model of `n_layers`)."""
@@ -68,14 +78,20 @@ class LoadProgress:
             self._cond.notify_all()
 
     def wait(self, layer: int, timeout: float) -> None:
-        t0 = time.perf_counter()
+        """Until layer `layer` is in KV memory; a LoadError once nothing moved for `timeout` seconds
+        (from the wait's start, the last layer landed or the read's expected end, the latest)."""
+        t0, start = time.perf_counter(), time.monotonic()
         with self._cond:
-            ok = self._cond.wait_for(lambda: self.layers > layer or self.error, timeout)
+            while not (self.layers > layer or self.error):
+                left = max(start, self.moved) + timeout - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
         self.waited_s += time.perf_counter() - t0
         if self.error:
             raise LoadError(self.req_id, layer, self.error, self.code)
-        if not ok:
-            raise LoadError(self.req_id, layer, f"not loaded within {timeout}s")
+        if self.layers <= layer:
+            raise LoadError(self.req_id, layer, f"not loaded within {timeout}s of the last progress")
 
 
 class LayerGate:

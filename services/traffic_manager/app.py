@@ -189,10 +189,11 @@ class TrafficManagerService(Service):
                 self.layers.release(msg.req_id)
 
     async def _on_computed(self, msg: LayersComputed, d: Delivery) -> None:
-        for req_id in msg.req_ids:
-            state = self.layers.get(req_id)
-            state.computed = max(state.computed, msg.layer + 1)
-            state.note()
+        for req_id in msg.req_ids:  # layer -1: a keep-alive (progress for the waits of a push under way)
+            state = self.layers.get(req_id) if msg.layer >= 0 else self.layers.items.get(req_id)
+            if state is not None:
+                state.computed = max(state.computed, msg.layer + 1)
+                state.note()
 
     async def _on_read_progress(self, msg: LayersRead, d: Delivery) -> None:
         track = self.reads.items.get((msg.req_id, msg.tag))

@@ -17,7 +17,7 @@ class TrafficManagerConfig(CommonConfig):
     transport: str = "auto"  # auto | shm | tcp | verbs
     data_port: int = 0  # data-plane listener (tcp); 0 = any free port
     buffer_mb: int = 512  # DRAM buffer (PE/DE buffer) in MiB, POSIX shared memory
-    transfer_timeout_s: float = 30.0  # every KV transfer has a deadline
+    transfer_timeout_s: float = 30.0  # every KV transfer has a deadline; layer waits: this long after the last progress
     latency_weight: int = 99  # traffic-class weights (latency : bulk), work-conserving
     bulk_weight: int = 1  # bulk share of the traffic-class weights (see latency_weight)
     read_layer_groups: int = 8  # a storage read lands in this many groups of layers, each reported (1: whole blocks)

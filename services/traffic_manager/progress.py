@@ -9,8 +9,12 @@ Two registries, both fed from bus handlers and awaited by the fetch and push tas
   and the layers pushed to the DE buffer; a fetch whose hits live in a window waits here
   before reusing a layer's slots.
 Waiting is on one asyncio.Event per entry, set on every change (each waiter re-checks its
-own condition). An entry nobody holds any more is dropped; one that was never held (a
-report arriving late) is dropped after `ttl_s`. Pure asyncio, no I/O.
+own condition). A wait's deadline runs from the entry's last progress, not from the wait's
+start: every change (a layer read, computed or pushed, or the engine's keep-alive while a
+forward runs: `LayersComputed` of layer -1) starts it again, so a slow but moving machine
+never fails a healthy request, while a peer that went silent is given up on `timeout`
+after its last sign of life. An entry nobody holds any more is dropped; one that was never
+held (a report arriving late) is dropped after `ttl_s`. Pure asyncio, no I/O.
 """
 from __future__ import annotations
 
@@ -25,9 +29,10 @@ class Waitable:
         self.changed = asyncio.Event()
         self.error = ""
         self.holders = 0
-        self.born = time.monotonic()
+        self.born = self.moved = time.monotonic()  # moved: the last progress (a `note`)
 
     def note(self) -> None:
+        self.moved = time.monotonic()
         self.changed.set()
 
     def fail(self, error: str) -> None:
@@ -35,14 +40,15 @@ class Waitable:
         self.changed.set()
 
     async def until(self, ready: Callable[[], bool], timeout: float, what: str) -> None:
-        """Wait until `ready()`; raises LookupError(what) past `timeout`, RuntimeError when failed."""
-        deadline = time.monotonic() + timeout
+        """Wait until `ready()`; raises LookupError(what) once nothing moved for `timeout` (from the
+        wait's start or the last `note`, whichever is later), RuntimeError when failed."""
+        start = time.monotonic()
         while not ready():
             if self.error:
                 raise RuntimeError(self.error)
-            left = deadline - time.monotonic()
+            left = max(start, self.moved) + timeout - time.monotonic()
             if left <= 0:
-                raise LookupError(f"{what} not within {timeout:g} s")
+                raise LookupError(f"{what} not within {timeout:g} s of the last progress")
             self.changed.clear()
             try:
                 await asyncio.wait_for(self.changed.wait(), left)

@@ -65,7 +65,8 @@ class PushKV(msgspec.Struct, omit_defaults=True):
 
 
 class LayersComputed(msgspec.Struct, array_like=True, gc=False):
-    """PE -> its TM: layers 0..layer of these requests' final forward are computed (their KV written)."""
+    """PE -> its TM: layers 0..layer of these requests' final forward are computed (their KV written);
+    layer -1: a keep-alive while the forward runs (it restarts the TM's deadlines, nothing more)."""
 
     req_ids: list[str]
     layer: int
