@@ -1,31 +1,45 @@
-"""The physical lower bound on an offline run's JCT, printed beside the measured JCT.
+"""The physical lower bound on an offline run's JCT: one term per resource the run needs, each printed.
 
-    bound = max(hit KV bytes / summed read bandwidth of the nodes allowed to read,
-                prefill compute (miss tokens) / summed prefill rate,
-                the longest serial chain of one job: sum over its turns of
-                miss / one engine's prefill rate + (gen - 1) x the best time per output token)
+    storage_read_s   bytes the run read from storage / summed read rate of the nodes allowed to
+                     read (basic: the prefill nodes; dualpath, dualpath-split: every node; oracle: 0)
+    storage_write_s  per node, bytes it wrote / its write rate (the storage NIC is full duplex), max
+    prefill_s        per prefill engine, its compute seconds in the run (forward time not spent
+                     waiting for stored KV: each engine computes one forward at a time), max
+    decode_s         per decode engine, its step seconds in the run, max
+    engines_cores_s  every engine's compute seconds together / the cores they share
+    cpu_s            CPU seconds of every mesh process on this host / its cores (the machine's
+                     CPU is a resource too: services, bus and data plane share it with the engines)
+    data_plane_s     bytes moved between engines (PD push, DE-path pulls) / the data plane's rate
+    serial_s         the longest agent's chain: per turn, its own read (one storage NIC; two for
+                     dualpath-split) overlapped with its prefill, then (gen - 1) decode steps at the
+                     best time per output token
 
-Nodes allowed to read: basic -> the prefill nodes (PE path only); dualpath -> every
-node; oracle -> none (no I/O: the storage term is 0). A term whose rate is unknown
-(uncapped storage, no probe) is left out and reported as None. Pure arithmetic.
+Compute terms are measured in the run itself, on the cores it actually had, so they move with
+the machine's load exactly as the run does; bytes and rates are the run's own and the emulated
+NICs'. A term whose inputs are unknown (uncapped storage, a remote mesh) is None and left out.
+Pure arithmetic.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dualpath.bench.usage import Usage
 from shared.messages.codes import LoadMode
 
 
 @dataclass(frozen=True, slots=True)
 class Capacity:
-    """What the mesh can do: per-node storage read rate and per-engine compute rates."""
+    """What the mesh can do: per-node storage rates, engine counts and compute rates, cores."""
 
     read_bytes_per_s: float | None  # per node (None = uncapped / unknown)
     prefill_nodes: int
     decode_nodes: int
     prefill_engines: int
-    prefill_tps: float | None  # prefill tokens per second of one engine
+    prefill_tps: float | None  # prefill tokens per second of one engine (best, alone)
     tpot_s: float | None  # best decode seconds per token (batch 1)
+    write_bytes_per_s: float | None = None  # per node
+    cores: int = 0  # cores this host gives the mesh (0: unknown)
+    data_plane_bytes_per_s: float | None = None
     rates: dict | None = None  # the probe's separated rates (replay.probe_rates), for the simulator's prediction
 
 
@@ -35,16 +49,46 @@ def reading_nodes(mode: LoadMode, cap: Capacity) -> int:
     return cap.prefill_nodes + cap.decode_nodes if LoadMode(mode).both_paths else cap.prefill_nodes
 
 
-def lower_bound(mode: LoadMode, hit_bytes: float, miss_tokens: int, chains: list[list[tuple[int, int]]],
-                cap: Capacity) -> dict:
-    """Terms and the bound (seconds); `chains` is per job a list of (miss tokens, gen) per turn."""
+def _per_node(values: dict[str, float], rate: float | None) -> float | None:
+    if not values:
+        return 0.0
+    return max(values.values()) / rate if rate else None
+
+
+def lower_bound(mode: LoadMode, used: Usage, chains: list[list[tuple[int, int, float]]], cap: Capacity) -> dict:
+    """Terms and the bound (seconds); `chains` is per job a list of (miss tokens, gen, hit bytes) per turn."""
+    mode = LoadMode(mode)
     nodes = reading_nodes(mode, cap)
-    storage = 0.0 if nodes == 0 else (hit_bytes / (nodes * cap.read_bytes_per_s) if cap.read_bytes_per_s else None)
-    compute = miss_tokens / (cap.prefill_engines * cap.prefill_tps) if cap.prefill_tps else None
-    serial = None
-    if cap.prefill_tps and cap.tpot_s is not None:
-        serial = max((sum(m / cap.prefill_tps + (g - 1) * cap.tpot_s for m, g in c) for c in chains), default=0.0)
-    terms = {"storage_s": storage, "compute_s": compute, "serial_s": serial}
-    known = [v for v in terms.values() if v is not None]
-    return {**terms, "bound_s": max(known) if known else None, "reading_nodes": nodes,
-            "limit": max((k for k, v in terms.items() if v is not None), key=lambda k: terms[k], default=None)}
+    read = sum(used.read_bytes.values())
+    terms = {
+        "storage_read_s": 0.0 if nodes == 0 else (read / (nodes * cap.read_bytes_per_s)
+                                                  if cap.read_bytes_per_s else None),
+        "storage_write_s": _per_node(used.written_bytes, cap.write_bytes_per_s),
+        "prefill_s": max(used.prefill_s.values(), default=None),
+        "decode_s": max(used.decode_s.values(), default=None),
+        "engines_cores_s": None, "cpu_s": None,
+        "data_plane_s": (used.data_plane_bytes / cap.data_plane_bytes_per_s) if cap.data_plane_bytes_per_s else None,
+        "serial_s": _serial(mode, chains, cap),
+    }
+    engines = len(used.prefill_s) + len(used.decode_s)
+    if cap.cores and engines:
+        terms["engines_cores_s"] = (sum(used.prefill_s.values()) + sum(used.decode_s.values())) / min(cap.cores,
+                                                                                                        engines)
+    if cap.cores and used.cpu_s is not None:
+        terms["cpu_s"] = used.cpu_s / cap.cores
+    known = {k: v for k, v in terms.items() if v is not None}
+    limit = max(known, key=known.get) if known else None
+    return {**terms, "bound_s": known[limit] if limit else None, "reading_nodes": nodes, "limit": limit}
+
+
+def _serial(mode: LoadMode, chains, cap: Capacity) -> float | None:
+    if not cap.prefill_tps or cap.tpot_s is None:
+        return None
+    paths = 0 if not mode.moves_kv else (2 if mode == LoadMode.DUALPATH_SPLIT else 1)
+    rate = (cap.read_bytes_per_s or 0.0) * paths
+
+    def turn(miss: int, gen: int, hit_bytes: float) -> float:
+        own_read = hit_bytes / rate if rate and paths else 0.0
+        return max(own_read, miss / cap.prefill_tps) + (gen - 1) * cap.tpot_s
+
+    return max((sum(turn(*t) for t in c) for c in chains), default=0.0)

@@ -10,19 +10,20 @@ read per node are attributable to one mode), in a rotating order across load lev
 slow drift of the machine hits every mode alike; their token contents differ, so no mode
 reuses another's stored KV. With `--up` the mesh's store and logs live in one temporary
 directory, removed at the end; the logs stay (path printed) when the run failed, or go
-where `--log-dir` says. Wiring only: measurement is in replay.py, numbers in metrics.py
-and bound.py, output in report.py.
+where `--log-dir` says. Wiring only: the order of runs is runs.py's, measurement replay.py's
+and usage.py's, numbers metrics.py's and bound.py's, output report.py's.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import re
 import sys
 import tempfile
 import time
 
-from shared.messages.codes import COMPARED, LoadMode, mode_names, parse_modes
+from shared.messages.codes import BENCH_MODES, LoadMode, mode_names, parse_modes
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,13 +45,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hints", default="off",
                    help="comma-separated agent-hint policies, one run each per mode: off, on (every agent sends "
                         "agent_hints), mixed (every other agent); needs --tool-calls to matter")
-    p.add_argument("--modes", default=",".join(COMPARED),
+    p.add_argument("--modes", default=",".join(BENCH_MODES),
                    help=f"comma-separated load modes, one run each ({', '.join(mode_names())})")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs of every mode (offline) or of every load level (online); figures are their medians")
     p.add_argument("--aps-start", type=float, default=0.5, help="--search-aps: first level")
-    p.add_argument("--search-steps", type=int, default=4, help="--search-aps: load levels per mode")
-    p.add_argument("--slo-ttft", type=float, default=4.0, help="SLO on TTFT in seconds")
-    p.add_argument("--slo-tpot", type=float, default=0.050, help="SLO on TPOT in seconds")
-    p.add_argument("--slo-target", type=float, default=0.9, help="share of turns that must meet the SLO")
+    p.add_argument("--search-steps", type=int, default=8, help="--search-aps: at most this many load levels per mode")
+    p.add_argument("--search-precision", type=float, default=0.1,
+                   help="--search-aps: bisect until the failing level is within this share of the holding one")
+    p.add_argument("--min-turns", type=int, default=0,
+                   help="online: turns per run at least (more agents than --agents when needed)")
+    p.add_argument("--slo-ttft", type=float, default=4.0, help="SLO on TTFT in seconds (steady mean; a run "
+                                                                "whose last 8 turns average more is stopped)")
+    p.add_argument("--slo-tpot", type=float, default=0.050, help="SLO on TPOT in seconds (steady mean)")
+    p.add_argument("--slo-warmup", type=float, default=0.2, help="share of a run's first turns left out of its verdict")
+    p.add_argument("--slo-target", type=float, default=0.9, help="attainment shown beside the verdict (share of "
+                                                                  "turns meeting both)")
     p.add_argument("--url", default="http://127.0.0.1:8000", help="a running mesh")
     p.add_argument("--up", action="store_true", help="start a mesh on this machine for the run")
     p.add_argument("--model", default="smollm2", help="--up: model preset, .gguf or HF directory")
@@ -101,6 +111,10 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--scale must be in (0, 1], got {args.scale}")
     if args.aps is not None and args.aps <= 0:
         raise CliError("--aps must be > 0")
+    if args.repeat < 1:
+        raise CliError(f"--repeat must be >= 1, got {args.repeat}")
+    if not 0 < args.search_precision < 1:
+        raise CliError(f"--search-precision must be in (0, 1), got {args.search_precision}")
     if args.tool_calls < 0:
         raise CliError(f"--tool-calls must be >= 0, got {args.tool_calls}")
     from dualpath.bench.workload import HINTS
@@ -161,7 +175,7 @@ def _bench_up(args: argparse.Namespace, modes: list[LoadMode], topo: tuple[int, 
     failed = True
     try:
         mesh.start(timeout=300, progress=lambda line: print(line, file=sys.stderr, flush=True))
-        code = _bench(args, mesh.url, modes)
+        code = _bench(args, mesh.url, modes, tuple(p.popen.pid for p in mesh.procs if p.name.startswith("nats")))
         failed = code != 0
         return code
     except MeshError as exc:
@@ -176,82 +190,58 @@ def _bench_up(args: argparse.Namespace, modes: list[LoadMode], topo: tuple[int, 
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _bench(args: argparse.Namespace, url: str, modes: list[LoadMode]) -> int:
+def _bench(args: argparse.Namespace, url: str, modes: list[LoadMode], extra_pids: tuple[int, ...] = ()) -> int:
     import httpx
 
     from dualpath.bench import hints as agent_hints
-    from dualpath.bench import replay, report
-    from dualpath.bench.metrics import ApsSearch, Slo
+    from dualpath.bench import report
+    from dualpath.bench.metrics import Slo, summary
+    from dualpath.bench.runs import Plan, Runner, agents_for_turns
     from dualpath.bench.scrape import Scraper
     from dualpath.bench.workload import jobs, load, token_range, with_hints
 
     mesh = httpx.get(url + "/v1/mesh", timeout=10).json()
     lo, hi = token_range(mesh["model"], mesh["vocab_size"])
-    wl = load(args.trace, args.agents or None, args.scale, args.seed, args.time_scale, args.tool_calls)
+    turns_per_agent = args.max_turns or 1_000_000
+    base_agents = args.agents or (None if not args.trace.startswith("gen:") else 4)
+    agents_for = lambda aps: agents_for_turns(args.min_turns, base_agents or 0, turns_per_agent)  # noqa: E731
+    most = max(base_agents or 0, agents_for(0)) or None
+    wl = load(args.trace, most, args.scale, args.seed, args.time_scale, args.tool_calls)
     nonce = random.SystemRandom().randrange(1 << 30)  # fresh token contents: nothing from an earlier run hits
     runs_done = [0]
+    lengths: dict[str, list] = {}  # mode -> the (append, gen) turns of each job it replayed (for the prediction)
 
-    def fresh_jobs(mode: LoadMode) -> list:
+    def fresh_jobs(mode: LoadMode, n_agents: int, hints: str = "off") -> list:
         """This run's copy of the workload: new token contents each run, so no run hits another's KV."""
         runs_done[0] += 1
-        return _cap_turns(jobs(wl, mode, lo, hi, nonce + runs_done[0], mesh.get("max_context") or 0), args.max_turns)
+        js = _cap_turns(jobs(wl, mode, lo, hi, nonce + runs_done[0], mesh.get("max_context") or 0), args.max_turns)
+        js = with_hints(js[:n_agents] if n_agents else js, hints)
+        lengths[mode] = [[(len(a), g) for a, g in j.turns] for j in js]
+        return js
     cap = _capacity(args, url, mesh, lo, hi)
-    slo = Slo(args.slo_ttft, args.slo_tpot, args.slo_target)
-    show = not args.no_progress
+    slo = Slo(args.slo_ttft, args.slo_tpot, args.slo_target, args.slo_warmup)
     doc = {"trace": args.trace, "config": {
-        "model": mesh["model"], "url": url, "agents": len(wl.agents or wl.mooncake), "scale": args.scale,
-        "max_turns": args.max_turns or None, "snic_gbit_s_per_node": args.snic_gbit or None,
-        "prefill_tok_s": _r(cap.prefill_tps), "decode_s_per_tok": _r(cap.tpot_s, 4),
-        "prefill_nodes": cap.prefill_nodes, "decode_nodes": cap.decode_nodes,
-        "block_size": mesh.get("block_size"), "tool_call_scale": args.tool_calls or None}, "runs": []}
-    kv_bytes_per_block = [0.0]
-    hint_runs = args.hint_runs
-    lengths: dict[str, list] = {}  # mode -> the (append, gen) turns of each job it replayed (for the prediction)
-    with Scraper(url) as scraper, agent_hints.TMScraper(url) as tms:
-        def measure(mode: LoadMode, aps: float | None, order: int, hints: str = "off") -> dict:
-            js = with_hints(fresh_jobs(mode), hints)
-            lengths[mode] = [[(len(a), g) for a, g in j.turns] for j in js]
-            t0 = time.time()
-            if aps is None:
-                r = replay.offline(url, js, mode, show, args.timeout)
-            else:
-                r = replay.online(url, js, mode, aps, args.seed + order, show, args.timeout)
-            time.sleep(scraper.period * 1.5)  # let the scraper see the run's last reads
-            scraper.scrape_once()
-            by_node, bpb = scraper.window(t0, time.time())
-            if bpb:
-                kv_bytes_per_block[0] = bpb
-            row = _row(r, slo, by_node, scraper.series(t0, time.time()))
-            if args.tool_calls or hints != "off":
-                row["hints"] = hints
-                row.update(agent_hints.turn_figures(r))
-                pf = row["prefetch"] = tms.window(t0, time.time())
-                pf["arrival_read_bytes"] = sum(by_node.values()) - pf["bulk_read_bytes"]
-            doc["runs"].append(row)
-            return row
-
-        def policies(mode: LoadMode) -> list[str]:
-            return ["off"] if mode == LoadMode.ORACLE else hint_runs  # oracle moves no KV: nothing to hint
-
+        "model": mesh["model"], "url": url, "agents": base_agents or len(wl.agents or wl.mooncake),
+        "scale": args.scale, "max_turns": args.max_turns or None, "repeat": args.repeat,
+        "snic_gbit_s_per_node": args.snic_gbit or None, "prefill_tok_s": _r(cap.prefill_tps),
+        "decode_s_per_tok": _r(cap.tpot_s, 4), "prefill_nodes": cap.prefill_nodes, "decode_nodes": cap.decode_nodes,
+        "cores": cap.cores, "data_plane_gb_s": _r((cap.data_plane_bytes_per_s or 0) / 1e9, 2),
+        "block_size": mesh.get("block_size"), "load_average": _loadavg(),
+        "tool_call_scale": args.tool_calls or None}, "runs": []}
+    plan = Plan(url, fresh_jobs, slo, cap, not args.no_progress, args.timeout, mesh.get("block_size") or 64,
+                extra_pids, tuple(args.hint_runs), bool(args.tool_calls))
+    with Scraper(url) as scraper, agent_hints.TMScraper(url) as tms, Runner(plan, scraper, tms) as runner:
+        n = base_agents or 0
         if args.offline:
-            for mode in modes:
-                for h in policies(mode):
-                    measure(mode, None, 0, h)
+            runner.offline(modes, n, args.repeat)
         elif args.aps is not None:
-            for mode in modes:
-                for h in policies(mode):
-                    measure(mode, args.aps, 0, h)
+            runner.fixed(modes, args.aps, agents_for(args.aps), args.repeat, args.seed)
         else:
-            searches = {m: ApsSearch(args.aps_start) for m in modes}
-            for step in range(args.search_steps):
-                order = modes[step % len(modes):] + modes[: step % len(modes)]  # rotate: drift hits all alike
-                for mode in order:
-                    aps = searches[mode].next()
-                    row = measure(mode, aps, step)
-                    searches[mode].record(aps, row["slo_attainment"] >= slo.target and row["errors"] == 0)
-            doc["search"] = {m: s.best for m, s in searches.items()}
-    _bounds(doc, cap, kv_bytes_per_block[0] or None, mesh.get("block_size") or 64)
-    doc["ratios"] = report.ratios(doc)
+            doc["search"] = runner.search(modes, args.aps_start, agents_for, args.repeat, args.seed,
+                                          args.search_precision, args.search_steps)
+    doc["runs"] = runner.rows
+    doc["config"]["kv_bytes_per_block"] = runner.bytes_per_token * (mesh.get("block_size") or 64) or None
+    doc["config"]["load_average_after"] = _loadavg()
     if any("hinted_turns" in r for r in doc["runs"]):
         doc["hint_ratios"] = agent_hints.ratios(doc["runs"])
     if args.data_plane:
@@ -263,6 +253,7 @@ def _bench(args: argparse.Namespace, url: str, modes: list[LoadMode]) -> int:
         from dualpath.bench.predict import add_predictions
 
         add_predictions(doc, cap, mesh, _settings(args.set), args.snic_gbit, lengths)
+    doc["summary"] = summary(doc["runs"])
     doc = report.clean(doc)
     if args.report:
         print(report.write_report(doc, args.report))
@@ -270,7 +261,14 @@ def _bench(args: argparse.Namespace, url: str, modes: list[LoadMode]) -> int:
         print(report.markdown(doc))
     if args.json:
         report.write_json(doc, args.json)
-    return 1 if any(r["errors"] for r in doc["runs"]) else 0
+    return 1 if any(r["errors"] for r in doc["runs"] if r["kind"] == "offline") else 0
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
 
 
 CONFIGS = {  # --set SERVICE -> (module, config class): keys are checked before a mesh starts
@@ -324,45 +322,27 @@ def _capacity(args, url: str, mesh: dict, lo: int, hi: int):
     tps = tpot = rates = None
     if not args.no_probe:
         n = min(256, max(64, (mesh.get("max_context") or 512) // 4))
-        rates = replay.probe_rates(url, lo, hi, n_prompt=n, n_gen=8)
+        rates = replay.probe_rates(url, lo, hi, n_prompt=n, n_gen=8, repeat=3)
         tps = n / (rates["turn_overhead_s"] + n / rates["prefill_tok_s"])  # a whole fresh prompt's rate
         tpot = rates["decode_step_s"]
-    return Capacity(read_bytes_per_s=args.snic_gbit * 1e9 / 8 if args.snic_gbit else None,
-                    prefill_nodes=len(p_nodes) or 1, decode_nodes=len(d_nodes) or 1,
+    rate = args.snic_gbit * 1e9 / 8 if args.snic_gbit else None
+    local = args.up or url.startswith(("http://127.", "http://localhost"))
+    return Capacity(read_bytes_per_s=rate, prefill_nodes=len(p_nodes) or 1, decode_nodes=len(d_nodes) or 1,
                     prefill_engines=sum(1 for e in engines if e.get("role") == "prefill") or 1,
-                    prefill_tps=tps, tpot_s=tpot, rates=rates)
+                    prefill_tps=tps, tpot_s=tpot, write_bytes_per_s=rate,
+                    cores=len(os.sched_getaffinity(0)) if local else 0,
+                    data_plane_bytes_per_s=_memcpy_rate() if local else None, rates=rates)
 
 
-def _row(r, slo, by_node: dict, series: dict) -> dict:
-    from dualpath.bench.metrics import summarise
+def _memcpy_rate() -> float:
+    """Bytes per second of one large memcpy here (the shm data plane's ceiling): best of 3."""
+    import numpy as np
 
-    row = summarise(r, slo)
-    row["storage_read_bytes_per_node"] = by_node
-    row["storage_series"] = series
-    row["_chains"] = _chains(r)
-    return row
-
-
-def _chains(r) -> list[list[tuple[int, int]]]:
-    by_job: dict[str, list] = {}
-    for t in sorted(r.turns, key=lambda t: (t.job, t.turn)):
-        if not t.error:
-            by_job.setdefault(t.job, []).append((t.prompt_tokens - t.cached_tokens, t.gen_tokens))
-    return list(by_job.values())
-
-
-def _bounds(doc: dict, cap, bytes_per_block: float | None, block: int) -> None:
-    from dualpath.bench.bound import lower_bound
-
-    doc["config"]["kv_bytes_per_block"] = bytes_per_block
-    for row in doc["runs"]:
-        chains = row.pop("_chains")
-        if row["kind"] != "offline":
-            row["jct_lower_bound_s"] = None
-            continue
-        hit_bytes = row["cached_tokens"] * (bytes_per_block or 0.0) / block
-        miss = row["prompt_tokens"] - row["cached_tokens"]
-        b = lower_bound(row["mode"], hit_bytes, miss, chains, cap)
-        row["bound"] = b
-        row["jct_lower_bound_s"] = b["bound_s"]
-        row["jct_over_bound"] = row["jct_s"] / b["bound_s"] if b["bound_s"] else None
+    src = np.ones(64 << 20, np.uint8)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return src.nbytes / best

@@ -5,7 +5,9 @@ its last chunk (`stream_options.include_usage` + `return_token_ids`) carries the
 tokens and the generated ids that the next turn's prompt appends. A job is a closed loop:
 turn i+1 starts when turn i ends.
 - offline: every job starts at t=0; JCT = last turn end.
-- online: job k starts at its Poisson arrival (rate `aps`) or its recorded arrival (Mooncake).
+- online: job k starts at its Poisson arrival (rate `aps`) or its recorded arrival (Mooncake);
+  a run is stopped early, as the paper ends one, once its TTFT is past the limit (`stop_ttft_s`:
+  the mean TTFT of the last 8 turns), and says so in `RunResult.stopped`.
 Owns the HTTP client side and the progress bar; the numbers are summarised in metrics.py.
 """
 from __future__ import annotations
@@ -54,6 +56,14 @@ class RunResult:
     job_ends: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
     t0_unix: float = 0.0
+    stopped: str = ""  # why an online run was stopped early ("": it ran to the end)
+
+
+class _Stop(Exception):
+    """Raised inside a run's task group to end every agent at once."""
+
+
+STOP_WINDOW = 8  # turns whose mean TTFT decides an early stop
 
 
 class Progress:
@@ -111,7 +121,7 @@ async def one_turn(client: httpx.AsyncClient, url: str, prompt: list[int], gen: 
 
 
 async def run_job(client: httpx.AsyncClient, url: str, job: Job, t0: float, out: RunResult,
-                  progress: Progress) -> None:
+                  progress: Progress, stop_ttft_s: float = 0.0) -> None:
     context: list[int] = []
     for i, (append, gen) in enumerate(job.turns):
         tool = job.tool_after(i - 1) if i else 0.0
@@ -122,6 +132,11 @@ async def run_job(client: httpx.AsyncClient, url: str, job: Job, t0: float, out:
         res.job, res.turn, res.hinted, res.after_tool_s = job.id, i, job.hinted, tool
         out.turns.append(res)
         progress.step()
+        if stop_ttft_s and len(out.turns) >= STOP_WINDOW:
+            last = [t.ttft for t in out.turns[-STOP_WINDOW:] if t.ttft == t.ttft]
+            if last and sum(last) / len(last) > stop_ttft_s:
+                out.stopped = f"mean TTFT of the last {STOP_WINDOW} turns {sum(last) / len(last):.2f} s"
+                raise _Stop()
         if res.error:
             progress.step(len(job.turns) - i - 1)
             break
@@ -136,7 +151,7 @@ def poisson_arrivals(n: int, aps: float, seed: int) -> list[float]:
 
 
 async def _drive(url: str, jobs: list[Job], arrivals: list[float], mode: LoadMode, kind: str, aps: float | None,
-                 show: bool, timeout: float) -> RunResult:
+                 show: bool, timeout: float, stop_ttft_s: float = 0.0) -> RunResult:
     out = RunResult(mode, kind, aps, t0_unix=time.time())
     progress = Progress(sum(len(j.turns) for j in jobs), f"{kind} {mode}" + (f" @{aps:g}" if aps else ""),
                         enabled=show)
@@ -148,11 +163,15 @@ async def _drive(url: str, jobs: list[Job], arrivals: list[float], mode: LoadMod
 
         async def start_at(job: Job, at: float) -> None:
             await asyncio.sleep(max(0.0, at - (time.perf_counter() - t0)))
-            await run_job(client, url, job, t0, out, progress)
+            await run_job(client, url, job, t0, out, progress, stop_ttft_s)
 
-        async with asyncio.TaskGroup() as tg:
-            for job, at in zip(jobs, arrivals):
-                tg.create_task(start_at(job, at))
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for job, at in zip(jobs, arrivals):
+                    tg.create_task(start_at(job, at))
+        except* _Stop:  # every other agent was cancelled (their streams closed: the mesh cancels them)
+            if show:
+                print(f"\n{kind} {mode} @{aps:g}: stopped, {out.stopped}", file=sys.stderr)
         out.wall_s = time.perf_counter() - t0
     return out
 
@@ -162,10 +181,10 @@ def offline(url: str, jobs: list[Job], mode: LoadMode, show: bool = True, timeou
 
 
 def online(url: str, jobs: list[Job], mode: LoadMode, aps: float, seed: int = 0, show: bool = True,
-           timeout: float = 600) -> RunResult:
+           timeout: float = 600, stop_ttft_s: float = 0.0) -> RunResult:
     recorded = all(j.arrival_s is not None for j in jobs)
     arrivals = [j.arrival_s for j in jobs] if recorded else poisson_arrivals(len(jobs), aps, seed)
-    return asyncio.run(_drive(url, jobs, arrivals, mode, "online", aps, show, timeout))
+    return asyncio.run(_drive(url, jobs, arrivals, mode, "online", aps, show, timeout, stop_ttft_s))
 
 
 def probe_rates(url: str, lo: int, hi: int, n_prompt: int = 256, n_gen: int = 16, batch: int = 4,

@@ -1,7 +1,8 @@
 """The benchmark's outputs: a markdown report, the JSON document and PNG plots.
 
-JSON: {"trace": ..., "config": {...}, "runs": [one object per (mode, load level)],
-"search": {mode: best APS} (online search only)}. Plots (matplotlib, Agg backend):
+JSON: {"trace": ..., "config": {...}, "runs": [one object per run (mode, load level, repeat)],
+"summary": medians over repeats (metrics.summary), "search": {mode: capacity, levels} (online
+search only)}. Plots (matplotlib, Agg backend):
 jct_by_mode.png (offline), ttft_tpot_vs_aps.png (online), storage_read_bytes.png (bytes
 read per node over time, one panel per mode). Owns formatting only; no measurement.
 """
@@ -11,6 +12,8 @@ import json
 import math
 from pathlib import Path
 
+from dualpath.bench.metrics import run_name as _name
+from dualpath.bench.metrics import summary
 from shared.messages.codes import LoadMode
 
 
@@ -24,23 +27,18 @@ def _mb(b: float) -> str:
     return f"{b / 1e6:.2f}"
 
 
-def ratios(doc: dict) -> dict:
-    """The DualPath headline ratios of an offline run (modes present in it only):
-    speedup over basic (basic JCT / dualpath JCT), distance from oracle (dualpath JCT /
-    oracle JCT), and the spread of storage bytes read across nodes (max/avg, dualpath)."""
-    runs = [r for r in doc["runs"] if r.get("hints", "off") == "off"]  # hinted runs: dualpath/bench/hints.py
-    jct = {r["mode"]: r["jct_s"] for r in runs if r["kind"] == "offline" and r.get("jct_s")}
-    out = {}
-    dual, basic, oracle = LoadMode.DUALPATH, LoadMode.BASIC, LoadMode.ORACLE
-    if dual in jct and basic in jct:
-        out["dualpath_speedup_over_basic"] = jct[basic] / jct[dual]
-    if dual in jct and oracle in jct:
-        out["dualpath_over_oracle"] = jct[dual] / jct[oracle]
-    dp = next((r for r in runs if r["kind"] == "offline" and r["mode"] == dual), None)
-    reads = list((dp or {}).get("storage_read_bytes_per_node", {}).values())
-    if reads and sum(reads) > 0:
-        out["dualpath_read_bytes_max_over_avg"] = max(reads) / (sum(reads) / len(reads))
-    return out
+TERM_NAMES = {"storage_read_s": "storage read", "storage_write_s": "storage write", "prefill_s": "prefill compute",
+              "decode_s": "decode compute", "engines_cores_s": "engines on shared cores", "cpu_s": "host CPU",
+              "data_plane_s": "data plane", "serial_s": "serial chain"}
+
+
+def _sp(s: dict | None, unit: str = "", digits: int = 3) -> str:
+    """median [min-max] of a spread (just the median for one run)."""
+    if not s or s.get("median") is None:
+        return "n/a"
+    if s["n"] <= 1 or s["min"] == s["max"]:
+        return _f(s["median"], unit, digits)
+    return f"{_f(s['median'], unit, digits)} [{_f(s['min'], '', digits)}-{_f(s['max'], '', digits)}]"
 
 
 def markdown(doc: dict) -> str:
@@ -48,65 +46,21 @@ def markdown(doc: dict) -> str:
     lines = [f"# dualpath bench: {doc.get('trace', '?')}", ""]
     lines.append(", ".join(f"{k}={v}" for k, v in cfg.items() if v not in (None, "")))
     lines.append("")
-    offline = [r for r in doc["runs"] if r["kind"] == "offline"]
+    summ = doc.get("summary") or summary(doc["runs"])
+    if summ.get("offline"):
+        lines += _offline(doc, summ)
     online = [r for r in doc["runs"] if r["kind"] == "online"]
-    if offline:
-        lines += ["## Offline (all agents start together; closed loop per agent)", "",
-                  "| mode | JCT s | simulator's prediction s | measured/predicted | lower bound s | measured/bound "
-                  "| bound set by | hit ratio | turns | errors | storage MB read per node |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for r in offline:
-            b = r.get("bound") or {}
-            ratio = r["jct_s"] / r["jct_lower_bound_s"] if r.get("jct_lower_bound_s") else None
-            nodes = " ".join(f"{n}:{_mb(v)}" for n, v in sorted(r["storage_read_bytes_per_node"].items()))
-            lines.append(f"| {_name(r)} | {_f(r['jct_s'])} | {_f(r.get('predicted_jct_s'))} "
-                         f"| {_f(r.get('measured_over_predicted'), 'x', 2)} | {_f(r.get('jct_lower_bound_s'))} "
-                         f"| {_f(ratio, 'x', 2)} | {b.get('limit') or 'n/a'} | {_f(r['hit_ratio'])} | {r['turns']} "
-                         f"| {r['errors']} | {nodes} |")
-        lines += ["", "Lower bound = max(storage: hit KV bytes / read bandwidth of the nodes allowed to read, "
-                  "compute: miss tokens / summed prefill rate, serial: the longest agent's chain). Prediction: "
-                  "`dualpath sim` replaying the same turns on a cluster of this mesh's shape, fitted to the "
-                  "probed rates below (dualpath/sim/calibrate.py).", ""]
-        pr = (doc.get("prediction") or {}).get("rates")
-        if pr:
-            lines += [f"- probed: prefill {pr['prefill_tok_s']:.0f} tok/s + {pr['turn_overhead_s'] * 1e3:.0f} ms a "
-                      f"turn; decode step {pr['decode_step_s'] * 1e3:.1f} ms + {pr['decode_per_seq_s'] * 1e3:.1f} ms "
-                      f"per further sequence; KV {pr['kv_bytes_per_token']:.0f} B/token; storage NIC "
-                      f"{(pr['snic_bytes_s'] or 0) / 1e6:.1f} MB/s per node; data plane "
-                      f"{pr['data_plane_bytes_s'] / 1e9:.2f} GB/s; alpha {pr['alpha_tokens']}, beta "
-                      f"{pr['beta_tokens']} tokens", ""]
-        for r in offline:
-            b = r.get("bound") or {}
-            lines.append(f"- {_name(r)}: storage {_f(b.get('storage_s'))} s ({b.get('reading_nodes', '?')} reading "
-                         f"nodes), compute {_f(b.get('compute_s'))} s, serial {_f(b.get('serial_s'))} s")
-        lines.append("")
-        rat = doc.get("ratios") or {}
-        names = {"dualpath_speedup_over_basic": "dualpath speed-up over basic (basic JCT / dualpath JCT)",
-                 "dualpath_over_oracle": "dualpath JCT / oracle JCT",
-                 "dualpath_read_bytes_max_over_avg": "dualpath storage bytes read per node, max / avg"}
-        lines += [f"- {names[k]}: {_f(v, 'x', 2)}" for k, v in rat.items()] + ([""] if rat else [])
     if online:
-        slo = online[0]["slo"]
-        lines += [f"## Online (Poisson arrivals; SLO TTFT <= {slo['ttft_s']} s, TPOT <= {slo['tpot_s'] * 1000:g} ms, "
-                  f"target {slo['target']:.0%})", "",
-                  "| mode | APS | TTFT p50 s | TTFT p99 s | TTST p50 s | TPOT p50 ms | TPOT p99 ms | SLO attainment "
-                  "| hit ratio | turns | errors |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for r in sorted(online, key=lambda r: (r["mode"], r["aps"] or 0)):
-            lines.append(f"| {_name(r)} | {_f(r['aps'], '', 3)} | {_f(r['ttft_p50_s'])} | {_f(r['ttft_p99_s'])} "
-                         f"| {_f(r['ttst_p50_s'])} | {_f(_ms(r['tpot_p50_s']), '', 1)} | {_f(_ms(r['tpot_p99_s']), '', 1)} "
-                         f"| {r['slo_attainment']:.1%} | {_f(r['hit_ratio'])} | {r['turns']} | {r['errors']} |")
-        lines.append("")
+        lines += _online(online)
     from dualpath.bench.hints import markdown as hint_lines
 
     lines += hint_lines(doc)
     errs = [f"- {r['mode']}" + (f" @{r['aps']:g} APS" if r.get("aps") else "") + f": {e}"
             for r in doc["runs"] for e in r.get("error_samples") or []]
     if errs:
-        lines += ["## Failed turns (samples)", ""] + errs + [""]
+        lines += ["## Failed turns (samples)", ""] + sorted(set(errs))[:12] + [""]
     if doc.get("search"):
-        lines += ["## Capacity at SLO (highest APS meeting the target)", ""]
-        lines += [f"- {m}: {_f(v, ' APS', 3)}" for m, v in doc["search"].items()]
-        lines.append("")
+        lines += _search(doc["search"])
     if doc.get("data_plane"):
         from shared.transport.bench import lines as data_plane_lines
 
@@ -117,9 +71,78 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines)
 
 
-def _name(r: dict) -> str:
-    """The run's mode, and its agent-hint policy when it has one other than off."""
-    return r["mode"] + (f" (hints {r['hints']})" if r.get("hints", "off") != "off" else "")
+def _offline(doc: dict, summ: dict) -> list[str]:
+    n = doc.get("config", {}).get("repeat") or 1
+    what = f"medians of {n} runs [min-max]" if n > 1 else "one run"
+    lines = [f"## Offline (all agents start together; closed loop per agent; {what})", "",
+             "| mode | JCT s | lower bound s | JCT/bound | bound set by | simulator's prediction s "
+             "| measured/predicted | hit ratio | storage read max/avg |", "|---|---|---|---|---|---|---|---|---|"]
+    for m, v in summ["offline"].items():
+        lines.append(f"| {m} | {_sp(v['jct_s'])} | {_sp(v['bound_s'])} | {_sp(v['jct_over_bound'], 'x', 2)} "
+                     f"| {TERM_NAMES.get(v['limit'], v['limit'] or 'n/a')} | {_sp(v.get('predicted_jct_s'))} "
+                     f"| {_sp(v.get('measured_over_predicted'), 'x', 2)} | {_sp(v['hit_ratio'])} "
+                     f"| {_sp(v['read_max_over_avg'], 'x', 2)} |")
+    lines += ["", "Lower bound = the largest of its terms (seconds; medians), each a resource the run needs "
+              "(dualpath/bench/bound.py):", "",
+              "| mode | " + " | ".join(TERM_NAMES.values()) + " |", "|---" * (len(TERM_NAMES) + 1) + "|"]
+    for m, v in summ["offline"].items():
+        lines.append(f"| {m} | " + " | ".join(_f((v["terms"][k] or {}).get("median")) for k in TERM_NAMES) + " |")
+    lines += ["", "Prediction: `dualpath sim` replaying the same turns on a cluster of this mesh's shape, fitted "
+              "to the probed rates (dualpath/sim/calibrate.py).", ""]
+    pr = (doc.get("prediction") or {}).get("rates")
+    if pr:
+        lines += [f"- probed: prefill {pr['prefill_tok_s']:.0f} tok/s + {pr['turn_overhead_s'] * 1e3:.0f} ms a "
+                  f"turn; decode step {pr['decode_step_s'] * 1e3:.1f} ms + {pr['decode_per_seq_s'] * 1e3:.1f} ms "
+                  f"per further sequence; KV {pr['kv_bytes_per_token']:.0f} B/token; storage NIC "
+                  f"{(pr['snic_bytes_s'] or 0) / 1e6:.1f} MB/s per node; data plane "
+                  f"{pr['data_plane_bytes_s'] / 1e9:.2f} GB/s; alpha {pr['alpha_tokens']}, beta "
+                  f"{pr['beta_tokens']} tokens", ""]
+    names = {"speedup": "speed-up (basic JCT / its JCT)", "bound_ratio": "ratio of the bounds (basic / its)",
+             "of_bound_ratio": "speed-up / bound ratio", "jct_ratio": "JCT / oracle JCT"}
+    for pair, vals in summ.get("pairs", {}).items():
+        lines.append(f"- {pair}: " + "; ".join(f"{names[k]} {_sp(s, 'x', 2)}" for k, s in vals.items()))
+    if summ.get("hit_ratio_spread") is not None:
+        lines.append(f"- hit ratios of the modes lie within {summ['hit_ratio_spread']:.3f} of each other")
+    nodes = {}
+    for r in doc["runs"]:
+        if r["kind"] == "offline":
+            for node, b in r["storage_read_bytes_per_node"].items():
+                nodes.setdefault(_name(r), {}).setdefault(node, []).append(b)
+    lines += [""] + [f"- storage MB read per node, {m} (median): " + " ".join(
+        f"{node}:{_mb(sorted(bs)[len(bs) // 2])}" for node, bs in sorted(per.items())) for m, per in nodes.items()]
+    return lines + [""]
+
+
+def _online(online: list[dict]) -> list[str]:
+    slo = online[0]["slo"]
+    lines = [f"## Online (Poisson arrivals; SLO: steady mean TTFT <= {slo['ttft_s']} s and TPOT <= "
+             f"{slo['tpot_s'] * 1000:g} ms, after the first {slo.get('warmup', 0.2):.0%} of turns)", "",
+             "| mode | APS | repeat | turns | TTFT mean s | TTFT p99 s | TPOT mean ms | TPOT p99 ms | attainment "
+             "| holds | failed | hit ratio | errors |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(online, key=lambda r: (r["mode"], r["aps"] or 0, r.get("repeat", 0))):
+        lines.append(f"| {_name(r)} | {_f(r['aps'], '', 3)} | {r.get('repeat', 0)} | {r['turns']} "
+                     f"| {_f(r.get('ttft_steady_mean_s'))} | {_f(r['ttft_p99_s'])} "
+                     f"| {_f(_ms(r.get('tpot_steady_mean_s')), '', 1)} | {_f(_ms(r['tpot_p99_s']), '', 1)} "
+                     f"| {r['slo_attainment']:.1%} | {'yes' if r.get('slo_holds') else 'no'} "
+                     f"| {r.get('slo_failed') or '-'} | {_f(r['hit_ratio'])} | {r['errors']} |")
+    return lines + [""]
+
+
+def _search(search: dict) -> list[str]:
+    lines = ["## Capacity at the SLO (highest APS whose level holds; bisected)", ""]
+    for m, s in search.items():
+        lo, hi = s["bracket"]
+        lines.append(f"- {m}: {_f(s['capacity_aps'], ' APS', 3)} (next level that failed: {_f(hi, ' APS', 3)})")
+        for lv in s["levels"]:
+            lines.append(f"  - @{lv['aps']:.3g}: {'holds' if lv['holds'] else 'fails (' + lv['failed'] + ')'}, "
+                         f"{lv['turns']} turns, TTFT mean {_sp(lv['ttft_mean_s'])} s, TPOT mean "
+                         f"{_sp(lv['tpot_mean_s'], '', 4)} s, attainment {_sp(lv['attainment'], '', 2)}")
+    base = search.get(LoadMode.BASIC.value, {}).get("capacity_aps")
+    for m in (LoadMode.DUALPATH.value, LoadMode.DUALPATH_SPLIT.value):
+        if base and search.get(m, {}).get("capacity_aps"):
+            lines.append(f"- {m} / {LoadMode.BASIC.value} capacity: {search[m]['capacity_aps'] / base:.2f}x")
+    return lines + [""]
+
 
 
 def _ms(v):
@@ -160,9 +183,10 @@ def plots(doc: dict, out_dir: str | Path) -> list[str]:
     online = [r for r in doc["runs"] if r["kind"] == "online"]
     if offline:
         fig, ax = plt.subplots(figsize=(5, 3.5))
-        modes = [r["mode"] for r in offline]
-        ax.bar(modes, [r["jct_s"] for r in offline], color="tab:blue", label="measured JCT")
-        bounds = [r.get("jct_lower_bound_s") for r in offline]
+        per = (doc.get("summary") or {}).get("offline") or {}
+        modes = list(per)
+        ax.bar(modes, [per[m]["jct_s"]["median"] for m in modes], color="tab:blue", label="measured JCT (median)")
+        bounds = [per[m]["bound_s"]["median"] for m in modes]
         if any(b is not None for b in bounds):
             ax.scatter(modes, [b if b is not None else float("nan") for b in bounds], color="black", marker="_",
                        s=600, label="lower bound", zorder=3)
@@ -175,9 +199,9 @@ def plots(doc: dict, out_dir: str | Path) -> list[str]:
         for mode in dict.fromkeys(r["mode"] for r in online):
             rs = sorted((r for r in online if r["mode"] == mode), key=lambda r: r["aps"])
             x = [r["aps"] for r in rs]
-            a1.plot(x, [r["ttft_p50_s"] for r in rs], "o-", label=f"{mode} p50")
-            a1.plot(x, [r["ttft_p99_s"] for r in rs], "x--", label=f"{mode} p99")
-            a2.plot(x, [_ms(r["tpot_p50_s"]) for r in rs], "o-", label=f"{mode} p50")
+            a1.plot(x, [r.get("ttft_steady_mean_s") for r in rs], "o", label=f"{mode} mean")
+            a1.plot(x, [r["ttft_p99_s"] for r in rs], "x", label=f"{mode} p99")
+            a2.plot(x, [_ms(r.get("tpot_steady_mean_s")) for r in rs], "o", label=f"{mode} mean")
         slo = online[0]["slo"]
         a1.axhline(slo["ttft_s"], color="red", lw=0.8)
         a2.axhline(slo["tpot_s"] * 1000, color="red", lw=0.8)

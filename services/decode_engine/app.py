@@ -72,6 +72,10 @@ class DecodeEngineService(EngineService):
             return
         req = DecodeRequest(msg.req_id, list(msg.prompt), msg.sampling, msg.reply, d.ctx, admit=msg)
         req.generated.append(msg.first_token)
+        why = "" if msg.oracle else await self.persister.claim_prompt(req, msg)  # on its way to the store now
+        if why:
+            await d.respond(Ack(False, f"prompt not saved: {why}", ErrorCode.CANCELLED))
+            return
         self.held[req.req_id] = req
         self.waiting.append(req)
         await d.respond(Ack())

@@ -1,12 +1,16 @@
 """Persistence from the decode side: every full block is saved the moment it fills.
 
-Prompt blocks the store did not have (the PE computed them) are saved on admission;
-each generated block when decoding completes it. Saving is background work of the
-traffic-manager (bulk class) and never stalls a decode step; the engine keeps a
-request's KV blocks until the TM has copied them out (`busy`), so a block is never
-reused while its bytes are on their way to the store. A save the TM refuses or times
-out is logged and skipped (persistence is best effort); an unexpected error is logged
-with its traceback, counted, and ends that request with an error (`on_failure`).
+Prompt blocks the store did not have (the PE computed them) are saved on admission, before
+it is acknowledged, straight from the DE buffer they arrived in (`claim_prompt`: whatever
+ends the request later, a cancel while it waits for KV memory included, they are on their
+way; a cancel that overtook the admission makes the admission fail, and the PE saves them); each
+generated block when decoding completes it, copied out of KV memory. Saving is
+background work of the traffic-manager (bulk class) and never stalls a decode step; the
+engine keeps a request's KV blocks until the TM has copied them out (`busy`), so a block
+is never reused while its bytes are on their way to the store. A save the TM refuses
+or times out is logged and counted by the TM (persistence is best effort); an unexpected
+error is logged with its traceback, counted, and ends that request with an error
+(`on_failure`).
 Receives the bus and callbacks into the engine, never the engine itself.
 """
 from __future__ import annotations
@@ -39,13 +43,29 @@ class Persister:
         self.m_saved = metrics.counter("persisted_blocks_total", "Full blocks handed to persistence")
         self.m_failed = metrics.counter("persist_failures_total", "Saves that failed unexpectedly")
 
+    async def claim_prompt(self, req: EngineRequest, admit: DecodeAdmit) -> str:
+        """On admission, before it is acknowledged: the prompt's full blocks the store lacks, written
+        from the DE buffer slots they arrived in (the TM holds those slots until written, whatever
+        ends the request). Returns why it could not ("": claimed, or nothing to save): the slots were
+        released already (a cancel overtook the admission) -- then the PE, still holding the prompt,
+        persists it."""
+        n_full = min(admit.prompt_len // self.layout.block_size, len(admit.block_keys), len(admit.buf_slots))
+        start = min(admit.persisted_blocks, n_full)
+        if start >= n_full:
+            return ""
+        msg = SaveKV(req.req_id, [], list(admit.block_keys[start:n_full]), self.node, self.layout,
+                     slots=list(admit.buf_slots[start:n_full]))
+        try:
+            res = await self.bus.request(self.subject, msg, SaveCopied, timeout=self.timeout_s, ctx=req.ctx)
+        except BusError as exc:
+            return exc.reason
+        self.m_saved.inc(res.copied)
+        return res.error
+
     def prompt(self, seq: RunningSeq, admit: DecodeAdmit) -> None:
-        """On admission: keys of the prompt's full blocks; save those the store lacks."""
+        """On joining the batch: the keys of the prompt's full blocks (generated blocks chain on them)."""
         n_full = admit.prompt_len // self.layout.block_size
         seq.keys = list(admit.block_keys[:n_full])
-        start = min(admit.persisted_blocks, len(seq.keys))
-        if start < len(seq.keys):
-            self._save(seq, list(range(start, len(seq.keys))))
 
     def generated(self, seq: RunningSeq, block: int) -> None:
         """Decoding just filled `block`: key it (chained on the previous key) and save it."""
@@ -63,10 +83,13 @@ class Persister:
                      self.layout)
         self.spawn(self._request(req, msg), name=f"persist-{req.req_id}")
 
-    async def _request(self, req: EngineRequest, msg: SaveKV) -> None:
+    async def _request(self, req: EngineRequest, msg: SaveKV, count: bool = True) -> None:
+        """`count`: the save reads the request's KV blocks (it keeps them until copied out)."""
         try:
             res = await self.bus.request(self.subject, msg, SaveCopied, timeout=self.timeout_s, ctx=req.ctx)
             self.m_saved.inc(res.copied)
+            if res.error:
+                log.warning("persist of %s: %s", req.req_id, res.error)
         except BusError as exc:
             log.warning("persist of %s failed: %s", req.req_id, exc.reason)
         except Exception as exc:  # noqa: BLE001 - a broken save ends its request, not the engine
@@ -74,7 +97,8 @@ class Persister:
             self.m_failed.inc()
             self.on_failure(req, f"persisting its KV failed: {type(exc).__name__}: {exc}")
         finally:
-            self._copied(req)
+            if count:
+                self._copied(req)
 
     def _copied(self, req: EngineRequest) -> None:
         self.pending[req.req_id] -= 1

@@ -15,6 +15,7 @@ import time
 
 from opentelemetry import trace
 
+from services.prefill_engine import memory
 from services.prefill_engine.batching import Chunk, forward, pick
 from services.prefill_engine.config import PrefillEngineConfig
 from services.prefill_engine.fetch import Fetcher, usable_hits
@@ -25,7 +26,7 @@ from shared.bus import Delivery
 from shared.engine.service import EngineService
 from shared.messages.codes import ErrorCode, FinishReason, LoadMode
 from shared.messages.stream import TokenEvent
-from shared.messages.traffic_manager import FetchProgress, Release, progress_decoder
+from shared.messages.traffic_manager import FetchProgress, LayersComputed, Release, progress_decoder
 from shared.messages.work import Cancel, PrefillWork
 from shared.runtime import service_main
 from shared.sched.policy.intra_pe import AttentionModel
@@ -51,18 +52,25 @@ class PrefillEngineService(EngineService):
         self.m_requests = m.counter("requests_total", "Prompts prefilled")
         self.m_tokens = m.counter("tokens_total", "Prompt tokens computed")
         self.m_step = m.histogram("step_seconds", "Prefill forward time")
+        self.m_compute = m.counter("compute_seconds", "Forward time not spent waiting for stored KV")
         self.m_handoff = m.histogram("handoff_seconds", "KV push + admit time")
+        self.m_tail = m.histogram("handoff_tail_seconds", "Last layer computed -> last layer in the DE buffer",
+                                  buckets=(1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 1))
         self.m_queue = m.gauge("queue_length", "Requests waiting for prefill")
+        self.s_per_token = 1e-3  # measured prefill seconds per computed token (moving average)
 
     async def start(self) -> None:
         await self.load()
         cfg = self.cfg
         self.fetcher = Fetcher(self.bus, self.subjects.tm(self.engine, "fetch"), cfg, self.store, self.kv,
                                self.loaded.config.n_layers, self.held, self.spawn, ready=self._ready,
-                               fail=self.fail, failed_load=self._load_failed, release=self._release)
+                               fail=self.fail, failed_load=self._load_failed, release=self._release,
+                               one_forward=self._one_forward, estimate=self._estimate, abandon=self._abandon,
+                               engine=self.engine)
         self.handoff = Handoff(self.bus, self.subjects, self.engine, cfg.handoff_timeout_s,
                                self.loaded.config.eos_ids, self.m_handoff.observe, fail=self.fail,
-                               release=self._release, drop_de_slots=self._drop_de_slots)
+                               release=self._release, drop_de_slots=self._drop_de_slots, store=self.store,
+                               node=cfg.node, spawn=self.spawn, observe_tail=self.m_tail.observe)
         await self.bus.subscribe(self.subjects.prefill_work(self.engine), PrefillWork, self._on_work)
         await self.bus.subscribe(self.subjects.prefill_loaded(self.engine), progress_decoder, self._on_loaded)
         await self.bus.subscribe(self.subjects.cancel, Cancel, self._on_cancel)
@@ -86,11 +94,7 @@ class PrefillEngineService(EngineService):
         hits = usable_hits(msg, self.cfg.block_size)
         if msg.mode == LoadMode.ORACLE:  # no I/O: the hit KV is taken as present (output not meaningful)
             req.hit_tokens = hits * self.cfg.block_size
-            self.queue.append(req)
-        elif hits:
-            self.fetcher.waiting.append(req)
-        else:
-            self.queue.append(req)
+        (self.fetcher.waiting if hits and msg.mode != LoadMode.ORACLE else self.queue).append(req)
         self._note_queue()
         self.wake.set()
 
@@ -119,8 +123,8 @@ class PrefillEngineService(EngineService):
         req.cancelled = True
         self.queue = [r for r in self.queue if r is not req]
         self.fetcher.drop(req)
-        if req.reading or req.in_step:
-            return  # the TM is still reading into its blocks / the forward computes it: released after
+        if req.reading or req.in_step or req.handing_off:
+            return  # the TM is still reading into its blocks / the forward computes it / the hand-off ends it
         self._drop(req)
 
     # prefill loop ---------------------------------------------------------
@@ -135,7 +139,7 @@ class PrefillEngineService(EngineService):
             self._note_queue()
             while self.queue:
                 cfg = self.cfg
-                batch = pick(self.queue, self.kv, self.attn_model, cfg.compute_quota_s, cfg.max_batch_tokens)
+                batch = pick(self.queue, self._allocate, self.attn_model, cfg.compute_quota_s, cfg.max_batch_tokens)
                 self.note_free()
                 if not batch:
                     break  # out of KV memory: wait for hand-offs to free blocks
@@ -149,11 +153,18 @@ class PrefillEngineService(EngineService):
         step_span = tracer.start_span("prefill_batch", links=[trace.Link(sp.get_span_context()) for sp in spans],
                                       attributes={"engine": self.engine, "batch_size": len(batch),
                                                   "tokens": sum(c.bsz for c in batch)})
+        pushes = [c.req for c in batch if c.cached + c.bsz >= len(c.req.prompt) and c.req.work.mode.moves_kv]
         for c in batch:
             c.req.in_step = True
+        for r in pushes:  # each layer goes to the DE as soon as it is computed (in about `expect_s`)
+            self.handoff.start_push(r, expect_s=sum(c.bsz for c in batch) * self.s_per_token)
+        loop = asyncio.get_running_loop()
+        computed = (lambda layer: loop.call_soon_threadsafe(self._computed, pushes, layer)) if pushes else None
+        alive = self.spawn(self.handoff.keepalive(pushes), name="keepalive")  # until the forward ends
         t0 = time.perf_counter()
         try:
-            firsts = await self.worker.run(forward, self.loaded.model, self.kv, batch, self.cfg.handoff_timeout_s)
+            firsts, waited = await self.worker.run(forward, self.loaded.model, self.kv, batch,
+                                                   self.cfg.handoff_timeout_s, computed)
         except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the engine
             step_span.end()
             await self._step_failed(batch, spans, exc)
@@ -161,20 +172,27 @@ class PrefillEngineService(EngineService):
         finally:
             for c in batch:
                 c.req.in_step = False
-        self.m_step.observe(time.perf_counter() - t0)
+            alive.cancel()
+        dt = time.perf_counter() - t0
+        self.m_step.observe(dt)
+        self.m_compute.inc(max(0.0, dt - waited))
+        self.s_per_token = 0.8 * self.s_per_token + 0.2 * max(0.0, dt - waited) / max(1, sum(c.bsz for c in batch))
         step_span.end()
         for c, span, tok in zip(batch, spans, firsts):
             self._after_step(c, span, tok)
         self._note_queue()
 
     async def _step_failed(self, batch: list[Chunk], spans: list, exc: Exception) -> None:
-        """A load that failed fails its own request (the others compute again in the next forward);
-        any other error fails the whole batch."""
+        """A load that failed fails its own request, and those whose KV was already on its way to the
+        DE or whose hits live in a window (retryable: resumed elsewhere); the others compute again in
+        the next forward. Any other error fails the whole batch. Pushes end before blocks are freed."""
         load = isinstance(exc, LoadError)
         if not load:
             log.exception("prefill step failed", exc_info=exc)
+        for c in batch:
+            await self.handoff.abort_push(c.req)
         for c, span in zip(batch, spans):
-            hit = not load or c.req.req_id == exc.req_id
+            hit = not load or c.req.req_id == exc.req_id or c.req.push is not None or c.req.window is not None
             if hit:
                 span.record_exception(exc)
             span.end()
@@ -186,7 +204,7 @@ class PrefillEngineService(EngineService):
 
     def _after_step(self, c: Chunk, span, tok) -> None:
         r = c.req
-        if r.cancelled:
+        if r.cancelled and tok is None:
             span.end()
             self.queue = [q for q in self.queue if q is not r]
             self._drop(r)
@@ -199,10 +217,43 @@ class PrefillEngineService(EngineService):
             return  # chunked prefill: the rest of the prompt in a later forward
         self.queue = [q for q in self.queue if q is not r]
         self.m_requests.inc()
+        r.handing_off = True  # from now on a cancel is the hand-off's to handle
         self.spawn(self.handoff.run(r, *tok), name=f"handoff-{r.req_id}",
                    on_error=lambda exc: self.fail(r, ErrorCode.INTERNAL, f"KV hand-off failed: {exc}", retryable=True))
 
     # helpers ----------------------------------------------------------------
+    def _computed(self, reqs: list[PrefillRequest], layer: int) -> None:
+        """Event loop: layer `layer` of this forward is computed; the TM pushes it for `reqs`."""
+        if layer == self.loaded.config.n_layers - 1:
+            now = time.perf_counter()
+            for r in reqs:
+                r.computed_at = now
+        self.spawn(self.bus.publish(self.subjects.tm(self.engine, "computed"),
+                                    LayersComputed([r.req_id for r in reqs], layer)), name="computed")
+
+    def _one_forward(self, cached: int, prompt_len: int) -> bool:
+        """A prompt's missing part fits one forward (so its hits may live in a window)."""
+        miss, cfg = prompt_len - cached, self.cfg
+        return miss <= cfg.max_batch_tokens and self.attn_model.batch_time([(cached, miss)]) <= cfg.compute_quota_s
+
+    def _estimate(self, req: PrefillRequest) -> float:
+        """Seconds a forward computing `req` alone takes, at the measured rate."""
+        return (len(req.prompt) - req.hit_tokens) * self.s_per_token
+
+    def _allocate(self, req: PrefillRequest) -> bool:
+        """KV blocks for a request that loads nothing (a miss, or the oracle's hits taken as present)."""
+        cfg, hits = self.cfg, req.hit_tokens // self.cfg.block_size
+        window = cfg.hit_window_layers if hits and self._one_forward(req.hit_tokens, len(req.prompt)) else 0
+        return memory.allocate(self.kv, req, hits, window, self.loaded.config.n_layers)
+
+    async def _abandon(self, req: PrefillRequest, code: ErrorCode, error: str) -> None:
+        """Fail it (retryable) now; free its blocks once its TM no longer copies into them."""
+        self.queue = [r for r in self.queue if r is not req]
+        await self.fail(req, code, error, retryable=True, release=False)
+        req.cancelled = True
+        await self.bus.publish(self.subjects.tm(self.engine, "release"), Release(req.req_id))
+        self._drop(req)
+
     def _note_queue(self) -> None:
         self.m_queue.set(len(self.queue) + len(self.fetcher.waiting if self.fetcher else ()))
 

@@ -3,10 +3,12 @@
 `pick` plans under the compute quota (the intra-PE policy, shared/sched/policy/
 intra_pe.py) over the FIFO queue, giving KV blocks to the head first; `forward` runs in
 the model thread: one batched forward of the chunks, gated layer by layer on the stored
-KV still being loaded (layers.py), and the first token of every prompt it finishes.
+KV still being loaded (layers.py), reporting each layer computed (the hand-off pushes it
+meanwhile), and the first token of every prompt it finishes.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 from services.prefill_engine.layers import LayerGate
@@ -26,19 +28,17 @@ class Chunk(NamedTuple):
 First = tuple[int, TokenLogprob | None]  # a finished prompt's first token (and its log-probabilities)
 
 
-def pick(queue: list[PrefillRequest], kv: KVMemory, attn: AttentionModel, quota_s: float,
-         max_tokens: int) -> list[Chunk]:
-    """The next forward's chunks. FIFO: KV memory for the head first; stop at the first that does
-    not fit. Empty when the head cannot get KV memory (wait for hand-offs to free blocks)."""
+def pick(queue: list[PrefillRequest], allocate: Callable[[PrefillRequest], bool], attn: AttentionModel,
+         quota_s: float, max_tokens: int) -> list[Chunk]:
+    """The next forward's chunks. FIFO: KV memory for the head first (`allocate`); stop at the first
+    that does not fit. Empty when the head cannot get KV memory (wait for hand-offs to free blocks).
+    A request whose hits live in a window is computed whole (it cannot come back for more)."""
     ready = []
     for r in queue:
-        if not r.blocks:
-            need = kv.blocks_for(len(r.prompt))
-            if not kv.alloc.can_allocate(need):
-                break
-            r.blocks = kv.alloc.allocate(r.req_id, need)
+        if not r.blocks and not allocate(r):
+            break
         ready.append(r)
-    work = [Work(i, r.done, len(r.prompt) - r.done) for i, r in enumerate(ready)]
+    work = [Work(i, r.done, len(r.prompt) - r.done, whole=r.window is not None) for i, r in enumerate(ready)]
     chunks = plan_batch(work, attn, quota_s, align=16, max_tokens=max_tokens)
     return [Chunk(ready[c.rid], c.cached, c.bsz) for c in chunks]
 
@@ -48,24 +48,27 @@ def written_blocks(batch: list[Chunk], block_size: int) -> list[int]:
     return sorted({b for c in batch for b in c.req.blocks[c.cached // block_size:-(-(c.cached + c.bsz) // block_size)]})
 
 
-def forward(model, kv: KVMemory, batch: list[Chunk], layer_timeout_s: float) -> list[First | None]:
-    """Model thread: one batched forward; per chunk, the first token if it finished its prompt."""
+def forward(model, kv: KVMemory, batch: list[Chunk], layer_timeout_s: float,
+            on_computed: Callable[[int], None] | None = None) -> tuple[list[First | None], float]:
+    """Model thread: one batched forward; per chunk, the first token if it finished its prompt, and the
+    seconds it waited for stored KV. `on_computed(l)`: layer l is over (its push may start)."""
     import torch
 
     from shared.engine.sampling import next_tokens
     from shared.model.batch import ForwardBatch, SeqSlice
 
-    fb = ForwardBatch([SeqSlice(c.req.prompt[c.cached:c.cached + c.bsz], c.cached, c.req.blocks) for c in batch])
+    fb = ForwardBatch([SeqSlice(c.req.prompt[c.cached:c.cached + c.bsz], c.cached, c.req.blocks, c.req.window)
+                       for c in batch])
     gate = LayerGate([c.req.load for c in batch if c.req.load is not None], layer_timeout_s, kv.copies,
-                     written_blocks(batch, kv.block_size))
+                     written_blocks(batch, kv.block_size), on_computed)
     with torch.inference_mode():
         logits = model.forward(fb, kv.cache, gate)
-        gate.finish()
+        gate.finish(kv.cache.n_layers)
     last = [i for i, c in enumerate(batch) if c.cached + c.bsz >= len(c.req.prompt)]
     out: list[First | None] = [None] * len(batch)
     if not last:
-        return out
+        return out, gate.waited_s
     toks, lps = next_tokens(logits[last], [batch[i].req.sampling for i in last], [0] * len(last))
     for i, t, lp in zip(last, toks, lps):
         out[i] = (t, lp)
-    return out
+    return out, gate.waited_s

@@ -14,7 +14,8 @@ class PrefillEngineConfig(EngineConfig):
     attn_per_token_s: float = 2.0e-3  # attention-time model: seconds per new token (profiled on this CPU)
     attn_per_pair_s: float = 2.0e-8  # ... per (new token, attended token) pair
     attn_per_batch_s: float = 1.0e-3  # ... once per forward
-    handoff_timeout_s: float = 30.0  # deadline for pushing KV to the decode engine
+    handoff_timeout_s: float = 30.0  # hand-off deadline; a layer's load waits this long after its last progress
+    hit_window_layers: int = 4  # stored hits of a prompt computed in one forward occupy this many layers at once (0: all)
 
     def validate(self) -> None:
         super().validate()
@@ -23,3 +24,4 @@ class PrefillEngineConfig(EngineConfig):
         require(min(self.attn_per_token_s, self.attn_per_pair_s, self.attn_per_batch_s) >= 0,
                 "attn_per_*_s", (self.attn_per_token_s, self.attn_per_pair_s), "must be >= 0")
         require(self.handoff_timeout_s > 0, "handoff_timeout_s", self.handoff_timeout_s, "must be > 0")
+        require(self.hit_window_layers >= 0, "hit_window_layers", self.hit_window_layers, "must be >= 0")

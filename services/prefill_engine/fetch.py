@@ -2,10 +2,11 @@
 its deadline, and the fetch progress reports that feed the request's `LoadProgress`.
 
 Sequence for one request with hits (the traffic-manager's side: shared/messages/traffic_manager.py):
-  KV blocks allocated -> FetchKV to this engine's TM -> [ReadQueued: the deadline waits for
-  the storage queue] -> ReadFinished: `blocks` hits verified (0: a miss after all) -> the
-  request joins the prefill queue -> LayersLoaded(l) as layers land, while the model thread
-  computes layer l as soon as it is in KV memory.
+  KV blocks allocated (its hits in a window when it fits one forward: memory.py) -> FetchKV to
+  this engine's TM -> [ReadQueued: the deadline waits for the storage queue] -> ReadFinished:
+  `blocks` hits found (0: a miss after all), their layers in within `eta_s` -> the request joins
+  the prefill queue `eta_s` minus its own compute time later -> LayersLoaded(l) as layers land,
+  while the model thread computes layer l as soon as it is in KV memory.
 A failure is answered at once: `FetchFailed` before the read finished is a miss (the prompt
 is computed); after it (a layer copy died) it fails the `LoadProgress`, so a forward waiting
 on it raises now, and a request not in a forward is failed (retryable) right away. A read
@@ -20,6 +21,7 @@ import logging
 import time
 from typing import Awaitable, Callable
 
+from services.prefill_engine import memory
 from services.prefill_engine.config import PrefillEngineConfig
 from services.prefill_engine.layers import LoadProgress
 from services.prefill_engine.record import PrefillRequest
@@ -27,8 +29,8 @@ from shared.bus import Bus
 from shared.engine.kv_memory import KVMemory
 from shared.messages.codes import ErrorCode
 from shared.messages.storage_gateway import StoreLayout
-from shared.messages.traffic_manager import (FetchFailed, FetchKV, FetchProgress, LayersLoaded, ReadFinished,
-                                             ReadQueued)
+from shared.messages.traffic_manager import (FetchFailed, FetchKV, FetchProgress, KVWindow, LayersLoaded,
+                                             ReadFinished, ReadQueued)
 from shared.messages.work import PrefillWork
 
 log = logging.getLogger("prefill_engine.fetch")
@@ -44,29 +46,41 @@ class Fetcher:
     def __init__(self, bus: Bus, subject: str, cfg: PrefillEngineConfig, store: StoreLayout, kv: KVMemory, n_layers: int,
                  held: dict[str, PrefillRequest], spawn: Callable[..., asyncio.Task], *,
                  ready: Callable[[PrefillRequest], None], fail: Fail, failed_load: Fail,
-                 release: Callable[[PrefillRequest], None]):
+                 release: Callable[[PrefillRequest], None], one_forward: Callable[[int, int], bool],
+                 estimate: Callable[[PrefillRequest], float], abandon: Fail, engine: str = ""):
+        self.engine = engine  # this engine's id (a prefetch staged in its own TM's buffer names it)
         self.bus, self.subject, self.cfg, self.store, self.kv = bus, subject, cfg, store, kv
         self.n_layers, self.held, self.spawn = n_layers, held, spawn
         self.ready, self.fail, self.failed_load, self.release = ready, fail, failed_load, release
+        self.one_forward = one_forward  # (cached, prompt length) -> its missing part fits one forward
+        self.estimate = estimate  # seconds a forward computing the request alone would take
+        self.abandon = abandon  # abandon(req, code, error): fail it (retryable) and free it once the TM is done
         self.waiting: list[PrefillRequest] = []  # hit requests waiting for KV blocks (FIFO)
 
     def start(self) -> None:
         """FIFO: give waiting hit requests their KV blocks and ask the TM to load the hits."""
-        kv = self.kv
-        while self.waiting and kv.alloc.can_allocate(kv.blocks_for(len(self.waiting[0].prompt))):
-            req = self.waiting.pop(0)
+        kv, cfg = self.kv, self.cfg
+        while self.waiting:
+            req = self.waiting[0]
             work = req.work
-            req.blocks = kv.alloc.allocate(req.req_id, kv.blocks_for(len(req.prompt)))
-            n = usable_hits(work, self.cfg.block_size)
+            n = usable_hits(work, cfg.block_size)
+            # every hit prefetched into this engine's buffer: one copy of all layers, so no window
+            local = bool(work.staged_engine) and work.staged_engine == self.engine and work.staged_blocks >= n
+            window = cfg.hit_window_layers if self.one_forward(n * cfg.block_size, len(req.prompt)) and not local else 0
+            if not memory.allocate(kv, req, n, window, self.n_layers):
+                return
+            self.waiting.pop(0)
             pe = min(work.pe_blocks, n)  # the scheduler's count; the rest goes on the DE path
-            req.load, req.reading = LoadProgress(req.req_id), True
+            req.load, req.reading = LoadProgress(req.req_id, req.window), True
             if pe < n or (work.staged_blocks and work.staged_engine == work.de_engine):
                 req.de_held = work.de_engine  # DE-buffer slots are reserved for it (adopted prefetches too)
-            fetch = FetchKV(req.req_id, work.block_keys[:n], req.blocks[:n], work.read_node or self.cfg.node,
+            w = req.window
+            fetch = FetchKV(req.req_id, work.block_keys[:n], req.blocks[:n], work.read_node or cfg.node,
                             self.store, pe, de_engine=work.de_engine, de_node=work.de_node,
                             prompt_blocks=len(req.blocks), staged_engine=work.staged_engine,
-                            staged_owner=work.staged_owner, staged_blocks=min(work.staged_blocks, n))
-            req.deadline = time.monotonic() + self.cfg.handoff_timeout_s
+                            staged_owner=work.staged_owner, staged_blocks=min(work.staged_blocks, n),
+                            window=KVWindow(w.hits, list(w.ring), w.layers) if w else None)
+            req.deadline = time.monotonic() + cfg.handoff_timeout_s
             req.timer = self.spawn(self._deadline(req), name=f"fetch-deadline-{req.req_id}")
             self.spawn(self._send(req, fetch), name=f"fetch-{req.req_id}")
 
@@ -129,20 +143,36 @@ class Fetcher:
         await self.failed_load(req, msg.code, f"stored KV load failed: {msg.error}")
 
     def _read_done(self, req: PrefillRequest, msg: ReadFinished) -> None:
-        """The storage read reported: `msg.blocks` leading hits are in the buffer, copied layer by
-        layer from now on (a short read only means fewer hits)."""
+        """The storage read reported: `msg.blocks` leading hits were found; their layers land within
+        `msg.eta_s` and are copied into KV memory layer by layer as they do (a short read only means
+        fewer hits). The request joins the prefill queue when its read is about to end: its own
+        compute then overlaps the tail of its own read, without holding up a forward much earlier."""
         req.reading = False
         req.cancel_timer()
         req.hit_tokens = msg.blocks * self.cfg.block_size
         if msg.de_slots:
             req.de_slots, req.de_hits = list(msg.de_slots), list(msg.de_hits)
+        if not memory.fill_short_read(self.kv, req, msg.blocks):
+            self.spawn(self.abandon(req, ErrorCode.BUFFER_FULL, "no KV memory for the blocks a short read missed"),
+                       name=f"short-read-{req.req_id}")
+            return
         if msg.blocks == 0:
             req.load = None  # a miss after all: compute the whole prompt
         else:
-            req.load.blocks = req.blocks[:msg.blocks]  # where its layers land (sent up from there on a device)
+            req.load.blocks, req.load.window = req.blocks[:msg.blocks], req.window  # where its layers land
+            req.load.expect(msg.eta_s)  # a layer's wait counts from the read's expected end at the earliest
             if msg.layers:  # copied before the report (every hit was prefetched into this engine's buffer)
                 req.load.mark(msg.layers - 1)
-        self.ready(req)
+        delay = msg.eta_s - self.estimate(req)
+        if delay <= 0:
+            self.ready(req)
+        else:
+            self.spawn(self._ready_later(req, delay), name=f"ready-{req.req_id}")
+
+    async def _ready_later(self, req: PrefillRequest, delay: float) -> None:
+        await asyncio.sleep(delay)
+        if self.held.get(req.req_id) is req and not req.cancelled:
+            self.ready(req)
 
     def drop(self, req: PrefillRequest) -> None:
         """A cancelled request leaves the wait for KV blocks."""

@@ -1,14 +1,23 @@
 """The prefill engine's hand-off: the first token out, then the prompt's KV to a decode engine.
 
-Sequence for one finished prompt:
-  TokenEvent(first token) on the request's output subject -> (finished already: release)
-  -> PushKV to this engine's TM (KV blocks -> the DE's buffer, data plane) -> PushDone
-  -> DecodeAdmit to the DE -> Ack -> the DE owns the request; its blocks here are freed.
+Sequence for one prompt:
+  its final forward starts -> PushKV(layerwise) to this engine's TM (`start_push`): layer l of
+  its KV goes to the DE's buffer while layer l + 1 computes (the forward reports each layer)
+  -> the forward ends: TokenEvent(first token) on the request's output subject -> PushDone
+  (the last layer has landed) -> DecodeAdmit to the DE -> Ack -> the DE owns the request; its
+  blocks here are freed. A prompt that finished at its first token waits for its push too
+  (its blocks are being read), then frees the DE-buffer slots. A forward that failed ends its
+  pushes (`abort_push`: Release to this TM) before its blocks are freed.
 A failed push or admit fails the request as retryable (its scheduler resumes it) and frees
-the DE-buffer slots it held. Receives the bus and callbacks, never the engine itself.
+the DE-buffer slots it held. A prompt the decode engine never takes (its only token came
+from the prefill: max_tokens 1, an end-of-sequence token; cancelled; a failed hand-off) is
+persisted from here instead: its full blocks the store lacks go to this engine's TM
+(`SaveKV`, this node's gateway writes them) before its KV blocks are freed -- every
+prompt is stored, whatever ends it. Receives the bus and callbacks, never the engine itself.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Awaitable, Callable
@@ -21,7 +30,8 @@ from shared.engine.requests import stop_ids
 from shared.messages.codes import ErrorCode, FinishReason, LoadMode
 from shared.messages.stream import TokenEvent, TokenLogprob
 from shared.messages.subjects import Subjects
-from shared.messages.traffic_manager import PushDone, PushKV, Release
+from shared.messages.storage_gateway import StoreLayout
+from shared.messages.traffic_manager import KVWindow, LayersComputed, PushDone, PushKV, Release, SaveCopied, SaveKV
 from shared.messages.work import Ack, DecodeAdmit
 
 log = logging.getLogger("prefill_engine.handoff")
@@ -31,20 +41,82 @@ tracer = trace.get_tracer("prefill_engine")
 class Handoff:
     def __init__(self, bus: Bus, subjects: Subjects, engine: str, timeout_s: float, eos_ids: tuple[int, ...],
                  observe: Callable[[float], None], *, fail: Callable[..., Awaitable[None]],
-                 release: Callable[[PrefillRequest], None], drop_de_slots: Callable[[PrefillRequest], None]):
+                 release: Callable[[PrefillRequest], None], drop_de_slots: Callable[[PrefillRequest], None],
+                 store: StoreLayout, node: str, spawn: Callable[..., asyncio.Task],
+                 observe_tail: Callable[[float], None]):
         self.bus, self.subjects, self.engine, self.timeout_s, self.eos_ids = bus, subjects, engine, timeout_s, eos_ids
         self.observe, self.fail, self.release, self.drop_de_slots = observe, fail, release, drop_de_slots
+        self.store, self.node, self.spawn = store, node, spawn
+        self.observe_tail = observe_tail  # seconds from the last layer computed to the last layer landed
+
+    # layerwise push ------------------------------------------------------------------------
+    def start_push(self, req: PrefillRequest, expect_s: float = 0.0) -> None:
+        """The prompt's final forward is about to start (computing for about `expect_s`, at the measured
+        rate): its TM sends each layer on as it is computed."""
+        work = req.work
+        if work is None or work.mode == LoadMode.ORACLE or req.push is not None:
+            return
+        req.de_held = work.de_engine  # the push may reserve slots there
+        w = req.window
+        msg = PushKV(req.req_id, req.blocks, work.de_engine, len(req.prompt), dst_slots=req.de_slots,
+                     skip=req.de_hits, layerwise=True,
+                     window=KVWindow(w.hits, list(w.ring), w.layers, w.used) if w else None)
+        req.push = self.spawn(self._push(req, msg, 2 * (self.timeout_s + expect_s)), name=f"push-{req.req_id}")
+
+    async def keepalive(self, reqs: list[PrefillRequest]) -> None:
+        """While their forward runs (cancelled when it ends): this engine's TM hears every quarter of
+        the deadline that it is alive (`LayersComputed` of layer -1), so a push waiting on a layer,
+        and a fetch whose window waits on that push, restart their deadlines however long the
+        forward computes or waits for other requests' reads; when the engine dies, they stop."""
+        ids, subject = [r.req_id for r in reqs], self.subjects.tm(self.engine, "computed")
+        while ids:
+            await asyncio.sleep(self.timeout_s / 4)
+            await self.bus.publish(subject, LayersComputed(ids, -1))
+
+    async def _push(self, req: PrefillRequest, msg: PushKV, timeout: float) -> None:
+        """The push's outcome into `req.pushed`; never raises (a bus failure is a failed PushDone). The
+        TM answers every push (its waits give up once the forward stops moving): `timeout`, which
+        grows with the forward's expected time, is for a TM gone."""
+        try:
+            req.pushed = await self.bus.request(self.subjects.tm(self.engine, "push"), msg, PushDone,
+                                                timeout=timeout, ctx=req.ctx)
+        except BusError as exc:
+            req.pushed = PushDone(ok=False, error=exc.reason, code=exc.code or ErrorCode.KV_TRANSFER)
+
+    async def abort_push(self, req: PrefillRequest) -> None:
+        """End the request's push (its forward failed, or it was cancelled) and wait until its TM
+        no longer reads its blocks."""
+        if req.push is None:
+            return
+        if not req.push.done():
+            await self.bus.publish(self.subjects.tm(self.engine, "release"), Release(req.req_id))
+        await asyncio.wait([req.push])
 
     async def run(self, req: PrefillRequest, first: int, lp: TokenLogprob | None) -> None:
+        req.handing_off = True  # a cancel from now on is seen here; the blocks are released at the end
+        try:
+            await self._run(req, first, lp)
+        finally:
+            req.handing_off = False
+
+    async def _run(self, req: PrefillRequest, first: int, lp: TokenLogprob | None) -> None:
         sp = req.sampling
         done = first in stop_ids(sp, self.eos_ids)
         finish = FinishReason.STOP if done else (FinishReason.LENGTH if sp.max_tokens <= 1 else None)
-        await self.bus.publish(req.reply, TokenEvent(req.req_id, [first], 0, finish=finish, source=self.engine,
-                                                     cached_tokens=req.hit_tokens,
-                                                     logprobs=[lp] if lp is not None else []), ctx=req.ctx)
+        if not req.cancelled:
+            await self.bus.publish(req.reply, TokenEvent(req.req_id, [first], 0, finish=finish, source=self.engine,
+                                                         cached_tokens=req.hit_tokens,
+                                                         logprobs=[lp] if lp is not None else []), ctx=req.ctx)
         if finish or req.cancelled:
-            self.drop_de_slots(req)  # finished here (e.g. one token): the DE never loads them
-            self.release(req)
+            try:
+                if req.cancelled:
+                    await self.abort_push(req)
+                elif req.push is not None:
+                    await asyncio.wait([req.push])  # its TM still reads the blocks
+                self.drop_de_slots(req)  # finished here (e.g. one token): the DE never loads them
+                await self.persist(req)
+            finally:
+                self.release(req)
             return
         t0 = time.perf_counter()
         work = req.work
@@ -59,17 +131,45 @@ class Handoff:
                 reason = exc.reason if isinstance(exc, BusError) else f"{type(exc).__name__}: {exc}"
                 if not req.cancelled:
                     code = error_code(exc, ErrorCode.KV_TRANSFER if isinstance(exc, BusError) else ErrorCode.INTERNAL)
-                    await self.fail(req, code, f"KV hand-off to {work.de_engine} failed: {reason}", retryable=True)
+                    await self.fail(req, code, f"KV hand-off to {work.de_engine} failed: {reason}", retryable=True,
+                                    release=False)
                 await self.bus.publish(self.subjects.tm(work.de_engine, "release"), Release(req.req_id))
+                await self.persist(req)  # the DE never took it: the prompt is stored from here
             finally:
                 self.release(req)
                 self.observe(time.perf_counter() - t0)
+
+    async def persist(self, req: PrefillRequest) -> None:
+        """Save the prompt's full blocks the store lacks from this engine's KV memory (its TM copies
+        them out, then this node's gateway writes them); returns once they are copied out."""
+        work = req.work
+        if work is None or work.mode == LoadMode.ORACLE or req.computed is None:
+            return
+        bs = self.store.block_size
+        n_full = min(len(req.prompt) // bs, len(work.block_keys), len(req.blocks))
+        start = min(req.hit_tokens // bs, n_full)  # blocks a short read missed were computed: stored again
+        if start >= n_full:
+            return
+        msg = SaveKV(req.req_id, req.blocks[start:n_full], list(work.block_keys[start:n_full]), self.node, self.store)
+        try:
+            res = await self.bus.request(self.subjects.tm(self.engine, "save"), msg, SaveCopied,
+                                         timeout=self.timeout_s, ctx=req.ctx)
+        except BusError as exc:
+            log.warning("persisting the prompt of %s failed: %s", req.req_id, exc.reason)
+            return
+        if res.error:
+            log.warning("persisting the prompt of %s: %s", req.req_id, res.error)
 
     async def _push_and_admit(self, req: PrefillRequest, first: int) -> None:
         """KV to the DE's buffer (none in the oracle mode), then the admission; BusError on failure."""
         work = req.work
         if work.mode == LoadMode.ORACLE:
             pushed = PushDone()  # no PD transfer in the oracle mode
+        elif req.push is not None:  # sent layer by layer during the forward
+            await asyncio.wait([req.push])
+            pushed = req.pushed or PushDone(ok=False, error="the push task failed", code=ErrorCode.INTERNAL)
+            if pushed.ok and req.computed_at:
+                self.observe_tail(time.perf_counter() - req.computed_at)
         else:
             pushed = await self.bus.request(
                 self.subjects.tm(self.engine, "push"),

@@ -3,7 +3,9 @@
 `LoadProgress` is fed from the event loop (`LayersLoaded` messages from the
 traffic-manager) and read from the model thread; `LayerGate` is the LayerHooks
 object passed to `forward`, blocking in `before_layer(l)` until every request of the
-batch that loads stored KV has layer l in KV memory.
+batch that loads stored KV has layer l in KV memory. A wait gives up only once its load
+made no progress for the timeout (a layer landed, or the read's expected end, restarts it):
+a slow machine or a long storage queue fails nothing, a traffic-manager gone silent does.
 
 With the cache on a device apart from the host KV region (shared/engine/kv_device.py) the
 gate is also the GPU form of itself: `before_layer(l)` sends every layer that has landed
@@ -12,12 +14,23 @@ stream wait for layer l's event, so the CPU blocks only until the TM wrote layer
 the GPU only until its copy is done; `after_layer(l)` sends layer l of the blocks this
 forward writes down to the host region, and `finish` waits for those copies before the
 TM may push them. With one cache for both (CPU) every copy is nothing.
+
+The gate also reports each layer that is over (`on_computed(l)`, from the model thread, when
+layer l + 1 starts; the last one at `finish`): its new KV is in the host region and its
+attention no longer reads its hits, so the traffic-manager pushes the layer to the decode
+engine while the next computes, and may reuse a hit window's slots. With a device cache a
+layer is reported once its copy down has completed (polled at each later layer, the rest at
+`finish`), never before.
+Hits in a window (shared/kv/window.py) land in the window's ring: a layer goes up from there,
+after the compute of the layer whose slots it reuses.
 """
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
+from shared.kv.window import layer_blocks
 from shared.messages.codes import ErrorCode
 
 
@@ -30,8 +43,9 @@ class LoadError(RuntimeError):
 
 
 class LoadProgress:
-    def __init__(self, req_id: str):
+    def __init__(self, req_id: str, window=None):
         self.req_id = req_id
+        self.window = window  # HitWindow: the hits' layers land in its ring (None: in `blocks`)
         self.layers = 0  # layers 0..layers-1 are in KV memory
         self.error = ""
         self.code = ErrorCode.STORAGE  # what failed, once `error` is set
@@ -39,12 +53,24 @@ class LoadProgress:
         self.blocks: list[int] = []  # the KV blocks its loaded layers land in (set once the read reports)
         self.uploaded = 0  # layers 0..uploaded-1 sent up to the device cache (model thread only)
         self.events: list = []  # their copy events, one per layer (None on CPU)
+        self.moved = time.monotonic()  # the last sign of progress (a layer landed, the read reported)
         self._cond = threading.Condition()
 
     def mark(self, layer: int) -> None:
         with self._cond:
             self.layers = max(self.layers, layer + 1)
+            self.moved = time.monotonic()
             self._cond.notify_all()
+
+    def expect(self, eta_s: float) -> None:
+        """The read reported: its last layer crosses the storage NIC within `eta_s` (no waiter gives
+        up before that)."""
+        with self._cond:
+            self.moved = max(self.moved, time.monotonic() + eta_s)
+
+    def layer_blocks(self, layer: int, n_layers: int) -> list[int]:
+        """Layer Block numbers where `layer` of the loaded hits lands (in a model of `n_layers`)."""
+        return layer_blocks(self.blocks, layer, n_layers, self.window)
 
     def fail(self, reason: str, code: ErrorCode = ErrorCode.STORAGE) -> None:
         with self._cond:
@@ -52,43 +78,84 @@ class LoadProgress:
             self._cond.notify_all()
 
     def wait(self, layer: int, timeout: float) -> None:
-        t0 = time.perf_counter()
+        """Until layer `layer` is in KV memory; a LoadError once nothing moved for `timeout` seconds
+        (from the wait's start, the last layer landed or the read's expected end, the latest)."""
+        t0, start = time.perf_counter(), time.monotonic()
         with self._cond:
-            ok = self._cond.wait_for(lambda: self.layers > layer or self.error, timeout)
+            while not (self.layers > layer or self.error):
+                left = max(start, self.moved) + timeout - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
         self.waited_s += time.perf_counter() - t0
         if self.error:
             raise LoadError(self.req_id, layer, self.error, self.code)
-        if not ok:
-            raise LoadError(self.req_id, layer, f"not loaded within {timeout}s")
+        if self.layers <= layer:
+            raise LoadError(self.req_id, layer, f"not loaded within {timeout}s of the last progress")
 
 
 class LayerGate:
     """LayerHooks for one forward: each loading request's layer in KV memory before it is computed,
-    and (device cache) each layer's new KV of `written` blocks sent down once written."""
+    and (device cache) each layer's new KV of `written` blocks sent down once written; every
+    layer whose new KV is in the host region reported to `on_computed` (model thread)."""
 
-    def __init__(self, loads: list[LoadProgress], timeout: float, copies=None, written: list[int] = ()):
+    def __init__(self, loads: list[LoadProgress], timeout: float, copies=None, written: list[int] = (),
+                 on_computed: Callable[[int], None] | None = None):
         self.loads, self.timeout = loads, timeout
         self.copies = copies if copies is not None and copies.separate else None  # a DeviceCopies
         self.written = list(written)
+        self.on_computed = on_computed
+        self.pending: list[tuple[int, object]] = []  # (layer, its copy-down event) not reported yet
+        self.downs: dict[int, object] = {}  # layer -> its copy-down event (device cache)
+        self.last_computed_at = 0.0  # perf_counter when the last layer was reported
+        self.waited_s = 0.0  # time the forward spent waiting for stored KV to land (not computing)
 
     def before_layer(self, layer: int) -> None:
+        if layer > 0:
+            self._done(layer - 1)
+        t0 = time.perf_counter()
         for p in self.loads:
             p.wait(layer, self.timeout)
             if self.copies is not None:
                 self._upload(p, layer)
+        self.waited_s += time.perf_counter() - t0
 
     def _upload(self, p: LoadProgress, layer: int) -> None:
         landed = p.layers  # read once: the event loop may mark more meanwhile
         while p.uploaded < landed:
-            p.events.append(self.copies.upload(p.blocks, p.uploaded))
+            if p.window is None:
+                p.events.append(self.copies.upload(p.blocks, p.uploaded))
+            else:  # into reused ring slots: after the compute of the layer that used them
+                ids = p.layer_blocks(p.uploaded, self.copies.cache.n_layers)
+                p.events.append(self.copies.upload_layer_blocks(ids))
             p.uploaded += 1
         self.copies.wait(p.events[layer])
 
     def after_layer(self, layer: int) -> None:
         if self.copies is not None and self.written:
-            self.copies.download(self.written, layer)
+            self.downs[layer] = self.copies.download(self.written, layer)
 
-    def finish(self) -> None:
+    def _done(self, layer: int) -> None:
+        """Layer `layer` is over, its attention included (it no longer reads its hits' slots)."""
+        if self.on_computed is not None:
+            self.pending.append((layer, self.downs.pop(layer, None)))
+            self._report(wait=False)
+
+    def _report(self, wait: bool) -> None:
+        while self.pending:
+            layer, event = self.pending[0]
+            if event is not None and not wait and not event.query():
+                return
+            if event is not None and wait:
+                event.synchronize()
+            self.pending.pop(0)
+            self.last_computed_at = time.perf_counter()
+            self.on_computed(layer)
+
+    def finish(self, n_layers: int = 0) -> None:
         """Every layer this forward wrote is in the host region (the TM may read it now)."""
         if self.copies is not None:
             self.copies.finish()
+        if self.on_computed is not None and n_layers:
+            self._done(n_layers - 1)
+            self._report(wait=True)

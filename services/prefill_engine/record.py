@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Any
 
 from services.prefill_engine.layers import LoadProgress
+from shared.kv.window import HitWindow
 from shared.engine.requests import EngineRequest
 from shared.messages.work import PrefillWork
 
@@ -27,6 +29,11 @@ class PrefillRequest(EngineRequest):
     deadline: float = 0.0  # monotonic time its storage read must report by
     timer: asyncio.Task | None = None  # the deadline task it owns, if any
     in_step: bool = False  # inside the running forward
+    handing_off: bool = False  # its hand-off (push, admit or persist) reads its KV blocks: it releases them
+    window: HitWindow | None = None  # its hits live a few layers at a time in this ring (memory.py)
+    push: asyncio.Task | None = None  # its layerwise push to the DE, from its final forward on
+    pushed: Any = None  # ... its outcome (PushDone), once over
+    computed_at: float = 0.0  # perf_counter when its last layer was computed (hand-off tail metric)
 
     @property
     def done(self) -> int:

@@ -33,6 +33,7 @@ from shared.messages.codes import ErrorCode, FinishReason, LoadMode
 from shared.messages.registry import Announce, SchedulerAnnounce
 from shared.messages.storage_gateway import HitQuery, HitReply
 from shared.messages.stream import Output, TokenEvent
+from shared.messages.traffic_manager import NodeReadDone
 from shared.messages.work import Cancel
 from shared.runtime import Service, service_main
 from shared.sched.dispatch import Dispatcher, Job
@@ -72,9 +73,9 @@ class SchedulerService(Service):
 
     async def start(self) -> None:
         from services.scheduler.api import build_app
-
         await self.bus.subscribe(self.subjects.heartbeat, Announce, self._on_announce)
         await self.bus.subscribe(self.output_subject, Output, self._on_output)
+        await self.bus.subscribe(self.subjects.reads_done, NodeReadDone, self._on_reads_done)
         if self.cfg.journal:
             journal = Journal(self.bus.nc, self.cfg.namespace)
             try:
@@ -89,8 +90,9 @@ class SchedulerService(Service):
         self.spawn(self.prefetcher.sweep(), name="prefetch-sweep")
         self.http = HttpServer(build_app(self), sock=self.http_sock)
         self.spawn(self.http.serve(), name="api-http")
-        self.spawn(self._dispatch_loop(), name="dispatch")
-        self.spawn(self._liveness_loop(), name="liveness")
+        self.spawn(self._loop("dispatch", self._kicked, self._assign), name="dispatch")
+        self.spawn(self._loop("liveness", lambda: asyncio.sleep(min(0.5, self.cfg.liveness_timeout_s / 3)),
+                              self._check_liveness), name="liveness")
         log.info("serving on %s", self.http.url)
 
     def announce(self) -> SchedulerAnnounce:
@@ -106,10 +108,8 @@ class SchedulerService(Service):
 
     # what the front door sees (`front.Front`) --------------------------------------
     def model_id(self) -> str:
-        if self.cfg.served_model_name:
-            return self.cfg.served_model_name
         ids = self.view.model_ids()
-        return ids[0] if ids else ""
+        return self.cfg.served_model_name or (ids[0] if ids else "")
 
     def accepts_model(self, name: str | None) -> bool:
         return name is None or name == self.model_id() or name in self.view.model_ids()
@@ -187,10 +187,8 @@ class SchedulerService(Service):
         self.reads.done(rec.req_id)
         self.dispatcher.remove(rec.req_id)
         self.prefetcher.done(rec, status)
-        if rec.mode == LoadMode.ORACLE and status == "ok" and rec.tokens:
-            layout = self.view.store_layout()
-            if layout is not None:  # what decode would have persisted: prompt + generated KV
-                self.oracle.add(prompt_keys(layout, rec.prompt + rec.tokens[:-1]))
+        if rec.mode == LoadMode.ORACLE and status == "ok" and rec.tokens and (layout := self.view.store_layout()):
+            self.oracle.add(prompt_keys(layout, rec.prompt + rec.tokens[:-1]))  # what decode would have persisted
         self.m.finished(rec, status)
         self.m.running.set(self.dispatcher.ledger.placed)
         self.kick.set()
@@ -221,6 +219,13 @@ class SchedulerService(Service):
                 log.exception("output event for %s failed; dropped", ev.req_id)
                 self.m.loop_errors.labels("output").inc()
 
+    async def _on_reads_done(self, msg: NodeReadDone, d: Delivery) -> None:
+        """A node's reads for a request are over: its read_q (bytes queued or in flight) drops them."""
+        rec = self.inflight.get(msg.req_id.partition("#")[0])
+        if rec is not None and msg.req_id == rec.wire_id:  # not an old attempt's
+            self.reads.read_done(rec.req_id, msg.node)
+            self.kick.set()
+
     def _on_event(self, ev: TokenEvent, source: str) -> None:
         base, _, attempt = ev.req_id.partition("#")
         rec = self.inflight.get(base)
@@ -238,16 +243,19 @@ class SchedulerService(Service):
             rec.events.put_nowait(out)
 
     # loops ----------------------------------------------------------------------------
-    async def _dispatch_loop(self) -> None:
-        while True:
-            await self.kick.wait()
-            await asyncio.sleep(0)  # kicks already on their way (a burst of heartbeats, submits) share this round
-            self.kick.clear()
+    async def _loop(self, label: str, wait, step) -> None:
+        while True:  # a failed step is logged and counted, never fatal
+            await wait()
             try:
-                await self._assign()
-            except Exception:  # noqa: BLE001 - a bad request must never stop dispatching
-                log.exception("dispatch failed; continuing")
-                self.m.loop_errors.labels("dispatch").inc()
+                await step()
+            except Exception:  # noqa: BLE001 - a bad request must never stop dispatching or liveness
+                log.exception("%s failed; continuing", label)
+                self.m.loop_errors.labels(label).inc()
+
+    async def _kicked(self) -> None:
+        await self.kick.wait()
+        await asyncio.sleep(0)  # kicks already on their way (a burst of heartbeats, submits) share this round
+        self.kick.clear()
 
     async def _assign(self) -> None:
         """One round: the engine lines (refreshed where something moved), placements, their work published."""
@@ -269,16 +277,7 @@ class SchedulerService(Service):
         self.m.queue.set(self.dispatcher.waiting())
         self.m.running.set(self.dispatcher.ledger.placed)
 
-    async def _liveness_loop(self) -> None:
-        while True:
-            await asyncio.sleep(min(0.5, self.cfg.liveness_timeout_s / 3))
-            try:
-                self._check_liveness()
-            except Exception:  # noqa: BLE001
-                log.exception("liveness check failed; continuing")
-                self.m.loop_errors.labels("liveness").inc()
-
-    def _check_liveness(self) -> None:
+    async def _check_liveness(self) -> None:
         """Resume (or fail) the requests of engines that went silent; expire unassigned requests."""
         now = time.monotonic()
         for engine in self.view.dead_engines(now):

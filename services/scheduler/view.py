@@ -137,7 +137,7 @@ class MeshView:
                 m = seen.msg
                 row = {"kind": type(m).__name__.replace("Announce", "").lower(), "instance": m.instance,
                        "node": m.node, "metrics_url": m.metrics_url, "age_s": round(now - seen.at, 3),
-                       "alive": self.alive(seen, now)}
+                       "alive": self.alive(seen, now), "pid": m.pid}
                 for field in ("engine", "role", "seq", "tok", "free_blocks", "total_blocks", "read_q_blocks",
                               "read_q_bytes", "buffer_bytes", "buffer_free_bytes", "ready", "prefetch_bytes",
                               "prefetch_room_bytes"):

@@ -24,8 +24,8 @@ from shared.bus import Delivery
 from shared.engine.store_layout import kv_layout
 from shared.kv.hashing import FINGERPRINT_BYTES, check_key
 from shared.messages.registry import StorageGatewayAnnounce
-from shared.messages.storage_gateway import (HitQuery, HitReply, ReadBlocks, ReadDone, Retain, StoreLayout, WriteBlock,
-                                             WriteDone)
+from shared.messages.storage_gateway import (HitQuery, HitReply, LayersRead, ReadBlocks, ReadDone, Retain, StoreLayout,
+                                             WriteBlock, WriteDone)
 from shared.runtime import Service, service_main
 from shared.transport.shm_region import ShmRegion
 
@@ -120,7 +120,8 @@ class StorageGatewayService(Service):
                     return
                 self.m_queue.labels(self.cfg.node).set(self.read_queue()[1])
                 with contextlib.nullcontext() if msg.bulk else self.lane.latency_read():
-                    res = await core.read_blocks([check_key(k) for k in msg.keys], self.buffer(msg.shm), msg.offsets)
+                    res = await core.read_blocks([check_key(k) for k in msg.keys], self.buffer(msg.shm), msg.offsets,
+                                                 msg.group_layers, self._reporter(msg) if msg.progress else None)
             except Exception as exc:  # noqa: BLE001
                 span.record_exception(exc)
                 await d.respond(ReadDone(error=str(exc)))
@@ -136,6 +137,13 @@ class StorageGatewayService(Service):
         self.m_read_s.observe(dt)
         self.m_queue.labels(self.cfg.node).set(self.read_queue()[1])
         await d.respond(ReadDone(blocks=res.blocks, bytes=res.bytes, seconds=dt, stop_reason=res.stop_reason or ""))
+
+    def _reporter(self, msg: ReadBlocks):
+        """Where a read in layer groups reports each group as it lands (the fetching traffic-manager)."""
+        async def report(layers: int, blocks: int, eta_s: float) -> None:
+            self.m_queue.labels(self.cfg.node).set(self.read_queue()[1])
+            await self.bus.publish(msg.progress, LayersRead(msg.req_id, msg.tag, layers, blocks, round(eta_s, 4)))
+        return report
 
     async def _on_retain(self, msg: Retain, d: Delivery) -> None:
         if msg.release:

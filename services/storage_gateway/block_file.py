@@ -7,6 +7,9 @@ straight into the caller's slice -- then the rest chunk by chunk into the same s
 intermediate copy): cached bytes in big reads that never wait for the disk
 (``RWF_NOWAIT``), the others in small blocking reads; header fields verified, the payload
 checksum computed in place as each chunk lands. A fault raises ``FullBlockError``.
+Read in parts (``OpenBlock``: a read in layer groups): the header is checked when the file is
+opened, each part of the payload lands (in payload order) and feeds the checksum, and the
+checksum is checked after the last part.
 
 Owns: the file-level protocols and chunk sizes. Does not own naming, the LRU index,
 capacity, pins or counters (``store.py``), nor the format itself (``shared/kv``).
@@ -15,11 +18,14 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from services.storage_gateway import fileio
 from services.storage_gateway.scan import TEMP_SUFFIX
 from shared.kv.full_block import (
     HEADER_SIZE,
+    FullBlockHeader,
     SizeMismatch,
     check_checksum,
     decode_header,
@@ -59,6 +65,18 @@ def write_file(path: str, key: bytes, fingerprint: bytes, layout: KVLayout, payl
         fileio.fsync_dir(parent)
 
 
+@dataclass
+class OpenBlock:
+    """A block file open for a read in parts: header checked, checksum fed as the payload lands."""
+
+    key: bytes
+    fd: int
+    st: os.stat_result
+    header: FullBlockHeader
+    hasher: object  # xxh3_64 of the payload so far
+    read: int = 0  # payload bytes read so far (parts come in payload order)
+
+
 class BlockReader:
     """Verified reads of one model's block files; remembers a file system without RWF_NOWAIT."""
 
@@ -90,6 +108,36 @@ class BlockReader:
             hasher.update(part[:got])
             off += got
         check_checksum(hdr, hasher.intdigest())
+
+    def open_fd(self, fd: int, st: os.stat_result, key: bytes) -> OpenBlock:
+        """Check the size and header of an open block file; its payload is read in parts next."""
+        if st.st_size != self.file_bytes:
+            raise SizeMismatch(self.file_bytes, st.st_size, what="file")
+        header = bytearray(HEADER_SIZE)
+        pread(fd, [memoryview(header)], 0)
+        hdr = decode_header(header, expected_key=key, expected_fingerprint=self.fingerprint,
+                            expected_layout=self.layout)
+        return OpenBlock(key, fd, st, hdr, payload_hasher())
+
+    def read_part(self, ob: OpenBlock, dest: memoryview) -> None:
+        """The next ``len(dest)`` payload bytes of ``ob`` into ``dest``, hashed as they land."""
+        off, end = 0, len(dest)
+        while off < end:
+            at = HEADER_SIZE + ob.read + off
+            part = dest[off:off + READ_CHUNK]
+            got = self._pread_cached(ob.fd, part, at)
+            if got == 0:
+                part = dest[off:off + COLD_CHUNK]
+                got = pread(ob.fd, [part], at)
+            ob.hasher.update(part[:got])
+            off += got
+        ob.read += end
+
+    def verify(self, ob: OpenBlock) -> None:
+        """The whole payload has been read: its checksum must match the header's."""
+        if ob.read != self.layout.payload_bytes:
+            raise SizeMismatch(self.layout.payload_bytes, ob.read, what="payload read")
+        check_checksum(ob.header, ob.hasher.intdigest())
 
     def _pread_cached(self, fd: int, part: memoryview, offset: int) -> int:
         if not self.nowait_reads:
@@ -128,3 +176,19 @@ def unlink_quiet(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def check_slots(
+    dest_len: int, size: int, keys: Sequence[bytes], offsets: Sequence[int]
+) -> None:
+    """Every slot inside ``dest`` and no two overlapping (stripes write them from
+    different threads: a shared byte would fail a good block's checksum); ValueError if not."""
+    if len(keys) != len(offsets):
+        raise ValueError(f"{len(keys)} keys but {len(offsets)} offsets")
+    for off in offsets:
+        if off < 0 or off + size > dest_len:
+            raise ValueError(f"slot [{off}, {off + size}) outside dest of {dest_len} bytes")
+    ordered = sorted(offsets)
+    for a, b in zip(ordered, ordered[1:]):
+        if b - a < size:
+            raise ValueError(f"slots at {a} and {b} overlap ({size}-byte slots)")

@@ -6,43 +6,43 @@ enqueue 4 blocks on the read queue; reserve their bytes from the read bucket (th
 emulated SNIC) on arrival, so requests are paced FIFO, and wait once; then take one
 I/O slot, plus any others free right now (say one more: 2 stripes), and read the
 blocks on the read pool, stripe 0 taking k0, k2 and stripe 1 k1, k3, each with
-``store.read_into`` straight into ``dest[off:off+payload]``. A request spread over
-free threads copies on several cores at once (one core's page-cache copy into a
-buffer bigger than its caches is far below the disk's or DRAM's speed); under load
-no slot is free and a request keeps to one thread, one hop (not one per block),
-so the gateway's CPU per request stays low. Stripes of a few MiB at least are
-worth a thread hop (``stripe_min_bytes``).
+``store.read_into`` straight into ``dest[off:off+payload]``. Spread over free threads a
+request copies on several cores at once (one core's page-cache copy into a big buffer
+is far below the disk's or DRAM's speed); under load it keeps to one thread, one hop.
+Stripes of a few MiB at least are worth a thread hop (``stripe_min_bytes``).
+With ``group_layers`` a read lands in layer groups instead (``grouped.py``), reporting each.
 
-If ``k1`` is missing or corrupt the chain stops there: the result says 1 block,
-and no stripe starts a block past the stop (k2 may already be in flight; its
-bytes are ignored). Every block before the stop was read and verified. The blocks
-are dequeued when the request finishes, whatever the outcome. Cancelling the call
-stops each stripe after its current block and waits for them, so ``dest`` is quiet
+If ``k1`` is missing or corrupt the chain stops there: the result says 1 block, and no
+stripe starts a block past the stop. Every block before the stop was read and verified.
+The blocks are dequeued when the request finishes, whatever the outcome. Cancelling the
+call stops each stripe after its current block and waits for them, so ``dest`` is quiet
 when the cancellation surfaces.
 
-Writes (decode persisting filled blocks) are background: each takes write-bucket
-bytes (the SNIC is full duplex: reads and writes have their own buckets) and runs
-on its own small pool, so reads never queue behind writes. With
-``max_write_defer_s`` > 0 (a shared disk) a write first waits, at most that long,
-until the read queue is empty.
+Writes (decode persisting filled blocks) are background: each takes write-bucket bytes
+(the SNIC is full duplex) and runs on its own small pool, so reads never queue behind
+writes. With ``max_write_defer_s`` > 0 (a shared disk) a write first waits, at most that
+long, until the read queue is empty.
 
 Owns: ``GatewayCore``, ``ReadResult``.
-Does not own: files (``store.py``), rate (``bucket.py``), counts (``read_queue.py``).
+Does not own: files (``store.py``), rate (``bucket.py``), counts (``read_queue.py``), reads in
+layer groups (``grouped.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 import msgspec
 
+from services.storage_gateway.block_file import bytes_view, check_slots
 from services.storage_gateway.bucket import TokenBucket
 from services.storage_gateway.errors import BlockUnavailable
+from services.storage_gateway.grouped import GroupedRead
 from services.storage_gateway.read_queue import ReadQueue, ReadQueueSnapshot
 from services.storage_gateway.store import DirectoryStore, WriteOutcome
 
@@ -118,13 +118,20 @@ class GatewayCore:
 
     # ----- reads ------------------------------------------------------------
     async def read_blocks(
-        self, keys: Sequence[bytes], dest: memoryview, offsets: Sequence[int]
+        self, keys: Sequence[bytes], dest: memoryview, offsets: Sequence[int], group_layers: int = 0,
+        report: Callable[[int, int, float], Awaitable[None]] | None = None,
     ) -> ReadResult:
-        """Read Full Block payloads of ``keys`` into ``dest`` at ``offsets``."""
+        """Read Full Block payloads of ``keys`` into ``dest`` at ``offsets``; with ``group_layers``
+        (fewer than the model's layers) in groups of that many layers, each one ``report``ed."""
         self._bind_loop()
-        view = _byte_view(dest)
+        view = bytes_view(dest)
         size = self.store.layout.payload_bytes
-        _check_slots(len(view), size, keys, offsets)
+        check_slots(len(view), size, keys, offsets)
+        if report is not None and 0 < group_layers < self.store.layout.n_layers:
+            self._reads_idle.clear()
+            slots = [view[off : off + size] for off in offsets]
+            good, key, why = await GroupedRead(self, keys, slots, group_layers, report).run()
+            return ReadResult(blocks=good, bytes=good * size, requested=len(keys), stop_key=key, stop_reason=why)
         n = len(keys)
         chain = _Chain(stop=n)
         self._queue.enqueue(n, n * size)
@@ -162,25 +169,9 @@ class GatewayCore:
     ) -> None:
         """Read on one I/O slot plus those free now; stripe ``s`` of ``k`` takes
         blocks ``s, s+k, ...`` so every stripe works near the chain's front."""
-        want = min(len(keys), self._io_threads,
-                   -(-len(keys) * self.store.layout.payload_bytes // self._stripe_min_bytes))
-        taken = await self._take_slots(want)
-        try:
-            loop = asyncio.get_running_loop()
-            futs = [loop.run_in_executor(self._read_pool, self._read_chain, keys, slots,
-                                         chain, s, taken) for s in range(taken)]  # fmt: skip
-            try:
-                done = await asyncio.shield(asyncio.gather(*futs, return_exceptions=True))
-            except asyncio.CancelledError:  # threads may be writing into dest: wait for them
-                chain.cancelled = True
-                await asyncio.wait(futs)
-                raise
-        finally:
-            for _ in range(taken):
-                self._slots.release()
-        for outcome in done:  # an unexpected error, after every stripe has finished
-            if isinstance(outcome, BaseException):
-                raise outcome
+        want = self.stripes_for(len(keys), self.store.layout.payload_bytes)
+        await self.striped(want, lambda s, k: self._read_chain(keys, slots, chain, s, k),
+                           on_cancel=lambda: setattr(chain, "cancelled", True))
 
     async def _take_slots(self, want: int) -> int:
         """One I/O slot (waiting FIFO for it), then up to ``want - 1`` more only
@@ -216,6 +207,43 @@ class GatewayCore:
     def _note_idle(self) -> None:
         if self._queue.idle:
             self._reads_idle.set()
+
+    # ----- what a read in layer groups uses (grouped.py) -----------------------------
+    queue = property(lambda self: self._queue)  # ReadQueue
+    read_bucket = property(lambda self: self._read_bucket)  # TokenBucket
+
+    def note_idle(self) -> None:
+        self._note_idle()
+
+    async def in_io(self, fn: Callable[..., T], *args: object) -> T:
+        """``fn`` on the read pool (waited for even if cancelled)."""
+        return await _in_thread(self._read_pool, fn, *args)
+
+    def stripes_for(self, count: int, nbytes_each: int) -> int:
+        """Threads worth using for `count` parts of `nbytes_each` bytes."""
+        return max(1, min(count, self._io_threads, -(-count * nbytes_each // self._stripe_min_bytes)))
+
+    async def striped(self, want: int, stripe: Callable[[int, int], None],
+                      on_cancel: Callable[[], None] = lambda: None) -> None:
+        """``stripe(s, k)`` for s < k on one I/O slot plus those free now (k of them, up to ``want``).
+        Cancelled: ``on_cancel()`` (stripes may stop early), then every stripe is waited for (they
+        may be writing into a caller's buffer). A stripe's error is re-raised after all finished."""
+        taken = await self._take_slots(want)
+        try:
+            loop = asyncio.get_running_loop()
+            futs = [loop.run_in_executor(self._read_pool, stripe, s, taken) for s in range(taken)]
+            try:
+                done = await asyncio.shield(asyncio.gather(*futs, return_exceptions=True))
+            except asyncio.CancelledError:
+                on_cancel()
+                await asyncio.wait(futs)
+                raise
+        finally:
+            for _ in range(taken):
+                self._slots.release()
+        for outcome in done:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     # ----- writes -----------------------------------------------------------
     async def write_block(self, key: bytes, payload: memoryview) -> WriteOutcome:
@@ -268,24 +296,3 @@ async def _in_thread(pool: ThreadPoolExecutor, fn: Callable[..., T], *args: obje
     except asyncio.CancelledError:
         await asyncio.wait([fut])
         raise
-
-
-def _byte_view(buf: memoryview) -> memoryview:
-    view = memoryview(buf)
-    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
-
-
-def _check_slots(
-    dest_len: int, size: int, keys: Sequence[bytes], offsets: Sequence[int]
-) -> None:
-    """Every slot inside ``dest`` and no two overlapping (stripes write them from
-    different threads: a shared byte would fail a good block's checksum)."""
-    if len(keys) != len(offsets):
-        raise ValueError(f"{len(keys)} keys but {len(offsets)} offsets")
-    for off in offsets:
-        if off < 0 or off + size > dest_len:
-            raise ValueError(f"slot [{off}, {off + size}) outside dest of {dest_len} bytes")
-    ordered = sorted(offsets)
-    for a, b in zip(ordered, ordered[1:]):
-        if b - a < size:
-            raise ValueError(f"slots at {a} and {b} overlap ({size}-byte slots)")

@@ -10,19 +10,15 @@ write the file atomically (temp file + ``os.replace``, ``block_file.py``). Concu
 writers of the same block each rename a complete file with identical content; the last
 rename wins.
 
-Protocol of one read: pin; open; fstat; the verified read of ``block_file.py`` (size,
-header fields and payload checksum, straight into the caller's slice); touch mtime
-(throttled); unpin.
-Any fault deletes that exact file (inode-checked), is counted, and raises
-``BlockCorrupt``; no file raises ``BlockMissing``. Either is a miss, never wrong
-output. Eviction unlinks; on POSIX a reader holding the file open keeps reading the
-old inode intact, so eviction by another gateway never corrupts a read in flight.
+Reads (``store_reads.py``) pin, open and verify; any fault deletes that exact file and is a
+miss, never wrong output. Eviction unlinks; on POSIX a reader holding the file open keeps
+reading the old inode intact, so eviction by another gateway never corrupts a read in flight.
 Eviction order: LRU unpinned, as agents' retention marks rank it (``retention.py``).
 
 Owns: ``DirectoryStore``, ``WriteOutcome``.
-Does not own: the file-level write and verified read (``block_file.py``), the LRU
-bookkeeping (``lru.py``), the marks (``retention.py``), the format (``shared/kv``),
-rate limiting or threads (``engine.py``).
+Does not own: the read protocols (``store_reads.py``), the file-level write and verified
+read (``block_file.py``), the LRU bookkeeping (``lru.py``), the marks (``retention.py``),
+the format (``shared/kv``), rate limiting or threads (``engine.py``).
 """
 
 from __future__ import annotations
@@ -35,14 +31,13 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from services.storage_gateway import fileio
 from services.storage_gateway.block_file import BlockReader, bytes_view, file_mtime, unlink_quiet, write_file
-from services.storage_gateway.errors import BlockCorrupt, BlockMissing
 from services.storage_gateway.lru import LruIndex
 from services.storage_gateway.retention import Level, Retention
 from services.storage_gateway.scan import SUFFIX, scan_blocks
 from services.storage_gateway.stats import StoreCounters, StoreStats
-from shared.kv.full_block import HEADER_SIZE, FullBlockError, SizeMismatch
+from services.storage_gateway.store_reads import StoreReads
+from shared.kv.full_block import HEADER_SIZE, SizeMismatch
 from shared.kv.layout import KVLayout
 
 
@@ -52,8 +47,8 @@ class WriteOutcome(enum.IntEnum):
     NO_SPACE = 2  # capacity full of pinned blocks: dropped
 
 
-class DirectoryStore:
-    """Full Blocks of one model under ``root``; thread-safe (call from a pool)."""
+class DirectoryStore(StoreReads):
+    """Full Blocks of one model under ``root``; thread-safe (call from a pool). Reads: ``StoreReads``."""
 
     def __init__(
         self,
@@ -181,63 +176,6 @@ class DirectoryStore:
         if parent not in self._made_dirs:
             os.makedirs(parent, exist_ok=True)
             self._made_dirs.add(parent)
-
-    # ----- read -------------------------------------------------------------
-    def read_into(self, key: bytes, dest: memoryview) -> int:
-        """Read block ``key``'s payload straight into ``dest[:payload_bytes]``.
-
-        Returns the payload bytes. Raises ``BlockMissing`` / ``BlockCorrupt``.
-        """
-        dest = bytes_view(dest)
-        size = self.layout.payload_bytes
-        if len(dest) < size or dest.readonly:
-            raise ValueError(f"dest must be a writable buffer of >= {size} bytes")
-        with self.pinned([key]):
-            self._read_verified(key, dest[:size])
-        with self._lock:
-            self._index.touch(key, self.block_file_bytes, self._clock())
-            self._counters.blocks_read += 1
-            self._counters.bytes_read += size
-            self._evict_locked(0)  # a block another gateway wrote may be new to us
-        return size
-
-    def _read_verified(self, key: bytes, dest: memoryview) -> None:
-        path = self.path_for(key)
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            self._forget(key, read_miss=True)
-            raise BlockMissing(key) from None
-        try:
-            st = os.fstat(fd)
-            try:
-                self._reader.read_fd(fd, st, key, dest)
-            except FullBlockError as exc:
-                self._discard_corrupt(path, st, key)
-                raise BlockCorrupt(key, str(exc)) from exc
-            self._maybe_touch(path, st)
-        finally:
-            os.close(fd)
-
-    def _maybe_touch(self, path: str, st: os.stat_result) -> None:
-        """Share recency with other gateways on the same root via mtime."""
-        if self._clock() - st.st_mtime < self._touch_interval_s:
-            return
-        try:
-            os.utime(path)
-        except OSError:  # gone meanwhile, or not ours to touch: recency is a hint
-            pass
-
-    def _discard_corrupt(self, path: str, st: os.stat_result, key: bytes) -> None:
-        fileio.unlink_if_same(path, st)
-        with self._lock:
-            self._index.remove(key)
-            self._counters.corrupt += 1
-
-    def _forget(self, key: bytes, *, read_miss: bool) -> None:
-        with self._lock:
-            self._index.remove(key)
-            self._counters.read_misses += int(read_miss)
 
     # ----- capacity ---------------------------------------------------------
     def _evict_locked(self, incoming: int) -> bool:

@@ -5,7 +5,8 @@ endpoint with regions "buf" (the buffer) and "kv" (the engine's KV memory, attac
 the engine announces it), and connections to other traffic-managers. The storage paths
 (`fetch.py`, `store_path.py`, `prefetch.py`) receive their collaborators (`parts.py`), not this service.
 
-Push (PE side): PushKV -> Reserve at the DE's TM -> write blocks kv -> remote buf -> PushDone.
+Push (PE side, `push.py`): PushKV -> Reserve at the DE's TM -> write blocks (or each layer as the
+engine reports it computed: LayersComputed) kv -> remote buf -> PushDone.
 Reserve (DE side): allocate buffer slots for a request.
 Load (DE side): copy buffer slots -> KV blocks (local H2D), free the slots.
 Every request is answered, also when it fails: before KV memory is attached, when its
@@ -26,20 +27,22 @@ from services.traffic_manager.fetch import FetchPath
 from services.traffic_manager.parts import NOT_ATTACHED, TMParts
 from services.traffic_manager.pool import BufferPool
 from services.traffic_manager.prefetch import PrefetchPath
+from services.traffic_manager.progress import LayerState, ReadTrack, Registry
+from services.traffic_manager.push import PushPath
 from services.traffic_manager.read_queues import ReadQueues
 from services.traffic_manager.secret import mesh_secret
 from services.traffic_manager.slot_grants import GrantsGiven, GrantsHeld
 from services.traffic_manager.store_path import StorePath
-from shared.bus import BusError, Delivery, error_code
+from shared.bus import BusError, Delivery
 from shared.kv.allocator import OutOfSlots
 from shared.messages.registry import Announce, EngineAnnounce, StorageGatewayAnnounce, KVRegion, TrafficManagerAnnounce
 from shared.messages.codes import ErrorCode
-from shared.messages.traffic_manager import (Claim, FetchFailed, FetchKV, LoadKV, Prefetch, PushDone, PushKV, Release,
-                                             Reserve, Reserved, SaveCopied, SaveKV, Stage, Staged)
+from shared.messages.storage_gateway import LayersRead
+from shared.messages.traffic_manager import (Claim, FetchFailed, FetchKV, LayersComputed, LoadKV, Prefetch, PushDone,
+                                             PushKV, Release, Reserve, Reserved, SaveCopied, SaveKV, Stage, Staged)
 from shared.messages.work import Cancel
 from shared.runtime import Service, service_main
 from shared.transport.base import EndpointDesc, Op, Peer, TrafficClass
-from shared.transport.grants import decode_grant
 from shared.transport.shm_region import ShmRegion, new_name
 
 log = logging.getLogger("traffic_manager")
@@ -72,6 +75,9 @@ class TrafficManagerService(Service):
         self.peers: dict[str, Peer] = {}
         self.fetch_path: FetchPath | None = None  # set in start(), once the endpoint is up
         self.store_path: StorePath | None = None
+        self.push_path: PushPath | None = None
+        self.reads = Registry(ReadTrack)  # storage reads in layer groups, as their gateways report them
+        self.layers = Registry(LayerState)  # layers computed by the engine and pushed on, per request
         self.prefetch: PrefetchPath | None = None
 
     async def start(self) -> None:
@@ -86,10 +92,10 @@ class TrafficManagerService(Service):
         self.endpoint.register("buf", self.pool.buffer.buf, shm_name=self.pool.buffer.name)  # reached via grants
         self.given = GrantsGiven(self.endpoint)
         parts = TMParts(cfg, self.bus, self.subjects, self.metrics, self.pool, self.endpoint, self.peer, self.queues,
-                        self.m_bytes, self.spawn, self.given, self.held,
+                        self.m_bytes, self.spawn, self.given, self.held, self.reads, self.layers,
                         claim_local=lambda o, k: self.prefetch.claim(o, k),
                         drop_local=lambda o, why: self.prefetch.drop(o, why))
-        self.fetch_path, self.store_path = FetchPath(parts), StorePath(parts)
+        self.fetch_path, self.store_path, self.push_path = FetchPath(parts), StorePath(parts), PushPath(parts, self.m_xfer)
         self.prefetch = PrefetchPath(parts, cfg.prefetch_chunk_blocks, cfg.prefetch_share)
         self.pool.reclaim = self.prefetch.reclaim
         self.spawn(self.prefetch.sweep(), name="prefetch-sweep")
@@ -102,6 +108,8 @@ class TrafficManagerService(Service):
         await self.bus.subscribe(s.tm(e, "fetch"), FetchKV, self._on_fetch)
         await self.bus.subscribe(s.tm(e, "save"), SaveKV, self._on_save)
         await self.bus.subscribe(s.tm(e, "stage"), Stage, self._on_stage)
+        await self.bus.subscribe(s.tm(e, "computed"), LayersComputed, self._on_computed)
+        await self.bus.subscribe(parts.progress_subject, LayersRead, self._on_read_progress)
         await self.bus.subscribe(s.tm(e, "prefetch"), Prefetch, lambda msg, d: self.prefetch.on_prefetch(msg, d))
         await self.bus.subscribe(s.tm(e, "claim"), Claim, lambda msg, d: self.prefetch.on_claim(msg, d))
         await self.bus.subscribe(s.cancel, Cancel, self._on_release)
@@ -167,52 +175,34 @@ class TrafficManagerService(Service):
             peer = self.peers[engine] = await self.endpoint.connect(desc)
         return peer
 
-    # push (PE side) ------------------------------------------------------------------
+    # push (PE side, push.py) ----------------------------------------------------------
     async def _on_push(self, msg: PushKV, d: Delivery) -> None:
-        self.spawn(self._push(msg, d), name=f"push-{msg.req_id}",
+        state = self.layers.hold(msg.req_id) if msg.layerwise else None  # before any LayersComputed is handled
+        self.spawn(self._push(msg, d, state), name=f"push-{msg.req_id}",
                    on_error=lambda exc: d.respond(PushDone(ok=False, error=_why(exc), code=ErrorCode.INTERNAL)))
 
-    async def _push(self, msg: PushKV, d: Delivery) -> None:
-        bn = self.pool.block_nbytes
-        nbytes = bn * len(msg.src_blocks)
-        t0 = time.perf_counter()
-        with tracer.start_as_current_span("kv_transfer", context=d.ctx, attributes={
-                "req_id": msg.req_id, "dst_engine": msg.dst_engine, "blocks": len(msg.src_blocks),
-                "bytes": nbytes, "transport": self.cfg.transport}) as span:
-            try:
-                if not self.pool.ready:
-                    raise BusError("push", NOT_ATTACHED, ErrorCode.NOT_READY)
-                if msg.dst_slots:  # DE read path: slots (and their grant) came with the staged hits
-                    res = Reserved(slots=msg.dst_slots)
-                    grant = self.held.get(msg.req_id, msg.dst_engine)
-                    if grant is None:
-                        raise BusError("push", f"no data-plane grant held for {msg.dst_engine}'s slots of "
-                                               f"{msg.req_id}", ErrorCode.KV_TRANSFER)
-                else:
-                    res = await self.bus.request(self.subjects.tm(msg.dst_engine, "reserve"),
-                                                 Reserve(msg.req_id, len(msg.src_blocks)), Reserved,
-                                                 timeout=self.cfg.transfer_timeout_s)
-                    if not res.ok:
-                        raise BusError("reserve", res.error, res.code)
-                    grant = decode_grant(res.grant)
-                skip = set(msg.skip)  # blocks whose stored KV is already in the DE buffer
-                ops = [Op("kv", b * bn, "buf", slot, bn)
-                       for i, (b, slot) in enumerate(zip(msg.src_blocks, res.slots)) if i not in skip]
-                nbytes = bn * len(ops)
-                span.set_attributes({"bytes": nbytes, "blocks_sent": len(ops), "blocks_skipped": len(skip)})
-                if ops:
-                    peer = await self.peer(msg.dst_engine)
-                    await peer.write(ops, TrafficClass.LATENCY, timeout=self.cfg.transfer_timeout_s, grant=grant)
-            except Exception as exc:  # noqa: BLE001 - BusError and transport errors both end the push
-                span.record_exception(exc)
-                await d.respond(PushDone(ok=False, error=str(exc), code=error_code(exc, ErrorCode.KV_TRANSFER)))
-                return
-            finally:
-                self.held.drop(msg.req_id)  # the last transfer this TM makes for the request
-            dt = time.perf_counter() - t0
-            self.m_bytes.labels("pd_push").inc(nbytes)
-            self.m_xfer.labels("pd_push").observe(dt)
-            await d.respond(PushDone(slots=res.slots, nbytes=nbytes, seconds=dt))
+    async def _push(self, msg: PushKV, d: Delivery, state) -> None:
+        try:
+            await self.push_path.push(msg, d, state)
+        finally:
+            if state is not None:
+                self.layers.release(msg.req_id)
+
+    async def _on_computed(self, msg: LayersComputed, d: Delivery) -> None:
+        for req_id in msg.req_ids:  # layer -1: a keep-alive (progress for the waits of a push under way)
+            state = self.layers.get(req_id) if msg.layer >= 0 else self.layers.items.get(req_id)
+            if state is not None:
+                state.computed = max(state.computed, msg.layer + 1)
+                state.note()
+
+    async def _on_read_progress(self, msg: LayersRead, d: Delivery) -> None:
+        track = self.reads.items.get((msg.req_id, msg.tag))
+        if track is None or track.final is not None:
+            return  # the fetch is over (or its reply overtook this report)
+        if track.opened is None:
+            track.opened, track.eta_s = msg.blocks, msg.eta_s
+        track.layers = max(track.layers, msg.layers)
+        track.note()
 
     # reserve / load / release (DE side) --------------------------------------------------
     async def _on_reserve(self, msg: Reserve, d: Delivery) -> None:
@@ -269,6 +259,7 @@ class TrafficManagerService(Service):
         if not (self.prefetch and self.prefetch.drop(msg.req_id, "released")):
             self.pool.cancel(msg.req_id)  # also ends the grant of its slots (pool.on_free)
         self.held.drop(msg.req_id)
+        self.layers.fail(lambda key: key == msg.req_id, "the request was released")
 
     # storage paths (fetch.py, store_path.py) -------------------------------------------------
     async def _on_fetch(self, msg: FetchKV, d: Delivery) -> None:

@@ -1,24 +1,29 @@
-"""The traffic-manager's fetch: a request's stored hit blocks into KV memory, layer by layer.
+"""The traffic-manager's fetch: a request's stored hit blocks into KV memory, layer by layer, as they
+are read from storage.
 
 PE path: buffer slots <- this node's gateway reads Full Blocks (storage NIC). DE path: the
-DE's traffic-manager stages the rest in its buffer (its node's gateway reads them). Blocks
-prefetched during the session's tool call (`staged_*`) are claimed from whichever buffer
-holds them and read from storage no more (in the request's DE's buffer they are adopted as
-its first DE-buffer slots: read like DE-path hits, never pushed back); a claim that comes
-back short leaves the rest to the PE path. Then, for each layer l: Layer Blocks buffer -> KV
-memory (local copy, one-sided read from another traffic-manager's buffer), and
-`LayersLoaded(l)` to the engine, which computes layer l while l+1.. are copied. When every
-hit was prefetched into this buffer (nothing read, nothing to overlap) all layers go in one
-copy before `ReadFinished(layers=n)`, and no `LayersLoaded` follows. Claimed prefetched
-slots are released at the end.
-Before the read, a deep storage queue is announced (`ReadQueued`); after it, `ReadFinished`.
+DE's traffic-manager stages the rest in its buffer (its node's gateway reads them; the
+prompt's DE-buffer slots are reserved first). Blocks prefetched during the session's tool
+call (`staged_*`, staged.py) are claimed from whichever buffer holds them, not read again
+(in the request's DE's buffer they are adopted as its first DE-buffer slots: read like
+DE-path hits, never pushed back); a short claim leaves the rest to the PE path. Reads go in
+layer groups (`read_layer_groups`): each gateway reports here (`LayersRead`) when the files
+are open -- the engine hears `ReadFinished(blocks, eta_s)` then, long before the bytes are
+in -- and as each group lands. Each layer l, once every read has it: Layer Blocks buffer ->
+KV memory (local copy; one-sided reads from the DE's or a prefetch holder's buffer) and
+`LayersLoaded(l)`, so the engine computes layer l while later layers cross the storage NIC.
+The last layer is copied only once every read verified its checksums: a corrupt block fails
+the load (`FetchFailed`) before a forward can finish on it. A node's read over, the
+schedulers hear `NodeReadDone`. With a hit window (`FetchKV.window`) layer l of the hits
+lands in the window's ring, and layer l + window waits until layer l was pushed on
+(progress.py). When every hit was prefetched into this buffer and no window is asked for,
+all layers go in one copy before `ReadFinished(layers=n)`, no `LayersLoaded` follows.
 
 Every failure is answered on the wire, never by the engine's timeout: whatever ends a fetch
 early (a transfer past its deadline, a peer gone, the bus, a bug) publishes
 `FetchFailed(code, error)`. Before `ReadFinished` the engine takes it as a miss (it computes
 the prompt); after, it fails the prefill waiting on the next layer at once. A transport or
-bus error is expected (logged, `kv_transfer`); anything else (`internal`) is re-raised for
-the supervisor to log and count.
+bus error is expected (logged, `kv_transfer`); anything else (`internal`) is re-raised.
 """
 from __future__ import annotations
 
@@ -29,13 +34,16 @@ from dataclasses import dataclass
 
 from opentelemetry import trace
 
+from services.traffic_manager import staged
 from services.traffic_manager.parts import TMParts
+from services.traffic_manager.progress import ReadTrack
 from shared.bus import BusError, Delivery, error_code
 from shared.kv.allocator import OutOfSlots
+from shared.kv.window import HitWindow, layer_blocks
 from shared.messages.codes import ErrorCode
 from shared.messages.storage_gateway import ReadBlocks, ReadDone
-from shared.messages.traffic_manager import (Claim, Claimed, FetchFailed, FetchKV, LayersLoaded, ReadFinished,
-                                             ReadQueued, Release, Reserve, Reserved, Stage, Staged)
+from shared.messages.traffic_manager import (FetchFailed, FetchKV, LayersLoaded, NodeReadDone, ReadFinished,
+                                             ReadQueued, Reserve, Reserved, Stage, Staged)
 from shared.transport.base import Op, TrafficClass
 from shared.transport.errors import TransportError
 from shared.transport.grants import Grant, decode_grant
@@ -68,20 +76,26 @@ class FetchPath:
         n = len(msg.keys)
         k = min(max(msg.pe_blocks, 0), n)
         owner, prog = f"{msg.req_id}/fetch", Progress()
+        tracks = {tag: self.p.reads.hold((msg.req_id, tag)) for tag in ("pe", "de")}
+        local: list[asyncio.Task] = []  # the PE-path read, once started: its slots are freed after it
         with tracer.start_as_current_span("kv_fetch", context=d.ctx, attributes={
                 "req_id": msg.req_id, "blocks": n, "pe_path_blocks": k, "de_path_blocks": n - k,
                 "pe_node": msg.node, "de_node": msg.de_node}) as span:
             try:
-                await self._run(msg, k, owner, prog, span)
+                await self._run(msg, k, owner, prog, span, tracks, local)
             except Exception as exc:  # noqa: BLE001 - answered on the wire; a bug goes on to the supervisor
                 span.record_exception(exc)
                 await self.failed(msg, prog, exc)
                 if not isinstance(exc, EXPECTED):
                     raise
             finally:
+                if local:  # the gateway may still be writing into the slots
+                    await asyncio.wait(local)
+                for tag in tracks:
+                    self.p.reads.release((msg.req_id, tag))
                 self.p.pool.release(owner)
                 if msg.staged_owner:
-                    await self._release_staged(msg)
+                    await staged.release(self.p, msg)
 
     async def failed(self, msg: FetchKV, prog: Progress, exc: Exception) -> None:
         """Tell the engine the fetch ended early, and how far it got."""
@@ -91,94 +105,67 @@ class FetchPath:
                     "done" if prog.read else "not done", prog.layers, code, why)
         await self.p.bus.publish(self.p.loaded_subject, FetchFailed(msg.req_id, code, why, prog.layers))
 
-    async def _run(self, msg: FetchKV, k: int, owner: str, prog: Progress, span) -> None:
-        p = self.p
+    async def _run(self, msg: FetchKV, k: int, owner: str, prog: Progress, span, tracks,
+                   local: list[asyncio.Task]) -> None:
+        p, n = self.p, len(msg.keys)
         t0 = time.perf_counter()
+        pe, de = tracks["pe"], tracks["de"]
         # prefetched: keys[:c] already sit in a buffer (the DE's: adopted into the prompt's slots there)
-        reserved = await self._reserve_remote(msg, adopt=True) if self._adopts(msg) else None
-        reserved = reserved if reserved is not None and reserved.ok else None
-        staged, staged_grant = ([], None) if reserved is not None else await self._claim(msg)
-        c = reserved.adopted if reserved is not None else len(staged)
+        res = await self._reserve_remote(msg, adopt=True) if staged.adopts(p, msg) else None
+        res = res if res is not None and res.ok else None
+        held, held_grant = ([], None) if res is not None else await staged.claim(p, msg)
+        adopted = res.adopted if res is not None else 0
+        c = adopted or len(held)
         k = max(k, c)
         await self._announce_queue(msg, c, k)
-        (pe_ok, offsets, pe_err), de = await self._both_paths(msg, c, k, owner, reserved)
-        self.m_wait.labels("read").observe(time.perf_counter() - t0)
-        de_ok = de.blocks if de else 0
+        if res is None and k < n:
+            res = await self._reserve_remote(msg)
+            if not res.ok:  # no DE-buffer room: the PE path alone; the rest is computed
+                de.finish(0, res.error)
+                n, res = k, None
+                await self._reads_done(msg.req_id, msg.de_node)
+        de_slots = res.slots if res is not None else []
+        # the DE's grant of the prompt's slots: for the DE-path pull and, later, the push
+        grant = p.held.keep(msg.req_id, msg.de_engine, res.grant) if res is not None else None
+        offsets: list[int] = []
+        if k > c:
+            offsets = await self._start_local(msg, msg.keys[c:k], owner, pe, local)
+        else:
+            pe.finish(0)
+        if k < n:
+            p.spawn(self._stage_remote(msg, k, de_slots, de), name=f"stage-{msg.req_id}")
+        else:
+            de.finish(0, de.final_error)
+        bn = p.pool.block_nbytes
+        timeout = max(p.queues.deadline(msg.node, (k - c) * bn), p.queues.deadline(msg.de_node, (n - k) * bn))
+        await pe.until(lambda: pe.opened is not None, timeout, "PE-path read opened")
+        await de.until(lambda: de.opened is not None, timeout, "DE-path read opened")
+        pe_ok, de_ok = pe.opened, de.opened
         hits = c + pe_ok if pe_ok < k - c else k + de_ok
-        de_hits = (list(range(c)) if reserved is not None else []) + list(range(k, hits))
+        de_hits = list(range(adopted)) + list(range(k, hits))
         span.set_attributes({"blocks_ok": hits, "pe_ok": pe_ok, "de_ok": de_ok, "prefetched_blocks": c,
-                             "read_at_arrival_blocks": hits - c, "error": pe_err or (de.error if de else "")})
-        if hits and hits == c and not de and msg.staged_engine == p.cfg.engine:
-            await self._all_local(msg, list(zip(staged, msg.dst_blocks)), prog)
+                             "read_at_arrival_blocks": hits - c, "error": pe.final_error or de.final_error})
+        if hits and hits == c and res is None and msg.staged_engine == p.cfg.engine and msg.window is None:
+            await staged.copy_all(p, msg, list(zip(held, msg.dst_blocks)), prog, self.m_wait)
             return
         # a short read's error only means fewer hits: the rest of the prompt is computed
         await p.bus.publish(p.loaded_subject, ReadFinished(
-            msg.req_id, hits, de_slots=de.slots if de else [], de_hits=de_hits))
+            msg.req_id, hits, de_slots=de_slots if de_hits else [], de_hits=de_hits,
+            eta_s=round(max(pe.eta_s, de.eta_s), 4)))
         prog.read = True
-        grant = p.held.keep(msg.req_id, msg.de_engine, de.grant) if de else None  # also for the push
         if hits:
-            local = list(zip(offsets[:min(pe_ok, hits - c)], msg.dst_blocks[c:]))
-            remote = [(msg.de_engine, [(de.slots[i], msg.dst_blocks[i]) for i in de_hits], grant)] if de_hits else []
-            pairs = list(zip(staged, msg.dst_blocks))
+            pe_used, de_used = min(pe_ok, hits - c), max(hits - k, 0)
+            local = [(off, c + j) for j, off in enumerate(offsets[:pe_used])]
+            remote = [(msg.de_engine, [(de_slots[i], i) for i in de_hits], grant)] if de_hits else []
+            pairs = [(off, i) for i, off in enumerate(held)]
             if msg.staged_engine == p.cfg.engine:
                 local = pairs + local
             elif pairs:  # one-sided reads from the holder, under the grant its claim gave
-                remote.append((msg.staged_engine, pairs, staged_grant))
-            await self._layers(msg, local, remote, prog)
-            p.m_bytes.labels("de_path_pull").inc(len(de_hits) * p.pool.block_nbytes)
-            p.m_bytes.labels("prefetch_used").inc(c * p.pool.block_nbytes)
-
-    async def _all_local(self, msg: FetchKV, pairs: list[tuple[int, int]], prog: Progress) -> None:
-        """Every hit was prefetched into this buffer: nothing is read, so nothing overlaps the copy.
-        Every layer goes into KV memory in one copy, and `ReadFinished(layers=n)` says so: no
-        `LayersLoaded` follows, the engine computes without waiting on a layer. A failed copy
-        comes before `ReadFinished`: the engine computes the prompt (its blocks are overwritten)."""
-        p, lay = self.p, self.p.pool.layout
-        lb, bn = lay.layer_block_nbytes, lay.block_nbytes
-        t0 = time.perf_counter()
-        ops = [Op("buf", off + layer * lb, "kv", b * bn + layer * lb, lb)
-               for layer in range(lay.n_layers) for off, b in pairs]
-        await p.endpoint.copy_local(ops, TrafficClass.LATENCY, timeout=p.cfg.transfer_timeout_s)
-        prog.layers = lay.n_layers
-        await p.bus.publish(p.loaded_subject, ReadFinished(msg.req_id, len(pairs), layers=lay.n_layers))
-        prog.read = True
-        p.m_bytes.labels("h2d_layers").inc(bn * len(pairs))
-        p.m_bytes.labels("prefetch_used").inc(len(pairs) * bn)
-        self.m_wait.labels("h2d").observe(time.perf_counter() - t0)
-
-    def _adopts(self, msg: FetchKV) -> bool:
-        """Prefetched into the request's own DE's buffer (not this one): that TM adopts them."""
-        return bool(msg.staged_owner and msg.staged_blocks > 0 and msg.staged_engine == msg.de_engine
-                    and msg.de_engine != self.p.cfg.engine)
-
-    async def _claim(self, msg: FetchKV) -> tuple[list[int], Grant | None]:
-        """Buffer offsets of the leading prefetched blocks still staged for this fetch ([]: none),
-        with the holder's grant of them when the holder is another traffic-manager."""
-        p, n = self.p, min(msg.staged_blocks, len(msg.keys))
-        if not msg.staged_owner or n <= 0:
-            return [], None
-        keys = msg.keys[:n]
-        if msg.staged_engine == p.cfg.engine:
-            return p.claim_local(msg.staged_owner, keys), None
-        try:
-            got = await p.bus.request(p.subjects.tm(msg.staged_engine, "claim"), Claim(msg.staged_owner, keys),
-                                      Claimed, timeout=p.cfg.transfer_timeout_s)
-        except BusError as exc:  # gone: its blocks are read from storage instead
-            log.info("prefetched blocks of %s not claimed: %s", msg.req_id, exc.reason)
-            return [], None
-        grant = decode_grant(got.grant) if got.slots else None
-        return (got.slots[:n], grant) if grant is not None else ([], None)
-
-    async def _release_staged(self, msg: FetchKV) -> None:
-        """The prefetched slots are copied (or the fetch ended): their buffer takes them back."""
-        p = self.p
-        if msg.staged_engine == p.cfg.engine:
-            p.drop_local(msg.staged_owner, "used")
-            return
-        try:
-            await p.bus.publish(p.subjects.tm(msg.staged_engine, "release"), Release(msg.staged_owner))
-        except BusError as exc:  # its TTL or claim lease frees them
-            log.warning("release of prefetched %s not sent: %s", msg.staged_owner, exc.reason)
+                remote.append((msg.staged_engine, pairs, held_grant))
+            await self._layers(msg, local, remote, prog, ((pe, pe_used), (de, de_used)), timeout)
+            p.m_bytes.labels("de_path_pull").inc(len(de_hits) * bn)
+            p.m_bytes.labels("prefetch_used").inc(c * bn)
+        self.m_wait.labels("read").observe(time.perf_counter() - t0)
 
     async def _announce_queue(self, msg: FetchKV, c: int, k: int) -> None:
         """Tell the engine when its read waits behind a storage queue long enough to matter for
@@ -189,30 +176,36 @@ class FetchPath:
         if wait > 0.25 * p.cfg.transfer_timeout_s:
             await p.bus.publish(p.loaded_subject, ReadQueued(msg.req_id, round(wait, 3)))
 
-    async def _read_local(self, msg: FetchKV, keys: list[bytes], owner: str) -> tuple[int, list[int], str]:
-        """PE path: this node's gateway reads `keys` into this TM's buffer."""
+    async def _start_local(self, msg: FetchKV, keys: list[bytes], owner: str, track: ReadTrack,
+                           local: list[asyncio.Task]) -> list[int]:
+        """PE path: buffer slots, then this node's gateway reads `keys` into them (in the background)."""
         p = self.p
-        if not keys:
-            return 0, [], ""
         try:
             slots = await p.pool.allocate_wait(owner, len(keys))
         except OutOfSlots as exc:
-            return 0, [], f"PE buffer full: {exc}"
-        bn = p.pool.block_nbytes
-        offsets = [s * bn for s in slots]
+            track.finish(0, f"PE buffer full: {exc}")
+            return []
+        offsets = [s * p.pool.block_nbytes for s in slots]
+        local.append(p.spawn(self._read_local(msg, keys, offsets, track), name=f"read-{msg.req_id}"))
+        return offsets
+
+    async def _read_local(self, msg: FetchKV, keys: list[bytes], offsets: list[int], track: ReadTrack) -> None:
+        p, nbytes = self.p, len(keys) * self.p.pool.block_nbytes
         try:
-            with p.queues.read_at(msg.node, len(keys) * bn):
-                done = await p.bus.request(p.subjects.sg(msg.node, "read"),
-                                           ReadBlocks(msg.req_id, msg.layout, keys, p.pool.buffer.name, offsets),
-                                           ReadDone, timeout=p.queues.deadline(msg.node, len(keys) * bn))
+            with p.queues.read_at(msg.node, nbytes):
+                done = await p.bus.request(p.subjects.sg(msg.node, "read"), ReadBlocks(
+                    msg.req_id, msg.layout, keys, p.pool.buffer.name, offsets, group_layers=p.group_layers,
+                    progress=p.progress_subject, tag="pe"), ReadDone, timeout=p.queues.deadline(msg.node, nbytes))
+            track.finish(done.blocks, done.error or done.stop_reason)
         except BusError as exc:
-            return 0, offsets, exc.reason
-        return done.blocks, offsets, done.error
+            track.finish(0, exc.reason)
+        finally:
+            await self._reads_done(msg.req_id, msg.node)
 
     async def _reserve_remote(self, msg: FetchKV, adopt: bool = False) -> Reserved:
-        """A split read first holds the prompt's DE-buffer slots, and only then takes PE-buffer
-        slots: one order for the two buffers, so no two fetches each hold one and wait for the
-        other (with both buffers full that hold-and-wait stalled every split until its deadline).
+        """A fetch with DE-path blocks first holds the prompt's DE-buffer slots, and only then takes
+        PE-buffer slots: one order for the two buffers, so no two fetches each hold one and wait for
+        the other (with both buffers full that hold-and-wait stalled every split until its deadline).
         With `adopt`, the blocks prefetched into that buffer become the first of those slots."""
         p = self.p
         ask = Reserve(msg.req_id, msg.prompt_blocks, adopt=msg.staged_owner if adopt else "",
@@ -223,64 +216,82 @@ class FetchPath:
         except BusError as exc:
             return Reserved(ok=False, error=exc.reason)
 
-    async def _stage_remote(self, msg: FetchKV, k: int, slots: list[int] | None = None) -> Staged:
-        """DE path: the DE's TM reserves the prompt's slots (unless given) and its gateway reads
-        keys[k:] into them."""
-        p = self.p
-        nbytes = (len(msg.keys) - k) * p.pool.block_nbytes
+    async def _stage_remote(self, msg: FetchKV, k: int, slots: list[int], track: ReadTrack) -> None:
+        """DE path: the DE's TM has its gateway read keys[k:] into the reserved slots, reporting here."""
+        p, nbytes = self.p, (len(msg.keys) - k) * self.p.pool.block_nbytes
         try:
             with p.queues.read_at(msg.de_node, nbytes):
-                return await p.bus.request(
+                done = await p.bus.request(
                     p.subjects.tm(msg.de_engine, "stage"),
-                    Stage(msg.req_id, msg.prompt_blocks, k, msg.keys[k:], msg.de_node, msg.layout, slots=slots or []),
+                    Stage(msg.req_id, msg.prompt_blocks, k, msg.keys[k:], msg.de_node, msg.layout, slots=slots,
+                          group_layers=p.group_layers, progress=p.progress_subject),
                     Staged, timeout=p.queues.deadline(msg.de_node, nbytes))
+            track.finish(done.blocks, done.error)
         except BusError as exc:
-            return Staged(error=exc.reason)
+            track.finish(0, exc.reason)
+        finally:
+            await self._reads_done(msg.req_id, msg.de_node)
 
-    async def _both_paths(self, msg: FetchKV, c: int, k: int, owner: str, reserved: Reserved | None = None):
-        """Read keys[c:k] on the PE path and keys[k:] on the DE path at the same time (keys[:c]
-        were prefetched; `reserved`: the DE-buffer slots are held already)."""
-        n = len(msg.keys)
-        if reserved is not None:
-            if k == n:
-                staged = Staged(slots=reserved.slots, grant=reserved.grant)
-                return await self._read_local(msg, msg.keys[c:], owner), staged
-            return await asyncio.gather(self._read_local(msg, msg.keys[c:k], owner),
-                                        self._stage_remote(msg, k, reserved.slots))
-        if k == n:
-            return await self._read_local(msg, msg.keys[c:], owner), None
-        if k == c:
-            return (0, [], ""), await self._stage_remote(msg, k)
-        res = await self._reserve_remote(msg)
-        if not res.ok:  # no DE-buffer room: the PE path alone; the rest is computed
-            return await self._read_local(msg, msg.keys[c:k], owner), Staged(error=res.error)
-        return await asyncio.gather(self._read_local(msg, msg.keys[c:k], owner),
-                                    self._stage_remote(msg, k, res.slots))
+    async def _reads_done(self, req_id: str, node: str) -> None:
+        await self.p.bus.publish(self.p.subjects.reads_done, NodeReadDone(req_id, node))
 
     async def _layers(self, msg: FetchKV, local: list[tuple[int, int]],
-                      remote: list[tuple[str, list[tuple[int, int]], Grant | None]], prog: Progress) -> None:
-        """Layer after layer: this buffer's blocks by local copy, other buffers' (the DE's, a
-        prefetch holder's) by one-sided reads under the grant each gave. Every copy of a layer
-        settles before a failure of any is raised (nothing of this fetch is still moving when the
-        engine hears of it)."""
+                      remote: list[tuple[str, list[tuple[int, int]], Grant | None]], prog: Progress,
+                      reads: tuple[tuple[ReadTrack, int], ...], timeout: float) -> None:
+        """Layer after layer, once read: this buffer's blocks by local copy, other buffers' (the DE's,
+        a prefetch holder's) by one-sided reads under the grant each gave; pairs are (buffer offset,
+        hit index). Every copy of a layer settles before a failure of any is raised (nothing of
+        this fetch is still moving when the engine hears of it)."""
         p, lay = self.p, self.p.pool.layout
-        lb, bn, timeout = lay.layer_block_nbytes, lay.block_nbytes, p.cfg.transfer_timeout_s
-        peers = [(await p.peer(engine), pairs, grant) for engine, pairs, grant in remote]
-        t0 = last = time.perf_counter()
-        for layer in range(lay.n_layers):
-            loc = [Op("buf", off + layer * lb, "kv", b * bn + layer * lb, lb) for off, b in local]
-            copies = [p.endpoint.copy_local(loc, TrafficClass.LATENCY, timeout=timeout)] if loc else []
-            for peer, pairs, grant in peers:
-                rem = [Op("kv", b * bn + layer * lb, "buf", off + layer * lb, lb) for off, b in pairs]
-                copies.append(peer.read(rem, TrafficClass.LATENCY, timeout=timeout, grant=grant))
-            for res in await asyncio.gather(*copies, return_exceptions=True):
-                if isinstance(res, BaseException):
-                    raise res
-            prog.layers = layer + 1
-            now = time.perf_counter()
-            if layer == lay.n_layers - 1 or now - last >= LAYER_NOTIFY_GAP_S:
-                await p.bus.publish(p.loaded_subject, LayersLoaded(msg.req_id, layer))
-                last = now
-        p.m_bytes.labels("h2d_layers").inc(bn * len(local))
+        lb, n_layers, xfer = lay.layer_block_nbytes, lay.n_layers, p.cfg.transfer_timeout_s
+        window = HitWindow.of(msg.window, n_layers)
+        state = p.layers.hold(msg.req_id) if window else None
+        try:
+            peers = [(await p.peer(engine), pairs, grant) for engine, pairs, grant in remote]
+            t0 = last = time.perf_counter()
+            sent = 0  # layers 0..sent-1 announced to the engine (LayersLoaded)
+            for layer in range(n_layers):
+                before = window.released_before(layer) if state is not None else -1
+                if sent < layer and not (all(t.has(layer, layer == n_layers - 1) for t, used in reads if used)
+                                         and (before < 0 or state.pushed > before)):
+                    # about to wait: the engine hears first what is in place (a reused window slot waits
+                    # for the forward to compute those layers; announced later, it would wait for ever)
+                    await p.bus.publish(p.loaded_subject, LayersLoaded(msg.req_id, layer - 1))
+                    sent, last = layer, time.perf_counter()
+                await _landed(layer, n_layers, reads, timeout)
+                if before >= 0:
+                    await state.until(lambda: state.pushed > before, timeout, f"layer {before} pushed on")
+                dst = [b * lb for b in layer_blocks(msg.dst_blocks, layer, n_layers, window)]
+                loc = [Op("buf", off + layer * lb, "kv", dst[i], lb) for off, i in local]
+                copies = [p.endpoint.copy_local(loc, TrafficClass.LATENCY, timeout=xfer)] if loc else []
+                for peer, pairs, grant in peers:
+                    rem = [Op("kv", dst[i], "buf", off + layer * lb, lb) for off, i in pairs]
+                    copies.append(peer.read(rem, TrafficClass.LATENCY, timeout=xfer, grant=grant))
+                for res in await asyncio.gather(*copies, return_exceptions=True):
+                    if isinstance(res, BaseException):
+                        raise res
+                prog.layers = layer + 1
+                now = time.perf_counter()
+                if layer == n_layers - 1 or now - last >= LAYER_NOTIFY_GAP_S:
+                    await p.bus.publish(p.loaded_subject, LayersLoaded(msg.req_id, layer))
+                    sent, last = layer + 1, now
+        except (LookupError, RuntimeError) as exc:
+            raise BusError("fetch", str(exc), ErrorCode.STORAGE) from None
+        finally:
+            if state is not None:
+                p.layers.release(msg.req_id)
+        p.m_bytes.labels("h2d_layers").inc(lay.block_nbytes * len(local))
         self.m_wait.labels("h2d").observe(time.perf_counter() - t0)
 
+
+async def _landed(layer: int, n_layers: int, reads: tuple[tuple[ReadTrack, int], ...], timeout: float) -> None:
+    """Layer `layer` of every read (track, blocks of it used) is in the buffers; before the last one,
+    their checksums passed."""
+    last = layer == n_layers - 1
+    for track, used in reads:
+        if not used:
+            continue
+        await track.until(lambda: track.has(layer, last), timeout, f"layer {layer} read from storage")
+        if track.final is not None and track.final < used:
+            raise BusError("read", f"block {track.final} failed verification after its layers were read: "
+                                   f"{track.final_error}", ErrorCode.STORAGE)

@@ -3,8 +3,8 @@
 Owns only the bundle (`TMParts`): the settings, the bus and subjects, the buffer's slot
 pool, the data-plane endpoint with a way to reach another engine's traffic-manager, the
 gateways' read queues, the shared byte counter, `spawn` for supervised tasks, the
-data-plane grants given and held (slot_grants.py), and the claim and release of this
-buffer's prefetched blocks. The
+data-plane grants given and held (slot_grants.py), the progress of reads and layers
+(progress.py), and the claim and release of this buffer's prefetched blocks. The
 service builds it once its endpoint is up (`TrafficManagerService.start`).
 """
 from __future__ import annotations
@@ -18,6 +18,7 @@ from prometheus_client import Counter
 
 from services.traffic_manager.config import TrafficManagerConfig
 from services.traffic_manager.pool import BufferPool
+from services.traffic_manager.progress import Registry
 from services.traffic_manager.read_queues import ReadQueues
 from services.traffic_manager.slot_grants import GrantsGiven, GrantsHeld
 from shared.bus import Bus
@@ -42,8 +43,22 @@ class TMParts:
     spawn: Callable[..., asyncio.Task[Any]]  # Service.spawn: supervised tasks
     given: GrantsGiven  # grants of this TM's buffer slots (DE side; prefetch holder)
     held: GrantsHeld  # grants other TMs gave this one (PE side)
+    reads: Registry  # (req_id, tag) -> ReadTrack: storage reads in layer groups, as reported
+    layers: Registry  # req_id -> LayerState: layers computed by the engine and pushed on
     claim_local: Callable[[str, list[bytes]], list[int]] = lambda owner, keys: []  # prefetched slots here
     drop_local: Callable[[str, str], bool] = lambda owner, why: False  # ... released (prefetch.py)
+
+    @property
+    def group_layers(self) -> int:
+        """Layers per group of a storage read (`read_layer_groups` groups; 0: whole blocks)."""
+        n = self.pool.layout.n_layers if self.pool.layout else 0
+        size = -(-n // self.cfg.read_layer_groups) if n else 0
+        return size if 0 < size < n else 0
+
+    @property
+    def progress_subject(self) -> str:
+        """Where gateways report this TM's reads in layer groups (`LayersRead`)."""
+        return self.subjects.tm(self.cfg.engine, "read_progress")
 
     @property
     def loaded_subject(self) -> str:

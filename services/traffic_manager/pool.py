@@ -9,6 +9,7 @@ that may be someone else's). Does not own the data plane, the bus or the KV memo
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from collections.abc import Callable, Iterator
 
 from prometheus_client import Gauge
@@ -31,7 +32,7 @@ class BufferPool:
         self.slots: SlotAllocator | None = None
         self.line: WaitLine | None = None
         self.cancelled = RecentSet()  # released/cancelled ids: a reservation arriving after them is dropped
-        self.busy: set[str] = set()  # requests whose slots a storage read still targets
+        self.busy: Counter[str] = Counter()  # requests whose slots storage reads or writes still target (how many)
         self.free_later: set[str] = set()  # released while busy: freed when the read ends
         self.reclaim: Callable[[int], None] | None = None  # frees prefetched slots for a reservation (prefetch.py)
 
@@ -90,14 +91,24 @@ class BufferPool:
     @contextlib.contextmanager
     def reading(self, req_id: str) -> Iterator[None]:
         """`req_id`'s slots are a storage read's target for as long as the block runs."""
-        self.busy.add(req_id)
+        self.begin_io(req_id)
         try:
             yield
         finally:
-            self.busy.discard(req_id)
-            if req_id in self.free_later:
-                self.free_later.discard(req_id)
-                self.free(req_id)
+            self.end_io(req_id)
+
+    def begin_io(self, req_id: str) -> None:
+        """A storage read or write targets `req_id`'s slots from now on (a release waits for `end_io`)."""
+        self.busy[req_id] += 1
+
+    def end_io(self, req_id: str) -> None:
+        self.busy[req_id] -= 1
+        if self.busy[req_id] > 0:
+            return
+        del self.busy[req_id]
+        if req_id in self.free_later:
+            self.free_later.discard(req_id)
+            self.free(req_id)
 
     def note_free(self) -> None:
         if self.line is not None:

@@ -2,9 +2,12 @@
 
 Stage (DE side of the DE read path): reserve buffer slots for a whole prompt (unless the
 fetching TM reserved them already) and have this node's gateway read hit blocks into some
-of them; the PE's traffic-manager then reads them one-sidedly, layer by layer.
-Save: KV memory -> buffer slots (bulk class) -> `SaveCopied` to the engine (its blocks
-may be reused from then on) -> gateway writes each block in the background.
+of them, in layer groups reported straight to the fetching TM; the PE's traffic-manager
+reads each layer one-sidedly as it lands.
+Save: KV memory -> buffer slots (bulk class; a save finding no spare slots waits in the
+bounded line of `saves.py`) -> `SaveCopied` to the engine (its blocks may be reused from
+then on) -> gateway writes each block in the background. A save naming buffer slots (a
+prompt the DE received) writes straight from them.
 A request's slots are never freed while a gateway read or write still targets them.
 """
 from __future__ import annotations
@@ -14,6 +17,7 @@ import logging
 from opentelemetry import trace
 
 from services.traffic_manager.parts import TMParts
+from services.traffic_manager.saves import SaveLine
 from shared.bus import BusError, Delivery
 from shared.kv.allocator import OutOfSlots
 from shared.messages.storage_gateway import ReadBlocks, ReadDone, StoreLayout, WriteBlock, WriteDone
@@ -29,6 +33,10 @@ class StorePath:
         self.p = parts
         self.m_saved = parts.metrics.counter("saved_blocks_total", "Blocks handed to the gateway for persistence",
                                              ("outcome",))
+        wait_s = min(parts.cfg.save_wait_s, parts.cfg.transfer_timeout_s / 2)  # inside the engines' save deadline
+        self.line = SaveLine(parts.pool, parts.cfg.save_queue_blocks, wait_s,
+                             parts.metrics.gauge("save_queue_blocks", "Blocks of saves waiting for buffer room"),
+                             self.m_saved)
 
     # stage (DE side of the DE read path) ----------------------------------------------------
     async def stage(self, msg: Stage, d: Delivery) -> None:
@@ -49,10 +57,13 @@ class StorePath:
                 try:
                     offsets = slots[msg.first:msg.first + len(msg.keys)]
                     nbytes = len(msg.keys) * bn
+                    streamed = msg.progress and not p.cfg.fault_flip_de_bytes  # a fault goes in after the checksum
                     with p.queues.read_at(msg.node, nbytes):
                         done = await p.bus.request(
                             p.subjects.sg(msg.node, "read"),
-                            ReadBlocks(msg.req_id, msg.layout, msg.keys, pool.buffer.name, offsets), ReadDone,
+                            ReadBlocks(msg.req_id, msg.layout, msg.keys, pool.buffer.name, offsets,
+                                       group_layers=msg.group_layers if streamed else 0,
+                                       progress=msg.progress if streamed else "", tag="de"), ReadDone,
                             timeout=p.queues.deadline(msg.node, nbytes))
                 except BusError as exc:
                     done = ReadDone(error=exc.reason)
@@ -66,27 +77,44 @@ class StorePath:
 
     # save --------------------------------------------------------------------------------
     async def save(self, msg: SaveKV, d: Delivery) -> None:
+        if msg.slots:
+            await self._save_slots(msg, d)
+            return
         p, pool = self.p, self.p.pool
         owner = f"{msg.req_id}/save/{msg.keys[0].hex()[:12] if msg.keys else ''}"
-        n = min(len(msg.blocks), pool.spare())
-        if n < len(msg.blocks):
-            self.m_saved.labels("skipped_buffer_full").inc(len(msg.blocks) - n)
-        if n == 0:
-            await d.respond(SaveCopied(0))
+        n = len(msg.blocks)
+        offsets = None if n == 0 else await self.line.take(owner, n)
+        if offsets is None:
+            await d.respond(SaveCopied(0, error="" if n == 0 else "save dropped: no buffer room in time"))
             return
         bn = pool.block_nbytes
-        offsets = [s * bn for s in pool.slots.allocate(owner, n)]
-        ops = [Op("kv", b * bn, "buf", off, bn) for b, off in zip(msg.blocks[:n], offsets)]
+        offsets = [s * bn for s in offsets]
+        ops = [Op("kv", b * bn, "buf", off, bn) for b, off in zip(msg.blocks, offsets)]
         try:
             await p.endpoint.copy_local(ops, TrafficClass.BULK, timeout=p.cfg.transfer_timeout_s)
         except Exception as exc:  # noqa: BLE001 - persistence is best effort; never wrong data
             pool.release(owner)
+            self.m_saved.labels("error").inc(n)
             await d.respond(SaveCopied(0, error=str(exc)))
             return
         await d.respond(SaveCopied(n))
-        p.spawn(self._write(msg, owner, offsets, d), name=f"save-{owner}", label="persist")
+        p.spawn(self._write(msg, offsets, d, lambda: pool.release(owner)), name=f"save-{owner}", label="persist")
 
-    async def _write(self, msg: SaveKV, owner: str, offsets: list[int], d: Delivery) -> None:
+    async def _save_slots(self, msg: SaveKV, d: Delivery) -> None:
+        """The blocks sit in this buffer already (slots the request holds): write them from there;
+        the slots stay the request's until the write is over (a release meanwhile waits for it)."""
+        pool = self.p.pool
+        bn = pool.block_nbytes
+        if not set(msg.slots) <= {s * bn for s in pool.slots.held(msg.req_id)}:
+            self.m_saved.labels("error").inc(len(msg.slots))
+            await d.respond(SaveCopied(0, error="slots were released before the save"))
+            return
+        pool.begin_io(msg.req_id)  # before any await: a release from here on frees them after the write
+        await d.respond(SaveCopied(len(msg.slots)))
+        self.p.spawn(self._write(msg, list(msg.slots), d, lambda: pool.end_io(msg.req_id)),
+                     name=f"save-{msg.req_id}", label="persist")
+
+    async def _write(self, msg: SaveKV, offsets: list[int], d: Delivery, done) -> None:
         p = self.p
         try:
             with tracer.start_as_current_span("persist", context=d.ctx, attributes={
@@ -101,7 +129,7 @@ class StorePath:
                         log.warning("persist %s failed: %s", key.hex()[:12], exc.reason)
                         self.m_saved.labels("error").inc()
         finally:
-            p.pool.release(owner)
+            done()
 
 
 def flip_layer_signs(buf: memoryview, offset: int, layout: StoreLayout) -> None:

@@ -7,9 +7,10 @@ device (so is it on CPU with `kv_mirror`, which runs the device path's copies wi
 and the engine moves bytes between the two at four points:
 
 - stored KV the TM wrote into the host region goes up layer by layer (`upload(blocks,
-  layer)`) on the copy stream, one event per layer; the forward's compute stream waits on
-  layer l's event before layer l reads it (`wait`): the GPU form of the prefill engine's
-  LayerGate;
+  layer)`; hits in a window by Layer Block, `upload_layer_blocks`, after the compute that
+  used those ring slots) on the copy stream, one event per layer; the forward's compute
+  stream waits on layer l's event before layer l reads it (`wait`): the GPU form of the
+  prefill engine's LayerGate;
 - a prompt the decode engine received goes up whole before the sequence joins;
 - a prefill's new KV goes down layer by layer right after each layer wrote it (`download`
   waits for the compute stream's work so far), finished before the TM pushes it;
@@ -39,6 +40,24 @@ class DeviceCopies:
     def upload(self, blocks: list[int], layer: int | None = None) -> torch.cuda.Event | None:
         """Host -> device copies of `blocks` (one layer, or all); the event the forward waits on."""
         return self._copy(self.cache.data, self.host.data, blocks, layer, after_compute=False)
+
+    def upload_layer_blocks(self, layer_blocks: list[int]) -> torch.cuda.Event | None:
+        """Host -> device copies of Layer Blocks by number (block * n_layers + layer: a hit window's
+        ring), after everything the compute stream has queued so far (the slots are being reused)."""
+        if not self.separate or not layer_blocks:
+            return None
+        dst, src = self.cache.layer_blocks(), self.host.layer_blocks()
+        if self.stream is None:
+            for lb in layer_blocks:
+                dst[lb].copy_(src[lb])
+            return None
+        self.stream.wait_stream(torch.cuda.current_stream(self.cache.data.device))
+        with torch.cuda.stream(self.stream):
+            for lb in layer_blocks:
+                dst[lb].copy_(src[lb], non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        return done
 
     def download(self, blocks: list[int], layer: int | None = None) -> torch.cuda.Event | None:
         """Device -> host copies of `blocks`, after everything the compute stream has queued so far."""

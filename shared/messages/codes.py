@@ -35,7 +35,8 @@ class LoadMode(StrEnum):
         return self is not LoadMode.ORACLE
 
 
-COMPARED = (LoadMode.BASIC, LoadMode.DUALPATH, LoadMode.ORACLE)  # what bench and sim run by default (the paper's)
+COMPARED = (LoadMode.BASIC, LoadMode.DUALPATH, LoadMode.ORACLE)  # what sim runs by default (the paper's)
+BENCH_MODES = (LoadMode.BASIC, LoadMode.DUALPATH, LoadMode.DUALPATH_SPLIT, LoadMode.ORACLE)  # bench: ours beside them
 
 
 def mode_names() -> tuple[str, ...]:

@@ -5,6 +5,10 @@ and the offsets the gateway writes Full Block payloads into; a write names where
 payload sits. Example (PE read path):
   PE TM --ReadBlocks(keys, shm, offsets)--> its node's gateway
   gateway reads each block file straight into the buffer, verifies it -> ReadDone(blocks_ok)
+A read in layer groups (`group_layers`, `progress`) also reports as it goes, on `progress`:
+  LayersRead(layers=0, blocks, eta_s) once the files are open and their headers checked, then
+  LayersRead(layers=hi, ...) as each group of layers lands; ReadDone last, after the checksums
+  (a shorter ReadDone than the reports said: a block's checksum failed; its layers are wrong).
 """
 from __future__ import annotations
 
@@ -49,6 +53,19 @@ class ReadBlocks(msgspec.Struct, omit_defaults=True):
     offsets: list[int]  # byte offset in `shm` of each block's payload
     bulk: bool = False  # prefetch (a session's KV during its tool call): waits until no other read is pending
     start_within_s: float = 0.0  # bulk: not started within this long, it is answered with 0 blocks (0: no limit)
+    group_layers: int = 0  # read in groups of this many layers, each reported on `progress` (0: whole blocks)
+    progress: str = ""  # where the `LayersRead` reports go (a traffic-manager's subject)
+    tag: str = ""  # echoed in the reports: which read of a fetch this is
+
+
+class LayersRead(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """A read in layer groups, so far: layers [0, layers) of its first `blocks` blocks are in the buffer."""
+
+    req_id: str
+    tag: str
+    layers: int
+    blocks: int  # blocks whose file exists and whose header checked (the rest of the keys: a miss)
+    eta_s: float = 0.0  # until the read's last byte has crossed the storage NIC
 
 
 class ReadDone(msgspec.Struct, omit_defaults=True):

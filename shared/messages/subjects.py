@@ -29,6 +29,11 @@ class Subjects:
     def output(self, scheduler: str) -> str:
         return f"{self.ns}.scheduler.{scheduler}.out"
 
+    @property
+    def reads_done(self) -> str:
+        """Where traffic-managers tell the schedulers a node's storage reads of a request are over."""
+        return f"{self.ns}.scheduler.reads_done"
+
     # traffic-manager control, keyed by the engine the TM serves
     def tm(self, engine: str, verb: str) -> str:
         return f"{self.ns}.traffic_manager.{engine}.{verb}"

@@ -9,13 +9,22 @@ Release: free a request's slots (cancel, failure).
 Fetch (PE read path): PE --FetchKV--> its TM, which reports on `pe.<id>.loaded` with one
   message type per meaning (the `FetchProgress` union, one Decoder: `progress_decoder`):
     [ReadQueued(eta_s): the read waits behind a storage queue; the PE's deadline waits too]
-    ReadFinished(blocks, de_slots, de_hits, layers): the hit blocks are read (0: a miss after all);
+    ReadFinished(blocks, de_slots, de_hits, eta_s, layers): the hit blocks are found (0: a miss after
+      all); their layers land in groups within eta_s (a read in layer groups), or have landed;
       `layers` > 0: those layers are in KV memory already (every hit was prefetched into the TM's buffer)
     LayersLoaded(layer) ...: layers 0..layer are in KV memory (the PE computes them meanwhile)
   or, at any point, FetchFailed(code, error): before ReadFinished the PE computes the whole
   prompt (nothing reached its KV memory); after, the load failed and so does the prefill.
-Save (DE persistence): DE --SaveKV--> its TM: copy full blocks KV -> buffer (bulk), reply
-  SaveCopied (the DE may now free those blocks), then write them through the gateway.
+Layerwise push (PE side, during the final forward of a prompt): PE --PushKV(layerwise)--> its
+  TM at the forward's start; the PE reports LayersComputed(layer) after each layer, and the TM
+  sends that layer of the prompt's blocks to the DE buffer while the next layer computes;
+  PushDone once the last layer has landed. A Release (or Cancel) of the request ends it early.
+Reads done: when a node's share of a fetch's storage reads is over, the TM tells the schedulers
+  (NodeReadDone, broadcast): that node's read queue no longer counts it.
+Save (persistence): engine --SaveKV--> its TM: copy full blocks KV -> buffer (bulk; waiting in a
+  bounded line for spare slots), reply SaveCopied (the engine may now free those blocks), then
+  write them through the gateway. With `slots` the blocks are already in the TM's buffer (a
+  prompt the DE received): written from there, those slots held until the write is over.
 Prefetch (agent sessions, during a tool call): scheduler --Prefetch(owner, keys)--> a TM, which
   stages the stored blocks in spare buffer slots named `owner` (bulk reads, in chunks) and
   replies Prefetched. A later FetchKV naming them (`staged_*`) has its TM --Claim--> the
@@ -34,13 +43,40 @@ from shared.messages.codes import ErrorCode
 from shared.messages.storage_gateway import StoreLayout
 
 
+class KVWindow(msgspec.Struct, array_like=True, omit_defaults=True):
+    """A prompt's hit window (shared/kv/window.py `HitWindow`): its first `hits` blocks hold `layers`
+    layers at a time in the Layer Blocks of the `ring` blocks."""
+
+    hits: int
+    ring: list[int]
+    layers: int
+    used: int = -1  # leading blocks really in the ring (-1: all `hits`)
+
+
 class PushKV(msgspec.Struct, omit_defaults=True):
     req_id: str
-    src_blocks: list[int]  # PE KV block ids, in prompt order
+    src_blocks: list[int]  # PE KV block ids, in prompt order (NO_BLOCK for hits in the window)
     dst_engine: str  # the DE whose TM buffer receives them
     n_tokens: int = 0
     dst_slots: list[int] = []  # DE-buffer slots already reserved (DE read path), one per src block
     skip: list[int] = []  # block indexes already in the DE buffer (DE-path hits): not sent
+    layerwise: bool = False  # send each layer as the PE reports it computed (LayersComputed)
+    window: KVWindow | None = None  # where the hits' layers are (src_blocks has no entry for them)
+
+
+class LayersComputed(msgspec.Struct, array_like=True, gc=False):
+    """PE -> its TM: layers 0..layer of these requests' final forward are computed (their KV written);
+    layer -1: a keep-alive while the forward runs (it restarts the TM's deadlines, nothing more)."""
+
+    req_ids: list[str]
+    layer: int
+
+
+class NodeReadDone(msgspec.Struct, array_like=True, gc=False):
+    """TM -> schedulers: `node`'s storage reads for the request are over (its read queue drops them)."""
+
+    req_id: str  # as the engines see it: "<request>#<attempt>"
+    node: str
 
 
 class PushDone(msgspec.Struct, omit_defaults=True):
@@ -89,6 +125,7 @@ class FetchKV(msgspec.Struct, omit_defaults=True):
     de_engine: str = ""  # DE-path: the DE whose TM stages the blocks in its buffer
     de_node: str = ""  # DE-path: the DE's node (its gateway reads)
     prompt_blocks: int = 0  # DE-path: DE-buffer slots to reserve for the whole prompt
+    window: KVWindow | None = None  # the hits' layers land in this ring (dst_blocks has no entry for them)
     staged_engine: str = ""  # prefetched: the engine whose TM buffer holds keys[:staged_blocks] already
     staged_owner: str = ""  # ... under this owner (claimed, copied, then released)
     staged_blocks: int = 0  # keys[:staged_blocks] staged; keys[staged_blocks:pe_blocks] on the PE path
@@ -109,9 +146,10 @@ class ReadFinished(_Progress, tag="read"):
     """The storage read is over: `blocks` leading hits sit in the buffers, copied layer by layer next
     (a short read only means fewer hits: why is on the traffic-manager's `kv_fetch` span)."""
 
-    blocks: int  # leading hit blocks read and verified (the rest is a miss: computed)
+    blocks: int  # leading hit blocks found (the rest is a miss: computed)
     de_slots: list[int] = []  # DE-path: DE-buffer slots reserved for the whole prompt
     de_hits: list[int] = []  # DE-path: block indexes whose stored KV sits in those slots
+    eta_s: float = 0.0  # until their last layer has been read from storage (0: read already)
     layers: int = 0  # layers 0..layers-1 of those blocks are in KV memory already (no LayersLoaded for them)
 
 
@@ -142,6 +180,8 @@ class Stage(msgspec.Struct, omit_defaults=True):
     node: str  # the DE's node (gateway)
     layout: StoreLayout
     slots: list[int] = []  # already reserved for req_id (byte offsets, one per prompt block); empty = reserve here
+    group_layers: int = 0  # read in layer groups, reported to `progress` (the fetching TM) as they land
+    progress: str = ""
 
 
 class Staged(msgspec.Struct, omit_defaults=True):
@@ -153,15 +193,16 @@ class Staged(msgspec.Struct, omit_defaults=True):
 
 class SaveKV(msgspec.Struct, omit_defaults=True):
     req_id: str
-    blocks: list[int]  # full KV blocks to persist
+    blocks: list[int]  # full KV blocks to persist (empty when `slots` names them)
     keys: list[bytes]  # their keys
     node: str  # whose storage-gateway writes
     layout: StoreLayout
+    slots: list[int] = []  # or: buffer offsets (held by req_id) already holding them, one per key
 
 
 class SaveCopied(msgspec.Struct, omit_defaults=True):
-    copied: int = 0  # blocks copied out of KV memory (the rest skipped: buffer full)
-    error: str = ""
+    copied: int = 0  # blocks taken for writing (copied out of KV memory, or held in the buffer)
+    error: str = ""  # why none were (dropped: the save line was full or waited too long; slots released)
 
 
 class Prefetch(msgspec.Struct, omit_defaults=True):

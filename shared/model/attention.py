@@ -9,6 +9,7 @@ prefill) get one SDPA call each. Linear layers are the caller's business.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 
 from kernels import decode_attention, paged_decode
 from kernels.paged_decode import gather_blocks
+from shared.kv.window import HitWindow
 from shared.model.batch import ForwardBatch, SeqSlice
 
 
@@ -54,6 +56,20 @@ class StepIndex:
     last_index: torch.Tensor  # (n_seqs,) long: index into N of each sequence's last token
     decode: DecodeGroup | None
     prefills: list[PrefillSlice]
+    windows: tuple[HitWindow | None, ...] = ()  # per prefill slice; any set: layers index Layer Blocks
+
+    def layer(self, kv, layer: int) -> tuple[torch.Tensor, StepIndex]:
+        """What layer `layer` computes against: (one layer of the cache, this index), or, when some
+        slice keeps its hits in a window, (every Layer Block of the cache, this index with each
+        block number turned into that layer's Layer Block numbers)."""
+        if not any(self.windows):
+            return kv.layer_view(layer), self
+        n = kv.n_layers
+        prefills = [dataclasses.replace(p, table=_layer_table(p.table, w, layer, n))
+                    for p, w in zip(self.prefills, self.windows)]
+        decode = self.decode and dataclasses.replace(self.decode, tables=self.decode.tables * n + layer)
+        return kv.layer_blocks(), dataclasses.replace(self, write_blocks=self.write_blocks * n + layer,
+                                                      decode=decode, prefills=prefills)
 
     @staticmethod
     def build(batch: ForwardBatch, block_size: int, device: torch.device | str | None = None) -> StepIndex:
@@ -78,13 +94,28 @@ class StepIndex:
             write_rows=pos_t % block_size,
             last_index=torch.tensor([e - 1 for e in ends], dtype=torch.long, device=device),
             decode=_decode_group(list(batch), firsts, block_size, device),
-            prefills=[_prefill_slice(s, f, block_size, device) for s, f in zip(batch, firsts)
-                      if len(s.token_ids) > 1],
+            prefills=[_prefill_slice(s, f, block_size, device) for s, f in zip(batch, firsts) if not _decodes(s)],
+            windows=tuple(s.window for s in batch if not _decodes(s)),
         )
 
 
+def _decodes(s: SeqSlice) -> bool:
+    """One new token and a block table of its own: attended with the step's other decode rows."""
+    return len(s.token_ids) == 1 and s.window is None
+
+
+def _layer_table(table: torch.Tensor, window: HitWindow | None, layer: int, n_layers: int) -> torch.Tensor:
+    """A slice's block table at `layer` as Layer Block numbers (its hits from the window's ring)."""
+    out = table * n_layers + layer
+    if window is not None:
+        hits = min(window.in_ring, len(out))
+        out[:hits] = torch.tensor([window.layer_block(j, layer) for j in range(hits)], dtype=out.dtype,
+                                  device=out.device)
+    return out
+
+
 def _decode_group(seqs: list[SeqSlice], firsts: list[int], block_size: int, device) -> DecodeGroup | None:
-    picked = [(s, f) for s, f in zip(seqs, firsts) if len(s.token_ids) == 1]
+    picked = [(s, f) for s, f in zip(seqs, firsts) if _decodes(s)]
     if not picked:
         return None
     n_blocks = [-(-s.end_pos // block_size) for s, _ in picked]

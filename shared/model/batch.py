@@ -9,6 +9,10 @@ decode is one new token per sequence. Example, block_size 4:
     -> positions 5, 6, 7 are written to block 3 rows 1, 2, 3; attention of the token
        at position 6 reads positions 0..6 (0..3 from block 12, 4..6 from block 3).
 
+A slice may keep its stored hits in a window (`window`, shared/kv/window.py): their
+blocks then have no entry of their own in `block_table` (NO_BLOCK), and layer l of them
+lives in the window's ring; the model reads each layer through that layer's block table.
+
 Pure data, no torch: the engines build batches without touching the model.
 """
 
@@ -17,12 +21,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from shared.kv.window import HitWindow
+
 
 @dataclass(frozen=True)
 class SeqSlice:
     token_ids: list[int]  # the new tokens to compute
     start_pos: int  # position of token_ids[0]; positions < start_pos are in the cache
     block_table: list[int]  # cache block of each block_size positions of the sequence
+    window: HitWindow | None = None  # its first window.hits blocks live in a ring, layer by layer
 
     @property
     def end_pos(self) -> int:

@@ -68,15 +68,15 @@ class DeepSeekV3(nn.Module):
         for i, block in enumerate(self.layers):
             if hooks is not None:
                 hooks.before_layer(i)
-            layer_kv = kv.layer_view(i)  # (num_blocks, 2, bs, 1, W/2): latent rows
+            layer_kv, li = idx.layer(kv, i)  # (num_blocks, 2, bs, 1, W/2): latent rows (or every Layer Block)
             h = block.input_layernorm(x)
             q_nope, q_pe = block.self_attn.queries(h, cos, sin)
             index_q = block.self_attn.index_queries(h, cos, sin)  # None without V3.2's indexer
             rows = block.self_attn.latent(h, cos, sin)  # (N, W)
-            write_rows(layer_kv, idx, rows)
+            write_rows(layer_kv, li, rows)
             if hooks is not None:
                 hooks.after_layer(i)
-            x = x + block.self_attn.out(paged_mla(block.self_attn, q_nope, q_pe, rows, layer_kv, idx, index_q))
+            x = x + block.self_attn.out(paged_mla(block.self_attn, q_nope, q_pe, rows, layer_kv, li, index_q))
             x = x + block.mlp(block.post_attention_layernorm(x))
         return self._logits(x[idx.last_index])
 

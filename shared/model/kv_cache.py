@@ -99,6 +99,11 @@ class PagedKVCache:
         """(num_blocks, 2, block_size, n_kv_heads, head_dim) view of one layer."""
         return self.data[:, layer]
 
+    def layer_blocks(self) -> torch.Tensor:
+        """(num_blocks * n_layers, 2, block_size, n_kv_heads, head_dim): every Layer Block, numbered
+        block * n_layers + layer (how a forward with hit windows addresses the cache)."""
+        return self.data.view(self.num_blocks * self.n_layers, *self.data.shape[2:])
+
     def block_bytes(self, block: int) -> memoryview:
         """The bytes of one Full Block's payload, aliasing the cache (no copy)."""
         return self._bytes()[self.block_offset(block):][: self.block_nbytes]

@@ -156,12 +156,12 @@ class Llama(nn.Module):
         for i, block in enumerate(self.layers):
             if hooks is not None:
                 hooks.before_layer(i)
-            layer_kv = kv.layer_view(i)  # (num_blocks, 2, bs, n_kv, hd)
+            layer_kv, li = idx.layer(kv, i)  # (num_blocks, 2, bs, n_kv, hd): layer i (or every Layer Block)
             q, k, v = block.self_attn.qkv(block.input_layernorm(x), cos, sin)
-            write_kv(layer_kv, idx, k, v)
+            write_kv(layer_kv, li, k, v)
             if hooks is not None:
                 hooks.after_layer(i)
-            x = x + block.self_attn.out(paged_attention(q, k, v, layer_kv, idx))
+            x = x + block.self_attn.out(paged_attention(q, k, v, layer_kv, li))
             x = x + block.mlp(block.post_attention_layernorm(x))
         return self._logits(x[idx.last_index])
 

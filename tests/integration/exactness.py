@@ -65,7 +65,7 @@ def assert_exact(body: dict, reference, prompt_ids: list[int] | None = None, wha
     """Tokens identical and logprobs within TOLERANCE of the reference; returns the max difference."""
     prompt_ids = prompt_ids if prompt_ids is not None else body["choices"][0]["prompt_token_ids"]
     got, want, diff = logprob_diff(body, reference, prompt_ids)
-    assert got == want, f"{what}: tokens differ from the reference"
+    assert got == want, f"{what}: tokens differ from the reference: {got} vs {want}"
     assert diff <= TOLERANCE, f"{what}: max |logprob difference| {diff:.3g} > {TOLERANCE}"
     print(f"EXACTNESS {what}: {len(got)} tokens, max |logprob diff| {diff:.2e}")
     return diff

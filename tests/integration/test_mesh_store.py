@@ -60,6 +60,7 @@ def test_second_turn_reuses_stored_blocks_and_matches(tmp_path, reference):
         t3 = _ask(mesh, turn2)
         assert t3["choices"][0]["token_ids"] == want
         assert t3["usage"]["prompt_tokens_details"]["cached_tokens"] == 3 * 64  # the chain stops at the bad block
-        assert not victim.exists(), "the corrupt block was not removed"
+        # removed, or already replaced by the block the resumed prefill recomputed and persisted
+        assert not victim.exists() or victim.read_bytes() != bytes(data), "the corrupt block was not removed"
     finally:
         mesh.stop()

@@ -43,12 +43,12 @@ HUGE = 600.0  # transfer deadline: no failure below may be learnt by waiting for
 class Mesh:
     """A gateway and traffic-managers (one per engine) in this event loop, and a bus for the test."""
 
-    def __init__(self, nats: NatsServer, tmp_path, engines: tuple[str, ...] = (ENGINE,)):
+    def __init__(self, nats: NatsServer, tmp_path, engines: tuple[str, ...] = (ENGINE,), timeout_s: float = HUGE):
         self.ns = "t" + uuid.uuid4().hex[:8]
         self.subjects = Subjects(self.ns)
         common = dict(nats_url=nats.url, namespace=self.ns, node=NODE, heartbeat_s=0.05)
         self.gateway = StorageGatewayService(StorageGatewayConfig(store=str(tmp_path / "store"), instance=f"sg-{self.ns}", **common))
-        self.tms = {e: TrafficManagerService(TrafficManagerConfig(engine=e, buffer_mb=1, transfer_timeout_s=HUGE,
+        self.tms = {e: TrafficManagerService(TrafficManagerConfig(engine=e, buffer_mb=1, transfer_timeout_s=timeout_s,
                                                                   instance=f"tm-{e}-{self.ns}", **common))
                     for e in engines}
         self.tm = self.tms[ENGINE]

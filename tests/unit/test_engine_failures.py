@@ -18,10 +18,11 @@ from services.prefill_engine.layers import LayerGate, LoadError, LoadProgress
 from services.prefill_engine.record import PrefillRequest
 from shared.bus import BusError
 from shared.kv.allocator import SlotAllocator
+from shared.kv.window import NO_BLOCK
 from shared.messages.codes import ErrorCode, FinishReason, LoadMode
 from shared.messages.storage_gateway import StoreLayout
 from shared.messages.stream import TokenEvent
-from shared.messages.traffic_manager import FetchFailed, LayersLoaded, ReadFinished, ReadQueued
+from shared.messages.traffic_manager import FetchFailed, FetchKV, LayersLoaded, ReadFinished, ReadQueued
 from shared.messages.work import DecodeAdmit, PrefillWork, Sampling
 from shared.metrics import Metrics
 
@@ -52,6 +53,8 @@ class Bus:
 
 
 class KV:
+    block_size = BS
+
     def __init__(self, n: int = 32):
         self.alloc = SlotAllocator(n)
 
@@ -62,14 +65,19 @@ class KV:
 class Engine:
     """The prefill engine's side of the Fetcher's callbacks, recording what it was told."""
 
-    def __init__(self, bus: Bus, tg: asyncio.TaskGroup):
+    def __init__(self, bus: Bus, tg: asyncio.TaskGroup, window: int = 0, estimate: float = 0.0, kv_blocks: int = 32):
         self.held: dict[str, PrefillRequest] = {}
         self.queued, self.failed, self.released = [], [], []
-        self.kv = KV()
-        self.fetcher = Fetcher(bus, "tm.pe.fetch", PrefillEngineConfig(handoff_timeout_s=HUGE, block_size=BS), LAYOUT,
+        self.kv = KV(kv_blocks)
+        cfg = PrefillEngineConfig(handoff_timeout_s=HUGE, block_size=BS, hit_window_layers=window)
+        self.fetcher = Fetcher(bus, "tm.pe.fetch", cfg, LAYOUT,
                                self.kv, LAYOUT.n_layers, self.held, lambda coro, name=None: tg.create_task(coro),
                                ready=self.queued.append, fail=self.fail, failed_load=self.load_failed,
-                               release=self.released.append)
+                               release=self.released.append, one_forward=lambda cached, n: True,
+                               estimate=lambda req: estimate, abandon=self.abandon)
+
+    async def abandon(self, req, code, error):
+        self.failed.append((req.req_id, code, error, True))
 
     async def fail(self, req, code, error, retryable=False, release=True):
         self.failed.append((req.req_id, code, error, retryable))
@@ -141,6 +149,35 @@ def test_a_short_read_only_shortens_the_hits():
         req = eng.submit()
         await eng.fetcher.on_progress(ReadFinished("r1", 1))
         assert eng.queued == [req] and req.hit_tokens == BS and not eng.failed and not req.load.error
+    run(go)
+
+
+def test_hits_in_a_window_take_a_ring_and_a_short_read_gives_the_rest_blocks_of_their_own():
+    async def go(tg):
+        eng = Engine(Bus(), tg, window=2)  # LAYOUT has 4 layers: the hits hold two at a time
+        req = eng.submit(hits=4)
+        assert req.window is not None and req.window.hits == 4 and len(req.window.ring) == 2  # 4 x 2 / 4 layers
+        assert req.blocks[:4] == [NO_BLOCK] * 4 and len(req.blocks) == 5
+        for _ in range(5):
+            await asyncio.sleep(0)  # the fetch is sent by its own task
+        fetch = next(m for _, m in eng.fetcher.bus.sent if isinstance(m, FetchKV))
+        assert fetch.window.hits == 4 and fetch.window.ring == list(req.window.ring)
+        assert eng.kv.alloc.free == 32 - 3
+        await eng.fetcher.on_progress(ReadFinished("r1", 1))  # one hit found: three blocks are computed now
+        assert req.window.in_ring == 1 and NO_BLOCK not in req.blocks[1:] and eng.kv.alloc.free == 32 - 6
+        assert eng.queued == [req] and req.hit_tokens == BS
+    run(go)
+
+
+def test_a_read_joins_the_queue_when_its_end_is_its_own_compute_time_away():
+    async def go(tg):
+        eng = Engine(Bus(), tg, estimate=0.05)
+        req = eng.submit()
+        await eng.fetcher.on_progress(ReadFinished("r1", 3, eta_s=0.15))  # joins 0.1 s from now
+        assert eng.queued == [] and not req.reading
+        while not eng.queued:
+            await asyncio.sleep(0.01)
+        assert eng.queued == [req]
     run(go)
 
 
@@ -234,8 +271,10 @@ def test_a_save_that_raises_ends_its_request_and_still_releases_it():
                           Metrics("test-persist"), release=released.append,
                           on_failure=lambda r, e: failures.append((r.req_id, e)))
             req = DecodeRequest("d1", list(range(BS)), Sampling(), "out", None, blocks=[3, 4])
-            seq = RunningSeq(req, pos=BS, last=0, max_pos=64)
+            req.generated = list(range(BS))
+            seq = RunningSeq(req, pos=2 * BS, last=0, max_pos=64)
             p.prompt(seq, DecodeAdmit("d1", BS, 0, Sampling(), "out", [0], block_keys=[b"\xab" * 16]))
+            p.generated(seq, 1)  # decoding filled the second block: it is copied out of KV memory
             assert p.busy("d1")
             p.release_later(req)  # finished while its save was in flight
         assert failures and failures[0][0] == "d1" and "encoder broke" in failures[0][1]

@@ -13,7 +13,7 @@ from services.scheduler.inflight import InFlight
 from services.scheduler.placement import place
 from services.scheduler.view import MeshView
 from shared.config import ConfigError, field_docs, load_config
-from shared.messages.codes import COMPARED, LoadMode, mode_names, parse_modes
+from shared.messages.codes import BENCH_MODES, COMPARED, LoadMode, mode_names, parse_modes
 from shared.messages.registry import EngineAnnounce, KVRegion, TrafficManagerAnnounce
 from shared.messages.storage_gateway import StoreLayout
 from shared.messages.work import Sampling
@@ -70,6 +70,7 @@ def test_the_spelling_check_has_teeth(tmp_path):
 def test_mode_names_and_the_compared_default():
     assert mode_names() == ("dualpath", "dualpath-split", "basic", "oracle")
     assert set(COMPARED) <= set(LoadMode) and LoadMode.DUALPATH_SPLIT not in COMPARED
+    assert BENCH_MODES == (LoadMode.BASIC, LoadMode.DUALPATH, LoadMode.DUALPATH_SPLIT, LoadMode.ORACLE)
     assert parse_modes(" basic,dualpath-split ") == [LoadMode.BASIC, LoadMode.DUALPATH_SPLIT]
     with pytest.raises(ValueError, match="unknown mode fastest .choose from dualpath, dualpath-split, basic, oracle"):
         parse_modes("dualpath,fastest")

@@ -2,6 +2,7 @@
 import pytest
 
 from shared.sched.policy import AttentionModel, PrefillWork, plan_batch
+from shared.sched.policy.intra_pe import Chunk
 
 pytestmark = pytest.mark.unit
 M = AttentionModel(per_pair=1e-6, per_token=1e-5)
@@ -82,3 +83,14 @@ def test_the_progress_chunk_never_exceeds_remaining_or_max_tokens():
     assert [c.bsz for c in plan_batch([PrefillWork(1, 0, 10)], LINEAR, quota=1.0, align=64)] == [10]
     out = plan_batch([PrefillWork(1, 0, 100)], LINEAR, quota=1.0, align=64, max_tokens=8)
     assert [c.bsz for c in out] == [8]
+
+
+def test_a_whole_request_is_never_cut():
+    m = AttentionModel(per_token=0.1)
+    # fits: taken whole like any other
+    assert plan_batch([PrefillWork(0, 0, 2, whole=True)], m, quota=1.0) == [Chunk(0, 0, 2)]
+    # does not fit behind another: the batch ends before it
+    assert plan_batch([PrefillWork(0, 0, 5), PrefillWork(1, 64, 8, whole=True)], m, quota=1.0) == [Chunk(0, 0, 5)]
+    # first and over the quota (or the token cap): alone and whole
+    assert plan_batch([PrefillWork(0, 64, 30, whole=True), PrefillWork(1, 0, 1)], m, quota=1.0,
+                      max_tokens=16) == [Chunk(0, 64, 30)]

@@ -66,6 +66,7 @@ class PrefillWork(msgspec.Struct, frozen=True):
     rid: int
     cached: int
     remaining: int
+    whole: bool = False  # never chunked (its hits are held a few layers at a time): whole, or not in this batch
 
 
 class Chunk(msgspec.Struct, frozen=True):
@@ -91,7 +92,8 @@ def plan_batch(
     multiple of `align` that fits (binary search on the monotone time), and ends the
     batch. The first chunk of a batch always has at least min(align, remaining) tokens
     so that progress is guaranteed. `max_tokens` (> 0) caps the batch's new tokens, the
-    first chunk included.
+    first chunk included. A `whole` request is never cut: it ends the batch before it when
+    it does not fit, and goes alone (over the quota) when it is first.
     """
     out: list[Chunk] = []
     used = model.per_batch
@@ -106,6 +108,10 @@ def plan_batch(
             used += cost
             budget_tokens = budget_tokens - want if budget_tokens >= 0 else -1
             continue
+        if w.whole:
+            if not out:
+                out.append(Chunk(w.rid, w.cached, w.remaining))
+            break
         bsz = _largest_fit(model, w.cached, want, quota - used, align)
         if bsz <= 0 and not out:
             bsz = min(align, want)  # want honours max_tokens too

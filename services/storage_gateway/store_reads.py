@@ -1,0 +1,150 @@
+"""Reading the directory store's blocks: whole, or in parts (a read in layer groups).
+
+Protocol of one read: pin; open; fstat; the verified read of ``block_file.py`` (size,
+header fields and payload checksum, straight into the caller's slice); touch mtime
+(throttled); unpin. Protocol of a read in parts: ``open_blocks`` pins and opens the leading
+keys whose file exists and whose header checks (stopping at the first that does not); the
+caller reads each block's payload in order (``BlockReader.read_part``); ``end_blocks``
+verifies the checksums, counts and touches the good ones, closes the files and unpins.
+Any fault deletes that exact file (inode-checked), is counted, and is a miss (``BlockCorrupt``;
+no file: ``BlockMissing``), never wrong output.
+
+Owns: ``StoreReads``, the read half of ``DirectoryStore`` (a mixin: it uses the store's
+lock, LRU index, counters and reader).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from services.storage_gateway import fileio
+from services.storage_gateway.block_file import OpenBlock, bytes_view
+from services.storage_gateway.errors import BlockCorrupt, BlockMissing
+from shared.kv.full_block import FullBlockError
+
+
+class StoreReads:
+    @property
+    def reader(self):
+        """The ``BlockReader`` of this store's blocks (reads in parts use it)."""
+        return self._reader
+
+    # ----- whole reads -----------------------------------------------------------
+    def read_into(self, key: bytes, dest: memoryview) -> int:
+        """Read block ``key``'s payload straight into ``dest[:payload_bytes]``.
+
+        Returns the payload bytes. Raises ``BlockMissing`` / ``BlockCorrupt``.
+        """
+        dest = bytes_view(dest)
+        size = self.layout.payload_bytes
+        if len(dest) < size or dest.readonly:
+            raise ValueError(f"dest must be a writable buffer of >= {size} bytes")
+        with self.pinned([key]):
+            self._read_verified(key, dest[:size])
+        with self._lock:
+            self._index.touch(key, self.block_file_bytes, self._clock())
+            self._counters.blocks_read += 1
+            self._counters.bytes_read += size
+            self._evict_locked(0)  # a block another gateway wrote may be new to us
+        return size
+
+    def _read_verified(self, key: bytes, dest: memoryview) -> None:
+        path = self.path_for(key)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            self._forget(key, read_miss=True)
+            raise BlockMissing(key) from None
+        try:
+            st = os.fstat(fd)
+            try:
+                self._reader.read_fd(fd, st, key, dest)
+            except FullBlockError as exc:
+                self._discard_corrupt(path, st, key)
+                raise BlockCorrupt(key, str(exc)) from exc
+            self._maybe_touch(path, st)
+        finally:
+            os.close(fd)
+
+    def _maybe_touch(self, path: str, st: os.stat_result) -> None:
+        """Share recency with other gateways on the same root via mtime."""
+        if self._clock() - st.st_mtime < self._touch_interval_s:
+            return
+        try:
+            os.utime(path)
+        except OSError:  # gone meanwhile, or not ours to touch: recency is a hint
+            pass
+
+    def _discard_corrupt(self, path: str, st: os.stat_result, key: bytes) -> None:
+        fileio.unlink_if_same(path, st)
+        with self._lock:
+            self._index.remove(key)
+            self._counters.corrupt += 1
+
+    def _forget(self, key: bytes, *, read_miss: bool) -> None:
+        with self._lock:
+            self._index.remove(key)
+            self._counters.read_misses += int(read_miss)
+
+    # ----- reads in parts ---------------------------------------------------
+    def open_blocks(self, keys: Sequence[bytes]) -> tuple[list[OpenBlock], bytes | None, str | None]:
+        """Pin and open the leading ``keys`` whose file exists and whose header checks: (the open
+        blocks, the first key that did not, why). Every block must then go to ``end_blocks``."""
+        opened: list[OpenBlock] = []
+        self.pin(keys)
+        try:
+            for key in keys:
+                try:
+                    opened.append(self._open_checked(key))
+                except (BlockMissing, BlockCorrupt) as exc:
+                    return opened, key, exc.reason
+                except OSError as exc:
+                    return opened, key, f"{type(exc).__name__}: {exc}"
+            return opened, None, None
+        finally:
+            self.unpin(keys[len(opened):])
+
+    def _open_checked(self, key: bytes) -> OpenBlock:
+        path = self.path_for(key)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            self._forget(key, read_miss=True)
+            raise BlockMissing(key) from None
+        try:
+            st = os.fstat(fd)
+            return self._reader.open_fd(fd, st, key)
+        except FullBlockError as exc:
+            os.close(fd)
+            self._discard_corrupt(path, st, key)
+            raise BlockCorrupt(key, str(exc)) from exc
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def end_blocks(self, opened: Sequence[OpenBlock], upto: int) -> tuple[int, str | None]:
+        """Verify the first ``upto`` blocks' checksums (their payloads read in full), count and touch
+        those before the first bad one, discard it, close every file, unpin: (good blocks, why not more)."""
+        good, why = 0, None
+        try:
+            for ob in opened[:upto]:
+                try:
+                    self._reader.verify(ob)
+                except FullBlockError as exc:
+                    self._discard_corrupt(self.path_for(ob.key), ob.st, ob.key)
+                    why = str(exc)
+                    break
+                self._maybe_touch(self.path_for(ob.key), ob.st)
+                good += 1
+            with self._lock:
+                for ob in opened[:good]:
+                    self._index.touch(ob.key, self.block_file_bytes, self._clock())
+                    self._counters.blocks_read += 1
+                    self._counters.bytes_read += self.layout.payload_bytes
+                self._evict_locked(0)
+        finally:
+            for ob in opened:
+                os.close(ob.fd)
+            self.unpin([ob.key for ob in opened])
+        return good, why

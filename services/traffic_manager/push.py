@@ -1,0 +1,120 @@
+"""The traffic-manager's push (PE side): a prompt's KV from the engine's KV memory to a decode
+engine's buffer, whole or layer by layer while the prompt's final forward computes.
+
+Whole (`PushKV`): reserve DE-buffer slots (unless the DE read path reserved them: then their
+data-plane grant is the one the fetch kept, slot_grants.py), write every
+block the DE buffer lacks in one go, `PushDone`. Layerwise (`PushKV.layerwise`, sent when the
+final forward starts): after the reservation, layer l of every block goes out as soon as the
+engine reports layer l computed (`LayersComputed`, kept in `LayerState.computed`), while layer
+l + 1 computes; `LayerState.pushed` then says layer l has landed, which is what a fetch whose
+hits live in a window waits for before reusing layer l's slots. `PushDone` once the last layer
+has landed: the decode engine is admitted only then. A Release or Cancel of the request (its
+forward failed, it was cancelled) fails the state: the push answers `PushDone(ok=False)` at once.
+Hits in a window are read from the window's ring, not from `src_blocks` (NO_BLOCK there).
+"""
+from __future__ import annotations
+
+import time
+
+from opentelemetry import trace
+
+from services.traffic_manager.parts import TMParts
+from services.traffic_manager.progress import LayerState
+from shared.bus import BusError, Delivery, error_code
+from shared.kv.window import HitWindow
+from shared.messages.codes import ErrorCode
+from shared.messages.traffic_manager import PushDone, PushKV, Reserve, Reserved
+from shared.transport.base import Op, TrafficClass
+from shared.transport.grants import Grant, decode_grant
+
+tracer = trace.get_tracer("traffic_manager")
+NOT_ATTACHED = "engine KV memory not attached yet"
+LAYER_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
+
+
+class PushPath:
+    def __init__(self, parts: TMParts, m_xfer):
+        self.p = parts
+        self.m_xfer = m_xfer  # dualpath_traffic_manager_transfer_seconds{kind}
+        self.m_layer = parts.metrics.histogram("push_layer_seconds", "One layer of a layerwise push, on the data plane",
+                                               buckets=LAYER_BUCKETS)
+
+    async def push(self, msg: PushKV, d: Delivery, state: LayerState | None) -> None:
+        p = self.p
+        pool = p.pool
+        t0 = time.perf_counter()
+        with tracer.start_as_current_span("kv_transfer", context=d.ctx, attributes={
+                "req_id": msg.req_id, "dst_engine": msg.dst_engine, "blocks": len(msg.src_blocks),
+                "transport": p.cfg.transport, "layerwise": msg.layerwise}) as span:
+            try:
+                if not pool.ready:
+                    raise BusError("push", NOT_ATTACHED, ErrorCode.NOT_READY)
+                slots, grant = self._held(msg) if msg.dst_slots else await self._reserve(msg)
+                skip = set(msg.skip)  # blocks whose stored KV is already in the DE buffer
+                send = [(i, slot) for i, slot in enumerate(slots[:len(msg.src_blocks)]) if i not in skip]
+                span.set_attributes({"blocks_sent": len(send), "blocks_skipped": len(skip)})
+                peer = await p.peer(msg.dst_engine) if send else None
+                if msg.layerwise or msg.window is not None:
+                    await self._layers(msg, send, peer, grant, state, span)
+                elif send:
+                    bn = pool.block_nbytes
+                    ops = [Op("kv", msg.src_blocks[i] * bn, "buf", slot, bn) for i, slot in send]
+                    await peer.write(ops, TrafficClass.LATENCY, timeout=p.cfg.transfer_timeout_s, grant=grant)
+            except Exception as exc:  # noqa: BLE001 - BusError, transport errors, a failed state: the push ends
+                span.record_exception(exc)
+                if state is not None:  # a fetch waiting to reuse a window's slots learns it now
+                    state.fail(f"push failed: {exc}")
+                code = ErrorCode.CANCELLED if isinstance(exc, RuntimeError) else error_code(exc, ErrorCode.KV_TRANSFER)
+                await d.respond(PushDone(ok=False, error=str(exc), code=code))
+                return
+            finally:
+                p.held.drop(msg.req_id)  # the last transfer this TM makes for the request
+            nbytes = pool.block_nbytes * len(send)
+            span.set_attribute("bytes", nbytes)
+        dt = time.perf_counter() - t0
+        p.m_bytes.labels("pd_push").inc(nbytes)
+        self.m_xfer.labels("pd_push").observe(dt)
+        await d.respond(PushDone(slots=slots, nbytes=nbytes, seconds=dt))
+
+    def _held(self, msg: PushKV) -> tuple[list[int], Grant]:
+        """DE read path: the slots, and their grant, came with the staged hits (fetch.py kept it)."""
+        grant = self.p.held.get(msg.req_id, msg.dst_engine)
+        if grant is None:
+            raise BusError("push", f"no data-plane grant held for {msg.dst_engine}'s slots of {msg.req_id}",
+                           ErrorCode.KV_TRANSFER)
+        return msg.dst_slots, grant
+
+    async def _reserve(self, msg: PushKV) -> tuple[list[int], Grant | None]:
+        p = self.p
+        res = await p.bus.request(p.subjects.tm(msg.dst_engine, "reserve"), Reserve(msg.req_id, len(msg.src_blocks)),
+                                  Reserved, timeout=p.cfg.transfer_timeout_s)
+        if not res.ok:
+            raise BusError("reserve", res.error, res.code)
+        return res.slots, decode_grant(res.grant)
+
+    async def _layers(self, msg: PushKV, send: list[tuple[int, int]], peer, grant: Grant | None,
+                      state: LayerState | None, span) -> None:
+        """Each layer as soon as it is computed (or at once, when not layerwise); `state.pushed` follows."""
+        p, lay = self.p, self.p.pool.layout
+        lb, n_layers, timeout = lay.layer_block_nbytes, lay.n_layers, p.cfg.transfer_timeout_s
+        window = HitWindow.of(msg.window, n_layers)
+        for layer in range(n_layers):
+            if state is not None and msg.layerwise:
+                await state.until(lambda: state.computed > layer, timeout, f"layer {layer} computed")
+            t0 = time.perf_counter()
+            if send:
+                ops = [Op("kv", _src(msg, i, layer, n_layers, window) * lb, "buf", slot + layer * lb, lb)
+                       for i, slot in send]
+                await peer.write(ops, TrafficClass.LATENCY, timeout=timeout, grant=grant)
+            self.m_layer.observe(time.perf_counter() - t0)
+            if state is not None:
+                state.pushed = layer + 1
+                state.note()
+            if layer == 0 or layer == n_layers - 1:
+                span.add_event("layer_pushed", {"layer": layer})
+
+
+def _src(msg: PushKV, i: int, layer: int, n_layers: int, window: HitWindow | None) -> int:
+    if window is not None and i < window.in_ring:
+        return window.layer_block(i, layer)
+    return msg.src_blocks[i] * n_layers + layer
