@@ -31,7 +31,7 @@ from shared.messages.codes import ErrorCode, FinishReason, LoadMode
 from shared.messages.stream import TokenEvent, TokenLogprob
 from shared.messages.subjects import Subjects
 from shared.messages.storage_gateway import StoreLayout
-from shared.messages.traffic_manager import KVWindow, LayersComputed, PushDone, PushKV, Release, SaveCopied, SaveKV
+from shared.messages.traffic_manager import ForwardAlive, KVWindow, PushDone, PushKV, Release, SaveCopied, SaveKV
 from shared.messages.work import Ack, DecodeAdmit
 
 log = logging.getLogger("prefill_engine.handoff")
@@ -65,13 +65,13 @@ class Handoff:
 
     async def keepalive(self, reqs: list[PrefillRequest]) -> None:
         """While their forward runs (cancelled when it ends): this engine's TM hears every quarter of
-        the deadline that it is alive (`LayersComputed` of layer -1), so a push waiting on a layer,
+        the deadline that it is alive (`ForwardAlive`), so a push waiting on a layer,
         and a fetch whose window waits on that push, restart their deadlines however long the
         forward computes or waits for other requests' reads; when the engine dies, they stop."""
-        ids, subject = [r.req_id for r in reqs], self.subjects.tm(self.engine, "computed")
+        ids, subject = [r.req_id for r in reqs], self.subjects.tm(self.engine, "alive")
         while ids:
             await asyncio.sleep(self.timeout_s / 4)
-            await self.bus.publish(subject, LayersComputed(ids, -1))
+            await self.bus.publish(subject, ForwardAlive(ids))
 
     async def _push(self, req: PrefillRequest, msg: PushKV, timeout: float) -> None:
         """The push's outcome into `req.pushed`; never raises (a bus failure is a failed PushDone). The

@@ -38,7 +38,7 @@ from shared.kv.allocator import OutOfSlots
 from shared.messages.registry import Announce, EngineAnnounce, StorageGatewayAnnounce, KVRegion, TrafficManagerAnnounce
 from shared.messages.codes import ErrorCode
 from shared.messages.storage_gateway import LayersRead
-from shared.messages.traffic_manager import (Claim, FetchFailed, FetchKV, LayersComputed, LoadKV, Prefetch, PushDone,
+from shared.messages.traffic_manager import (Claim, FetchFailed, FetchKV, ForwardAlive, LayersComputed, LoadKV, Prefetch, PushDone,
                                              PushKV, Release, Reserve, Reserved, SaveCopied, SaveKV, Stage, Staged)
 from shared.messages.work import Cancel
 from shared.runtime import Service, service_main
@@ -109,6 +109,7 @@ class TrafficManagerService(Service):
         await self.bus.subscribe(s.tm(e, "save"), SaveKV, self._on_save)
         await self.bus.subscribe(s.tm(e, "stage"), Stage, self._on_stage)
         await self.bus.subscribe(s.tm(e, "computed"), LayersComputed, self._on_computed)
+        await self.bus.subscribe(s.tm(e, "alive"), ForwardAlive, self._on_alive)
         await self.bus.subscribe(parts.progress_subject, LayersRead, self._on_read_progress)
         await self.bus.subscribe(s.tm(e, "prefetch"), Prefetch, lambda msg, d: self.prefetch.on_prefetch(msg, d))
         await self.bus.subscribe(s.tm(e, "claim"), Claim, lambda msg, d: self.prefetch.on_claim(msg, d))
@@ -189,10 +190,15 @@ class TrafficManagerService(Service):
                 self.layers.release(msg.req_id)
 
     async def _on_computed(self, msg: LayersComputed, d: Delivery) -> None:
-        for req_id in msg.req_ids:  # layer -1: a keep-alive (progress for the waits of a push under way)
-            state = self.layers.get(req_id) if msg.layer >= 0 else self.layers.items.get(req_id)
+        for req_id in msg.req_ids:
+            state = self.layers.get(req_id)
+            state.computed = max(state.computed, msg.layer + 1)
+            state.note()
+
+    async def _on_alive(self, msg: ForwardAlive, d: Delivery) -> None:
+        for req_id in msg.req_ids:  # progress for the waits of a push under way, nothing more
+            state = self.layers.items.get(req_id)
             if state is not None:
-                state.computed = max(state.computed, msg.layer + 1)
                 state.note()
 
     async def _on_read_progress(self, msg: LayersRead, d: Delivery) -> None:

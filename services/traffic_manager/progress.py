@@ -11,7 +11,7 @@ Two registries, both fed from bus handlers and awaited by the fetch and push tas
 Waiting is on one asyncio.Event per entry, set on every change (each waiter re-checks its
 own condition). A wait's deadline runs from the entry's last progress, not from the wait's
 start: every change (a layer read, computed or pushed, or the engine's keep-alive while a
-forward runs: `LayersComputed` of layer -1) starts it again, so a slow but moving machine
+forward runs: `ForwardAlive`) starts it again, so a slow but moving machine
 never fails a healthy request, while a peer that went silent is given up on `timeout`
 after its last sign of life. An entry nobody holds any more is dropped; one that was never
 held (a report arriving late) is dropped after `ttl_s`. Pure asyncio, no I/O.

@@ -65,11 +65,17 @@ class PushKV(msgspec.Struct, omit_defaults=True):
 
 
 class LayersComputed(msgspec.Struct, array_like=True, gc=False):
-    """PE -> its TM: layers 0..layer of these requests' final forward are computed (their KV written);
-    layer -1: a keep-alive while the forward runs (it restarts the TM's deadlines, nothing more)."""
+    """PE -> its TM: layers 0..layer of these requests' final forward are computed (their KV written)."""
 
     req_ids: list[str]
     layer: int
+
+
+class ForwardAlive(msgspec.Struct, array_like=True, gc=False):
+    """PE -> its TM: these requests' final forward is still running (a keep-alive: it restarts the
+    TM's deadlines for them, nothing more)."""
+
+    req_ids: list[str]
 
 
 class NodeReadDone(msgspec.Struct, array_like=True, gc=False):

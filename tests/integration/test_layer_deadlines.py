@@ -3,7 +3,7 @@
 A real nats-server, storage-gateway and two traffic-managers (the PE's, the DE's) run in this
 process with a 1 s transfer deadline; the test plays the prefill engine. A forward on an
 overloaded machine computes a layer every two deadlines and says it is alive in between
-(`LayersComputed` of layer -1, as the engine does every quarter deadline): its push lands
+(`ForwardAlive`, as the engine does every quarter deadline): its push lands
 whole. An engine that stops after layer 0 (it died) has its push failed, on the wire, once
 a deadline has passed without a word from it.
 """
@@ -14,7 +14,7 @@ import contextlib
 
 import pytest
 
-from shared.messages.traffic_manager import LayersComputed, PushDone, PushKV
+from shared.messages.traffic_manager import ForwardAlive, LayersComputed, PushDone, PushKV
 from shared.transport.shm_region import ShmRegion, new_name
 from tests.integration.test_tm_failures import BLOCK_NBYTES, DE_ENGINE, ENGINE, NUM_BLOCKS, Mesh, NatsServer
 
@@ -50,6 +50,10 @@ async def _computed(mesh: Mesh, req_id: str, layer: int) -> None:
     await mesh.bus.publish(mesh.subjects.tm(ENGINE, "computed"), LayersComputed([req_id], layer))
 
 
+async def _alive(mesh: Mesh, req_id: str) -> None:
+    await mesh.bus.publish(mesh.subjects.tm(ENGINE, "alive"), ForwardAlive([req_id]))
+
+
 def test_a_slow_forward_that_keeps_saying_it_is_alive_is_pushed_whole(tmp_path):
     async def scenario(mesh: Mesh, kv: ShmRegion) -> None:
         kv.buf[:2 * BLOCK_NBYTES] = bytes(range(256)) * (2 * BLOCK_NBYTES // 256)
@@ -60,7 +64,7 @@ def test_a_slow_forward_that_keeps_saying_it_is_alive_is_pushed_whole(tmp_path):
             # the slow engine itself: each layer takes two deadlines, with a keep-alive every quarter one
             for _ in range(8):
                 await asyncio.sleep(DEADLINE / 4)
-                await _computed(mesh, "slow", -1)
+                await _alive(mesh, "slow")
                 assert not push.done(), push.result()
             await _computed(mesh, "slow", layer)
         done = await push

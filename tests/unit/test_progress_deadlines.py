@@ -4,7 +4,7 @@ but moving forward (an overloaded machine) fails nothing, a peer gone silent is 
 Traffic-manager side (progress.py): a push waiting for a layer to be computed, or a fetch whose
 hit window waits for a layer to be pushed, restarts its deadline at every change of the
 request's `LayerState` -- a layer computed, a layer pushed, or the engine's keep-alive
-(`LayersComputed` of layer -1, sent every quarter deadline while the forward runs). Engine side
+(`ForwardAlive`, sent every quarter deadline while the forward runs). Engine side
 (layers.py): a forward waiting for a stored layer restarts its deadline at every layer landed,
 and never gives up before the read's expected end (`ReadFinished.eta_s`).
 """
@@ -20,7 +20,7 @@ from services.prefill_engine.handoff import Handoff
 from services.prefill_engine.layers import LoadError, LoadProgress
 from services.traffic_manager.progress import LayerState
 from shared.messages.subjects import Subjects
-from shared.messages.traffic_manager import LayersComputed
+from shared.messages.traffic_manager import ForwardAlive
 
 pytestmark = pytest.mark.unit
 TIMEOUT = 0.2  # seconds without progress before a wait gives up
@@ -53,8 +53,7 @@ def test_keep_alives_alone_hold_a_wait_open_while_the_forward_waits_elsewhere():
         async def engine():
             for _ in range(6):  # 6 keep-alives, a third of a deadline apart: 2 deadlines of no layer
                 await asyncio.sleep(TIMEOUT / 3)
-                state.computed = max(state.computed, -1 + 1)  # what the TM does with LayersComputed(-1)
-                state.note()
+                state.note()  # what the TM does with ForwardAlive
             state.computed = 1
             state.note()
         task = asyncio.create_task(engine())
@@ -153,5 +152,5 @@ def test_a_running_forward_sends_keep_alives_to_its_traffic_manager():
         task.cancel()
         return bus.sent
     sent = asyncio.run(main())
-    assert {s for s, _ in sent} == {Subjects("t").tm("pe-1", "computed")}
-    assert all(isinstance(m, LayersComputed) and m.layer == -1 and m.req_ids == ["r#0"] for _, m in sent)
+    assert {s for s, _ in sent} == {Subjects("t").tm("pe-1", "alive")}
+    assert all(isinstance(m, ForwardAlive) and m.req_ids == ["r#0"] for _, m in sent)
