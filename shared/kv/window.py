@@ -29,13 +29,13 @@ class HitWindow:
     ring: tuple[int, ...]  # the whole KV blocks cut into the ring's Layer Blocks
     layers: int  # layers the ring holds at once (1 <= layers < n_layers)
     n_layers: int
-    used: int = -1  # of those, the leading blocks whose KV is really there (-1: all `hits`; fewer after a
-    #                 short read, whose other blocks got blocks of their own)
+    used: int | None = None  # of those, the leading blocks whose KV is really there (None: all `hits`;
+    #                          fewer after a short read, whose other blocks got blocks of their own)
 
     @property
     def in_ring(self) -> int:
         """Leading blocks read through the ring."""
-        return self.hits if self.used < 0 else self.used
+        return self.hits if self.used is None else self.used
 
     def __post_init__(self) -> None:
         if not 0 < self.layers < self.n_layers or self.hits <= 0:

@@ -50,7 +50,7 @@ class KVWindow(msgspec.Struct, array_like=True, omit_defaults=True):
     hits: int
     ring: list[int]
     layers: int
-    used: int = -1  # leading blocks really in the ring (-1: all `hits`)
+    used: int | None = None  # leading blocks really in the ring (None: all `hits`)
 
 
 class PushKV(msgspec.Struct, omit_defaults=True):
