@@ -49,13 +49,17 @@ class StoreReads:
             self._evict_locked(0)  # a block another gateway wrote may be new to us
         return size
 
-    def _read_verified(self, key: bytes, dest: memoryview) -> None:
+    def _open_file(self, key: bytes) -> tuple[str, int]:
+        """(path, fd) of the block's file, or BlockMissing (and the index forgets it)."""
         path = self.path_for(key)
         try:
-            fd = os.open(path, os.O_RDONLY)
+            return path, os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             self._forget(key, read_miss=True)
             raise BlockMissing(key) from None
+
+    def _read_verified(self, key: bytes, dest: memoryview) -> None:
+        path, fd = self._open_file(key)
         try:
             st = os.fstat(fd)
             try:
@@ -106,12 +110,7 @@ class StoreReads:
             self.unpin(keys[len(opened):])
 
     def _open_checked(self, key: bytes) -> OpenBlock:
-        path = self.path_for(key)
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            self._forget(key, read_miss=True)
-            raise BlockMissing(key) from None
+        path, fd = self._open_file(key)
         try:
             st = os.fstat(fd)
             return self._reader.open_fd(fd, st, key)
