@@ -184,7 +184,7 @@ def test_the_bulk_lane_waits_for_latency_reads_and_gives_up_past_its_limit():
         with lane.latency_read():
             task = asyncio.create_task(bulk("b1"))
             late = asyncio.create_task(bulk("b2", within=0.05))
-            await asyncio.sleep(0.1)
+            await late  # it gives up once its 0.05 s pass under a latency read
             assert order == [("b2", False)] and lane.waiting == 1
             order.append(("latency done", True))
         await task
