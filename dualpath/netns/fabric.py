@@ -28,6 +28,7 @@ import subprocess
 from dataclasses import dataclass, field
 
 from dualpath.netns.nsenter import NETNS_DIR
+from shared.transport.shm_region import process_alive
 
 PREFIX = "dpn-"
 NET = ipaddress.ip_network("198.18.0.0/16")  # /24 per fabric: 198.18.<k>.0/24
@@ -81,16 +82,6 @@ class Host:
     extras: list[subprocess.Popen] = field(default_factory=list)  # helpers running in it (delayers)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def namespaces() -> list[str]:
     try:
         return sorted(os.listdir(NETNS_DIR))
@@ -114,7 +105,7 @@ def reap_orphans() -> list[str]:
     reaped = []
     for ns in namespaces():
         m = _NAME.match(ns)
-        if m and not _pid_alive(int(m.group(1))):
+        if m and not process_alive(int(m.group(1))):
             delete_namespace(ns)
             reaped.append(ns)
     return reaped
