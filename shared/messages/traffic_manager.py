@@ -41,6 +41,7 @@ import msgspec
 
 from shared.messages.codes import ErrorCode
 from shared.messages.storage_gateway import StoreLayout
+from shared.messages.work import StagedSlots
 
 
 class KVWindow(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -119,6 +120,7 @@ class LoadKV(msgspec.Struct, omit_defaults=True):
 
 class Release(msgspec.Struct, omit_defaults=True):
     req_id: str
+    used: int = 0  # prefetched blocks its own engine copied straight from the buffer (`StagedSlots`)
 
 
 class FetchKV(msgspec.Struct, omit_defaults=True):
@@ -225,6 +227,7 @@ class Prefetch(msgspec.Struct, omit_defaults=True):
 class Prefetched(msgspec.Struct, omit_defaults=True):
     blocks: int = 0  # leading keys staged (the budget, spare room or a miss may cut the tail)
     error: str = ""
+    slots: StagedSlots | None = None  # where they sit, for this TM's own engine to copy without a claim
 
 
 class Claim(msgspec.Struct, omit_defaults=True):
