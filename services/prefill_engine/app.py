@@ -57,8 +57,6 @@ class PrefillEngineService(EngineService):
         self.m_tail = m.histogram("handoff_tail_seconds", "Last layer computed -> last layer in the DE buffer",
                                   buckets=(1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 1))
         self.m_queue = m.gauge("queue_length", "Requests waiting for prefill")
-        self.m_direct = m.counter("staged_copy_blocks_total", "Prefetched blocks copied straight from this engine's "
-                                  "TM buffer (copied), or refused there (their entry went: fetched instead)", ("outcome",))
         self.s_per_token = 1e-3  # measured prefill seconds per computed token (moving average)
 
     async def start(self) -> None:
@@ -69,7 +67,7 @@ class PrefillEngineService(EngineService):
                                fail=self.fail, failed_load=self._load_failed, release=self._release,
                                one_forward=self._one_forward, estimate=self._estimate, abandon=self._abandon,
                                engine=self.engine, release_subject=self.subjects.tm(self.engine, "release"),
-                               m_direct=self.m_direct)
+                               metrics=self.metrics)
         self.handoff = Handoff(self.bus, self.subjects, self.engine, cfg.handoff_timeout_s,
                                self.loaded.config.eos_ids, self.m_handoff.observe, fail=self.fail,
                                release=self._release, drop_de_slots=self._drop_de_slots, store=self.store,

@@ -57,11 +57,13 @@ class Fetcher:
                  ready: Callable[[PrefillRequest], None], fail: Fail, failed_load: Fail,
                  release: Callable[[PrefillRequest], None], one_forward: Callable[[int, int], bool],
                  estimate: Callable[[PrefillRequest], float], abandon: Fail, engine: str = "",
-                 release_subject: str = "", m_direct=None):
+                 release_subject: str = "", metrics=None):
         self.engine = engine  # this engine's id (a prefetch staged in its own TM's buffer names it)
         self.release_subject = release_subject  # its TM's Release: prefetched blocks copied directly
         self.copier = StagedCopier(kv)
-        self.m_direct = m_direct  # staged_copy_blocks_total{outcome}: blocks copied straight from the TM buffer
+        self.m_direct = metrics.counter(  # the prefetched blocks copied straight from the TM buffer, or refused there
+            "staged_copy_blocks_total", "Prefetched blocks copied straight from this engine's TM buffer (copied), "
+            "or refused there (their entry went: fetched instead)", ("outcome",)) if metrics is not None else None
         self.bus, self.subject, self.cfg, self.store, self.kv = bus, subject, cfg, store, kv
         self.n_layers, self.held, self.spawn = n_layers, held, spawn
         self.ready, self.fail, self.failed_load, self.release = ready, fail, failed_load, release

@@ -33,7 +33,10 @@ Prefetch (agent sessions, during a tool call): scheduler --Prefetch(owner, keys)
   releases `owner`. When the holder is the request's DE, its Reserve adopts them instead:
   they become the prompt's first DE-buffer slots, read by the PE like DE-path hits and never
   pushed back. Unclaimed staged slots go back on Release, at their TTL, or as soon as a
-  real reservation needs the room (a prefetch never blocks a read).
+  real reservation needs the room (a prefetch never blocks a read). Prefetched also says where
+  the blocks sit with a stamp (`StagedSlots`, shared/kv/staged_table.py); when they are in the
+  buffer of the PE's own TM the PE copies them from there itself, no FetchKV, and tells that TM
+  afterwards: Release(owner, used=n).
 """
 from __future__ import annotations
 
