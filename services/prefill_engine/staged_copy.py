@@ -38,9 +38,12 @@ def runs(src: list[int], dst: list[int], nbytes: int) -> list[tuple[int, int, in
 class StagedCopier:
     def __init__(self, kv: KVMemory):
         self.kv = kv
-        self.block_nbytes = kv.layout().block_nbytes
         self.buffer: ShmRegion | None = None  # the TM buffer mapped last
         self.table: StagedTable | None = None
+
+    @property
+    def block_nbytes(self) -> int:
+        return self.kv.layout().block_nbytes
 
     def copy(self, grant: StagedSlots, dst_blocks: list[int]) -> bool:
         """Copy the leading `len(dst_blocks)` staged blocks into those KV blocks; False: not usable
