@@ -42,10 +42,10 @@ class Simulation:
         self.w = workload or load_workload(cfg.trace, cfg.agents, cfg.scale, cfg.seed, cfg.aps, cfg.block_tokens,
                                            cfg.tool_calls, cfg.append_scale)
         self.kvb = self.model.kv_bytes
-        self.oracle = not cfg.mode.moves_kv if cfg.mode != SGLANG else False
+        self.oracle = isinstance(cfg.mode, LoadMode) and not cfg.mode.moves_kv  # SGLANG moves KV
         self.whole_first = cfg.whole_prompt_first and not self.oracle
         self.th = thresholds or self._thresholds()
-        self.sched = SimDispatch(self.c, self.th, LoadMode.BASIC if cfg.reads_on_pe_only else cfg.mode,
+        self.sched = SimDispatch(self.c, self.th, LoadMode.BASIC if cfg.reads_on_pe_only else LoadMode(cfg.mode),
                                  cfg.assign_kind, self._on_assigned, self.w.block)
         self.prefill = Prefill(self.model, cfg.quota_s, cfg.chunk_align, self.oracle, self.whole_first,
                                cfg.model_traffic)
@@ -122,6 +122,7 @@ class Simulation:
         return collect(self, span, time.perf_counter() - wall)
 
     def _judge(self, _) -> None:
+        assert self.judge is not None  # armed only online
         if self.judge.check(self.now) is not None:
             self.stopped = True
         else:
@@ -161,6 +162,7 @@ class Simulation:
 
     def _on_assigned(self, r: Req) -> None:
         """The dispatcher gave the request both engines (as the scheduler's PrefillWork does)."""
+        assert r.pe is not None and r.de is not None
         r.pe.queue.append(r)
         if self.oracle:
             r.reads_left = 0
@@ -176,6 +178,7 @@ class Simulation:
         r.reads_left = 0
         for tokens, eng in ((pe_hit, r.pe), (de_hit, r.de)):
             if tokens:
+                assert eng is not None
                 node = eng.node
                 nbytes = tokens * self.kvb
                 end = transfer(self.now, [(node.snic_r, nbytes), (node.dram, nbytes)])
@@ -195,6 +198,7 @@ class Simulation:
 
     def _make_ready(self, r: Req) -> None:
         r.ready = True
+        assert r.pe is not None and r.pe.unit is not None
         self._kick(r.pe.unit)
 
     def _kick(self, unit: StepUnit) -> None:
@@ -239,6 +243,7 @@ class Simulation:
         if r.gen <= 1:
             self._finish(r)
             return
+        assert r.de is not None and r.de.decode is not None
         d = r.de.decode
         d.join(self.now, r.rid, r, r.prompt, r.gen - 1)
         r.t_second = self.now + d.step_s

@@ -13,11 +13,11 @@ transfer), then the DE copies it into HBM.
 """
 from __future__ import annotations
 
-from dualpath.sim.cluster import StepUnit
+from dualpath.sim.cluster import Engine, StepUnit
 from dualpath.sim.models import SimModel
 from dualpath.sim.traffic import H2D, LOAD, PD, PERSIST, READ
 from dualpath.sim.workload import Req
-from shared.sched.policy import PrefillWork, ReadPath, plan_batch
+from shared.sched.policy import Chunk, PrefillWork, ReadPath, plan_batch
 
 # Stages compiled from dualpath.sim.traffic, so timing and the traffic table agree: per link
 # of the stage (side is PE?, engine attribute, hit / miss / persist multiplicity), one
@@ -60,7 +60,7 @@ def book(now: float, hops: tuple, r: Req, hit: float, miss: float, persist: floa
     return end
 
 
-def stage_end(now: float, table: dict, r: Req, kvb: int, with_miss: bool = True) -> float:
+def stage_end(now: float, table: dict, r: Req, kvb: float, with_miss: bool = True) -> float:
     """Reserve a per-path stage for both parts of a (possibly split) read."""
     end = now
     miss = r.miss * kvb if with_miss else 0.0
@@ -89,8 +89,8 @@ class Prefill:
     def plan(self, unit: StepUnit, now: float) -> float:
         """Fill unit.batch; returns the step duration (0 when nothing is ready)."""
         m, att, comm = self.m, self.m.attention, self.comm
-        batch = []
-        sent = []
+        batch: list[tuple[Engine, list[Req], list[Chunk]]] = []
+        sent: list[tuple[Engine, float]] = []
         worst = pooled = attn_max = attn_sum = 0.0
         busy = False
         every_cut = True  # the quota cut every GPU's batch (each had more ready work than it)

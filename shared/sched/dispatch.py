@@ -230,4 +230,4 @@ def _groups(engines: list[EngineLoad]) -> list[list[EngineLoad]]:
     out: dict[Hashable, list[EngineLoad]] = {}
     for e in sorted(engines, key=lambda e: (_key(e), e.engine)):
         out.setdefault(_key(e), []).append(e)
-    return [out[g] for g in sorted(out)]
+    return [out[g] for g in sorted(out)]  # type: ignore[type-var]  # one caller's ids: all str or all int

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
+Id = Hashable  # an id of a request, engine, node or group: the mesh's strings, the simulator's ints
+
 
 @dataclass(slots=True)
 class Charge:
@@ -109,7 +111,8 @@ class Ledger:
                 if engine is not None:
                     _add(summed, engine, tok, 1)
             for engine in set(table) | set(summed):
-                counted, got = tuple(table.get(engine, (0, 0))), tuple(summed.get(engine, (0, 0)))
+                row, srow = table.get(engine, [0, 0]), summed.get(engine, [0, 0])
+                counted, got = (row[0], row[1]), (srow[0], srow[1])
                 if counted != got:
                     raise LedgerError(role, engine, counted, got)
         placed = sum(1 for c in self.charges.values() if c.de is not None)
