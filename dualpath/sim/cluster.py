@@ -34,7 +34,7 @@ class Engine:
     (`snic_r`, `snic_w`, `dram`), so a transfer names every hop as an engine attribute."""
 
     __slots__ = ("eid", "node", "group", "unit", "queue", "cap", "snic_r", "snic_w", "dram",
-                 "cnic_r", "cnic_w", "attn_s", "decode")
+                 "cnic_r", "cnic_w", "attn_s", "decode", "rows")
 
     def __init__(self, eid: int, node: Node, hw: Hardware) -> None:
         self.eid = eid
@@ -48,6 +48,7 @@ class Engine:
         self.cnic_w = Link(f"e{eid}.cnic_w", hw.cnic_bw)
         self.attn_s = 0.0  # PE: total attention time
         self.decode: DecodeState | None = None
+        self.rows: list[tuple[tuple[Link, int, int, int], ...]] = []  # per stage side: its links (prefill.bind_stages)
 
 
 class Group:

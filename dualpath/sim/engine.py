@@ -23,7 +23,7 @@ from dualpath.sim.metrics import SimResult, collect
 from dualpath.sim.models import SimModel, build_model
 from dualpath.sim.online import StopRule
 from dualpath.sim.prefetch import SimPrefetch
-from dualpath.sim.prefill import C_H2D, C_PD, C_PERSIST, Prefill, book, stage_end
+from dualpath.sim.prefill import C_H2D, C_PD, C_PERSIST, Prefill, bind_stages, book, stage_end
 from dualpath.sim.resources import transfer
 from dualpath.sim.workload import Req, Workload, load_workload, make_request
 from shared.messages.codes import LoadMode
@@ -39,6 +39,7 @@ class Simulation:
         de = Layout(min(cfg.de_ep_nodes, cfg.D), self.hw.gpus, cfg.attn_tp)
         self.model = model or build_model(cfg.model, self.hw, pe, de)
         self.c = Cluster(cfg.P, cfg.D, self.hw, self.model, cfg.group_nodes, pe.ep_nodes, cfg.model_traffic)
+        bind_stages(self.c.engines)
         self.w = workload or load_workload(cfg.trace, cfg.agents, cfg.scale, cfg.seed, cfg.aps, cfg.block_tokens,
                                            cfg.tool_calls, cfg.append_scale)
         self.kvb = self.model.kv_bytes
