@@ -13,8 +13,9 @@ import gc
 import heapq
 import itertools
 import time
+from typing import Any, Callable
 
-from dualpath.sim.cluster import Cluster, StepUnit
+from dualpath.sim.cluster import Cluster, Engine, Node, StepUnit
 from dualpath.sim.collectives import Layout
 from dualpath.sim.config import SGLANG, SimConfig
 from dualpath.sim.dispatch import SimDispatch
@@ -28,6 +29,9 @@ from dualpath.sim.resources import transfer
 from dualpath.sim.workload import Req, Workload, load_workload, make_request
 from shared.messages.codes import LoadMode
 from shared.sched.policy import PeThresholds
+
+
+Handler = Callable[[Any], None]  # an event's handler, called with its argument
 
 
 class Simulation:
@@ -50,7 +54,8 @@ class Simulation:
                                  cfg.assign_kind, self._on_assigned, self.w.block)
         self.prefill = Prefill(self.model, cfg.quota_s, cfg.chunk_align, self.oracle, self.whole_first,
                                cfg.model_traffic)
-        self.heap: list = []
+        self.heap: list[tuple[float, int, Handler, Any]] = []
+        self.think_s = cfg.think_s
         self._seq = itertools.count()
         self.now = 0.0
         self.events = 0
@@ -86,7 +91,7 @@ class Simulation:
         return PeThresholds(alpha=alpha, beta=beta)
 
     # --- event plumbing -------------------------------------------------------------
-    def push(self, t: float, fn, arg) -> None:
+    def push(self, t: float, fn: Handler, arg: Any) -> None:
         heapq.heappush(self.heap, (t, next(self._seq), fn, arg))
 
     def run(self) -> SimResult:
@@ -122,7 +127,7 @@ class Simulation:
         span = self.now if self.online else self.end_t
         return collect(self, span, time.perf_counter() - wall)
 
-    def _judge(self, _) -> None:
+    def _judge(self, _: None) -> None:
         assert self.judge is not None  # armed only online
         if self.judge.check(self.now) is not None:
             self.stopped = True
@@ -188,7 +193,7 @@ class Simulation:
         if r.reads_left == 0:
             self._make_ready(r)
 
-    def _read_done(self, arg) -> None:
+    def _read_done(self, arg: tuple[Req, Node, int]) -> None:
         r, node, _tokens = arg
         self.sched.read_done(r, node)
         if self.sched.pending():
@@ -250,16 +255,19 @@ class Simulation:
         r.t_second = self.now + d.step_s
         self._schedule_de(r.de)
 
-    def _schedule_de(self, e) -> None:
+    def _schedule_de(self, e: Engine) -> None:
         d = e.decode
+        assert d is not None
         if d.n:
             self.push(d.next_finish(), self._de_finish, (e, d.version))
 
-    def _de_finish(self, arg) -> None:
+    def _de_finish(self, arg: tuple[Engine, int]) -> None:
         e, version = arg
-        if version != e.decode.version:
+        d = e.decode
+        assert d is not None
+        if version != d.version:
             return
-        for r in e.decode.pop_finished(self.now):
+        for r in d.pop_finished(self.now):
             self._finish(r)
         self._schedule_de(e)
 
@@ -288,8 +296,8 @@ class Simulation:
             tool = self.w.tool_after(a, self.turn[a] - 1)
             if self.pf is not None:
                 self.pf.turn_done(a, self.ctx[a], tool)
-            if self.cfg.think_s + tool > 0:
-                self.push(now + self.cfg.think_s + tool, self._arrive, a)
+            if self.think_s + tool > 0:
+                self.push(now + self.think_s + tool, self._arrive, a)
             else:
                 self._arrive(a)
         else:
