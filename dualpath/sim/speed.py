@@ -1,10 +1,11 @@
 """How fast the simulator runs: CPU seconds per run and per request, beside the speed targets.
 
-    .venv/bin/python -m dualpath.sim.speed [--agents 2000] [--scale 1.0] [--mode dualpath]
+    .venv/bin/python -m dualpath.sim.speed [--agents 2000] [--scale 1.0] [--mode dualpath] [--pure]
 
 Runs DS-660B 2P4D on the 64K trace offline and prints its CPU time (process time, so
 other work on shared cores counts little), microseconds per request and events per
-second; then the 2P4D target (2000 agents in 10 s) as the cost per request it allows, and
+second, and which build ran: the compiled core (`make sim-fast`, dualpath/sim/fast.py) when
+a fresh one exists, else pure Python (`--pure` forces it); then the 2P4D target (2000 agents in 10 s) as the cost per request it allows, and
 what 48P96D with 48K agents would take at the measured cost per request (the cost per
 request barely grows with the cluster; docs/design.md#the-simulator-against-the-paper).
 """
@@ -13,8 +14,8 @@ from __future__ import annotations
 import argparse
 import time
 
+from dualpath.sim import fast
 from dualpath.sim.config import SimConfig
-from dualpath.sim.engine import run_sim
 
 TARGET_2P4D_S = 10.0  # 2P4D, 2000 agents
 TARGET_48P96D_S = 300.0  # 48P96D, 48K agents: 24x the agents, so about 24x the requests
@@ -25,11 +26,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--agents", type=int, default=2000)
     p.add_argument("--scale", type=float, default=1.0, help="shrink trajectory lengths")
     p.add_argument("--mode", default="dualpath")
+    p.add_argument("--pure", action="store_true", help="pure Python even when a fresh compiled build exists")
     a = p.parse_args(argv)
+    build = "pure Python (--pure)" if a.pure else fast.activate()
+    from dualpath.sim.engine import run_sim
     cpu, wall = time.process_time(), time.perf_counter()
     r = run_sim(SimConfig(agents=a.agents, scale=a.scale, mode=a.mode))
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     per_req = cpu / r.requests
+    print(f"build: {build}")
     print(f"2P4D {a.mode} agents={a.agents} scale={a.scale:g}: {r.requests} requests, {r.events} events, "
           f"{cpu:.1f} s CPU ({wall:.1f} s wall), {per_req * 1e6:.0f} us/request, {r.events / cpu:,.0f} events/s")
     if a.agents == 2000 and a.scale == 1.0:
