@@ -56,6 +56,7 @@ class Simulation:
                                cfg.model_traffic)
         self.heap: list[tuple[float, int, Handler, Any]] = []
         self.think_s = cfg.think_s
+        self.pull_s = cfg.pull_s
         self._seq = itertools.count()
         self.now = 0.0
         self.events = 0
@@ -140,7 +141,7 @@ class Simulation:
         if not self.tick_armed:
             self.tick_armed = True
             n = self.sched.n_groups
-            p = self.cfg.pull_s / n
+            p = self.pull_s / n
             k = int(self.now / p + 1e-6) + 1  # next grid point strictly after now
             for _ in range(n):
                 if self.sched.stale(k):

@@ -37,7 +37,7 @@ OUT = ROOT / "build" / "sim-fast"
 MODULES = (
     "dualpath.sim.cluster", "dualpath.sim.decode", "dualpath.sim.dispatch", "dualpath.sim.engine",
     "dualpath.sim.models", "dualpath.sim.prefill", "dualpath.sim.resources", "dualpath.sim.workload",
-    "shared.sched.dispatch", "shared.sched.reads", "shared.sched.policy.de_assign",
+    "shared.sched.dispatch", "shared.sched.ledger", "shared.sched.reads", "shared.sched.policy.de_assign",
     "shared.sched.policy.intra_pe", "shared.sched.policy.pe_assign", "shared.sched.policy.read_path",
     "shared.sched.policy.types",
 )

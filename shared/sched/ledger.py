@@ -17,6 +17,12 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
+try:  # present where the simulator's core is compiled (dualpath/sim/fast.py); a no-op otherwise
+    from mypy_extensions import mypyc_attr
+except ImportError:  # pragma: no cover
+    def mypyc_attr(*_a: object, **_k: object):  # type: ignore[misc,no-redef]
+        return lambda cls: cls
+
 Id = Hashable  # an id of a request, engine, node or group: the mesh's strings, the simulator's ints
 
 
@@ -30,6 +36,7 @@ class Charge:
     de_tok: int = 0
 
 
+@mypyc_attr(native_class=False)  # an AssertionError: compiled classes cannot derive from it
 class LedgerError(AssertionError):
     """The counters disagree with the charges they sum (raised by `check_integrity`)."""
 
