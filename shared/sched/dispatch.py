@@ -161,14 +161,14 @@ class Dispatcher:
             group = groups[g]
             key = _key(group[0])
             private = self.de_private[key]
-            loads = tuple([(e.engine, e.tok, e.seq, e.capacity_tokens) for e in group])
-            if self._de_idle.get(key) == loads:
+            idle = self._de_idle.get(key)
+            if idle is not None and idle == _loads(group):
                 continue  # nothing changed since a pull that placed nothing
             reports = [EngineReport(eid, nid, e.seq, e.tok, 0, e.free_tokens)
                        for e, (eid, nid) in zip(group, roster.ids[g])]
             placed = assign_decode(private, reports)  # removes what it places
-            if not placed:
-                self._de_idle[key] = loads
+            if not placed:  # (then it changed no load either)
+                self._de_idle[key] = _loads(group)
             for a in placed:
                 job, de = self.jobs.pop(a.rid), roster.by_id[a.engine]
                 de.tok += job.tokens
@@ -218,6 +218,11 @@ def _drop(q: deque[Request], rid: int) -> bool:
             q.remove(r)
             return True
     return False
+
+
+def _loads(group: list[EngineLoad]) -> tuple:
+    """What a decode group's level-2 pull reads of its engines."""
+    return tuple([(e.engine, e.tok, e.seq, e.capacity_tokens) for e in group])
 
 
 def _key(e: EngineLoad) -> Hashable:

@@ -51,7 +51,8 @@ class ReadQueues:
         """`force` (the dualpath modes only): "auto" = the mode's rule, "pe" / "de" = every hit
         block on that one path (the scheduler's `read_path` setting: tests, experiments, the
         simulator's round-robin baseline)."""
-        mode, pq, dq = LoadMode(mode), self.pending[pe_node], self.pending[de_node]
+        mode = mode if isinstance(mode, LoadMode) else LoadMode(mode)
+        pq, dq = self.pending[pe_node], self.pending[de_node]
         if hit_blocks <= 0:
             return PathDecision(0, 0, pq, dq, "no hit")
         if not mode.both_paths or pe_node == de_node:
