@@ -30,7 +30,7 @@ import socket
 from collections.abc import Sequence
 
 from .aio import TaskOwner, deadline
-from .base import Endpoint, EndpointDesc, Op, Peer, TrafficClass
+from .base import Endpoint, EndpointDesc, Op, Peer, TrafficClass, coalesce
 from .classes import DEFAULT_WEIGHTS, ClassSender, LinkGate, chunk_for, split
 from .errors import AuthFailed, PeerGone, TransportError
 from .grants import TOKEN, Bindings, Grant, GrantTable, Handles, check_grant
@@ -40,7 +40,8 @@ from .shm import ShmPeer, shm_reachable
 from .tcp_auth import HANDSHAKE_S, accept, initiate, key_of
 from .tcp_bulk import BulkReader
 from .tcp_send import BulkSender
-from .tcp_wire import ACK_ME, HLEN, FrameSock, Kind, cap_kernel_queue, decode_error, encode_error, header
+from .tcp_wire import (ACK_ME, BULK_FRAME, HLEN, FrameSock, Kind, cap_kernel_queue, decode_error, encode_error, header, segments,
+                       table_bytes, vector_frames)
 
 Bufs = list[bytes | memoryview]
 log = logging.getLogger("dp.tcp")
@@ -105,7 +106,7 @@ class _ServerConn:
             while first[0] == Kind.GRANT:  # bindings come first; the first transfer frame decides
                 await self._frame(*first)
                 first = await self.link.fs.read_header()
-            if first[1] != TrafficClass.LATENCY and first[0] == Kind.WRITE:
+            if first[1] != TrafficClass.LATENCY and first[0] in (Kind.WRITE, Kind.WRITEV):
                 # a bulk socket that pushes: its payload receives move to a thread (tcp_bulk.py);
                 # one that starts by pulling stays here (its frames are small requests)
                 await self._serve_on_thread(first)
@@ -162,6 +163,13 @@ class _ServerConn:
                 await self._receive(cls, flags, req, self.view(rid, off, n, True))
                 if flags & ACK_ME:
                     send(TrafficClass.LATENCY, [header(Kind.ACK, cls, 0, req, rid, idx, 0, 0)], HLEN)
+            elif kind == Kind.WRITEV:
+                segs = segments(await fs.read_bytes(table_bytes(idx)), n)
+                dsts = [self.view(rid, o, m, True) for o, m in segs]
+                for i, dst in enumerate(dsts):
+                    await self._receive(cls, flags if i == len(dsts) - 1 else 0, req, dst)
+                if flags & ACK_ME:
+                    send(TrafficClass.LATENCY, [header(Kind.ACK, cls, 0, req, rid, idx, 0, 0)], HLEN)
             elif kind == Kind.READ:
                 src = self.view(rid, off, n, False)
                 send(cls, [header(Kind.DATA, cls, 0, req, rid, idx, off, n), src], HLEN + n,
@@ -171,7 +179,7 @@ class _ServerConn:
                 if n != TOKEN:
                     await fs.skip(n)
         except TransportError as exc:
-            if kind == Kind.WRITE:
+            if kind in (Kind.WRITE, Kind.WRITEV):
                 await fs.skip(n)
             body = encode_error(exc)
             send(TrafficClass.LATENCY, [header(Kind.ERR, cls, 0, req, rid, idx, 0, len(body)), body], HLEN)
@@ -226,13 +234,21 @@ class TcpPeer(Peer):
     async def write(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None,
                     grant: Grant | None = None) -> None:
         h = self._handle(cls, check_grant(self.name, grant, ops, True))
-        frames = [(h, o, self._local.resolve(o.local_region, o.local_offset, o.length)) for o in ops]
+        if cls == TrafficClass.BULK:  # the bulk socket's thread: few large vectored frames (tcp_wire.py)
+            ops = coalesce(ops)
+            size = BULK_FRAME
+        else:
+            size = chunk_for(cls)
+        pieces = [(o.remote_offset + p, src[p : p + n]) for o in ops
+                  for src in (self._local.resolve(o.local_region, o.local_offset, o.length),)
+                  for p, n in split(0, o.length, size)]
         req, fut = self._begin([], cls)
-        size = chunk_for(cls)
-        pieces = [(rid, o.remote_offset + p, src[p : p + n]) for rid, o, src in frames for p, n in split(0, o.length, size)]
-        last = len(pieces) - 1
-        out = [([header(Kind.WRITE, cls, ACK_ME if i == last else 0, req, rid, i, roff, len(payload)), payload],
-                HLEN + len(payload)) for i, (rid, roff, payload) in enumerate(pieces)]
+        if cls == TrafficClass.BULK:
+            out = vector_frames(cls, req, h, pieces)
+        else:
+            last = len(pieces) - 1
+            out = [([header(Kind.WRITE, cls, ACK_ME if i == last else 0, req, h, i, roff, len(payload)), payload],
+                    HLEN + len(payload)) for i, (roff, payload) in enumerate(pieces)]
         self.links[cls].sender.submit_many(cls, out)
         await self._wait(req, fut, sum(o.length for o in ops), timeout)
 

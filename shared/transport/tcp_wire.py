@@ -12,12 +12,18 @@ Frame = Header [+ payload of `length` bytes]:
     ERR    s->i  payload = msgpack WireError; transfer `req` failed on the server
     GRANT  i->s  payload = a 16-byte grant token; from now on frames with rid == this frame's
                  rid (a handle the initiator picked for this socket) reach what it grants
+    WRITEV i->s  idx = k segments (at most MAX_SEGS), length = their total; payload = a table
+                 of k (offset u64, length u64) then the k segments' bytes, back to back:
+                 one frame carries many pieces (bulk pushes, up to BULK_FRAME bytes)
 WRITE and READ name no region: their rid is a grant handle, and the server checks each
 frame against the live grant bound to it (grants.py); an unbound or revoked handle, or a
 range the grant does not cover, is answered with ERR (code 4) and touches nothing.
 Example: write of 2 ops = [GRANT(rid 1) + token][WRITE(req 7, rid 1, idx 0) + 96K]
 [WRITE(req 7, rid 1, idx 1, ACK_ME) + 96K] in one sendmsg -> the server reads each payload
 into the granted slice -> ACK(req 7). The next transfer under the same grant sends no GRANT.
+A bulk push of the same 2 ops is one frame: [WRITEV(req 7, rid 1, idx 2, ACK_ME, length
+192K) + table (off0, 96K, off1, 96K) + 96K + 96K]; the server checks both segments
+against the grant before it receives a byte, then receives them with one vectored call.
 """
 
 from __future__ import annotations
@@ -44,6 +50,9 @@ HEADER_FILL = 4 << 10
 # must move before a latency frame that arrives later. 512 KiB keeps loopback bulk
 # throughput (bench: bulk alone) while bounding that backlog.
 BULK_SOCKBUF = 512 << 10
+SEG = struct.Struct("<QQ")  # one WRITEV table entry: offset, length
+MAX_SEGS = 64  # segments per WRITEV frame
+BULK_FRAME = 1 << 20  # payload bytes per WRITEV frame (a longer piece is cut)
 
 
 class Kind(enum.IntEnum):
@@ -53,6 +62,7 @@ class Kind(enum.IntEnum):
     ACK = 4
     ERR = 5
     GRANT = 6
+    WRITEV = 7
 
 
 ACK_ME = 1
@@ -207,6 +217,30 @@ class FrameSock:
             self.read_into_sync(scratch[:n])
             length -= n
 
+    def fill_sync(self, bufs: list[memoryview], limit: int) -> int:
+        """Fill the head of `bufs` with at most `limit` bytes: staged bytes if any, else one
+        vectored receive of what the kernel holds (waiting for some); returns how many."""
+        have = self._end - self._start
+        if have:
+            n = min(have, len(bufs[0]), limit)
+            bufs[0][:n] = self._sview[self._start : self._start + n]
+            self._start += n
+            return n
+        out = head_bufs(bufs, limit)  # type: ignore[arg-type]
+        poller = None
+        while True:
+            try:
+                n = self.sock.recvmsg_into(out)[0]
+            except BlockingIOError:
+                if poller is None:
+                    poller = select.poll()
+                    poller.register(self.sock.fileno(), select.POLLIN)
+                poller.poll()
+                continue
+            if not n:
+                raise ConnectionResetError("peer closed")
+            return n
+
     @property
     def staged_header(self) -> bool:
         """A whole header is already staged (the next read_header_sync needs no syscall)."""
@@ -240,6 +274,55 @@ def cap_kernel_queue(sock: socket.socket, nbytes: int = BULK_SOCKBUF) -> None:
     """Cap SO_SNDBUF / SO_RCVBUF of a bulk socket (the kernel doubles the value it is given)."""
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, nbytes // 2)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, nbytes // 2)
+
+
+def vector_frames(cls: int, req: int, handle: int, pieces: list[tuple[int, memoryview]],
+                  frame_bytes: int = BULK_FRAME) -> list[tuple[list[bytes | memoryview], int]]:
+    """WRITEV frames (bufs, wire bytes) carrying `pieces` ((offset, bytes), each <= frame_bytes),
+    in order, at most MAX_SEGS segments and `frame_bytes` payload bytes a frame; ACK_ME on the last."""
+    out: list[tuple[list[bytes | memoryview], int]] = []
+    i, n = 0, len(pieces)
+    while i < n:
+        j, total = i, 0
+        while j < n and j - i < MAX_SEGS and (j == i or total + len(pieces[j][1]) <= frame_bytes):
+            total += len(pieces[j][1])
+            j += 1
+        group = pieces[i:j]
+        table = struct.pack(f"<{2 * len(group)}Q", *[x for off, b in group for x in (off, len(b))])
+        head = header(Kind.WRITEV, cls, ACK_ME if j == n else 0, req, handle, len(group), 0, total) + table
+        out.append(([head, *[b for _, b in group]], len(head) + total))
+        i = j
+    return out
+
+
+def segments(table: bytes, total: int) -> list[tuple[int, int]]:
+    """A WRITEV table as (offset, length) pairs; ConnectionError if it contradicts the header
+    (the stream can no longer be framed: the connection is dropped)."""
+    flat = struct.unpack(f"<{len(table) // 8}Q", table)
+    segs = list(zip(flat[::2], flat[1::2], strict=True))
+    if sum(n for _, n in segs) != total:
+        raise ConnectionAbortedError(f"WRITEV segments sum to {sum(n for _, n in segs)}, header says {total}")
+    return segs
+
+
+def table_bytes(k: int) -> int:
+    """Bytes of a WRITEV table of `k` segments; ConnectionError beyond MAX_SEGS."""
+    if not 0 < k <= MAX_SEGS:
+        raise ConnectionAbortedError(f"WRITEV with {k} segments (1..{MAX_SEGS} allowed)")
+    return k * SEG.size
+
+
+def head_bufs(bufs: list[bytes | memoryview], limit: int) -> list[bytes | memoryview]:
+    """The first `limit` bytes of a buffer list (the last buffer cut), for one bounded send or receive."""
+    out: list[bytes | memoryview] = []
+    for b in bufs:
+        if limit <= 0 or len(out) >= IOV_MAX:
+            break
+        if len(b) > limit:
+            b = memoryview(b)[:limit]
+        out.append(b)
+        limit -= len(b)
+    return out
 
 
 def _set_once(fut: asyncio.Future[None]) -> None:
