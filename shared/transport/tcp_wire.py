@@ -120,6 +120,43 @@ class FrameSock:
         self._sview = memoryview(self._stage)
         self._start = 0
         self._end = 0
+        self._fd = sock.fileno()
+        self._rwait: asyncio.Future[None] | None = None  # the coroutine waiting for bytes
+        self._watching = False  # the fd is registered with the loop for reading
+
+    async def _recv_into(self, buf: memoryview) -> int:
+        """One receive into `buf` (> 0 bytes): at once if the kernel holds bytes, else after the
+        loop sees the fd readable. The fd stays registered while frames keep coming (no
+        register/unregister pair per receive, as `loop.sock_recv_into` pays); the first
+        readiness nobody waits for unregisters it."""
+        while True:
+            try:
+                got = self.sock.recv_into(buf)
+            except BlockingIOError:
+                if not self._watching:
+                    self._loop.add_reader(self._fd, self._readable)
+                    self._watching = True
+                self._rwait = fut = self._loop.create_future()
+                try:
+                    await fut
+                finally:
+                    self._rwait = None
+                continue
+            if not got:
+                raise ConnectionResetError("peer closed")
+            return got
+
+    def _readable(self) -> None:
+        fut = self._rwait
+        if fut is None:  # nobody reads now (a reader thread took over, or a gate wait)
+            self._unwatch()
+        elif not fut.done():
+            fut.set_result(None)
+
+    def _unwatch(self) -> None:
+        if self._watching:
+            self._watching = False
+            self._loop.remove_reader(self._fd)
 
     async def sendv(self, bufs: list[bytes | memoryview]) -> None:
         """Send every buffer, in order, with as few sendmsg calls as the kernel allows."""
@@ -156,10 +193,7 @@ class FrameSock:
             dst[:n] = self._sview[self._start : self._start + n]
             self._start += n
         while n < len(dst):
-            got = await self._loop.sock_recv_into(self.sock, dst[n:])
-            if not got:
-                raise ConnectionResetError("peer closed")
-            n += got
+            n += await self._recv_into(dst[n:])
 
     async def read_bytes(self, length: int) -> bytes:
         out = bytearray(length)
@@ -179,10 +213,7 @@ class FrameSock:
             rest = self._end - self._start
             self._stage[:rest] = bytes(self._sview[self._start : self._end])  # < HLEN bytes
             self._start, self._end = 0, rest
-        got = await self._loop.sock_recv_into(self.sock, self._sview[self._end :])
-        if not got:
-            raise ConnectionResetError("peer closed")
-        self._end += got
+        self._end += await self._recv_into(self._sview[self._end :])
 
     # Thread side: a reader thread that owns the receive half uses these instead of the
     # awaitables above. The socket stays non-blocking (the loop still sends on it); a
@@ -267,6 +298,8 @@ class FrameSock:
         self._recv_some_sync(dst, len(dst))
 
     def close(self) -> None:
+        if self._watching and not self._loop.is_closed():
+            self._unwatch()
         self.sock.close()
 
 
