@@ -50,6 +50,11 @@ HEADER_FILL = 4 << 10
 # must move before a latency frame that arrives later. 512 KiB keeps loopback bulk
 # throughput (bench: bulk alone) while bounding that backlog.
 BULK_SOCKBUF = 512 << 10
+# A loop-side reader yields to the loop after this many bytes taken without waiting (a
+# staged header counts HEADER_COST): a socket whose peer keeps it full must not hold the
+# loop while a latency frame waits on another socket.
+YIELD_EVERY = 256 << 10
+HEADER_COST = 4 << 10
 SEG = struct.Struct("<QQ")  # one WRITEV table entry: offset, length
 MAX_SEGS = 64  # segments per WRITEV frame
 BULK_FRAME = 1 << 20  # payload bytes per WRITEV frame (a longer piece is cut)
@@ -123,16 +128,21 @@ class FrameSock:
         self._fd = sock.fileno()
         self._rwait: asyncio.Future[None] | None = None  # the coroutine waiting for bytes
         self._watching = False  # the fd is registered with the loop for reading
+        self._budget = YIELD_EVERY  # bytes this socket may take before it lets the loop run others
 
     async def _recv_into(self, buf: memoryview) -> int:
         """One receive into `buf` (> 0 bytes): at once if the kernel holds bytes, else after the
         loop sees the fd readable. The fd stays registered while frames keep coming (no
         register/unregister pair per receive, as `loop.sock_recv_into` pays); the first
         readiness nobody waits for unregisters it."""
+        if self._budget <= 0:  # a socket that always has bytes must not starve the other links
+            self._budget = YIELD_EVERY
+            await asyncio.sleep(0)
         while True:
             try:
                 got = self.sock.recv_into(buf)
             except BlockingIOError:
+                self._budget = YIELD_EVERY
                 if not self._watching:
                     self._loop.add_reader(self._fd, self._readable)
                     self._watching = True
@@ -144,6 +154,7 @@ class FrameSock:
                 continue
             if not got:
                 raise ConnectionResetError("peer closed")
+            self._budget -= got
             return got
 
     def _readable(self) -> None:
@@ -184,6 +195,10 @@ class FrameSock:
             await self._fill()
         h = HEADER.unpack_from(self._stage, self._start)
         self._start += HLEN
+        self._budget -= HEADER_COST
+        if self._budget <= 0:  # a burst of staged frames (READ requests) yields too
+            self._budget = YIELD_EVERY
+            await asyncio.sleep(0)
         return h
 
     async def read_into(self, dst: memoryview) -> None:
