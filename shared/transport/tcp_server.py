@@ -91,6 +91,8 @@ class ServerConn:
             for _ in self._writing:
                 self.gate.close()
             self._writing.clear()
+            with contextlib.suppress(OSError):  # EOF, a broken socket or frames that cannot be framed:
+                self.link.fs.sock.shutdown(socket.SHUT_RDWR)  # the initiator sees the end at once
 
     async def _serve_on_thread(self, first: tuple[int, int, int, int, int, int, int, int]) -> None:
         cap_kernel_queue(self.link.fs.sock, receive=PUSH_SOCKBUF)  # pushed bulk comes in; answers go out
