@@ -42,9 +42,9 @@ HEADER = struct.Struct("<BBHIIIQQ")
 HLEN = HEADER.size  # 32
 IOV_MAX = 512  # buffers per sendmsg (Linux allows 1024)
 STAGING = 256 << 10
-# A reader thread stages at most this much per header read: headers of a burst of small
-# frames (READ requests) come in one receive, and at most this many payload bytes are
-# copied twice (through staging) per frame.
+# A reader stages at most this much per header read: headers of a burst of small frames
+# (READ requests) come in one receive, and at most this many payload bytes are copied
+# twice (through staging) per frame.
 HEADER_FILL = 4 << 10
 # Kernel buffers of a bulk socket: bytes queued there are bytes the CPUs and the link
 # must move before a latency frame that arrives later. 512 KiB keeps loopback bulk
@@ -234,7 +234,8 @@ class FrameSock:
             rest = self._end - self._start
             self._stage[:rest] = bytes(self._sview[self._start : self._end])  # < HLEN bytes
             self._start, self._end = 0, rest
-        self._end += await self._recv_into(self._sview[self._end :])
+        # at most HEADER_FILL: the payload that follows goes straight to its slice, not through staging
+        self._end += await self._recv_into(self._sview[self._end : HEADER_FILL])
 
     # Thread side: a reader thread that owns the receive half uses these instead of the
     # awaitables above. The socket stays non-blocking (the loop still sends on it); a
