@@ -42,7 +42,8 @@ class Link:
         if threaded:  # a socket that carries bulk frames only: FIFO from a thread (tcp_send.py)
             self.sender = BulkSender(fs.sock, gate, on_gone)  # type: ignore[arg-type]
         else:
-            self.sender = ClassSender(self._emit, weights, on_error=on_gone, gate=gate)  # type: ignore[arg-type]
+            self.sender = ClassSender(self._emit, weights, on_error=on_gone, gate=gate,  # type: ignore[arg-type]
+                                      send_now=fs.try_send)
             self.tasks.spawn(self.sender.run(), "dp-tcp-send")
 
     async def _emit(self, batch: list[Bufs]) -> None:

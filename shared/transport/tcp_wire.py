@@ -41,7 +41,7 @@ from .errors import NotGranted, OutOfBounds, RegionNotFound, RemoteError, Transp
 HEADER = struct.Struct("<BBHIIIQQ")
 HLEN = HEADER.size  # 32
 IOV_MAX = 512  # buffers per sendmsg (Linux allows 1024)
-STAGING = 256 << 10
+STAGING = 256 << 10  # scratch for skipped payloads
 # A reader stages at most this much per header read: headers of a burst of small frames
 # (READ requests) come in one receive, and at most this many payload bytes are copied
 # twice (through staging) per frame.
@@ -51,14 +51,11 @@ HEADER_FILL = 4 << 10
 # throughput (bench: bulk alone) while bounding that backlog; it caps the direction of
 # pulled bulk (DATA answers, sent from an event loop that also serves latency work).
 BULK_SOCKBUF = 512 << 10
-# The direction of pushed bulk (WRITEV frames, sent and received by threads that take a
-# gate turn every BULK_CHUNK while latency work is open) gets larger buffers: 4 MiB cut
-# the syscalls per 63 MiB from ~420 to ~160 and the GIL hand-offs from ~240 to ~60, and
-# the CPU per 63 MiB by ~20% (67 -> 53-57 ms, raw socket ~40 ms).
+# Pushed bulk (WRITEV frames, moved by threads that take a gate turn every BULK_CHUNK while
+# latency is open): 4 MiB cut syscalls per 63 MiB ~420 -> ~160, GIL hand-offs ~240 -> ~60.
 PUSH_SOCKBUF = 4 << 20
-# A loop-side reader yields to the loop after this many bytes taken without waiting (a
-# staged header counts HEADER_COST): a socket whose peer keeps it full must not hold the
-# loop while a latency frame waits on another socket.
+# A loop-side reader yields after this many bytes taken without waiting (a staged header
+# counts HEADER_COST): a full socket must not hold the loop while a latency frame waits.
 YIELD_EVERY = 256 << 10
 HEADER_COST = 4 << 10
 SEG = struct.Struct("<QQ")  # one WRITEV table entry: offset, length
@@ -127,7 +124,7 @@ class FrameSock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock = sock
         self._loop = asyncio.get_running_loop()
-        self._stage = bytearray(STAGING)
+        self._stage = bytearray(HEADER_FILL)  # headers (and what came with them) only
         self._sview = memoryview(self._stage)
         self._start = 0
         self._end = 0
@@ -185,6 +182,15 @@ class FrameSock:
             bufs = advance_bufs(bufs, n)
             if bufs:
                 await self._writable()
+
+    def try_send(self, bufs: list[bytes | memoryview]) -> list[bytes | memoryview] | None:
+        """One sendmsg of `bufs` now; what the socket did not take (None: everything went)."""
+        try:
+            n = self.sock.sendmsg(bufs[:IOV_MAX])
+        except BlockingIOError:
+            n = 0
+        rest = advance_bufs(bufs, n)
+        return rest or None
 
     async def _writable(self) -> None:
         fut = self._loop.create_future()
@@ -261,7 +267,7 @@ class FrameSock:
             dst[:n] = self._sview[self._start : self._start + n]
             self._start += n
         if n < len(dst):
-            self._recv_sync(dst[n:])
+            self._recv_some_sync(dst[n:], len(dst) - n)
 
     def skip_sync(self, length: int) -> None:
         scratch = memoryview(bytearray(min(length, STAGING) or 1))
@@ -315,9 +321,6 @@ class FrameSock:
                 raise ConnectionResetError("peer closed")
             got += n
         return got
-
-    def _recv_sync(self, dst: memoryview) -> None:
-        self._recv_some_sync(dst, len(dst))
 
     def close(self) -> None:
         if self._watching and not self._loop.is_closed():
