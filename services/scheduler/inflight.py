@@ -42,6 +42,7 @@ class InFlight:
     ctx: object = None  # trace context of the request's root span
     hint: object = None  # the agent's `hints.Hint` (None: no agent_hints); never reaches an engine
     staged: object = None  # `shared.sched.prefetch.Staged`: its prompt's prefix prefetched into a buffer
+    reply: str = ""  # at the dispatch core: the front-door worker's output subject ("": the core's own client)
 
     def accept(self, ev: TokenEvent) -> TokenEvent | None:
         """Keep only tokens not seen yet; returns the event to deliver (or None)."""
