@@ -119,7 +119,7 @@ class FrontDoors:
             ok, body = await svc.health()
             answer = Answer(200 if ok else 503, json.dumps(body).encode())
         elif msg.what == "mesh":
-            answer = Answer(body=json.dumps(svc.mesh()).encode())
+            answer = Answer(body=json.dumps(await svc.mesh()).encode())
         elif msg.what == "metrics":
             answer = Answer(body=svc.metrics.render(), content_type=CONTENT_TYPE_LATEST)
         else:

@@ -28,6 +28,7 @@ from starlette.responses import Response
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.events import Router
 from services.scheduler.inflight import InFlight
+from services.scheduler.protocol import ApiError
 from services.scheduler.wire import Answer, Ask, Done, FrontInfo, PrefillOver, Submit
 from shared.bus import BusError, Delivery
 from shared.engine.store_layout import prompt_keys
@@ -78,7 +79,7 @@ class FrontWorker(Service):
         await self.bus.subscribe(self.subjects.front_info(self.core), FrontInfo, self._on_info)
         try:
             await self._ask("info")
-        except BusError as exc:  # the core answers soon; its info also arrives every heartbeat
+        except ApiError as exc:  # the core answers soon; its info also arrives every heartbeat
             log.warning("no info from the dispatch core yet: %s", exc)
         self.http = HttpServer(build_app(self), sock=self.sock)
         self.spawn(self.http.serve(), name="api-http")
@@ -115,7 +116,12 @@ class FrontWorker(Service):
         return Response(a.body, status_code=a.status, media_type=a.content_type)
 
     async def _ask(self, what: str) -> Answer:
-        a = await self.bus.request(self.subjects.front_ask(self.core), Ask(what), Answer, timeout=5.0)
+        """The dispatch core's answer; a 503 (ApiError) when it gives none."""
+        try:
+            a = await self.bus.request(self.subjects.front_ask(self.core), Ask(what), Answer, timeout=5.0)
+        except BusError as exc:
+            raise ApiError(503, f"the scheduler's dispatch core did not answer: {exc.reason}",
+                           kind="service_unavailable", code=ErrorCode.NO_ENGINE) from None
         if a.info is not None:
             self.info = a.info
         return a
