@@ -13,6 +13,7 @@ services.scheduler.worker --core INSTANCE --index N --fd FD`, its settings as JS
 from __future__ import annotations
 
 import argparse
+import asyncio
 import ctypes
 import dataclasses
 import json
@@ -28,7 +29,7 @@ from starlette.responses import Response
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.events import Router
 from services.scheduler.inflight import InFlight
-from services.scheduler.protocol import ApiError
+from services.scheduler.protocol import ApiError, failure
 from services.scheduler.wire import Answer, Ask, Done, FrontInfo, PrefillOver, Submit
 from shared.bus import BusError, Delivery
 from shared.engine.store_layout import prompt_keys
@@ -83,6 +84,7 @@ class FrontWorker(Service):
             log.warning("no info from the dispatch core yet: %s", exc)
         self.http = HttpServer(build_app(self), sock=self.sock)
         self.spawn(self.http.serve(), name="api-http")
+        self.spawn(self._watch_bus(), name="watch-bus")
 
     def announce(self) -> SchedulerAnnounce:
         return SchedulerAnnounce(instance=self.instance, node=self.cfg.node, metrics_url=self.metrics_url,
@@ -116,17 +118,29 @@ class FrontWorker(Service):
         return Response(a.body, status_code=a.status, media_type=a.content_type)
 
     async def _ask(self, what: str) -> Answer:
-        """The dispatch core's answer; a 503 (ApiError) when it gives none."""
-        try:
-            a = await self.bus.request(self.subjects.front_ask(self.core), Ask(what), Answer, timeout=5.0)
-        except BusError as exc:
-            raise ApiError(503, f"the scheduler's dispatch core did not answer: {exc.reason}",
-                           kind="service_unavailable", code=ErrorCode.NO_ENGINE) from None
+        """The dispatch core's answer; a 503 (ApiError) when none comes within ~3 s (a bus that
+        is reconnecting, a core not subscribed again yet, are waited for)."""
+        deadline = time.monotonic() + 3.0
+        while True:
+            try:
+                if self.bus.nc.is_connected:
+                    a = await self.bus.request(self.subjects.front_ask(self.core), Ask(what), Answer,
+                                               timeout=max(0.1, deadline - time.monotonic()))
+                    break
+                why = "the bus is unreachable"
+            except BusError as exc:
+                why = exc.reason
+            if time.monotonic() > deadline:
+                raise ApiError(503, f"the scheduler's dispatch core did not answer: {why}",
+                               kind="service_unavailable", code=ErrorCode.NO_ENGINE) from None
+            await asyncio.sleep(0.1)
         if a.info is not None:
             self.info = a.info
         return a
 
     async def admit(self, rec: InFlight) -> None:
+        if not self.bus.nc.is_connected:  # nothing could reach the core or an engine: no waiting for it
+            raise failure(ErrorCode.NO_ENGINE, "no engine reachable: the scheduler is cut off from the bus")
         self.inflight[rec.req_id] = rec
         await self._submit(rec, Submit(rec.req_id, self.reply, rec.sampling, prompt=rec.prompt,
                                        block_keys=self._keys(rec.prompt), mode=rec.mode, hint=rec.hint,
@@ -142,6 +156,21 @@ class FrontWorker(Service):
             return
         self.spawn(self.bus.publish(self.subjects.front(self.core), Done(
             rec.req_id, status, rec.tokens, rec.cached_tokens, rec.ttft, rec.tpot)), name=f"done-{rec.req_id}")
+
+    async def _watch_bus(self) -> None:
+        """Cut off from the bus past `liveness_timeout_s`, no token and no word from the core can
+        reach this worker's requests: each ends with an error event now, not a hang."""
+        cut_since = None
+        while True:
+            await asyncio.sleep(min(0.5, self.cfg.liveness_timeout_s / 3))
+            if self.bus.nc.is_connected:
+                cut_since = None
+                continue
+            now = time.monotonic()
+            cut_since = cut_since or now
+            if now - cut_since > self.cfg.liveness_timeout_s:
+                for rec in list(self.inflight.values()):
+                    rec.fail(ErrorCode.ENGINE_FAILED, "the mesh stopped responding: the bus is unreachable")
 
     def _keys(self, tokens: list[int]) -> list[bytes]:
         layout = self.info.layout
