@@ -102,13 +102,11 @@ class SchedulerService(Service):
         self.spawn(self._loop("dispatch", self._kicked, self._assign), name="dispatch")
         self.spawn(self._loop("liveness", lambda: asyncio.sleep(min(0.5, self.cfg.liveness_timeout_s / 3)),
                               self._check_liveness), name="liveness")
-        log.info("serving on %s (%s)", self.http_url,
-                 f"{self.cfg.front_workers} front-door workers" if self.doors else "front door in process")
+        log.info("serving on %s (front-door workers: %d)", self.http_url, self.cfg.front_workers)
 
     @property
     def http_url(self) -> str:
-        host, port = self.http_sock.getsockname()[:2]
-        return f"http://{host}:{port}"
+        return "http://{}:{}".format(*self.http_sock.getsockname()[:2])
 
     def announce(self) -> SchedulerAnnounce:
         return SchedulerAnnounce(instance=self.instance, node=self.cfg.node, metrics_url=self.metrics_url,
@@ -257,7 +255,9 @@ class SchedulerService(Service):
         self.kick.clear()
 
     async def _assign(self) -> None:
-        """One round: the engine lines (refreshed where something moved), placements, their work published."""
+        """One round (none while nothing waits): the engine lines (refreshed where something moved), placements."""
+        if not self.dispatcher.waiting():  # a freed engine, a finished request: nothing to place
+            return self.m.running.set(self.dispatcher.ledger.placed)
         self.m.rounds.inc()
         now = time.monotonic()
         pes, des = self.lines.get(self.view, self.dispatcher.ledger, self.reads, now)

@@ -26,6 +26,7 @@ from services.scheduler.inflight import InFlight
 from services.scheduler.wire import Answer, Ask, Done, FrontInfo, FrontMsg, PrefillOver, Submit
 from shared.bus import Delivery
 from shared.messages.codes import ErrorCode, FinishReason
+from shared.messages.registry import Announce
 from shared.messages.stream import TokenEvent
 
 log = logging.getLogger("scheduler.doors")
@@ -55,14 +56,24 @@ class FrontDoors:
         self.svc = svc
         self.procs: dict[int, asyncio.subprocess.Process] = {}
         self.stopping = False
+        self.up: set[int] = set()  # workers heard from (their heartbeat)
+        self.all_up = asyncio.Event()
+        self.failed: asyncio.Future | None = None  # set when one could not start (start())
 
     async def start(self) -> None:
         svc = self.svc
+        self.failed = asyncio.get_running_loop().create_future()
         await svc.bus.subscribe(svc.subjects.front(svc.instance), FrontMsg, self._on_front)
         await svc.bus.subscribe(svc.subjects.front_ask(svc.instance), Ask, self._on_ask)
+        await svc.bus.subscribe(svc.subjects.front_workers(svc.instance), Announce, self._on_worker)
         svc.spawn(self._publish_info(), name="front-info")
         for i in range(svc.cfg.front_workers):
             svc.spawn(self._run_worker(i), name=f"front-worker-{i}")
+        up = asyncio.ensure_future(self.all_up.wait())
+        await asyncio.wait([up, self.failed], return_when=asyncio.FIRST_COMPLETED)  # as a bad model fails the core
+        up.cancel()
+        if self.failed.done():
+            raise self.failed.result()
 
     async def stop(self) -> None:
         self.stopping = True
@@ -98,6 +109,10 @@ class FrontDoors:
                     proc.kill()
             if self.stopping:
                 return
+            if i not in self.up and not self.failed.done():  # never came up: the service cannot start
+                self.failed.set_result(RuntimeError(f"front-door worker {i} exited with code {code} at start "
+                                                    "(its log says why)"))
+                return
             subject = svc.subjects.output(f"{svc.instance}-w{i}")
             lost = [rec for rec in svc.inflight.values() if rec.reply == subject]
             log.error("front-door worker %d exited (code %s) holding %d requests; restarting", i, code, len(lost))
@@ -111,6 +126,13 @@ class FrontDoors:
         while True:
             await self.svc.bus.publish(subject, self.info())
             await asyncio.sleep(self.svc.cfg.heartbeat_s)
+
+    async def _on_worker(self, msg, d: Delivery) -> None:
+        index = msg.instance.rpartition("-w")[2]
+        if index.isdigit() and not msg.leaving:
+            self.up.add(int(index))
+            if len(self.up) >= self.svc.cfg.front_workers:
+                self.all_up.set()
 
     # their messages ----------------------------------------------------------------------------
     async def _on_ask(self, msg: Ask, d: Delivery) -> None:

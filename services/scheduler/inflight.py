@@ -74,8 +74,9 @@ class InFlight:
 
     @property
     def work_prompt(self) -> list[int]:
-        """What the current attempt prefills: the prompt plus every token already streamed."""
-        return self.prompt + self.tokens[: self.step0]
+        """What the current attempt prefills: the prompt plus every token already streamed (the
+        prompt itself, not a copy, on a first attempt: do not mutate it)."""
+        return self.prompt + self.tokens[: self.step0] if self.step0 else self.prompt
 
     def work_sampling(self) -> Sampling:
         return msgspec.structs.replace(self.sampling, max_tokens=self.sampling.max_tokens - self.step0,
