@@ -123,6 +123,7 @@ class Staged:
     session: str = ""
     claimed_by: Hashable = None  # the request whose fetch uses it
     whole: bool = False  # `keys` are every block its turn persisted: the session stored nothing past them
+    slots: object = None  # where its TM says they sit (`StagedSlots`): its own engine copies them directly
 
 
 @dataclass
