@@ -8,7 +8,8 @@ per-engine agent load (8.8 agents/s on 1,152 engines; each agent runs all its tu
 steady-state request rate is that times the trace's mean turns), and prints one row: requests
 assigned per second, time from arrival to assignment (p50/p99, from the client's send to the
 prefill engine's receipt; and inside the scheduler), scheduler CPU per request and in cores (also
-with heartbeats only, measured for `--idle-s` before the load, and per request net of that), bus
+with heartbeats only, measured for `--idle-s` before the load, and per request net of that), the
+front-door workers' CPU apart from the dispatch core's (`--front-workers`, default 1), bus
 messages per second (all of NATS, and the scheduler's own in/out), the CPU the emulators, NATS
 and the agents used, and the load average, since all share this machine's cores.
 """
@@ -27,8 +28,9 @@ COLUMNS = (
     ("sched p50", "sched_wait_p50_ms", "{:.2f}"), ("sched p99", "sched_wait_p99_ms", "{:.2f}"),
     ("sched ms/req", "sched_cpu_ms_per_req", "{:.2f}"), ("net ms/req", "sched_net_ms_per_req", "{:.2f}"),
     ("sched cores", "sched_cores", "{:.2f}"), ("idle cores", "sched_idle_cores", "{:.3f}"),
+    ("front ms/req", "front_cpu_ms_per_req", "{:.2f}"), ("front cores", "front_cores", "{:.2f}"),
     ("bus msg/s", "bus_msgs_per_s", "{:.0f}"), ("sched in/s", "sched_in_msgs_per_s", "{:.0f}"),
-    ("sched out/s", "sched_out_msgs_per_s", "{:.0f}"), ("emul cores", "emulator_cores", "{:.2f}"),
+    ("sched out/s", "sched_out_msgs_per_s", "{:.0f}"), ("front in/s", "front_in_msgs_per_s", "{:.0f}"), ("emul cores", "emulator_cores", "{:.2f}"),
     ("nats cores", "nats_cores", "{:.2f}"), ("agent cores", "agents_cores", "{:.2f}"), ("load", "loadavg", "{:.1f}"),
     ("failed", "failed", "{:d}"),
 )
@@ -51,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-s", type=float, default=20.0)
     p.add_argument("--measure-s", type=float, default=30.0)
     p.add_argument("--idle-s", type=float, default=5.0, help="heartbeats only, before the load (0: skip)")
+    p.add_argument("--front-workers", type=int, default=1,
+                   help="the scheduler's front-door worker processes (0: its dispatch core serves the API too)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a scheduler setting, e.g. journal=false (repeatable)")
     p.add_argument("--log-dir", default="", help="keep every process's log here")
@@ -67,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in args.engines:
         spec = FleetSpec(engines=n, groups=args.groups, load=args.load, trace=args.trace, warmup_s=args.warmup_s,
                          measure_s=args.measure_s, idle_s=args.idle_s, scheduler=extra,
+                         front_workers=args.front_workers,
                          log_dir=f"{args.log_dir}/{n}" if args.log_dir else "",
                          profile=f"{args.profile}.{n}" if args.profile else "")
         try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -57,6 +58,7 @@ class FleetSpec:
     idle_s: float = 5.0  # before the load: the scheduler's CPU with heartbeats only (0: skip)
     time_scale: float = 1.0  # wall seconds per modelled second of engine work (tests: < 1)
     seed: int = 0
+    front_workers: int = 1  # the scheduler's front-door worker processes (0: its dispatch core serves HTTP too)
     scheduler: dict[str, str] = field(default_factory=dict)  # extra scheduler flags
     log_dir: str = ""
     profile: str = ""  # write the scheduler's cProfile statistics here (it runs slower)
@@ -82,6 +84,15 @@ def cpu_s(pid: int) -> float:
             fields = fh.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def children_cpu_s(pid: int) -> float:
+    """CPU of a process's live children (the scheduler's front-door workers)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            return sum(cpu_s(int(c)) for c in fh.read().split())
+    except (OSError, ValueError):
         return 0.0
 
 
@@ -168,7 +179,7 @@ class Fleet:
         flags = {"nats-url": self.nats_url, "namespace": self.ns, "node": "sched", "model": "smollm2",
                  "http-host": "127.0.0.1", "http-port": port, "http-fd": self.sock.fileno(),
                  "log-level": "warning", "pe-alpha-tokens": alpha, "pe-beta-tokens": beta,
-                 "heartbeat-s": s.heartbeat_s, **s.scheduler}
+                 "heartbeat-s": s.heartbeat_s, "front-workers": s.front_workers, **s.scheduler}
         argv = [sys.executable, *(["-m", "cProfile", "-o", s.profile] if s.profile else []), "-m", "services.scheduler"]
         for k, v in flags.items():
             argv += [f"--{k}", str(v)]
@@ -212,8 +223,12 @@ class Fleet:
     def snapshot(self) -> dict:
         varz = json.loads(_get(self.monitor + "/varz"))
         connz = json.loads(_get(self.monitor + "/connz?limit=4096"))
-        sched = next((c for c in connz.get("connections", []) if str(c.get("name", "")).startswith("scheduler")), {})
+        conns = [c for c in connz.get("connections", []) if str(c.get("name", "")).startswith("scheduler")]
+        sched = next((c for c in conns if not re.search(r"-w\d+$", c["name"])), {})  # the dispatch core's
+        front = [c for c in conns if c is not sched]
         return {"t": time.monotonic(), "cpu": {n: cpu_s(p.pid) for n, p in self.procs.items()},
+                "front_cpu": children_cpu_s(self.procs["scheduler"].pid),
+                "front_in": sum(c.get("out_msgs", 0) for c in front),
                 "self_cpu": time.process_time(), "load": os.getloadavg()[0],
                 "bus_in": varz["in_msgs"], "bus_out": varz["out_msgs"], "bus_in_bytes": varz["in_bytes"],
                 "sched_in": sched.get("out_msgs", 0), "sched_out": sched.get("in_msgs", 0),
@@ -225,7 +240,7 @@ class Fleet:
         if self.spec.idle_s <= 0:
             return float("nan")
         pid, t0 = self.procs["scheduler"].pid, time.monotonic()
-        c0 = cpu_s(pid)
+        c0 = cpu_s(pid)  # the dispatch core alone: workers see no heartbeats
         await asyncio.sleep(self.spec.idle_s)
         return (cpu_s(pid) - c0) / (time.monotonic() - t0)
 
@@ -305,6 +320,9 @@ class Fleet:
             "sched_cores": cpu["scheduler"] / wall,
             "sched_cpu_ms_per_req": cpu["scheduler"] / max(1, n_assigned) * 1e3,
             "sched_net_ms_per_req": (cpu["scheduler"] - load["sched_idle_cores"] * wall) / max(1, n_assigned) * 1e3,
+            "front_cores": (b["front_cpu"] - a["front_cpu"]) / wall,
+            "front_cpu_ms_per_req": (b["front_cpu"] - a["front_cpu"]) / max(1, n_assigned) * 1e3,
+            "front_in_msgs_per_s": (b["front_in"] - a["front_in"]) / wall,
             "nats_cores": cpu["nats"] / wall, "emulator_cores": groups_cpu / wall,
             "agents_cores": (b["self_cpu"] - a["self_cpu"]) / wall,
             "bus_msgs_per_s": (b["bus_in"] - a["bus_in"]) / wall,

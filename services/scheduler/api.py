@@ -49,12 +49,12 @@ def build_app(svc: Front) -> Starlette:
         return JSONResponse({"object": "list", "data": data})
 
     async def health(request: Request) -> Response:
-        ok, body = svc.health()
+        ok, body = await svc.health()
         return JSONResponse(body, status_code=200 if ok else 503)
 
     async def mesh(request: Request) -> Response:
         """The live mesh as the scheduler sees it: every announced process and where its metrics are."""
-        return JSONResponse(svc.mesh())
+        return JSONResponse(await svc.mesh())
 
     async def completions(request: Request) -> Response:
         return await _handle(svc, request, texts, chat=False)

@@ -3,7 +3,9 @@
 Owns the lifecycle of every accepted request until its last event reaches the client.
 Policy lives in `dispatch` (and `policy/`); a round's inputs and outputs in `placement`;
 agent sessions (hints, prefetch) in `prefetcher`; protocol in `protocol`; HTTP handlers
-in `api`, which sees this service only as a `Front`.
+in `api`, which sees this service only as a `Front`. With `front_workers` > 0 this process
+is the dispatch core only: the handlers, tokens and resumes run in worker processes (doors.py,
+worker.py) and the requests here are theirs, reached through their output subjects.
 """
 from __future__ import annotations
 
@@ -12,15 +14,15 @@ import logging
 import os
 import time
 
-import msgspec
-
 from opentelemetry import trace
 
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.hits import lookup_hits
 from services.scheduler.inflight import InFlight
+from services.scheduler.doors import FrontDoors, strand_event
+from services.scheduler.events import Router
 from services.scheduler.journal import Accepted, Journal, JournalUnavailable, recover
-from services.scheduler.liveness import stranded, unassigned_past
+from services.scheduler.liveness import Watch, stranded, unassigned_past
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.oracle import OracleIndex
 from services.scheduler.placement import Lines, place
@@ -51,7 +53,7 @@ class SchedulerService(Service):
         super().__init__(cfg)
         from shared.model.tokenizer_build import load_tokenizer
 
-        self.tokenizer = load_tokenizer(cfg.model)
+        self.tokenizer = None if cfg.front_workers else load_tokenizer(cfg.model)  # the workers tokenize
         self.view = MeshView(timeout_s=cfg.liveness_timeout_s)
         self.dispatcher = Dispatcher(PeThresholds(alpha=cfg.pe_alpha_tokens, beta=cfg.pe_beta_tokens))
         self.inflight: dict[str, InFlight] = {}
@@ -64,7 +66,11 @@ class SchedulerService(Service):
             bind_socket(cfg.http_host, cfg.http_port, "http_port")  # before NATS: a taken port fails at once
         self.journal: Journal | None = None
         self.prefetcher: Prefetcher | None = None  # agent sessions: retention, prefetch, release (start())
+        self.doors = FrontDoors(self) if cfg.front_workers else None  # the front-door worker processes
+        self.watch = Watch(cfg.liveness_timeout_s)  # judges silences against the scheduler's own stalls
         self.m = SchedulerMetrics.register(self.metrics)
+        self.router = Router(self.inflight, lambda rec, ev, source: self.resume(rec, ev.error), self._prefill_over,
+                             self.m.loop_errors.labels("output").inc)
         self.metrics_endpoint = self.metrics.endpoint
 
     @property
@@ -88,23 +94,31 @@ class SchedulerService(Service):
         self.prefetcher = Prefetcher(self.bus, self.subjects, self.view, self.reads, self.cfg, self.spawn,
                                      self._ask_hits, self.metrics)
         self.spawn(self.prefetcher.sweep(), name="prefetch-sweep")
-        self.http = HttpServer(build_app(self), sock=self.http_sock)
-        self.spawn(self.http.serve(), name="api-http")
+        if self.doors is not None:
+            await self.doors.start()
+        else:
+            self.http = HttpServer(build_app(self), sock=self.http_sock)
+            self.spawn(self.http.serve(), name="api-http")
         self.spawn(self._loop("dispatch", self._kicked, self._assign), name="dispatch")
         self.spawn(self._loop("liveness", lambda: asyncio.sleep(min(0.5, self.cfg.liveness_timeout_s / 3)),
                               self._check_liveness), name="liveness")
-        log.info("serving on %s", self.http.url)
+        log.info("serving on %s (front-door workers: %d)", self.http_url, self.cfg.front_workers)
+
+    @property
+    def http_url(self) -> str:
+        return "http://{}:{}".format(*self.http_sock.getsockname()[:2])
 
     def announce(self) -> SchedulerAnnounce:
         return SchedulerAnnounce(instance=self.instance, node=self.cfg.node, metrics_url=self.metrics_url,
-                                 pid=os.getpid(), http_url=self.http.url if self.http else "",
-                                 queued=self.dispatcher.waiting())
+                                 pid=os.getpid(), http_url=self.http_url, queued=self.dispatcher.waiting())
 
     async def stop(self) -> None:
         for rec in list(self.inflight.values()):
             rec.fail(ErrorCode.SHUTTING_DOWN, "scheduler shutting down")
         if self.http:
             self.http.stop()
+        if self.doors is not None:
+            await self.doors.stop()
 
     # what the front door sees (`front.Front`) --------------------------------------
     def model_id(self) -> str:
@@ -117,12 +131,12 @@ class SchedulerService(Service):
     def max_context(self) -> int:
         return self.view.max_context()
 
-    def health(self) -> tuple[bool, dict]:
+    async def health(self) -> tuple[bool, dict]:
         return self.view.health(time.monotonic(), queued=self.dispatcher.waiting(), running=len(self.inflight))
 
-    def mesh(self) -> dict:
-        return {**self.view.snapshot(time.monotonic(), self.cfg.mode), "model": self.model_id(),
-                "vocab_size": self.tokenizer.vocab_size}
+    async def mesh(self) -> dict:  # (a front-door worker adds the vocabulary's size)
+        body = {**self.view.snapshot(time.monotonic(), self.cfg.mode), "model": self.model_id()}
+        return body | ({"vocab_size": self.tokenizer.vocab_size} if self.tokenizer else {})
 
     async def admit(self, rec: InFlight) -> None:
         await self.lookup_hits(rec)
@@ -203,21 +217,14 @@ class SchedulerService(Service):
 
     # bus handlers -------------------------------------------------------------------
     async def _on_announce(self, msg, d: Delivery) -> None:
+        if not isinstance(msg, SchedulerAnnounce):
+            self.watch.heard(time.monotonic())
         if self.view.update(msg, time.monotonic()) and self.dispatcher.waiting():  # a change, while work waits
             self.kick.set()
 
     async def _on_output(self, msg: Output, d: Delivery) -> None:
-        """Engine output: one TokenEvent (a first token, a failure) or a decode step's StepEvents,
-        fanned out here to each request it names."""
-        if isinstance(msg, TokenEvent):
-            self._on_event(msg, msg.source)
-            return
-        for ev in msg.events:
-            try:
-                self._on_event(ev, msg.source)
-            except Exception:  # noqa: BLE001 - one bad entry must not cost the step's other requests
-                log.exception("output event for %s failed; dropped", ev.req_id)
-                self.m.loop_errors.labels("output").inc()
+        """Engine output for the requests of the in-process front door (events.Router)."""
+        self.router.route(msg)
 
     async def _on_reads_done(self, msg: NodeReadDone, d: Delivery) -> None:
         """A node's reads for a request are over: its read_q (bytes queued or in flight) drops them."""
@@ -226,21 +233,11 @@ class SchedulerService(Service):
             self.reads.read_done(rec.req_id, msg.node)
             self.kick.set()
 
-    def _on_event(self, ev: TokenEvent, source: str) -> None:
-        base, _, attempt = ev.req_id.partition("#")
-        rec = self.inflight.get(base)
-        if rec is None or attempt != str(rec.attempt):
-            return  # an old attempt of a resumed request
-        if ev.finish == FinishReason.ERROR and ev.retryable and self.resume(rec, ev.error):
-            return
-        ev = msgspec.structs.replace(ev, req_id=base, index=ev.index + rec.step0, source=source)
-        out = rec.accept(ev)
-        if out is not None:
-            if out.index == rec.step0:  # this attempt's prefill is over: its reads are done, its PE is free
-                self.reads.done(rec.req_id)
-                self.dispatcher.prefill_done(rec.req_id)
-                self.kick.set()  # a freed PE may take what waits (a heartbeat does not kick)
-            rec.events.put_nowait(out)
+    def _prefill_over(self, rec: InFlight, source: str = "") -> None:
+        """An attempt's first token: its reads are done, its PE is free (a heartbeat does not kick)."""
+        self.reads.done(rec.req_id)
+        self.dispatcher.prefill_done(rec.req_id)
+        self.kick.set()
 
     # loops ----------------------------------------------------------------------------
     async def _loop(self, label: str, wait, step) -> None:
@@ -258,7 +255,9 @@ class SchedulerService(Service):
         self.kick.clear()
 
     async def _assign(self) -> None:
-        """One round: the engine lines (refreshed where something moved), placements, their work published."""
+        """One round (none while nothing waits): the engine lines (refreshed where something moved), placements."""
+        if not self.dispatcher.waiting():  # a freed engine, a finished request: nothing to place
+            return self.m.running.set(self.dispatcher.ledger.placed)
         self.m.rounds.inc()
         now = time.monotonic()
         pes, des = self.lines.get(self.view, self.dispatcher.ledger, self.reads, now)
@@ -271,7 +270,7 @@ class SchedulerService(Service):
                 continue
             rec.pe, rec.de, rec.assigned_at = a.pe, a.de, time.monotonic()
             self.m.assign_wait.observe(rec.assigned_at - rec.queued_at)
-            placed = place(rec, a.pe, a.de, self.view, self.reads, self.output_subject, self.cfg.read_path)
+            placed = place(rec, a.pe, a.de, self.view, self.reads, rec.reply or self.output_subject, self.cfg.read_path)
             with tracer.start_as_current_span("assign", context=rec.ctx, attributes=placed.span_attributes(rec)):
                 await self.bus.publish(self.subjects.prefill_work(a.pe), placed.work)
         self.m.queue.set(self.dispatcher.waiting())
@@ -280,12 +279,14 @@ class SchedulerService(Service):
     async def _check_liveness(self) -> None:
         """Resume (or fail) the requests of engines that went silent; expire unassigned requests."""
         now = time.monotonic()
-        for engine in self.view.dead_engines(now):
+        for engine in self.watch.judge(now, self.view.silences(now), len(self.view.engines)):
             log.warning("engine %s stopped heartbeating; resuming its requests elsewhere", engine)
             self.view.forget(engine)
             for rec in stranded(list(self.inflight.values()), engine):
                 why = f"engine {engine} stopped responding"
-                if not self.resume(rec, why):
+                if rec.reply:  # a front-door worker's: it has the tokens, it resumes
+                    rec.events.put_nowait(strand_event(rec, engine, why))
+                elif not self.resume(rec, why):
                     rec.fail(ErrorCode.ENGINE_FAILED, why)
                     self.spawn(self._cancel(rec.wire_id, why))
         for rec in unassigned_past(list(self.inflight.values()), now, self.cfg.assign_timeout_s):

@@ -13,6 +13,7 @@ class SchedulerConfig(CommonConfig):
     http_host: str = "127.0.0.1"  # the OpenAI-style front door binds here
     http_port: int = 8000  # the OpenAI-style front door's port
     http_fd: int = -1  # a listening socket inherited from a launcher (dualpath up); -1 = bind http_host:http_port
+    front_workers: int = 0  # processes serving the HTTP API (tokenize, stream tokens) beside the dispatch core; 0 = the core serves it
     model: str = "smollm2"  # tokenizer source: must name the same model the engines serve
     served_model_name: str = ""  # id clients send as `model`; empty = the engines' model id
     max_body_bytes: int = 4 << 20  # larger bodies get 413
@@ -33,6 +34,7 @@ class SchedulerConfig(CommonConfig):
     def validate(self) -> None:
         require(0 < self.http_port < 65536 or self.http_port == 0, "http_port", self.http_port, "not a port")
         require(self.http_fd >= -1, "http_fd", self.http_fd, "a file descriptor, or -1")
+        require(0 <= self.front_workers <= 64, "front_workers", self.front_workers, "0..64")
         require(self.max_body_bytes > 0, "max_body_bytes", self.max_body_bytes, "must be > 0")
         require(self.read_path in ("auto", "pe", "de"), "read_path", self.read_path, "auto, pe or de")
         require(self.pe_alpha_tokens >= 0, "pe_alpha_tokens", self.pe_alpha_tokens, "must be >= 0")

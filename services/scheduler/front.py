@@ -28,10 +28,10 @@ class Front(Protocol):
     def max_context(self) -> int:
         """The smallest context any live engine serves (0: none announced)."""
 
-    def health(self) -> tuple[bool, dict]:
+    async def health(self) -> tuple[bool, dict]:
         """(serving?, the JSON body of /health)."""
 
-    def mesh(self) -> dict:
+    async def mesh(self) -> dict:
         """The JSON body of /v1/mesh: every announced process, the model and its limits."""
 
     async def metrics_endpoint(self, request: Request) -> Response: ...

@@ -42,6 +42,7 @@ class InFlight:
     ctx: object = None  # trace context of the request's root span
     hint: object = None  # the agent's `hints.Hint` (None: no agent_hints); never reaches an engine
     staged: object = None  # `shared.sched.prefetch.Staged`: its prompt's prefix prefetched into a buffer
+    reply: str = ""  # at the dispatch core: the front-door worker's output subject ("": the core's own client)
 
     def accept(self, ev: TokenEvent) -> TokenEvent | None:
         """Keep only tokens not seen yet; returns the event to deliver (or None)."""
@@ -73,8 +74,9 @@ class InFlight:
 
     @property
     def work_prompt(self) -> list[int]:
-        """What the current attempt prefills: the prompt plus every token already streamed."""
-        return self.prompt + self.tokens[: self.step0]
+        """What the current attempt prefills: the prompt plus every token already streamed (the
+        prompt itself, not a copy, on a first attempt: do not mutate it)."""
+        return self.prompt + self.tokens[: self.step0] if self.step0 else self.prompt
 
     def work_sampling(self) -> Sampling:
         return msgspec.structs.replace(self.sampling, max_tokens=self.sampling.max_tokens - self.step0,

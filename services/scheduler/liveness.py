@@ -1,8 +1,9 @@
-"""Which requests the scheduler must act on when engines go silent or nothing takes them.
+"""Which engines the scheduler declares dead, and which requests it must act on then.
 
-Owns the two selections the liveness loop makes over the requests in flight: those an
-engine that stopped heartbeating leaves stranded (to resume elsewhere, or fail), and
-those no engine took in time (to fail). Pure: the caller passes the clock and acts.
+Owns the liveness loop's judgements: which silent engines are dead rather than unheard
+because the scheduler itself stalled (`Watch`), the requests in flight a dead engine leaves
+stranded (to resume elsewhere, or fail), and those no engine took in time (to fail). Pure:
+the caller passes the clock and acts.
 """
 from __future__ import annotations
 
@@ -27,3 +28,43 @@ def stranded(recs: Iterable[InFlight], engine: str) -> list[InFlight]:
 def unassigned_past(recs: Iterable[InFlight], now: float, timeout_s: float) -> list[InFlight]:
     """Requests that have waited for an engine pair longer than `timeout_s`."""
     return [rec for rec in recs if not rec.pe and now - rec.queued_at > timeout_s]
+
+
+class Watch:
+    """Which silent engines are dead, judged against the scheduler's own stalls.
+
+    An engine silent past `timeout_s` is dead, unless the silence says more about the
+    scheduler (or the bus) than about the engine:
+    - this check itself came late (the liveness loop ticks far more often than `timeout_s`;
+      one more than timeout/2 after the last means this process stalled, and the heartbeats
+      that arrived meanwhile wait unread in its socket): nobody is declared this time;
+    - no engine has been heard at all for `timeout_s` (a fleet-wide silence: the scheduler
+      or the bus, not every engine), or more than half the known engines fell silent (a
+      stalled emulator process, a stalled host): only engines silent past `hold` x timeout
+      are declared, so a stall shorter than that costs no request a resume.
+    Pure: the caller passes the clock, the silences (view.silences) and calls `heard`."""
+
+    def __init__(self, timeout_s: float, hold: float = 2.0):
+        self.timeout_s, self.hold = timeout_s, hold
+        self.last_tick: float | None = None
+        self.last_heard: float | None = None  # the latest engine or TM announcement
+        self.reason = ""  # why the last judgement held engines back ("": it did not)
+
+    def heard(self, now: float) -> None:
+        self.last_heard = now
+
+    def judge(self, now: float, silent: dict[str, float], known: int) -> list[str]:
+        """The engines of `silent` (engine -> seconds silent) to declare dead now, sorted;
+        `known`: engines the view holds (silent ones included)."""
+        lag = 0.0 if self.last_tick is None else now - self.last_tick
+        self.last_tick, self.reason = now, ""
+        if not silent:
+            return []
+        if lag > self.timeout_s / 2:
+            self.reason = f"the scheduler itself stalled {lag:.1f} s"
+            return []
+        quiet = self.last_heard is None or now - self.last_heard > self.timeout_s
+        if quiet or (len(silent) > 1 and len(silent) > known / 2):
+            self.reason = "no engine heard at all" if quiet else f"{len(silent)} of {known} engines silent at once"
+            return sorted(e for e, age in silent.items() if age > self.hold * self.timeout_s)
+        return sorted(silent)

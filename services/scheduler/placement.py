@@ -103,12 +103,13 @@ def place(rec: InFlight, pe: str, de: str, view: MeshView, reads: ReadQueues, re
     pe_node, de_node = view.node_of(pe), view.node_of(de)
     layout = view.store_layout()
     bs = layout.block_size if layout else DEFAULT_BLOCK
-    usable = min(rec.hit_blocks, (len(rec.work_prompt) - 1) // bs) if LoadMode(rec.mode).moves_kv else 0
+    prompt = rec.work_prompt
+    usable = min(rec.hit_blocks, (len(prompt) - 1) // bs) if LoadMode(rec.mode).moves_kv else 0
     staged = rec.staged
     s = min(common(staged.keys, rec.block_keys), usable) if staged is not None else 0  # prefetched: not read now
     path = reads.decide(rec.mode, usable - s, pe_node, de_node, bs, force=read_path)
     reads.hold(rec.req_id, path, pe_node, de_node, bs)
-    work = PrefillWork(rec.wire_id, rec.work_prompt, rec.work_sampling(), de, reply, block_keys=rec.block_keys,
+    work = PrefillWork(rec.wire_id, prompt, rec.work_sampling(), de, reply, block_keys=rec.block_keys,
                        hit_blocks=rec.hit_blocks, read_node=pe_node, mode=rec.mode, pe_blocks=s + path.pe_blocks,
                        de_node=de_node, staged_engine=staged.engine if s else "", staged_owner=staged.owner if s else "",
                        staged_blocks=s, staged_slots=staged.slots if s and staged.engine == pe else None)

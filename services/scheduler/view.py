@@ -95,9 +95,16 @@ class MeshView:
 
     def dead_engines(self, now: float) -> list[str]:
         """Engines (or their TMs) that stopped heartbeating; the caller fails their requests."""
-        dead = [eid for eid, seen in self.engines.items() if not self.alive(seen, now)]
-        dead += [eid for eid, seen in self.tms.items() if not self.alive(seen, now) and eid in self.engines]
-        return sorted(set(dead))
+        return sorted(self.silences(now))
+
+    def silences(self, now: float) -> dict[str, float]:
+        """Engine -> seconds since it (or its TM, whichever is older) last announced, for those
+        silent past `timeout_s` (liveness.Watch decides which of them are dead)."""
+        out = {eid: now - seen.at for eid, seen in self.engines.items() if not self.alive(seen, now)}
+        for eid, seen in self.tms.items():
+            if eid in self.engines and not self.alive(seen, now):
+                out[eid] = max(out.get(eid, 0.0), now - seen.at)
+        return out
 
     def forget(self, engine: str) -> None:
         self.engines.pop(engine, None)

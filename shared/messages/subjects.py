@@ -29,6 +29,22 @@ class Subjects:
     def output(self, scheduler: str) -> str:
         return f"{self.ns}.scheduler.{scheduler}.out"
 
+    def front(self, scheduler: str) -> str:
+        """A scheduler's front-door workers -> its dispatch core (requests, prefill over, done)."""
+        return f"{self.ns}.scheduler.{scheduler}.front"
+
+    def front_ask(self, scheduler: str) -> str:
+        """Request/reply: a front-door worker asks its core for /health, /v1/mesh, /metrics."""
+        return f"{self.ns}.scheduler.{scheduler}.ask"
+
+    def front_info(self, scheduler: str) -> str:
+        """The core -> its front-door workers: the model, its context, the store layout (each heartbeat)."""
+        return f"{self.ns}.scheduler.{scheduler}.info"
+
+    def front_workers(self, scheduler: str) -> str:
+        """Where a scheduler's front-door workers heartbeat (not the mesh's registry)."""
+        return f"{self.ns}.scheduler.{scheduler}.workers"
+
     @property
     def reads_done(self) -> str:
         """Where traffic-managers tell the schedulers a node's storage reads of a request are over."""

@@ -1,7 +1,9 @@
 """The fleet emulator end to end: a small fleet of emulated engines, a real NATS and the real
 scheduler process, with agents over HTTP. Requests are assigned inside the measured window,
 every request completes with all the tokens it asked for, and every one reached a prefill
-engine (the figures the benchmark prints are made of these). Engine work runs ten times faster
+engine (the figures the benchmark prints are made of these), with the scheduler's HTTP side in
+a front-door worker process (the engines' tokens go there, not through the dispatch core) and in
+the dispatch core's own process. Engine work runs ten times faster
 than modelled (`time_scale`), so the last turns end soon after the window."""
 from __future__ import annotations
 
@@ -15,9 +17,10 @@ from dualpath.fleet.driver import Fleet, FleetSpec
 pytestmark = pytest.mark.integration
 
 
-def test_a_small_fleet_assigns_and_completes_every_request():
+@pytest.mark.parametrize("workers", [1, 0], ids=["front-door-worker", "in-process-front-door"])
+def test_a_small_fleet_assigns_and_completes_every_request(workers):
     spec = FleetSpec(engines=24, groups=2, load=1.0, trace="32k", warmup_s=2.0, measure_s=3.0, time_scale=0.1,
-                     idle_s=1.0)
+                     idle_s=1.0, front_workers=workers)
     with Fleet(spec) as fleet:
         row = asyncio.run(fleet.run_load())
     assert row["assigned"] > 0 and row["assign_per_s"] > 0, row
@@ -26,3 +29,8 @@ def test_a_small_fleet_assigns_and_completes_every_request():
     assert row["tokens"] > 0  # the emulated decode engines generated them
     assert math.isfinite(row["assign_p99_ms"]) and row["sched_cores"] > 0 and math.isfinite(row["sched_idle_cores"])
     assert row["sched_in_msgs_per_s"] > 0 and row["bus_msgs_per_s"] > row["sched_in_msgs_per_s"]
+    if workers:  # the tokens went to the worker, not through the dispatch core
+        assert row["front_cores"] > 0 and row["front_in_msgs_per_s"] > 0, row
+        assert row["sched_in_msgs_per_s"] < row["front_in_msgs_per_s"], row
+    else:
+        assert row["front_cores"] == 0 and row["front_in_msgs_per_s"] == 0, row

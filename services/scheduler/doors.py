@@ -1,0 +1,192 @@
+"""The dispatch core's side of the front-door workers: their processes and their messages.
+
+Owns, when the scheduler runs with `front_workers` = N > 0: the N worker processes
+(`services.scheduler.worker`, each handed the service's listening socket and its settings;
+one that exits is restarted and the requests it held are forgotten), and what the core does
+with their messages (wire.py): a `Submit` becomes an `InFlight` queued for dispatch exactly
+as one the core's own HTTP handlers accepted (hit lookup, prefetch claim, journal); a
+resumed attempt re-queues it after the tokens the client has; `PrefillOver` frees the
+prefill engine; `Done` finishes it. The core reaches a worker's request through `Relay`,
+which stands in for the request's event queue: what the core would have queued (a failure,
+a shutdown) is published to the worker's output subject instead. It also answers the
+workers' /health, /v1/mesh and /metrics, and publishes `FrontInfo` every heartbeat.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import time
+
+import msgspec
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from services.scheduler.inflight import InFlight
+from services.scheduler.wire import Answer, Ask, Done, FrontInfo, FrontMsg, PrefillOver, Submit
+from shared.bus import Delivery
+from shared.messages.codes import ErrorCode, FinishReason
+from shared.messages.registry import Announce
+from shared.messages.stream import TokenEvent
+
+log = logging.getLogger("scheduler.doors")
+RESTART_S = 1.0  # pause before a worker that exited is started again
+
+
+class Relay:
+    """A worker's request's event queue, at the core: each event goes to the worker's subject."""
+
+    def __init__(self, doors: "FrontDoors", rec: InFlight):
+        self.doors, self.rec = doors, rec
+
+    def put_nowait(self, ev: TokenEvent) -> None:
+        ev = msgspec.structs.replace(ev, req_id=self.rec.wire_id, index=0)
+        self.doors.svc.spawn(self.doors.svc.bus.publish(self.rec.reply, ev), name=f"relay-{self.rec.req_id}")
+
+
+def strand_event(rec: InFlight, engine: str, why: str) -> TokenEvent:
+    """What tells a worker that an engine holding its request went silent: it resumes the
+    request (or fails it, or ignores it when only the done prefill engine is gone)."""
+    return TokenEvent(rec.req_id, [], finish=FinishReason.ERROR, error=why, source=engine, retryable=True,
+                      code=ErrorCode.ENGINE_FAILED)
+
+
+class FrontDoors:
+    def __init__(self, svc):
+        self.svc = svc
+        self.procs: dict[int, asyncio.subprocess.Process] = {}
+        self.stopping = False
+        self.up: set[int] = set()  # workers heard from (their heartbeat)
+        self.all_up = asyncio.Event()
+        self.failed: asyncio.Future | None = None  # set when one could not start (start())
+
+    async def start(self) -> None:
+        svc = self.svc
+        self.failed = asyncio.get_running_loop().create_future()
+        await svc.bus.subscribe(svc.subjects.front(svc.instance), FrontMsg, self._on_front)
+        await svc.bus.subscribe(svc.subjects.front_ask(svc.instance), Ask, self._on_ask)
+        await svc.bus.subscribe(svc.subjects.front_workers(svc.instance), Announce, self._on_worker)
+        svc.spawn(self._publish_info(), name="front-info")
+        for i in range(svc.cfg.front_workers):
+            svc.spawn(self._run_worker(i), name=f"front-worker-{i}")
+        up = asyncio.ensure_future(self.all_up.wait())
+        await asyncio.wait([up, self.failed], return_when=asyncio.FIRST_COMPLETED)  # as a bad model fails the core
+        up.cancel()
+        if self.failed.done():
+            raise self.failed.result()
+
+    async def stop(self) -> None:
+        self.stopping = True
+        for proc in self.procs.values():
+            if proc.returncode is None:
+                proc.terminate()
+        for proc in self.procs.values():
+            try:
+                await asyncio.wait_for(proc.wait(), 5)
+            except asyncio.TimeoutError:
+                proc.kill()
+
+    def info(self) -> FrontInfo:
+        v = self.svc.view
+        return FrontInfo(self.svc.model_id(), v.model_ids(), v.max_context(), v.store_layout())
+
+    # the worker processes --------------------------------------------------------------------
+    async def _run_worker(self, i: int) -> None:
+        svc, fd = self.svc, self.svc.http_sock.fileno()
+        settings = msgspec.json.encode(svc.cfg)
+        while not self.stopping:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "services.scheduler.worker", "--core", svc.instance, "--index", str(i),
+                "--fd", str(fd), stdin=asyncio.subprocess.PIPE, pass_fds=(fd,))
+            self.procs[i] = proc
+            try:
+                proc.stdin.write(settings)
+                await proc.stdin.drain()
+                proc.stdin.close()
+                code = await proc.wait()
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+            if self.stopping:
+                return
+            if i not in self.up and not self.failed.done():  # never came up: the service cannot start
+                self.failed.set_result(RuntimeError(f"front-door worker {i} exited with code {code} at start "
+                                                    "(its log says why)"))
+                return
+            subject = svc.subjects.output(f"{svc.instance}-w{i}")
+            lost = [rec for rec in svc.inflight.values() if rec.reply == subject]
+            log.error("front-door worker %d exited (code %s) holding %d requests; restarting", i, code, len(lost))
+            for rec in lost:
+                svc.spawn(svc._cancel(rec.wire_id, "front-door worker exited"))
+                svc.finish(rec, "error")
+            await asyncio.sleep(RESTART_S)
+
+    async def _publish_info(self) -> None:
+        subject = self.svc.subjects.front_info(self.svc.instance)
+        while True:
+            await self.svc.bus.publish(subject, self.info())
+            await asyncio.sleep(self.svc.cfg.heartbeat_s)
+
+    async def _on_worker(self, msg, d: Delivery) -> None:
+        index = msg.instance.rpartition("-w")[2]
+        if index.isdigit() and not msg.leaving:
+            self.up.add(int(index))
+            if len(self.up) >= self.svc.cfg.front_workers:
+                self.all_up.set()
+
+    # their messages ----------------------------------------------------------------------------
+    async def _on_ask(self, msg: Ask, d: Delivery) -> None:
+        svc = self.svc
+        if msg.what == "health":
+            ok, body = await svc.health()
+            answer = Answer(200 if ok else 503, json.dumps(body).encode())
+        elif msg.what == "mesh":
+            answer = Answer(body=json.dumps(await svc.mesh()).encode())
+        elif msg.what == "metrics":
+            answer = Answer(body=svc.metrics.render(), content_type=CONTENT_TYPE_LATEST)
+        else:
+            answer = Answer()
+        answer.info = self.info()
+        await d.respond(answer)
+
+    async def _on_front(self, msg, d: Delivery) -> None:
+        svc = self.svc
+        if isinstance(msg, Submit):
+            await self._submit(msg, d)
+            return
+        rec = svc.inflight.get(msg.req_id)
+        if rec is None:
+            return
+        if isinstance(msg, PrefillOver):
+            if msg.attempt == rec.attempt:  # the attempt's prefill engine is free, its reads are over
+                svc.reads.done(rec.req_id)
+                svc.dispatcher.prefill_done(rec.req_id)
+                svc.kick.set()
+        elif isinstance(msg, Done):
+            rec.tokens, rec.next_index, rec.cached_tokens = msg.tokens, len(msg.tokens), msg.cached_tokens
+            if msg.ttft_s:
+                rec.first_at = rec.arrived + msg.ttft_s
+                rec.last_at = rec.first_at + msg.tpot_s * max(0, rec.next_index - 1)
+            svc.finish(rec, msg.status)
+
+    async def _submit(self, msg: Submit, d: Delivery) -> None:
+        svc, now = self.svc, time.monotonic()
+        rec = svc.inflight.get(msg.req_id)
+        if msg.attempt == 0:
+            if rec is not None:
+                return  # a duplicate
+            rec = InFlight(msg.req_id, msg.prompt, msg.sampling, ctx=d.ctx, mode=msg.mode, hint=msg.hint,
+                           arrived=now - msg.waited_s, queued_at=now - msg.waited_s, block_keys=msg.block_keys,
+                           reply=msg.reply)
+            rec.events = Relay(self, rec)
+            await svc.admit(rec)
+            return
+        if rec is None or msg.attempt <= rec.attempt or rec.finished:
+            return  # finished meanwhile, or an attempt already seen
+        svc.reads.done(rec.req_id)
+        svc.dispatcher.remove(rec.req_id)
+        rec.tokens, rec.next_index, rec.attempt = list(msg.streamed), len(msg.streamed), msg.attempt - 1
+        remaining = rec.restart()
+        rec.block_keys = msg.block_keys
+        svc.m.resumes.inc()
+        svc.spawn(svc._requeue(rec, remaining), name=f"resume-{rec.req_id}")

@@ -1,0 +1,72 @@
+"""Messages between the scheduler's front-door workers and its dispatch core.
+
+Owns the compact wire the two halves of the scheduler service speak when it runs with
+`front_workers` > 0 (worker -> core on `{ns}.scheduler.<core>.front`, one subject so a
+request's messages arrive in order):
+- `Submit`: a tokenized request (or a resumed attempt: only the tokens streamed so far, the
+  core keeps the prompt) with its block keys, computed by the worker;
+- `PrefillOver`: the attempt's first token reached the worker (its prefill engine is free);
+- `Done`: the client got its last event (status, the generated ids, the latencies).
+The engines' tokens never pass the core: they go to the worker's own output subject. The
+core reaches a worker's requests on that subject too, with plain `TokenEvent`s (a failure,
+or a retryable `engine_failed` naming the engine that went silent: the worker resumes).
+`Ask` / `Answer` carry /health, /v1/mesh and /metrics; `FrontInfo` (also published every
+heartbeat on `{ns}.scheduler.<core>.info`) is what a worker needs to validate and key a
+request: the model, its context, the store layout.
+"""
+from __future__ import annotations
+
+import msgspec
+
+from services.scheduler.hints import Hint
+from shared.messages.codes import LoadMode
+from shared.messages.storage_gateway import StoreLayout
+from shared.messages.work import Sampling
+
+
+class Submit(msgspec.Struct, tag="submit", omit_defaults=True, gc=False):
+    req_id: str
+    reply: str  # the worker's output subject: engines and the core answer there
+    sampling: Sampling  # the request's own (max_tokens of the whole request)
+    prompt: list[int] = []  # attempt 0: the prompt; a resumed attempt: empty (the core has it)
+    attempt: int = 0
+    streamed: list[int] = []  # a resumed attempt: the tokens the client already has
+    block_keys: list[bytes] = []  # of prompt + streamed, under the announced layout (empty: the core keys them)
+    mode: LoadMode = LoadMode.DUALPATH
+    hint: Hint | None = None  # the agent's hints, already checked by the worker
+    waited_s: float = 0.0  # from the request's arrival at the worker to this message
+
+
+class PrefillOver(msgspec.Struct, tag="first", omit_defaults=True, gc=False):
+    req_id: str
+    attempt: int = 0
+
+
+class Done(msgspec.Struct, tag="done", omit_defaults=True, gc=False):
+    req_id: str
+    status: str  # ok | error | cancelled
+    tokens: list[int] = []  # every generated id (retention keys and the oracle's index need them)
+    cached_tokens: int = 0
+    ttft_s: float = 0.0
+    tpot_s: float = 0.0
+
+
+FrontMsg = Submit | PrefillOver | Done
+
+
+class FrontInfo(msgspec.Struct, omit_defaults=True):
+    model_id: str = ""  # what clients send as `model` (empty: no engine announced one yet)
+    model_ids: list[str] = []
+    max_context: int = 0
+    layout: StoreLayout | None = None
+
+
+class Ask(msgspec.Struct):
+    what: str  # health | mesh | metrics | info
+
+
+class Answer(msgspec.Struct, omit_defaults=True):
+    status: int = 200
+    body: bytes = b""
+    content_type: str = "application/json"
+    info: FrontInfo | None = None
