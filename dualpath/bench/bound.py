@@ -12,7 +12,9 @@
     data_plane_s     bytes moved between engines (PD push, DE-path pulls) / the data plane's rate
     serial_s         the longest agent's chain: per turn, its own read (one storage NIC; two for
                      dualpath-split) overlapped with its prefill, then (gen - 1) decode steps at the
-                     best time per output token
+                     best time per output token; each part capped by what the turn really took
+                     (the probe's rates come from another moment on a shared machine, and a
+                     chain term above the run it bounds would not be a bound)
 
 Compute terms are measured in the run itself, on the cores it actually had, so they move with
 the machine's load exactly as the run does; bytes and rates are the run's own and the emulated
@@ -21,7 +23,9 @@ Pure arithmetic.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from dualpath.bench.usage import Usage
 from shared.messages.codes import LoadMode
@@ -43,6 +47,16 @@ class Capacity:
     rates: dict | None = None  # the probe's separated rates (replay.probe_rates), for the simulator's prediction
 
 
+class ChainTurn(NamedTuple):
+    """One turn of an agent's chain: what it computed and read, and (when known) what it took."""
+
+    miss: int  # prompt tokens computed
+    gen: int  # tokens generated
+    hit_bytes: float  # stored KV it read
+    first_s: float = math.inf  # arrival -> first token, as measured
+    rest_s: float = math.inf  # first token -> last, as measured
+
+
 def reading_nodes(mode: LoadMode, cap: Capacity) -> int:
     if not LoadMode(mode).moves_kv:
         return 0
@@ -55,8 +69,8 @@ def _per_node(values: dict[str, float], rate: float | None) -> float | None:
     return max(values.values()) / rate if rate else None
 
 
-def lower_bound(mode: LoadMode, used: Usage, chains: list[list[tuple[int, int, float]]], cap: Capacity) -> dict:
-    """Terms and the bound (seconds); `chains` is per job a list of (miss tokens, gen, hit bytes) per turn."""
+def lower_bound(mode: LoadMode, used: Usage, chains: list[list[ChainTurn]], cap: Capacity) -> dict:
+    """Terms and the bound (seconds); `chains` is per job its turns in order (tuples in ChainTurn's order)."""
     mode = LoadMode(mode)
     nodes = reading_nodes(mode, cap)
     read = sum(used.read_bytes.values())
@@ -87,8 +101,8 @@ def _serial(mode: LoadMode, chains, cap: Capacity) -> float | None:
     paths = 0 if not mode.moves_kv else (2 if mode == LoadMode.DUALPATH_SPLIT else 1)
     rate = (cap.read_bytes_per_s or 0.0) * paths
 
-    def turn(miss: int, gen: int, hit_bytes: float) -> float:
-        own_read = hit_bytes / rate if rate and paths else 0.0
-        return max(own_read, miss / cap.prefill_tps) + (gen - 1) * cap.tpot_s
+    def turn(t: ChainTurn) -> float:
+        own_read = t.hit_bytes / rate if rate and paths else 0.0
+        return min(max(own_read, t.miss / cap.prefill_tps), t.first_s) + min((t.gen - 1) * cap.tpot_s, t.rest_s)
 
-    return max((sum(turn(*t) for t in c) for c in chains), default=0.0)
+    return max((sum(turn(ChainTurn(*t)) for t in c) for c in chains), default=0.0)

@@ -244,6 +244,7 @@ def _bench(args: argparse.Namespace, url: str, modes: list[LoadMode], extra_pids
     doc["config"]["load_average_after"] = _loadavg()
     if any("hinted_turns" in r for r in doc["runs"]):
         doc["hint_ratios"] = agent_hints.ratios(doc["runs"])
+        doc["hint_ratios_each"] = agent_hints.ratios_each(doc["runs"])
     if args.data_plane:
         from shared.transport.bench import figures
 

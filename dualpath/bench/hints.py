@@ -12,6 +12,7 @@ unhinted TTFT / the hints-off run's (goal <= 1.05). Pure summaries plus one poll
 from __future__ import annotations
 
 import re
+import statistics
 import time
 
 import httpx
@@ -42,7 +43,22 @@ def turn_figures(run) -> dict:
 
 
 def ratios(runs: list[dict]) -> dict:
-    """hinted / oracle and mixed-run unhinted / hints-off unhinted TTFT, p50 and p99."""
+    """hinted / oracle and mixed-run unhinted / hints-off unhinted TTFT, p50 and p99: each taken within
+    one repeat (runs side by side), the median over repeats."""
+    each = ratios_each(runs)
+    return {k: statistics.median(v) for k, v in each.items()}
+
+
+def ratios_each(runs: list[dict]) -> dict[str, list[float]]:
+    """The ratios of every repeat, in repeat order (a key missing from a repeat is left out there)."""
+    out: dict[str, list[float]] = {}
+    for k in sorted({r.get("repeat", 0) for r in runs}):
+        for key, v in _ratios([r for r in runs if r.get("repeat", 0) == k]).items():
+            out.setdefault(key, []).append(v)
+    return out
+
+
+def _ratios(runs: list[dict]) -> dict:
     by = {(r["mode"], r.get("hints", "off")): r for r in runs}
     oracle = next((r for (m, _), r in by.items() if m == LoadMode.ORACLE), None)
     out = {}
@@ -68,19 +84,21 @@ def markdown(doc: dict) -> list[str]:
     if not runs:
         return []
     lines = ["## Agent hints (turns after a tool call)", "",
-             "| mode | hints | tool call mean s | hinted turns | TTFT p50 / p99 s | unhinted turns | TTFT p50 / p99 s "
+             "| mode | hints | repeat | tool call mean s | hinted turns | TTFT p50 / p99 s | unhinted turns | TTFT p50 / p99 s "
              "| JCT s | prefetched / read-at-arrival MB | bulk MB read | peak staged MB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         p = r.get("prefetch") or {}
         lines.append(
-            f"| {r['mode']} | {r.get('hints', 'off')} | {_f(r.get('tool_s_mean'))} | {r['hinted_turns']} "
+            f"| {r['mode']} | {r.get('hints', 'off')} | {r.get('repeat', 0)} | {_f(r.get('tool_s_mean'))} "
+            f"| {r['hinted_turns']} "
             f"| {_f(r['hinted_ttft_p50_s'])} / {_f(r['hinted_ttft_p99_s'])} | {r['unhinted_turns']} "
             f"| {_f(r['unhinted_ttft_p50_s'])} / {_f(r['unhinted_ttft_p99_s'])} | {_f(r.get('jct_s'))} "
             f"| {_mb(p.get('used_bytes'))} / {_mb(p.get('arrival_read_bytes'))} | {_mb(p.get('bulk_read_bytes'))} "
             f"| {_mb(p.get('peak_staged_bytes'))} |")
-    rat = doc.get("hint_ratios") or {}
-    lines += [""] + [f"- {k}: {v:.2f}x" for k, v in rat.items()] + [""]
+    rat, each = doc.get("hint_ratios") or {}, doc.get("hint_ratios_each") or {}
+    lines += [""] + [f"- {k}: {v:.2f}x" + (f" (median of {len(each[k])}: {', '.join(f'{x:.2f}' for x in each[k])})"
+                                            if len(each.get(k, ())) > 1 else "") for k, v in rat.items()] + [""]
     return lines
 
 

@@ -22,7 +22,7 @@ import httpx
 
 from dualpath.bench import hints as agent_hints
 from dualpath.bench import replay
-from dualpath.bench.bound import Capacity, lower_bound
+from dualpath.bench.bound import Capacity, ChainTurn, lower_bound
 from dualpath.bench.metrics import ApsSearch, Slo, spread, summarise
 from dualpath.bench.scrape import Scraper
 from dualpath.bench.usage import snapshot
@@ -142,12 +142,13 @@ def _rotated(modes: list, k: int) -> list:
     return modes[k:] + modes[:k]
 
 
-def _chains(r, bytes_per_token: float) -> list[list[tuple[int, int, float]]]:
+def _chains(r, bytes_per_token: float) -> list[list[ChainTurn]]:
     by_job: dict[str, list] = {}
     for t in sorted(r.turns, key=lambda t: (t.job, t.turn)):
         if not t.error:
-            by_job.setdefault(t.job, []).append((t.prompt_tokens - t.cached_tokens, t.gen_tokens,
-                                                 t.cached_tokens * bytes_per_token))
+            by_job.setdefault(t.job, []).append(ChainTurn(t.prompt_tokens - t.cached_tokens, t.gen_tokens,
+                                                          t.cached_tokens * bytes_per_token, t.ttft,
+                                                          t.end - t.start - t.ttft))
     return list(by_job.values())
 
 

@@ -81,6 +81,8 @@ def parse_topology(text: str) -> tuple[int, int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dualpath.sim.fast import activate
+    activate()  # the compiled core when a fresh build exists (make sim-fast), else pure Python
     if args.pd_window:
         from dualpath.sim.hardware import HARDWARE, load_hardware
         from dualpath.sim.window import format_report, sweep

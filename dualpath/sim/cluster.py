@@ -6,10 +6,15 @@ decode.py, the prefill step logic in prefill.py.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dualpath.sim.decode import DecodeState
 from dualpath.sim.hardware import Hardware
 from dualpath.sim.models import SimModel
 from dualpath.sim.resources import Link
+
+if TYPE_CHECKING:
+    from dualpath.sim.workload import Req
 
 
 class Node:
@@ -18,7 +23,7 @@ class Node:
     def __init__(self, nid: int, role: str, hw: Hardware) -> None:
         self.nid = nid
         self.role = role
-        self.engines: list = []
+        self.engines: list[Engine] = []
         self.snic_r = Link(f"{role}{nid}.snic_r", hw.snic_bw)
         self.snic_w = Link(f"{role}{nid}.snic_w", hw.snic_bw)
         self.dram = Link(f"{role}{nid}.dram", hw.dram_bw)
@@ -29,20 +34,21 @@ class Engine:
     (`snic_r`, `snic_w`, `dram`), so a transfer names every hop as an engine attribute."""
 
     __slots__ = ("eid", "node", "group", "unit", "queue", "cap", "snic_r", "snic_w", "dram",
-                 "cnic_r", "cnic_w", "attn_s", "decode")
+                 "cnic_r", "cnic_w", "attn_s", "decode", "rows")
 
     def __init__(self, eid: int, node: Node, hw: Hardware) -> None:
         self.eid = eid
         self.node = node
         self.snic_r, self.snic_w, self.dram = node.snic_r, node.snic_w, node.dram
-        self.group = None
-        self.unit = None  # PE: the step unit it computes in
-        self.queue: list = []  # PE: assigned requests not yet prefilled (FIFO)
+        self.group: Group | None = None
+        self.unit: StepUnit | None = None  # PE: the step unit it computes in
+        self.queue: list[Req] = []  # PE: assigned requests not yet prefilled (FIFO)
         self.cap = 0  # DE: KV memory in tokens
         self.cnic_r = Link(f"e{eid}.cnic_r", hw.cnic_bw)
         self.cnic_w = Link(f"e{eid}.cnic_w", hw.cnic_bw)
         self.attn_s = 0.0  # PE: total attention time
         self.decode: DecodeState | None = None
+        self.rows: list[tuple[tuple[Link, int, int, int], ...]] = []  # per stage side: its links (prefill.bind_stages)
 
 
 class Group:
@@ -106,7 +112,7 @@ class Cluster:
 
     @staticmethod
     def _groups(nodes: list[Node], role: str, per: int, first: int) -> list[Group]:
-        out = []
+        out: list[Group] = []
         for i in range(0, len(nodes), per):
             engines = [e for n in nodes[i:i + per] for e in n.engines]
             g = Group(first + len(out), role, engines)
@@ -119,6 +125,6 @@ class Cluster:
     def nodes(self) -> list[Node]:
         return self.pe_nodes + self.de_nodes
 
-    def links(self) -> list:
+    def links(self) -> list[Link]:
         out = [link for n in self.nodes for link in (n.snic_r, n.snic_w, n.dram)]
         return out + [link for e in self.engines for link in (e.cnic_r, e.cnic_w)]

@@ -17,12 +17,13 @@ the pool to the group with the fewest tokens, then each group places what fits).
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable
+from typing import Callable, cast
 
 from dualpath.sim.cluster import Cluster, Engine, Node
 from dualpath.sim.workload import Req
 from shared.messages.codes import LoadMode
 from shared.sched.dispatch import Dispatcher, EngineLoad, Job
+from shared.sched.ledger import Id
 from shared.sched.policy import PeThresholds
 from shared.sched.reads import ReadQueues
 
@@ -39,7 +40,7 @@ class SimDispatch:
         self.block = block_tokens
         self.d = Dispatcher(th)
         self.reads = ReadQueues()
-        self.reqs: dict[int, Req] = {}  # submitted, not yet given both engines
+        self.reqs: dict[Id, Req] = {}  # submitted, not yet given both engines
         self.by_eid = cluster.engines
         self.pe_loads = [_line(e) for e in cluster.pes]  # one line per engine, kept current (below)
         self.de_loads = [_line(e) for e in cluster.des]
@@ -48,7 +49,7 @@ class SimDispatch:
         # (the same figures as a full refresh, for the engines and nodes that changed only).
         self.pe_line = {e.eid: line for e, line in zip(cluster.pes, self.pe_loads)}
         self.de_line = {e.eid: line for e, line in zip(cluster.des, self.de_loads)}
-        self.lines_of_node: dict[int, list[EngineLoad]] = {}
+        self.lines_of_node: dict[Id, list[EngineLoad]] = {}
         for line in self.pe_loads:
             self.lines_of_node.setdefault(line.node, []).append(line)
         self.touched_pe: set[int] = set()
@@ -76,11 +77,13 @@ class SimDispatch:
 
     def prefill_done(self, r: Req) -> None:
         self._changed()
+        assert r.pe is not None
         self.touched_pe.add(r.pe.eid)
         self.d.prefill_done(r.rid)
 
     def finished(self, r: Req) -> None:
         self._changed()
+        assert r.pe is not None and r.de is not None
         self.touched_pe.add(r.pe.eid)
         self.touched_de.add(r.de.eid)
         self.d.remove(r.rid)
@@ -133,7 +136,7 @@ class SimDispatch:
             placed = 0
             for a in self.d.pull_decode(self.de_loads):
                 r = self.reqs.pop(a.req_id)
-                r.pe, r.de = self.by_eid[a.pe], self.by_eid[a.de]
+                r.pe, r.de = self.by_eid[cast(int, a.pe)], self.by_eid[cast(int, a.de)]
                 self.on_assigned(r)
                 placed += 1
         if placed:
@@ -170,9 +173,10 @@ class SimDispatch:
                 return placed  # no decode engine has room: the head waits
             self.rr_queue.popleft()
             self.rr_de += k + 1
-            r.pe, r.de = pes[self.rr_pe % len(pes)], e
+            pe = r.pe = pes[self.rr_pe % len(pes)]
+            r.de = e
             self.rr_pe += 1
-            led.charge_pe(r.rid, r.pe.eid, r.prompt)
+            led.charge_pe(r.rid, pe.eid, r.prompt)
             led.charge_de(r.rid, e.eid, r.mem)
             self.on_assigned(r)
             placed += 1
@@ -189,6 +193,7 @@ class SimDispatch:
             self.rr_path += 1
             force = "pe" if self.rr_path % 2 else "de"
         blocks = -(-r.hit // self.block)
+        assert r.pe is not None and r.de is not None
         pe_node, de_node = r.pe.node.nid, r.de.node.nid
         d = self.reads.decide(self.mode, blocks, pe_node, de_node, self.block, force=force)
         self.reads.hold(r.rid, d, pe_node, de_node, self.block)
@@ -199,4 +204,5 @@ class SimDispatch:
 
 
 def _line(e: Engine) -> EngineLoad:
+    assert e.group is not None
     return EngineLoad(e.eid, capacity_tokens=e.cap, group=e.group.gid, node=e.node.nid)

@@ -13,8 +13,9 @@ import gc
 import heapq
 import itertools
 import time
+from typing import Any, Callable
 
-from dualpath.sim.cluster import Cluster, StepUnit
+from dualpath.sim.cluster import Cluster, Engine, Node, StepUnit
 from dualpath.sim.collectives import Layout
 from dualpath.sim.config import SGLANG, SimConfig
 from dualpath.sim.dispatch import SimDispatch
@@ -23,11 +24,14 @@ from dualpath.sim.metrics import SimResult, collect
 from dualpath.sim.models import SimModel, build_model
 from dualpath.sim.online import StopRule
 from dualpath.sim.prefetch import SimPrefetch
-from dualpath.sim.prefill import C_H2D, C_PD, C_PERSIST, Prefill, book, stage_end
+from dualpath.sim.prefill import C_H2D, C_PD, C_PERSIST, Prefill, bind_stages, book, stage_end
 from dualpath.sim.resources import transfer
 from dualpath.sim.workload import Req, Workload, load_workload, make_request
 from shared.messages.codes import LoadMode
 from shared.sched.policy import PeThresholds
+
+
+Handler = Callable[[Any], None]  # an event's handler, called with its argument
 
 
 class Simulation:
@@ -39,17 +43,20 @@ class Simulation:
         de = Layout(min(cfg.de_ep_nodes, cfg.D), self.hw.gpus, cfg.attn_tp)
         self.model = model or build_model(cfg.model, self.hw, pe, de)
         self.c = Cluster(cfg.P, cfg.D, self.hw, self.model, cfg.group_nodes, pe.ep_nodes, cfg.model_traffic)
+        bind_stages(self.c.engines)
         self.w = workload or load_workload(cfg.trace, cfg.agents, cfg.scale, cfg.seed, cfg.aps, cfg.block_tokens,
                                            cfg.tool_calls, cfg.append_scale)
         self.kvb = self.model.kv_bytes
-        self.oracle = not cfg.mode.moves_kv if cfg.mode != SGLANG else False
+        self.oracle = isinstance(cfg.mode, LoadMode) and not cfg.mode.moves_kv  # SGLANG moves KV
         self.whole_first = cfg.whole_prompt_first and not self.oracle
         self.th = thresholds or self._thresholds()
-        self.sched = SimDispatch(self.c, self.th, LoadMode.BASIC if cfg.reads_on_pe_only else cfg.mode,
+        self.sched = SimDispatch(self.c, self.th, LoadMode.BASIC if cfg.reads_on_pe_only else LoadMode(cfg.mode),
                                  cfg.assign_kind, self._on_assigned, self.w.block)
         self.prefill = Prefill(self.model, cfg.quota_s, cfg.chunk_align, self.oracle, self.whole_first,
                                cfg.model_traffic)
-        self.heap: list = []
+        self.heap: list[tuple[float, int, Handler, Any]] = []
+        self.think_s = cfg.think_s
+        self.pull_s = cfg.pull_s
         self._seq = itertools.count()
         self.now = 0.0
         self.events = 0
@@ -85,7 +92,7 @@ class Simulation:
         return PeThresholds(alpha=alpha, beta=beta)
 
     # --- event plumbing -------------------------------------------------------------
-    def push(self, t: float, fn, arg) -> None:
+    def push(self, t: float, fn: Handler, arg: Any) -> None:
         heapq.heappush(self.heap, (t, next(self._seq), fn, arg))
 
     def run(self) -> SimResult:
@@ -121,7 +128,8 @@ class Simulation:
         span = self.now if self.online else self.end_t
         return collect(self, span, time.perf_counter() - wall)
 
-    def _judge(self, _) -> None:
+    def _judge(self, _: None) -> None:
+        assert self.judge is not None  # armed only online
         if self.judge.check(self.now) is not None:
             self.stopped = True
         else:
@@ -133,7 +141,7 @@ class Simulation:
         if not self.tick_armed:
             self.tick_armed = True
             n = self.sched.n_groups
-            p = self.cfg.pull_s / n
+            p = self.pull_s / n
             k = int(self.now / p + 1e-6) + 1  # next grid point strictly after now
             for _ in range(n):
                 if self.sched.stale(k):
@@ -161,6 +169,7 @@ class Simulation:
 
     def _on_assigned(self, r: Req) -> None:
         """The dispatcher gave the request both engines (as the scheduler's PrefillWork does)."""
+        assert r.pe is not None and r.de is not None
         r.pe.queue.append(r)
         if self.oracle:
             r.reads_left = 0
@@ -176,6 +185,7 @@ class Simulation:
         r.reads_left = 0
         for tokens, eng in ((pe_hit, r.pe), (de_hit, r.de)):
             if tokens:
+                assert eng is not None
                 node = eng.node
                 nbytes = tokens * self.kvb
                 end = transfer(self.now, [(node.snic_r, nbytes), (node.dram, nbytes)])
@@ -184,7 +194,7 @@ class Simulation:
         if r.reads_left == 0:
             self._make_ready(r)
 
-    def _read_done(self, arg) -> None:
+    def _read_done(self, arg: tuple[Req, Node, int]) -> None:
         r, node, _tokens = arg
         self.sched.read_done(r, node)
         if self.sched.pending():
@@ -195,6 +205,7 @@ class Simulation:
 
     def _make_ready(self, r: Req) -> None:
         r.ready = True
+        assert r.pe is not None and r.pe.unit is not None
         self._kick(r.pe.unit)
 
     def _kick(self, unit: StepUnit) -> None:
@@ -239,21 +250,25 @@ class Simulation:
         if r.gen <= 1:
             self._finish(r)
             return
+        assert r.de is not None and r.de.decode is not None
         d = r.de.decode
         d.join(self.now, r.rid, r, r.prompt, r.gen - 1)
         r.t_second = self.now + d.step_s
         self._schedule_de(r.de)
 
-    def _schedule_de(self, e) -> None:
+    def _schedule_de(self, e: Engine) -> None:
         d = e.decode
+        assert d is not None
         if d.n:
             self.push(d.next_finish(), self._de_finish, (e, d.version))
 
-    def _de_finish(self, arg) -> None:
+    def _de_finish(self, arg: tuple[Engine, int]) -> None:
         e, version = arg
-        if version != e.decode.version:
+        d = e.decode
+        assert d is not None
+        if version != d.version:
             return
-        for r in e.decode.pop_finished(self.now):
+        for r in d.pop_finished(self.now):
             self._finish(r)
         self._schedule_de(e)
 
@@ -282,8 +297,8 @@ class Simulation:
             tool = self.w.tool_after(a, self.turn[a] - 1)
             if self.pf is not None:
                 self.pf.turn_done(a, self.ctx[a], tool)
-            if self.cfg.think_s + tool > 0:
-                self.push(now + self.cfg.think_s + tool, self._arrive, a)
+            if self.think_s + tool > 0:
+                self.push(now + self.think_s + tool, self._arrive, a)
             else:
                 self._arrive(a)
         else:

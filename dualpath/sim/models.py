@@ -90,9 +90,9 @@ class SimModel:
     """Everything the simulator needs about a model on one engine (GPU). Times in seconds."""
 
     name: str
-    kv_bytes: int  # stored KV bytes per token, all layers (incl. indexer keys)
-    kv_main_bytes: int  # bytes per token read by main attention in decode
-    kv_index_bytes: int  # bytes per token read by the indexer (0 if none)
+    kv_bytes: float  # stored KV bytes per token, all layers (incl. indexer keys)
+    kv_main_bytes: float  # bytes per token read by main attention in decode
+    kv_index_bytes: float  # bytes per token read by the indexer (0 if none)
     topk: int  # sparse-attention cap (0 = dense attention)
     moe: bool  # attention DP + EP: a step unit's engines step together
     linear_s_per_token: float  # prefill GEMM time per new token

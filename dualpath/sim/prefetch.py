@@ -55,6 +55,7 @@ class SimPrefetch:
         kvb, now = sim.kvb, sim.now
         force = "auto" if sim.sched.mode.both_paths else "pe"  # basic (and sglang): the PE path only
         p = plan(tokens // block, block * kvb, now, now + tool_s, self._holders(kvb), force=force)
+        assert p is not None  # every node holds prefetch room
         node = next(n for n in sim.c.nodes if n.nid == p.node)
         b = self.booked[agent] = Booked(tokens, node, node.role == "p")
         sim.push(p.start_at, self._start, (agent, b))

@@ -13,23 +13,43 @@ transfer), then the DE copies it into HBM.
 """
 from __future__ import annotations
 
-from dualpath.sim.cluster import StepUnit
+from dualpath.sim.cluster import Engine, StepUnit
 from dualpath.sim.models import SimModel
+from dualpath.sim.resources import Link
 from dualpath.sim.traffic import H2D, LOAD, PD, PERSIST, READ
 from dualpath.sim.workload import Req
-from shared.sched.policy import PrefillWork, ReadPath, plan_batch
+from shared.sched.policy import Chunk, PrefillWork, ReadPath, plan_batch
 
 # Stages compiled from dualpath.sim.traffic, so timing and the traffic table agree: per link
-# of the stage (side is PE?, engine attribute, hit / miss / persist multiplicity), one
-# reservation per link however many times the stage crosses it.
+# of the stage (engine attribute, hit / miss / persist multiplicity), one reservation per
+# link however many times the stage crosses it, the PE side's links and the DE side's apart.
 KINDS = ("hit", "miss", "persist")
+Row = tuple[str, int, int, int]  # (engine attribute, hit, miss, persist multiplicity)
+LinkRow = tuple[Link, int, int, int]
 
 
-def _compile(hops) -> tuple:
+class Stage:
+    """One stage's links on each side, as indices into every engine's `rows` (`bind_stages`)."""
+
+    __slots__ = ("pe", "de")
+
+    def __init__(self, pe: int, de: int) -> None:
+        self.pe = pe
+        self.de = de
+
+
+SIDES: list[tuple[Row, ...]] = []  # SIDES[i]: the rows an engine's rows[i] resolves
+
+
+def _compile(hops: tuple[tuple[str, str, str], ...]) -> Stage:
     merged: dict[tuple[bool, str], list[int]] = {}
     for side, link, kind in hops:
         merged.setdefault((side == "pe", link), [0, 0, 0])[KINDS.index(kind)] += 1
-    return tuple((is_pe, attr, *counts) for (is_pe, attr), counts in merged.items())
+    ids = []
+    for pe_side in (True, False):
+        SIDES.append(tuple((attr, c[0], c[1], c[2]) for (is_pe, attr), c in merged.items() if is_pe == pe_side))
+        ids.append(len(SIDES) - 1)
+    return Stage(ids[0], ids[1])
 
 
 C_READ = {p: _compile(READ[p]) for p in ReadPath}
@@ -39,28 +59,36 @@ C_H2D = _compile(H2D)
 C_PERSIST = _compile(PERSIST)
 
 
-def book(now: float, hops: tuple, r: Req, hit: float, miss: float, persist: float = 0.0) -> float:
-    """Reserve one stage of request `r` (bytes already multiplied out); returns when it ends."""
+def bind_stages(engines: list[Engine]) -> None:
+    """Resolve every stage's rows to each engine's own links, once (no lookups while booking)."""
+    for e in engines:
+        e.rows = [tuple((getattr(e, attr), ch, cm, cp) for attr, ch, cm, cp in side) for side in SIDES]
+
+
+def book(now: float, st: Stage, r: Req, hit: float, miss: float, persist: float = 0.0) -> float:
+    """Reserve one stage of request `r` (bytes already multiplied out); returns when it ends.
+    Each link's reservation depends on that link alone, so the sides' order is immaterial."""
     end = now
     pe, de = r.pe, r.de
-    for is_pe, attr, ch, cm, cp in hops:
-        n = ch * hit + cm * miss + cp * persist
-        if n > 0:  # Link.reserve, inlined: this is the simulator's hottest loop
-            link = getattr(pe if is_pe else de, attr)
-            bw = link.bw
-            dt = n / (bw * link.lo)
-            t = link.free_at
-            t = (t if t > now else now) + dt
-            link.free_at = t
-            link.busy += n / bw
-            link.kv_time += dt
-            link.bytes += n
-            if t > end:
-                end = t
+    assert pe is not None and de is not None
+    for rows in (pe.rows[st.pe], de.rows[st.de]):
+        for link, ch, cm, cp in rows:
+            n = ch * hit + cm * miss + cp * persist
+            if n > 0:  # Link.reserve, inlined: this is the simulator's hottest loop
+                bw = link.bw
+                dt = n / (bw * link.lo)
+                t = link.free_at
+                t = (t if t > now else now) + dt
+                link.free_at = t
+                link.busy += n / bw
+                link.kv_time += dt
+                link.bytes += n
+                if t > end:
+                    end = t
     return end
 
 
-def stage_end(now: float, table: dict, r: Req, kvb: int, with_miss: bool = True) -> float:
+def stage_end(now: float, table: dict[ReadPath, Stage], r: Req, kvb: float, with_miss: bool = True) -> float:
     """Reserve a per-path stage for both parts of a (possibly split) read."""
     end = now
     miss = r.miss * kvb if with_miss else 0.0
@@ -89,8 +117,8 @@ class Prefill:
     def plan(self, unit: StepUnit, now: float) -> float:
         """Fill unit.batch; returns the step duration (0 when nothing is ready)."""
         m, att, comm = self.m, self.m.attention, self.comm
-        batch = []
-        sent = []
+        batch: list[tuple[Engine, list[Req], list[Chunk]]] = []
+        sent: list[tuple[Engine, float]] = []
         worst = pooled = attn_max = attn_sum = 0.0
         busy = False
         every_cut = True  # the quota cut every GPU's batch (each had more ready work than it)

@@ -1,10 +1,12 @@
 """How fast the simulator runs: CPU seconds per run and per request, beside the speed targets.
 
-    .venv/bin/python -m dualpath.sim.speed [--agents 2000] [--scale 1.0] [--mode dualpath]
+    .venv/bin/python -m dualpath.sim.speed [--agents 2000] [--scale 1.0] [--mode dualpath] [--pure]
+        [--topology 2P4D]
 
-Runs DS-660B 2P4D on the 64K trace offline and prints its CPU time (process time, so
+Runs DS-660B 2P4D (or `--topology`, to see how the cost per request grows) on the 64K trace offline and prints its CPU time (process time, so
 other work on shared cores counts little), microseconds per request and events per
-second; then the 2P4D target (2000 agents in 10 s) as the cost per request it allows, and
+second, and which build ran: the compiled core (`make sim-fast`, dualpath/sim/fast.py) when
+a fresh one exists, else pure Python (`--pure` forces it); then the 2P4D target (2000 agents in 10 s) as the cost per request it allows, and
 what 48P96D with 48K agents would take at the measured cost per request (the cost per
 request barely grows with the cluster; docs/design.md#the-simulator-against-the-paper).
 """
@@ -13,8 +15,8 @@ from __future__ import annotations
 import argparse
 import time
 
+from dualpath.sim import fast
 from dualpath.sim.config import SimConfig
-from dualpath.sim.engine import run_sim
 
 TARGET_2P4D_S = 10.0  # 2P4D, 2000 agents
 TARGET_48P96D_S = 300.0  # 48P96D, 48K agents: 24x the agents, so about 24x the requests
@@ -25,14 +27,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--agents", type=int, default=2000)
     p.add_argument("--scale", type=float, default=1.0, help="shrink trajectory lengths")
     p.add_argument("--mode", default="dualpath")
+    p.add_argument("--topology", default="2P4D", help="<P>P<D>D")
+    p.add_argument("--pure", action="store_true", help="pure Python even when a fresh compiled build exists")
     a = p.parse_args(argv)
+    build = "pure Python (--pure)" if a.pure else fast.activate()
+    from dualpath.sim.engine import run_sim
     cpu, wall = time.process_time(), time.perf_counter()
-    r = run_sim(SimConfig(agents=a.agents, scale=a.scale, mode=a.mode))
+    from dualpath.sim.cli import parse_topology
+    P, D = parse_topology(a.topology)
+    r = run_sim(SimConfig(agents=a.agents, scale=a.scale, mode=a.mode, P=P, D=D))
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     per_req = cpu / r.requests
-    print(f"2P4D {a.mode} agents={a.agents} scale={a.scale:g}: {r.requests} requests, {r.events} events, "
+    print(f"build: {build}")
+    print(f"{a.topology} {a.mode} agents={a.agents} scale={a.scale:g}: {r.requests} requests, {r.events} events, "
           f"{cpu:.1f} s CPU ({wall:.1f} s wall), {per_req * 1e6:.0f} us/request, {r.events / cpu:,.0f} events/s")
-    if a.agents == 2000 and a.scale == 1.0:
+    if a.agents == 2000 and a.scale == 1.0 and (P, D) == (2, 4):
         print(f"  target {TARGET_2P4D_S:.0f} s: measured/target {cpu / TARGET_2P4D_S:.2f} "
               f"(the target allows {TARGET_2P4D_S / r.requests * 1e6:.0f} us/request)")
         big = 24 * r.requests * per_req

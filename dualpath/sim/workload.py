@@ -8,11 +8,15 @@ unless the run says otherwise).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dualpath.traces import expand_agents, generate, read_trajectories, with_tool_calls
 from dualpath.traces.generator import PRESETS
+
+if TYPE_CHECKING:
+    from dualpath.sim.cluster import Engine
 
 BLOCK = 64  # default tokens per KV block (SimConfig.block_tokens)
 
@@ -31,8 +35,8 @@ class Req:
         self.miss = prompt - hit
         self.gen = gen
         self.t_arrive = t
-        self.pe = None
-        self.de = None
+        self.pe: Engine | None = None  # set by the dispatcher, with de, at once
+        self.de: Engine | None = None
         self.pe_hit = 0  # hit tokens read on the PE path
         self.de_hit = 0  # hit tokens read on the DE path
         self.reads_left = -1  # -1: reads not issued yet

@@ -111,5 +111,5 @@ def place(rec: InFlight, pe: str, de: str, view: MeshView, reads: ReadQueues, re
     work = PrefillWork(rec.wire_id, rec.work_prompt, rec.work_sampling(), de, reply, block_keys=rec.block_keys,
                        hit_blocks=rec.hit_blocks, read_node=pe_node, mode=rec.mode, pe_blocks=s + path.pe_blocks,
                        de_node=de_node, staged_engine=staged.engine if s else "", staged_owner=staged.owner if s else "",
-                       staged_blocks=s)
+                       staged_blocks=s, staged_slots=staged.slots if s and staged.engine == pe else None)
     return Placed(work, path, s)

@@ -166,6 +166,7 @@ class Prefetcher:
             if got.blocks:
                 s.whole = s.whole and got.blocks >= len(s.keys)
                 s.keys = s.keys[:got.blocks]
+                s.slots = got.slots if got.slots is not None and len(got.slots.slots) == got.blocks else None
                 self.index.add(s)
         self._note()
 

@@ -35,6 +35,7 @@ from services.traffic_manager.slot_grants import GrantsGiven, GrantsHeld
 from services.traffic_manager.store_path import StorePath
 from shared.bus import BusError, Delivery
 from shared.kv.allocator import OutOfSlots
+from shared.kv.staged_table import StagedTable
 from shared.messages.registry import Announce, EngineAnnounce, StorageGatewayAnnounce, KVRegion, TrafficManagerAnnounce
 from shared.messages.codes import ErrorCode
 from shared.messages.storage_gateway import LayersRead
@@ -96,7 +97,7 @@ class TrafficManagerService(Service):
                         claim_local=lambda o, k: self.prefetch.claim(o, k),
                         drop_local=lambda o, why: self.prefetch.drop(o, why))
         self.fetch_path, self.store_path, self.push_path = FetchPath(parts), StorePath(parts), PushPath(parts, self.m_xfer)
-        self.prefetch = PrefetchPath(parts, cfg.prefetch_chunk_blocks, cfg.prefetch_share)
+        self.prefetch = PrefetchPath(parts, cfg.prefetch_chunk_blocks, cfg.prefetch_share, StagedTable.create())
         self.pool.reclaim = self.prefetch.reclaim
         self.spawn(self.prefetch.sweep(), name="prefetch-sweep")
         s, e = self.subjects, cfg.engine
@@ -128,6 +129,8 @@ class TrafficManagerService(Service):
             await peer.close()
         if self.endpoint:
             await self.endpoint.close()
+        if self.prefetch is not None and self.prefetch.table is not None:
+            self.prefetch.table.close()
         for region in (self.kv_region, self.pool.buffer):
             if region is not None:
                 try:
@@ -161,9 +164,9 @@ class TrafficManagerService(Service):
             self.kv_region.close()
         self.kv_region = ShmRegion.attach(layout.shm_name)
         self.endpoint.register("kv", self.kv_region.buf, shm_name=layout.shm_name, remote=False)  # peers: buf only
-        self.pool.attach(layout)
-        if self.prefetch is not None:
+        if self.prefetch is not None:  # first: its stamps go before the buffer is cut anew
             self.prefetch.reset()
+        self.pool.attach(layout)
         log.info("attached KV memory %s (%d blocks)", layout.shm_name, layout.num_blocks)
 
     async def peer(self, engine: str) -> Peer:
@@ -262,7 +265,8 @@ class TrafficManagerService(Service):
         await d.respond(PushDone(nbytes=nbytes, seconds=dt))
 
     async def _on_release(self, msg, d: Delivery) -> None:
-        if not (self.prefetch and self.prefetch.drop(msg.req_id, "released")):
+        used = isinstance(msg, Release) and msg.used and self.prefetch and self.prefetch.used(msg)
+        if not (used or self.prefetch and self.prefetch.drop(msg.req_id, "released")):
             self.pool.cancel(msg.req_id)  # also ends the grant of its slots (pool.on_free)
         self.held.drop(msg.req_id)
         self.layers.fail(lambda key: key == msg.req_id, "the request was released")

@@ -5,14 +5,18 @@ Owns this buffer's staged entries (owner -> keys, slots, expiry, claim) through 
     buffer's prefetch budget, read by the node's gateway in its bulk lane a chunk at a time
     (so a latency read waits behind one chunk at most: a few blocks, no more than CHUNK_S of
     a rate-capped storage NIC), stopping once the entry is dropped or claimed; replied with
-    the leading blocks staged;
+    the leading blocks staged, and where they sit with the entry's stamp in the shared
+    stamp table (shared/kv/staged_table.py): this TM's own engine copies them straight
+    from the buffer and says so afterwards (`Release(used=n)`), no claim on the way;
   claim (a fetch about to copy them, local or from another traffic-manager): the slots of
     the leading keys staged so far that match what the fetch expects; pinned from then on;
     or adopt (this TM is the request's DE): those slots become the request's own;
   drop: `Release` (the fetch is done, the session ended, or the scheduler gave up on it),
     the TTL (unclaimed) or a claim lease (a claimer that vanished), and buffer pressure:
     `reclaim` frees unclaimed entries, the one due back last first, as soon as a real
-    reservation finds too little room, so a prefetch never blocks a read.
+    reservation finds too little room, so a prefetch never blocks a read. Every drop
+    revokes the entry's stamp before its slots are freed: an engine copying them meanwhile
+    finds the stamp gone after its copy and fetches the usual way instead.
 A drop while a gateway read still targets the slots frees them when that read ends (pool.py).
 """
 from __future__ import annotations
@@ -25,7 +29,9 @@ from dataclasses import dataclass, field
 from services.traffic_manager.parts import NOT_ATTACHED, TMParts
 from shared.bus import BusError, Delivery
 from shared.messages.storage_gateway import ReadBlocks, ReadDone
-from shared.messages.traffic_manager import Claim, Claimed, Prefetch, Prefetched
+from shared.kv.staged_table import StagedTable
+from shared.messages.traffic_manager import Claim, Claimed, Prefetch, Prefetched, Release
+from shared.messages.work import StagedSlots
 
 log = logging.getLogger("traffic_manager.prefetch")
 SWEEP_S = 0.25  # how often expired entries are looked for
@@ -40,12 +46,14 @@ class Entry:
     keys: list[bytes] = field(default_factory=list)  # staged so far, read and verified
     slots: list[int] = field(default_factory=list)  # their buffer offsets
     claimed_until: float = 0.0  # > 0: a fetch copies from it (pinned until released, or this lease ends)
+    record: int = -1  # its stamp's record in the stamp table (-1: not published)
 
 
 class PrefetchPath:
-    def __init__(self, parts: TMParts, chunk_blocks: int, share: float):
+    def __init__(self, parts: TMParts, chunk_blocks: int, share: float, table: StagedTable | None = None):
         self.p, self.chunk, self.share = parts, max(1, chunk_blocks), share
         self.entries: dict[str, Entry] = {}
+        self.table = table  # the stamps this TM's own engine checks (staged_table.py); None: never published
         m = parts.metrics
         self.m_staged = m.gauge("prefetch_staged_bytes", "Buffer bytes holding prefetched blocks (read, unreleased)")
         self.m_blocks = m.counter("prefetch_blocks_total", "Prefetched blocks by outcome", ("outcome",))
@@ -96,7 +104,15 @@ class PrefetchPath:
             self.drop(msg.owner, "miss")
         self.m_blocks.labels("staged").inc(staged)
         p.m_bytes.labels("prefetch_stage").inc(staged * bn)
-        await d.respond(Prefetched(staged, error))
+        await d.respond(Prefetched(staged, error, slots=self._publish(e) if staged else None))
+
+    def _publish(self, e: Entry) -> StagedSlots | None:
+        """Stamp a staged entry nobody claimed yet, for this TM's own engine to copy directly."""
+        got = self.table.publish() if self.table is not None and not e.claimed_until else None
+        if got is None:
+            return None
+        e.record, stamp = got
+        return StagedSlots(self.p.pool.buffer.name, self.table.name, e.record, stamp, list(e.slots))
 
     async def _chunk(self, msg: Prefetch, e: Entry, offsets: list[int]) -> int:
         """Read the next chunk; returns blocks read, -1 when the chain stopped (a miss, a busy lane)."""
@@ -141,6 +157,7 @@ class PrefetchPath:
         """The leading staged blocks matching `keys` become `req_id`'s slots (the request's DE-buffer
         prompt slots: loaded and freed with it); the entry goes, its other slots back to the pool."""
         slots = self.claim(owner, keys)
+        self._revoke(self.entries.get(owner))  # the slots change hands: no direct copy from now on
         if slots:
             bn = self.p.pool.block_nbytes
             self.p.pool.slots.transfer(owner, req_id, [off // bn for off in slots])
@@ -155,11 +172,20 @@ class PrefetchPath:
         grant = self.p.given.give(msg.owner, slots, self.p.pool.block_nbytes) if slots else b""
         await d.respond(Claimed(slots=slots, grant=grant))
 
+    def used(self, msg: Release) -> bool:
+        """This TM's engine copied `msg.used` blocks straight from the buffer: they go back."""
+        if msg.req_id not in self.entries:
+            return False
+        self.m_blocks.labels("claimed").inc(msg.used)
+        self.p.m_bytes.labels("prefetch_used").inc(msg.used * self.p.pool.block_nbytes)
+        return self.drop(msg.req_id, "used")
+
     def drop(self, owner: str, why: str) -> bool:
         """Free `owner`'s slots (when the read targeting them ends, if one does); False: not staged here."""
         e = self.entries.pop(owner, None)
         if e is None:
             return False
+        self._revoke(e)  # before the slots are free: a copy under way sees it gone once it ends
         if why not in ("used", "miss"):
             self.m_blocks.labels(f"dropped_{why}").inc(len(e.keys))
         self.p.pool.free(owner)
@@ -177,6 +203,8 @@ class PrefetchPath:
 
     def reset(self) -> None:
         """The buffer was cut into new slots (the engine restarted): what was staged is gone."""
+        if self.table is not None:
+            self.table.clear()
         self.entries.clear()
         self._note()
 
@@ -194,6 +222,11 @@ class PrefetchPath:
     def staged_bytes(self) -> int:
         """Bytes of blocks read and held for a claim (what the buffer gives prefetching now)."""
         return sum(len(e.keys) for e in self.entries.values()) * self.p.pool.block_nbytes
+
+    def _revoke(self, e: Entry | None) -> None:
+        if e is not None and e.record >= 0:
+            self.table.revoke(e.record)
+            e.record = -1
 
     def _note(self) -> None:
         self.m_staged.set(self.staged_bytes())

@@ -33,7 +33,10 @@ Prefetch (agent sessions, during a tool call): scheduler --Prefetch(owner, keys)
   releases `owner`. When the holder is the request's DE, its Reserve adopts them instead:
   they become the prompt's first DE-buffer slots, read by the PE like DE-path hits and never
   pushed back. Unclaimed staged slots go back on Release, at their TTL, or as soon as a
-  real reservation needs the room (a prefetch never blocks a read).
+  real reservation needs the room (a prefetch never blocks a read). Prefetched also says where
+  the blocks sit with a stamp (`StagedSlots`, shared/kv/staged_table.py); when they are in the
+  buffer of the PE's own TM the PE copies them from there itself, no FetchKV, and tells that TM
+  afterwards: Release(owner, used=n).
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ import msgspec
 
 from shared.messages.codes import ErrorCode
 from shared.messages.storage_gateway import StoreLayout
+from shared.messages.work import StagedSlots
 
 
 class KVWindow(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -119,6 +123,7 @@ class LoadKV(msgspec.Struct, omit_defaults=True):
 
 class Release(msgspec.Struct, omit_defaults=True):
     req_id: str
+    used: int = 0  # prefetched blocks its own engine copied straight from the buffer (`StagedSlots`)
 
 
 class FetchKV(msgspec.Struct, omit_defaults=True):
@@ -225,6 +230,7 @@ class Prefetch(msgspec.Struct, omit_defaults=True):
 class Prefetched(msgspec.Struct, omit_defaults=True):
     blocks: int = 0  # leading keys staged (the budget, spare room or a miss may cut the tail)
     error: str = ""
+    slots: StagedSlots | None = None  # where they sit, for this TM's own engine to copy without a claim
 
 
 class Claim(msgspec.Struct, omit_defaults=True):

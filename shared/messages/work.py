@@ -32,6 +32,17 @@ class Sampling(msgspec.Struct, omit_defaults=True):
     logprobs: int | None = None
 
 
+class StagedSlots(msgspec.Struct, array_like=True, omit_defaults=True):
+    """Where a prefetch sits in its traffic-manager's buffer, for that TM's own engine to copy without
+    asking (shared/kv/staged_table.py): valid while the table's `record` still holds `stamp`."""
+
+    buffer: str  # the buffer's shared-memory name
+    table: str  # the stamp table's shared-memory name
+    record: int
+    stamp: int
+    slots: list[int]  # buffer byte offsets of the staged blocks, in prompt order
+
+
 class PrefillWork(msgspec.Struct, omit_defaults=True):
     req_id: str
     prompt: list[int]
@@ -47,6 +58,7 @@ class PrefillWork(msgspec.Struct, omit_defaults=True):
     staged_engine: str = ""  # prefetched during a tool call: whose TM buffer holds hit blocks [0, staged_blocks)
     staged_owner: str = ""  # the name of those buffer slots
     staged_blocks: int = 0  # (pe_blocks counts them: [staged_blocks, pe_blocks) is read on the PE path)
+    staged_slots: StagedSlots | None = None  # staged in the PE's own TM buffer: copy them from there directly
 
 
 class DecodeAdmit(msgspec.Struct, omit_defaults=True):

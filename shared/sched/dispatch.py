@@ -161,14 +161,14 @@ class Dispatcher:
             group = groups[g]
             key = _key(group[0])
             private = self.de_private[key]
-            loads = tuple([(e.engine, e.tok, e.seq, e.capacity_tokens) for e in group])
-            if self._de_idle.get(key) == loads:
+            idle = self._de_idle.get(key)
+            if idle is not None and idle == _loads(group):
                 continue  # nothing changed since a pull that placed nothing
             reports = [EngineReport(eid, nid, e.seq, e.tok, 0, e.free_tokens)
                        for e, (eid, nid) in zip(group, roster.ids[g])]
             placed = assign_decode(private, reports)  # removes what it places
-            if not placed:
-                self._de_idle[key] = loads
+            if not placed:  # (then it changed no load either)
+                self._de_idle[key] = _loads(group)
             for a in placed:
                 job, de = self.jobs.pop(a.rid), roster.by_id[a.engine]
                 de.tok += job.tokens
@@ -220,6 +220,11 @@ def _drop(q: deque[Request], rid: int) -> bool:
     return False
 
 
+def _loads(group: list[EngineLoad]) -> tuple:
+    """What a decode group's level-2 pull reads of its engines."""
+    return tuple([(e.engine, e.tok, e.seq, e.capacity_tokens) for e in group])
+
+
 def _key(e: EngineLoad) -> Hashable:
     """An engine's group; an engine that names none is a group of its own."""
     return e.engine if e.group in ("", None) else e.group
@@ -230,4 +235,4 @@ def _groups(engines: list[EngineLoad]) -> list[list[EngineLoad]]:
     out: dict[Hashable, list[EngineLoad]] = {}
     for e in sorted(engines, key=lambda e: (_key(e), e.engine)):
         out.setdefault(_key(e), []).append(e)
-    return [out[g] for g in sorted(out)]
+    return [out[g] for g in sorted(out)]  # type: ignore[type-var]  # one caller's ids: all str or all int

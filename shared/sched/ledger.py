@@ -17,6 +17,14 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
+try:  # present where the simulator's core is compiled (dualpath/sim/fast.py); a no-op otherwise
+    from mypy_extensions import mypyc_attr
+except ImportError:  # pragma: no cover
+    def mypyc_attr(*_a: object, **_k: object):  # type: ignore[misc,no-redef]
+        return lambda cls: cls
+
+Id = Hashable  # an id of a request, engine, node or group: the mesh's strings, the simulator's ints
+
 
 @dataclass(slots=True)
 class Charge:
@@ -28,6 +36,7 @@ class Charge:
     de_tok: int = 0
 
 
+@mypyc_attr(native_class=False)  # an AssertionError: compiled classes cannot derive from it
 class LedgerError(AssertionError):
     """The counters disagree with the charges they sum (raised by `check_integrity`)."""
 
@@ -109,7 +118,8 @@ class Ledger:
                 if engine is not None:
                     _add(summed, engine, tok, 1)
             for engine in set(table) | set(summed):
-                counted, got = tuple(table.get(engine, (0, 0))), tuple(summed.get(engine, (0, 0)))
+                row, srow = table.get(engine, [0, 0]), summed.get(engine, [0, 0])
+                counted, got = (row[0], row[1]), (srow[0], srow[1])
                 if counted != got:
                     raise LedgerError(role, engine, counted, got)
         placed = sum(1 for c in self.charges.values() if c.de is not None)

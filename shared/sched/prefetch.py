@@ -73,6 +73,7 @@ def plan(blocks: int, block_bytes: int, now: float, return_at: float, holders: I
         side = ReadPath.PE if pe is not None else ReadPath.DE
         why = "the only side with prefetch room"
     h = pe if side is ReadPath.PE else de
+    assert h is not None  # the side chosen is one that has room
     n = min(blocks, h.room_blocks)
     nbytes = n * block_bytes
     if h.read_rate > 0:
@@ -123,6 +124,7 @@ class Staged:
     session: str = ""
     claimed_by: Hashable = None  # the request whose fetch uses it
     whole: bool = False  # `keys` are every block its turn persisted: the session stored nothing past them
+    slots: object = None  # where its TM says they sit (`StagedSlots`): its own engine copies them directly
 
 
 @dataclass

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from shared.messages.codes import LoadMode
+from shared.sched.ledger import Id
 from shared.sched.policy.read_path import ReadPath, choose_path, split_read
 
 
@@ -37,20 +38,21 @@ class PathDecision(msgspec.Struct, frozen=True):
 
 @dataclass
 class ReadQueues:
-    pending: Counter = field(default_factory=Counter)  # node -> hit tokens assigned, not yet read
-    held: dict[str, dict[str, int]] = field(default_factory=dict)  # req_id -> {node: tokens}
-    touched: set = field(default_factory=set)  # nodes whose pending count moved since take_touched()
+    pending: Counter[Id] = field(default_factory=Counter)  # node -> hit tokens assigned, not yet read
+    held: dict[Id, dict[Id, int]] = field(default_factory=dict)  # req_id -> {node: tokens}
+    touched: set[Id] = field(default_factory=set)  # nodes whose pending count moved since take_touched()
 
-    def take_touched(self) -> set:
+    def take_touched(self) -> set[Id]:
         out, self.touched = self.touched, set()
         return out
 
-    def decide(self, mode: LoadMode, hit_blocks: int, pe_node: str, de_node: str, block_size: int,
+    def decide(self, mode: LoadMode, hit_blocks: int, pe_node: Id, de_node: Id, block_size: int,
                force: str = "auto") -> PathDecision:
         """`force` (the dualpath modes only): "auto" = the mode's rule, "pe" / "de" = every hit
         block on that one path (the scheduler's `read_path` setting: tests, experiments, the
         simulator's round-robin baseline)."""
-        mode, pq, dq = LoadMode(mode), self.pending[pe_node], self.pending[de_node]
+        mode = mode if isinstance(mode, LoadMode) else LoadMode(mode)
+        pq, dq = self.pending[pe_node], self.pending[de_node]
         if hit_blocks <= 0:
             return PathDecision(0, 0, pq, dq, "no hit")
         if not mode.both_paths or pe_node == de_node:
@@ -69,9 +71,9 @@ class ReadQueues:
               f"DE {dq} + {de_b * block_size} tokens)"
         return PathDecision(pe_b, de_b, pq, dq, why)
 
-    def hold(self, req_id: str, d: PathDecision, pe_node: str, de_node: str, block_size: int) -> None:
+    def hold(self, req_id: Id, d: PathDecision, pe_node: Id, de_node: Id, block_size: int) -> None:
         self.done(req_id)  # a second hold replaces the first; it never leaks pending tokens
-        share: dict = {}
+        share: dict[Id, int] = {}
         if d.pe_blocks:
             share[pe_node] = d.pe_blocks * block_size
         if d.de_blocks:  # the same node twice (PE and DE share it): added, not replaced
@@ -82,7 +84,7 @@ class ReadQueues:
         if share:
             self.held[req_id] = share
 
-    def read_done(self, req_id: str, node: str) -> None:
+    def read_done(self, req_id: Id, node: Id) -> None:
         """One node's share of the request's reads is over (the others still pend)."""
         share = self.held.get(req_id, {})
         tokens = share.pop(node, 0)
@@ -94,7 +96,7 @@ class ReadQueues:
             if self.pending[node] <= 0:
                 del self.pending[node]
 
-    def done(self, req_id: str) -> None:
+    def done(self, req_id: Id) -> None:
         """The request's reads are over (its prefill finished, or it ended)."""
         for node, tokens in self.held.pop(req_id, {}).items():
             self.touched.add(node)

@@ -13,7 +13,10 @@ Bulk load is generated two ways, each measured against the same idle figure:
                 critical path): the class scheduler of one endpoint arbitrates
     other TM    a separate process pulls bulk from the same target: the target endpoint
                 arbitrates what it serves; the initiator only shares the host's CPUs
-Bulk throughput is measured alone (no latency work) and while latency work runs.
+Each round interleaves the three (idle, same link, other TM) in WINDOWS short windows, the
+bulk generators paused between transfers outside their windows, so the drift of a shared
+machine hits every figure alike. Bulk throughput is measured alone (no latency work) and
+in the same-link windows, while latency work runs.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import asyncio
 import multiprocessing as mp
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -34,6 +38,7 @@ MIB = 1 << 20
 BULK_AT = 32 * MIB  # bulk pulls use [BULK_AT, size); latency pulls use [0, BULK_AT)
 BULK_PIECE = 1 * MIB  # one bulk op (a prefetched full block of many layers)
 BULK_OPS = 16  # ops per bulk transfer
+WINDOWS = 6  # idle / same-link / other-TM windows per round, interleaved
 
 
 @dataclass(frozen=True)
@@ -111,35 +116,46 @@ class Initiator:
         self.seg.close()
         self.seg.unlink()
 
-    async def bulk_until(self, stop: asyncio.Event | Any, poll: Any = None) -> tuple[int, float]:
-        """Pull bulk back to back until `stop` is set; returns (bytes, seconds)."""
-        ops, moved, t = bulk_ops(self.size), 0, time.perf_counter()
-        while not (poll() if poll else stop.is_set()):
+    async def bulk_while(self, run: Callable[[], bool], stop: Callable[[], bool],
+                         paused: Callable[[bool], None], tally: dict[str, float]) -> None:
+        """Pull bulk back to back while `run()` (checked between transfers) until `stop()`;
+        `paused(True)` once it holds still; bytes and seconds spent pulling add to `tally`."""
+        ops = bulk_ops(self.size)
+        nbytes = sum(o.length for o in ops)
+        while not stop():
+            if not run():
+                paused(True)
+                await asyncio.sleep(0.001)
+                continue
+            paused(False)
+            t = time.perf_counter()
             await self.peer.read(ops, TrafficClass.BULK, grant=self.grant)
-            moved += sum(o.length for o in ops)
-        return moved, time.perf_counter() - t
+            tally["s"] += time.perf_counter() - t
+            tally["bytes"] += nbytes
 
-    async def pull_times(self, pulls: list[list[Op]], samples: int) -> float:
-        """Median seconds of one latency-class pull (1 ms apart), cycling through `pulls`."""
+    async def pull_list(self, pulls: list[list[Op]], samples: int) -> list[float]:
+        """Seconds of `samples` latency-class pulls (1 ms apart), cycling through `pulls`."""
         ts = []
         for i in range(samples):
             t = time.perf_counter()
             await self.peer.read(pulls[i % len(pulls)], TrafficClass.LATENCY, grant=self.grant)
             ts.append(time.perf_counter() - t)
             await asyncio.sleep(0.001)
-        return statistics.median(ts)
+        return ts
 
 
-def bulk_main(backend: str, desc: bytes, size: int, conn: Connection) -> None:
-    _run(_bulk(backend, desc, size, conn))
+def bulk_main(backend: str, desc: bytes, size: int, conn: Connection, run: Any, idle: Any) -> None:
+    _run(_bulk(backend, desc, size, conn, run, idle))
 
 
-async def _bulk(backend: str, desc: bytes, size: int, conn: Connection) -> None:
+async def _bulk(backend: str, desc: bytes, size: int, conn: Connection, run: Any, idle: Any) -> None:
+    """The other TM: pulls bulk whenever `run` (an mp.Event) is set; sets `idle` while it holds still."""
     async with Initiator(backend, desc, size, "bulk") as ini:
         conn.send_bytes(b"ready")
-        moved, dt = await ini.bulk_until(None, poll=conn.poll)
+        tally = {"bytes": 0.0, "s": 0.0}
+        await ini.bulk_while(run.is_set, conn.poll, lambda p: idle.set() if p else idle.clear(), tally)
         conn.recv_bytes()
-        conn.send_bytes(msgspec.msgpack.encode((moved, dt)))
+        conn.send_bytes(b"done")
 
 
 # -- main: the measuring initiator -------------------------------------------------------
@@ -155,41 +171,56 @@ class Result:
 
 async def _measure(backend: str, desc: bytes, size: int, block: int, nblocks: int,
                    samples: int, ctx: Any) -> Result:
+    """Idle, same-link and other-TM windows interleaved WINDOWS times, so a shared machine's
+    drift hits all three alike; each figure is the median of all its windows' samples."""
     async with Initiator(backend, desc, size, "pe") as ini:
         one, layer = rotating(block, 1), rotating(block, nblocks)
-        await ini.pull_times(layer, 5)  # warm-up: maps, sockets, buffers
-        idle1, idleN = await ini.pull_times(one, samples), await ini.pull_times(layer, samples)
-
-        async def timed_bulk(seconds: float | None) -> tuple[int, float]:
-            stop = asyncio.Event()
-            task = asyncio.ensure_future(ini.bulk_until(stop))
-            try:
-                if seconds is not None:
-                    await asyncio.sleep(seconds)
-                else:
-                    await asyncio.sleep(0.05)
-                    figs.extend([await ini.pull_times(one, samples), await ini.pull_times(layer, samples)])
-            finally:
-                stop.set()
-            return await task
-
-        figs: list[float] = []
-        moved, dt = await timed_bulk(1.0)
-        alone = moved / dt / 1e9
-        moved, dt = await timed_bulk(None)
-        busy = moved / dt / 1e9
-        same1, sameN = figs
-
+        await ini.pull_list(layer, 5)  # warm-up: maps, sockets, buffers
+        same = {"run": False, "stop": False, "paused": True}
+        tally = {"bytes": 0.0, "s": 0.0}
+        task = asyncio.ensure_future(ini.bulk_while(lambda: same["run"], lambda: same["stop"],
+                                                    lambda p: same.__setitem__("paused", p), tally))
+        run_other, other_idle = ctx.Event(), ctx.Event()
+        other_idle.set()
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=bulk_main, args=(backend, desc, size, child), daemon=True)
+        proc = ctx.Process(target=bulk_main, args=(backend, desc, size, child, run_other, other_idle), daemon=True)
         proc.start()
         parent.recv_bytes()
-        await asyncio.sleep(0.05)
-        other1, otherN = await ini.pull_times(one, samples), await ini.pull_times(layer, samples)
-        parent.send_bytes(b"stop")
-        parent.recv_bytes()
-        proc.join(10)
-    return Result(backend, Figures(idle1, same1, other1), Figures(idleN, sameN, otherN), alone, busy)
+
+        async def phase(name: str) -> None:
+            same["run"] = name == "same_link"
+            if name == "other_tm":
+                run_other.set()
+            else:
+                run_other.clear()
+            while not ((name == "same_link" or same["paused"]) and (name == "other_tm" or other_idle.is_set())):
+                await asyncio.sleep(0.001)
+            if name != "idle":
+                await asyncio.sleep(0.02)  # bulk in full flow before the first sample
+
+        try:
+            await phase("same_link")
+            await asyncio.sleep(1.0)
+            await phase("idle")
+            alone = tally["bytes"] / max(tally["s"], 1e-9) / 1e9
+            tally.update(bytes=0.0, s=0.0)
+            per = {name: ([], []) for name in ("idle", "same_link", "other_tm")}
+            k = max(1, samples // WINDOWS)
+            for _ in range(WINDOWS):
+                for name, (ones, layers) in per.items():
+                    await phase(name)
+                    ones.extend(await ini.pull_list(one, k))
+                    layers.extend(await ini.pull_list(layer, k))
+            await phase("idle")
+            busy = tally["bytes"] / max(tally["s"], 1e-9) / 1e9
+        finally:
+            same["stop"] = True
+            await task
+            parent.send_bytes(b"stop")
+            parent.recv_bytes()
+            proc.join(10)
+    med = {name: (statistics.median(a), statistics.median(b)) for name, (a, b) in per.items()}
+    return Result(backend, Figures(*(med[n][0] for n in per)), Figures(*(med[n][1] for n in per)), alone, busy)
 
 
 def isolation(backend: str, size: int, block: int, nblocks: int, samples: int, rounds: int = 3) -> Result:

@@ -184,7 +184,9 @@ class ClassSender(Generic[T]):
     gets the exception and the sender stops. With a `gate`: a batch holding bulk bytes
     first awaits its turn, latency bytes sent are credited, and `submit(..., hold=True)`
     keeps the gate open until that item is on the wire. The worker yields to the loop after every batch: a
-    socket that always has room must not starve the other links' readers.
+    socket that always has room must not starve the other links' readers. With `send_now`,
+    a latency item submitted to an idle sender (nothing queued, nothing mid-send) is sent
+    on the spot, a loop turn earlier; what the link did not take is queued first in line.
     """
 
     def __init__(
@@ -194,15 +196,37 @@ class ClassSender(Generic[T]):
         batch_bytes: int = CHUNK,
         on_error: Callable[[BaseException], None] | None = None,
         gate: LinkGate | None = None,
+        send_now: Callable[[T], T | None] | None = None,
     ) -> None:
         self._sched: DrrScheduler[tuple[T, bool, int]] = DrrScheduler(weights, CHUNK)
         self._emit = emit
+        self._send_now = send_now  # sends what the link takes at once, returns the rest (None: all)
+        self._emitting = False
         self._batch_bytes = batch_bytes
         self._on_error = on_error
         self._gate = gate
         self._wake = asyncio.Event()
 
     def submit(self, cls: int, item: T, nbytes: int, *, hold: bool = False) -> None:
+        if not cls and self._send_now is not None and not self._emitting and not len(self._sched):
+            # an idle link: a latency item goes out now, not one loop turn later (the rest, if
+            # the socket took only part of it, is queued first in line)
+            try:
+                rest = self._send_now(item)
+            except OSError as exc:
+                rest = None
+                if self._on_error is not None:
+                    self._on_error(exc)
+            if rest is None:
+                if self._gate is not None:
+                    self._gate.served(nbytes)
+                return
+            hold = hold and self._gate is not None
+            if hold:
+                self._gate.open()  # type: ignore[union-attr]
+            self._sched.push_front(cls, (rest, hold, nbytes), nbytes)
+            self._wake.set()
+            return
         hold = hold and self._gate is not None
         if hold:
             self._gate.open()  # type: ignore[union-attr]
@@ -243,6 +267,7 @@ class ClassSender(Generic[T]):
                 if not await self._send(self._sched.pop_class(0, self._batch_bytes)):
                     return False
         try:
+            self._emitting = True
             await self._emit([item for _, (item, _, _) in batch])
             return True
         except Exception as exc:  # the link is broken: report once, stop
@@ -250,6 +275,7 @@ class ClassSender(Generic[T]):
                 self._on_error(exc)
             return False
         finally:
+            self._emitting = False
             if gate is not None:
                 gate.served(sum(n for c, (_, _, n) in batch if not c))
                 for _ in range(sum(1 for _, (_, h, _) in batch if h)):

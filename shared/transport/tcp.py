@@ -1,9 +1,7 @@
 """The tcp backend: one asyncio server per endpoint; per peer, one socket per traffic class.
 
-Owns `TcpEndpoint` (accept loop + region table), `_ServerConn` (services the frames a
-remote initiator sends: writes land in the region by `recv_into` a slice, reads are
-answered with DATA frames; a bulk connection that pushes is read by a thread,
-tcp_bulk.py) and `TcpPeer` (the initiator: frames ops, schedules them by
+Owns `TcpEndpoint` (accept loop + region table; each accepted socket is served by a
+`ServerConn`, tcp_server.py) and `TcpPeer` (the initiator: frames ops, schedules them by
 class, matches ACK / DATA / ERR to pending transfers). Wire format: tcp_wire.py.
 Every socket is authenticated before its first frame (tcp_auth.py: both ends prove the
 mesh secret); the accepting side closes a socket that fails before it reads a frame, so
@@ -11,13 +9,14 @@ a stranger never names a region. An authenticated peer's frames reach only what 
 live grant covers (grants.py): a frame names a grant handle bound on its socket by a
 GRANT frame, never a region.
 
-Example: `await peer.write([Op("kv", 0, "buf", 0, 300K)], BULK)` -> req 5 is cut into
-WRITE frames of 128K, 128K and 44K (bulk frames are at most BULK_CHUNK; latency frames
-CHUNK), the last with ACK_ME, handed in one call to the bulk socket's sender thread
-(tcp_send.py: up to 512K of frames per sendmsg; latency sockets and the server's
-answers use a ClassSender on the loop); the server reads the payloads into "buf" and
-answers ACK(5); the reader task resolves req 5's future. If the socket closes first, every pending
-transfer fails with PeerGone.
+Example: `await peer.write(ops, BULK)` with 672 ops of 96K -> runs that continue each
+other are merged (base.coalesce) and the pieces go as WRITEV frames of up to 1 MiB
+(tcp_wire.py), the last with ACK_ME, handed in one call to the bulk socket's sender
+thread (tcp_send.py); the server's reader thread receives each frame's segments into
+"buf" (tcp_bulk.py) and answers ACK(req); the reader task resolves req's future. A
+latency write is cut into WRITE frames of at most CHUNK, sent by a ClassSender on the
+loop (as are the server's answers). If the socket closes first, every pending transfer
+fails with PeerGone.
 """
 
 from __future__ import annotations
@@ -30,24 +29,19 @@ import socket
 from collections.abc import Sequence
 
 from .aio import TaskOwner, deadline
-from .base import Endpoint, EndpointDesc, Op, Peer, TrafficClass
-from .classes import DEFAULT_WEIGHTS, ClassSender, LinkGate, chunk_for, split
-from .errors import AuthFailed, PeerGone, TransportError
-from .grants import TOKEN, Bindings, Grant, GrantTable, Handles, check_grant
+from .base import Endpoint, EndpointDesc, Op, Peer, TrafficClass, coalesce
+from .classes import DEFAULT_WEIGHTS, LinkGate, chunk_for, split
+from .errors import AuthFailed, PeerGone
+from .grants import TOKEN, Grant, Handles, check_grant
 from .local import LocalSide
 from .regions import RegionTable
 from .shm import ShmPeer, shm_reachable
 from .tcp_auth import HANDSHAKE_S, accept, initiate, key_of
-from .tcp_bulk import BulkReader
-from .tcp_send import BulkSender
-from .tcp_wire import ACK_ME, HLEN, FrameSock, Kind, cap_kernel_queue, decode_error, encode_error, header
+from .tcp_server import Link, ServerConn
+from .tcp_wire import (ACK_ME, BULK_FRAME, HLEN, PUSH_SOCKBUF, FrameSock, Kind, cap_kernel_queue, decode_error,
+                       header, vector_frames)
 
-Bufs = list[bytes | memoryview]
 log = logging.getLogger("dp.tcp")
-
-
-def _flatten(batch: list[Bufs]) -> Bufs:
-    return [b for frame in batch for b in frame]
 
 
 class _Pending:
@@ -57,127 +51,6 @@ class _Pending:
         self.fut = fut
         self.dests = dests  # reads: idx -> local slice
         self.left = len(dests)
-
-
-class _Link:
-    """A FrameSock plus its class-scheduled sender task; shared by both sides."""
-
-    def __init__(self, fs: FrameSock, weights: Sequence[int], on_gone: object, gate: LinkGate,
-                 threaded: bool = False) -> None:
-        self.fs = fs
-        self.tasks = TaskOwner()
-        self.sender: ClassSender[Bufs] | BulkSender
-        if threaded:  # a socket that carries bulk frames only: FIFO from a thread (tcp_send.py)
-            self.sender = BulkSender(fs.sock, gate, on_gone)  # type: ignore[arg-type]
-        else:
-            self.sender = ClassSender(self._emit, weights, on_error=on_gone, gate=gate)  # type: ignore[arg-type]
-            self.tasks.spawn(self.sender.run(), "dp-tcp-send")
-
-    async def _emit(self, batch: list[Bufs]) -> None:
-        await self.fs.sendv(_flatten(batch))
-
-    async def close(self) -> None:
-        if isinstance(self.sender, BulkSender):
-            self.sender.close()
-        await self.tasks.aclose()
-        self.fs.close()
-
-
-class _ServerConn:
-    """Serves one initiator's frames against the endpoint's regions."""
-
-    def __init__(self, sock: socket.socket, grants: GrantTable, weights: Sequence[int], gate: LinkGate) -> None:
-        self.bindings = Bindings(grants)  # grant handles (a frame's rid) of this socket only
-        self.view, self.bind = self.bindings.view, self.bindings.bind
-        self.gate = gate
-        self.done = asyncio.Event()
-        self._writing: set[int] = set()  # latency write reqs mid-transfer (gate held open)
-        self._capped = False  # the kernel queue is capped once the conn is seen to carry bulk
-        self.link = _Link(FrameSock(sock), weights, self._gone, gate)
-        self.link.tasks.spawn(self._serve(), "dp-tcp-serve")
-
-    def _gone(self, exc: BaseException) -> None:
-        self.done.set()
-
-    async def _serve(self) -> None:
-        try:
-            first = await self.link.fs.read_header()
-            while first[0] == Kind.GRANT:  # bindings come first; the first transfer frame decides
-                await self._frame(*first)
-                first = await self.link.fs.read_header()
-            if first[1] != TrafficClass.LATENCY and first[0] == Kind.WRITE:
-                # a bulk socket that pushes: its payload receives move to a thread (tcp_bulk.py);
-                # one that starts by pulling stays here (its frames are small requests)
-                await self._serve_on_thread(first)
-                return
-            await self._frame(*first)
-            while True:
-                await self._frame(*await self.link.fs.read_header())
-        except (OSError, ConnectionError):
-            self.done.set()
-        finally:
-            for _ in self._writing:
-                self.gate.close()
-            self._writing.clear()
-
-    async def _serve_on_thread(self, first: tuple[int, int, int, int, int, int, int, int]) -> None:
-        cap_kernel_queue(self.link.fs.sock)
-        self._capped = True
-        reader = BulkReader(self.link.fs, self.view, self.bind, self.gate, self.link.sender.submit)
-        reader.start(first)
-        try:
-            await asyncio.shield(reader.done)
-        finally:
-            if not reader.done.done():  # closing: wake the thread (its receive sees EOF), let it end
-                with contextlib.suppress(OSError):
-                    self.link.fs.sock.shutdown(socket.SHUT_RDWR)
-                with contextlib.suppress(BaseException):
-                    await asyncio.wait_for(asyncio.shield(reader.done), 5)
-            self.done.set()
-
-    async def _receive(self, cls: int, flags: int, req: int, dst: memoryview) -> None:
-        """Land one WRITE payload; latency writes hold the gate open from first frame to last."""
-        if cls != TrafficClass.LATENCY:
-            await self.gate.bulk_turn(len(dst))
-            await self.link.fs.read_into(dst)
-            return
-        if req not in self._writing:
-            self._writing.add(req)
-            self.gate.open()
-        try:
-            await self.link.fs.read_into(dst)
-            self.gate.served(len(dst))
-        finally:
-            if flags & ACK_ME:
-                self._writing.discard(req)
-                self.gate.close()
-
-    async def _frame(self, kind: int, cls: int, flags: int, req: int, rid: int, idx: int, off: int, n: int) -> None:
-        fs, send = self.link.fs, self.link.sender.submit
-        if cls != TrafficClass.LATENCY and not self._capped:
-            self._capped = True
-            cap_kernel_queue(fs.sock)
-        try:
-            if kind == Kind.WRITE:
-                await self._receive(cls, flags, req, self.view(rid, off, n, True))
-                if flags & ACK_ME:
-                    send(TrafficClass.LATENCY, [header(Kind.ACK, cls, 0, req, rid, idx, 0, 0)], HLEN)
-            elif kind == Kind.READ:
-                src = self.view(rid, off, n, False)
-                send(cls, [header(Kind.DATA, cls, 0, req, rid, idx, off, n), src], HLEN + n,
-                     hold=cls == TrafficClass.LATENCY)
-            elif kind == Kind.GRANT:
-                self.bind(rid, await fs.read_bytes(n) if n == TOKEN else b"")
-                if n != TOKEN:
-                    await fs.skip(n)
-        except TransportError as exc:
-            if kind == Kind.WRITE:
-                await fs.skip(n)
-            body = encode_error(exc)
-            send(TrafficClass.LATENCY, [header(Kind.ERR, cls, 0, req, rid, idx, 0, len(body)), body], HLEN)
-
-    async def close(self) -> None:
-        await self.link.close()
 
 
 class TcpPeer(Peer):
@@ -197,7 +70,7 @@ class TcpPeer(Peer):
         # one connection per class (like one QP per class): bulk bytes queued in kernel
         # buffers never sit in front of a latency frame; the endpoint's gate ranks the
         # classes across connections (gate.py), each sender still runs DRR.
-        self.links = [_Link(FrameSock(s), lp.weights, self._fail_all, self._gate, c == TrafficClass.BULK)
+        self.links = [Link(FrameSock(s), lp.weights, self._fail_all, self._gate, c == TrafficClass.BULK)
                       for c, s in zip(TrafficClass, socks, strict=True)]
         for link in self.links:
             link.tasks.spawn(self._recv(link.fs), "dp-tcp-recv")
@@ -206,7 +79,8 @@ class TcpPeer(Peer):
     async def open(cls, remote: EndpointDesc, lp: LocalSide) -> TcpPeer:
         loop = asyncio.get_running_loop()
         socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in TrafficClass]
-        cap_kernel_queue(socks[TrafficClass.BULK])  # before connect: sets the window scale
+        # before connect (sets the window scale): pushes go out, pulled DATA comes in
+        cap_kernel_queue(socks[TrafficClass.BULK], send=PUSH_SOCKBUF)
         try:
             for sock in socks:
                 sock.setblocking(False)
@@ -226,13 +100,21 @@ class TcpPeer(Peer):
     async def write(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None,
                     grant: Grant | None = None) -> None:
         h = self._handle(cls, check_grant(self.name, grant, ops, True))
-        frames = [(h, o, self._local.resolve(o.local_region, o.local_offset, o.length)) for o in ops]
+        if cls == TrafficClass.BULK:  # the bulk socket's thread: few large vectored frames (tcp_wire.py)
+            ops = coalesce(ops)
+            size = BULK_FRAME
+        else:
+            size = chunk_for(cls)
+        pieces = [(o.remote_offset + p, src[p : p + n]) for o in ops
+                  for src in (self._local.resolve(o.local_region, o.local_offset, o.length),)
+                  for p, n in split(0, o.length, size)]
         req, fut = self._begin([], cls)
-        size = chunk_for(cls)
-        pieces = [(rid, o.remote_offset + p, src[p : p + n]) for rid, o, src in frames for p, n in split(0, o.length, size)]
-        last = len(pieces) - 1
-        out = [([header(Kind.WRITE, cls, ACK_ME if i == last else 0, req, rid, i, roff, len(payload)), payload],
-                HLEN + len(payload)) for i, (rid, roff, payload) in enumerate(pieces)]
+        if cls == TrafficClass.BULK:
+            out = vector_frames(cls, req, h, pieces)
+        else:
+            last = len(pieces) - 1
+            out = [([header(Kind.WRITE, cls, ACK_ME if i == last else 0, req, h, i, roff, len(payload)), payload],
+                    HLEN + len(payload)) for i, (roff, payload) in enumerate(pieces)]
         self.links[cls].sender.submit_many(cls, out)
         await self._wait(req, fut, sum(o.length for o in ops), timeout)
 
@@ -337,7 +219,7 @@ class TcpEndpoint(LocalSide, Endpoint):
         self._tasks = TaskOwner()
         self.gate = LinkGate(self.weights)  # ranks classes across all of this endpoint's links
         self._listener: socket.socket | None = None
-        self._conns: list[_ServerConn] = []
+        self._conns: list[ServerConn] = []
         self._peers: list[Peer] = []
 
     async def start(self) -> None:
@@ -373,7 +255,7 @@ class TcpEndpoint(LocalSide, Endpoint):
             raise
         gone = [c for c in self._conns if c.done.is_set()]
         self._conns = [c for c in self._conns if not c.done.is_set()] + [
-            _ServerConn(sock, self.grants, self.weights, self.gate)]
+            ServerConn(sock, self.grants, self.weights, self.gate)]
         for c in gone:  # their initiators left: close the sockets, end their tasks
             await c.close()
 

@@ -26,10 +26,10 @@ import threading
 from collections.abc import Callable
 
 from .base import TrafficClass
-from .classes import LinkGate
+from .classes import BULK_CHUNK, LinkGate
 from .errors import TransportError
 from .grants import TOKEN
-from .tcp_wire import ACK_ME, HLEN, FrameSock, Kind, encode_error, header
+from .tcp_wire import ACK_ME, HLEN, FrameSock, Kind, advance_bufs, encode_error, header, segments, table_bytes
 
 Header = tuple[int, int, int, int, int, int, int, int]
 Submit = Callable[..., None]  # ClassSender.submit (loop side only)
@@ -87,8 +87,8 @@ class BulkReader:
 
     def _frame(self, kind: int, cls: int, flags: int, req: int, rid: int, idx: int, off: int, n: int) -> None:
         try:
-            if kind == Kind.WRITE:
-                self._write(cls, flags, req, self.view(rid, off, n, True))
+            if kind == Kind.WRITE or kind == Kind.WRITEV:
+                self._write(cls, flags, req, self._dests(kind, rid, idx, off, n))
                 if flags & ACK_ME:
                     self._post(self.submit, TrafficClass.LATENCY, [header(Kind.ACK, cls, 0, req, rid, idx, 0, 0)], HLEN)
             elif kind == Kind.READ:
@@ -99,7 +99,7 @@ class BulkReader:
                 self.fs.read_into_sync(memoryview(token))
                 self.bind(rid, bytes(token) if n == TOKEN else b"")
         except TransportError as exc:
-            if kind == Kind.WRITE:
+            if kind == Kind.WRITE or kind == Kind.WRITEV:
                 self.fs.skip_sync(n)
             body = encode_error(exc)
             self._post(self.submit, TrafficClass.LATENCY, [header(Kind.ERR, cls, 0, req, rid, idx, 0, len(body)), body], HLEN)
@@ -107,18 +107,31 @@ class BulkReader:
     def _answer_read(self, cls: int, frame: list[bytes | memoryview], nbytes: int) -> None:
         self.submit(cls, frame, nbytes, hold=cls == TrafficClass.LATENCY)
 
-    def _write(self, cls: int, flags: int, req: int, dst: memoryview) -> None:
+    def _dests(self, kind: int, rid: int, idx: int, off: int, n: int) -> list[memoryview]:
+        """The granted slices a WRITE / WRITEV payload lands in (every one checked before a byte moves)."""
+        if kind == Kind.WRITE:
+            return [self.view(rid, off, n, True)]
+        table = bytearray(table_bytes(idx))
+        self.fs.read_into_sync(memoryview(table))
+        return [self.view(rid, o, m, True) for o, m in segments(bytes(table), n)]
+
+    def _write(self, cls: int, flags: int, req: int, dsts: list[memoryview]) -> None:
         if cls != TrafficClass.LATENCY:
-            if self.gate.policy.busy:  # a racy read is fine: a miss admits one frame early
-                self._flush()
-                asyncio.run_coroutine_threadsafe(self.gate.bulk_turn(len(dst)), self.loop).result()
-            self.fs.read_into_sync(dst)
+            bufs = [d for d in dsts if len(d)]
+            while bufs:  # one vectored receive per call; a bounded one per gate turn while latency is open
+                limit = 1 << 62
+                if self.gate.policy.busy:  # a racy read is fine: a miss admits one receive early
+                    self._flush()
+                    limit = min(BULK_CHUNK, sum(len(b) for b in bufs))
+                    asyncio.run_coroutine_threadsafe(self.gate.bulk_turn(limit), self.loop).result()
+                bufs = advance_bufs(bufs, self.fs.fill_sync(bufs, limit))  # type: ignore[assignment, arg-type]
             return
         if req not in self._latency:
             self._latency.add(req)
             self._post(self.gate.open)
-        self.fs.read_into_sync(dst)
-        self._post(self.gate.served, len(dst))
+        for dst in dsts:
+            self.fs.read_into_sync(dst)
+            self._post(self.gate.served, len(dst))
         if flags & ACK_ME:
             self._latency.discard(req)
             self._post(self.gate.close)

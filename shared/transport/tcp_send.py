@@ -2,17 +2,18 @@
 
 Owns `BulkSender`. An initiator's bulk socket carries bulk frames only (WRITE payloads,
 READ requests, GRANT), so no class scheduling is needed on it: frames go out in FIFO
-order, many per `sendmsg` (up to BULK_BATCH bytes), from a thread, so the copy into
-the kernel and the waits for buffer room run with the GIL released beside the event
+order, many per `sendmsg` (batches of up to BULK_BATCH bytes), from a thread, so the copy
+into the kernel and the waits for buffer room run with the GIL released beside the event
 loop, and the loop pays one hand-over per transfer instead of one scheduler turn per
-piece. Traffic classes still rank across sockets: before each batch the thread reads
+piece. Traffic classes still rank across sockets: before each sendmsg the thread reads
 the endpoint gate (gate.py); while latency work is open anywhere on the endpoint it
-takes its turn through the loop (`LinkGate.bulk_turn`) for a batch of at most
-BULK_CHUNK bytes, so latency pieces overtake bulk between bulk batches.
+takes its turn through the loop (`LinkGate.bulk_turn`) for at most BULK_CHUNK bytes, so
+latency pieces overtake bulk every BULK_CHUNK bytes however large the bulk frames are.
 
-Example: `write` of 672 pieces of 96 KiB -> one `submit_many` (one wakeup) -> the
-thread sends ~5 frames (512 KiB) per sendmsg; a latency pull that opens the gate
-meanwhile holds bulk after the batch in flight, until its credit or close admits more.
+Example: `write` of 672 pieces of 96 KiB -> 63 WRITEV frames of ~1 MiB (tcp_wire.py) ->
+one `submit_many` (one wakeup) -> the thread hands each frame to sendmsg, which takes
+what the socket buffer has room for; a latency pull that opens the gate meanwhile holds
+bulk after the call in flight, until its credit or close admits BULK_CHUNK more.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import threading
 from collections.abc import Callable
 
 from .classes import BULK_BATCH, BULK_CHUNK, LinkGate
-from .tcp_wire import IOV_MAX, advance_bufs
+from .tcp_wire import IOV_MAX, advance_bufs, head_bufs
 
 Bufs = list[bytes | memoryview]
 
@@ -66,38 +67,41 @@ class BulkSender:
                     pass
 
     def _batch(self) -> Bufs:
-        busy = self.gate.policy.busy  # a racy read is fine: a miss sends one batch early
-        limit = BULK_CHUNK if busy else BULK_BATCH
         bufs: Bufs = []
         total = 0
         q = self._q
-        while q and (not bufs or total + q[0][1] <= limit) and len(bufs) < IOV_MAX - 4:
+        while q and (not bufs or total + q[0][1] <= BULK_BATCH) and len(bufs) < IOV_MAX // 2:
             item, n = q.popleft()
             bufs.extend(item)
             total += n
-        if busy:
-            turn = asyncio.run_coroutine_threadsafe(self.gate.bulk_turn(total), self.loop)
-            while not self._stop:
-                try:
-                    turn.result(0.2)
-                    break
-                except TimeoutError:
-                    continue
         return bufs
 
-    def _send(self, bufs: Bufs) -> None:
-        sock, poller = self.sock, None
-        while bufs:
+    def _turn(self, nbytes: int) -> None:
+        turn = asyncio.run_coroutine_threadsafe(self.gate.bulk_turn(nbytes), self.loop)
+        while not self._stop:
             try:
-                n = sock.sendmsg(bufs)
+                turn.result(0.2)
+                return
+            except TimeoutError:
+                continue
+
+    def _send(self, bufs: Bufs) -> None:
+        """Send `bufs`; while latency work is open (a racy read is fine: a miss sends one call
+        early), in calls of at most BULK_CHUNK bytes, each after its gate turn."""
+        sock, poller, allowed = self.sock, None, 0
+        while bufs and not self._stop:
+            if allowed <= 0 and self.gate.policy.busy:
+                allowed = min(BULK_CHUNK, sum(len(b) for b in bufs))
+                self._turn(allowed)
+            try:
+                n = sock.sendmsg(head_bufs(bufs, allowed) if allowed > 0 else bufs[:IOV_MAX])
             except BlockingIOError:
                 if poller is None:
                     poller = select.poll()
                     poller.register(sock.fileno(), select.POLLOUT)
                 poller.poll(200)
-                if self._stop:
-                    return
                 continue
+            allowed -= n
             bufs = advance_bufs(bufs, n)
 
     def close(self) -> None:

@@ -12,12 +12,18 @@ Frame = Header [+ payload of `length` bytes]:
     ERR    s->i  payload = msgpack WireError; transfer `req` failed on the server
     GRANT  i->s  payload = a 16-byte grant token; from now on frames with rid == this frame's
                  rid (a handle the initiator picked for this socket) reach what it grants
+    WRITEV i->s  idx = k segments (at most MAX_SEGS), length = their total; payload = a table
+                 of k (offset u64, length u64) then the k segments' bytes, back to back:
+                 one frame carries many pieces (bulk pushes, up to BULK_FRAME bytes)
 WRITE and READ name no region: their rid is a grant handle, and the server checks each
 frame against the live grant bound to it (grants.py); an unbound or revoked handle, or a
 range the grant does not cover, is answered with ERR (code 4) and touches nothing.
 Example: write of 2 ops = [GRANT(rid 1) + token][WRITE(req 7, rid 1, idx 0) + 96K]
 [WRITE(req 7, rid 1, idx 1, ACK_ME) + 96K] in one sendmsg -> the server reads each payload
 into the granted slice -> ACK(req 7). The next transfer under the same grant sends no GRANT.
+A bulk push of the same 2 ops is one frame: [WRITEV(req 7, rid 1, idx 2, ACK_ME, length
+192K) + table (off0, 96K, off1, 96K) + 96K + 96K]; the server checks both segments
+against the grant before it receives a byte, then receives them with one vectored call.
 """
 
 from __future__ import annotations
@@ -35,15 +41,26 @@ from .errors import NotGranted, OutOfBounds, RegionNotFound, RemoteError, Transp
 HEADER = struct.Struct("<BBHIIIQQ")
 HLEN = HEADER.size  # 32
 IOV_MAX = 512  # buffers per sendmsg (Linux allows 1024)
-STAGING = 256 << 10
-# A reader thread stages at most this much per header read: headers of a burst of small
-# frames (READ requests) come in one receive, and at most this many payload bytes are
-# copied twice (through staging) per frame.
+STAGING = 256 << 10  # scratch for skipped payloads
+# A reader stages at most this much per header read: headers of a burst of small frames
+# (READ requests) come in one receive, and at most this many payload bytes are copied
+# twice (through staging) per frame.
 HEADER_FILL = 4 << 10
 # Kernel buffers of a bulk socket: bytes queued there are bytes the CPUs and the link
 # must move before a latency frame that arrives later. 512 KiB keeps loopback bulk
-# throughput (bench: bulk alone) while bounding that backlog.
+# throughput (bench: bulk alone) while bounding that backlog; it caps the direction of
+# pulled bulk (DATA answers, sent from an event loop that also serves latency work).
 BULK_SOCKBUF = 512 << 10
+# Pushed bulk (WRITEV frames, moved by threads that take a gate turn every BULK_CHUNK while
+# latency is open): 4 MiB cut syscalls per 63 MiB ~420 -> ~160, GIL hand-offs ~240 -> ~60.
+PUSH_SOCKBUF = 4 << 20
+# A loop-side reader yields after this many bytes taken without waiting (a staged header
+# counts HEADER_COST): a full socket must not hold the loop while a latency frame waits.
+YIELD_EVERY = 256 << 10
+HEADER_COST = 4 << 10
+SEG = struct.Struct("<QQ")  # one WRITEV table entry: offset, length
+MAX_SEGS = 64  # segments per WRITEV frame
+BULK_FRAME = 1 << 20  # payload bytes per WRITEV frame (a longer piece is cut)
 
 
 class Kind(enum.IntEnum):
@@ -53,6 +70,7 @@ class Kind(enum.IntEnum):
     ACK = 4
     ERR = 5
     GRANT = 6
+    WRITEV = 7
 
 
 ACK_ME = 1
@@ -106,10 +124,53 @@ class FrameSock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock = sock
         self._loop = asyncio.get_running_loop()
-        self._stage = bytearray(STAGING)
+        self._stage = bytearray(HEADER_FILL)  # headers (and what came with them) only
         self._sview = memoryview(self._stage)
         self._start = 0
         self._end = 0
+        self._fd = sock.fileno()
+        self._rwait: asyncio.Future[None] | None = None  # the coroutine waiting for bytes
+        self._watching = False  # the fd is registered with the loop for reading
+        self._budget = YIELD_EVERY  # bytes this socket may take before it lets the loop run others
+
+    async def _recv_into(self, buf: memoryview) -> int:
+        """One receive into `buf` (> 0 bytes): at once if the kernel holds bytes, else after the
+        loop sees the fd readable. The fd stays registered while frames keep coming (no
+        register/unregister pair per receive, as `loop.sock_recv_into` pays); the first
+        readiness nobody waits for unregisters it."""
+        if self._budget <= 0:  # a socket that always has bytes must not starve the other links
+            self._budget = YIELD_EVERY
+            await asyncio.sleep(0)
+        while True:
+            try:
+                got = self.sock.recv_into(buf)
+            except BlockingIOError:
+                self._budget = YIELD_EVERY
+                if not self._watching:
+                    self._loop.add_reader(self._fd, self._readable)
+                    self._watching = True
+                self._rwait = fut = self._loop.create_future()
+                try:
+                    await fut
+                finally:
+                    self._rwait = None
+                continue
+            if not got:
+                raise ConnectionResetError("peer closed")
+            self._budget -= got
+            return got
+
+    def _readable(self) -> None:
+        fut = self._rwait
+        if fut is None:  # nobody reads now (a reader thread took over, or a gate wait)
+            self._unwatch()
+        elif not fut.done():
+            fut.set_result(None)
+
+    def _unwatch(self) -> None:
+        if self._watching:
+            self._watching = False
+            self._loop.remove_reader(self._fd)
 
     async def sendv(self, bufs: list[bytes | memoryview]) -> None:
         """Send every buffer, in order, with as few sendmsg calls as the kernel allows."""
@@ -121,6 +182,15 @@ class FrameSock:
             bufs = advance_bufs(bufs, n)
             if bufs:
                 await self._writable()
+
+    def try_send(self, bufs: list[bytes | memoryview]) -> list[bytes | memoryview] | None:
+        """One sendmsg of `bufs` now; what the socket did not take (None: everything went)."""
+        try:
+            n = self.sock.sendmsg(bufs[:IOV_MAX])
+        except BlockingIOError:
+            n = 0
+        rest = advance_bufs(bufs, n)
+        return rest or None
 
     async def _writable(self) -> None:
         fut = self._loop.create_future()
@@ -137,6 +207,10 @@ class FrameSock:
             await self._fill()
         h = HEADER.unpack_from(self._stage, self._start)
         self._start += HLEN
+        self._budget -= HEADER_COST
+        if self._budget <= 0:  # a burst of staged frames (READ requests) yields too
+            self._budget = YIELD_EVERY
+            await asyncio.sleep(0)
         return h
 
     async def read_into(self, dst: memoryview) -> None:
@@ -146,10 +220,7 @@ class FrameSock:
             dst[:n] = self._sview[self._start : self._start + n]
             self._start += n
         while n < len(dst):
-            got = await self._loop.sock_recv_into(self.sock, dst[n:])
-            if not got:
-                raise ConnectionResetError("peer closed")
-            n += got
+            n += await self._recv_into(dst[n:])
 
     async def read_bytes(self, length: int) -> bytes:
         out = bytearray(length)
@@ -169,10 +240,8 @@ class FrameSock:
             rest = self._end - self._start
             self._stage[:rest] = bytes(self._sview[self._start : self._end])  # < HLEN bytes
             self._start, self._end = 0, rest
-        got = await self._loop.sock_recv_into(self.sock, self._sview[self._end :])
-        if not got:
-            raise ConnectionResetError("peer closed")
-        self._end += got
+        # at most HEADER_FILL: the payload that follows goes straight to its slice, not through staging
+        self._end += await self._recv_into(self._sview[self._end : HEADER_FILL])
 
     # Thread side: a reader thread that owns the receive half uses these instead of the
     # awaitables above. The socket stays non-blocking (the loop still sends on it); a
@@ -198,7 +267,7 @@ class FrameSock:
             dst[:n] = self._sview[self._start : self._start + n]
             self._start += n
         if n < len(dst):
-            self._recv_sync(dst[n:])
+            self._recv_some_sync(dst[n:], len(dst) - n)
 
     def skip_sync(self, length: int) -> None:
         scratch = memoryview(bytearray(min(length, STAGING) or 1))
@@ -206,6 +275,30 @@ class FrameSock:
             n = min(length, len(scratch))
             self.read_into_sync(scratch[:n])
             length -= n
+
+    def fill_sync(self, bufs: list[memoryview], limit: int) -> int:
+        """Fill the head of `bufs` with at most `limit` bytes: staged bytes if any, else one
+        vectored receive of what the kernel holds (waiting for some); returns how many."""
+        have = self._end - self._start
+        if have:
+            n = min(have, len(bufs[0]), limit)
+            bufs[0][:n] = self._sview[self._start : self._start + n]
+            self._start += n
+            return n
+        out = head_bufs(bufs, limit)  # type: ignore[arg-type]
+        poller = None
+        while True:
+            try:
+                n = self.sock.recvmsg_into(out)[0]
+            except BlockingIOError:
+                if poller is None:
+                    poller = select.poll()
+                    poller.register(self.sock.fileno(), select.POLLIN)
+                poller.poll()
+                continue
+            if not n:
+                raise ConnectionResetError("peer closed")
+            return n
 
     @property
     def staged_header(self) -> bool:
@@ -229,17 +322,65 @@ class FrameSock:
             got += n
         return got
 
-    def _recv_sync(self, dst: memoryview) -> None:
-        self._recv_some_sync(dst, len(dst))
-
     def close(self) -> None:
+        if self._watching and not self._loop.is_closed():
+            self._unwatch()
         self.sock.close()
 
 
-def cap_kernel_queue(sock: socket.socket, nbytes: int = BULK_SOCKBUF) -> None:
+def cap_kernel_queue(sock: socket.socket, send: int = BULK_SOCKBUF, receive: int = BULK_SOCKBUF) -> None:
     """Cap SO_SNDBUF / SO_RCVBUF of a bulk socket (the kernel doubles the value it is given)."""
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, nbytes // 2)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, nbytes // 2)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send // 2)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive // 2)
+
+
+def vector_frames(cls: int, req: int, handle: int, pieces: list[tuple[int, memoryview]],
+                  frame_bytes: int = BULK_FRAME) -> list[tuple[list[bytes | memoryview], int]]:
+    """WRITEV frames (bufs, wire bytes) carrying `pieces` ((offset, bytes), each <= frame_bytes),
+    in order, at most MAX_SEGS segments and `frame_bytes` payload bytes a frame; ACK_ME on the last."""
+    out: list[tuple[list[bytes | memoryview], int]] = []
+    i, n = 0, len(pieces)
+    while i < n:
+        j, total = i, 0
+        while j < n and j - i < MAX_SEGS and (j == i or total + len(pieces[j][1]) <= frame_bytes):
+            total += len(pieces[j][1])
+            j += 1
+        group = pieces[i:j]
+        table = struct.pack(f"<{2 * len(group)}Q", *[x for off, b in group for x in (off, len(b))])
+        head = header(Kind.WRITEV, cls, ACK_ME if j == n else 0, req, handle, len(group), 0, total) + table
+        out.append(([head, *[b for _, b in group]], len(head) + total))
+        i = j
+    return out
+
+
+def segments(table: bytes, total: int) -> list[tuple[int, int]]:
+    """A WRITEV table as (offset, length) pairs; ConnectionError if it contradicts the header
+    (the stream can no longer be framed: the connection is dropped)."""
+    flat = struct.unpack(f"<{len(table) // 8}Q", table)
+    segs = list(zip(flat[::2], flat[1::2], strict=True))
+    if sum(n for _, n in segs) != total:
+        raise ConnectionAbortedError(f"WRITEV segments sum to {sum(n for _, n in segs)}, header says {total}")
+    return segs
+
+
+def table_bytes(k: int) -> int:
+    """Bytes of a WRITEV table of `k` segments; ConnectionError beyond MAX_SEGS."""
+    if not 0 < k <= MAX_SEGS:
+        raise ConnectionAbortedError(f"WRITEV with {k} segments (1..{MAX_SEGS} allowed)")
+    return k * SEG.size
+
+
+def head_bufs(bufs: list[bytes | memoryview], limit: int) -> list[bytes | memoryview]:
+    """The first `limit` bytes of a buffer list (the last buffer cut), for one bounded send or receive."""
+    out: list[bytes | memoryview] = []
+    for b in bufs:
+        if limit <= 0 or len(out) >= IOV_MAX:
+            break
+        if len(b) > limit:
+            b = memoryview(b)[:limit]
+        out.append(b)
+        limit -= len(b)
+    return out
 
 
 def _set_once(fut: asyncio.Future[None]) -> None:

@@ -31,9 +31,9 @@ def test_offline_bench_writes_json_report_and_plots(mesh, tmp_path, capsys):
     for r in doc["runs"]:
         assert r["turns"] == 18 and r["errors"] == 0
         assert r["jct_s"] > 0 and r["jct_lower_bound_s"] > 0
-        # every term is physical: no bound far above what the run did (the compute terms are counters
-        # scraped around the run on a shared machine, so their edges blur: ~0.8x seen under load)
-        assert r["jct_s"] >= 0.5 * r["jct_lower_bound_s"]
+        # every term is physical: no bound above what the run did (the chain is capped by what each
+        # turn took; the counters are scraped a moment after the run, so their edges blur a little)
+        assert r["jct_s"] >= 0.8 * r["jct_lower_bound_s"]
         assert 0.4 < r["hit_ratio"] <= 1.0  # later turns load earlier turns' blocks (ids fed back)
         assert set(r["storage_read_bytes_per_node"]) == {"p0", "d1"}
         b = r["bound"]

@@ -29,6 +29,8 @@ USED = 'dualpath_traffic_manager_bytes_total{kind="prefetch_used"}'
 STAGED = "dualpath_traffic_manager_prefetch_staged_bytes"
 MARKS = "dualpath_storage_gateway_retention_marks"
 PUSHED = 'dualpath_traffic_manager_bytes_total{kind="pd_push"}'
+TOLD = 'dualpath_scheduler_prefetch_blocks_total{outcome="staged"}'
+DIRECT = 'dualpath_prefill_engine_staged_copy_blocks_total{outcome="copied"}'
 BS = 64
 
 
@@ -108,18 +110,27 @@ def test_a_tool_call_turn_is_served_from_the_prefetch_and_hints_change_no_logpro
     mesh = request.getfixturevalue(which)
     sid = f"s-{uuid.uuid4().hex[:6]}"
     probe = Probe(mesh.url)
-    used0 = _total(probe, USED)
+    view = httpx.get(mesh.url + "/v1/mesh", timeout=10).json()
+    probe.urls.update({("pe", e["engine"]): e["metrics_url"] for e in view["engines"] if e.get("role") == "prefill"})
+    probe.urls.update({("scheduler", s["instance"]): s["metrics_url"] for s in view["schedulers"]})
+    used0, direct0, told0 = _total(probe, USED), _total(probe, DIRECT), _total(probe, TOLD)
     p2 = _first_turn(mesh, reference, "hinted", {"session_id": sid, "expected_tool_duration_ms": 400})
     hit_blocks = (len(p2) - 1) // BS
     # the prefetch stages the stored prefix in a buffer during the "tool call"
     wait_until(lambda: _total(probe, STAGED) >= hit_blocks * _block_bytes(mesh), "the prefix staged in a buffer")
     assert _of(probe, ("tm", holder), STAGED) > 0, f"staged elsewhere than {holder}"
+    # ... and the scheduler heard where (the slots it names in the next turn's assignment)
+    wait_until(lambda: _total(probe, TOLD) - told0 >= hit_blocks, "the staged slots told to the scheduler")
     before = probe.snap()
     hinted = ask(mesh.url, p2, 24, agent_hints={"session_id": sid, "cache_ttl_ms": 60_000})
     after = probe.snap()
     assert hinted["usage"]["prompt_tokens_details"]["cached_tokens"] == hit_blocks * BS
-    used = _total(probe, USED) - used0
+    # told to the holder after the copy (off the turn's path), so waited for
+    used = wait_until(lambda: _total(probe, USED) - used0 >= hit_blocks * _block_bytes(mesh) and
+                      _total(probe, USED) - used0, "the prefetched blocks reported used")
     assert used == hit_blocks * _block_bytes(mesh), "the turn did not take its blocks from the prefetch"
+    # in its own TM's buffer the PE copies them itself, without asking that TM; elsewhere the TMs move them
+    assert _total(probe, DIRECT) - direct0 == (hit_blocks if holder.startswith("p") else 0)
     arrival = sum(Probe.delta(before, after, who, READ) for who in before if who[0] == "gateway")
     assert arrival == 0, f"{arrival} bytes read from storage at arrival although every hit was prefetched"
     bb, blocks = _block_bytes(mesh), -(-len(p2) // BS)

@@ -48,3 +48,19 @@ def test_only_turns_after_a_tool_call_count_split_by_hinting_and_the_ratios():
     assert rat["dualpath/off: unhinted / oracle TTFT p99"] == pytest.approx(2.0)
     lines = hints.markdown({"runs": [on, off, oracle], "hint_ratios": rat})
     assert lines[0].startswith("## Agent hints") and any("| dualpath | mixed |" in x for x in lines)
+
+
+def test_with_repeats_each_ratio_is_paired_within_a_repeat_and_the_median_reported():
+    def row(mode, policy, repeat, ttft, hinted):
+        figs = hints.turn_figures(_run(LoadMode(mode), [(ttft, hinted, 2.0)]))
+        return {"mode": mode, "hints": policy, "repeat": repeat, **figs}
+
+    runs = []
+    for k, (hinted, oracle) in enumerate([(1.1, 1.0), (3.0, 2.0), (0.9, 1.0)]):  # ratios 1.1, 1.5, 0.9
+        runs += [row("dualpath", "on", k, hinted, True), row("oracle", "off", k, oracle, False)]
+    each = hints.ratios_each(runs)
+    assert each["dualpath/on: hinted / oracle TTFT p50"] == pytest.approx([1.1, 1.5, 0.9])
+    rat = hints.ratios(runs)
+    assert rat["dualpath/on: hinted / oracle TTFT p50"] == pytest.approx(1.1)  # not 3.0 / 1.0 of mixed repeats
+    lines = hints.markdown({"runs": runs, "hint_ratios": rat, "hint_ratios_each": each})
+    assert any("1.10x (median of 3: 1.10, 1.50, 0.90)" in x for x in lines), lines

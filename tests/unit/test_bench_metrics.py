@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from dualpath.bench.bound import Capacity, lower_bound
+from dualpath.bench.bound import Capacity, ChainTurn, lower_bound
 from dualpath.bench.metrics import ApsSearch, Slo, meets, percentile, summarise, summary, verdict
 from dualpath.bench.usage import Usage
 from dualpath.bench.replay import RunResult, TurnResult, poisson_arrivals
@@ -113,6 +113,17 @@ def test_bound_counts_writes_compute_cores_data_plane_and_the_chain():
     assert b["limit"] == "storage_write_s" and b["bound_s"] == pytest.approx(5.0)
     split = lower_bound("dualpath-split", _used(), [[(0, 1, 4e6)]], CAP)
     assert split["serial_s"] == pytest.approx(2.0)  # one request's read on both storage NICs
+
+
+def test_chain_turns_never_count_more_than_the_turn_took():
+    # the probe said 10 ms a token and 1,000 prompt tokens a second; this run did better (a quieter
+    # moment on a shared machine): each part of the chain is what the turn really took at most
+    chains = [[ChainTurn(2000, 101, 0.0, first_s=0.5, rest_s=0.4), ChainTurn(100, 11, 0.0, first_s=1.0, rest_s=1.0)]]
+    b = lower_bound("oracle", _used(read=0, written={"d1": 0.0}, cpu=0.0), chains, CAP)
+    assert b["serial_s"] == pytest.approx(0.5 + 0.4 + 0.1 + 0.1)
+    unknown = lower_bound("oracle", _used(read=0, written={"d1": 0.0}, cpu=0.0),
+                          [[ChainTurn(2000, 101, 0.0, float("nan"), float("nan"))]], CAP)
+    assert unknown["serial_s"] == pytest.approx(3.0)  # no measurement: the probe's rates
 
 
 def test_bound_leaves_out_unknown_rates():

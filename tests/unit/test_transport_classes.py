@@ -136,6 +136,42 @@ def test_bulk_moves_in_small_batches_latency_in_large_ones():
     assert asyncio.run(main()) == [["b0", "b1"], ["b2", "b3"], ["l0", "l1", "l2", "l3"]]
 
 
+def test_an_idle_sender_sends_latency_at_once_and_queues_what_the_link_did_not_take_first():
+    """send_now takes a latency item on the spot only while nothing is queued or mid-send;
+    a part the link did not take goes out before anything submitted after it."""
+    async def main() -> tuple[list[str], list[str]]:
+        now: list[str] = []
+        emitted: list[str] = []
+        room = [1]  # items the "socket" takes at once
+
+        def send_now(item: str) -> str | None:
+            if room[0] > 0:
+                room[0] -= 1
+                now.append(item)
+                return None
+            return item + "-rest"
+
+        async def emit(batch: list[str]) -> None:
+            emitted.extend(batch)
+            await asyncio.sleep(0)
+
+        sender: ClassSender[str] = ClassSender(emit, (99, 1), send_now=send_now)
+        task = asyncio.get_running_loop().create_task(sender.run())
+        sender.submit(L, "a", 10)  # idle: sent at once
+        sender.submit(L, "b", 10)  # the link is full: its rest is queued first in line
+        sender.submit(L, "c", 10)  # something is queued: no jumping ahead
+        sender.submit(B, "x", 10)  # bulk never goes through send_now
+        for _ in range(10):
+            await asyncio.sleep(0)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return now, emitted
+
+    now, emitted = asyncio.run(main())
+    assert now == ["a"]
+    assert [x for x in emitted if x != "x"] == ["b-rest", "c"] and "x" in emitted
+
+
 def test_coalesce_merges_runs_that_continue_on_both_sides_and_keeps_order():
     from shared.transport.base import Op, coalesce
 
