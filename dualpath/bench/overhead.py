@@ -22,6 +22,16 @@ streams), counted from /proc over the whole batch run ("ramp incl.": steps befor
 is full cost more per token, so it errs against the mesh) and over the window while all
 streams run ("all running": the counters read when the last stream's first chunk and the
 first stream's last chunk arrive), the one process's condition.
+
+CPU per token also moves with load (the model streams its weights from memory every step, and
+other processes share the memory bus and caches), so each one-process figure is taken right
+after the mesh's matching phase, in this process while the mesh idles, not minutes apart.
+
+Same work on both sides: when the window opens, the streams that started first already hold
+longer contexts (prompt plus the tokens they decoded while the others were handed over), and
+a decode step's attention grows with context. So the one process decodes batch B twice: every
+sequence from the batch prompt (flat), and from the contexts the mesh's sequences had when
+its window opened ("window's contexts", the like-for-like figure).
 """
 from __future__ import annotations
 
@@ -53,24 +63,34 @@ def _prompt(tok, n: int) -> list[int]:
     return tok.encode(words)[:n]
 
 
-def in_process(model: str, n_prompt: int, n_decode: int, repeat: int, n_batch: int) -> dict:
-    import torch
+class OneProcess:
+    """The same model decoding in this process (one torch thread, like each engine): the bare loop,
+    forward then argmax, with no service around it. Each figure is taken right after the mesh's
+    matching phase, so both sides see the same load on the machine."""
 
-    from shared.model.batch import ForwardBatch, SeqSlice
-    from shared.model.kv_cache import PagedKVCache
-    from shared.model.loader import load_model
+    def __init__(self, model: str, n_prompt: int, n_decode: int, n_batch: int) -> None:
+        import torch
 
-    torch.set_num_threads(1)
-    say(f"one process: loading {model}")
-    lm = load_model(model)
-    bs = 64
-    per_seq = -(-(max(n_prompt + n_decode, BATCH_PROMPT + n_batch) + 1) // bs)
+        from shared.model.loader import load_model
 
-    cpu_ms: dict[int, float] = {}  # batch -> CPU ms per decoded token (last run)
+        torch.set_num_threads(1)
+        say(f"one process: loading {model}")
+        self.lm = load_model(model)
+        self.n_prompt, self.n_decode, self.bs = n_prompt, n_decode, 64
+        longest = BATCH_PROMPT + 4 * n_batch  # a batch stream's longest context when its window opens
+        self.per_seq = -(-(max(n_prompt + n_decode, longest + n_batch) + 1) // self.bs)
+        self.cpu_ms = 0.0  # CPU ms per decoded token of the last run
 
-    def run(batch: int, n: int = n_prompt, steps: int = n_decode) -> tuple[float, float]:
-        kv = PagedKVCache.allocate(lm.config, per_seq * batch, bs)
-        seqs = [(_prompt(lm.tokenizer, n), list(range(i * per_seq, (i + 1) * per_seq))) for i in range(batch)]
+    def run(self, lens: list[int], steps: int) -> tuple[float, float]:
+        """(prefill seconds, decode tokens/s) of one sequence per prompt length in `lens`."""
+        import torch
+
+        from shared.model.batch import ForwardBatch, SeqSlice
+        from shared.model.kv_cache import PagedKVCache
+
+        lm, per_seq, batch = self.lm, self.per_seq, len(lens)
+        kv = PagedKVCache.allocate(lm.config, per_seq * batch, self.bs)
+        seqs = [(_prompt(lm.tokenizer, m), list(range(i * per_seq, (i + 1) * per_seq))) for i, m in enumerate(lens)]
         with torch.inference_mode():
             t0 = time.perf_counter()
             logits = lm.model.forward(ForwardBatch([SeqSlice(p, 0, b) for p, b in seqs]), kv)
@@ -78,23 +98,31 @@ def in_process(model: str, n_prompt: int, n_decode: int, repeat: int, n_batch: i
             last = logits.argmax(-1).tolist()
             t1, c1 = time.perf_counter(), time.process_time()
             for step in range(steps):
-                fb = ForwardBatch([SeqSlice([t], n + step, b) for t, (_, b) in zip(last, seqs)])
+                fb = ForwardBatch([SeqSlice([t], len(p) + step, b) for t, (p, b) in zip(last, seqs)])
                 last = lm.model.forward(fb, kv).argmax(-1).tolist()
             tps = batch * steps / (time.perf_counter() - t1)
-            cpu_ms[batch] = (time.process_time() - c1) * 1e3 / (batch * steps)
+            self.cpu_ms = (time.process_time() - c1) * 1e3 / (batch * steps)
         return ttft, tps
 
-    say(f"one process: TTFT, {repeat} runs")
-    ttft = statistics.median(run(1)[0] for _ in range(repeat))
-    say(f"one process: decode at batch 1, {repeat} runs of {n_decode} tokens")
-    tps1 = statistics.median(run(1)[1] for _ in range(repeat))
-    out = {"ttft_s": ttft, "decode_tps_b1": tps1, "decode_cpu_ms_b1": cpu_ms[1]}
-    for batch in BATCHES:
-        say(f"one process: decode at batch {batch}, {n_batch} tokens")
-        out[f"decode_tps_b{batch}"] = statistics.median(run(batch, BATCH_PROMPT, n_batch)[1]
-                                                        for _ in range(max(1, repeat // 2) if batch <= 8 else 1))
-        out[f"decode_cpu_ms_b{batch}"] = cpu_ms[batch]
-    return out
+    def ttft(self, repeat: int) -> dict:
+        say(f"one process: TTFT, {repeat} runs")
+        return {"ttft_s": statistics.median(self.run([self.n_prompt], 1)[0] for _ in range(repeat))}
+
+    def batch1(self, repeat: int) -> dict:
+        say(f"one process: decode at batch 1, {repeat} runs of {self.n_decode} tokens")
+        tps = statistics.median(self.run([self.n_prompt], self.n_decode)[1] for _ in range(repeat))
+        return {"decode_tps_b1": tps, "decode_cpu_ms_b1": self.cpu_ms}
+
+    def batch(self, batch: int, steps: int, contexts: list[int]) -> dict:
+        """Batch `batch` from the batch prompt (flat), then from `contexts`: the context length of
+        each mesh sequence when its window opened (its prompt and the tokens it had by then)."""
+        say(f"one process: decode at batch {batch}, {steps} tokens, flat and from the window's contexts")
+        tps = self.run([BATCH_PROMPT] * batch, steps)[1]
+        out = {f"decode_tps_b{batch}": tps, f"decode_cpu_ms_b{batch}": self.cpu_ms}
+        if contexts:
+            out[f"decode_tps_b{batch}_same"] = self.run(contexts, steps)[1]
+            out[f"decode_cpu_ms_b{batch}_same"] = self.cpu_ms
+        return out
 
 
 BATCH_PROMPT = 128  # prompt length of the batch decode runs (decode-bound, not prefill-bound)
@@ -116,14 +144,21 @@ def _stream(url: str, prompt: list[int], n: int, enough=None) -> tuple[float, li
     return times[0] - t0, times
 
 
+def window_contexts(runs: list[list[float]], start: float, prompt: int) -> list[int]:
+    """Each stream's context length when the window opened at `start` (sorted): its prompt and
+    the tokens it had by then, less the newest (its KV is not in the cache yet). `runs`: every
+    stream's chunk arrival times, one token a chunk, the first from the prefill."""
+    return sorted(prompt + sum(1 for x in t if x <= start) - 1 for t in runs)
+
+
 def _batch_rates(url: str, tok, batch: int, n: int, cpu: _MeshCpu | None = None) -> tuple:
     """Decode chunks/s of `batch` concurrent streams: while all of them run, and over the whole
     window (from the first first chunk to the last last chunk, tokens after each first). Each
     stream may generate 4n tokens and reads until it has n chunks after the last first chunk,
     so however long the prompts take to hand over, all `batch` decode together for n steps.
     With `cpu`, the mesh's CPU counters are also read when all streams run (the last first
-    chunk) and when the first stream has its n: (start, end) snapshots, returned last, with
-    the chunks between them."""
+    chunk) and when the first stream has its n: (start, end) snapshots, returned with the
+    chunks between them; last, each stream's context length when that window opened."""
     firsts: list[float] = []
     lock = threading.Lock()
     marks: dict[str, dict[str, float]] = {}
@@ -153,7 +188,8 @@ def _batch_rates(url: str, tok, batch: int, n: int, cpu: _MeshCpu | None = None)
     else:
         common = in_window / (end - start)
     whole = sum(len(t) - 1 for t in runs) / (max(t[-1] for t in runs) - min(t[0] for t in runs))
-    return common, whole, sum(len(t) - 1 for t in runs), in_window, (marks.get("start"), marks.get("end"))
+    return (common, whole, sum(len(t) - 1 for t in runs), in_window, (marks.get("start"), marks.get("end")),
+            window_contexts(runs, start, BATCH_PROMPT))
 
 
 class _MeshCpu:
@@ -178,10 +214,13 @@ class _MeshCpu:
         rest = sum(used.values()) - engine - client
         n = max(1, tokens)
         return {f"decode_cpu_ms_b{batch}{tag}": engine * 1e3 / n, f"rest_cpu_ms_b{batch}{tag}": rest * 1e3 / n,
-                f"client_cpu_ms_b{batch}{tag}": client * 1e3 / n}
+                f"client_cpu_ms_b{batch}{tag}": client * 1e3 / n,
+                f"procs_cpu_ms_b{batch}{tag}": {k: round(v * 1e3 / n, 3) for k, v in used.items()}}
 
 
-def through_mesh(model: str, n_prompt: int, n_decode: int, repeat: int, n_batch: int) -> tuple[dict, dict]:
+def through_mesh(model: str, n_prompt: int, n_decode: int, repeat: int, n_batch: int,
+                 one: OneProcess) -> tuple[dict, dict, dict]:
+    """The mesh's figures, each phase followed by `one`'s: (mesh, one process, peak RSS)."""
     from dualpath.mesh import Mesh, MeshSpec
     from shared.model.tokenizer_build import load_tokenizer
 
@@ -194,23 +233,27 @@ def through_mesh(model: str, n_prompt: int, n_decode: int, repeat: int, n_batch:
         _stream(mesh.url, _prompt(tok, 64), 4)  # warm-up
         say(f"mesh: TTFT, {repeat} runs")
         ttft = statistics.median(_stream(mesh.url, _prompt(tok, n_prompt), 1)[0] for _ in range(repeat))
+        own = one.ttft(repeat)
         say(f"mesh: decode at batch 1, {repeat} runs of {n_decode} tokens")
         cpu = _MeshCpu(mesh)
         runs = [_stream(mesh.url, _prompt(tok, n_prompt), n_decode)[1] for _ in range(repeat)]
         out = {"ttft_s": ttft, "decode_tps_b1": statistics.median((len(t) - 1) / (t[-1] - t[0]) for t in runs)}
         out.update(cpu.per_token(1, sum(len(t) - 1 for t in runs)))
+        own.update(one.batch1(repeat))
         for batch in BATCHES:
             say(f"mesh: decode at batch {batch}, {n_batch} tokens")
             cpu = _MeshCpu(mesh)
-            common, whole, n, n_full, (t0, t1) = _batch_rates(mesh.url, tok, batch, n_batch, cpu)
+            common, whole, n, n_full, (t0, t1), contexts = _batch_rates(mesh.url, tok, batch, n_batch, cpu)
             out[f"decode_tps_b{batch}"], out[f"decode_tps_b{batch}_whole"] = common, whole
+            out[f"contexts_b{batch}"] = contexts
             out.update(cpu.per_token(batch, n))
             if t0 and t1 and n_full:  # all streams running: the one process's condition
                 out.update(cpu.per_token(batch, n_full, t0, t1, tag="_full"))
+            own.update(one.batch(batch, n_batch, contexts if t0 and t1 and n_full else []))
         rss = {p.name: status_mb(p.popen.pid, "VmHWM") for p in mesh.procs}
     finally:
         mesh.stop()
-    return out, rss
+    return out, own, rss
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,14 +269,19 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.batch_decode < 2:
         ap.error(f"--batch-decode must be at least 2 (got {args.batch_decode})")
-    one = in_process(args.model, args.prompt_tokens, args.decode, args.repeat, args.batch_decode)
-    mesh, rss = through_mesh(args.model, args.prompt_tokens, args.decode, args.repeat, args.batch_decode)
+    own = OneProcess(args.model, args.prompt_tokens, args.decode, args.batch_decode)
+    mesh, one, rss = through_mesh(args.model, args.prompt_tokens, args.decode, args.repeat, args.batch_decode, own)
     print(f"model {args.model}, prompt {args.prompt_tokens} tokens (batches: {BATCH_PROMPT}), decode "
           f"{args.decode} tokens (batches: {args.batch_decode}), medians of {args.repeat}")
     print(f"{'':22}{'one process':>14}{'mesh':>12}{'mesh/one':>10}")
     rows = [("ttft_s", "TTFT (s)"), ("decode_tps_b1", "decode tok/s, batch 1")]
     for key, label in rows + [(f"decode_tps_b{b}", f"decode tok/s, batch {b}") for b in BATCHES]:
         print(f"{label:22}{one[key]:>14.3f}{mesh[key]:>12.3f}{mesh[key] / one[key]:>10.2f}")
+    for b in BATCHES:
+        if f"decode_tps_b{b}_same" in one:
+            label = f"  same contexts, b{b}"
+            print(f"{label:22}{one[f'decode_tps_b{b}_same']:>14.3f}{mesh[f'decode_tps_b{b}']:>12.3f}"
+                  f"{mesh[f'decode_tps_b{b}'] / one[f'decode_tps_b{b}_same']:>10.2f}")
     whole = [(b, mesh[f"decode_tps_b{b}_whole"], one[f"decode_tps_b{b}"]) for b in BATCHES]
     print("mesh, whole window (batch still filling, prefills running): "
           + ", ".join(f"batch {b} {w:.3f} tok/s ({w / o:.2f}x)" for b, w, o in whole))
@@ -246,6 +294,15 @@ def main(argv: list[str] | None = None) -> int:
         label = f"batch {b}" + (", all running" if tag else (", ramp incl." if b > 1 else ""))
         print(f"  {label:<22} one process {own:8.1f} | mesh {eng + rest:8.1f} (engine {eng:.1f} + rest {rest:.1f})"
               f" | one/mesh {own / (eng + rest):.2f}x | client {mesh[f'client_cpu_ms_b{b}{tag}']:.1f}")
+        if tag and f"decode_cpu_ms_b{b}_same" in one:  # the one process at the window's contexts
+            same, ctx = one[f"decode_cpu_ms_b{b}_same"], mesh[f"contexts_b{b}"]
+            print(f"  {'':<22} one process {same:8.1f} at the window's contexts ({min(ctx)}..{max(ctx)}, "
+                  f"mean {statistics.mean(ctx):.0f}; flat runs start at {BATCH_PROMPT})"
+                  f" | one/mesh {same / (eng + rest):.2f}x")
+            procs = mesh[f"procs_cpu_ms_b{b}{tag}"]
+            rest_by = sorted(((v, k) for k, v in procs.items() if not k.startswith("decode-") and k != "client"),
+                             reverse=True)
+            print(f"  {'':<22} the rest: " + ", ".join(f"{k} {v:.2f}" for v, k in rest_by))
     print("peak resident memory (MiB):")
     for name, mb in rss.items():
         print(f"  {name:24} {mb:8.0f}")
