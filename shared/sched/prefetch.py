@@ -162,6 +162,8 @@ class StagedIndex:
     def match(self, keys: list[bytes]) -> Staged | None:
         """The unclaimed staged entry sharing the longest prefix with `keys` (its leading blocks may
         be all or part of what it staged; `common` says how many). None: nothing staged matches."""
+        if not self.by_key:  # nothing staged anywhere: no walk over the prompt's keys
+            return None
         for i in range(len(keys) - 1, -1, -1):
             for owner in self.by_key.get(keys[i], ()):
                 s = self.by_owner[owner]
