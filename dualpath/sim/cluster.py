@@ -1,4 +1,4 @@
-"""The simulated cluster: nodes, engines, groups and their links.
+"""The simulated cluster: nodes, engines, groups, their links, and the requests they hold.
 
 Owns topology, links and KV capacity; the load figures the scheduler sees (tok_e, seq_e,
 read_q) are the shared dispatcher's (dispatch.py), the decode batch state lives in
@@ -6,15 +6,37 @@ decode.py, the prefill step logic in prefill.py.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from dualpath.sim.decode import DecodeState
 from dualpath.sim.hardware import Hardware
 from dualpath.sim.models import SimModel
 from dualpath.sim.resources import Link
 
-if TYPE_CHECKING:
-    from dualpath.sim.workload import Req
+
+class Req:
+    """One turn of one agent, as it moves through the simulated cluster."""
+
+    __slots__ = ("rid", "agent", "prompt", "hit", "miss", "gen", "t_arrive", "pe", "de",
+                 "pe_hit", "de_hit", "reads_left", "ready", "done", "t_first", "t_join", "t_second", "mem")
+
+    def __init__(self, rid: int, agent: int, prompt: int, hit: int, gen: int, t: float) -> None:
+        self.rid = rid
+        self.agent = agent
+        self.prompt = prompt
+        self.hit = hit
+        self.miss = prompt - hit
+        self.gen = gen
+        self.t_arrive = t
+        self.pe: Engine | None = None  # set by the dispatcher, with de, at once
+        self.de: Engine | None = None
+        self.pe_hit = 0  # hit tokens read on the PE path
+        self.de_hit = 0  # hit tokens read on the DE path
+        self.reads_left = -1  # -1: reads not issued yet
+        self.ready = False  # hit KV in a DRAM buffer and DE known: can prefill
+        self.done = 0  # miss tokens computed so far
+        self.t_first = 0.0
+        self.t_join = 0.0
+        self.t_second = 0.0  # when the DE's first step puts out the second token
+        self.mem = prompt + gen  # KV tokens the DE holds at the end
 
 
 class Node:
@@ -47,7 +69,7 @@ class Engine:
         self.cnic_r = Link(f"e{eid}.cnic_r", hw.cnic_bw)
         self.cnic_w = Link(f"e{eid}.cnic_w", hw.cnic_bw)
         self.attn_s = 0.0  # PE: total attention time
-        self.decode: DecodeState | None = None
+        self.decode: DecodeState[Req] | None = None
         self.rows: list[tuple[tuple[Link, int, int, int], ...]] = []  # per stage side: its links (prefill.bind_stages)
 
 
@@ -97,7 +119,7 @@ class Cluster:
         cap = model.kv_capacity_tokens()
         for e in self.des:
             e.cap = cap
-            e.decode = DecodeState(model, e, traffic)
+            e.decode = DecodeState(model, (e.cnic_r, e.cnic_w), traffic)
         self.pe_groups = self._groups(self.pe_nodes, "p", group_nodes, 0)
         self.de_groups = self._groups(self.de_nodes, "d", group_nodes, len(self.pe_groups))
         if model.moe:

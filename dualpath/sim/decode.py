@@ -14,28 +14,26 @@ from __future__ import annotations
 
 import heapq
 
-from typing import TYPE_CHECKING
+from typing import Generic, TypeVar
 
 from dualpath.sim.models import SimModel
 from dualpath.sim.resources import Link
 
-if TYPE_CHECKING:
-    from dualpath.sim.cluster import Engine
-    from dualpath.sim.workload import Req
+R = TypeVar("R")  # what the batch runs (the simulator's requests); only held and handed back
 
 EPS = 1e-9
 
 
-class DecodeState:
+class DecodeState(Generic[R]):
     __slots__ = ("model", "links", "comm", "heap", "steps", "t_last", "step_s", "ctx_base", "capped",
                  "version", "n", "batch_s")
 
-    def __init__(self, model: SimModel, engine: Engine | None = None, traffic: float = 1.0) -> None:
+    def __init__(self, model: SimModel, links: tuple[Link, ...] = (), traffic: float = 1.0) -> None:
         self.model = model
-        self.links: tuple[Link, ...] = (engine.cnic_r, engine.cnic_w) if engine is not None and traffic > 0 else ()
+        self.links: tuple[Link, ...] = links if traffic > 0 else ()  # the engine's CNIC, both ways
         self.comm = model.decode_comm_bytes * traffic  # CNIC bytes per token per step
         self.batch_s = 0.0  # integral of the batch size over time
-        self.heap: list[tuple[float, int, Req, int, float]] = []  # (finish step, rid, request, prompt, step joined)
+        self.heap: list[tuple[float, int, R, int, float]] = []  # (finish step, rid, request, prompt, step joined)
         self.steps = 0.0
         self.t_last = 0.0
         self.step_s = 0.0
@@ -50,7 +48,7 @@ class DecodeState:
             self.batch_s += self.n * (now - self.t_last)
         self.t_last = now
 
-    def join(self, now: float, rid: int, req: Req, prompt: int, todo: int) -> None:
+    def join(self, now: float, rid: int, req: R, prompt: int, todo: int) -> None:
         """Add a request with `todo` tokens left to generate (todo >= 1)."""
         self.advance(now)
         self.n += 1
@@ -61,7 +59,7 @@ class DecodeState:
         heapq.heappush(self.heap, (self.steps + todo, rid, req, prompt, self.steps))
         self._retime()
 
-    def pop_finished(self, now: float) -> list[Req]:
+    def pop_finished(self, now: float) -> list[R]:
         """Requests whose last token is out by `now` (advances the clock)."""
         self.advance(now)
         out = []

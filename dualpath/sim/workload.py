@@ -8,44 +8,14 @@ unless the run says otherwise).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dualpath.sim.cluster import Req
 from dualpath.traces import expand_agents, generate, read_trajectories, with_tool_calls
 from dualpath.traces.generator import PRESETS
 
-if TYPE_CHECKING:
-    from dualpath.sim.cluster import Engine
-
 BLOCK = 64  # default tokens per KV block (SimConfig.block_tokens)
-
-
-class Req:
-    """One turn of one agent, as it moves through the simulated cluster."""
-
-    __slots__ = ("rid", "agent", "prompt", "hit", "miss", "gen", "t_arrive", "pe", "de",
-                 "pe_hit", "de_hit", "reads_left", "ready", "done", "t_first", "t_join", "t_second", "mem")
-
-    def __init__(self, rid: int, agent: int, prompt: int, hit: int, gen: int, t: float) -> None:
-        self.rid = rid
-        self.agent = agent
-        self.prompt = prompt
-        self.hit = hit
-        self.miss = prompt - hit
-        self.gen = gen
-        self.t_arrive = t
-        self.pe: Engine | None = None  # set by the dispatcher, with de, at once
-        self.de: Engine | None = None
-        self.pe_hit = 0  # hit tokens read on the PE path
-        self.de_hit = 0  # hit tokens read on the DE path
-        self.reads_left = -1  # -1: reads not issued yet
-        self.ready = False  # hit KV in a DRAM buffer and DE known: can prefill
-        self.done = 0  # miss tokens computed so far
-        self.t_first = 0.0
-        self.t_join = 0.0
-        self.t_second = 0.0  # when the DE's first step puts out the second token
-        self.mem = prompt + gen  # KV tokens the DE holds at the end
 
 
 @dataclass
