@@ -285,16 +285,12 @@ class FrameSock:
             bufs[0][:n] = self._sview[self._start : self._start + n]
             self._start += n
             return n
-        out = head_bufs(bufs, limit)  # type: ignore[arg-type]
-        poller = None
+        out, poller = head_bufs(bufs, limit), None  # type: ignore[arg-type]
         while True:
             try:
                 n = self.sock.recvmsg_into(out)[0]
             except BlockingIOError:
-                if poller is None:
-                    poller = select.poll()
-                    poller.register(self.sock.fileno(), select.POLLIN)
-                poller.poll()
+                poller = self._wait_readable(poller)
                 continue
             if not n:
                 raise ConnectionResetError("peer closed")
@@ -312,15 +308,19 @@ class FrameSock:
             try:
                 n = self.sock.recv_into(dst[got:])
             except BlockingIOError:
-                if poller is None:
-                    poller = select.poll()
-                    poller.register(self.sock.fileno(), select.POLLIN)
-                poller.poll()
+                poller = self._wait_readable(poller)
                 continue
             if not n:
                 raise ConnectionResetError("peer closed")
             got += n
         return got
+
+    def _wait_readable(self, poller):
+        """Block this (non-loop) thread until the socket is readable; returns the poller to reuse."""
+        if poller is None:
+            (poller := select.poll()).register(self.sock.fileno(), select.POLLIN)
+        poller.poll()
+        return poller
 
     def close(self) -> None:
         if self._watching and not self._loop.is_closed():

@@ -2,6 +2,7 @@
 vectored pushes checked whole before a byte lands, malformed ones dropping only their socket."""
 
 import asyncio
+import contextlib
 import os
 import socket
 import threading
@@ -23,17 +24,30 @@ def bulk_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "dp-tcp-bulk-rx"]
 
 
+@contextlib.asynccontextmanager
+async def pair(**kw):
+    """Two started tcp endpoints, `kv` (random bytes) registered on pe and `buf` (zeros) on de."""
+    pe, de = create_endpoint("tcp", node="pe", timeout=5.0, **kw), create_endpoint("tcp", node="de", timeout=5.0, **kw)
+    kv, buf = ShmRegion.create(new_name("kv"), SIZE), ShmRegion.create(new_name("buf"), SIZE)
+    try:
+        await pe.start()
+        await de.start()
+        pe.register("kv", kv.buf)
+        de.register("buf", buf.buf)
+        kv.buf[:] = data = os.urandom(SIZE)
+        buf.buf[:] = bytes(SIZE)
+        yield pe, de, kv, buf, data
+    finally:
+        await pe.close()
+        await de.close()
+        for r in (kv, buf):
+            r.close()
+            r.unlink()
+
+
 def test_bulk_pushes_land_on_the_reader_thread_and_refusals_come_back_typed():
     async def main() -> None:
-        pe, de = create_endpoint("tcp", node="pe", timeout=5.0), create_endpoint("tcp", node="de", timeout=5.0)
-        kv, buf = ShmRegion.create(new_name("kv"), SIZE), ShmRegion.create(new_name("buf"), SIZE)
-        try:
-            await pe.start()
-            await de.start()
-            pe.register("kv", kv.buf)
-            de.register("buf", buf.buf)
-            data = os.urandom(SIZE)
-            kv.buf[:] = data
+        async with pair() as (pe, de, kv, buf, data):
             peer = await pe.connect(de.desc())
             g = de.grant("buf")
             ops = [Op("kv", i * 98304, "buf", SIZE - (i + 1) * 98304, 98304) for i in range(40)]
@@ -47,12 +61,6 @@ def test_bulk_pushes_land_on_the_reader_thread_and_refusals_come_back_typed():
             assert (ng.value.region, ng.value.offset, ng.value.length) == ("buf", SIZE, 100_001)
             await peer.write([Op("kv", 0, "buf", 0, 300_000)], B, grant=g)  # the stream is still in step
             assert buf.buf[:300_000] == data[:300_000]
-        finally:
-            await pe.close()
-            await de.close()
-            for r in (kv, buf):
-                r.close()
-                r.unlink()
         assert not bulk_threads()  # closing ends the reader thread
 
     asyncio.run(main())
@@ -60,16 +68,7 @@ def test_bulk_pushes_land_on_the_reader_thread_and_refusals_come_back_typed():
 
 def test_a_vectored_push_is_checked_whole_before_a_byte_lands_and_a_malformed_one_drops_only_its_socket():
     async def main() -> None:
-        pe = create_endpoint("tcp", node="pe", timeout=5.0, secret="m")
-        de = create_endpoint("tcp", node="de", timeout=5.0, secret="m")
-        kv, buf = ShmRegion.create(new_name("kv"), SIZE), ShmRegion.create(new_name("buf"), SIZE)
-        try:
-            await pe.start()
-            await de.start()
-            pe.register("kv", kv.buf)
-            de.register("buf", buf.buf)
-            kv.buf[:] = data = os.urandom(SIZE)
-            buf.buf[:] = bytes(SIZE)
+        async with pair(secret="m") as (pe, de, kv, buf, data):
             peer = await pe.connect(de.desc())
             g = de.grant("buf", [(0, SIZE // 2)])
             forged = msgspec.structs.replace(g, ends=[SIZE])
@@ -100,11 +99,5 @@ def test_a_vectored_push_is_checked_whole_before_a_byte_lands_and_a_malformed_on
                     sock.close()
             await peer.write([Op("kv", 0, "buf", 0, 4096)], B, grant=g)  # the endpoint still serves others
             assert bytes(buf.buf[:4096]) == data[:4096]
-        finally:
-            await pe.close()
-            await de.close()
-            for r in (kv, buf):
-                r.close()
-                r.unlink()
 
     asyncio.run(main())
