@@ -6,7 +6,9 @@
     prefill_s        per prefill engine, its compute seconds in the run (forward time not spent
                      waiting for stored KV: each engine computes one forward at a time), max
     decode_s         per decode engine, its step seconds in the run, max
-    engines_cores_s  every engine's compute seconds together / the cores they share
+    engines_cores_s  every engine's compute seconds together / the cores they share (each engine's
+                     compute counted at most at its process's CPU seconds: with more engines than
+                     cores a step's wall time includes waiting for a core)
     cpu_s            CPU seconds of every mesh process on this host / its cores (the machine's
                      CPU is a resource too: services, bus and data plane share it with the engines)
     data_plane_s     bytes moved between engines (PD push, DE-path pulls) / the data plane's rate
@@ -86,8 +88,9 @@ def lower_bound(mode: LoadMode, used: Usage, chains: list[list[ChainTurn]], cap:
     }
     engines = len(used.prefill_s) + len(used.decode_s)
     if cap.cores and engines:
-        terms["engines_cores_s"] = (sum(used.prefill_s.values()) + sum(used.decode_s.values())) / min(cap.cores,
-                                                                                                        engines)
+        cpu = used.engine_cpu_s
+        busy = [min(s, cpu.get(e, s)) for part in (used.prefill_s, used.decode_s) for e, s in part.items()]
+        terms["engines_cores_s"] = sum(busy) / min(cap.cores, engines)
     if cap.cores and used.cpu_s is not None:
         terms["cpu_s"] = used.cpu_s / cap.cores
     known = {k: v for k, v in terms.items() if v is not None}

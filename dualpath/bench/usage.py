@@ -30,6 +30,7 @@ class Usage:
     decode_s: dict[str, float] = field(default_factory=dict)  # decode engine -> step seconds
     data_plane_bytes: float = 0.0
     cpu_s: float | None = None  # CPU seconds of every mesh process on this host (None: not local)
+    engine_cpu_s: dict[str, float] = field(default_factory=dict)  # engine -> its process's CPU seconds (local)
 
     def minus(self, before: "Usage") -> "Usage":
         def d(a: dict, b: dict) -> dict:
@@ -37,7 +38,8 @@ class Usage:
         cpu = None if self.cpu_s is None or before.cpu_s is None else self.cpu_s - before.cpu_s
         return Usage(d(self.read_bytes, before.read_bytes), d(self.written_bytes, before.written_bytes),
                      d(self.prefill_s, before.prefill_s), d(self.decode_s, before.decode_s),
-                     self.data_plane_bytes - before.data_plane_bytes, cpu)
+                     self.data_plane_bytes - before.data_plane_bytes, cpu,
+                     {k: v - before.engine_cpu_s[k] for k, v in self.engine_cpu_s.items() if k in before.engine_cpu_s})
 
 
 def parse(text: str) -> list[tuple[str, dict[str, str], float]]:
@@ -64,6 +66,10 @@ def snapshot(client: httpx.Client, url: str, extra_pids: tuple[int, ...] = ()) -
             except httpx.HTTPError:
                 continue
             _take(u, row, samples)
+    for row in mesh.get("engines", []):
+        c = cpu_seconds(row["pid"]) if row.get("pid") else None
+        if c is not None:
+            u.engine_cpu_s[row.get("engine") or row["instance"]] = c
     pids = {r.get("pid") for r in rows if r.get("pid")} | set(extra_pids)
     for pid in pids:
         c = cpu_seconds(pid)

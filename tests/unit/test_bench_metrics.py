@@ -115,6 +115,14 @@ def test_bound_counts_writes_compute_cores_data_plane_and_the_chain():
     assert split["serial_s"] == pytest.approx(2.0)  # one request's read on both storage NICs
 
 
+def test_engines_on_shared_cores_count_no_engine_above_its_cpu():
+    # three engines on two cores: each step's wall time includes waiting for a core, so wall
+    # seconds summed would pass the run; each engine counts at most its process's CPU seconds
+    used = Usage(prefill_s={"pe": 10.0}, decode_s={"d1": 10.0, "d2": 10.0}, engine_cpu_s={"pe": 6.0, "d1": 7.0})
+    b = lower_bound("oracle", used, [], CAP)
+    assert b["engines_cores_s"] == pytest.approx((6.0 + 7.0 + 10.0) / 2)  # d2's CPU unknown: its wall
+
+
 def test_chain_turns_never_count_more_than_the_turn_took():
     # the probe said 10 ms a token and 1,000 prompt tokens a second; this run did better (a quieter
     # moment on a shared machine): each part of the chain is what the turn really took at most
