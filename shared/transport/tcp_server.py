@@ -133,12 +133,8 @@ class ServerConn:
             self._capped = True
             cap_kernel_queue(fs.sock)
         try:
-            if kind == Kind.WRITE:
-                await self._receive(cls, flags, req, self.view(rid, off, n, True))
-                if flags & ACK_ME:
-                    send(TrafficClass.LATENCY, [header(Kind.ACK, cls, 0, req, rid, idx, 0, 0)], HLEN)
-            elif kind == Kind.WRITEV:
-                segs = segments(await fs.read_bytes(table_bytes(idx)), n)
+            if kind in (Kind.WRITE, Kind.WRITEV):  # every granted slice checked before a byte lands
+                segs = [(off, n)] if kind == Kind.WRITE else segments(await fs.read_bytes(table_bytes(idx)), n)
                 dsts = [self.view(rid, o, m, True) for o, m in segs]
                 for i, dst in enumerate(dsts):
                     await self._receive(cls, flags if i == len(dsts) - 1 else 0, req, dst)
