@@ -5,8 +5,8 @@ One ``read_blocks`` call, keys ``[k0, k1, k2, k3]`` at ``offsets`` in ``dest``:
 enqueue 4 blocks on the read queue; reserve their bytes from the read bucket (the
 emulated SNIC) on arrival, so requests are paced FIFO, and wait once; then take one
 I/O slot, plus any others free right now (say one more: 2 stripes), and read the
-blocks on the read pool, stripe 0 taking k0, k2 and stripe 1 k1, k3, each with
-``store.read_into`` straight into ``dest[off:off+payload]``. Spread over free threads a
+blocks on the read threads (``io_threads.py``: one batch, one wake-up), stripe 0 taking
+k0, k2 and stripe 1 k1, k3, each with ``store.read_into`` straight into ``dest[off:off+payload]``. Spread over free threads a
 request copies on several cores at once (one core's page-cache copy into a big buffer
 is far below the disk's or DRAM's speed); under load it keeps to one thread, one hop.
 Stripes of a few MiB at least are worth a thread hop (``stripe_min_bytes``).
@@ -31,6 +31,7 @@ layer groups (``grouped.py``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +44,7 @@ from services.storage_gateway.block_file import bytes_view, check_slots
 from services.storage_gateway.bucket import TokenBucket
 from services.storage_gateway.errors import BlockUnavailable
 from services.storage_gateway.grouped import GroupedRead
+from services.storage_gateway.io_threads import IoThreads
 from services.storage_gateway.read_queue import ReadQueue, ReadQueueSnapshot
 from services.storage_gateway.store import DirectoryStore, WriteOutcome
 
@@ -95,7 +97,7 @@ class GatewayCore:
         self.store = store
         self._read_bucket = read_bucket or TokenBucket(None)
         self._write_bucket = write_bucket or TokenBucket(None)
-        self._read_pool = ThreadPoolExecutor(io_threads, thread_name_prefix="sg-read")
+        self._reads = IoThreads(io_threads, "sg-read")
         self._write_pool = ThreadPoolExecutor(write_threads, thread_name_prefix="sg-write")
         self._io_threads = io_threads
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -216,8 +218,8 @@ class GatewayCore:
         self._note_idle()
 
     async def in_io(self, fn: Callable[..., T], *args: object) -> T:
-        """``fn`` on the read pool (waited for even if cancelled)."""
-        return await _in_thread(self._read_pool, fn, *args)
+        """``fn`` on a read thread (waited for even if cancelled)."""
+        return await self._reads.call(fn, *args)
 
     def stripes_for(self, count: int, nbytes_each: int) -> int:
         """Threads worth using for `count` parts of `nbytes_each` bytes."""
@@ -230,20 +232,20 @@ class GatewayCore:
         may be writing into a caller's buffer). A stripe's error is re-raised after all finished."""
         taken = await self._take_slots(want)
         try:
-            loop = asyncio.get_running_loop()
-            futs = [loop.run_in_executor(self._read_pool, stripe, s, taken) for s in range(taken)]
+            calls = [functools.partial(stripe, s, taken) for s in range(taken)]
+            fut = self._reads.run_batch(asyncio.get_running_loop(), calls)
             try:
-                done = await asyncio.shield(asyncio.gather(*futs, return_exceptions=True))
+                errors = await asyncio.shield(fut)
             except asyncio.CancelledError:
                 on_cancel()
-                await asyncio.wait(futs)
+                await asyncio.wait([fut])
                 raise
         finally:
             for _ in range(taken):
                 self._slots.release()
-        for outcome in done:
-            if isinstance(outcome, BaseException):
-                raise outcome
+        for error in errors:
+            if error is not None:
+                raise error
 
     # ----- writes -----------------------------------------------------------
     async def write_block(self, key: bytes, payload: memoryview) -> WriteOutcome:
@@ -272,7 +274,7 @@ class GatewayCore:
 
     async def hit_length_async(self, keys: Sequence[bytes]) -> int:
         """``hit_length`` off the event loop (for slow shared mounts)."""
-        return await _in_thread(self._read_pool, self.store.longest_prefix, keys)
+        return await self._reads.call(self.store.longest_prefix, keys)
 
     def queue_snapshot(self) -> ReadQueueSnapshot:
         return self._queue.snapshot()
@@ -283,7 +285,7 @@ class GatewayCore:
 
     def close(self) -> None:
         """Stop the pools after their running work (call once, off the hot path)."""
-        self._read_pool.shutdown(wait=True)
+        self._reads.close()
         self._write_pool.shutdown(wait=True)
 
 
