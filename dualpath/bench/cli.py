@@ -19,8 +19,10 @@ import argparse
 import os
 import random
 import re
+import signal
 import sys
 import tempfile
+import threading
 import time
 
 from shared.messages.codes import BENCH_MODES, LoadMode, mode_names, parse_modes
@@ -159,6 +161,31 @@ def _snic_flag(args: argparse.Namespace) -> None:
     args.snic_gbit = args.snic_gbs_old
 
 
+class _Interrupts:
+    """SIGTERM and SIGINT (also when started with SIGINT ignored, as a background job is) raise
+    KeyboardInterrupt once, so the mesh this bench started is stopped rather than orphaned; while
+    stopping they are ignored."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.armed = True
+        main = threading.current_thread() is threading.main_thread()  # handlers live in the main thread only
+        self.before = {sig: signal.signal(sig, self._on_signal) for sig in self.SIGNALS} if main else {}
+
+    def _on_signal(self, *_) -> None:
+        if self.armed:
+            self.armed = False
+            raise KeyboardInterrupt
+
+    def disarm(self) -> None:
+        self.armed = False
+
+    def restore(self) -> None:
+        for sig, handler in self.before.items():
+            signal.signal(sig, handler)
+
+
 def _bench_up(args: argparse.Namespace, modes: list[LoadMode], topo: tuple[int, int], extra: dict) -> int:
     """Start a mesh in a temporary directory (store + logs), bench it, stop it, clean up."""
     import shutil
@@ -173,6 +200,7 @@ def _bench_up(args: argparse.Namespace, modes: list[LoadMode], topo: tuple[int, 
     mesh = Mesh(spec)
     print(f"starting a {args.topology} mesh of {args.model} (logs in {logs}) ...", file=sys.stderr, flush=True)
     failed = True
+    interrupts = _Interrupts()
     try:
         mesh.start(timeout=300, progress=lambda line: print(line, file=sys.stderr, flush=True))
         code = _bench(args, mesh.url, modes, tuple(p.popen.pid for p in mesh.procs if p.name.startswith("nats")))
@@ -182,7 +210,9 @@ def _bench_up(args: argparse.Namespace, modes: list[LoadMode], topo: tuple[int, 
         print(f"dualpath bench: {exc}", file=sys.stderr)
         return 1
     finally:
+        interrupts.disarm()  # a second signal while stopping must not leave children running
         mesh.stop()
+        interrupts.restore()
         shutil.rmtree(f"{tmp}/store", ignore_errors=True)
         if failed and not args.log_dir:
             print(f"dualpath bench: the mesh's logs are kept in {logs}", file=sys.stderr)
