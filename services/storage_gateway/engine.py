@@ -153,7 +153,8 @@ class GatewayCore:
     def _inline_ok(self, count: int, size: int) -> bool:
         """The loop reads a request itself (``chain.read_cached``) when one stripe would, it is at
         most ``inline_bytes`` and no stripe runs (none waits for a slot: nobody is overtaken)."""
-        return count * size <= self._inline_bytes and not self._running and self.stripes_for(count, size) == 1
+        return (count * size <= self._inline_bytes and not self._running and not self._slots.locked()
+                and self.stripes_for(count, size) == 1)
 
     async def _read_striped(
         self, keys: Sequence[bytes], slots: Sequence[memoryview], chain: Chain, start: int = 0
