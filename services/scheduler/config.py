@@ -28,6 +28,8 @@ class SchedulerConfig(CommonConfig):
     prefetch: bool = True  # act on agent hints' tool calls: stage the session's stored KV in a buffer meanwhile
     prefetch_margin: float = 2.0  # start a prefetch this many expected read times before the session is due back
     prefetch_grace_s: float = 5.0  # staged blocks wait this long past the expected return (or a tool call's length)
+    serve_pending_saves: bool = True  # a finished turn's blocks still in its DE's buffer (saved, maybe unwritten) are the next turn's hits
+    pending_ttl_s: float = 5.0  # how long such blocks wait in the buffer for the next turn
     hint_ttl_s: float = 120.0  # retention of a hinted session's blocks when its hints name no cache_ttl_ms
     journal: bool = True  # record accepted/finished requests on JetStream (off, or no -js on the server: run without)
 
@@ -41,6 +43,7 @@ class SchedulerConfig(CommonConfig):
         require(self.pe_beta_tokens > 0, "pe_beta_tokens", self.pe_beta_tokens, "must be > 0")
         require(self.prefetch_margin >= 0, "prefetch_margin", self.prefetch_margin, "must be >= 0")
         require(self.prefetch_grace_s >= 0, "prefetch_grace_s", self.prefetch_grace_s, "must be >= 0")
+        require(self.pending_ttl_s > 0, "pending_ttl_s", self.pending_ttl_s, "must be > 0")
         require(self.hint_ttl_s >= 0, "hint_ttl_s", self.hint_ttl_s, "must be >= 0")
         require(self.liveness_timeout_s > 0, "liveness_timeout_s", self.liveness_timeout_s, "must be > 0")
 

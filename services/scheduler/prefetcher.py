@@ -11,6 +11,10 @@ Owns what the scheduler does with a finished turn's `Hint` and with an arriving 
                 the placement sends its buffer's name with the work, the PE's TM copies it
                 instead of reading storage); a prefetch not started yet is cancelled (the
                 turn reads at arrival); one in flight is claimed for what it staged so far;
+  turn done, no prefetch -> `HoldSaves` to its DE's traffic-manager (`serve_pending_saves`): the
+                blocks it saved and has not freed yet (maybe not yet written) stay there a
+                short while and are indexed like a prefetch: the next turn's hits, served
+                from that buffer (`stored_prefix` counts them without a gateway);
   expiry     -> unclaimed staged blocks are released at their TTL (the expected return
                 plus a grace); the traffic-manager also drops them on its own TTL or when a
                 real reservation needs the room.
@@ -33,7 +37,7 @@ from shared.bus import BusError
 from shared.engine.store_layout import prompt_keys
 from shared.messages.codes import LoadMode
 from shared.messages.storage_gateway import HitQuery, Retain, RetainLevel
-from shared.messages.traffic_manager import Prefetch, Prefetched, Release
+from shared.messages.traffic_manager import HoldSaves, Prefetch, Prefetched, Release
 from shared.sched.prefetch import Holder, RecentBytes, Staged, StagedIndex, common, hold_until, plan
 
 log = logging.getLogger("scheduler.prefetch")
@@ -78,6 +82,8 @@ class Prefetcher:
         staged for a session whose next prompt extends it. The blocks past it are the new turn's
         own; one that another session stored on that very chain is computed, not loaded."""
         s = self.index.match(keys)
+        if s is not None and s.pending:  # in its DE's buffer, written or not: a hit served from there
+            return common(s.keys, keys)
         if s is None or not s.whole or common(s.keys, keys) < len(s.keys):
             return 0
         return len(s.keys)
@@ -88,6 +94,10 @@ class Prefetcher:
             self._release(rec.staged, "claimed")
             rec.staged = None
         h, layout = rec.hint, self.view.store_layout()
+        if layout is not None and rec.mode.moves_kv and status == "ok" and rec.tokens and rec.de and \
+                self.cfg.serve_pending_saves and not (h is not None and (h.release or h.prefetch and self.cfg.prefetch)):
+            self.spawn(self._hold(rec, prompt_keys(layout, rec.prompt + rec.tokens[:-1]), h.session if h else ""),
+                       name=f"hold-{rec.req_id}")
         if h is None or layout is None or not rec.mode.moves_kv:
             return
         if h.release:
@@ -169,6 +179,23 @@ class Prefetcher:
                 s.slots = got.slots if got.slots is not None and len(got.slots.slots) == got.blocks else None
                 self.index.add(s)
         self._note()
+
+    async def _hold(self, rec: InFlight, keys: list[bytes], session: str) -> None:
+        """Have the turn's DE keep what it saved of it for the next turn; index what it kept."""
+        ttl, de = self.cfg.pending_ttl_s, rec.de
+        if not keys:
+            return
+        try:
+            got = await self.bus.request(self.subjects.tm(de, "hold"), HoldSaves(rec.wire_id, keys, ttl + SWEEP_S),
+                                         Prefetched, timeout=5.0)
+        except BusError:
+            return
+        if got.blocks:
+            self.index.add(Staged(f"pend-{rec.wire_id}", de, self.view.node_of(de), keys[:got.blocks],
+                                  time.monotonic() + ttl, session, whole=got.blocks == len(keys), slots=got.slots,
+                                  pending=True))
+            self.m_blocks.labels("pending").inc(got.blocks)
+            self._note()
 
     async def _stored(self, keys: list[bytes], layout, return_at: float) -> int:
         """How many of `keys` are stored: the turn's last blocks are persisted in the background, so

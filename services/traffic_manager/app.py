@@ -3,12 +3,11 @@
 Owns the engine's DRAM buffer (slots of one KV block each, `pool.py`), the data-plane
 endpoint with regions "buf" (the buffer) and "kv" (the engine's KV memory, attached once
 the engine announces it), and connections to other traffic-managers. The storage paths
-(`fetch.py`, `store_path.py`, `prefetch.py`) receive their collaborators (`parts.py`), not this service.
+(`fetch.py`, `store_path.py`, `prefetch.py`, `pending.py`) receive their collaborators (`parts.py`).
 
 Push (PE side, `push.py`): PushKV -> Reserve at the DE's TM -> write blocks (or each layer as the
 engine reports it computed: LayersComputed) kv -> remote buf -> PushDone.
-Reserve (DE side): allocate buffer slots for a request.
-Load (DE side): copy buffer slots -> KV blocks (local H2D), free the slots.
+Reserve (DE side): allocate buffer slots for a request. Load: buffer slots -> KV blocks (H2D), free them.
 Every request is answered, also when it fails: before KV memory is attached, when its
 task raises (the task's `on_error` replies), and a fetch with `FetchFailed(code, error)`.
 A failed reply names its `ErrorCode` (not_ready, buffer_full, kv_transfer; internal for a bug).
@@ -25,6 +24,7 @@ from opentelemetry import trace
 from services.traffic_manager.config import TrafficManagerConfig
 from services.traffic_manager.fetch import FetchPath
 from services.traffic_manager.parts import NOT_ATTACHED, TMParts
+from services.traffic_manager.pending import install as install_pending
 from services.traffic_manager.pool import BufferPool
 from services.traffic_manager.prefetch import PrefetchPath
 from services.traffic_manager.progress import LayerState, ReadTrack, Registry
@@ -114,6 +114,7 @@ class TrafficManagerService(Service):
         await self.bus.subscribe(parts.progress_subject, LayersRead, self._on_read_progress)
         await self.bus.subscribe(s.tm(e, "prefetch"), Prefetch, lambda msg, d: self.prefetch.on_prefetch(msg, d))
         await self.bus.subscribe(s.tm(e, "claim"), Claim, lambda msg, d: self.prefetch.on_claim(msg, d))
+        await install_pending(parts, self.prefetch, self.store_path)  # DE turns' saved blocks kept for the next
         await self.bus.subscribe(s.cancel, Cancel, self._on_release)
 
     def announce(self) -> TrafficManagerAnnounce:

@@ -26,6 +26,8 @@ class TrafficManagerConfig(CommonConfig):
     data_plane_secret: str = field(default="", repr=False)  # tcp peers' shared secret; empty = the mesh's own, on its NATS (JetStream)
     prefetch_share: float = 0.5  # most of the buffer prefetched blocks may hold (agent sessions' tool calls)
     prefetch_chunk_blocks: int = 8  # most blocks per bulk read of a prefetch (a latency read waits behind one at most; 10 ms of a rate-capped storage NIC)
+    pending_hold_s: float = 10.0  # a DE turn's saved blocks wait this long in the buffer for the scheduler to offer them to the next turn (0: not kept)
+    fault_flip_pending_bytes: bool = False  # TESTS ONLY, refused unless DUALPATH_ALLOW_FAULTS=1: corrupt the first block of the first kept turn offered
     fault_flip_de_bytes: bool = False  # TESTS ONLY, refused unless DUALPATH_ALLOW_FAULTS=1: corrupt each DE-path read after its checksum passed
 
 
@@ -40,5 +42,8 @@ class TrafficManagerConfig(CommonConfig):
                 (self.latency_weight, self.bulk_weight), "weights must be > 0")
         require(0 <= self.prefetch_share <= 1, "prefetch_share", self.prefetch_share, "a share of the buffer, 0..1")
         require(self.prefetch_chunk_blocks > 0, "prefetch_chunk_blocks", self.prefetch_chunk_blocks, "must be > 0")
+        require(self.pending_hold_s >= 0, "pending_hold_s", self.pending_hold_s, "must be >= 0")
+        require(not self.fault_flip_pending_bytes or os.environ.get(ALLOW_FAULTS) == "1", "fault_flip_pending_bytes",
+                True, f"a fault-injection switch for tests: it serves wrong KV on purpose; refused unless {ALLOW_FAULTS}=1")
         require(not self.fault_flip_de_bytes or os.environ.get(ALLOW_FAULTS) == "1", "fault_flip_de_bytes", True,
                 f"a fault-injection switch for tests: it serves wrong KV on purpose; refused unless {ALLOW_FAULTS}=1")

@@ -4,7 +4,8 @@ Owns: the buffer region, its slots (once the engine's KV layout is known), the l
 requests waiting for room (`WaitLine`; prefetched slots are reclaimed for them), the ids released or cancelled recently (a
 reservation arriving after its cancel is refused), and the requests whose slots a storage
 read still targets (released only when the read ends: a gateway never writes into slots
-that may be someone else's). Does not own the data plane, the bus or the KV memory.
+that may be someone else's), and the slots a storage write still reads (pinned: a slot freed
+meanwhile, whoever held it, is parked until the write ends). Does not own the data plane, the bus or the KV memory.
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from shared.engine.requests import RecentSet
 from shared.kv.allocator import SlotAllocator
 from shared.messages.registry import KVRegion
 from shared.transport.shm_region import ShmRegion
+
+PARKED = "~writing"  # freed slots a storage write still reads: free once it ends
 
 
 class BufferPool:
@@ -35,6 +38,7 @@ class BufferPool:
         self.busy: Counter[str] = Counter()  # requests whose slots storage reads or writes still target (how many)
         self.free_later: set[str] = set()  # released while busy: freed when the read ends
         self.reclaim: Callable[[int], None] | None = None  # frees prefetched slots for a reservation (prefetch.py)
+        self.pinned: Counter[int] = Counter()  # slot -> storage writes reading it now
 
     @property
     def ready(self) -> bool:
@@ -53,6 +57,7 @@ class BufferPool:
         self.layout = layout
         self.slots = SlotAllocator(max(1, self.buffer.size // layout.block_nbytes))
         self.line = WaitLine(self.slots)
+        self.pinned = Counter()
         self.m_free.set(self.free_bytes())
 
     async def allocate_wait(self, owner: str, n: int) -> list[int]:
@@ -78,15 +83,40 @@ class BufferPool:
             self.free_later.add(req_id)
             return
         self.on_free(req_id)
+        self._park(req_id)
         if self.slots is not None and self.slots.release(req_id):
             self.note_free()
 
     def release(self, owner: str) -> None:
         """Free `owner`'s slots now (the caller knows no read targets them)."""
         self.on_free(owner)
+        self._park(owner)
         if self.slots is not None:
             self.slots.release(owner)
         self.note_free()
+
+    def pin(self, slots: list[int]) -> None:
+        """A storage write reads these slots from now on: freeing them waits for `unpin`."""
+        self.pinned.update(slots)
+
+    def unpin(self, slots: list[int]) -> None:
+        """The write reading `slots` ended: those freed meanwhile are free now."""
+        done = []
+        for s in slots:
+            self.pinned[s] -= 1
+            if self.pinned[s] <= 0:
+                del self.pinned[s]
+                if self.slots is not None and self.slots.owner_of(s) == PARKED:
+                    done.append(s)
+        if done:
+            self.slots.release_slots(PARKED, done)
+            self.note_free()
+
+    def _park(self, owner: str) -> None:
+        if self.pinned and self.slots is not None:
+            keep = [s for s in self.slots.held(owner) if s in self.pinned]
+            if keep:
+                self.slots.transfer(owner, PARKED, keep)
 
     @contextlib.contextmanager
     def reading(self, req_id: str) -> Iterator[None]:

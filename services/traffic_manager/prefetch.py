@@ -47,6 +47,7 @@ class Entry:
     slots: list[int] = field(default_factory=list)  # their buffer offsets
     claimed_until: float = 0.0  # > 0: a fetch copies from it (pinned until released, or this lease ends)
     record: int = -1  # its stamp's record in the stamp table (-1: not published)
+    pending: bool = False  # a turn's saved blocks kept for the next turn (pending.py), not a prefetch
 
 
 class PrefetchPath:
@@ -61,7 +62,7 @@ class PrefetchPath:
     # budget ------------------------------------------------------------------------------
     def staged_slots(self) -> int:
         pool = self.p.pool
-        return sum(len(pool.slots.held(o)) for o in self.entries) if pool.slots else 0
+        return sum(len(pool.slots.held(o)) for o, e in self.entries.items() if not e.pending) if pool.slots else 0
 
     def room_bytes(self) -> int:
         """What a new prefetch may take now: the budget left, within the spare slots."""
@@ -192,10 +193,12 @@ class PrefetchPath:
         self._note()
         return True
 
-    def reclaim(self, n: int) -> None:
-        """A real reservation needs `n` more slots: drop unclaimed entries, the one due back last first."""
+    def reclaim(self, n: int, pending_only: bool = False) -> None:
+        """A real reservation needs `n` more slots: drop unclaimed entries, the one due back last first
+        (`pending_only`: a save's, which takes only kept turns' room: pending.py)."""
         pool = self.p.pool
-        for e in sorted((e for e in self.entries.values() if not e.claimed_until), key=lambda e: -e.until):
+        for e in sorted((e for e in self.entries.values() if not e.claimed_until and (e.pending or not pending_only)),
+                        key=lambda e: -e.until):
             if n <= 0:
                 return
             n -= len(pool.slots.held(e.owner))
@@ -221,7 +224,7 @@ class PrefetchPath:
 
     def staged_bytes(self) -> int:
         """Bytes of blocks read and held for a claim (what the buffer gives prefetching now)."""
-        return sum(len(e.keys) for e in self.entries.values()) * self.p.pool.block_nbytes
+        return sum(len(e.keys) for e in self.entries.values() if not e.pending) * self.p.pool.block_nbytes
 
     def _revoke(self, e: Entry | None) -> None:
         if e is not None and e.record >= 0:

@@ -27,6 +27,7 @@ class SaveLine:
         self.pool, self.max_blocks, self.wait_s = pool, max_blocks, wait_s
         self.m_queued, self.m_outcome = m_queued, m_outcome  # blocks waiting; saved_blocks_total{outcome}
         self.waiting: list[tuple[str, int]] = []  # (owner, blocks), in arrival order
+        self.reclaim = None  # frees kept turns' slots (prefetch.reclaim, pending entries only)
 
     @property
     def queued(self) -> int:
@@ -36,6 +37,8 @@ class SaveLine:
     async def take(self, owner: str, n: int) -> list[int] | None:
         """`n` buffer slots for a save, waiting in line for spare room; None when the save is dropped."""
         pool = self.pool
+        if pool.spare() < n and self.reclaim is not None:
+            self.reclaim(n - pool.spare())  # turns' blocks kept for their next turn give way
         if not self.waiting and pool.spare() >= n:
             return pool.slots.allocate(owner, n)
         if self.queued + n > self.max_blocks or n > pool.slots.n_slots:

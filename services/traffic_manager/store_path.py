@@ -7,7 +7,8 @@ reads each layer one-sidedly as it lands.
 Save: KV memory -> buffer slots (bulk class; a save finding no spare slots waits in the
 bounded line of `saves.py`) -> `SaveCopied` to the engine (its blocks may be reused from
 then on) -> gateway writes each block in the background. A save naming buffer slots (a
-prompt the DE received) writes straight from them.
+prompt the DE received) writes straight from them. A DE request's saved blocks may stay
+in the buffer past their write, for its next turn (`pending.py`).
 A request's slots are never freed while a gateway read or write still targets them.
 """
 from __future__ import annotations
@@ -29,8 +30,8 @@ tracer = trace.get_tracer("traffic_manager")
 
 
 class StorePath:
-    def __init__(self, parts: TMParts):
-        self.p = parts
+    def __init__(self, parts: TMParts, pending=None):
+        self.p, self.pending = parts, pending  # pending: PendingSaves (None: saved blocks are not kept)
         self.m_saved = parts.metrics.counter("saved_blocks_total", "Blocks handed to the gateway for persistence",
                                              ("outcome",))
         wait_s = min(parts.cfg.save_wait_s, parts.cfg.transfer_timeout_s / 2)  # inside the engines' save deadline
@@ -98,7 +99,15 @@ class StorePath:
             await d.respond(SaveCopied(0, error=str(exc)))
             return
         await d.respond(SaveCopied(n))
-        p.spawn(self._write(msg, offsets, d, lambda: pool.release(owner)), name=f"save-{owner}", label="persist")
+        slot_ids = [off // bn for off in offsets]
+        pool.pin(slot_ids)
+        if self.pending is not None:
+            self.pending.keep_generated(msg, owner)
+
+        def done() -> None:
+            pool.unpin(slot_ids)
+            pool.release(owner)
+        p.spawn(self._write(msg, offsets, d, done), name=f"save-{owner}", label="persist")
 
     async def _save_slots(self, msg: SaveKV, d: Delivery) -> None:
         """The blocks sit in this buffer already (slots the request holds): write them from there;
@@ -110,9 +119,16 @@ class StorePath:
             await d.respond(SaveCopied(0, error="slots were released before the save"))
             return
         pool.begin_io(msg.req_id)  # before any await: a release from here on frees them after the write
+        slot_ids = [off // bn for off in msg.slots]
+        pool.pin(slot_ids)  # whoever holds them later (kept for the next turn: pending.py)
+        if self.pending is not None:
+            self.pending.keep_prompt(msg)
         await d.respond(SaveCopied(len(msg.slots)))
-        self.p.spawn(self._write(msg, list(msg.slots), d, lambda: pool.end_io(msg.req_id)),
-                     name=f"save-{msg.req_id}", label="persist")
+
+        def done() -> None:
+            pool.unpin(slot_ids)
+            pool.end_io(msg.req_id)
+        self.p.spawn(self._write(msg, list(msg.slots), d, done), name=f"save-{msg.req_id}", label="persist")
 
     async def _write(self, msg: SaveKV, offsets: list[int], d: Delivery, done) -> None:
         p = self.p

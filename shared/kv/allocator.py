@@ -67,6 +67,14 @@ class SlotAllocator:
         if not held:
             self._held.pop(src, None)
 
+    def owner_of(self, slot: int) -> str | None:
+        return self._owner.get(slot)
+
+    def release_slots(self, owner: str, slots: list[int]) -> None:
+        """Free just `slots` (held by `owner`)."""
+        self.transfer(owner, "\0release", slots)
+        self.release("\0release")
+
     def release(self, owner: str) -> int:
         """Free every slot `owner` holds; returns how many (0 if none: idempotent)."""
         slots = self._held.pop(owner, [])

@@ -233,6 +233,17 @@ class Prefetched(msgspec.Struct, omit_defaults=True):
     slots: StagedSlots | None = None  # where they sit, for this TM's own engine to copy without a claim
 
 
+class HoldSaves(msgspec.Struct, omit_defaults=True):
+    """A turn ended (the scheduler): `req_id`'s blocks still in this buffer -- saved, maybe not yet
+    written -- stay there as a staged entry (owner `pend-<req_id>`) for `ttl_s`, offered to the next
+    turn like a prefetch. `keys`: the turn's block keys (prompt + generated), in order; answered
+    with `Prefetched` (the leading keys held)."""
+
+    req_id: str
+    keys: list[bytes]
+    ttl_s: float
+
+
 class Claim(msgspec.Struct, omit_defaults=True):
     owner: str
     keys: list[bytes]  # what the claimer expects staged, in order

@@ -125,6 +125,7 @@ class Staged:
     claimed_by: Hashable = None  # the request whose fetch uses it
     whole: bool = False  # `keys` are every block its turn persisted: the session stored nothing past them
     slots: object = None  # where its TM says they sit (`StagedSlots`): its own engine copies them directly
+    pending: bool = False  # a finished turn's saved blocks its DE's buffer kept (maybe not yet written), no prefetch
 
 
 @dataclass
