@@ -37,7 +37,7 @@ from shared.bus import BusError
 from shared.engine.store_layout import prompt_keys
 from shared.messages.codes import LoadMode
 from shared.messages.storage_gateway import HitQuery, Retain, RetainLevel
-from shared.messages.traffic_manager import HoldSaves, Prefetch, Prefetched, Release
+from shared.messages.traffic_manager import PENDING_OWNER, HoldSaves, Prefetch, Prefetched, Release
 from shared.sched.prefetch import Holder, RecentBytes, Staged, StagedIndex, common, hold_until, plan
 
 log = logging.getLogger("scheduler.prefetch")
@@ -191,7 +191,7 @@ class Prefetcher:
         except BusError:
             return
         if got.blocks:
-            self.index.add(Staged(f"pend-{rec.wire_id}", de, self.view.node_of(de), keys[:got.blocks],
+            self.index.add(Staged(PENDING_OWNER + rec.wire_id, de, self.view.node_of(de), keys[:got.blocks],
                                   time.monotonic() + ttl, session, whole=got.blocks == len(keys), slots=got.slots,
                                   pending=True))
             self.m_blocks.labels("pending").inc(got.blocks)

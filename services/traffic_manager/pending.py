@@ -7,7 +7,8 @@ entry of the prefetch path (owner `pend-<req_id>`, flagged `pending`). The sched
 `HoldSaves` at the end of the turn names the turn's keys: the entry becomes the leading
 blocks held (a prompt position is trusted only when the prompt's last saved key is the
 scheduler's key there; a generated block is found by its key), and from then on it is
-claimed, adopted, released, dropped under buffer pressure or at its TTL like any prefetch.
+claimed (never adopted: staged.py), released, dropped under buffer pressure or at its TTL
+like any prefetch.
 A slot still being written is pinned (pool.py): freed meanwhile, it waits for the write.
 Example: a prompt of 6 full blocks, 4 stored, 2 saved at admission, 1 generated block
 saved; `HoldSaves` with the 7 keys: all 7 are offered, 3 of them not yet written.
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from services.traffic_manager.parts import TMParts
 from services.traffic_manager.prefetch import Entry, PrefetchPath
 from shared.bus import Delivery
-from shared.messages.traffic_manager import HoldSaves, Prefetched, SaveKV
+from shared.messages.traffic_manager import PENDING_OWNER, HoldSaves, Prefetched, SaveKV
 
 
 async def install(parts: TMParts, prefetch: PrefetchPath, store_path) -> None:
@@ -30,11 +31,12 @@ async def install(parts: TMParts, prefetch: PrefetchPath, store_path) -> None:
         return
     store_path.pending = pend = PendingSaves(parts, prefetch, parts.cfg.pending_hold_s)
     store_path.line.reclaim = lambda n: prefetch.reclaim(n, pending_only=True)
+    parts.pool.before_free = pend.take
     await parts.bus.subscribe(parts.subjects.tm(parts.cfg.engine, "hold"), HoldSaves, pend.on_hold)
 
 
 def owner_of(req_id: str) -> str:
-    return f"pend-{req_id}"
+    return PENDING_OWNER + req_id
 
 
 @dataclass
@@ -46,9 +48,10 @@ class Pieces:
 
 class PendingSaves:
     def __init__(self, parts: TMParts, prefetch: PrefetchPath, wait_s: float):
-        self.p, self.prefetch, self.wait_s = parts, prefetch, wait_s  # wait_s: for the HoldSaves (0: off)
+        self.p, self.prefetch, self.wait_s = parts, prefetch, wait_s  # wait_s: for the HoldSaves
         self.pieces: dict[str, Pieces] = {}  # owner -> what it holds
         self.flipped = False  # fault_flip_pending_bytes went in once
+        self.waiting: dict[str, Pieces] = {}  # req_id -> its prompt's slots, taken when it frees them
         self.m_blocks = parts.metrics.counter("pending_saves_blocks_total",
                                               "Saved blocks kept in the buffer for a next turn, by outcome",
                                               ("outcome",))
@@ -62,9 +65,10 @@ class PendingSaves:
 
     def keep_prompt(self, msg: SaveKV) -> None:
         """The DE claims its prompt's save (`msg.slots`, the tail of the slots it holds): the prompt's
-        full blocks, the stored ones before them too, go to the request's pending entry."""
-        pool, owner = self.p.pool, owner_of(msg.req_id)
-        if self.wait_s <= 0 or not msg.slots or owner in self.prefetch.entries:
+        full blocks, the stored ones before them too, go to the request's pending entry once the
+        request lets its slots go (`take`: its KV memory has them then)."""
+        pool = self.p.pool
+        if not msg.slots or owner_of(msg.req_id) in self.prefetch.entries:
             return
         bn = pool.block_nbytes
         held = pool.slots.held(msg.req_id)
@@ -74,13 +78,21 @@ class PendingSaves:
         except ValueError:
             return
         end = start + len(msg.slots)
-        if offs[start:end] != list(msg.slots):
+        if offs[start:end] == list(msg.slots):
+            self.waiting[msg.req_id] = Pieces(held[:end], msg.keys[-1])
+
+    def take(self, req_id: str) -> None:
+        """`req_id`'s slots are being freed (pool.before_free): its prompt's go to its pending entry."""
+        pc = self.waiting.pop(req_id, None)
+        if pc is None:
             return
-        prompt = held[:end]
-        pool.slots.transfer(msg.req_id, owner, prompt)
+        pool, owner = self.p.pool, owner_of(req_id)
+        if any(pool.slots.owner_of(s) != req_id for s in pc.prompt):
+            return
+        pool.slots.transfer(req_id, owner, pc.prompt)
         self.prefetch.entries[owner] = Entry(owner, time.monotonic() + self.wait_s, pending=True)
-        self.pieces[owner] = Pieces(prompt, msg.keys[-1])
-        self.m_blocks.labels("kept").inc(len(prompt))
+        self.pieces[owner] = pc
+        self.m_blocks.labels("kept").inc(len(pc.prompt))
 
     def keep_generated(self, msg: SaveKV, save_owner: str) -> None:
         """A generated block was copied into `save_owner`'s slot: it joins the request's entry."""

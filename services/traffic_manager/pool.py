@@ -39,6 +39,7 @@ class BufferPool:
         self.free_later: set[str] = set()  # released while busy: freed when the read ends
         self.reclaim: Callable[[int], None] | None = None  # frees prefetched slots for a reservation (prefetch.py)
         self.pinned: Counter[int] = Counter()  # slot -> storage writes reading it now
+        self.before_free: Callable[[str], None] = lambda owner: None  # may take some of owner's slots (pending.py)
 
     @property
     def ready(self) -> bool:
@@ -79,6 +80,7 @@ class BufferPool:
 
     def free(self, req_id: str) -> None:
         """Free `req_id`'s slots now, or when the storage read targeting them ends."""
+        self.before_free(req_id)
         if req_id in self.busy:
             self.free_later.add(req_id)
             return

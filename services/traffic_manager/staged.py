@@ -15,7 +15,7 @@ import time
 
 from services.traffic_manager.parts import TMParts
 from shared.bus import BusError
-from shared.messages.traffic_manager import Claim, Claimed, FetchKV, ReadFinished, Release
+from shared.messages.traffic_manager import PENDING_OWNER, Claim, Claimed, FetchKV, ReadFinished, Release
 from shared.transport.base import Op, TrafficClass
 from shared.transport.grants import Grant, decode_grant
 
@@ -23,9 +23,10 @@ log = logging.getLogger("traffic_manager.fetch")
 
 
 def adopts(p: TMParts, msg: FetchKV) -> bool:
-    """Prefetched into the request's own DE's buffer (not this one): that TM adopts them."""
+    """Prefetched into the request's own DE's buffer (not this one): that TM adopts them (a kept
+    turn's blocks, pending.py, are claimed instead: their reservation would be one the PE never uses)."""
     return bool(msg.staged_owner and msg.staged_blocks > 0 and msg.staged_engine == msg.de_engine
-                and msg.de_engine != p.cfg.engine)
+                and msg.de_engine != p.cfg.engine and not msg.staged_owner.startswith(PENDING_OWNER))
 
 
 async def claim(p: TMParts, msg: FetchKV) -> tuple[list[int], Grant | None]:

@@ -233,6 +233,9 @@ class Prefetched(msgspec.Struct, omit_defaults=True):
     slots: StagedSlots | None = None  # where they sit, for this TM's own engine to copy without a claim
 
 
+PENDING_OWNER = "pend-"  # a kept turn's entry is named this + req_id: claimed by a fetch, never adopted
+
+
 class HoldSaves(msgspec.Struct, omit_defaults=True):
     """A turn ended (the scheduler): `req_id`'s blocks still in this buffer -- saved, maybe not yet
     written -- stay there as a staged entry (owner `pend-<req_id>`) for `ttl_s`, offered to the next

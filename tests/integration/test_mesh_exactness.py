@@ -30,9 +30,10 @@ PULLED = 'dualpath_traffic_manager_bytes_total{kind="de_path_pull"}'
 
 def _mesh(tmp_path_factory, name: str, scheduler: dict | None = None, tm: dict | None = None, **kw):
     tmp = tmp_path_factory.mktemp(name)
-    # the stored hits of a second turn live two of the model's four layers at a time (a hit window),
+    # every second turn reads its hits from the store (not from the last turn's blocks its DE kept:
+    # test_mesh_pending_saves.py); the stored hits of a second turn live two of the model's four layers at a time (a hit window),
     # and reads land one layer at a time (the TM's default groups: 8, at most one layer each)
-    extra = {"scheduler": {"liveness-timeout-s": "2", **(scheduler or {})},
+    extra = {"scheduler": {"liveness-timeout-s": "2", "serve-pending-saves": "false", **(scheduler or {})},
              "prefill_engine": {"hit-window-layers": "2"}}
     if tm:
         extra["traffic_manager"] = tm

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.engine.store_layout import prompt_keys, store_layout
 from tests.integration.exactness import TOLERANCE, ask, assert_exact, logprob_diff, wait_stored
 from tests.integration.meshutil import tiny_mesh, wait_until
 from tests.integration.test_mesh_agent_hints import BS, READ, _total
@@ -65,6 +66,8 @@ def _turns(mesh, reference, tag: str, mode: str) -> tuple[list[int], dict, dict,
     hit_blocks = (len(ids) - 1) // BS
     wait_until(lambda: _total(probe, OFFERED) - offered0 >= hit_blocks, "turn 1's blocks kept for turn 2")
     p2 = ids + reference.tokenizer.encode(" tool: ok, 3 files changed.")[:30]
+    last = prompt_keys(store_layout(reference.model_id, reference.config, BS), ids)[hit_blocks - 1]
+    assert not any(mesh.store_root.rglob(last.hex() + ".kvb")), "turn 1 written before turn 2: nothing pending"
     before = probe.snap()
     r2 = ask(mesh.url, p2, 24, dualpath_mode=mode)
     after = probe.snap()

@@ -71,11 +71,14 @@ def _kept(parts, n_prompt=4, saved_from=2, gen=2):
     pool, bn = parts.pool, parts.pool.block_nbytes
     pf = PrefetchPath(parts, chunk_blocks=8, share=0.5)
     pend = PendingSaves(parts, pf, wait_s=30.0)
+    pool.before_free = pend.take
     keys = _keys(n_prompt + gen)
     held = pool.slots.allocate("r1", n_prompt + 1)  # one more than the prompt's full blocks (its partial one)
     pool.pin(held[saved_from:n_prompt])
     pend.keep_prompt(SaveKV("r1", [], keys[saved_from:n_prompt], "n0", LAYOUT,
                             slots=[s * bn for s in held[saved_from:n_prompt]]))
+    assert owner_of("r1") not in pf.entries  # the request's own until it lets them go (loaded into KV memory)
+    pool.free("r1")
     for i in range(gen):
         own = f"r1/save/{i}"
         pool.slots.allocate(own, 1)
@@ -87,8 +90,7 @@ def test_the_turns_blocks_are_offered_in_order_and_freed_with_the_entry(parts):
     pool = parts.pool
     pf, pend, keys, held = _kept(parts)
     owner = owner_of("r1")
-    assert pool.slots.held("r1") == held[4:]  # the partial block stays the request's
-    pool.release("r1")
+    assert pool.slots.held("r1") == [] and pool.slots.free == 16 - 6 - 0  # its partial block went back
     reply = Reply()
     asyncio.run(pend.on_hold(HoldSaves("r1", keys + _keys(1, b"z"), 10.0), reply))
     assert reply.msg.blocks == 6 and not reply.msg.error
@@ -111,8 +113,8 @@ def test_a_prompt_whose_keys_differ_is_not_offered(parts):
 
 def test_a_save_short_of_room_takes_kept_slots_never_a_prefetchs(parts):
     pool = parts.pool
-    pf, pend, keys, _ = _kept(parts, n_prompt=4, saved_from=4, gen=0)  # nothing being written
-    pool.release("r1")
+    pf, pend, keys, _ = _kept(parts, n_prompt=4, saved_from=3, gen=0)
+    pool.unpin(pool.slots.held(owner_of("r1"))[3:])  # written
     pf.entries["pf-x"] = Entry("pf-x", time.monotonic() + 60)
     pool.slots.allocate("pf-x", 8)
     pool.slots.allocate("other", 4)
