@@ -146,7 +146,7 @@ class SchedulerService(Service):
     # requests ---------------------------------------------------------------------
     async def lookup_hits(self, rec: InFlight) -> None:
         known = self.prefetcher.stored_prefix if rec.mode.moves_kv else None
-        await lookup_hits(rec, self.view.store_layout(), self.oracle, self._ask_hits, known)
+        await lookup_hits(rec, self.view.store_layout(), self.oracle, self._ask_hits, known, self.prefetcher.buffered)
 
     async def _ask_hits(self, query: HitQuery) -> HitReply:
         return await self.bus.request(self.subjects.sg_any("hit"), query, HitReply, timeout=2.0)

@@ -23,9 +23,12 @@ Ask = Callable[[HitQuery], Awaitable[HitReply]]  # one request to any storage-ga
 
 
 async def lookup_hits(rec: InFlight, layout, oracle: OracleIndex, ask: Ask,
-                      known: Callable[[list[bytes]], int] | None = None) -> None:
+                      known: Callable[[list[bytes]], int] | None = None,
+                      buffered: Callable[[list[bytes]], int] | None = None) -> None:
     """Set `rec.block_keys` and `rec.hit_blocks` (the leading keys present in the store).
-    `known(keys)`: leading keys known stored without a lookup (a session's prefetched turn), 0: ask."""
+    `known(keys)`: leading keys known stored without a lookup (a session's prefetched turn), 0: ask.
+    `buffered(keys)`: leading keys a buffer holds (a finished turn's blocks its DE kept, written
+    or not): hits whatever the store says."""
     if layout is None:
         return
     if not rec.block_keys:  # a front-door worker keyed it already (a resumed attempt's were cleared)
@@ -44,4 +47,6 @@ async def lookup_hits(rec: InFlight, layout, oracle: OracleIndex, ask: Ask,
             rec.hit_blocks = (await ask(HitQuery(layout, rec.block_keys))).blocks
         except BusError as exc:
             span.set_attribute("error", exc.reason)  # no gateway: everything is a miss
+        if buffered is not None:
+            rec.hit_blocks = max(rec.hit_blocks, buffered(rec.block_keys))
         span.set_attribute("hit_blocks", rec.hit_blocks)

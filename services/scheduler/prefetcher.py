@@ -14,7 +14,7 @@ Owns what the scheduler does with a finished turn's `Hint` and with an arriving 
   turn done, no prefetch -> `HoldSaves` to its DE's traffic-manager (`serve_pending_saves`): the
                 blocks it saved and has not freed yet (maybe not yet written) stay there a
                 short while and are indexed like a prefetch: the next turn's hits, served
-                from that buffer (`stored_prefix` counts them without a gateway);
+                from that buffer (`buffered` counts them with the store's hits);
   expiry     -> unclaimed staged blocks are released at their TTL (the expected return
                 plus a grace); the traffic-manager also drops them on its own TTL or when a
                 real reservation needs the room.
@@ -82,11 +82,15 @@ class Prefetcher:
         staged for a session whose next prompt extends it. The blocks past it are the new turn's
         own; one that another session stored on that very chain is computed, not loaded."""
         s = self.index.match(keys)
-        if s is not None and s.pending:  # in its DE's buffer, written or not: a hit served from there
-            return common(s.keys, keys)
-        if s is None or not s.whole or common(s.keys, keys) < len(s.keys):
+        if s is None or s.pending or not s.whole or common(s.keys, keys) < len(s.keys):
             return 0
         return len(s.keys)
+
+    def buffered(self, keys: list[bytes]) -> int:
+        """Leading `keys` a finished turn's DE keeps in its buffer (written or not): hits served from
+        there, counted with the store's (an older turn's entry may be shorter than what is stored)."""
+        s = self.index.match(keys)
+        return common(s.keys, keys) if s is not None and s.pending else 0
 
     # a finished turn ---------------------------------------------------------------------------
     def done(self, rec: InFlight, status: str) -> None:
