@@ -47,6 +47,7 @@ class Prefetcher:
         self.bus, self.subjects, self.view, self.reads, self.cfg = bus, subjects, view, reads, cfg
         self.spawn, self.ask_hits = spawn, ask_hits
         self.index = StagedIndex()
+        self.added = asyncio.Event()  # something was staged: the sweep, idle while nothing was, starts again
         self.planned: dict[bytes, asyncio.Task] = {}  # last key of a prefetch not started yet -> its task
         self.sending: Counter = Counter()  # engine -> blocks asked of it, not answered yet
         self.bulk: Counter = Counter()  # node -> prefetch bytes asked of its gateway, not answered yet
@@ -142,6 +143,7 @@ class Prefetcher:
         s = Staged(owner, p.engine, p.node, keys[:p.blocks], hold_until(return_at, h.tool_s, self.cfg.prefetch_grace_s,
                                                                         h.ttl_s), h.session, whole=p.blocks == len(keys))
         self.index.add(s)  # claimable at once: an early turn takes what is staged by then
+        self.added.set()
         nbytes = p.blocks * self._block_bytes()
         self.sending[p.engine] += p.blocks
         self.bulk[p.node] += nbytes
@@ -168,6 +170,7 @@ class Prefetcher:
                 s.keys = s.keys[:got.blocks]
                 s.slots = got.slots if got.slots is not None and len(got.slots.slots) == got.blocks else None
                 self.index.add(s)
+                self.added.set()
         self._note()
 
     async def _stored(self, keys: list[bytes], layout, return_at: float) -> int:
@@ -215,6 +218,9 @@ class Prefetcher:
     # expiry and release --------------------------------------------------------------------------
     async def sweep(self) -> None:
         while True:
+            if not self.index.by_owner:  # nothing can expire: sleep until something is staged
+                self.added.clear()
+                await self.added.wait()
             await asyncio.sleep(SWEEP_S)
             for s in self.index.expired(time.monotonic()):
                 self._release(s, "expired")
