@@ -183,3 +183,24 @@ def test_a_whole_staged_turn_answers_the_next_turns_hit_lookup_without_a_gateway
         await lookup_hits(again, LAYOUT, OracleIndex(), ask, pf.stored_prefix)
         assert len(asked) == 2
     asyncio.run(go())
+
+
+def test_the_sweep_sleeps_while_nothing_is_staged_and_releases_what_expires(monkeypatch):
+    """No polling of an empty index: with SWEEP_S at 0 a polling sweep would run at every loop turn."""
+    monkeypatch.setattr("services.scheduler.prefetcher.SWEEP_S", 0.0)
+
+    async def go():
+        pf, bus = _prefetcher()
+        looked = []
+        expired = pf.index.expired
+        pf.index.expired = lambda now: (looked.append(now), expired(now))[1]
+        task = asyncio.ensure_future(pf.sweep())
+        for _ in range(50):
+            await asyncio.sleep(0)
+        idle = len(looked)
+        pf.done(_done(list(range(300)), Hint(session="s", tool_s=0.0, ttl_s=0.0)), "ok")  # staged, due at once
+        await _until(lambda: any(isinstance(m, Release) for _, m in bus.sent))  # the sweep woke and released it
+        task.cancel()
+        return idle, looked
+    idle, looked = asyncio.run(go())
+    assert idle == 0 and looked
