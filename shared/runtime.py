@@ -1,7 +1,8 @@
 """The common life of a service process: config -> uvloop -> lifespan -> signals -> drain.
 
 Owns: the process entry point (flags and settings from shared/service_config.py), logging and tracing set-up, the bus connection (and its drop
-counters on `/metrics`), the `/metrics` server, the heartbeat loop, and the one TaskGroup
+counters on `/metrics`), the `/metrics` server, the heartbeat loop (an unchanged announcement goes
+out only as a keepalive, `Beats`), and the one TaskGroup
 that owns every task of the service. Tasks are supervised (`Service.spawn`): one that raises
 is logged, counted and answered through its `on_error`; the service goes on serving.
 
