@@ -177,7 +177,7 @@ class FrontDoors:
                 return  # a duplicate
             rec = InFlight(msg.req_id, msg.prompt, msg.sampling, ctx=d.ctx, mode=msg.mode, hint=msg.hint,
                            arrived=now - msg.waited_s, queued_at=now - msg.waited_s, block_keys=msg.block_keys,
-                           reply=msg.reply)
+                           reply=msg.reply, remote_prompt=0 if msg.prompt else msg.prompt_tokens)
             rec.events = Relay(self, rec)
             await svc.admit(rec)
             return
