@@ -13,8 +13,9 @@ One request's sequence:
 A retry of the same req_id within the duplicate window is stored once (server-side
 deduplication by Nats-Msg-Id).
   batch   -> `{ns}.journal.batch`     [Accepted | Finished, ...]   records queued together
-             (the writer's backlog, in order) as one message: one JetStream round trip for
-             them all, so the journal keeps up with any request rate; read as their records.
+             (the writer's backlog, or those noted within LINGER_S, in order) as one message:
+             one JetStream round trip for them all, so the journal keeps up with any request
+             rate at a few µs of CPU a record; read back as their records.
 
 Writing is best-effort: `accepted`/`finished` never raise for a NATS failure (they log,
 count `failures` and return False). On the request path use `note_accepted`/`note_finished`
@@ -60,6 +61,7 @@ class Finished(msgspec.Struct, tag="finished", omit_defaults=True):
 
 Entry = Accepted | Finished
 BATCH = 256  # most records one batch message holds (~40 KB)
+LINGER_S = 0.05  # the writer waits this long after a record for more to join it (each write is a round trip)
 _encoder = msgspec.json.Encoder()  # JSON: readable with `nats stream view` when debugging a restart
 _decoder = msgspec.json.Decoder(Entry | list[Entry])
 
@@ -107,13 +109,14 @@ class JournalError(RuntimeError):
 
 class Journal:
     def __init__(self, nc: nats.NATS, namespace: str, *, max_age_s: float = 24 * 3600,
-                 max_msgs: int = 1_000_000, duplicate_window_s: float = 120.0, timeout_s: float = 1.0):
+                 max_msgs: int = 1_000_000, duplicate_window_s: float = 120.0, timeout_s: float = 1.0,
+                 linger_s: float = LINGER_S):
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream(timeout=timeout_s)
         self.stream = stream_name(namespace)
         self.prefix = f"{namespace}.journal"
         self.max_age_s, self.max_msgs, self.duplicate_window_s = max_age_s, max_msgs, duplicate_window_s
-        self.timeout_s = timeout_s
+        self.timeout_s, self.linger_s = timeout_s, linger_s
         self.failures = 0  # records that could not be written (NATS down, stream gone, queue full)
         self.queue: asyncio.Queue[tuple[str, str, Entry, str]] = asyncio.Queue(maxsize=10_000)
 
@@ -155,9 +158,12 @@ class Journal:
 
     async def run(self) -> None:
         """The writer: records from `note_*`, in order; one alone as itself (with its dedup id),
-        those queued meanwhile (up to BATCH) as one batch message. Runs until cancelled."""
+        those queued meanwhile or within `linger_s` of the first (up to BATCH) as one batch
+        message. Runs until cancelled."""
         while True:
             items = [await self.queue.get()]
+            if self.linger_s > 0:
+                await asyncio.sleep(self.linger_s)
             while len(items) < BATCH and not self.queue.empty():
                 items.append(self.queue.get_nowait())
             if len(items) == 1:

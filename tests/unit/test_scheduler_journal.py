@@ -92,7 +92,7 @@ def _drain(journal: Journal) -> None:
 
 def test_a_noted_record_alone_is_written_as_itself_with_its_dedup_id():
     js = _FakeJetStream()
-    journal = Journal(_FakeClient(js), "dpx")
+    journal = Journal(_FakeClient(js), "dpx", linger_s=0)
 
     async def one_at_a_time():
         writer = asyncio.create_task(journal.run())
@@ -111,7 +111,7 @@ def test_a_noted_record_alone_is_written_as_itself_with_its_dedup_id():
 
 def test_records_queued_together_are_one_batch_in_order_and_fold_as_their_records():
     js = _FakeJetStream()
-    journal = Journal(_FakeClient(js), "dpx")
+    journal = Journal(_FakeClient(js), "dpx", linger_s=0)
     for i in range(BATCH + 3):  # a backlog: one full batch, then the rest
         journal.note_accepted(_acc(f"r{i}"))
     journal.note_finished("r0", "ok", 5)
@@ -122,8 +122,26 @@ def test_records_queued_together_are_one_batch_in_order_and_fold_as_their_record
     assert [a.req_id for a in fold(entries)] == [f"r{i}" for i in range(1, BATCH + 3)]
 
 
+def test_records_noted_within_the_linger_go_together():
+    js = _FakeJetStream()
+    journal = Journal(_FakeClient(js), "dpx", linger_s=0.01)
+
+    async def trickle():
+        writer = asyncio.create_task(journal.run())
+        journal.note_accepted(_acc("r1"))
+        await asyncio.sleep(0)  # the writer took r1 and lingers
+        journal.note_finished("r1", "ok", 5)
+        while not js.sent:
+            await asyncio.sleep(0.005)
+        writer.cancel()
+
+    asyncio.run(trickle())
+    assert [subj for subj, _, _ in js.sent] == ["dpx.journal.batch"]
+    assert [type(e).__name__ for e in decode(js.sent[0][1])] == ["Accepted", "Finished"]
+
+
 def test_a_failed_batch_counts_each_of_its_records():
-    journal = Journal(_FakeClient(_FakeJetStream(fail=True)), "dpx")
+    journal = Journal(_FakeClient(_FakeJetStream(fail=True)), "dpx", linger_s=0)
     for rid in ("r1", "r2", "r3"):
         journal.note_accepted(_acc(rid))
     _drain(journal)
@@ -131,7 +149,7 @@ def test_a_failed_batch_counts_each_of_its_records():
 
 
 def test_a_failed_write_is_counted_never_raised():
-    journal = Journal(_FakeClient(_FakeJetStream(fail=True)), "dpx")
+    journal = Journal(_FakeClient(_FakeJetStream(fail=True)), "dpx", linger_s=0)
     journal.note_accepted(_acc("r1"))
     _drain(journal)
     assert journal.failures == 1
