@@ -121,3 +121,33 @@ def test_the_worker_fills_in_the_prompt_and_the_streamed_tokens_and_drops_stale_
     rec.finished = FinishReason.CANCELLED
     forward("r#1")
     assert len(worker.bus.sent) == 1
+
+
+def test_a_done_that_comes_during_the_hit_lookup_finishes_the_request_once_it_is_queued():
+    import asyncio
+    from types import SimpleNamespace
+
+    from services.scheduler.doors import FrontDoors
+    from services.scheduler.wire import Done, Submit
+
+    async def scenario():
+        gateway = asyncio.Event()
+        finished, tasks = [], []
+
+        async def admit(rec):
+            await gateway.wait()  # the gateway's answer is slow
+            svc.inflight[rec.req_id] = rec
+
+        svc = SimpleNamespace(inflight={}, admit=admit, finish=lambda rec, status: finished.append((rec.req_id, status)),
+                              spawn=lambda coro, name=None: tasks.append(asyncio.ensure_future(coro)))
+        doors, d = FrontDoors(svc), SimpleNamespace(ctx=None)
+        await doors._on_front(Submit("a", "w.out", Sampling(max_tokens=4), prompt_tokens=9), d)
+        await doors._on_front(Submit("b", "w.out", Sampling(max_tokens=4), prompt_tokens=9), d)  # not behind a
+        await doors._on_front(Done("a", "cancelled"), d)  # the client left while a's hits were looked up
+        assert finished == [] and len(tasks) == 2
+        gateway.set()
+        await asyncio.gather(*tasks)
+        return finished, doors.admitting, set(svc.inflight)
+
+    finished, admitting, inflight = asyncio.run(scenario())
+    assert finished == [("a", "cancelled")] and admitting == {} and inflight == {"a", "b"}  # (finish is a stub)
