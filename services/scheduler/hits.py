@@ -28,7 +28,7 @@ async def lookup_hits(rec: InFlight, layout, oracle: OracleIndex, ask: Ask,
     `known(keys)`: leading keys known stored without a lookup (a session's prefetched turn), 0: ask."""
     if layout is None:
         return
-    if not rec.block_keys:  # a front-door worker keyed it already (a resumed attempt's were cleared)
+    if not rec.block_keys and not rec.remote_prompt:  # a front-door worker keyed it already (or has the ids)
         rec.block_keys = prompt_keys(layout, rec.work_prompt)
     if not rec.block_keys:
         return

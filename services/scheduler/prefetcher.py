@@ -24,6 +24,7 @@ import logging
 import time
 import uuid
 from collections import Counter
+from dataclasses import replace
 
 from opentelemetry import trace
 
@@ -34,6 +35,7 @@ from shared.engine.store_layout import prompt_keys
 from shared.messages.codes import LoadMode
 from shared.messages.storage_gateway import HitQuery, Retain, RetainLevel
 from shared.messages.traffic_manager import Prefetch, Prefetched, Release
+from shared.sched.policy.read_path import ReadPath
 from shared.sched.prefetch import Holder, RecentBytes, Staged, StagedIndex, common, hold_until, plan
 
 log = logging.getLogger("scheduler.prefetch")
@@ -135,7 +137,7 @@ class Prefetcher:
             if self.planned.get(keys[-1]) is asyncio.current_task():
                 del self.planned[keys[-1]]
         stored = await self._stored(keys, layout, return_at)
-        p = self._plan(stored, return_at, mode)
+        p = self._plan(stored, return_at, mode, keep=first.side)
         if p is None:
             self.m_blocks.labels("no_room").inc(stored)
             return
@@ -187,11 +189,19 @@ class Prefetcher:
             await asyncio.sleep(PERSIST_POLL_S)
         return stored
 
-    def _plan(self, blocks: int, return_at: float, mode: LoadMode):
-        """The same path policy as a hit's read: basic reads on the PE path only, so it stages there."""
+    def _plan(self, blocks: int, return_at: float, mode: LoadMode, keep: ReadPath | None = None):
+        """The same path policy as a hit's read: basic reads on the PE path only, so it stages there.
+        `keep`: the side planned when the turn ended. Asked again when the read starts (by design
+        about one read's lead before the session is due), the prefill side's fit would be a coin
+        toss: a prefill-side plan stays there while that side has room."""
         bb = self._block_bytes()
-        return plan(blocks, bb, time.monotonic(), return_at, self._holders(bb), self.cfg.prefetch_margin,
-                    force=self.cfg.read_path if LoadMode(mode).both_paths else "pe")
+        force = self.cfg.read_path if LoadMode(mode).both_paths else "pe"
+        holders, now, prefer = self._holders(bb), time.monotonic(), self.cfg.prefetch_prefer_pe
+        if keep is ReadPath.PE and prefer and force == "auto":
+            p = plan(blocks, bb, now, return_at, holders, self.cfg.prefetch_margin, force="pe")
+            if p is not None:
+                return replace(p, reason="prefill side, as planned when the turn ended")
+        return plan(blocks, bb, now, return_at, holders, self.cfg.prefetch_margin, force=force, prefer_pe=prefer)
 
     def _holders(self, block_bytes: int) -> list[Holder]:
         now, out = time.monotonic(), []
