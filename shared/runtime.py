@@ -1,7 +1,8 @@
 """The common life of a service process: config -> uvloop -> lifespan -> signals -> drain.
 
 Owns: the process entry point (flags and settings from shared/service_config.py), logging and tracing set-up, the bus connection (and its drop
-counters on `/metrics`), the `/metrics` server, the heartbeat loop, and the one TaskGroup
+counters on `/metrics`), the `/metrics` server, the heartbeat loop (an unchanged announcement goes
+out only as a keepalive, `Beats`), and the one TaskGroup
 that owns every task of the service. Tasks are supervised (`Service.spawn`): one that raises
 is logged, counted and answered through its `on_error`; the service goes on serving.
 
@@ -73,6 +74,11 @@ class Service(ABC):
     def announce(self) -> Announce:
         """The current announcement (sent at start and every heartbeat)."""
 
+    def beat_key(self, msg: Announce) -> object:
+        """What of an announcement counts as a change (`Beats`): all of it, unless a service
+        leaves out a figure that moves every step and nobody acts on between keepalives."""
+        return msg
+
     async def stop(self) -> None:
         """Stop intake and release resources; tasks are cancelled afterwards."""
 
@@ -139,11 +145,33 @@ class BusCounters:
                                   value=self.bus.handler_errors)
 
 
+class Beats:
+    """Which heartbeats go out: a changed announcement at once, an unchanged one after `quiet`
+    skipped beats (a keepalive every quiet + 1 beats: liveness is judged on silences many beats
+    long). A mesh decoding steadily changes nothing in most announcements, and each one costs
+    its sender, NATS and every subscriber a wake-up. Pure: the caller compares and publishes."""
+
+    def __init__(self, quiet: int):
+        self.quiet, self.last, self.skipped = quiet, None, 0
+
+    def due(self, key: object) -> bool:
+        """Whether the announcement whose comparable view is `key` goes out this beat."""
+        if key == self.last and self.skipped < self.quiet:
+            self.skipped += 1
+            return False
+        self.last, self.skipped = key, 0
+        return True
+
+
 async def _heartbeat(svc: Service, stop: asyncio.Event) -> None:
+    beats = Beats(svc.cfg.quiet_beats)
     while not stop.is_set():
         try:
-            await svc.bus.publish(svc.subjects.heartbeat, svc.announce())
+            msg = svc.announce()
+            if beats.due(svc.beat_key(msg)):
+                await svc.bus.publish(svc.subjects.heartbeat, msg)
         except Exception as exc:  # noqa: BLE001 - reconnecting bus; keep beating
+            beats.last = None  # the next beat goes out whatever it holds
             log.warning("heartbeat failed: %s", exc)
         try:
             await asyncio.wait_for(stop.wait(), svc.cfg.heartbeat_s)

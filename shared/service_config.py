@@ -28,6 +28,7 @@ class CommonConfig:
     host: str = "127.0.0.1"  # where this process's listeners bind (loopback by default)
     metrics_port: int = 0  # /metrics port; 0 = any free port (announced)
     heartbeat_s: float = 0.5  # announce period
+    quiet_beats: int = 1  # unchanged announcements skipped in a row (a change goes out at the next beat); 0 = every beat
     log_level: str = "info"  # debug | info | warning | error
     nats_wait_s: float = 60.0  # start-up: how long to wait for a reachable NATS server before giving up; 0 = forever
     # NATS credentials (any one scheme); secrets never appear in logs, traces or repr()
@@ -75,6 +76,7 @@ def check_common(cfg: CommonConfig) -> None:
     require(cfg.log_level.lower() in LOG_LEVELS, "log_level", cfg.log_level, " | ".join(LOG_LEVELS))
     require(0 <= cfg.metrics_port < 65536, "metrics_port", cfg.metrics_port, "not a port (0 = any free port)")
     require(cfg.heartbeat_s > 0, "heartbeat_s", cfg.heartbeat_s, "must be > 0")
+    require(cfg.quiet_beats >= 0, "quiet_beats", cfg.quiet_beats, "must be >= 0 (0 = announce every beat)")
     require(cfg.nats_wait_s >= 0, "nats_wait_s", cfg.nats_wait_s, "must be >= 0 (0 = wait forever)")
     for key in ("nats_creds", "nats_nkey_seed", "nats_tls_ca", "nats_tls_cert", "nats_tls_key"):
         path = getattr(cfg, key)

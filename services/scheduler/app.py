@@ -25,7 +25,7 @@ from services.scheduler.journal import Accepted, Journal, JournalUnavailable, re
 from services.scheduler.liveness import Watch, stranded, unassigned_past
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.oracle import OracleIndex
-from services.scheduler.placement import Lines, place
+from services.scheduler.placement import Lines, addressed, place
 from services.scheduler.prefetcher import Prefetcher
 from services.scheduler.view import MeshView
 from shared.bus import Delivery
@@ -154,9 +154,9 @@ class SchedulerService(Service):
     def submit(self, rec: InFlight) -> None:
         self.inflight[rec.req_id] = rec
         if self.journal:
-            self.journal.note_accepted(Accepted(rec.req_id, time.time(), len(rec.prompt), rec.sampling, self.instance))
-        self.dispatcher.enqueue(Job(rec.req_id, len(rec.prompt), rec.sampling.max_tokens))
-        self.m.prompt.inc(len(rec.prompt))
+            self.journal.note_accepted(Accepted(rec.req_id, time.time(), rec.prompt_len, rec.sampling, self.instance))
+        self.dispatcher.enqueue(Job(rec.req_id, rec.prompt_len, rec.sampling.max_tokens))
+        self.m.prompt.inc(rec.prompt_len)
         self.m.queue.set(self.dispatcher.waiting())
         self.kick.set()
 
@@ -190,7 +190,7 @@ class SchedulerService(Service):
                 "req_id": rec.req_id, "attempt": rec.attempt, "tokens_streamed": rec.step0}):
             await self.lookup_hits(rec)
         if rec.req_id in self.inflight and not rec.finished:
-            self.dispatcher.enqueue(Job(rec.req_id, len(rec.work_prompt), remaining))
+            self.dispatcher.enqueue(Job(rec.req_id, rec.work_len, remaining))
             self.kick.set()
 
     def finish(self, rec: InFlight, status: str) -> None:
@@ -272,7 +272,7 @@ class SchedulerService(Service):
             self.m.assign_wait.observe(rec.assigned_at - rec.queued_at)
             placed = place(rec, a.pe, a.de, self.view, self.reads, rec.reply or self.output_subject, self.cfg.read_path)
             with tracer.start_as_current_span("assign", context=rec.ctx, attributes=placed.span_attributes(rec)):
-                await self.bus.publish(self.subjects.prefill_work(a.pe), placed.work)
+                await self.bus.publish(*addressed(rec, a.pe, placed.work, self.subjects))
         self.m.queue.set(self.dispatcher.waiting())
         self.m.running.set(self.dispatcher.ledger.placed)
 

@@ -26,6 +26,7 @@ class SchedulerConfig(CommonConfig):
     mode: LoadMode = LoadMode.DUALPATH  # how stored KV is loaded when a request names no dualpath_mode (README: Load modes)
     read_path: str = "auto"  # dualpath modes: auto (the mode's rule) | pe | de (every hit on that path: tests)
     prefetch: bool = True  # act on agent hints' tool calls: stage the session's stored KV in a buffer meanwhile
+    prefetch_prefer_pe: bool = True  # stage on the prefill side whenever its read ends before the session is due (else: the idler NIC)
     prefetch_margin: float = 2.0  # start a prefetch this many expected read times before the session is due back
     prefetch_grace_s: float = 5.0  # staged blocks wait this long past the expected return (or a tool call's length)
     serve_pending_saves: bool = True  # a finished turn's blocks still in its DE's buffer (saved, maybe unwritten) are the next turn's hits

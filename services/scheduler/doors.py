@@ -4,7 +4,9 @@ Owns, when the scheduler runs with `front_workers` = N > 0: the N worker process
 (`services.scheduler.worker`, each handed the service's listening socket and its settings;
 one that exits is restarted and the requests it held are forgotten), and what the core does
 with their messages (wire.py): a `Submit` becomes an `InFlight` queued for dispatch exactly
-as one the core's own HTTP handlers accepted (hit lookup, prefetch claim, journal); a
+as one the core's own HTTP handlers accepted (hit lookup, prefetch claim, journal; in a task of
+its own, the request's later messages held until it is queued, so no Submit waits for another's
+gateway answer); a
 resumed attempt re-queues it after the tokens the client has; `PrefillOver` frees the
 prefill engine; `Done` finishes it. The core reaches a worker's request through `Relay`,
 which stands in for the request's event queue: what the core would have queued (a failure,
@@ -59,6 +61,7 @@ class FrontDoors:
         self.up: set[int] = set()  # workers heard from (their heartbeat)
         self.all_up = asyncio.Event()
         self.failed: asyncio.Future | None = None  # set when one could not start (start())
+        self.admitting: dict[str, tuple[InFlight, list]] = {}  # hit lookup under way: (it, its messages meanwhile)
 
     async def start(self) -> None:
         svc = self.svc
@@ -119,6 +122,9 @@ class FrontDoors:
             for rec in lost:
                 svc.spawn(svc._cancel(rec.wire_id, "front-door worker exited"))
                 svc.finish(rec, "error")
+            for rec, held in self.admitting.values():
+                if rec.reply == subject:  # finished as soon as it is queued
+                    held.append(Done(rec.req_id, "error"))
             await asyncio.sleep(RESTART_S)
 
     async def _publish_info(self) -> None:
@@ -154,9 +160,16 @@ class FrontDoors:
         if isinstance(msg, Submit):
             await self._submit(msg, d)
             return
-        rec = svc.inflight.get(msg.req_id)
-        if rec is None:
+        held = self.admitting.get(msg.req_id)
+        if held is not None:  # after its admission, in order
+            held[1].append(msg)
             return
+        rec = svc.inflight.get(msg.req_id)
+        if rec is not None:
+            self._apply(rec, msg)
+
+    def _apply(self, rec: InFlight, msg) -> None:
+        svc = self.svc
         if isinstance(msg, PrefillOver):
             if msg.attempt == rec.attempt:  # the attempt's prefill engine is free, its reads are over
                 svc.reads.done(rec.req_id)
@@ -173,13 +186,14 @@ class FrontDoors:
         svc, now = self.svc, time.monotonic()
         rec = svc.inflight.get(msg.req_id)
         if msg.attempt == 0:
-            if rec is not None:
+            if rec is not None or msg.req_id in self.admitting:
                 return  # a duplicate
             rec = InFlight(msg.req_id, msg.prompt, msg.sampling, ctx=d.ctx, mode=msg.mode, hint=msg.hint,
                            arrived=now - msg.waited_s, queued_at=now - msg.waited_s, block_keys=msg.block_keys,
-                           reply=msg.reply)
+                           reply=msg.reply, remote_prompt=0 if msg.prompt else msg.prompt_tokens)
             rec.events = Relay(self, rec)
-            await svc.admit(rec)
+            self.admitting[rec.req_id] = (rec, [])
+            svc.spawn(self._admit(rec), name=f"admit-{rec.req_id}")
             return
         if rec is None or msg.attempt <= rec.attempt or rec.finished:
             return  # finished meanwhile, or an attempt already seen
@@ -190,3 +204,14 @@ class FrontDoors:
         rec.block_keys = msg.block_keys
         svc.m.resumes.inc()
         svc.spawn(svc._requeue(rec, remaining), name=f"resume-{rec.req_id}")
+
+    async def _admit(self, rec: InFlight) -> None:
+        """Its hit lookup and queueing, off the subject's loop (the next messages need not wait for
+        a gateway's answer); what came for it meanwhile (its Done: the client left) follows."""
+        try:
+            await self.svc.admit(rec)
+        finally:
+            _, held = self.admitting.pop(rec.req_id)
+        for msg in held:
+            if self.svc.inflight.get(rec.req_id) is rec:
+                self._apply(rec, msg)

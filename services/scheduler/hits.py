@@ -31,7 +31,7 @@ async def lookup_hits(rec: InFlight, layout, oracle: OracleIndex, ask: Ask,
     or not): hits whatever the store says."""
     if layout is None:
         return
-    if not rec.block_keys:  # a front-door worker keyed it already (a resumed attempt's were cleared)
+    if not rec.block_keys and not rec.remote_prompt:  # a front-door worker keyed it already (or has the ids)
         rec.block_keys = prompt_keys(layout, rec.work_prompt)
     if not rec.block_keys:
         return

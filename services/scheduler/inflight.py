@@ -43,6 +43,7 @@ class InFlight:
     hint: object = None  # the agent's `hints.Hint` (None: no agent_hints); never reaches an engine
     staged: object = None  # `shared.sched.prefetch.Staged`: its prompt's prefix prefetched into a buffer
     reply: str = ""  # at the dispatch core: the front-door worker's output subject ("": the core's own client)
+    remote_prompt: int = 0  # at the dispatch core: the prompt's length, its ids left with the worker (0: in `prompt`)
 
     def accept(self, ev: TokenEvent) -> TokenEvent | None:
         """Keep only tokens not seen yet; returns the event to deliver (or None)."""
@@ -77,6 +78,15 @@ class InFlight:
         """What the current attempt prefills: the prompt plus every token already streamed (the
         prompt itself, not a copy, on a first attempt: do not mutate it)."""
         return self.prompt + self.tokens[: self.step0] if self.step0 else self.prompt
+
+    @property
+    def prompt_len(self) -> int:
+        return self.remote_prompt or len(self.prompt)
+
+    @property
+    def work_len(self) -> int:
+        """The length of `work_prompt` (also where the ids stayed with a front-door worker)."""
+        return self.prompt_len + self.step0
 
     def work_sampling(self) -> Sampling:
         return msgspec.structs.replace(self.sampling, max_tokens=self.sampling.max_tokens - self.step0,

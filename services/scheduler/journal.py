@@ -1,9 +1,9 @@
 """The request journal: which requests a scheduler accepted and which it finished, on JetStream.
 
 Owns the stream `DP_<ns>_REQUESTS` (subjects `{ns}.journal.>`, file storage, bounded
-by age and count) and the two record types written to it, and what a restarted scheduler
-does with `unfinished()` (`recover`: cancel each request on `{ns}.cancel`; the wiring in
-app.py counts them failed).
+by age and count) and the two record types written to it (alone or batched), and what a
+restarted scheduler does with `unfinished()` (`recover`: cancel each request on
+`{ns}.cancel`; the wiring in app.py counts them failed).
 
 One request's sequence:
   accept  -> `{ns}.journal.accepted`  Accepted(req_id, ...)   Nats-Msg-Id = req_id
@@ -12,6 +12,10 @@ One request's sequence:
              the two records land does not matter), read with an ordered consumer.
 A retry of the same req_id within the duplicate window is stored once (server-side
 deduplication by Nats-Msg-Id).
+  batch   -> `{ns}.journal.batch`     [Accepted | Finished, ...]   records queued together
+             (the writer's backlog, or those noted within LINGER_S, in order) as one message:
+             one JetStream round trip for them all, so the journal keeps up with any request
+             rate at a few µs of CPU a record; read back as their records.
 
 Writing is best-effort: `accepted`/`finished` never raise for a NATS failure (they log,
 count `failures` and return False). On the request path use `note_accepted`/`note_finished`
@@ -56,15 +60,17 @@ class Finished(msgspec.Struct, tag="finished", omit_defaults=True):
 
 
 Entry = Accepted | Finished
+BATCH = 256  # most records one batch message holds (~40 KB)
+LINGER_S = 0.05  # the writer waits this long after a record for more to join it (each write is a round trip)
 _encoder = msgspec.json.Encoder()  # JSON: readable with `nats stream view` when debugging a restart
-_decoder = msgspec.json.Decoder(Entry)
+_decoder = msgspec.json.Decoder(Entry | list[Entry])
 
 
-def encode(entry: Entry) -> bytes:
+def encode(entry: Entry | list[Entry]) -> bytes:
     return _encoder.encode(entry)
 
 
-def decode(data: bytes) -> Entry:
+def decode(data: bytes) -> Entry | list[Entry]:
     return _decoder.decode(data)
 
 
@@ -103,13 +109,14 @@ class JournalError(RuntimeError):
 
 class Journal:
     def __init__(self, nc: nats.NATS, namespace: str, *, max_age_s: float = 24 * 3600,
-                 max_msgs: int = 1_000_000, duplicate_window_s: float = 120.0, timeout_s: float = 1.0):
+                 max_msgs: int = 1_000_000, duplicate_window_s: float = 120.0, timeout_s: float = 1.0,
+                 linger_s: float = LINGER_S):
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream(timeout=timeout_s)
         self.stream = stream_name(namespace)
         self.prefix = f"{namespace}.journal"
         self.max_age_s, self.max_msgs, self.duplicate_window_s = max_age_s, max_msgs, duplicate_window_s
-        self.timeout_s = timeout_s
+        self.timeout_s, self.linger_s = timeout_s, linger_s
         self.failures = 0  # records that could not be written (NATS down, stream gone, queue full)
         self.queue: asyncio.Queue[tuple[str, str, Entry, str]] = asyncio.Queue(maxsize=10_000)
 
@@ -150,16 +157,29 @@ class Journal:
             log.warning("journal queue full: %s %s not recorded", item[0], item[1])
 
     async def run(self) -> None:
-        """The writer: records from `note_*`, in order, one at a time. Runs until cancelled."""
+        """The writer: records from `note_*`, in order; one alone as itself (with its dedup id),
+        those queued meanwhile or within `linger_s` of the first (up to BATCH) as one batch
+        message. Runs until cancelled."""
         while True:
-            await self._write(*await self.queue.get())
+            items = [await self.queue.get()]
+            if self.linger_s > 0:
+                await asyncio.sleep(self.linger_s)
+            while len(items) < BATCH and not self.queue.empty():
+                items.append(self.queue.get_nowait())
+            if len(items) == 1:
+                await self._write(*items[0])
+            else:
+                await self._write("batch", f"{items[0][1]} and {len(items) - 1} more", [e for _, _, e, _ in items],
+                                  None, len(items))
 
-    async def _write(self, verb: str, req_id: str, entry: Entry, msg_id: str) -> bool:
+    async def _write(self, verb: str, req_id: str, entry: Entry | list[Entry], msg_id: str | None,
+                     records: int = 1) -> bool:
         try:
-            await self.js.publish(f"{self.prefix}.{verb}", encode(entry), headers={"Nats-Msg-Id": msg_id})
+            await self.js.publish(f"{self.prefix}.{verb}", encode(entry),
+                                  headers={"Nats-Msg-Id": msg_id} if msg_id else None)
             return True
         except Exception as exc:  # noqa: BLE001 - best effort: a journal write never fails a request
-            self.failures += 1
+            self.failures += records
             log.warning("journal %s %s not recorded: %s", verb, req_id, type(exc).__name__)
             return False
 
@@ -184,7 +204,8 @@ class Journal:
             while True:
                 msg = await sub.next_msg(timeout=max(self.timeout_s, 2.0))
                 try:
-                    entries.append(decode(msg.data))
+                    got = decode(msg.data)
+                    entries += got if isinstance(got, list) else [got]
                 except msgspec.DecodeError as exc:  # a bad record is logged and skipped
                     log.warning("journal: skipped bad record %s: %s", msg.metadata.sequence.stream, exc)
                 if msg.metadata.num_pending == 0:

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgspec
+
 from services.scheduler.inflight import InFlight
 from services.scheduler.view import MeshView
+from services.scheduler.wire import Forward, work_subject
 from shared.messages.codes import LoadMode
 from shared.messages.work import PrefillWork
 from shared.sched.dispatch import EngineLoad
@@ -103,14 +106,22 @@ def place(rec: InFlight, pe: str, de: str, view: MeshView, reads: ReadQueues, re
     pe_node, de_node = view.node_of(pe), view.node_of(de)
     layout = view.store_layout()
     bs = layout.block_size if layout else DEFAULT_BLOCK
-    prompt = rec.work_prompt
-    usable = min(rec.hit_blocks, (len(prompt) - 1) // bs) if LoadMode(rec.mode).moves_kv else 0
+    usable = min(rec.hit_blocks, (rec.work_len - 1) // bs) if LoadMode(rec.mode).moves_kv else 0
     staged = rec.staged
     s = min(common(staged.keys, rec.block_keys), usable) if staged is not None else 0  # prefetched: not read now
     path = reads.decide(rec.mode, usable - s, pe_node, de_node, bs, force=read_path)
     reads.hold(rec.req_id, path, pe_node, de_node, bs)
+    prompt = [] if rec.remote_prompt else rec.work_prompt  # a worker's ids: it fills them in (`addressed`)
     work = PrefillWork(rec.wire_id, prompt, rec.work_sampling(), de, reply, block_keys=rec.block_keys,
                        hit_blocks=rec.hit_blocks, read_node=pe_node, mode=rec.mode, pe_blocks=s + path.pe_blocks,
                        de_node=de_node, staged_engine=staged.engine if s else "", staged_owner=staged.owner if s else "",
                        staged_blocks=s, staged_slots=staged.slots if s and staged.engine == pe else None)
     return Placed(work, path, s)
+
+
+def addressed(rec: InFlight, pe: str, work: PrefillWork, subjects) -> tuple[str, msgspec.Struct]:
+    """(subject, message) that takes `work` to `pe`: straight there, or through the front-door
+    worker that holds the prompt's ids (wire.Forward)."""
+    if rec.remote_prompt:
+        return work_subject(rec.reply), Forward(pe, work)
+    return subjects.prefill_work(pe), work

@@ -28,6 +28,7 @@ import logging
 import time
 import uuid
 from collections import Counter
+from dataclasses import replace
 
 from opentelemetry import trace
 
@@ -38,6 +39,7 @@ from shared.engine.store_layout import prompt_keys
 from shared.messages.codes import LoadMode
 from shared.messages.storage_gateway import HitQuery, Retain, RetainLevel
 from shared.messages.traffic_manager import PENDING_OWNER, HoldSaves, Prefetch, Prefetched, Release
+from shared.sched.policy.read_path import ReadPath
 from shared.sched.prefetch import Holder, RecentBytes, Staged, StagedIndex, common, hold_until, plan
 
 log = logging.getLogger("scheduler.prefetch")
@@ -51,6 +53,7 @@ class Prefetcher:
         self.bus, self.subjects, self.view, self.reads, self.cfg = bus, subjects, view, reads, cfg
         self.spawn, self.ask_hits = spawn, ask_hits
         self.index = StagedIndex()
+        self.added = asyncio.Event()  # something was staged: the sweep, idle while nothing was, starts again
         self.planned: dict[bytes, asyncio.Task] = {}  # last key of a prefetch not started yet -> its task
         self.sending: Counter = Counter()  # engine -> blocks asked of it, not answered yet
         self.bulk: Counter = Counter()  # node -> prefetch bytes asked of its gateway, not answered yet
@@ -148,7 +151,7 @@ class Prefetcher:
             if self.planned.get(keys[-1]) is asyncio.current_task():
                 del self.planned[keys[-1]]
         stored = await self._stored(keys, layout, return_at)
-        p = self._plan(stored, return_at, mode)
+        p = self._plan(stored, return_at, mode, keep=first.side)
         if p is None:
             self.m_blocks.labels("no_room").inc(stored)
             return
@@ -156,6 +159,7 @@ class Prefetcher:
         s = Staged(owner, p.engine, p.node, keys[:p.blocks], hold_until(return_at, h.tool_s, self.cfg.prefetch_grace_s,
                                                                         h.ttl_s), h.session, whole=p.blocks == len(keys))
         self.index.add(s)  # claimable at once: an early turn takes what is staged by then
+        self.added.set()
         nbytes = p.blocks * self._block_bytes()
         self.sending[p.engine] += p.blocks
         self.bulk[p.node] += nbytes
@@ -182,6 +186,7 @@ class Prefetcher:
                 s.keys = s.keys[:got.blocks]
                 s.slots = got.slots if got.slots is not None and len(got.slots.slots) == got.blocks else None
                 self.index.add(s)
+                self.added.set()
         self._note()
 
     async def _hold(self, rec: InFlight, keys: list[bytes], session: str) -> None:
@@ -198,6 +203,7 @@ class Prefetcher:
             self.index.add(Staged(PENDING_OWNER + rec.wire_id, de, self.view.node_of(de), keys[:got.blocks],
                                   time.monotonic() + ttl, session, whole=got.blocks == len(keys), slots=got.slots,
                                   pending=True))
+            self.added.set()
             self.m_blocks.labels("pending").inc(got.blocks)
             self._note()
 
@@ -215,11 +221,19 @@ class Prefetcher:
             await asyncio.sleep(PERSIST_POLL_S)
         return stored
 
-    def _plan(self, blocks: int, return_at: float, mode: LoadMode):
-        """The same path policy as a hit's read: basic reads on the PE path only, so it stages there."""
+    def _plan(self, blocks: int, return_at: float, mode: LoadMode, keep: ReadPath | None = None):
+        """The same path policy as a hit's read: basic reads on the PE path only, so it stages there.
+        `keep`: the side planned when the turn ended. Asked again when the read starts (by design
+        about one read's lead before the session is due), the prefill side's fit would be a coin
+        toss: a prefill-side plan stays there while that side has room."""
         bb = self._block_bytes()
-        return plan(blocks, bb, time.monotonic(), return_at, self._holders(bb), self.cfg.prefetch_margin,
-                    force=self.cfg.read_path if LoadMode(mode).both_paths else "pe")
+        force = self.cfg.read_path if LoadMode(mode).both_paths else "pe"
+        holders, now, prefer = self._holders(bb), time.monotonic(), self.cfg.prefetch_prefer_pe
+        if keep is ReadPath.PE and prefer and force == "auto":
+            p = plan(blocks, bb, now, return_at, holders, self.cfg.prefetch_margin, force="pe")
+            if p is not None:
+                return replace(p, reason="prefill side, as planned when the turn ended")
+        return plan(blocks, bb, now, return_at, holders, self.cfg.prefetch_margin, force=force, prefer_pe=prefer)
 
     def _holders(self, block_bytes: int) -> list[Holder]:
         now, out = time.monotonic(), []
@@ -246,6 +260,9 @@ class Prefetcher:
     # expiry and release --------------------------------------------------------------------------
     async def sweep(self) -> None:
         while True:
+            if not self.index.by_owner:  # nothing can expire: sleep until something is staged
+                self.added.clear()
+                await self.added.wait()
             await asyncio.sleep(SWEEP_S)
             for s in self.index.expired(time.monotonic()):
                 self._release(s, "expired")

@@ -3,11 +3,15 @@
 Owns the compact wire the two halves of the scheduler service speak when it runs with
 `front_workers` > 0 (worker -> core on `{ns}.scheduler.<core>.front`, one subject so a
 request's messages arrive in order):
-- `Submit`: a tokenized request (or a resumed attempt: only the tokens streamed so far, the
-  core keeps the prompt) with its block keys, computed by the worker;
+- `Submit`: a tokenized request (or a resumed attempt: only the tokens streamed so far) with
+  its block keys, computed by the worker; the prompt's ids stay with the worker (only its
+  length is sent) unless the core needs them (no keys yet, agent hints, oracle mode);
 - `PrefillOver`: the attempt's first token reached the worker (its prefill engine is free);
 - `Done`: the client got its last event (status, the generated ids, the latencies).
-The engines' tokens never pass the core: they go to the worker's own output subject. The
+A worker-held prompt never passes the core either: the core addresses each attempt's work to
+the worker (`Forward` on `work_subject(reply)`: the prefill engine and its `PrefillWork`
+without the prompt), which fills the prompt in and publishes it to the engine. The engines'
+tokens never pass the core: they go to the worker's own output subject. The
 core reaches a worker's requests on that subject too, with plain `TokenEvent`s (a failure,
 or a retryable `engine_failed` naming the engine that went silent: the worker resumes).
 `Ask` / `Answer` carry /health, /v1/mesh and /metrics; `FrontInfo` (also published every
@@ -21,14 +25,15 @@ import msgspec
 from services.scheduler.hints import Hint
 from shared.messages.codes import LoadMode
 from shared.messages.storage_gateway import StoreLayout
-from shared.messages.work import Sampling
+from shared.messages.work import PrefillWork, Sampling
 
 
 class Submit(msgspec.Struct, tag="submit", omit_defaults=True, gc=False):
     req_id: str
     reply: str  # the worker's output subject: engines and the core answer there
     sampling: Sampling  # the request's own (max_tokens of the whole request)
-    prompt: list[int] = []  # attempt 0: the prompt; a resumed attempt: empty (the core has it)
+    prompt: list[int] = []  # attempt 0, when the core needs the ids (see above); else empty
+    prompt_tokens: int = 0  # the prompt's length (attempt 0)
     attempt: int = 0
     streamed: list[int] = []  # a resumed attempt: the tokens the client already has
     block_keys: list[bytes] = []  # of prompt + streamed, under the announced layout (empty: the core keys them)
@@ -52,6 +57,17 @@ class Done(msgspec.Struct, tag="done", omit_defaults=True, gc=False):
 
 
 FrontMsg = Submit | PrefillOver | Done
+
+
+class Forward(msgspec.Struct, gc=False):
+    """The core -> a worker: an attempt's work for `pe`, its prompt for the worker to fill in."""
+    pe: str
+    work: PrefillWork
+
+
+def work_subject(reply: str) -> str:
+    """Where the worker whose output subject is `reply` takes `Forward`s."""
+    return reply + ".work"
 
 
 class FrontInfo(msgspec.Struct, omit_defaults=True):

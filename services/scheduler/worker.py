@@ -7,7 +7,8 @@ the prompt's block keys, the engines' tokens — which arrive on this worker's o
 subject, never at the core — detokenizing, stops, log-probabilities, cancel on disconnect,
 and resuming a request whose engine failed or went silent (a new attempt after the tokens
 already streamed, submitted to the core again). The core gets three compact messages a
-request (wire.py): `Submit`, `PrefillOver`, `Done`. Run as `python -m
+request (wire.py): `Submit`, `PrefillOver`, `Done`; the prompt's ids stay here, filled into
+each attempt's work when the core has placed it (`Forward`). Run as `python -m
 services.scheduler.worker --core INSTANCE --index N --fd FD`, its settings as JSON on stdin.
 """
 from __future__ import annotations
@@ -30,11 +31,11 @@ from services.scheduler.config import SchedulerConfig
 from services.scheduler.events import Router
 from services.scheduler.inflight import InFlight
 from services.scheduler.protocol import ApiError, failure
-from services.scheduler.wire import Answer, Ask, Done, FrontInfo, PrefillOver, Submit
+from services.scheduler.wire import Answer, Ask, Done, Forward, FrontInfo, PrefillOver, Submit, work_subject
 from shared.bus import BusError, Delivery
 from shared.engine.store_layout import prompt_keys
 from shared.http import HttpServer, adopt_socket
-from shared.messages.codes import ErrorCode, FinishReason
+from shared.messages.codes import ErrorCode, FinishReason, LoadMode
 from shared.messages.registry import SchedulerAnnounce
 from shared.messages.stream import Output, TokenEvent
 from shared.messages.subjects import Subjects
@@ -78,6 +79,7 @@ class FrontWorker(Service):
         from services.scheduler.api import build_app
         await self.bus.subscribe(self.reply, Output, self._on_output)
         await self.bus.subscribe(self.subjects.front_info(self.core), FrontInfo, self._on_info)
+        await self.bus.subscribe(work_subject(self.reply), Forward, self._on_work)
         try:
             await self._ask("info")
         except ApiError as exc:  # the core answers soon; its info also arrives every heartbeat
@@ -142,8 +144,10 @@ class FrontWorker(Service):
         if not self.bus.nc.is_connected:  # nothing could reach the core or an engine: no waiting for it
             raise failure(ErrorCode.NO_ENGINE, "no engine reachable: the scheduler is cut off from the bus")
         self.inflight[rec.req_id] = rec
-        await self._submit(rec, Submit(rec.req_id, self.reply, rec.sampling, prompt=rec.prompt,
-                                       block_keys=self._keys(rec.prompt), mode=rec.mode, hint=rec.hint,
+        keys = self._keys(rec.prompt)
+        ids = not keys or rec.hint is not None or rec.mode == LoadMode.ORACLE  # the core keys them, or needs them
+        await self._submit(rec, Submit(rec.req_id, self.reply, rec.sampling, prompt=rec.prompt if ids else [],
+                                       prompt_tokens=len(rec.prompt), block_keys=keys, mode=rec.mode, hint=rec.hint,
                                        waited_s=time.monotonic() - rec.arrived))
 
     async def cancel(self, rec: InFlight, reason: str) -> None:
@@ -182,6 +186,14 @@ class FrontWorker(Service):
     # engine (and core) output ---------------------------------------------------------------
     async def _on_info(self, msg: FrontInfo, d: Delivery) -> None:
         self.info = msg
+
+    async def _on_work(self, msg: Forward, d: Delivery) -> None:
+        """The core placed an attempt: its work, with the prompt (and the tokens streamed), to the engine."""
+        rec = self.inflight.get(msg.work.req_id.partition("#")[0])
+        if rec is None or rec.finished or msg.work.req_id != rec.wire_id:
+            return  # answered meanwhile (its Done frees the engines at the core), or an old attempt's
+        work = msgspec.structs.replace(msg.work, prompt=rec.work_prompt)
+        await self.bus.publish(self.subjects.prefill_work(msg.pe), work, ctx=d.ctx)  # under the core's assign span
 
     async def _on_output(self, msg, d: Delivery) -> None:
         self.router.route(msg)

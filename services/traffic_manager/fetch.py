@@ -16,8 +16,9 @@ The last layer is copied only once every read verified its checksums: a corrupt 
 the load (`FetchFailed`) before a forward can finish on it. A node's read over, the
 schedulers hear `NodeReadDone`. With a hit window (`FetchKV.window`) layer l of the hits
 lands in the window's ring, and layer l + window waits until layer l was pushed on
-(progress.py). When every hit was prefetched into this buffer and no window is asked for,
-all layers go in one copy before `ReadFinished(layers=n)`, no `LayersLoaded` follows.
+(progress.py). When every hit was prefetched (into this buffer, the DE's, or another holder's)
+and no window is asked for, all layers go in one copy before `ReadFinished(layers=n)`, no
+`LayersLoaded` follows.
 
 Every failure is answered on the wire, never by the engine's timeout: whatever ends a fetch
 early (a transfer past its deadline, a peer gone, the bus, a bug) publishes
@@ -145,8 +146,9 @@ class FetchPath:
         de_hits = list(range(adopted)) + list(range(k, hits))
         span.set_attributes({"blocks_ok": hits, "pe_ok": pe_ok, "de_ok": de_ok, "prefetched_blocks": c,
                              "read_at_arrival_blocks": hits - c, "error": pe.final_error or de.final_error})
-        if hits and hits == c and res is None and msg.staged_engine == p.cfg.engine and msg.window is None:
-            await staged.copy_all(p, msg, list(zip(held, msg.dst_blocks)), prog, self.m_wait)
+        if hits and hits == c and msg.window is None:  # every hit prefetched: all layers in one go
+            src = staged.Held(held, held_grant, de_slots[:adopted], grant)
+            await staged.copy_all(p, msg, src, prog, self.m_wait, de_slots, de_hits)
             return
         # a short read's error only means fewer hits: the rest of the prompt is computed
         await p.bus.publish(p.loaded_subject, ReadFinished(

@@ -34,7 +34,7 @@ from shared.messages.traffic_manager import Claim, Claimed, Prefetch, Prefetched
 from shared.messages.work import StagedSlots
 
 log = logging.getLogger("traffic_manager.prefetch")
-SWEEP_S = 0.25  # how often expired entries are looked for
+SWEEP_S = 0.25  # how often expired entries are looked for (while there are any: no wake-ups otherwise)
 CHUNK_S = 0.01  # a bulk read holds a rate-capped storage NIC this long at most
 CLAIM_LEASE_TIMEOUTS = 10  # a claim outlives its claimer's silence by this many transfer deadlines
 
@@ -54,6 +54,7 @@ class PrefetchPath:
     def __init__(self, parts: TMParts, chunk_blocks: int, share: float, table: StagedTable | None = None):
         self.p, self.chunk, self.share = parts, max(1, chunk_blocks), share
         self.entries: dict[str, Entry] = {}
+        self.added = asyncio.Event()  # an entry was added: the sweep, idle while there were none, starts again
         self.table = table  # the stamps this TM's own engine checks (staged_table.py); None: never published
         m = parts.metrics
         self.m_staged = m.gauge("prefetch_staged_bytes", "Buffer bytes holding prefetched blocks (read, unreleased)")
@@ -91,6 +92,7 @@ class PrefetchPath:
             return
         offsets = [s * bn for s in pool.slots.allocate(msg.owner, n)]  # spare slots: nobody waits for them
         e = self.entries[msg.owner] = Entry(msg.owner, time.monotonic() + msg.ttl_s)
+        self.added.set()
         self._note()
         error = ""
         try:
@@ -219,6 +221,9 @@ class PrefetchPath:
 
     async def sweep(self) -> None:
         while True:
+            if not self.entries:  # nothing can expire: sleep until something is staged
+                self.added.clear()
+                await self.added.wait()
             await asyncio.sleep(SWEEP_S)
             self.expire(time.monotonic())
 

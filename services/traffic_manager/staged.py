@@ -5,13 +5,14 @@ traffic-manager's buffer, in another's (then claimed over the bus: `Claim` -> `C
 slots with a data-plane grant of exactly them) or in the request's own DE's buffer (then
 adopted there by the fetch's `Reserve`: they become the prompt's first DE-buffer slots). Once
 the fetch is over, the holder takes the slots back (`Release`). Answers only what a fetch
-asks, and copies them in one go when every hit sits in this buffer (`copy_all`); the
-layer-by-layer copies are fetch.py's.
+asks, and copies them in one go when every hit was prefetched, wherever it sits (`copy_all`:
+one local copy, or one one-sided read of every layer); the layer-by-layer copies are fetch.py's.
 """
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 from services.traffic_manager.parts import TMParts
 from shared.bus import BusError
@@ -59,21 +60,42 @@ async def release(p: TMParts, msg: FetchKV) -> None:
         log.warning("release of prefetched %s not sent: %s", msg.staged_owner, exc.reason)
 
 
-async def copy_all(p: TMParts, msg: FetchKV, pairs: list[tuple[int, int]], prog, m_wait) -> None:
-    """Every hit was prefetched into this buffer (pairs: buffer offset, KV block): nothing is read,
-    so nothing overlaps the copy. Every layer goes into KV memory in one copy, and
-    `ReadFinished(layers=n)` says so: no `LayersLoaded` follows, the engine computes without
-    waiting on a layer. A failed copy comes before `ReadFinished`: the engine computes the prompt
-    (its blocks are overwritten). `prog` is the fetch's Progress, `m_wait` its phase histogram."""
+@dataclass(frozen=True)
+class Held:
+    """Where a fetch's prefetched blocks sit: `slots` claimed here or from another holder (under
+    `grant`), or `adopted`, the prompt's first slots in its DE's buffer (under `de_grant`)."""
+
+    slots: list[int]
+    grant: Grant | None
+    adopted: list[int]
+    de_grant: Grant | None
+
+
+async def copy_all(p: TMParts, msg: FetchKV, src: Held, prog, m_wait, de_slots: list[int], de_hits: list[int]) -> None:
+    """Every hit was prefetched, into this buffer, another traffic-manager's (a claimed holder) or
+    the request's DE's (adopted there): nothing is read, so nothing overlaps the copy. Every layer
+    goes into KV memory in one local copy or one one-sided read, and `ReadFinished(layers=n)` says
+    so: no `LayersLoaded` follows, the engine computes without waiting on a layer. A failed copy
+    comes before `ReadFinished`: the engine computes the prompt (its blocks are overwritten).
+    `prog` is the fetch's Progress, `m_wait` its phase histogram; `de_slots`/`de_hits` the
+    prompt's DE-buffer slots and the hits already there (adopted: never pushed back)."""
     lay = p.pool.layout
-    lb, bn = lay.layer_block_nbytes, lay.block_nbytes
+    lb, bn, xfer, dst = lay.layer_block_nbytes, lay.block_nbytes, p.cfg.transfer_timeout_s, msg.dst_blocks
+    ops = [(off + layer * lb, dst[i] * bn + layer * lb) for layer in range(lay.n_layers)
+           for i, off in enumerate(src.adopted or src.slots)]
     t0 = time.perf_counter()
-    ops = [Op("buf", off + layer * lb, "kv", b * bn + layer * lb, lb)
-           for layer in range(lay.n_layers) for off, b in pairs]
-    await p.endpoint.copy_local(ops, TrafficClass.LATENCY, timeout=p.cfg.transfer_timeout_s)
+    if not src.adopted and msg.staged_engine == p.cfg.engine:
+        await p.endpoint.copy_local([Op("buf", b, "kv", k, lb) for b, k in ops], TrafficClass.LATENCY, timeout=xfer)
+    else:  # one-sided, under the grant of exactly those slots
+        engine, grant = (msg.de_engine, src.de_grant) if src.adopted else (msg.staged_engine, src.grant)
+        peer = await p.peer(engine)
+        await peer.read([Op("kv", k, "buf", b, lb) for b, k in ops], TrafficClass.LATENCY, timeout=xfer, grant=grant)
     prog.layers = lay.n_layers
-    await p.bus.publish(p.loaded_subject, ReadFinished(msg.req_id, len(pairs), layers=lay.n_layers))
+    n = len(src.adopted or src.slots)
+    await p.bus.publish(p.loaded_subject, ReadFinished(msg.req_id, n, layers=lay.n_layers,
+                                                       de_slots=de_slots if de_hits else [], de_hits=de_hits))
     prog.read = True
-    p.m_bytes.labels("h2d_layers").inc(bn * len(pairs))
-    p.m_bytes.labels("prefetch_used").inc(len(pairs) * bn)
+    if src.adopted or msg.staged_engine == p.cfg.engine:  # kinds as the layer-by-layer copy counts them
+        p.m_bytes.labels("de_path_pull" if src.adopted else "h2d_layers").inc(bn * n)
+    p.m_bytes.labels("prefetch_used").inc(n * bn)
     m_wait.labels("h2d").observe(time.perf_counter() - t0)

@@ -12,6 +12,8 @@ import asyncio
 import os
 from abc import abstractmethod
 
+import msgspec
+
 from shared.config import ConfigError
 from shared.engine.config import EngineConfig
 from shared.engine.kv_memory import KVMemory
@@ -75,6 +77,11 @@ class EngineService(Service):
             seq=len(self.held), tok=sum(r.tokens for r in self.held.values()),
             free_blocks=kv.alloc.free if kv else 0, total_blocks=kv.alloc.n_slots if kv else 0,
             kv=kv.layout() if kv else None, store=self.store)
+
+    def beat_key(self, msg: EngineAnnounce) -> object:
+        """`tok` grows every decode step and only informs (the dispatcher counts tokens in its own
+        ledger): a batch decoding steadily announces it with the keepalives, not every beat."""
+        return msgspec.structs.replace(msg, tok=0)
 
     def max_context(self) -> int:
         """Longest sequence this engine can hold: the model's limit or its whole KV memory."""

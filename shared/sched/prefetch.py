@@ -49,13 +49,18 @@ class Plan:
 
 
 def plan(blocks: int, block_bytes: int, now: float, return_at: float, holders: Iterable[Holder],
-         margin: float = 2.0, lead_s: float = 0.1, unknown_rate_lead_s: float = 2.0, force: str = "auto") -> Plan | None:
+         margin: float = 2.0, lead_s: float = 0.1, unknown_rate_lead_s: float = 2.0, force: str = "auto",
+         prefer_pe: bool = False) -> Plan | None:
     """Where and when to stage `blocks` stored blocks for a session due back at `return_at`.
 
     Each side's candidate is its holder with the shortest node read queue (then the most
-    room); `choose_path` picks the side; a side with no room leaves the other. `force` "pe" /
-    "de" takes that side only (the scheduler's `read_path` setting). None when nothing is to
-    be read or no buffer has room."""
+    room); `choose_path` picks the side; a side with no room leaves the other. With
+    `prefer_pe`, the prefill side wins whenever its read, queue included, still ends
+    (`margin` times over) before the session is due: a prefill engine copies blocks staged in
+    its own traffic-manager's buffer itself, where blocks staged on the decode side cost the
+    next turn a claim round trip and a layer-by-layer pull. `force` "pe" / "de" takes that
+    side only (the scheduler's `read_path` setting). None when nothing is to be read or no
+    buffer has room."""
     if blocks <= 0:
         return None
     hs = list(holders)
@@ -66,6 +71,10 @@ def plan(blocks: int, block_bytes: int, now: float, return_at: float, holders: I
     if force in ("pe", "de"):
         why = f"read_path setting: {force.upper()} side only"
         side = ReadPath.PE if pe is not None else ReadPath.DE
+    elif pe is not None and de is not None and prefer_pe and return_at - now >= _lead(
+            pe, min(blocks, pe.room_blocks) * block_bytes, margin, lead_s, unknown_rate_lead_s):
+        side = ReadPath.PE
+        why = f"prefill side: its read ({pe.read_q:.0f} B queued) ends before the session is due"
     elif pe is not None and de is not None:
         side = choose_path(int(pe.read_q), int(de.read_q))
         why = f"idler storage NIC (prefill node {pe.read_q:.0f} B queued, decode node {de.read_q:.0f} B)"
@@ -75,12 +84,15 @@ def plan(blocks: int, block_bytes: int, now: float, return_at: float, holders: I
     h = pe if side is ReadPath.PE else de
     assert h is not None  # the side chosen is one that has room
     n = min(blocks, h.room_blocks)
-    nbytes = n * block_bytes
-    if h.read_rate > 0:
-        lead = margin * (h.read_q + nbytes) / h.read_rate + lead_s
-    else:
-        lead = unknown_rate_lead_s
+    lead = _lead(h, n * block_bytes, margin, lead_s, unknown_rate_lead_s)
     return Plan(h.engine, h.node, n, max(now, return_at - lead), side, why)
+
+
+def _lead(h: Holder, nbytes: int, margin: float, lead_s: float, unknown_rate_lead_s: float) -> float:
+    """How long before the session is due a read of `nbytes` through `h`'s node starts."""
+    if h.read_rate > 0:
+        return margin * (h.read_q + nbytes) / h.read_rate + lead_s
+    return unknown_rate_lead_s
 
 
 def _best(holders: Iterable[Holder]) -> Holder | None:

@@ -62,6 +62,17 @@ def test_unfinished_requests_survive_a_restart(js_server):
         for rid in ("a", "b", "c"):
             await j.accepted(rid, _acc(rid))
         await j.finished("b", "ok", 4)
+        for rid in ("d", "e", "f"):  # queued together: the writer sends them as one batch
+            j.note_accepted(_acc(rid))
+        j.note_finished("e", "ok", 2)
+        writer = asyncio.create_task(j.run())
+        while not j.queue.empty():
+            await asyncio.sleep(0.01)
+        info = await j.js.stream_info(stream_name(ns))
+        while info.state.messages < 5:  # the batch landed (one message for four records)
+            await asyncio.sleep(0.01)
+            info = await j.js.stream_info(stream_name(ns))
+        writer.cancel()
 
     asyncio.run(_with_journal(js_server.url, ns, first_life))
     js_server.stop()  # the server restarts too: the journal is on disk, not in memory
@@ -74,8 +85,8 @@ def test_unfinished_requests_survive_a_restart(js_server):
                 await j.unfinished(scheduler="someone-else"))
 
     everything, recent, future, others = asyncio.run(_with_journal(js_server.url, ns, second_life))
-    assert everything == ["a", "c"]
-    assert recent == ["a", "c"]
+    assert everything == ["a", "c", "d", "f"]
+    assert recent == ["a", "c", "d", "f"]
     assert future == [] and others == []
 
 

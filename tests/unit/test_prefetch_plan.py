@@ -26,6 +26,22 @@ def test_the_shorter_read_queue_wins_ties_read_on_the_prefill_side():
     assert plan(4, MB, 0, 10, _holders(pe_q=0, de_q=0)).side is ReadPath.PE
 
 
+def test_preferring_the_prefill_side_stages_there_whenever_its_read_ends_before_the_return():
+    # 30 MB queued on p0, none on d1: the idler NIC is d1's, but p0's read (2 x 50 MB / 100 MB/s + 0.1 s
+    # = 1.1 s of lead) still ends before the session is due 4 s from now
+    p = plan(20, MB, now=10.0, return_at=14.0, holders=_holders(), margin=2.0, lead_s=0.1, prefer_pe=True)
+    assert (p.engine, p.side, p.blocks) == ("p0-e0", ReadPath.PE, 20)
+    assert p.start_at == pytest.approx(12.9) and "prefill side" in p.reason
+    # too short a tool call for p0's queue: the idler NIC's side, as without the preference
+    short = plan(20, MB, now=10.0, return_at=10.5, holders=_holders(), prefer_pe=True)
+    assert short.side is ReadPath.DE
+    # no prefetch room on the prefill side: the decode side
+    assert plan(20, MB, 10.0, 14.0, _holders(pe_room=0), prefer_pe=True).side is ReadPath.DE
+    # an unknown rate: the fixed lead decides the fit
+    assert plan(4, MB, 0.0, 10.0, _holders(rate=0.0), prefer_pe=True).side is ReadPath.PE
+    assert plan(4, MB, 0.0, 1.0, _holders(rate=0.0), prefer_pe=True).side is ReadPath.DE
+
+
 def test_the_read_path_setting_forces_a_side():
     assert plan(4, MB, 0, 10, _holders(pe_q=0, de_q=5 * MB), force="de").engine == "d1-e0"
     assert plan(4, MB, 0, 10, _holders(pe_q=9 * MB, de_q=0), force="pe").engine == "p0-e0"

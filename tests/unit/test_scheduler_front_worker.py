@@ -54,3 +54,100 @@ def test_a_retryable_failure_goes_to_resume_not_to_the_client():
     r.route(TokenEvent("r#0", [], 0, finish=FinishReason.ERROR, retryable=True, code=ErrorCode.ENGINE_FAILED,
                        source="p0"))
     assert resumes == [(ErrorCode.ENGINE_FAILED, "p0")] and rec.events.empty() and not rec.finished
+
+
+# a worker's prompt stays with the worker: the core addresses the work to it, it fills the prompt in ----------
+def _placed(rec: InFlight):
+    from services.scheduler.placement import place
+    from services.scheduler.view import MeshView
+    from shared.sched.reads import ReadQueues
+    return place(rec, "p0", "d0", MeshView(), ReadQueues(), rec.reply or "core.out").work
+
+
+def test_a_worker_held_prompt_is_left_out_of_the_work_and_the_work_goes_to_the_worker():
+    from services.scheduler.placement import addressed
+    from services.scheduler.wire import Forward, work_subject
+    from shared.messages.subjects import Subjects
+
+    subjects = Subjects("ns")
+    held = InFlight("r", [], Sampling(max_tokens=8), reply="ns.scheduler.c-w0.out", remote_prompt=300)
+    held.hit_blocks = 9
+    assert held.prompt_len == 300 and held.work_len == 300
+    work = _placed(held)
+    assert work.prompt == [] and work.req_id == "r#0" and work.reply == held.reply
+    subject, msg = addressed(held, "p0", work, subjects)
+    assert subject == work_subject(held.reply) and isinstance(msg, Forward) and (msg.pe, msg.work) == ("p0", work)
+    held.tokens, held.next_index = [7, 8], 2  # resumed after two tokens (doors.py): still no ids at the core
+    held.restart()
+    assert held.work_len == 302 and _placed(held).prompt == []
+    own = InFlight("s", [1, 2, 3], Sampling(max_tokens=8))
+    work = _placed(own)
+    assert work.prompt == [1, 2, 3] and addressed(own, "p0", work, subjects) == (subjects.prefill_work("p0"), work)
+
+
+class _Bus:
+    def __init__(self):
+        self.sent = []
+
+    async def publish(self, subject, msg, ctx=None):
+        self.sent.append((subject, msg))
+
+
+def test_the_worker_fills_in_the_prompt_and_the_streamed_tokens_and_drops_stale_work():
+    import asyncio
+    from types import SimpleNamespace
+
+    from services.scheduler.wire import Forward
+    from services.scheduler.worker import FrontWorker
+    from shared.messages.subjects import Subjects
+    from shared.messages.work import PrefillWork
+
+    rec = InFlight("r", [1, 2, 3], Sampling(max_tokens=8))
+    rec.accept(TokenEvent("r", [7, 8], 0))
+    rec.restart()  # attempt 1, after the two tokens streamed
+    worker = SimpleNamespace(inflight={"r": rec}, subjects=Subjects("ns"), bus=_Bus())
+    d = SimpleNamespace(ctx=None)
+
+    def forward(wire_id: str) -> None:
+        work = PrefillWork(wire_id, [], Sampling(max_tokens=6), "d0", "ns.scheduler.c-w0.out")
+        asyncio.run(FrontWorker._on_work(worker, Forward("p1", work), d))
+
+    forward("r#0")  # an old attempt's
+    forward("gone#0")  # answered meanwhile
+    assert worker.bus.sent == []
+    forward("r#1")
+    [(subject, work)] = worker.bus.sent
+    assert subject == Subjects("ns").prefill_work("p1") and work.prompt == [1, 2, 3, 7, 8] and work.req_id == "r#1"
+    rec.finished = FinishReason.CANCELLED
+    forward("r#1")
+    assert len(worker.bus.sent) == 1
+
+
+def test_a_done_that_comes_during_the_hit_lookup_finishes_the_request_once_it_is_queued():
+    import asyncio
+    from types import SimpleNamespace
+
+    from services.scheduler.doors import FrontDoors
+    from services.scheduler.wire import Done, Submit
+
+    async def scenario():
+        gateway = asyncio.Event()
+        finished, tasks = [], []
+
+        async def admit(rec):
+            await gateway.wait()  # the gateway's answer is slow
+            svc.inflight[rec.req_id] = rec
+
+        svc = SimpleNamespace(inflight={}, admit=admit, finish=lambda rec, status: finished.append((rec.req_id, status)),
+                              spawn=lambda coro, name=None: tasks.append(asyncio.ensure_future(coro)))
+        doors, d = FrontDoors(svc), SimpleNamespace(ctx=None)
+        await doors._on_front(Submit("a", "w.out", Sampling(max_tokens=4), prompt_tokens=9), d)
+        await doors._on_front(Submit("b", "w.out", Sampling(max_tokens=4), prompt_tokens=9), d)  # not behind a
+        await doors._on_front(Done("a", "cancelled"), d)  # the client left while a's hits were looked up
+        assert finished == [] and len(tasks) == 2
+        gateway.set()
+        await asyncio.gather(*tasks)
+        return finished, doors.admitting, set(svc.inflight)
+
+    finished, admitting, inflight = asyncio.run(scenario())
+    assert finished == [("a", "cancelled")] and admitting == {} and inflight == {"a", "b"}  # (finish is a stub)

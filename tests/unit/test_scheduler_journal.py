@@ -7,7 +7,7 @@ import contextlib
 import msgspec
 import pytest
 
-from services.scheduler.journal import (Accepted, Finished, Journal, JournalUnavailable, decode, encode, fold,
+from services.scheduler.journal import (BATCH, Accepted, Finished, Journal, JournalUnavailable, decode, encode, fold,
                                         stream_name)
 from shared.messages.work import Sampling
 
@@ -90,19 +90,66 @@ def _drain(journal: Journal) -> None:
     asyncio.run(run())
 
 
-def test_noted_records_are_written_in_order_with_their_dedup_ids():
+def test_a_noted_record_alone_is_written_as_itself_with_its_dedup_id():
     js = _FakeJetStream()
-    journal = Journal(_FakeClient(js), "dpx")
-    journal.note_accepted(_acc("r1"))
-    journal.note_finished("r1", "ok", 5)
-    _drain(journal)
+    journal = Journal(_FakeClient(js), "dpx", linger_s=0)
+
+    async def one_at_a_time():
+        writer = asyncio.create_task(journal.run())
+        for note in (lambda: journal.note_accepted(_acc("r1")), lambda: journal.note_finished("r1", "ok", 5)):
+            n = len(js.sent)
+            note()
+            while len(js.sent) == n:  # written before the next is noted
+                await asyncio.sleep(0)
+        writer.cancel()
+
+    asyncio.run(one_at_a_time())
     assert [(subj, hdr["Nats-Msg-Id"]) for subj, _, hdr in js.sent] == [
         ("dpx.journal.accepted", "r1"), ("dpx.journal.finished", "r1:finished")]
     assert [type(decode(data)).__name__ for _, data, _ in js.sent] == ["Accepted", "Finished"]
 
 
+def test_records_queued_together_are_one_batch_in_order_and_fold_as_their_records():
+    js = _FakeJetStream()
+    journal = Journal(_FakeClient(js), "dpx", linger_s=0)
+    for i in range(BATCH + 3):  # a backlog: one full batch, then the rest
+        journal.note_accepted(_acc(f"r{i}"))
+    journal.note_finished("r0", "ok", 5)
+    _drain(journal)
+    assert [subj for subj, _, _ in js.sent] == ["dpx.journal.batch"] * 2
+    entries = [e for _, data, _ in js.sent for e in decode(data)]
+    assert [e.req_id for e in entries] == [f"r{i}" for i in range(BATCH + 3)] + ["r0"]
+    assert [a.req_id for a in fold(entries)] == [f"r{i}" for i in range(1, BATCH + 3)]
+
+
+def test_records_noted_within_the_linger_go_together():
+    js = _FakeJetStream()
+    journal = Journal(_FakeClient(js), "dpx", linger_s=0.01)
+
+    async def trickle():
+        writer = asyncio.create_task(journal.run())
+        journal.note_accepted(_acc("r1"))
+        await asyncio.sleep(0)  # the writer took r1 and lingers
+        journal.note_finished("r1", "ok", 5)
+        while not js.sent:
+            await asyncio.sleep(0.005)
+        writer.cancel()
+
+    asyncio.run(trickle())
+    assert [subj for subj, _, _ in js.sent] == ["dpx.journal.batch"]
+    assert [type(e).__name__ for e in decode(js.sent[0][1])] == ["Accepted", "Finished"]
+
+
+def test_a_failed_batch_counts_each_of_its_records():
+    journal = Journal(_FakeClient(_FakeJetStream(fail=True)), "dpx", linger_s=0)
+    for rid in ("r1", "r2", "r3"):
+        journal.note_accepted(_acc(rid))
+    _drain(journal)
+    assert journal.failures == 3
+
+
 def test_a_failed_write_is_counted_never_raised():
-    journal = Journal(_FakeClient(_FakeJetStream(fail=True)), "dpx")
+    journal = Journal(_FakeClient(_FakeJetStream(fail=True)), "dpx", linger_s=0)
     journal.note_accepted(_acc("r1"))
     _drain(journal)
     assert journal.failures == 1

@@ -39,7 +39,7 @@ class Bus:
         return Prefetched(blocks=len(msg.keys))
 
 
-def _prefetcher():
+def _prefetcher(**cfg):
     view = MeshView(timeout_s=1e9)
     for engine, node, role in (("p0-e0", "p0", "prefill"), ("d1-e0", "d1", "decode")):
         view.update(EngineAnnounce(instance=engine, node=node, engine=engine, role=role, store=LAYOUT,
@@ -52,7 +52,7 @@ def _prefetcher():
     async def hits(q):
         return HitReply(blocks=len(q.keys))
 
-    pf = Prefetcher(bus, Subjects("t"), view, ReadQueues(), SchedulerConfig(), lambda coro, name=None:
+    pf = Prefetcher(bus, Subjects("t"), view, ReadQueues(), SchedulerConfig(**cfg), lambda coro, name=None:
                     asyncio.get_running_loop().create_task(coro), hits, Metrics("scheduler"))
     return pf, bus
 
@@ -143,6 +143,28 @@ def test_the_decode_side_stages_when_its_storage_nic_is_idler_and_oracle_turns_a
     asyncio.run(go())
 
 
+def test_the_prefill_side_stages_when_its_read_fits_the_tool_call_and_keeps_it_when_the_read_starts():
+    async def go():
+        for prefer, node in ((True, "p0"), (False, "d1")):
+            pf, bus = _prefetcher(prefetch_prefer_pe=prefer)
+            for n in ("p0", "d1"):  # a known storage-NIC rate: 10 MB/s
+                pf.view.update(StorageGatewayAnnounce(instance=f"sg-{n}", node=n, read_bytes_per_s=1e7), 0.0)
+            pf.reads.pending["p0"] = 64  # one block's tokens queued on the prefill node: d1 is the idler NIC
+            pf.done(_done(list(range(300)), Hint(session="s", tool_s=1.0)), "ok")  # ~5 ms of read, 1 s of call
+            await _until(lambda: pf.index.by_owner)
+            assert next(m for _, m in bus.sent if isinstance(m, Prefetch)).node == node, prefer
+        # asked again as the read starts, with the session due in less than the prefill side's lead:
+        # planned on the prefill side, it stays there; planned afresh, the idler NIC's side
+        import time
+        from shared.sched.policy.read_path import ReadPath
+        pf, _ = _prefetcher()
+        pf.reads.pending["p0"] = 64
+        soon = time.monotonic() + 0.5  # the unknown rate's fixed lead (2 s) does not fit
+        assert pf._plan(4, soon, pf.cfg.mode, keep=ReadPath.PE).node == "p0"
+        assert pf._plan(4, soon, pf.cfg.mode).node == "d1"
+    asyncio.run(go())
+
+
 def test_a_basic_mode_session_stages_on_the_prefill_side_even_when_the_decode_nic_is_idler():
     async def go():
         from shared.messages.codes import LoadMode
@@ -183,3 +205,24 @@ def test_a_whole_staged_turn_answers_the_next_turns_hit_lookup_without_a_gateway
         await lookup_hits(again, LAYOUT, OracleIndex(), ask, pf.stored_prefix)
         assert len(asked) == 2
     asyncio.run(go())
+
+
+def test_the_sweep_sleeps_while_nothing_is_staged_and_releases_what_expires(monkeypatch):
+    """No polling of an empty index: with SWEEP_S at 0 a polling sweep would run at every loop turn."""
+    monkeypatch.setattr("services.scheduler.prefetcher.SWEEP_S", 0.0)
+
+    async def go():
+        pf, bus = _prefetcher()
+        looked = []
+        expired = pf.index.expired
+        pf.index.expired = lambda now: (looked.append(now), expired(now))[1]
+        task = asyncio.ensure_future(pf.sweep())
+        for _ in range(50):
+            await asyncio.sleep(0)
+        idle = len(looked)
+        pf.done(_done(list(range(300)), Hint(session="s", tool_s=0.0, ttl_s=0.0)), "ok")  # staged, due at once
+        await _until(lambda: any(isinstance(m, Release) for _, m in bus.sent))  # the sweep woke and released it
+        task.cancel()
+        return idle, looked
+    idle, looked = asyncio.run(go())
+    assert idle == 0 and looked

@@ -191,3 +191,26 @@ def test_the_bulk_lane_waits_for_latency_reads_and_gives_up_past_its_limit():
         return order
 
     assert asyncio.run(go()) == [("b2", False), ("latency done", True), ("b1", True)]
+
+
+def test_the_sweep_sleeps_while_nothing_is_staged_and_expires_what_is(parts, monkeypatch):
+    """No polling of an empty table: with SWEEP_S at 0 a polling sweep would run at every loop turn."""
+    monkeypatch.setattr("services.traffic_manager.prefetch.SWEEP_S", 0.0)
+    pf = PrefetchPath(parts, chunk_blocks=8, share=1.0)
+    sweeps = []
+    expire = pf.expire
+    pf.expire = lambda now: (sweeps.append(now), expire(now))
+
+    async def run():
+        task = asyncio.ensure_future(pf.sweep())
+        for _ in range(50):
+            await asyncio.sleep(0)
+        idle = len(sweeps)
+        await pf.prefetch(Prefetch("o1", _keys(2), "n0", LAYOUT, 0.0), Reply())  # a TTL of 0: due at once
+        while "o1" in pf.entries:  # the sweep woke and dropped it
+            await asyncio.sleep(0)
+        task.cancel()
+        return idle
+
+    assert asyncio.run(run()) == 0
+    assert sweeps
