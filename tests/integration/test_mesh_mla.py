@@ -43,8 +43,10 @@ def mla_reference():
 
 
 def _mesh(tmp_path_factory, name: str, extra: dict, **kw):
+    # second turns read their hits from the store, not from the last turn's blocks its DE kept
+    sched = {"liveness-timeout-s": "2", "serve-pending-saves": "false", **extra.get("scheduler", {})}
     m = tiny_mesh(tmp_path_factory.mktemp(name), model="tiny-mla", kv_blocks=128,
-                  extra={"scheduler": {"liveness-timeout-s": "2"}, **extra}, **kw)
+                  extra={**extra, "scheduler": sched}, **kw)
     m.store_root = Path(m.spec.store)
     m.start(timeout=120)
     return m
