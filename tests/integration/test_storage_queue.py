@@ -34,7 +34,9 @@ def test_reads_queued_past_the_deadline_are_not_failed(tmp_path, reference):
     layout = store_layout(reference.model_id, reference.config, 64)
     # reads at 2.5 MB/s: ten 10-block (1.3 MB) hit prefixes queue for ~5 s; deadlines are 2 s
     mesh = tiny_mesh(tmp_path, kv_blocks=256, buffer_mb=64,
-                     extra={"scheduler": {"liveness-timeout-s": "3", "pe-beta-tokens": "100000"},
+                     # second turns read from storage, not from the first turns' blocks the DE kept
+                     extra={"scheduler": {"liveness-timeout-s": "3", "pe-beta-tokens": "100000",
+                                          "serve-pending-saves": "false"},
                             "storage_gateway": {"snic-read-gbps": "0.02"},
                             "prefill_engine": {"handoff-timeout-s": "2"},
                             "traffic_manager": {"transfer-timeout-s": "2"}})
