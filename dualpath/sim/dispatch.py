@@ -121,9 +121,10 @@ class SimDispatch:
         puller itself is left at a fixed point."""
         g = k % len(self.pulled)
         if self.pulled[g] != self.version and not self.rr:
-            self._refresh()
-            if self.d.pull_prefill(self.pe_groups[g]):
-                self._changed()
+            if self.d.queue:  # (with none waiting for a PE the pull places nothing: lines refresh later)
+                self._refresh()
+                if self.d.pull_prefill(self.pe_groups[g]):
+                    self._changed()
             if self.pulled[g] != self.version:
                 self.fresh += 1
             self.pulled[g] = self.version
@@ -131,8 +132,7 @@ class SimDispatch:
             return
         if self.rr:
             placed = self._tick_rr()
-        else:
-            self._refresh()
+        else:  # (the decode pull reads the decode lines only)
             changed = self._refresh_de()
             placed = 0
             for a in self.d.pull_decode(self.de_loads, changed):
