@@ -19,8 +19,10 @@ import argparse
 import os
 import random
 import re
+import signal
 import sys
 import tempfile
+import threading
 import time
 
 from shared.messages.codes import BENCH_MODES, LoadMode, mode_names, parse_modes
@@ -55,6 +57,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="--search-aps: bisect until the failing level is within this share of the holding one")
     p.add_argument("--min-turns", type=int, default=0,
                    help="online: turns per run at least (more agents than --agents when needed)")
+    p.add_argument("--min-seconds", type=float, default=0.0,
+                   help="online: a level's arrivals span at least this many seconds (at least APS x this many "
+                        "agents), so a level is judged on sustained load, not on a burst the queues absorb")
     p.add_argument("--slo-ttft", type=float, default=4.0, help="SLO on TTFT in seconds (steady mean; a run "
                                                                 "whose last 8 turns average more is stopped)")
     p.add_argument("--slo-tpot", type=float, default=0.050, help="SLO on TPOT in seconds (steady mean)")
@@ -117,6 +122,9 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--search-precision must be in (0, 1), got {args.search_precision}")
     if args.tool_calls < 0:
         raise CliError(f"--tool-calls must be >= 0, got {args.tool_calls}")
+    if args.min_seconds < 0 or args.min_turns < 0:
+        bad = ("--min-seconds", args.min_seconds) if args.min_seconds < 0 else ("--min-turns", args.min_turns)
+        raise CliError(f"{bad[0]} must be >= 0, got {bad[1]:g}")
     from dualpath.bench.workload import HINTS
     args.hint_runs = [h.strip() for h in args.hints.split(",") if h.strip()]
     bad = [h for h in args.hint_runs if h not in HINTS] or ([] if args.hint_runs else ["(none)"])
@@ -159,6 +167,31 @@ def _snic_flag(args: argparse.Namespace) -> None:
     args.snic_gbit = args.snic_gbs_old
 
 
+class _Interrupts:
+    """SIGTERM and SIGINT (also when started with SIGINT ignored, as a background job is) raise
+    KeyboardInterrupt once, so the mesh this bench started is stopped rather than orphaned; while
+    stopping they are ignored."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.armed = True
+        main = threading.current_thread() is threading.main_thread()  # handlers live in the main thread only
+        self.before = {sig: signal.signal(sig, self._on_signal) for sig in self.SIGNALS} if main else {}
+
+    def _on_signal(self, *_) -> None:
+        if self.armed:
+            self.armed = False
+            raise KeyboardInterrupt
+
+    def disarm(self) -> None:
+        self.armed = False
+
+    def restore(self) -> None:
+        for sig, handler in self.before.items():
+            signal.signal(sig, handler)
+
+
 def _bench_up(args: argparse.Namespace, modes: list[LoadMode], topo: tuple[int, int], extra: dict) -> int:
     """Start a mesh in a temporary directory (store + logs), bench it, stop it, clean up."""
     import shutil
@@ -173,6 +206,7 @@ def _bench_up(args: argparse.Namespace, modes: list[LoadMode], topo: tuple[int, 
     mesh = Mesh(spec)
     print(f"starting a {args.topology} mesh of {args.model} (logs in {logs}) ...", file=sys.stderr, flush=True)
     failed = True
+    interrupts = _Interrupts()
     try:
         mesh.start(timeout=300, progress=lambda line: print(line, file=sys.stderr, flush=True))
         code = _bench(args, mesh.url, modes, tuple(p.popen.pid for p in mesh.procs if p.name.startswith("nats")))
@@ -182,7 +216,9 @@ def _bench_up(args: argparse.Namespace, modes: list[LoadMode], topo: tuple[int, 
         print(f"dualpath bench: {exc}", file=sys.stderr)
         return 1
     finally:
+        interrupts.disarm()  # a second signal while stopping must not leave children running
         mesh.stop()
+        interrupts.restore()
         shutil.rmtree(f"{tmp}/store", ignore_errors=True)
         if failed and not args.log_dir:
             print(f"dualpath bench: the mesh's logs are kept in {logs}", file=sys.stderr)
@@ -191,12 +227,14 @@ def _bench_up(args: argparse.Namespace, modes: list[LoadMode], topo: tuple[int, 
 
 
 def _bench(args: argparse.Namespace, url: str, modes: list[LoadMode], extra_pids: tuple[int, ...] = ()) -> int:
+    from dataclasses import replace
+
     import httpx
 
     from dualpath.bench import hints as agent_hints
     from dualpath.bench import report
     from dualpath.bench.metrics import Slo, summary
-    from dualpath.bench.runs import Plan, Runner, agents_for_turns
+    from dualpath.bench.runs import Plan, Runner, agents_for_level
     from dualpath.bench.scrape import Scraper
     from dualpath.bench.workload import jobs, load, token_range, with_hints
 
@@ -204,8 +242,10 @@ def _bench(args: argparse.Namespace, url: str, modes: list[LoadMode], extra_pids
     lo, hi = token_range(mesh["model"], mesh["vocab_size"])
     turns_per_agent = args.max_turns or 1_000_000
     base_agents = args.agents or (None if not args.trace.startswith("gen:") else 4)
-    agents_for = lambda aps: agents_for_turns(args.min_turns, base_agents or 0, turns_per_agent)  # noqa: E731
-    most = max(base_agents or 0, agents_for(0)) or None
+    agents_for = lambda aps: agents_for_level(aps, args.min_seconds, args.min_turns, base_agents or 0,  # noqa: E731
+                                              turns_per_agent)
+    top = args.aps if args.aps is not None else (args.aps_start * 2 ** args.search_steps if args.search_aps else 0)
+    most = max(base_agents or 0, agents_for(0), agents_for(top)) or None
     wl = load(args.trace, most, args.scale, args.seed, args.time_scale, args.tool_calls)
     nonce = random.SystemRandom().randrange(1 << 30)  # fresh token contents: nothing from an earlier run hits
     runs_done = [0]
@@ -214,7 +254,8 @@ def _bench(args: argparse.Namespace, url: str, modes: list[LoadMode], extra_pids
     def fresh_jobs(mode: LoadMode, n_agents: int, hints: str = "off") -> list:
         """This run's copy of the workload: new token contents each run, so no run hits another's KV."""
         runs_done[0] += 1
-        js = _cap_turns(jobs(wl, mode, lo, hi, nonce + runs_done[0], mesh.get("max_context") or 0), args.max_turns)
+        src = replace(wl, agents=wl.agents[:n_agents]) if n_agents and wl.agents else wl  # build only what runs
+        js = _cap_turns(jobs(src, mode, lo, hi, nonce + runs_done[0], mesh.get("max_context") or 0), args.max_turns)
         js = with_hints(js[:n_agents] if n_agents else js, hints)
         lengths[mode] = [[(len(a), g) for a, g in j.turns] for j in js]
         return js

@@ -7,7 +7,8 @@ Online search: a level runs `repeat` times for each mode still searching (orders
 the level holds for a mode when the median of its repeats' steady mean TTFT and TPOT are
 within the SLO and none of them failed a turn or was stopped; the search then narrows by
 bisection (metrics.ApsSearch) to the precision asked. Each level replays at least
-`min_turns` turns (more agents than `--agents` when a level needs them). Offline and at a
+`min_turns` turns and arrivals over `min_seconds` (more agents than `--agents` when a level
+needs them). Offline and at a
 fixed APS every agent-hint policy asked for runs once per mode and repeat (hints.py figures
 in its row; the search runs hints off). Owns the order of
 runs and their rows; the numbers are metrics.py's and bound.py's, the output report.py's.
@@ -155,4 +156,10 @@ def _chains(r, bytes_per_token: float) -> list[list[ChainTurn]]:
 def agents_for_turns(min_turns: int, agents: int, turns_per_agent: int) -> int:
     """Agents a level replays: `agents`, or more when fewer would not give `min_turns` turns."""
     return max(agents, -(-min_turns // max(1, turns_per_agent)))
+
+
+def agents_for_level(aps: float, min_seconds: float, min_turns: int, agents: int, turns_per_agent: int) -> int:
+    """Agents a level at `aps` replays: enough for `min_turns` turns and for arrivals spanning
+    `min_seconds` (aps x min_seconds agents), and never fewer than `agents`."""
+    return max(agents_for_turns(min_turns, agents, turns_per_agent), math.ceil(aps * min_seconds - 1e-9))
 

@@ -87,7 +87,8 @@ class StorageGatewayService(Service):
             kv = kv_layout(layout)
             cap = int(self.cfg.capacity_gb * 1e9) or None
             store = DirectoryStore(self.cfg.store_root, layout.fingerprint, kv, cap)
-            core = self.cores[layout] = GatewayCore(store, self.read_bucket, self.write_bucket, self.cfg.io_threads)
+            core = self.cores[layout] = GatewayCore(store, self.read_bucket, self.write_bucket, self.cfg.io_threads,
+                                                    inline_bytes=int(self.cfg.inline_read_mib * 2**20))
         return core
 
     def buffer(self, shm: str) -> memoryview:

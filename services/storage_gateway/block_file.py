@@ -11,7 +11,7 @@ Read in parts (``OpenBlock``: a read in layer groups): the header is checked whe
 opened, each part of the payload lands (in payload order) and feeds the checksum, and the
 checksum is checked after the last part.
 
-Owns: the file-level protocols and chunk sizes. Does not own naming, the LRU index,
+Owns: the file-level protocols and chunk sizes, ``NotCached``. Does not own naming, the LRU index,
 capacity, pins or counters (``store.py``), nor the format itself (``shared/kv``).
 """
 from __future__ import annotations
@@ -65,6 +65,10 @@ def write_file(path: str, key: bytes, fingerprint: bytes, layout: KVLayout, payl
         fileio.fsync_dir(parent)
 
 
+class NotCached(Exception):
+    """A read that may not wait for the disk met a byte the page cache does not hold."""
+
+
 @dataclass
 class OpenBlock:
     """A block file open for a read in parts: header checked, checksum fed as the payload lands."""
@@ -86,23 +90,30 @@ class BlockReader:
         self.file_bytes = HEADER_SIZE + layout.payload_bytes
         self.nowait_reads = True  # until the file system refuses RWF_NOWAIT
 
-    def read_fd(self, fd: int, st: os.stat_result, key: bytes, dest: memoryview) -> None:
+    def read_fd(self, fd: int, st: os.stat_result, key: bytes, dest: memoryview, cached_only: bool = False) -> None:
         """Header and a small first chunk in one ``preadv``; then what the page
-        cache holds in big non-blocking reads, the rest in small blocking ones."""
+        cache holds in big non-blocking reads, the rest in small blocking ones.
+        ``cached_only``: every read non-blocking, ``NotCached`` at the first byte not cached."""
         if st.st_size != self.file_bytes:
             raise SizeMismatch(self.file_bytes, st.st_size, what="file")
         header = bytearray(HEADER_SIZE)
-        first = dest[:COLD_CHUNK]
-        pread(fd, [memoryview(header), first], 0)
+        if cached_only:
+            if self._pread_cached(fd, memoryview(header), 0) != HEADER_SIZE:
+                raise NotCached
+            off = 0
+        else:
+            off = len(first := dest[:COLD_CHUNK])
+            pread(fd, [memoryview(header), first], 0)
         hdr = decode_header(header, expected_key=key, expected_fingerprint=self.fingerprint,
                             expected_layout=self.layout)
         hasher = payload_hasher()
-        hasher.update(first)
-        off = len(first)
+        hasher.update(dest[:off])
         while off < len(dest):
             part = dest[off : off + READ_CHUNK]
             got = self._pread_cached(fd, part, HEADER_SIZE + off)
             if got == 0:  # not cached (or no such read here): wait for the disk
+                if cached_only:
+                    raise NotCached
                 part = dest[off : off + COLD_CHUNK]
                 got = pread(fd, [part], HEADER_SIZE + off)
             hasher.update(part[:got])

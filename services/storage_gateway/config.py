@@ -20,6 +20,7 @@ class StorageGatewayConfig(CommonConfig):
     snic_read_gbps: float = 0.0  # emulated storage-NIC read cap in Gbit/s (a test setting); 0 = uncapped
     snic_write_gbps: float = 0.0  # emulated storage-NIC write cap in Gbit/s; 0 = uncapped
     io_threads: int = 4  # threads doing storage file I/O
+    inline_read_mib: float = 8.0  # warm one-stripe reads up to this many MiB are copied by the event loop (no thread hop); 0 = never (a mount where open() is a network round trip)
 
     @property
     def store_root(self) -> str:
@@ -29,4 +30,5 @@ class StorageGatewayConfig(CommonConfig):
         require(self.capacity_gb >= 0, "capacity_gb", self.capacity_gb, "must be >= 0")
         require(self.snic_read_gbps >= 0, "snic_read_gbps", self.snic_read_gbps, "must be >= 0")
         require(self.snic_write_gbps >= 0, "snic_write_gbps", self.snic_write_gbps, "must be >= 0")
+        require(self.inline_read_mib >= 0, "inline_read_mib", self.inline_read_mib, "must be >= 0")
         require(self.io_threads > 0, "io_threads", self.io_threads, "must be > 0")

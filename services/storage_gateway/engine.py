@@ -5,11 +5,13 @@ One ``read_blocks`` call, keys ``[k0, k1, k2, k3]`` at ``offsets`` in ``dest``:
 enqueue 4 blocks on the read queue; reserve their bytes from the read bucket (the
 emulated SNIC) on arrival, so requests are paced FIFO, and wait once; then take one
 I/O slot, plus any others free right now (say one more: 2 stripes), and read the
-blocks on the read pool, stripe 0 taking k0, k2 and stripe 1 k1, k3, each with
-``store.read_into`` straight into ``dest[off:off+payload]``. Spread over free threads a
-request copies on several cores at once (one core's page-cache copy into a big buffer
-is far below the disk's or DRAM's speed); under load it keeps to one thread, one hop.
-Stripes of a few MiB at least are worth a thread hop (``stripe_min_bytes``).
+blocks on the read threads (``io_threads.py``: one batch, one wake-up), stripe 0 taking
+k0, k2 and stripe 1 k1, k3, each with ``store.read_into`` straight into
+``dest[off:off+payload]``. Spread over free threads a request copies on several cores at
+once (one core's page-cache copy into a big buffer is far below the disk's or DRAM's speed);
+under load it keeps to one thread, one hop. Stripes of a few MiB at least are worth a thread
+hop (``stripe_min_bytes``). A request of one stripe's worth, at most ``inline_bytes``, with
+no stripe running, is read by the loop itself while the page cache holds it (``chain.py``).
 With ``group_layers`` a read lands in layer groups instead (``grouped.py``), reporting each.
 
 If ``k1`` is missing or corrupt the chain stops there: the result says 1 block, and no
@@ -25,24 +27,24 @@ long, until the read queue is empty.
 
 Owns: ``GatewayCore``, ``ReadResult``.
 Does not own: files (``store.py``), rate (``bucket.py``), counts (``read_queue.py``), reads in
-layer groups (``grouped.py``).
+layer groups (``grouped.py``), the chain of one request (``chain.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
+import functools
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import TypeVar
 
 import msgspec
 
 from services.storage_gateway.block_file import bytes_view, check_slots
 from services.storage_gateway.bucket import TokenBucket
-from services.storage_gateway.errors import BlockUnavailable
+from services.storage_gateway.chain import Chain, read_cached, read_chain
 from services.storage_gateway.grouped import GroupedRead
+from services.storage_gateway.io_threads import IoThreads
 from services.storage_gateway.read_queue import ReadQueue, ReadQueueSnapshot
 from services.storage_gateway.store import DirectoryStore, WriteOutcome
 
@@ -59,27 +61,6 @@ class ReadResult(msgspec.Struct, frozen=True, kw_only=True):
     stop_reason: str | None = None  # why ("missing", a format error, an OSError)
 
 
-@dataclass(slots=True)
-class _Chain:
-    """Where a read chain stopped: blocks at or after ``stop`` are a miss. Shared by
-    the stripes of one request, each on its own thread; ``stop`` only decreases."""
-
-    stop: int
-    key: bytes | None = None
-    reason: str | None = None
-    cancelled: bool = False  # the caller left: stripes end after their current block
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def fail(self, i: int, key: bytes, reason: str) -> None:
-        with self.lock:
-            if i < self.stop:
-                self.stop, self.key, self.reason = i, key, reason
-
-    def wants(self, i: int) -> bool:
-        """Block ``i`` may still count (a stale read only costs one wasted block)."""
-        return i < self.stop and not self.cancelled
-
-
 class GatewayCore:
     def __init__(
         self,
@@ -91,11 +72,12 @@ class GatewayCore:
         write_threads: int = 1,
         max_write_defer_s: float = 0.0,
         stripe_min_bytes: int = STRIPE_MIN_BYTES,
+        inline_bytes: int = 0,
     ) -> None:
         self.store = store
         self._read_bucket = read_bucket or TokenBucket(None)
         self._write_bucket = write_bucket or TokenBucket(None)
-        self._read_pool = ThreadPoolExecutor(io_threads, thread_name_prefix="sg-read")
+        self._reads = IoThreads(io_threads, "sg-read")
         self._write_pool = ThreadPoolExecutor(write_threads, thread_name_prefix="sg-write")
         self._io_threads = io_threads
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -103,6 +85,8 @@ class GatewayCore:
         self._reads_idle = asyncio.Event()
         self._max_write_defer_s = max_write_defer_s
         self._stripe_min_bytes = max(1, stripe_min_bytes)
+        self._inline_bytes = inline_bytes  # warm requests up to this are read on the loop (chain.py)
+        self._running = 0  # stripes on the read threads now
         self._queue = ReadQueue()
 
     def _bind_loop(self) -> None:
@@ -133,13 +117,15 @@ class GatewayCore:
             good, key, why = await GroupedRead(self, keys, slots, group_layers, report).run()
             return ReadResult(blocks=good, bytes=good * size, requested=len(keys), stop_key=key, stop_reason=why)
         n = len(keys)
-        chain = _Chain(stop=n)
+        chain = Chain(stop=n)
         self._queue.enqueue(n, n * size)
         self._reads_idle.clear()
         try:
             await self._take_read_bytes(n * size)
             slots = [view[off : off + size] for off in offsets]
-            await self._read_striped(keys, slots, chain)
+            start = read_cached(self.store, keys, slots, chain) if self._inline_ok(n, size) else 0
+            if chain.wants(start):
+                await self._read_striped(keys, slots, chain, start)
         finally:
             self._queue.dequeue(n, n * size)
             self._queue.finish_request()
@@ -164,13 +150,19 @@ class GatewayCore:
             self._read_bucket.refund(nbytes)
             raise
 
+    def _inline_ok(self, count: int, size: int) -> bool:
+        """The loop reads a request itself (``chain.read_cached``) when one stripe would, it is at
+        most ``inline_bytes`` and no stripe runs (none waits for a slot: nobody is overtaken)."""
+        return (count * size <= self._inline_bytes and not self._running and not self._slots.locked()
+                and self.stripes_for(count, size) == 1)
+
     async def _read_striped(
-        self, keys: Sequence[bytes], slots: Sequence[memoryview], chain: _Chain
+        self, keys: Sequence[bytes], slots: Sequence[memoryview], chain: Chain, start: int = 0
     ) -> None:
-        """Read on one I/O slot plus those free now; stripe ``s`` of ``k`` takes
-        blocks ``s, s+k, ...`` so every stripe works near the chain's front."""
-        want = self.stripes_for(len(keys), self.store.layout.payload_bytes)
-        await self.striped(want, lambda s, k: self._read_chain(keys, slots, chain, s, k),
+        """Blocks ``start..`` on one I/O slot plus those free now; stripe ``s`` of ``k`` takes
+        blocks ``start+s, start+s+k, ...`` so every stripe works near the chain's front."""
+        want = self.stripes_for(len(keys) - start, self.store.layout.payload_bytes)
+        await self.striped(want, lambda s, k: self._read_chain(keys, slots, chain, start + s, k),
                            on_cancel=lambda: setattr(chain, "cancelled", True))
 
     async def _take_slots(self, want: int) -> int:
@@ -184,25 +176,11 @@ class GatewayCore:
         return taken
 
     def _read_chain(
-        self, keys: Sequence[bytes], slots: Sequence[memoryview], chain: _Chain,
+        self, keys: Sequence[bytes], slots: Sequence[memoryview], chain: Chain,
         first: int = 0, step: int = 1,
     ) -> None:
-        """I/O thread: read blocks ``first, first+step, ...`` in order into their
-        slots; stop at the first that fails or once the chain stopped before it."""
-        for i in range(first, len(keys), step):
-            if not chain.wants(i):
-                return
-            try:
-                self.store.read_into(keys[i], slots[i])
-            except BlockUnavailable as exc:
-                chain.fail(i, keys[i], exc.reason)
-                return
-            except OSError as exc:  # EIO, ESTALE, EACCES...: a miss, not a crash
-                chain.fail(i, keys[i], f"{type(exc).__name__}: {exc}")
-                return
-            except BaseException:  # a bug: the other stripes stop too, the call raises
-                chain.cancelled = True
-                raise
+        """I/O thread: ``chain.read_chain`` of this store."""
+        read_chain(self.store, keys, slots, chain, first, step)
 
     def _note_idle(self) -> None:
         if self._queue.idle:
@@ -216,8 +194,8 @@ class GatewayCore:
         self._note_idle()
 
     async def in_io(self, fn: Callable[..., T], *args: object) -> T:
-        """``fn`` on the read pool (waited for even if cancelled)."""
-        return await _in_thread(self._read_pool, fn, *args)
+        """``fn`` on a read thread (waited for even if cancelled)."""
+        return await self._reads.call(fn, *args)
 
     def stripes_for(self, count: int, nbytes_each: int) -> int:
         """Threads worth using for `count` parts of `nbytes_each` bytes."""
@@ -229,21 +207,23 @@ class GatewayCore:
         Cancelled: ``on_cancel()`` (stripes may stop early), then every stripe is waited for (they
         may be writing into a caller's buffer). A stripe's error is re-raised after all finished."""
         taken = await self._take_slots(want)
+        self._running += taken
         try:
-            loop = asyncio.get_running_loop()
-            futs = [loop.run_in_executor(self._read_pool, stripe, s, taken) for s in range(taken)]
+            calls = [functools.partial(stripe, s, taken) for s in range(taken)]
+            fut = self._reads.run_batch(asyncio.get_running_loop(), calls)
             try:
-                done = await asyncio.shield(asyncio.gather(*futs, return_exceptions=True))
+                errors = await asyncio.shield(fut)
             except asyncio.CancelledError:
                 on_cancel()
-                await asyncio.wait(futs)
+                await asyncio.wait([fut])
                 raise
         finally:
+            self._running -= taken
             for _ in range(taken):
                 self._slots.release()
-        for outcome in done:
-            if isinstance(outcome, BaseException):
-                raise outcome
+        for error in errors:
+            if error is not None:
+                raise error
 
     # ----- writes -----------------------------------------------------------
     async def write_block(self, key: bytes, payload: memoryview) -> WriteOutcome:
@@ -272,7 +252,7 @@ class GatewayCore:
 
     async def hit_length_async(self, keys: Sequence[bytes]) -> int:
         """``hit_length`` off the event loop (for slow shared mounts)."""
-        return await _in_thread(self._read_pool, self.store.longest_prefix, keys)
+        return await self._reads.call(self.store.longest_prefix, keys)
 
     def queue_snapshot(self) -> ReadQueueSnapshot:
         return self._queue.snapshot()
@@ -283,7 +263,7 @@ class GatewayCore:
 
     def close(self) -> None:
         """Stop the pools after their running work (call once, off the hot path)."""
-        self._read_pool.shutdown(wait=True)
+        self._reads.close()
         self._write_pool.shutdown(wait=True)
 
 

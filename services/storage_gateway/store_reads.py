@@ -1,6 +1,6 @@
 """Reading the directory store's blocks: whole, or in parts (a read in layer groups).
 
-Protocol of one read: pin; open; fstat; the verified read of ``block_file.py`` (size,
+Protocol of one read (``read_into``; ``read_cached_into``: from the page cache only): pin; open; fstat; the verified read of ``block_file.py`` (size,
 header fields and payload checksum, straight into the caller's slice); touch mtime
 (throttled); unpin. Protocol of a read in parts: ``open_blocks`` pins and opens the leading
 keys whose file exists and whose header checks (stopping at the first that does not); the
@@ -19,7 +19,7 @@ import os
 from collections.abc import Sequence
 
 from services.storage_gateway import fileio
-from services.storage_gateway.block_file import OpenBlock, bytes_view
+from services.storage_gateway.block_file import NotCached, OpenBlock, bytes_view
 from services.storage_gateway.errors import BlockCorrupt, BlockMissing
 from shared.kv.full_block import FullBlockError
 
@@ -36,12 +36,22 @@ class StoreReads:
 
         Returns the payload bytes. Raises ``BlockMissing`` / ``BlockCorrupt``.
         """
+        return self._read_whole(key, dest, False)
+
+    def read_cached_into(self, key: bytes, dest: memoryview) -> int:
+        """``read_into`` from the page cache only, never waiting for the disk: ``NotCached``
+        (nothing counted) at the first byte not cached, or where the file system cannot tell."""
+        if not self._reader.nowait_reads:
+            raise NotCached
+        return self._read_whole(key, dest, True)
+
+    def _read_whole(self, key: bytes, dest: memoryview, cached_only: bool) -> int:
         dest = bytes_view(dest)
         size = self.layout.payload_bytes
         if len(dest) < size or dest.readonly:
             raise ValueError(f"dest must be a writable buffer of >= {size} bytes")
         with self.pinned([key]):
-            self._read_verified(key, dest[:size])
+            self._read_verified(key, dest[:size], cached_only)
         with self._lock:
             self._index.touch(key, self.block_file_bytes, self._clock())
             self._counters.blocks_read += 1
@@ -58,12 +68,12 @@ class StoreReads:
             self._forget(key, read_miss=True)
             raise BlockMissing(key) from None
 
-    def _read_verified(self, key: bytes, dest: memoryview) -> None:
+    def _read_verified(self, key: bytes, dest: memoryview, cached_only: bool) -> None:
         path, fd = self._open_file(key)
         try:
             st = os.fstat(fd)
             try:
-                self._reader.read_fd(fd, st, key, dest)
+                self._reader.read_fd(fd, st, key, dest, cached_only)
             except FullBlockError as exc:
                 self._discard_corrupt(path, st, key)
                 raise BlockCorrupt(key, str(exc)) from exc

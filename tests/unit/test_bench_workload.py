@@ -63,3 +63,22 @@ def test_set_flags_name_a_service_and_a_setting():
     for bad in ("pe-beta-tokens=1", "gateway.x=1", "scheduler.=3", "decode_engine.handoff-timeout-s=9"):
         with pytest.raises(CliError, match="--set"):
             _settings([bad])
+
+
+def test_an_online_level_replays_enough_agents_for_its_turns_and_its_duration():
+    from dualpath.bench.runs import agents_for_level
+
+    assert agents_for_level(2.0, 0, 0, 12, 6) == 12  # --agents alone
+    assert agents_for_level(2.0, 0, 120, 12, 6) == 20  # 120 turns of 6
+    assert agents_for_level(2.0, 60, 120, 12, 6) == 120  # arrivals over 60 s at 2 APS
+    assert agents_for_level(22.6, 60, 120, 12, 6) == 1356
+    assert agents_for_level(0.5, 3, 0, 0, 6) == 2  # rounded up, never a fraction of an agent
+
+
+def test_negative_level_floors_are_refused_by_name():
+    from dualpath.cli import main
+
+    for flag in ("--min-seconds", "--min-turns"):
+        with pytest.raises(SystemExit) as exc:
+            main(["bench", "--trace", "gen:32k", "--aps", "1", flag, "-3"])
+        assert exc.value.code == 2

@@ -1,5 +1,5 @@
 """The storage read bench runs end to end on a small store and prints every figure
-and the three gateway / dd ratios; bad arguments are refused naming the value."""
+and the gateway / dd ratios; bad arguments are refused naming the value."""
 
 from __future__ import annotations
 
@@ -26,17 +26,19 @@ def test_a_small_run_reports_every_line_and_ratio(tmp_path: Path) -> None:
     assert {n for n in figs.samples if "O_DIRECT" not in n} >= {
         "warm  dd bs=4M",
         "warm  gateway, 1 block/request, reused slot",
+        "warm  same, every read on a thread",
         "warm  gateway, 1 request, big buffer",
         "cold  dd bs=4M",
         "cold  gateway, 1 request, big buffer",
     }
     text = bench.report(figs, n_blocks, 2, 2, tmp_path)
     ratios = re.findall(r"gateway / (?:dd|plain preadv) (\d+\.\d+)x \[(\d+\.\d+)x\]", text)
-    assert len(ratios) == 4 and all(float(b) > 0 and float(m) > 0 for b, m in ratios)
+    assert len(ratios) == 5 and all(float(b) > 0 and float(m) > 0 for b, m in ratios)
     assert set(figs.cpu) == {"warm  dd bs=4M", "warm  gateway, 1 block/request, reused slot",
+                             "warm  same, every read on a thread",
                              "warm  gateway, 1 request, big buffer", "warm  plain preadv into big buffer, 1 thread"}
     assert all(len(v) == 2 and min(v) >= 0 for v in figs.cpu.values())
-    assert len(re.findall(r"CPU ms/GB \((\d+\.\d+)x dd's\)", text)) == 4
+    assert len(re.findall(r"CPU ms/GB \((\d+\.\d+)x dd's\)", text)) == 5
 
 
 def test_a_bad_count_is_refused_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
