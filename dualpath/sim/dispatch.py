@@ -121,9 +121,10 @@ class SimDispatch:
         puller itself is left at a fixed point."""
         g = k % len(self.pulled)
         if self.pulled[g] != self.version and not self.rr:
-            self._refresh()
-            if self.d.pull_prefill(self.pe_groups[g]):
-                self._changed()
+            if self.d.queue:  # (with none waiting for a PE the pull places nothing: lines refresh later)
+                self._refresh()
+                if self.d.pull_prefill(self.pe_groups[g]):
+                    self._changed()
             if self.pulled[g] != self.version:
                 self.fresh += 1
             self.pulled[g] = self.version
@@ -131,10 +132,10 @@ class SimDispatch:
             return
         if self.rr:
             placed = self._tick_rr()
-        else:
-            self._refresh()
+        else:  # (the decode pull reads the decode lines only)
+            changed = self._refresh_de()
             placed = 0
-            for a in self.d.pull_decode(self.de_loads):
+            for a in self.d.pull_decode(self.de_loads, changed):
                 r = self.reqs.pop(a.req_id)
                 r.pe, r.de = self.by_eid[cast(int, a.pe)], self.by_eid[cast(int, a.de)]
                 self.on_assigned(r)
@@ -151,14 +152,19 @@ class SimDispatch:
         if self.touched_pe:
             led.fill([self.pe_line[e] for e in self.touched_pe], "prefill")
             self.touched_pe.clear()
-        if self.touched_de:
-            led.fill([self.de_line[e] for e in self.touched_de if e in self.de_line], "decode")
-            self.touched_de.clear()
         for nid in self.touched_nodes:
             q = pending.get(nid, 0)
             for line in self.lines_of_node.get(nid, ()):
                 line.read_q = q
         self.touched_nodes.clear()
+
+    def _refresh_de(self) -> list[int]:
+        """The decode lines whose ledger figures moved since the last decode pull, refreshed (only
+        the decode pull reads them); returns their engines, for the dispatcher's kept totals."""
+        changed = [e for e in self.touched_de if e in self.de_line]
+        self.d.ledger.fill([self.de_line[e] for e in changed], "decode")
+        self.touched_de.clear()
+        return changed
 
     def _tick_rr(self) -> int:
         pes, des, led = self.c.pes, self.c.des, self.d.ledger

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import operator
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -142,37 +142,48 @@ class Dispatcher:
         return placed
 
     # decode side -----------------------------------------------------------------------
-    def pull_decode(self, des: list[EngineLoad]) -> list[Assignment]:
+    def pull_decode(self, des: list[EngineLoad], changed: Iterable[Hashable] | None = None) -> list[Assignment]:
         """The decode groups pull: the pool to the group with the fewest tokens, then each group
-        with waiting requests places them; returns the requests that now hold both engines."""
+        with waiting requests places them; returns the requests that now hold both engines.
+
+        `changed`: the engines whose lines the caller changed since its previous pull with these
+        same lines (None: unknown, every group's figures are read afresh). With it, the groups'
+        token totals and the idle checks are kept between pulls and redone for those groups only;
+        the decisions are the same either way."""
         roster = self._roster("decode", des)
         groups = roster.groups
         if not groups:
             return []
+        roster.note_changes(changed)
         if self.de_pool:  # level 1: the whole pool to the group with the fewest tokens
-            totals = {i: sum(e.tok for e in g) for i, g in enumerate(groups)}
-            target = _key(groups[pick_de_group(totals)][0])
+            target = _key(groups[pick_de_group(dict(enumerate(roster.tot)))][0])
             self.de_private.setdefault(target, deque()).extend(self.de_pool)
             self._de_idle.pop(target, None)
             self.de_pool = []
         out: list[Assignment] = []
         waiting = sorted(roster.index[k] for k, q in self.de_private.items() if q and k in roster.index)
+        same = roster.same
         for g in waiting:  # level 2 inside each group that has requests waiting, in group order
             group = groups[g]
             key = _key(group[0])
             private = self.de_private[key]
             idle = self._de_idle.get(key)
-            if idle is not None and idle == _loads(group):
+            if idle is not None and (g in same or idle == _loads(group)):
+                same.add(g)
                 continue  # nothing changed since a pull that placed nothing
             reports = [EngineReport(eid, nid, e.seq, e.tok, 0, e.free_tokens)
                        for e, (eid, nid) in zip(group, roster.ids[g])]
             placed = assign_decode(private, reports)  # removes what it places
             if not placed:  # (then it changed no load either)
                 self._de_idle[key] = _loads(group)
+                same.add(g)
+            else:
+                same.discard(g)
             for a in placed:
                 job, de = self.jobs.pop(a.rid), roster.by_id[a.engine]
                 de.tok += job.tokens
                 de.seq += 1
+                roster.tot[g] += job.tokens
                 del self._rid[job.req_id]
                 self.ledger.charge_de(job.req_id, de.engine, job.tokens)
                 out.append(Assignment(job.req_id, self.pe_of.pop(job.req_id), de.engine))
@@ -202,7 +213,9 @@ class Dispatcher:
 
 
 class _Roster:
-    """One pull's engine lines in groups, each line with its policy ids (engine, node)."""
+    """One pull's engine lines in groups, each line with its policy ids (engine, node); for the
+    decode side also each group's token total and which groups' lines are known to equal their
+    idle snapshot (`same`), both kept between pulls from the changes the caller names."""
 
     def __init__(self, lines: list[EngineLoad], groups: list[list[EngineLoad]], ids) -> None:
         self.lines = lines
@@ -210,6 +223,22 @@ class _Roster:
         self.ids = [[(ids(e.engine), ids(("node", e.node))) for e in g] for g in groups]
         self.by_id = {eid: e for g, gids in zip(groups, self.ids) for e, (eid, _) in zip(g, gids)}
         self.index = {_key(g[0]): i for i, g in enumerate(groups)}  # group key -> its place
+        self.group_of = {e.engine: i for i, g in enumerate(groups) for e in g}  # engine -> its group's place
+        self.tot: list[int] = []  # per group: sum of its lines' tok (kept by note_changes and placements)
+        self.same: set[int] = set()  # groups whose lines equal their idle snapshot (Dispatcher._de_idle)
+        self.kept = False  # tot and same hold from a previous pull
+
+    def note_changes(self, changed: Iterable[Hashable] | None) -> None:
+        """Bring `tot` and `same` up to date with lines the caller changed (None: any of them)."""
+        if changed is None or not self.kept:
+            self.tot = [sum([e.tok for e in g]) for g in self.groups]
+            self.same.clear()
+            self.kept = True
+            return
+        dirty = {self.group_of[e] for e in changed if e in self.group_of}
+        for g in dirty:
+            self.tot[g] = sum([e.tok for e in self.groups[g]])
+        self.same -= dirty
 
 
 def _drop(q: deque[Request], rid: int) -> bool:

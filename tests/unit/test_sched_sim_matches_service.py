@@ -55,7 +55,7 @@ def record(sim: Simulation) -> list[tuple]:
 
     wrap(s, "submit", lambda out, r: ("submit", r.rid, r.prompt, r.gen))
     wrap(d, "pull_prefill", lambda out, pes: ("pe pull", [e.engine for e in pes]))
-    wrap(d, "pull_decode", lambda out, des: ("pull", [(a.req_id, a.pe, a.de) for a in out]))
+    wrap(d, "pull_decode", lambda out, des, changed=None: ("pull", [(a.req_id, a.pe, a.de) for a in out]))
     wrap(s, "prefill_done", lambda out, r: ("first", r.rid))
     wrap(s, "finished", lambda out, r: ("end", r.rid))
     wrap(reads, "decide", lambda out, mode, blocks, pe, de, bs, force="auto":
