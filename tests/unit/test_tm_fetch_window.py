@@ -13,7 +13,6 @@ import pytest
 from services.traffic_manager import fetch as fetch_mod
 from services.traffic_manager.fetch import FetchPath
 from services.traffic_manager.parts import TMParts
-from services.traffic_manager.pool import BufferPool
 from services.traffic_manager.progress import LayerState, ReadTrack, Registry
 from services.traffic_manager.read_queues import ReadQueues
 from services.traffic_manager.slot_grants import GrantsHeld
@@ -22,8 +21,7 @@ from shared.messages.registry import KVRegion
 from shared.messages.storage_gateway import ReadDone, StoreLayout
 from shared.messages.subjects import Subjects
 from shared.messages.traffic_manager import FetchFailed, FetchKV, KVWindow, LayersLoaded, ReadFinished
-from shared.metrics import Metrics
-from shared.transport.shm_region import ShmRegion, new_name
+from tests.unit.tm_util import buffer_pool
 
 pytestmark = pytest.mark.unit
 LAYERS, LB = 4, 1024
@@ -53,10 +51,7 @@ class Mesh:
 
 @pytest.fixture
 def parts():
-    region = ShmRegion.create(new_name("t-fw"), 16 * LAYERS * LB)
-    m = Metrics("traffic_manager")
-    pool = BufferPool(region, wait_s=0.2, m_free=m.gauge("buffer_free_bytes", "free"))
-    pool.attach(KVRegion("kv", 16, 16, LAYERS, LAYERS * LB, LB))
+    region, pool, m = buffer_pool("t-fw", 16 * LAYERS * LB, KVRegion("kv", 16, 16, LAYERS, LAYERS * LB, LB))
     layers = Registry(LayerState)
     mesh = Mesh(layers)
     cfg = SimpleNamespace(transfer_timeout_s=2.0, engine="pe-1", read_layer_groups=8)

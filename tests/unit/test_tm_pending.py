@@ -12,34 +12,22 @@ from types import SimpleNamespace
 import pytest
 
 from services.traffic_manager.pending import PendingSaves, owner_of
-from services.traffic_manager.pool import PARKED, BufferPool
+from services.traffic_manager.pool import PARKED
 from services.traffic_manager.prefetch import Entry, PrefetchPath
 from services.traffic_manager.saves import SaveLine
 from shared.messages.registry import KVRegion
 from shared.messages.storage_gateway import StoreLayout
 from shared.messages.traffic_manager import HoldSaves, SaveKV
-from shared.metrics import Metrics
-from shared.transport.shm_region import ShmRegion, new_name
+from tests.unit.tm_util import Reply, buffer_pool
 
 pytestmark = pytest.mark.unit
 BLOCK = 4096
 LAYOUT = StoreLayout(b"f" * 16, "m", 2, 1, 8, "float32", 16)
 
 
-class Reply:
-    def __init__(self):
-        self.msg = None
-
-    async def respond(self, msg):
-        self.msg = msg
-
-
 @pytest.fixture
 def parts():
-    region = ShmRegion.create(new_name("t-pd"), 16 * BLOCK)
-    m = Metrics("traffic_manager")
-    pool = BufferPool(region, wait_s=0.2, m_free=m.gauge("buffer_free_bytes", "free"))
-    pool.attach(KVRegion("kv", 8, 16, 2, BLOCK, BLOCK // 2))
+    region, pool, m = buffer_pool("t-pd", 16 * BLOCK, KVRegion("kv", 8, 16, 2, BLOCK, BLOCK // 2))
     yield SimpleNamespace(cfg=SimpleNamespace(transfer_timeout_s=5.0, fault_flip_pending_bytes=False), pool=pool,
                           metrics=m, m_bytes=m.counter("bytes_total", "b", ("kind",)))
     region.close()

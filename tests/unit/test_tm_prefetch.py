@@ -12,7 +12,6 @@ from types import SimpleNamespace
 import pytest
 
 from services.storage_gateway.bulk import BulkLane
-from services.traffic_manager.pool import BufferPool
 from services.traffic_manager.prefetch import PrefetchPath
 from services.traffic_manager.read_queues import ReadQueues
 from services.traffic_manager.slot_grants import GrantsGiven
@@ -22,7 +21,7 @@ from shared.messages.subjects import Subjects
 from shared.messages.traffic_manager import Claim, Prefetch
 from shared.metrics import Metrics
 from shared.transport.grants import Grant, coalesce, decode_grant
-from shared.transport.shm_region import ShmRegion, new_name
+from tests.unit.tm_util import Reply, buffer_pool
 
 pytestmark = pytest.mark.unit
 BLOCK = 4096
@@ -42,20 +41,9 @@ class Gateway:
         return ReadDone(blocks=ok)
 
 
-class Reply:
-    def __init__(self):
-        self.msg = None
-
-    async def respond(self, msg):
-        self.msg = msg
-
-
 @pytest.fixture
 def parts():
-    region = ShmRegion.create(new_name("t-pf"), 16 * BLOCK)
-    m = Metrics("traffic_manager")
-    pool = BufferPool(region, wait_s=0.2, m_free=m.gauge("buffer_free_bytes", "free"))
-    pool.attach(KVRegion("kv", 8, 16, 2, BLOCK, BLOCK // 2))
+    region, pool, m = buffer_pool("t-pf", 16 * BLOCK, KVRegion("kv", 8, 16, 2, BLOCK, BLOCK // 2))
     yield SimpleNamespace(cfg=SimpleNamespace(transfer_timeout_s=5.0), bus=Gateway(), subjects=Subjects("t"),
                           metrics=m, pool=pool, queues=ReadQueues(5.0),
                           m_bytes=m.counter("bytes_total", "b", ("kind",)))
