@@ -21,6 +21,13 @@ $(STAMP): pyproject.toml Makefile
 	  apt-get install -y -q python3-pyverbs >/dev/null 2>&1 || \
 	  { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q python3-pyverbs >/dev/null 2>&1; } || \
 	  echo "pyverbs: apt-get install python3-pyverbs failed; the verbs backend stays off"; fi
+	@# optional: nft and iptables for hosts as network namespaces (--netns: loss and added latency on
+	@# links); without them that tier skips, saying which tool is missing; never fails the install
+	-@if [ "$(WITH_APT)" = 1 ] && command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
+	  { ! command -v nft >/dev/null || ! command -v iptables-legacy >/dev/null; }; then \
+	  apt-get install -y -q nftables iptables >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q nftables iptables >/dev/null 2>&1; } || \
+	  echo "netns: apt-get install nftables iptables failed; the network-namespace tier will skip"; fi
 	$(PY) -m shared.transport.pyverbs_link
 	touch $(STAMP)
 

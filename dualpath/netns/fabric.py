@@ -56,9 +56,9 @@ def probe() -> str | None:
     """None when namespaces, veths and a bridge can be made here; else why not (for skips)."""
     if os.geteuid() != 0:
         return "network namespaces need root"
-    for tool in ("ip", "tc", "nft"):
+    for tool in ("ip", "tc", "nft", "iptables-legacy"):  # iptables-legacy: the NFQUEUE rule of added latency
         if shutil.which(tool) is None:
-            return f"`{tool}` is not installed (apt-get install iproute2 nftables)"
+            return f"`{tool}` is not installed (apt-get install iproute2 nftables iptables)"
     name = f"{PREFIX}{os.getpid()}-probe"
     try:
         run(["ip", "netns", "add", name])

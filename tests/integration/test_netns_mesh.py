@@ -29,7 +29,10 @@ pytestmark = [pytest.mark.integration,
 def mesh(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("netns")
     m = tiny_mesh(tmp, kv_blocks=128, netns=True, link_gbps=1.0, transport="auto",
-                  extra={"scheduler": {"liveness-timeout-s": "2", "read-path": "de"}})
+                  extra={"scheduler": {"liveness-timeout-s": "2", "read-path": "de",
+                                        # the second turn must come from the store over the DE path, not
+                                        # from the decode buffer it was kept in (pending saves)
+                                        "serve-pending-saves": "false"}})
     m.store_root = Path(m.spec.store)
     m.start(timeout=180)
     tag = m.net.fabric.tag
