@@ -91,6 +91,7 @@ class PendingSaves:
             return
         pool.slots.transfer(req_id, owner, pc.prompt)
         self.prefetch.entries[owner] = Entry(owner, time.monotonic() + self.wait_s, pending=True)
+        self.prefetch.added.set()  # the sweep sleeps while nothing is held: this entry must run out too
         self.pieces[owner] = pc
         self.m_blocks.labels("kept").inc(len(pc.prompt))
 

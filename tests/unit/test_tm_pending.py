@@ -54,11 +54,11 @@ def test_a_pinned_slot_freed_meanwhile_waits_for_its_write(parts):
     pool.slots.check_integrity()
 
 
-def _kept(parts, n_prompt=4, saved_from=2, gen=2):
+def _kept(parts, n_prompt=4, saved_from=2, gen=2, wait_s=30.0, pf=None):
     """Request r1 holds n_prompt DE-buffer slots; its prompt's save (from `saved_from`) and `gen` generated saves."""
     pool, bn = parts.pool, parts.pool.block_nbytes
-    pf = PrefetchPath(parts, chunk_blocks=8, share=0.5)
-    pend = PendingSaves(parts, pf, wait_s=30.0)
+    pf = pf or PrefetchPath(parts, chunk_blocks=8, share=0.5)
+    pend = PendingSaves(parts, pf, wait_s=wait_s)
     pool.before_free = pend.take
     keys = _keys(n_prompt + gen)
     held = pool.slots.allocate("r1", n_prompt + 1)  # one more than the prompt's full blocks (its partial one)
@@ -89,6 +89,31 @@ def test_the_turns_blocks_are_offered_in_order_and_freed_with_the_entry(parts):
     assert pool.slots.free == 14  # the two blocks still being written wait
     pool.unpin(held[2:4])
     assert pool.slots.free == 16
+    pool.slots.check_integrity()
+
+
+def test_an_idle_sweep_wakes_for_a_kept_turn_and_frees_it_when_nobody_asks(parts):
+    """The prefetch sweep sleeps while it holds nothing; a kept turn must wake it, or its slots stay held."""
+    pool = parts.pool
+    pf = PrefetchPath(parts, chunk_blocks=8, share=0.5)
+
+    async def run():
+        sweep = asyncio.ensure_future(pf.sweep())
+        for _ in range(3):  # let the sweep find nothing and go to sleep on `added`
+            await asyncio.sleep(0)
+        _kept(parts, wait_s=0.01, pf=pf)
+        owner = owner_of("r1")
+        assert owner in pf.entries and pool.slots.free < 16
+        for _ in range(200):  # no HoldSaves comes: the entry runs out (a guard, not a timing bound)
+            if owner not in pf.entries:
+                break
+            await asyncio.sleep(0.05)
+        sweep.cancel()
+        return owner
+
+    owner = asyncio.run(run())
+    assert owner not in pf.entries
+    assert pool.slots.free == 14  # every kept slot back but the two still being written
     pool.slots.check_integrity()
 
 
