@@ -150,9 +150,10 @@ class FetchPath:
             src = staged.Held(held, held_grant, de_slots[:adopted], grant)
             await staged.copy_all(p, msg, src, prog, self.m_wait, de_slots, de_hits)
             return
-        # a short read's error only means fewer hits: the rest of the prompt is computed
+        # a short read's error only means fewer hits: the rest of the prompt is computed; slots no read
+        # fills (an adopt found its prefetch gone) are told too: the push uses them, never reserves twice
         await p.bus.publish(p.loaded_subject, ReadFinished(
-            msg.req_id, hits, de_slots=de_slots if de_hits else [], de_hits=de_hits,
+            msg.req_id, hits, de_slots=de_slots if de_hits or k >= n else [], de_hits=de_hits,
             eta_s=round(max(pe.eta_s, de.eta_s), 4)))
         prog.read = True
         if hits:
