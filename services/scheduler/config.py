@@ -29,7 +29,7 @@ class SchedulerConfig(CommonConfig):
     prefetch_prefer_pe: bool = True  # stage on the prefill side whenever its read ends before the session is due (else: the idler NIC)
     prefetch_margin: float = 2.0  # start a prefetch this many expected read times before the session is due back
     prefetch_grace_s: float = 5.0  # staged blocks wait this long past the expected return (or a tool call's length)
-    serve_pending_saves: bool = True  # a finished turn's blocks still in its DE's buffer (saved, maybe unwritten) are the next turn's hits
+    serve_pending_saves: bool = False  # a finished turn's blocks still in its DE's buffer (saved, maybe unwritten) are the next turn's hits (with traffic_manager pending_hold_s > 0)
     pending_ttl_s: float = 5.0  # how long such blocks wait in the buffer for the next turn
     hint_ttl_s: float = 120.0  # retention of a hinted session's blocks when its hints name no cache_ttl_ms
     journal: bool = True  # record accepted/finished requests on JetStream (off, or no -js on the server: run without)

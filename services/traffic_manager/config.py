@@ -26,7 +26,7 @@ class TrafficManagerConfig(CommonConfig):
     data_plane_secret: str = field(default="", repr=False)  # tcp peers' shared secret; empty = the mesh's own, on its NATS (JetStream)
     prefetch_share: float = 0.5  # most of the buffer prefetched blocks may hold (agent sessions' tool calls)
     prefetch_chunk_blocks: int = 8  # most blocks per bulk read of a prefetch (a latency read waits behind one at most; 10 ms of a rate-capped storage NIC)
-    pending_hold_s: float = 10.0  # a DE turn's saved blocks wait this long in the buffer for the scheduler to offer them to the next turn (0: not kept)
+    pending_hold_s: float = 0.0  # a DE turn's saved blocks wait this long in the buffer for the scheduler to offer them to the next turn (0: not kept; 10 with scheduler serve_pending_saves)
     fault_flip_pending_bytes: bool = False  # TESTS ONLY, refused unless DUALPATH_ALLOW_FAULTS=1: corrupt the first block of the first kept turn offered
     fault_flip_de_bytes: bool = False  # TESTS ONLY, refused unless DUALPATH_ALLOW_FAULTS=1: corrupt each DE-path read after its checksum passed
 

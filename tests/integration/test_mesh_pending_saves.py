@@ -27,7 +27,7 @@ OFFERED = 'dualpath_traffic_manager_pending_saves_blocks_total{outcome="offered"
 
 
 def _mesh(tmp_path_factory, name: str, tm: dict | None = None, **kw):
-    extra = {"scheduler": {"liveness-timeout-s": "2", "pending-ttl-s": "120"},
+    extra = {"scheduler": {"liveness-timeout-s": "2", "pending-ttl-s": "120", "serve-pending-saves": "true"},
              "storage_gateway": {"snic-write-gbps": "0.0005"}}
     if tm:
         extra["traffic_manager"] = tm
