@@ -158,8 +158,7 @@ class Prefetcher:
         now = time.monotonic()
         s = Staged(owner, p.engine, p.node, keys[:p.blocks], hold_until(return_at, h.tool_s, self.cfg.prefetch_grace_s,
                                                                         h.ttl_s), h.session, whole=p.blocks == len(keys))
-        self.index.add(s)  # claimable at once: an early turn takes what is staged by then
-        self.added.set()
+        self._stage(s)  # claimable at once: an early turn takes what is staged by then
         nbytes = p.blocks * self._block_bytes()
         self.sending[p.engine] += p.blocks
         self.bulk[p.node] += nbytes
@@ -185,8 +184,7 @@ class Prefetcher:
                 s.whole = s.whole and got.blocks >= len(s.keys)
                 s.keys = s.keys[:got.blocks]
                 s.slots = got.slots if got.slots is not None and len(got.slots.slots) == got.blocks else None
-                self.index.add(s)
-                self.added.set()
+                self._stage(s)
         self._note()
 
     async def _hold(self, rec: InFlight, keys: list[bytes], session: str) -> None:
@@ -200,10 +198,9 @@ class Prefetcher:
         except BusError:
             return
         if got.blocks:
-            self.index.add(Staged(PENDING_OWNER + rec.wire_id, de, self.view.node_of(de), keys[:got.blocks],
-                                  time.monotonic() + ttl, session, whole=got.blocks == len(keys), slots=got.slots,
-                                  pending=True))
-            self.added.set()
+            self._stage(Staged(PENDING_OWNER + rec.wire_id, de, self.view.node_of(de), keys[:got.blocks],
+                               time.monotonic() + ttl, session, whole=got.blocks == len(keys), slots=got.slots,
+                               pending=True))
             self.m_blocks.labels("pending").inc(got.blocks)
             self._note()
 
@@ -258,6 +255,11 @@ class Prefetcher:
         return 0
 
     # expiry and release --------------------------------------------------------------------------
+    def _stage(self, s: Staged) -> None:
+        """Index `s`; the sweep, asleep while nothing was staged, starts again so that `s` expires too."""
+        self.index.add(s)
+        self.added.set()
+
     async def sweep(self) -> None:
         while True:
             if not self.index.by_owner:  # nothing can expire: sleep until something is staged

@@ -90,8 +90,7 @@ class PendingSaves:
         if any(pool.slots.owner_of(s) != req_id for s in pc.prompt):
             return
         pool.slots.transfer(req_id, owner, pc.prompt)
-        self.prefetch.entries[owner] = Entry(owner, time.monotonic() + self.wait_s, pending=True)
-        self.prefetch.added.set()  # the sweep sleeps while nothing is held: this entry must run out too
+        self.prefetch.put(Entry(owner, time.monotonic() + self.wait_s, pending=True))
         self.pieces[owner] = pc
         self.m_blocks.labels("kept").inc(len(pc.prompt))
 

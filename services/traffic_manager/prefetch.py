@@ -91,8 +91,7 @@ class PrefetchPath:
             await d.respond(Prefetched(error=why))
             return
         offsets = [s * bn for s in pool.slots.allocate(msg.owner, n)]  # spare slots: nobody waits for them
-        e = self.entries[msg.owner] = Entry(msg.owner, time.monotonic() + msg.ttl_s)
-        self.added.set()
+        e = self.put(Entry(msg.owner, time.monotonic() + msg.ttl_s))
         self._note()
         error = ""
         try:
@@ -212,6 +211,13 @@ class PrefetchPath:
             self.table.clear()
         self.entries.clear()
         self._note()
+
+    def put(self, e: Entry) -> Entry:
+        """Hold `e` (a prefetch, or a kept turn: pending.py); the sweep, asleep while nothing was
+        held, starts again so that `e` runs out too."""
+        self.entries[e.owner] = e
+        self.added.set()
+        return e
 
     def expire(self, now: float) -> None:
         """Drop expired entries: unclaimed past their TTL, claimed past their lease."""
