@@ -92,7 +92,7 @@ class Mesh:
 
     def round(self) -> None:
         if self.lines is not None:
-            placed = self.d.assign(*self.lines.get(self.view, self.d.ledger, self.reads, 0.0))
+            placed = self.d.assign(*self.lines.get(self.view, self.d.ledger, self.reads, 0.0), self.lines.changed)
         else:
             placed = self.d.assign(self.loads("prefill"), self.loads("decode"))
         for a in placed:

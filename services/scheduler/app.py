@@ -263,7 +263,7 @@ class SchedulerService(Service):
         pes, des = self.lines.get(self.view, self.dispatcher.ledger, self.reads, now)
         self.m.engines.labels("prefill").set(len(pes))
         self.m.engines.labels("decode").set(len(des))
-        for a in self.dispatcher.assign(pes, des):
+        for a in self.dispatcher.assign(pes, des, self.lines.changed):
             rec = self.inflight.get(a.req_id)
             if rec is None:
                 self.dispatcher.remove(a.req_id)

@@ -50,6 +50,8 @@ class Lines:
         self.by_engine: dict = {}
         self.by_node: dict = {}  # node -> its lines (both roles: the lines read as `engine_loads` builds them)
         self.rebuilds = 0
+        self.changed: set | None = None  # engines whose lines the last `get` refreshed (None: all rebuilt),
+        # for the dispatcher's decode pull to keep its group totals (`Dispatcher.pull_decode(changed=)`)
 
     def get(self, view: MeshView, ledger: Ledger, reads: ReadQueues, now: float) -> tuple[list, list]:
         """(prefill lines, decode lines) with current tok / seq / read_q; the same objects as last
@@ -62,8 +64,10 @@ class Lines:
             self._index()
             ledger.take_touched()
             reads.take_touched()
+            self.changed = None
             return self.lines["prefill"], self.lines["decode"]
-        for engine in ledger.take_touched():
+        self.changed = touched = ledger.take_touched()
+        for engine in touched:
             line = self.by_engine.get(engine)
             if line is not None:
                 line.tok, line.seq = (ledger.pe_load if self.role_of[engine] == "prefill" else ledger.de_load)(engine)

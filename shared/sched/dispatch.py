@@ -110,10 +110,12 @@ class Dispatcher:
         self.de_pool = [r for r in self.de_pool if r.rid != rid]
         return True
 
-    def assign(self, pes: list[EngineLoad], des: list[EngineLoad]) -> list[Assignment]:
-        """One pull of every group; loads are updated in place as requests are placed."""
+    def assign(self, pes: list[EngineLoad], des: list[EngineLoad],
+               changed: Iterable[Hashable] | None = None) -> list[Assignment]:
+        """One pull of every group; loads are updated in place as requests are placed. `changed`:
+        as for `pull_decode` (the decode lines the caller changed since its previous pull)."""
         self.pull_prefill(pes)
-        return self.pull_decode(des)
+        return self.pull_decode(des, changed)
 
     # prefill side ----------------------------------------------------------------------
     def pull_prefill(self, pes: list[EngineLoad]) -> int:

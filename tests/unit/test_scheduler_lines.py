@@ -79,3 +79,48 @@ def test_heartbeats_that_change_nothing_keep_the_lines():
     announce(view, "d0", "decode", "n0", 10.0, blocks=512)  # a KV size change is a change
     _, des = lines.get(view, d.ledger, reads, 10.0)
     assert lines.rebuilds == 2 and des[0].capacity_tokens == 512 * 8
+
+
+def test_decode_totals_kept_from_the_lines_changes_decide_as_a_recount():
+    """The service tells the dispatcher which lines a round refreshed (`Lines.changed`); a twin
+    that recounts every pull makes the same assignments, and the kept group totals equal a recount."""
+    rng = random.Random(11)
+    view = MeshView(timeout_s=3.0)
+    engines = [(f"p{i}", "prefill", f"np{i // 2}") for i in range(4)] + [(f"d{i}", "decode", f"nd{i // 2}")
+                                                                         for i in range(8)]
+    worlds = [(Dispatcher(), ReadQueues(), Lines()) for _ in range(2)]  # told / recounting
+    now, n, placed, assigned, kept_pulls = 0.0, 0, [], 0, 0
+    for step in range(500):
+        now += 0.1
+        for eid, role, node in engines:
+            if eid != "d5" or step < 200 or step > 260:
+                announce(view, eid, role, node, now, blocks=48)  # small decode memory: capacity decides
+        op = rng.random()
+        if op < 0.45:
+            n += 1
+            job = Job(f"r{n}", rng.randrange(1, 120), rng.randrange(1, 40))
+            for d, _, _ in worlds:
+                d.enqueue(job)
+        elif op < 0.7 and placed:
+            rid, pe = placed.pop(rng.randrange(len(placed)))
+            done = rng.random() < 0.6
+            for d, reads, _ in worlds:
+                d.prefill_done(rid)
+                reads.read_done(rid, view.node_of(pe))
+                if done:
+                    d.remove(rid)
+                    reads.done(rid)
+        got = []
+        for i, (d, reads, lines) in enumerate(worlds):
+            pes, des = lines.get(view, d.ledger, reads, now)
+            kept_pulls += i == 0 and lines.changed is not None
+            got.append(d.assign(pes, des, lines.changed if i == 0 else None))
+            roster = d._roster("decode", des)
+            assert roster.tot == [sum(e.tok for e in g) for g in roster.groups], step
+        assert got[0] == got[1], step
+        for a in got[0]:
+            for _, reads, _ in worlds:
+                reads.hold(a.req_id, PathDecision(1, 0, 0, 0, ""), view.node_of(a.pe), view.node_of(a.de), 16)
+            placed.append((a.req_id, a.pe))
+        assigned += len(got[0])
+    assert assigned > 50 and kept_pulls > 300, (assigned, kept_pulls)
