@@ -1,9 +1,9 @@
 """Memory-to-memory copies, class-scheduled, off the event loop where it pays.
 
-Owns `CopyWorker`: one thread per endpoint that drains a DrrScheduler of copy items
-(each a list of (dst view, src view) pairs). It serves both `copy_local` (buffer <-> KV
-memory, "H2D/D2H" on CPU) and the shm backend's peer copies. Large copies run through
-numpy, which releases the GIL, so the loop stays responsive.
+Owns `CopyWorker`: one thread per endpoint that drains a DrrScheduler of copy items. It
+serves both `copy_local` (buffer <-> KV memory, "H2D/D2H" on CPU) and the shm backend's
+peer copies. Large copies run through numpy, which releases the GIL, so two threads copy
+at once and the loop stays responsive.
 
 Latency copies up to LATENCY_INLINE (a layer of a batch of hit blocks) are never queued:
 they run on the caller's thread at once, beside whatever bulk piece the worker is copying
@@ -13,48 +13,65 @@ bulk, where a queued latency copy waited for the bulk piece in hand and the wake
 loop is blocked for that copy: the TM is waiting for exactly it. A bulk (or larger)
 transfer of at most INLINE_BYTES found with an idle worker is copied inline too.
 
-Everything else is queued as few items as possible: its pairs are grouped, in order, into
-items of at most ITEM bytes (a longer pair is cut), so 64 MiB in 682 scattered 96 KiB
-pieces is 16 items, one contiguous 64 MiB copy 16 items, and the per-item cost (a lock,
-a DRR pop) is paid 16 times, not once per piece or per 256 KiB. Latency items are copied
-pair by pair. A bulk item is copied in pieces of at most SLICE bytes (a pair up to SLICE
-is one piece): before every piece but the first of a turn, if latency work is queued, the
-rest of the item goes back to the head of the BULK FIFO and the thread pops again, so a
-queued latency transfer waits for one piece, not one item, and bulk still moves a piece
-per turn.
+A larger latency transfer is queued as items of at most ITEM bytes (group), copied pair
+by pair. A bulk transfer is one SharedCopy (copy_share.py) of pieces of at most SLICE
+bytes. While the calling thread's loop serves no latency work (no latency copy in the
+last LATENCY_QUIET seconds) the caller copies it itself, from the back, yielding to its
+loop every LOOP_TURN bytes, so the loop stays responsive and a latency copy cuts in
+between its pieces; it then returns with no thread hand-off at all (measured under load:
+~5 ms per hand-off, loop -> worker and worker -> loop). The worker joins from the front
+(tokens of ITEM bytes in the BULK FIFO: the DRR counts bytes) when the loop has other
+work (other tasks took LOOP_BUSY of CPU in one of the caller's turns: two cores then beat
+one; with the loop free, two threads copying only split one memory bus), and takes the
+rest when latency work shows up, so latency copies keep the loop to themselves. The
+worker leaves a helping caller the last pieces (TAIL), so the caller still completes the
+transfer. With latency work about (or `caller_copies=False`) the worker copies the whole
+transfer: before every piece but the first of a token, if latency work is queued, the
+token goes back to the head of the BULK FIFO and the thread pops again, so a queued
+latency transfer waits for one piece.
 
-Example: `await w.copy([(kv[0:96K], buf[0:96K]), ...], TrafficClass.BULK)`: the pairs
-become items of <= 4 MiB in the BULK FIFO; the thread pops them in DRR order (99:1
-against LATENCY), copies each pair (96 KiB <= SLICE: one numpy copy), checks the LATENCY
-FIFO between pieces, and the last item's completion resolves the future on the loop via
-call_soon_threadsafe. `await w.copy([(kv[0:1M], buf[0:1M])], TrafficClass.LATENCY)`
-copies at once and returns.
+Example: `await w.copy([(kv[0:96K], buf[0:96K]), ...682 pairs], TrafficClass.BULK)`, no
+latency copy lately: the loop copies pairs 681 .. 671 (1 MiB), yields, copies 1 MiB more,
+..., and returns after pair 0; the worker never woke. The same with a latency pull 10 ms
+ago: 16 tokens of 4 MiB go to the BULK FIFO, the worker copies 0, 1, ... and resolves the
+future via call_soon_threadsafe. `await w.copy([(kv[0:1M], buf[0:1M])],
+TrafficClass.LATENCY)` copies at once and returns.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Sequence
 
 import numpy as np
 
 from .classes import CHUNK, DEFAULT_WEIGHTS, DrrScheduler
+from .copy_share import SLICE, Pair, SharedCopy, View, cut
 
 INLINE_BYTES = 64 << 10  # below this, with an idle worker, copy on the loop
 LATENCY_INLINE = 4 << 20  # latency copies up to this run on the caller's thread, never queued
 NUMPY_BYTES = 32 << 10  # at or above this, copy via numpy (GIL released)
-SLICE = 128 << 10  # bulk moves in pieces of at most this (a layer block is one); queued latency preempts between
-ITEM = 4 << 20  # a transfer is queued in items of at most this many bytes
+ITEM = 4 << 20  # a transfer is queued in items (bulk: tokens) of at most this many bytes
+LOOP_TURN = 1 << 20  # a helping caller yields to its loop after this many bytes (~0.2 ms of copy)
+LATENCY_QUIET = 0.05  # the caller copies bulk only if it made no latency copy in this many seconds
+LOOP_BUSY = 200e-6  # the loop's other tasks took this much CPU in one turn of a helping caller: the worker joins
 
-Pair = tuple[memoryview, memoryview]  # (dst, src), equal lengths
+__all__ = ["SLICE", "CopyWorker", "Pair", "copy_pair", "group"]
 
 
-def copy_pair(dst: memoryview, src: memoryview) -> None:
-    if len(dst) >= NUMPY_BYTES:
+def copy_pair(dst: View, src: View) -> None:
+    """Copy src into dst, memoryviews or 1-d uint8 arrays (cheapest: arrays, ~1 us less per
+    piece than a view wrapped here); large copies with the GIL released."""
+    if type(dst) is np.ndarray:
+        if len(dst) != len(src):  # never broadcast a short source
+            raise ValueError(f"copy of {len(src)} bytes into {len(dst)}")
+        dst[...] = src
+    elif len(dst) >= NUMPY_BYTES:
         np.copyto(np.frombuffer(dst, np.uint8), np.frombuffer(src, np.uint8))
     else:
-        dst[:] = src
+        dst[:] = src  # type: ignore[assignment]  # a small array source is a buffer too
 
 
 def group(pairs: Sequence[Pair], size: int = ITEM) -> list[list[Pair]]:
@@ -109,20 +126,28 @@ Item = tuple[list[Pair], _Job]
 class CopyWorker:
     """A copy thread fed by a DRR scheduler (see module docstring)."""
 
-    def __init__(self, weights: Sequence[int] = DEFAULT_WEIGHTS, name: str = "dp-copy") -> None:
-        self._sched: DrrScheduler[Item] = DrrScheduler(weights, CHUNK)
+    def __init__(self, weights: Sequence[int] = DEFAULT_WEIGHTS, name: str = "dp-copy",
+                 caller_copies: bool = True) -> None:
+        self._sched: DrrScheduler[Item | tuple[int, SharedCopy]] = DrrScheduler(weights, CHUNK)
         self._cond = threading.Condition()
         self._busy = False
         self._stop = False
+        self._caller_copies = caller_copies
+        self._latency_at = -LATENCY_QUIET  # when copy() last saw a latency transfer (monotonic)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     async def copy(self, pairs: Sequence[Pair], cls: int) -> None:
         """Copy every (dst, src) pair; returns when all bytes landed."""
         total = sum(len(d) for d, _ in pairs)
+        if not cls:
+            self._latency_at = time.monotonic()
         if (not cls and total <= LATENCY_INLINE) or (total <= INLINE_BYTES and self._idle()):
             for dst, src in pairs:
                 copy_pair(dst, src)
+            return
+        if cls:
+            await self._shared(pairs, cls, total)
             return
         items = group([p for p in pairs if len(p[0])])
         if not items:
@@ -137,6 +162,76 @@ class CopyWorker:
                 self._sched.push(cls, (it, job), sum(len(d) for d, _ in it))
             self._cond.notify()
         await fut
+
+    async def _shared(self, pairs: Sequence[Pair], cls: int, total: int) -> None:
+        """A bulk transfer: this (calling) thread copies it while its loop is free of latency
+        work, the worker when it is not, or joins when the loop turns out busy."""
+        pieces = cut(pairs)
+        if not pieces:
+            return
+        if self._stop:
+            raise RuntimeError("copy worker closed")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        job = SharedCopy(pieces, fut, loop, self._caller_copies and self._quiet())
+        if not job.helping:
+            self._tokens(cls, job, total, True)
+        try:
+            if job.helping and await self._help(cls, job):
+                if job.exc is not None:
+                    raise job.exc
+                return
+            await fut
+        finally:
+            if not fut.done():  # cancelled (a deadline): the worker claims nothing more
+                job.abandon()
+                fut.cancel()
+
+    def _tokens(self, cls: int, job: SharedCopy, nbytes: int, first: bool = False) -> None:
+        """Queue `nbytes` of `job`'s front for the worker, as tokens of at most ITEM bytes."""
+        with self._cond:
+            if self._stop:
+                if first:
+                    raise RuntimeError("copy worker closed")
+                return
+            for off in range(0, nbytes, ITEM):
+                n = min(ITEM, nbytes - off)
+                self._sched.push(cls, (n, job), n)
+            self._cond.notify()
+
+    def _quiet(self) -> bool:
+        return time.monotonic() - self._latency_at >= LATENCY_QUIET
+
+    async def _help(self, cls: int, job: SharedCopy) -> bool:
+        """Copy `job` from the back on this thread, LOOP_TURN bytes per loop turn; True if this
+        thread completed the transfer, False if the worker will: latency work showed up (the
+        rest is the worker's), or the worker, enlisted once other tasks took LOOP_BUSY or more
+        of one loop turn, holds the last pieces in flight."""
+        enlisted = False
+        while True:
+            if not self._quiet():
+                if left := job.unclaimed(False):
+                    self._tokens(cls, job, left)
+                return False
+            got = job.claim_back(LOOP_TURN)
+            if not got:
+                return False
+            exc = None
+            try:
+                for dst, src in got:
+                    copy_pair(dst, src)
+            except Exception as e:  # a bad view: fail the transfer
+                exc = e
+            n = len(got)
+            del got
+            if job.finish(exc, n):
+                return True
+            t = time.thread_time()  # CPU, not wall: a loop preempted by other processes is not busy
+            await asyncio.sleep(0)
+            if not enlisted and time.thread_time() - t >= LOOP_BUSY:  # the loop has other work too
+                enlisted = True
+                if left := job.unclaimed(True):
+                    self._tokens(cls, job, left)
 
     def close(self) -> None:
         with self._cond:
@@ -158,53 +253,54 @@ class CopyWorker:
                     return
                 self._busy = True
                 batch = self._sched.pop_batch(CHUNK)  # an item over CHUNK comes alone
-            for cls, (pairs, job) in batch:
+            for cls, (what, job) in batch:
+                if isinstance(job, SharedCopy):
+                    self._claim(cls, what, job)  # type: ignore[arg-type]
+                    continue
                 exc = None
                 try:
-                    if job.fut.done():  # failed (or its waiter left): skip the rest
-                        pass
-                    elif cls:
-                        if not self._bulk(cls, pairs, job):
-                            continue  # preempted: the rest is queued again, the item is not done
-                    else:
-                        for dst, src in pairs:
+                    if not job.fut.done():  # failed (or its waiter left): skip the rest
+                        for dst, src in what:  # type: ignore[union-attr]
                             copy_pair(dst, src)
                 except Exception as e:  # a bad view: fail the transfer, keep the worker
                     exc = e
                 self._done(job, exc)
-            del batch, pairs, job  # drop views now: lets shm regions unmap on close
+            del batch, what, job  # drop views now: lets shm regions unmap on close
 
-    def _bulk(self, cls: int, pairs: list[Pair], job: _Job) -> bool:
-        """Copy a bulk item piece by piece; False if latency work took over (the rest requeued)."""
-        latency = self._sched.queued
+    def _claim(self, cls: int, budget: int, job: SharedCopy) -> None:
+        """Copy up to `budget` bytes of `job`'s pieces from the front; if latency work is queued
+        before a piece (but the first of the turn), the rest of the token goes back to the head
+        of the FIFO and the thread pops again."""
         first = True
-        for i, (dst, src) in enumerate(pairs):
-            n = len(dst)
-            if n <= SLICE:
-                if not first and latency(0):
-                    return self._requeue(cls, pairs[i:], job)
-                copy_pair(dst, src)
-                first = False
-                continue
-            d, s = np.frombuffer(dst, np.uint8), np.frombuffer(src, np.uint8)  # sliced below: no view per piece
-            for off in range(0, n, SLICE):
-                if not first and latency(0):
-                    del d, s
-                    return self._requeue(cls, [(dst[off:], src[off:]), *pairs[i + 1 :]], job)
-                np.copyto(d[off : off + SLICE], s[off : off + SLICE])
-                first = False
-        return True
-
-    def _requeue(self, cls: int, rest: list[Pair], job: _Job) -> bool:
-        with self._cond:
-            self._sched.push_front(cls, (rest, job), sum(len(d) for d, _ in rest))
-        return False
+        while budget > 0:
+            if not first and self._sched.queued(0):
+                with self._cond:
+                    self._sched.push_front(cls, (budget, job), budget)
+                return
+            p = job.claim_front()
+            if p is None:  # nothing left, or the rest is the helping caller's
+                return
+            exc = None
+            try:
+                copy_pair(*p)
+            except Exception as e:  # a bad view: fail the transfer, keep the worker
+                exc = e
+            first = False
+            budget -= len(p[0])
+            del p
+            if job.finish(exc):
+                self._resolve_soon(job.fut, job.loop, job.exc)
+                return
 
     @staticmethod
     def _done(job: _Job, exc: BaseException | None) -> None:
         job.left -= 1
         if job.left == 0 or exc is not None:
-            try:
-                job.loop.call_soon_threadsafe(_resolve, job.fut, exc)
-            except RuntimeError:  # loop closed under us
-                pass
+            CopyWorker._resolve_soon(job.fut, job.loop, exc)
+
+    @staticmethod
+    def _resolve_soon(fut: asyncio.Future[None], loop: asyncio.AbstractEventLoop, exc: BaseException | None) -> None:
+        try:
+            loop.call_soon_threadsafe(_resolve, fut, exc)
+        except RuntimeError:  # loop closed under us
+            pass

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from .aio import deadline
 from .base import Endpoint, EndpointDesc, Op, Peer, RegionDesc, TrafficClass, coalesce
 from .classes import DEFAULT_WEIGHTS
@@ -41,6 +43,7 @@ class ShmPeer(Peer):
         self._remote = remote
         self._timeout = timeout
         self._maps: dict[str, ShmRegion] = {}
+        self._arrays: dict[str, np.ndarray] = {}  # the mapped segments as uint8: sliced per op
         try:
             self._alive = ShmRegion.attach(remote.alive)
         except FileNotFoundError:
@@ -53,16 +56,18 @@ class ShmPeer(Peer):
     async def write(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None,
                     grant: Grant | None = None) -> None:
         check_grant(self.name, grant, ops, True)
-        pairs = [(self._view(o), self._regions.resolve(o.local_region, o.local_offset, o.length)) for o in coalesce(ops)]
+        local = self._regions.resolve_array
+        pairs = [(self._view(o), local(o.local_region, o.local_offset, o.length)) for o in coalesce(ops)]
         await self._run(pairs, cls, timeout)
 
     async def read(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None,
                    grant: Grant | None = None) -> None:
         check_grant(self.name, grant, ops, False)
-        pairs = [(self._regions.resolve(o.local_region, o.local_offset, o.length), self._view(o)) for o in coalesce(ops)]
+        local = self._regions.resolve_array
+        pairs = [(local(o.local_region, o.local_offset, o.length), self._view(o)) for o in coalesce(ops)]
         await self._run(pairs, cls, timeout)
 
-    async def _run(self, pairs: list[Pair], cls: TrafficClass, timeout: float | None) -> None:
+    async def _run(self, pairs: Sequence[Pair], cls: TrafficClass, timeout: float | None) -> None:
         self._check_alive()
         nbytes = sum(len(d) for d, _ in pairs)
         async with deadline(timeout if timeout is not None else self._timeout, self.name, nbytes):
@@ -76,12 +81,12 @@ class ShmPeer(Peer):
         if not process_alive(self._remote.pid):
             raise PeerGone(self.name, f"process {self._remote.pid} exited")
 
-    def _view(self, op: Op) -> memoryview:
-        seg = self._maps.get(op.remote_region)
-        if seg is None:
-            seg = self._attach(self._remote_desc(op.remote_region))
-        check_bounds(op.remote_region, op.remote_offset, op.length, seg.size)
-        return seg.buf[op.remote_offset : op.remote_offset + op.length]
+    def _view(self, op: Op) -> np.ndarray:
+        arr = self._arrays.get(op.remote_region)
+        if arr is None:
+            arr = self._attach(self._remote_desc(op.remote_region))
+        check_bounds(op.remote_region, op.remote_offset, op.length, len(arr))
+        return arr[op.remote_offset : op.remote_offset + op.length]
 
     def _remote_desc(self, name: str) -> RegionDesc:
         desc = self._remote.region(name)
@@ -89,17 +94,19 @@ class ShmPeer(Peer):
             raise RegionNotFound(name, where="remote")
         return desc
 
-    def _attach(self, desc: RegionDesc) -> ShmRegion:
+    def _attach(self, desc: RegionDesc) -> np.ndarray:
         self._check_alive()
         try:
             seg = ShmRegion.attach(desc.shm)
         except FileNotFoundError:
             raise PeerGone(self.name, f"segment {desc.shm} gone") from None
         self._maps[desc.name] = seg
-        return seg
+        arr = self._arrays[desc.name] = np.frombuffer(seg.buf, np.uint8)
+        return arr
 
     async def close(self) -> None:
         self._closed = True
+        self._arrays.clear()  # before unmapping: an array holds the mapping's buffer
         for seg in [*self._maps.values(), self._alive]:
             try:
                 seg.close()

@@ -50,7 +50,8 @@ def test_latency_overtakes_bulk_between_two_pieces_of_one_item(monkeypatch, lat_
     """A latency copy issued while a bulk item is mid-way runs after the bulk piece in hand, not
     after the rest of the item (the item here is 20 pieces, well under ITEM): up to
     LATENCY_INLINE on the caller's thread at once, a larger one queued and taken by the worker
-    between two bulk pieces."""
+    between two bulk pieces. (The worker alone here: the calling thread's own share of a bulk
+    transfer is tested below.)"""
     import shared.transport.copier as copier
 
     seen: list[str] = []
@@ -68,7 +69,7 @@ def test_latency_overtakes_bulk_between_two_pieces_of_one_item(monkeypatch, lat_
     monkeypatch.setattr(copier, "copy_pair", traced)
 
     async def main():
-        w = CopyWorker(DEFAULT_WEIGHTS)
+        w = CopyWorker(DEFAULT_WEIGHTS, caller_copies=False)
         try:
             src, dst = memoryview(os.urandom(SLICE)), memoryview(bytearray(SLICE))
             bulk = asyncio.ensure_future(w.copy([(dst, src)] * 20, B))
@@ -99,6 +100,132 @@ def test_a_bad_pair_fails_its_copy_and_the_worker_keeps_going():
             src = memoryview(os.urandom(1 << 20))
             await w.copy([(good, src)], B)
             assert good == src
+        finally:
+            w.close()
+
+    asyncio.run(main())
+
+
+def _scattered(n: int, piece: int = 96 << 10):
+    src = memoryview(os.urandom(n * piece))
+    dst = memoryview(bytearray(len(src)))
+    order = list(reversed(range(n)))
+    pairs = [(dst[j * piece:(j + 1) * piece], src[i * piece:(i + 1) * piece]) for i, j in enumerate(order)]
+
+    def landed() -> bool:
+        return all(dst[j * piece:(j + 1) * piece] == src[i * piece:(i + 1) * piece] for i, j in enumerate(order))
+
+    return pairs, src, landed
+
+
+def _trace(monkeypatch, hook=None) -> list[tuple[int, str]]:
+    """Record (thread id, "L"/"B") of every copied piece; latency pieces are 4 KiB here."""
+    import shared.transport.copier as copier
+
+    seen: list[tuple[int, str]] = []
+    real = copier.copy_pair
+
+    def traced(dst, src) -> None:
+        seen.append((threading.get_ident(), "L" if len(dst) == 4096 else "B"))
+        if hook is not None:
+            hook(seen)
+        real(dst, src)
+
+    monkeypatch.setattr(copier, "copy_pair", traced)
+    return seen
+
+
+def test_the_calling_thread_copies_a_bulk_transfer_itself_while_it_serves_no_latency(monkeypatch):
+    """No latency work: the caller copies every piece (bytes exact) and returns with no hand-off
+    to the worker or back; the worker thread copied nothing."""
+    seen = _trace(monkeypatch)
+
+    async def main():
+        w = CopyWorker(DEFAULT_WEIGHTS)
+        try:
+            pairs, _, landed = _scattered(40)
+            await w.copy(pairs, B)
+            assert landed()
+        finally:
+            w.close()
+
+    asyncio.run(main())
+    me = threading.get_ident()
+    assert len(seen) == 40 and {t for t, _ in seen} == {me}
+
+
+def test_a_busy_loop_enlists_the_worker_and_both_threads_land_exact_bytes(monkeypatch):
+    """Other tasks take loop time: the worker joins from the front (here the caller blocks in a
+    piece until the worker has copied one); every piece lands exactly once, bytes exact."""
+    import shared.transport.copier as copier
+
+    monkeypatch.setattr(copier, "LOOP_BUSY", 0.0)  # any turn counts as busy: enlist at the first
+    worker_copied = threading.Event()
+    me = threading.get_ident()
+
+    def hook(seen):
+        if seen[-1][0] != me:
+            worker_copied.set()
+        elif len(seen) > 12:  # the caller, past its first turn: let the worker take some pieces
+            worker_copied.wait(30)
+
+    seen = _trace(monkeypatch, hook)
+
+    async def main():
+        w = CopyWorker(DEFAULT_WEIGHTS)
+        try:
+            pairs, _, landed = _scattered(64)
+            await w.copy(pairs, B)
+            assert landed()
+        finally:
+            w.close()
+
+    asyncio.run(main())
+    assert len(seen) == 64 and {t for t, _ in seen} == {me, *({t for t, _ in seen} - {me})}
+    assert len({t for t, _ in seen}) == 2  # both threads copied
+
+
+def test_a_latency_copy_cuts_in_between_the_callers_bulk_pieces_and_the_worker_takes_the_rest(monkeypatch):
+    """The caller yields to its loop every LOOP_TURN bytes: a latency copy issued meanwhile runs
+    at the first yield (inline), and from then on the caller leaves the bulk to the worker."""
+    from shared.transport.copier import LOOP_TURN
+
+    seen = _trace(monkeypatch)
+    n = 64
+
+    async def main():
+        w = CopyWorker(DEFAULT_WEIGHTS)
+        try:
+            pairs, _, landed = _scattered(n)
+            lsrc, ldst = memoryview(os.urandom(4096)), memoryview(bytearray(4096))
+            lat = asyncio.ensure_future(w.copy([(ldst, lsrc)], L))  # runs at the loop's next turn
+            await w.copy(pairs, B)
+            assert lat.done() and ldst == lsrc and landed()
+        finally:
+            w.close()
+
+    asyncio.run(main())
+    me = threading.get_ident()
+    kinds = [k for _, k in seen]
+    first_turn = -(-LOOP_TURN // (96 << 10))  # pieces the caller copies before it yields
+    assert kinds.count("B") == n and kinds.index("L") == first_turn, kinds
+    after = [t for t, k in seen[first_turn + 1:]]
+    assert after and me not in after  # the rest was the worker's
+
+
+def test_a_cancelled_shared_copy_stops_and_the_worker_keeps_going(monkeypatch):
+    async def main():
+        w = CopyWorker(DEFAULT_WEIGHTS)
+        try:
+            pairs, _, _ = _scattered(64)
+            task = asyncio.ensure_future(w.copy(pairs, B))
+            await asyncio.sleep(0)  # the caller copies its first turn and yields
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            pairs, _, landed = _scattered(8)
+            await w.copy(pairs, B)
+            assert landed()
         finally:
             w.close()
 

@@ -1,0 +1,69 @@
+"""A shared bulk copy: each piece claimed by one side, the worker leaves a helping caller the tail,
+exactly one finish completes the transfer, a failed piece stops further claims."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from shared.transport.copy_share import TAIL, SharedCopy, cut
+
+pytestmark = pytest.mark.unit
+
+
+def _job(n: int, helping: bool = True, size: int = 4) -> SharedCopy:
+    loop = asyncio.new_event_loop()
+    try:
+        fut = loop.create_future()
+    finally:
+        loop.close()
+    bufs = [memoryview(bytearray([i]) * size) for i in range(n)]
+    return SharedCopy([(b, b) for b in bufs], fut, loop, helping)
+
+
+def test_cut_keeps_order_drops_empty_pairs_and_cuts_long_ones_into_array_slices():
+    bufs = [memoryview(bytearray(n)) for n in (3, 0, 20)]
+    pieces = cut([(b, b) for b in bufs], size=8)
+    assert [len(d) for d, _ in pieces] == [3, 8, 8, 4]
+    assert pieces[0][0] is bufs[0] and all(isinstance(d, np.ndarray) for d, _ in pieces[1:])
+
+
+def test_each_piece_is_claimed_once_and_the_worker_leaves_the_tail_to_a_helping_caller():
+    job = _job(10)
+    front = [job.claim_front() for _ in range(10)]
+    took = [p for p in front if p is not None]
+    assert len(took) == 10 - TAIL  # the rest is the caller's
+    back = job.claim_back(1 << 20)
+    assert len(back) == TAIL and job.claim_back(1 << 20) == []
+    firsts = sorted(d[0] for d, _ in took + back)
+    assert firsts == list(range(10))  # every piece exactly once
+    assert not job.finish(None, len(took))  # the caller's pieces are still in flight
+    assert job.finish(None, len(back))  # the last landing completes it, once
+    assert job.pieces == []  # the views are dropped
+
+
+def test_a_caller_that_stops_helping_leaves_everything_to_the_worker():
+    job = _job(5)
+    assert [d[0] for d, _ in job.claim_back(4)] == [4]  # about 4 bytes: one piece
+    assert job.unclaimed(False) == 4 * 4
+    got = [job.claim_front() for _ in range(5)]
+    assert [d[0] for d, _ in got[:4]] == [0, 1, 2, 3] and got[4] is None
+    assert not job.finish(None, 4)
+    assert job.finish(None)  # the caller's piece landed last: it completes
+
+
+def test_a_failed_piece_stops_claims_and_completes_once_the_piece_in_flight_lands():
+    job = _job(6, helping=False)
+    a, b = job.claim_front(), job.claim_front()
+    assert a is not None and b is not None
+    err = ValueError("bad view")
+    assert not job.finish(err)  # b is still in flight
+    assert job.claim_front() is None and job.claim_back(1 << 20) == []
+    assert job.finish(None) and job.exc is err
+
+
+def test_an_abandoned_copy_claims_nothing_more():
+    job = _job(4, helping=False)
+    assert job.claim_front() is not None
+    job.abandon()
+    assert job.claim_front() is None and job.claim_back(1 << 20) == []
