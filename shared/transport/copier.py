@@ -31,7 +31,7 @@ token goes back to the head of the BULK FIFO and the thread pops again, so a que
 latency transfer waits for one piece.
 
 Example: `await w.copy([(kv[0:96K], buf[0:96K]), ...682 pairs], TrafficClass.BULK)`, no
-latency copy lately: the loop copies pairs 681 .. 671 (1 MiB), yields, copies 1 MiB more,
+latency copy lately: the loop copies pairs 681 .. 660 (2 MiB), yields, copies 2 MiB more,
 ..., and returns after pair 0; the worker never woke. The same with a latency pull 10 ms
 ago: 16 tokens of 4 MiB go to the BULK FIFO, the worker copies 0, 1, ... and resolves the
 future via call_soon_threadsafe. `await w.copy([(kv[0:1M], buf[0:1M])],
@@ -54,7 +54,7 @@ INLINE_BYTES = 64 << 10  # below this, with an idle worker, copy on the loop
 LATENCY_INLINE = 4 << 20  # latency copies up to this run on the caller's thread, never queued
 NUMPY_BYTES = 32 << 10  # at or above this, copy via numpy (GIL released)
 ITEM = 4 << 20  # a transfer is queued in items (bulk: tokens) of at most this many bytes
-LOOP_TURN = 1 << 20  # a helping caller yields to its loop after this many bytes (~0.2 ms of copy)
+LOOP_TURN = 2 << 20  # a helping caller yields to its loop after this many bytes (~0.4 ms of copy)
 LATENCY_QUIET = 0.05  # the caller copies bulk only if it made no latency copy in this many seconds
 LOOP_BUSY = 200e-6  # the loop's other tasks took this much CPU in one turn of a helping caller: the worker joins
 

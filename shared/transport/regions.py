@@ -80,15 +80,20 @@ class RegionTable:
         check_bounds(name, offset, length, desc.size)
         return mv[offset : offset + length]
 
-    def resolve_array(self, name: str, offset: int, length: int) -> np.ndarray:
-        """`resolve` as a uint8 array: what the copy worker copies from without a conversion
-        per piece (slicing one array costs less than slicing a view and wrapping it)."""
+    def array(self, name: str) -> np.ndarray:
+        """The whole region as a uint8 array (made once): what the copy worker copies from without
+        a conversion per piece (slicing one array costs less than slicing a view and wrapping it)."""
         arr = self._arrays.get(name)
         if arr is None:
             try:
                 arr = self._arrays[name] = np.frombuffer(self._by_name[name][1], np.uint8)
             except KeyError:
                 raise RegionNotFound(name) from None
+        return arr
+
+    def resolve_array(self, name: str, offset: int, length: int) -> np.ndarray:
+        """`resolve` as a uint8 array slice."""
+        arr = self.array(name)
         check_bounds(name, offset, length, len(arr))
         return arr[offset : offset + length]
 

@@ -56,16 +56,32 @@ class ShmPeer(Peer):
     async def write(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None,
                     grant: Grant | None = None) -> None:
         check_grant(self.name, grant, ops, True)
-        local = self._regions.resolve_array
-        pairs = [(self._view(o), local(o.local_region, o.local_offset, o.length)) for o in coalesce(ops)]
-        await self._run(pairs, cls, timeout)
+        await self._run(self._pairs(coalesce(ops), True), cls, timeout)
 
     async def read(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None,
                    grant: Grant | None = None) -> None:
         check_grant(self.name, grant, ops, False)
-        local = self._regions.resolve_array
-        pairs = [(local(o.local_region, o.local_offset, o.length), self._view(o)) for o in coalesce(ops)]
-        await self._run(pairs, cls, timeout)
+        await self._run(self._pairs(coalesce(ops), False), cls, timeout)
+
+    def _pairs(self, ops: list[Op], write: bool) -> list[Pair]:
+        """(dst, src) of each op: slices of the remote segment's and the local region's arrays.
+        On the hot path of every transfer (682 ops for 64 MiB of layer blocks): ops naming the
+        regions of the first op are sliced inline, any other op through the general lookups."""
+        if not ops:
+            return []
+        rname, lname = ops[0].remote_region, ops[0].local_region
+        ra, la = self._array(rname), self._regions.array(lname)
+        rsize, lsize = len(ra), len(la)
+        out: list[Pair] = []
+        for o in ops:
+            r, lo, n = o.remote_offset, o.local_offset, o.length
+            if o.remote_region == rname and o.local_region == lname and 0 <= r and 0 <= lo and 0 <= n \
+                    and r + n <= rsize and lo + n <= lsize:
+                rv, lv = ra[r : r + n], la[lo : lo + n]
+            else:  # another region, or out of bounds: the general path (raises the typed error)
+                rv, lv = self._view(o), self._regions.resolve_array(o.local_region, lo, n)
+            out.append((rv, lv) if write else (lv, rv))
+        return out
 
     async def _run(self, pairs: Sequence[Pair], cls: TrafficClass, timeout: float | None) -> None:
         self._check_alive()
@@ -81,10 +97,12 @@ class ShmPeer(Peer):
         if not process_alive(self._remote.pid):
             raise PeerGone(self.name, f"process {self._remote.pid} exited")
 
+    def _array(self, name: str) -> np.ndarray:
+        arr = self._arrays.get(name)
+        return arr if arr is not None else self._attach(self._remote_desc(name))
+
     def _view(self, op: Op) -> np.ndarray:
-        arr = self._arrays.get(op.remote_region)
-        if arr is None:
-            arr = self._attach(self._remote_desc(op.remote_region))
+        arr = self._array(op.remote_region)
         check_bounds(op.remote_region, op.remote_offset, op.length, len(arr))
         return arr[op.remote_offset : op.remote_offset + op.length]
 
