@@ -4,7 +4,10 @@ Owns `Link` (a FrameSock plus its class-scheduled sender, shared by both sides) 
 `ServerConn`, which services the frames a remote initiator sends: WRITE / WRITEV payloads
 land in granted region slices by receives straight into them, READs are answered with
 DATA frames, GRANT binds a handle on this socket; a bulk socket that pushes is read by a
-thread (tcp_bulk.py). Wire format: tcp_wire.py; the initiator and the endpoint: tcp.py.
+thread (tcp_bulk.py). On a latency socket, bulk of the whole endpoint waits (LinkGate) from
+the moment a frame's bytes arrive (`ReadySock`, in the loop's I/O callback) until the frame
+is served, so a bulk batch the loop runs before the frame's coroutine gets its turn does
+not go out first. Wire format: tcp_wire.py; the initiator and the endpoint: tcp.py.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .aio import TaskOwner
 from .base import TrafficClass
@@ -25,6 +28,25 @@ from .tcp_wire import (ACK_ME, HLEN, PUSH_SOCKBUF, FrameSock, Kind, cap_kernel_q
                        table_bytes)
 
 Bufs = list[bytes | memoryview]
+
+
+class ReadySock(FrameSock):
+    """A FrameSock that calls `on_ready()` the moment bytes arrive for the reader waiting on it,
+    before the reader's coroutine gets its turn (a loop turn later: after one more bulk batch).
+    A readiness the loop reports late (the bytes were already taken) is checked with a peek."""
+
+    on_ready: Callable[[], None] | None = None
+
+    def _readable(self) -> None:
+        if self._rwait is not None and self.on_ready is not None:
+            try:
+                self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+                self.on_ready()  # bytes (or the end) came
+            except BlockingIOError:
+                pass  # nothing there: a stale readiness
+            except OSError:
+                self.on_ready()  # a broken socket: the reader finds out and the conn settles
+        super()._readable()
 
 
 def _flatten(batch: list[Bufs]) -> Bufs:
@@ -66,7 +88,9 @@ class ServerConn:
         self.done = asyncio.Event()
         self._writing: set[int] = set()  # latency write reqs mid-transfer (gate held open)
         self._capped = False  # the kernel queue is capped once the conn is seen to carry bulk
-        self.link = Link(FrameSock(sock), weights, self._gone, gate)
+        self._arrived = False  # a latency frame arrived and holds the gate until it is served
+        self.fs = ReadySock(sock)
+        self.link = Link(self.fs, weights, self._gone, gate)
         self.link.tasks.spawn(self._serve(), "dp-tcp-serve")
 
     def _gone(self, exc: BaseException) -> None:
@@ -83,17 +107,33 @@ class ServerConn:
                 # one that starts by pulling stays here (its frames are small requests)
                 await self._serve_on_thread(first)
                 return
+            if first[1] == TrafficClass.LATENCY:
+                self.fs.on_ready = self._latency_arrived  # a latency socket: bulk yields as its bytes arrive
             await self._frame(*first)
             while True:
+                self._served()
                 await self._frame(*await self.link.fs.read_header())
         except (OSError, ConnectionError):
             self.done.set()
         finally:
+            self._served()
             for _ in self._writing:
                 self.gate.close()
             self._writing.clear()
             with contextlib.suppress(OSError):  # EOF, a broken socket or frames that cannot be framed:
                 self.link.fs.sock.shutdown(socket.SHUT_RDWR)  # the initiator sees the end at once
+
+    def _latency_arrived(self) -> None:
+        """Bytes came in on this latency socket: bulk of the whole endpoint waits (LinkGate) from
+        now until the frame is served, not from when this coroutine gets its loop turn."""
+        if not self._arrived:
+            self._arrived = True
+            self.gate.open()
+
+    def _served(self) -> None:
+        if self._arrived:
+            self._arrived = False
+            self.gate.close()
 
     async def _serve_on_thread(self, first: tuple[int, int, int, int, int, int, int, int]) -> None:
         cap_kernel_queue(self.link.fs.sock, receive=PUSH_SOCKBUF)  # pushed bulk comes in; answers go out
