@@ -53,7 +53,7 @@ class Simulation:
         self.sched = SimDispatch(self.c, self.th, LoadMode.BASIC if cfg.reads_on_pe_only else LoadMode(cfg.mode),
                                  cfg.assign_kind, self._on_assigned, self.w.block)
         self.prefill = Prefill(self.model, cfg.quota_s, cfg.chunk_align, self.oracle, self.whole_first,
-                               cfg.model_traffic)
+                               cfg.model_traffic, cfg.attn_balance)
         self.heap: list[tuple[float, int, Handler, Any]] = []
         self.think_s = cfg.think_s
         self.pull_s = cfg.pull_s
@@ -72,7 +72,7 @@ class Simulation:
         self.ttst: list[float] = []
         self.tpot: list[float] = []
         self.finished = 0
-        self.bar = None
+        self.bar: Any = None  # a tqdm bar while progress is shown (Any: the compiled build checks types)
         self.pf = SimPrefetch(self, cfg.hints) if cfg.hints != "off" and not self.oracle else None
         self.after_tool: dict[int, bool] = {}  # rid -> the turn followed a tool call
         self.ttft_after_tool: list[tuple[bool, float]] = []  # (its agent hinted, TTFT) of those turns
