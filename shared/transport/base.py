@@ -62,15 +62,20 @@ def coalesce(ops: list[Op]) -> list[Op]:
     Example: [Op("kv", 0, "buf", 0, 8), Op("kv", 8, "buf", 8, 8)] -> [Op("kv", 0, "buf", 0, 16)].
     """
     out: list[Op] = []
-    for op in ops:
-        last = out[-1] if out else None
-        if (last is not None and op.local_region == last.local_region and op.remote_region == last.remote_region
-                and op.local_offset == last.local_offset + last.length
-                and op.remote_offset == last.remote_offset + last.length):
-            out[-1] = Op(last.local_region, last.local_offset, last.remote_region, last.remote_offset,
-                         last.length + op.length)
-        else:
-            out.append(op)
+    if not ops:
+        return out
+    run = ops[0]  # the run being merged: one Op is made per merged run, not per merge
+    n = run.length
+    for op in ops[1:]:
+        if (op.local_region == run.local_region and op.remote_region == run.remote_region
+                and op.local_offset == run.local_offset + n and op.remote_offset == run.remote_offset + n):
+            n += op.length
+            continue
+        out.append(run if n == run.length else Op(run.local_region, run.local_offset, run.remote_region,
+                                                   run.remote_offset, n))
+        run, n = op, op.length
+    out.append(run if n == run.length else Op(run.local_region, run.local_offset, run.remote_region,
+                                               run.remote_offset, n))
     return out
 
 

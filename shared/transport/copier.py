@@ -137,9 +137,9 @@ class CopyWorker:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    async def copy(self, pairs: Sequence[Pair], cls: int) -> None:
-        """Copy every (dst, src) pair; returns when all bytes landed."""
-        total = sum(len(d) for d, _ in pairs)
+    async def copy(self, pairs: Sequence[Pair], cls: int, nbytes: int | None = None) -> None:
+        """Copy every (dst, src) pair (`nbytes` in all, if the caller knows); returns when all bytes landed."""
+        total = sum(len(d) for d, _ in pairs) if nbytes is None else nbytes
         if not cls:
             self._latency_at = time.monotonic()
         if (not cls and total <= LATENCY_INLINE) or (total <= INLINE_BYTES and self._idle()):

@@ -87,7 +87,7 @@ class ShmPeer(Peer):
         self._check_alive()
         nbytes = sum(len(d) for d, _ in pairs)
         async with deadline(timeout if timeout is not None else self._timeout, self.name, nbytes):
-            await self._copier.copy(pairs, int(cls))
+            await self._copier.copy(pairs, int(cls), nbytes)
 
     def _check_alive(self) -> None:
         if self._closed:
