@@ -22,10 +22,11 @@ def test_group_keeps_order_and_cuts_long_pairs():
     assert [sum(len(d) for d, _ in it) for it in group([(big, big)])] == [ITEM, ITEM, 5]
 
 
+@pytest.mark.parametrize("caller_copies", [True, False])
 @pytest.mark.parametrize("cls", [L, B])
-def test_scattered_and_long_pairs_land_exactly(cls):
+def test_scattered_and_long_pairs_land_exactly(cls, caller_copies):
     async def main():
-        w = CopyWorker(DEFAULT_WEIGHTS)
+        w = CopyWorker(DEFAULT_WEIGHTS, caller_copies=caller_copies)
         try:
             src = memoryview(os.urandom(3 * ITEM + 12345))
             dst = memoryview(bytearray(len(src)))
@@ -155,7 +156,7 @@ def test_the_calling_thread_copies_a_bulk_transfer_itself_while_it_serves_no_lat
 
 
 def test_a_busy_loop_enlists_the_worker_and_both_threads_land_exact_bytes(monkeypatch):
-    """Other tasks take loop time: the worker joins from the front (here the caller blocks in a
+    """Other tasks take loop time: the worker joins from the back (here the caller blocks in a
     piece of its second turn until the worker has copied one); every piece lands exactly once."""
     import shared.transport.copier as copier
 

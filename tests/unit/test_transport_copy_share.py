@@ -1,4 +1,5 @@
-"""A shared bulk copy: each piece claimed by one side, the worker leaves a helping caller the tail,
+"""A shared bulk copy: each piece claimed by one side (the caller in order from the front, the
+worker from the back), the worker leaves a helping caller the last pieces,
 exactly one finish completes the transfer, a failed piece stops further claims."""
 
 import asyncio
@@ -30,40 +31,39 @@ def test_cut_keeps_order_drops_empty_pairs_and_cuts_long_ones_into_array_slices(
 
 def test_each_piece_is_claimed_once_and_the_worker_leaves_the_tail_to_a_helping_caller():
     job = _job(10)
-    front = [job.claim_front() for _ in range(10)]
-    took = [p for p in front if p is not None]
-    assert len(took) == 10 - TAIL  # the rest is the caller's
-    back = job.claim_back(1 << 20)
-    assert len(back) == TAIL and job.claim_back(1 << 20) == []
-    firsts = sorted(d[0] for d, _ in took + back)
-    assert firsts == list(range(10))  # every piece exactly once
-    assert not job.finish(None, len(took))  # the caller's pieces are still in flight
-    assert job.finish(None, len(back))  # the last landing completes it, once
+    assert [d[0] for d, _ in job.caller_claim(8)] == [0, 1]  # in order, about 8 bytes
+    tried = [job.worker_claim() for _ in range(10)]
+    took = [p for p in tried if p is not None]
+    assert [d[0] for d, _ in took] == list(range(9, 1 + TAIL, -1))  # from the back, the last TAIL left
+    rest = job.caller_claim(1 << 20)
+    assert [d[0] for d, _ in rest] == list(range(2, 2 + TAIL)) and job.caller_claim(1 << 20) == []
+    assert not job.finish(None, 2) and not job.finish(None, len(took))  # the caller's rest is in flight
+    assert job.finish(None, len(rest))  # the last landing completes it, once
     assert job.pieces == []  # the views are dropped
 
 
 def test_a_caller_that_stops_helping_leaves_everything_to_the_worker():
     job = _job(5)
-    assert [d[0] for d, _ in job.claim_back(4)] == [4]  # about 4 bytes: one piece
+    assert [d[0] for d, _ in job.caller_claim(4)] == [0]  # about 4 bytes: one piece
     assert job.unclaimed(False) == 4 * 4
-    got = [job.claim_front() for _ in range(5)]
-    assert [d[0] for d, _ in got[:4]] == [0, 1, 2, 3] and got[4] is None
+    got = [job.worker_claim() for _ in range(5)]
+    assert [d[0] for d, _ in got[:4]] == [4, 3, 2, 1] and got[4] is None
     assert not job.finish(None, 4)
     assert job.finish(None)  # the caller's piece landed last: it completes
 
 
 def test_a_failed_piece_stops_claims_and_completes_once_the_piece_in_flight_lands():
     job = _job(6, helping=False)
-    a, b = job.claim_front(), job.claim_front()
+    a, b = job.worker_claim(), job.worker_claim()
     assert a is not None and b is not None
     err = ValueError("bad view")
     assert not job.finish(err)  # b is still in flight
-    assert job.claim_front() is None and job.claim_back(1 << 20) == []
+    assert job.worker_claim() is None and job.caller_claim(1 << 20) == []
     assert job.finish(None) and job.exc is err
 
 
 def test_an_abandoned_copy_claims_nothing_more():
     job = _job(4, helping=False)
-    assert job.claim_front() is not None
+    assert job.worker_claim() is not None
     job.abandon()
-    assert job.claim_front() is None and job.claim_back(1 << 20) == []
+    assert job.worker_claim() is None and job.caller_claim(1 << 20) == []
