@@ -50,6 +50,8 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="trace and arrival seed")
     p.add_argument("--pull", type=float, default=0.05, help="group pull period, s")
     p.add_argument("--quota", type=float, default=0.3, help="intra-PE compute quota, s")
+    p.add_argument("--attn-balance", type=float, default=0.0, metavar="RATIO",
+                   help="cut a prefill EP domain's batches so its GPUs' attention max/avg stays within RATIO; 0 = off")
     p.add_argument("--think", type=float, default=0.0, help="seconds between a turn and the next")
     p.add_argument("--tool-calls", type=float, default=0.0, metavar="SCALE",
                    help="a tool call between turns: the trace's tool_ms (or generated, median 2 s) times SCALE")
@@ -111,7 +113,7 @@ def _simulate(args: argparse.Namespace) -> int:
     base = dict(model=args.model, hardware=args.hardware, P=P, D=D, trace=args.trace,
                 agents=args.agents, scale=args.scale, seed=args.seed, aps=args.aps,
                 duration_s=args.duration if args.aps > 0 else 0.0, assign=args.assign,
-                pull_s=args.pull, quota_s=args.quota, think_s=args.think, tool_calls=args.tool_calls,
+                pull_s=args.pull, quota_s=args.quota, attn_balance=args.attn_balance, think_s=args.think, tool_calls=args.tool_calls,
                 layerwise=not args.no_layerwise, model_traffic=args.model_traffic, pe_ep_nodes=args.pe_ep_nodes,
                 de_ep_nodes=args.de_ep_nodes, attn_tp=args.attn_tp, window_s=args.window,
                 steady_lag_s=args.steady_lag, progress=not args.no_progress)

@@ -40,6 +40,7 @@ class SimConfig:
     layerwise: bool = True  # load hit KV layer by layer under the compute (False: before it)
     pull_s: float = 0.05  # engine groups pull every pull_s
     quota_s: float = 0.3  # intra-PE compute quota (attention time per forward)
+    attn_balance: float = 0.0  # > 0: a step unit's batches cut to keep attention max/avg within this
     alpha_s: float = 3.0  # alpha = tokens a node reads from storage in alpha_s
     beta_s: float = 5.0  # beta = tokens one PE processes in beta_s
     think_s: float = 0.0  # delay between a turn's end and the next turn
@@ -69,6 +70,8 @@ class SimConfig:
             raise ValueError(f"assign must be 'policy' or 'rr', got {self.assign!r}")
         if self.hints not in ("off", "on", "mixed"):
             raise ValueError(f"hints must be off, on or mixed, got {self.hints!r}")
+        if self.attn_balance != 0 and self.attn_balance < 1:
+            raise ValueError(f"attn_balance must be 0 (off) or >= 1, got {self.attn_balance}")
         if self.tool_calls < 0:
             raise ValueError(f"tool_calls must be >= 0, got {self.tool_calls}")
         if self.block_tokens < 1:

@@ -53,7 +53,7 @@ class Simulation:
         self.sched = SimDispatch(self.c, self.th, LoadMode.BASIC if cfg.reads_on_pe_only else LoadMode(cfg.mode),
                                  cfg.assign_kind, self._on_assigned, self.w.block)
         self.prefill = Prefill(self.model, cfg.quota_s, cfg.chunk_align, self.oracle, self.whole_first,
-                               cfg.model_traffic)
+                               cfg.model_traffic, cfg.attn_balance)
         self.heap: list[tuple[float, int, Handler, Any]] = []
         self.think_s = cfg.think_s
         self.pull_s = cfg.pull_s

@@ -13,12 +13,14 @@ transfer), then the DE copies it into HBM.
 """
 from __future__ import annotations
 
+from typing import Iterator
+
 from dualpath.sim.cluster import Engine, StepUnit
 from dualpath.sim.models import SimModel
 from dualpath.sim.resources import Link
 from dualpath.sim.traffic import H2D, LOAD, PD, PERSIST, READ
 from dualpath.sim.workload import Req
-from shared.sched.policy import Chunk, PrefillWork, ReadPath, plan_batch
+from shared.sched.policy import Chunk, PrefillWork, ReadPath, balanced_quota, plan_batch
 
 # Stages compiled from dualpath.sim.traffic, so timing and the traffic table agree: per link
 # of the stage (engine attribute, hit / miss / persist multiplicity), one reservation per
@@ -105,9 +107,10 @@ class Prefill:
     """Plans and times the forward steps of every step unit."""
 
     def __init__(self, model: SimModel, quota: float, align: int, oracle: bool, whole_first: bool = False,
-                 traffic: float = 1.0) -> None:
+                 traffic: float = 1.0, balance: float = 0.0) -> None:
         self.m = model
         self.quota = quota
+        self.balance = balance  # > 0: cut the unit's batches to a budget keeping attention max/avg within it
         self.align = align
         self.oracle = oracle
         self.whole_first = whole_first
@@ -117,20 +120,27 @@ class Prefill:
     def plan(self, unit: StepUnit, now: float) -> float:
         """Fill unit.batch; returns the step duration (0 when nothing is ready)."""
         m, att, comm = self.m, self.m.attention, self.comm
+        planned: list[tuple[Engine, list[Req], list[Chunk], float]] = []
+        for e in unit.engines:
+            ready = [r for r in e.queue if r.ready]
+            chunks = plan_batch(self._work(ready), att, self.quota, self.align) if ready else []
+            planned.append((e, ready, chunks, att.batch_time((c.cached, c.bsz) for c in chunks)))
+        if self.balance and len(planned) > 1:
+            cap = balanced_quota((a for _, _, _, a in planned), self.balance)
+            for i, (e, ready, chunks, a) in enumerate(planned):
+                if a > cap:  # cut to the unit's balanced budget: the rest waits for the next step
+                    chunks = plan_batch(self._work(ready), att, cap, self.align)
+                    planned[i] = (e, ready, chunks, att.batch_time((c.cached, c.bsz) for c in chunks))
         batch: list[tuple[Engine, list[Req], list[Chunk]]] = []
         sent: list[tuple[Engine, float]] = []
         worst = pooled = attn_max = attn_sum = 0.0
         busy = False
         every_cut = True  # the quota cut every GPU's batch (each had more ready work than it)
         load_end = now
-        for e in unit.engines:
-            ready = [r for r in e.queue if r.ready]
-            if not ready:
+        for e, ready, chunks, attn in planned:
+            if not chunks:
                 batch.append((e, [], []))
                 continue
-            work = (PrefillWork(r.rid, r.hit + r.done, r.miss - r.done) for r in ready)
-            chunks = plan_batch(work, att, self.quota, self.align)
-            attn = att.batch_time((c.cached, c.bsz) for c in chunks)
             tokens = sum(c.bsz for c in chunks)
             busy = True
             lin = tokens * m.linear_s_per_token
@@ -170,6 +180,10 @@ class Prefill:
             unit.lanes = bool(sent)
         unit.batch = batch
         return step
+
+    @staticmethod
+    def _work(ready: list[Req]) -> Iterator[PrefillWork]:
+        return (PrefillWork(r.rid, r.hit + r.done, r.miss - r.done) for r in ready)
 
 
 class AttnBalance:

@@ -94,6 +94,16 @@ def attention(r: SimResult) -> str:
             f"the GPUs' attention times are {b['run_ratio']:.2f} max/avg")
 
 
+def attention_balanced(bal: SimResult, plain: SimResult) -> str:
+    b, p = bal.attn_balance, plain.attn_balance
+    return (f"a step unit's batches cut to the largest budget that keeps the GPUs' attention within "
+            f"{bal.attn_max_over_avg:.3f} of their mean over {b.get('steps', 0):.0f} steps (the paper's batcher: "
+            f"{plain.attn_max_over_avg:.3f} over {p.get('steps', 0):.0f}); what is left over the target is the "
+            f"64-token chunk a cut batch is rounded down to. The GPUs wait {b.get('wait_share', 0):.1%} of step time "
+            f"instead of {p.get('wait_share', 0):.1%}, but a cut request needs more steps, so JCT is "
+            f"{bal.jct_s / plain.jct_s:.3f}x the paper's batcher's when the prefill GPUs are not the bottleneck")
+
+
 def pd_sweep(res: dict, cfg: SimConfig) -> str:
     parts = []
     for (p, d) in ((1, 1), (1, 3), (2, 2), (3, 1)):

@@ -94,3 +94,33 @@ def test_a_whole_request_is_never_cut():
     # first and over the quota (or the token cap): alone and whole
     assert plan_batch([PrefillWork(0, 64, 30, whole=True), PrefillWork(1, 0, 1)], m, quota=1.0,
                       max_tokens=16) == [Chunk(0, 64, 30)]
+
+
+def test_balanced_quota_cuts_the_heavy_gpu_to_the_target():
+    from shared.sched.policy import balanced_quota
+    times = [0.30, 0.10, 0.10, 0.10]
+    c = balanced_quota(times, 1.05)
+    mean = sum(min(t, c) for t in times) / len(times)
+    assert c / mean == pytest.approx(1.05)
+    assert 0.10 < c < 0.11
+    assert balanced_quota([0.2, 0.19], 1.05) == 0.2  # already within: nothing is cut
+    assert balanced_quota([], 1.05) == 0.0
+    assert balanced_quota([0.3] + [0.01] * 15, 1.0) == 0.01  # target 1: every GPU at the smallest
+
+
+def test_balanced_quota_is_the_largest_budget_within_the_target():
+    from hypothesis import given, settings, strategies as st
+
+    from shared.sched.policy import balanced_quota
+
+    @settings(max_examples=400, deadline=None)
+    @given(st.lists(st.floats(1e-6, 1.0), min_size=1, max_size=32), st.floats(1.0, 1.5))
+    def check(times, target):
+        c = balanced_quota(times, target)
+        assert min(times) <= c <= max(times)
+        ratio = lambda cap: cap * len(times) / sum(min(t, cap) for t in times)  # noqa: E731
+        assert ratio(c) <= target * (1 + 1e-9)
+        if c < max(times):  # a larger budget would break the target
+            assert ratio(c * (1 + 1e-6)) > target * (1 - 1e-9)
+
+    check()

@@ -59,3 +59,14 @@ def test_cli_rejects_a_bad_topology():
     assert parse_topology("48P96D") == (48, 96)
     with pytest.raises(CliError):
         parse_topology("2x4")
+
+
+def test_balancing_batcher_evens_attention_across_a_step_units_gpus():
+    """--attn-balance: the paper's batcher leaves GPUs waiting for the largest batch where they
+    hold less ready work than the quota; cutting to the balanced budget evens each step."""
+    plain = run_sim(SimConfig(agents=200, scale=0.5)).to_dict()
+    bal = run_sim(SimConfig(agents=200, scale=0.5, attn_balance=1.05)).to_dict()
+    assert plain["attn_balance"]["steps"] > 0 and bal["attn_balance"]["steps"] > 0
+    assert plain["attn_max_over_avg"] > 2.0 and plain["attn_balance"]["wait_share"] > 0.3
+    assert bal["attn_max_over_avg"] < 1.2 and bal["attn_balance"]["wait_share"] < 0.1
+    assert bal["agents_done"] == plain["agents_done"] == 200 and bal["requests"] == plain["requests"]

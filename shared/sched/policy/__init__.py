@@ -40,13 +40,13 @@ Units: tokens for tok_e, read_q, len(r); free memory and a request's `mem` in an
 unit the caller chooses (the simulator uses tokens of KV).
 """
 from shared.sched.policy.de_assign import assign_decode, pick_de_group, z_threshold
-from shared.sched.policy.intra_pe import AttentionModel, Chunk, PrefillWork, plan_batch
+from shared.sched.policy.intra_pe import AttentionModel, Chunk, PrefillWork, balanced_quota, plan_batch
 from shared.sched.policy.pe_assign import PeThresholds, assign_prefill, classify
 from shared.sched.policy.read_path import ReadPath, choose_path, split_read
 from shared.sched.policy.types import Assignment, EngineClass, EngineReport, Request
 
 __all__ = [
     "Assignment", "AttentionModel", "Chunk", "EngineClass", "EngineReport", "PeThresholds",
-    "PrefillWork", "ReadPath", "Request", "assign_decode", "assign_prefill", "choose_path",
+    "PrefillWork", "ReadPath", "Request", "assign_decode", "assign_prefill", "balanced_quota", "choose_path",
     "classify", "pick_de_group", "plan_batch", "split_read", "z_threshold",
 ]

@@ -133,3 +133,36 @@ def _largest_fit(model: AttentionModel, cached: int, hi: int, room: float, align
         else:
             hi_u = mid - 1
     return lo_u * align
+
+
+def balanced_quota(times: Iterable[float], target: float) -> float:
+    """The largest per-GPU attention budget c that keeps a step unit's GPUs within `target`.
+
+    `times` are the attention times the GPUs of one step unit (attention DP, one EP stage
+    after it) would run under the plain quota, one per GPU with work. Capping each at c
+    gives max/avg = c / mean(min(t, c)); that grows with c, so the largest c at or under
+    `target` is found segment by segment between the sorted times. Returns max(times) when
+    the batches are already within `target` (nothing is cut), 0.0 for no times.
+
+    Example: times [0.30, 0.10, 0.10, 0.10], target 1.05: uncapped 0.30 / 0.15 = 2.0; capped
+    at c = 0.1068 the mean is 0.1017 and c / mean = 1.05, so the first GPU's batch is cut to
+    0.1068 s (chunked prefill) and the others wait 7 ms for it instead of 200 ms.
+    """
+    ts = sorted(t for t in times if t > 0.0)
+    n = len(ts)
+    if n == 0:
+        return 0.0
+    below = [0.0] * (n + 1)  # below[k]: the sum of the k smallest times
+    for i, t in enumerate(ts):
+        below[i + 1] = below[i] + t
+    if ts[-1] * n <= target * below[n]:
+        return ts[-1]
+    for k in range(n - 1, 0, -1):
+        # c in [ts[k-1], ts[k]]: k times stay, n - k are cut to c; c*n <= target*(below[k] + (n-k)*c)
+        room = n - target * (n - k)
+        if room <= 0.0:
+            return ts[k]
+        c = target * below[k] / room
+        if c >= ts[k - 1]:
+            return min(c, ts[k])
+    return ts[0]
