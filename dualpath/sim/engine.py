@@ -72,7 +72,7 @@ class Simulation:
         self.ttst: list[float] = []
         self.tpot: list[float] = []
         self.finished = 0
-        self.bar = None
+        self.bar: Any = None  # a tqdm bar while progress is shown (Any: the compiled build checks types)
         self.pf = SimPrefetch(self, cfg.hints) if cfg.hints != "off" and not self.oracle else None
         self.after_tool: dict[int, bool] = {}  # rid -> the turn followed a tool call
         self.ttft_after_tool: list[tuple[bool, float]] = []  # (its agent hinted, TTFT) of those turns

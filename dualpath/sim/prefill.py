@@ -121,10 +121,20 @@ class Prefill:
         """Fill unit.batch; returns the step duration (0 when nothing is ready)."""
         m, att, comm = self.m, self.m.attention, self.comm
         planned: list[tuple[Engine, list[Req], list[Chunk], float]] = []
+        busy = False
         for e in unit.engines:
             ready = [r for r in e.queue if r.ready]
-            chunks = plan_batch(self._work(ready), att, self.quota, self.align) if ready else []
+            if not ready:
+                planned.append((e, ready, [], 0.0))
+                continue
+            chunks = plan_batch(self._work(ready), att, self.quota, self.align)
             planned.append((e, ready, chunks, att.batch_time((c.cached, c.bsz) for c in chunks)))
+            busy = True
+        if not busy:
+            if unit.lanes:
+                _lanes(unit.engines, now, None, 1.0)
+                unit.lanes = False
+            return 0.0
         if self.balance and len(planned) > 1:
             cap = balanced_quota((a for _, _, _, a in planned), self.balance)
             for i, (e, ready, chunks, a) in enumerate(planned):
@@ -134,7 +144,6 @@ class Prefill:
         batch: list[tuple[Engine, list[Req], list[Chunk]]] = []
         sent: list[tuple[Engine, float]] = []
         worst = pooled = attn_max = attn_sum = 0.0
-        busy = False
         every_cut = True  # the quota cut every GPU's batch (each had more ready work than it)
         load_end = now
         for e, ready, chunks, attn in planned:
@@ -142,7 +151,6 @@ class Prefill:
                 batch.append((e, [], []))
                 continue
             tokens = sum(c.bsz for c in chunks)
-            busy = True
             lin = tokens * m.linear_s_per_token
             if comm:
                 sent.append((e, tokens * comm))
@@ -162,11 +170,6 @@ class Prefill:
                         t = stage_end(now, C_LOAD, r, m.kv_bytes, with_miss=False)
                         load_end = t if t > load_end else load_end
             batch.append((e, ready[:len(chunks)], chunks))
-        if not busy:
-            if unit.lanes:
-                _lanes(unit.engines, now, None, 1.0)
-                unit.lanes = False
-            return 0.0
         step = worst + pooled / len(unit.engines)
         if sent:
             t = m.comm_latency_s + max(max(e.cnic_r.model_burst(now, b), e.cnic_w.model_burst(now, b)) for e, b in sent)

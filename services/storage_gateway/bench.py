@@ -262,6 +262,9 @@ def report(figs: Figures, n_blocks: int, threads: int, rounds: int, where: Path)
         + ", gateway / plain preadv "
         + figs.ratio("warm  gateway, 1 request, big buffer",
                      "warm  plain preadv into big buffer, 1 thread"),  # fmt: skip
+        "  warm, big buffer: gateway / memcpy into the same buffer (its DRAM bound: dd reuses a 4 MiB "
+        "buffer that stays in cache) "
+        + figs.ratio("warm  gateway, 1 request, big buffer", "warm  memcpy into big buffer"),
         "  warm, plain preadv into a buffer 16 B off a cache line / aligned "
         + figs.ratio("warm  preadv into big buffer +16 B, 1 thread",
                      "warm  plain preadv into big buffer, 1 thread"),  # fmt: skip

@@ -81,6 +81,7 @@ def test_the_compiled_build_gives_the_pinned_figures():
         "from dualpath.sim.config import SimConfig\n"
         "from tests.unit.test_sim_golden import PINNED, SMALL\n"
         "assert e.__file__.endswith('.so'), e.__file__\n"
+        "e.run_sim(SimConfig(progress=True, **SMALL))\n"  # the progress bar too: a typed attribute once refused it
         "print(json.dumps([[m, a, {k: e.run_sim(SimConfig(mode=m, assign=a, **SMALL)).to_dict()[k] for k in want}]"
         " for (m, a), want in PINNED.items()]))\n"))
     first, figures = got.splitlines()
