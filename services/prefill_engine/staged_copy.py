@@ -9,8 +9,9 @@ contiguous span, in the buffer as in KV memory; consecutive slots to consecutive
 one copy), then checks the stamp (shared/kv/staged_table.py): still there, the bytes are the
 staged blocks'; gone (the entry was dropped: TTL, release, buffer pressure, adoption, a restart),
 the copy is discarded and the caller fetches the usual way. Owns the mappings (one per buffer
-and table, the last MAPPED of each kept; one whose segment is gone is closed), not the entry: the traffic-manager frees it when told
-it was used (`Release(used=n)`, sent by the caller) or adopts it (the DE's push reservation).
+and table, the last MAPPED of each kept; one whose segment is gone is closed), not the entry:
+the traffic-manager frees it when told it was used (`Release(used=n)`, sent by the caller) or
+adopts it (the request's DE's, at the push's reservation).
 """
 from __future__ import annotations
 
@@ -68,8 +69,9 @@ class StagedCopier:
         return table.valid(grant.record, grant.stamp)  # after the copy: nothing freed the slots meanwhile
 
     def _map(self, grant: StagedSlots) -> bool:
-        """Map the buffer and the table the grant names, unless mapped already (a traffic-manager that
-        restarted has new names: the oldest mapping beyond MAPPED is closed)."""
+        """Map the buffer and the table the grant names, unless mapped already; a mapping whose segment
+        is gone (its traffic-manager restarted with new names, or left) is closed then, and the
+        oldest beyond MAPPED."""
         try:
             for name, maps, attach in ((grant.table, self.tables, StagedTable.attach),
                                        (grant.buffer, self.buffers, ShmRegion.attach)):
