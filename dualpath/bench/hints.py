@@ -113,7 +113,7 @@ def _mb(v) -> str:
 class TMScraper(Poller):
     """Polls every traffic-manager's and gateway's /metrics (SERIES) in a thread."""
 
-    def __init__(self, url: str, period_s: float = 0.25):
+    def __init__(self, url: str, period_s: float = 0.5):
         super().__init__(url, period_s, "bench-hints-scrape")
         self.samples: list[tuple[float, dict[str, float]]] = []  # (unix time, summed series)
         self.urls: list[str] = []

@@ -104,6 +104,21 @@ def attention_balanced(bal: SimResult, plain: SimResult) -> str:
             f"{bal.jct_s / plain.jct_s:.3f}x the paper's batcher's when the prefill GPUs are not the bottleneck")
 
 
+def pd_alike(res: dict, cfg: SimConfig, gpus: int) -> str:
+    """What the P+D = 4 topologies' runs show: JCT beside storage use, first and second token times."""
+    parts = []
+    for p, d in ((1, 3), (2, 2), (3, 1)):
+        r = res[(p, d, LoadMode.DUALPATH)]
+        parts.append(f"{p}P{d}D {r.jct_s:.0f} s (SNICs PE {r.link_util['p.snic_r']['mean']:.0%} / DE "
+                     f"{r.link_util['d.snic_r']['mean']:.0%} busy, PE GPUs {r.pe_busy:.0%}, TTFT mean "
+                     f"{r.ttft_mean_s:.2f} s, TTST p50 {r.ttst_p50_s:.2f} s, {r.de_batch * d * gpus:.0f} sequences "
+                     f"decoding at once)")
+    return ("dualpath, " + "; ".join(parts) + f"; {cfg.agents} agents. Storage is not what parts them (the "
+            "paper's claim: equal total storage bandwidth performs alike where storage binds); the time goes to "
+            "the prefill steps and the hand-off to decode (TTST over TTFT) where few decode nodes take every "
+            "prefill node's output. Not explained further yet")
+
+
 def pd_sweep(res: dict, cfg: SimConfig) -> str:
     parts = []
     for (p, d) in ((1, 1), (1, 3), (2, 2), (3, 1)):

@@ -130,7 +130,8 @@ def main(quick: bool = False, full: bool = False, json_path: str | None = None, 
     res = {(P, D, m): _run(replace(c_base, P=P, D=D, mode=m), log)
            for P, D in ((1, 1), (1, 3), (2, 2), (3, 1)) for m in (BASIC, DUAL)}
     four = [res[(p, d, DUAL)].jct_s for p, d in ((1, 3), (2, 2), (3, 1))]
-    rows.append(("C", "P+D=4: max/min JCT over 1P3D,2P2D,3P1D", "~1 (alike)", max(four) / min(four), 1.0, ""))
+    rows.append(("C", "P+D=4: max/min JCT over 1P3D,2P2D,3P1D", "~1 (alike)", max(four) / min(four), 1.0,
+                 reasons.pd_alike(res, c_base, HARDWARE[c_base.hardware].gpus)))
     pd_gain = {(p, d): res[(p, d, BASIC)].jct_s / res[(p, d, DUAL)].jct_s
                for p, d in ((1, 1), (1, 3), (2, 2), (3, 1))}
     why = reasons.pd_sweep(res, c_base)

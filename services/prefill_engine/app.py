@@ -66,7 +66,7 @@ class PrefillEngineService(EngineService):
                                self.loaded.config.n_layers, self.held, self.spawn, ready=self._ready,
                                fail=self.fail, failed_load=self._load_failed, release=self._release,
                                one_forward=self._one_forward, estimate=self._estimate, abandon=self._abandon,
-                               engine=self.engine, release_subject=self.subjects.tm(self.engine, "release"),
+                               engine=self.engine, subjects=self.subjects,
                                metrics=self.metrics)
         self.handoff = Handoff(self.bus, self.subjects, self.engine, cfg.handoff_timeout_s,
                                self.loaded.config.eos_ids, self.m_handoff.observe, fail=self.fail,

@@ -39,6 +39,7 @@ from shared.messages.codes import ErrorCode
 from shared.messages.storage_gateway import StoreLayout
 from shared.messages.traffic_manager import (FetchFailed, FetchKV, FetchProgress, KVWindow, LayersLoaded,
                                              ReadFinished, ReadQueued, Release)
+from shared.messages.subjects import Subjects
 from shared.messages.work import PrefillWork
 
 log = logging.getLogger("prefill_engine.fetch")
@@ -57,12 +58,12 @@ class Fetcher:
                  ready: Callable[[PrefillRequest], None], fail: Fail, failed_load: Fail,
                  release: Callable[[PrefillRequest], None], one_forward: Callable[[int, int], bool],
                  estimate: Callable[[PrefillRequest], float], abandon: Fail, engine: str = "",
-                 release_subject: str = "", metrics=None):
+                 subjects: Subjects | None = None, metrics=None):
         self.engine = engine  # this engine's id (a prefetch staged in its own TM's buffer names it)
-        self.release_subject = release_subject  # its TM's Release: prefetched blocks copied directly
+        self.subjects = subjects  # a holder TM's Release: prefetched blocks copied directly
         self.copier = StagedCopier(kv)
         self.m_direct = metrics.counter(  # the prefetched blocks copied straight from the TM buffer, or refused there
-            "staged_copy_blocks_total", "Prefetched blocks copied straight from this engine's TM buffer (copied), "
+            "staged_copy_blocks_total", "Prefetched blocks copied straight from a TM buffer on this host (copied), "
             "or refused there (their entry went: fetched instead)", ("outcome",)) if metrics is not None else None
         self.bus, self.subject, self.cfg, self.store, self.kv = bus, subject, cfg, store, kv
         self.n_layers, self.held, self.spawn = n_layers, held, spawn
@@ -82,9 +83,8 @@ class Fetcher:
             # every hit prefetched (staged in a buffer during the tool call): its layers need no read
             # to wait for, so they come in whole rather than a window's layers at a time (the window's
             # per-layer hand-offs cost a prefetched turn 1.4x the oracle's TTFT on the tiny model);
-            # prefetched into this engine's own buffer: one copy of all layers, no message
+            # prefetched into a buffer this engine maps (its own TM's, a same-host one's): one copy, no message
             staged = bool(work.staged_engine) and work.staged_blocks >= n
-            local = staged and work.staged_engine == self.engine
             window = cfg.hit_window_layers if self.one_forward(n * cfg.block_size, len(req.prompt)) and not staged else 0
             if not memory.allocate(kv, req, n, window, self.n_layers):
                 return
@@ -99,15 +99,17 @@ class Fetcher:
                             prompt_blocks=len(req.blocks), staged_engine=work.staged_engine,
                             staged_owner=work.staged_owner, staged_blocks=min(work.staged_blocks, n),
                             window=KVWindow(w.hits, list(w.ring), w.layers) if w else None)
-            if local and work.staged_slots is not None and self._direct(req, fetch):
+            if staged and work.staged_slots is not None and self._direct(req, fetch):
                 continue
             req.deadline = time.monotonic() + cfg.handoff_timeout_s
             req.timer = self.spawn(self._deadline(req), name=f"fetch-deadline-{req.req_id}")
             self.spawn(self._send(req, fetch), name=f"fetch-{req.req_id}")
 
     def _direct(self, req: PrefillRequest, fetch: FetchKV) -> bool:
-        """Every hit sits in this engine's own TM buffer: copy them from there, no FetchKV (False: the
-        entry went meanwhile, fetch the usual way). Its TM takes the slots back when told they were used."""
+        """Every hit sits in a TM buffer this engine maps (its own TM's; the DE's or another's on this
+        host): copy them from there, no FetchKV (False: the entry went meanwhile, fetch the usual way).
+        The holder takes the slots back when told they were used, or, the request's own DE's, its
+        push's reservation adopts them as the prompt's first DE-buffer slots (never pushed)."""
         n, work = len(fetch.keys), req.work
         with tracer.start_as_current_span("kv_staged_copy", context=req.ctx, attributes={
                 "req_id": req.req_id, "blocks": n, "prefetched_blocks": n, "read_at_arrival_blocks": 0,
@@ -118,8 +120,11 @@ class Fetcher:
             self.m_direct.labels("copied" if ok else "refused").inc(n)
         if not ok:
             return False
-        self.spawn(self.bus.publish(self.release_subject, Release(work.staged_owner, used=n)),
-                   name=f"release-staged-{req.req_id}")
+        if work.staged_engine == work.de_engine != self.engine:
+            req.adopt, req.adopt_blocks = work.staged_owner, n
+        elif self.subjects is not None:
+            self.spawn(self.bus.publish(self.subjects.tm(work.staged_engine, "release"),
+                                        Release(work.staged_owner, used=n)), name=f"release-staged-{req.req_id}")
         self._read_done(req, ReadFinished(req.req_id, n, layers=self.n_layers))
         return True
 

@@ -26,6 +26,8 @@ class PrefillRequest(EngineRequest):
     de_slots: list[int] = field(default_factory=list)  # DE read path: DE-buffer slots staged for it
     de_hits: list[int] = field(default_factory=list)  # ... block indexes whose stored KV sits in them
     de_held: str = ""  # DE read path: the DE engine whose TM holds slots for it ("" = none)
+    adopt: str = ""  # a prefetch it copied straight from its DE's buffer: the push's reservation adopts it
+    adopt_blocks: int = 0  # ... its leading blocks (the prompt's first DE-buffer slots, never pushed)
     deadline: float = 0.0  # monotonic time its storage read must report by
     timer: asyncio.Task | None = None  # the deadline task it owns, if any
     in_step: bool = False  # inside the running forward

@@ -119,8 +119,15 @@ def place(rec: InFlight, pe: str, de: str, view: MeshView, reads: ReadQueues, re
     work = PrefillWork(rec.wire_id, prompt, rec.work_sampling(), de, reply, block_keys=rec.block_keys,
                        hit_blocks=rec.hit_blocks, read_node=pe_node, mode=rec.mode, pe_blocks=s + path.pe_blocks,
                        de_node=de_node, staged_engine=staged.engine if s else "", staged_owner=staged.owner if s else "",
-                       staged_blocks=s, staged_slots=staged.slots if s and staged.engine == pe else None)
+                       staged_blocks=s, staged_slots=staged.slots if s and _copyable(view, pe, staged) else None)
     return Placed(work, path, s)
+
+
+def _copyable(view: MeshView, pe: str, staged) -> bool:
+    """The PE copies the staged blocks itself (`PrefillWork.staged_slots`): staged in its own TM's
+    buffer, or a prefetch in another's it can map (same host, shared memory): a decode-side
+    prefetch then costs the turn no claim or adoption round trip (its push adopts the blocks)."""
+    return staged.slots is not None and (staged.engine == pe or not staged.pending and view.maps_buffer(pe, staged.engine))
 
 
 def addressed(rec: InFlight, pe: str, work: PrefillWork, subjects) -> tuple[str, msgspec.Struct]:

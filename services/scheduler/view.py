@@ -129,6 +129,14 @@ class MeshView:
         seen = self.engines.get(engine)
         return seen.msg.node if seen else ""
 
+    def maps_buffer(self, engine: str, holder: str) -> bool:
+        """Whether `engine` may map `holder`'s traffic-manager buffer directly: its own, or one on the
+        same host whose endpoint lets same-host processes share its memory (`shm_host`)."""
+        if engine == holder:
+            return True
+        a, b = self.tms.get(engine), self.tms.get(holder)
+        return a is not None and b is not None and bool(a.msg.shm_host) and a.msg.shm_host == b.msg.shm_host
+
     def health(self, now: float, queued: int, running: int) -> tuple[bool, dict]:
         """(serving: at least one assignable engine of each role, the /health body)."""
         pes, des = self.assignable("prefill", now), self.assignable("decode", now)

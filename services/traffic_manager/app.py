@@ -43,7 +43,7 @@ from shared.messages.traffic_manager import (Claim, FetchFailed, FetchKV, Forwar
                                              PushKV, Release, Reserve, Reserved, SaveCopied, SaveKV, Stage, Staged)
 from shared.messages.work import Cancel
 from shared.runtime import Service, service_main
-from shared.transport.base import EndpointDesc, Op, Peer, TrafficClass
+from shared.transport.base import EndpointDesc, Op, Peer, TrafficClass, shm_host
 from shared.transport.shm_region import ShmRegion, new_name
 
 log = logging.getLogger("traffic_manager")
@@ -118,12 +118,12 @@ class TrafficManagerService(Service):
         await self.bus.subscribe(s.cancel, Cancel, self._on_release)
 
     def announce(self) -> TrafficManagerAnnounce:
+        ep, pf = self.endpoint, self.prefetch  # shm_host: same-host prefill engines may copy its prefetches
         return TrafficManagerAnnounce(
-            instance=self.instance, node=self.cfg.node, metrics_url=self.metrics_url, pid=os.getpid(),
-            engine=self.cfg.engine, endpoint=_desc_encoder.encode(self.endpoint.desc()) if self.endpoint else b"",
-            buffer_bytes=self.pool.buffer.size, buffer_free_bytes=self.pool.free_bytes(),
-            ready=self.kv_region is not None, prefetch_bytes=self.prefetch.staged_bytes()
-            if self.prefetch else 0, prefetch_room_bytes=self.prefetch.room_bytes() if self.prefetch else 0)
+            instance=self.instance, node=self.cfg.node, metrics_url=self.metrics_url, pid=os.getpid(), engine=self.cfg.engine,
+            endpoint=_desc_encoder.encode(ep.desc()) if ep else b"", shm_host=shm_host(ep) if ep else "",
+            buffer_bytes=self.pool.buffer.size, buffer_free_bytes=self.pool.free_bytes(), ready=self.kv_region is not None,
+            prefetch_bytes=pf.staged_bytes() if pf else 0, prefetch_room_bytes=pf.room_bytes() if pf else 0)
 
     async def stop(self) -> None:
         for peer in self.peers.values():

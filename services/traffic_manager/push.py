@@ -2,7 +2,8 @@
 engine's buffer, whole or layer by layer while the prompt's final forward computes.
 
 Whole (`PushKV`): reserve DE-buffer slots (unless the DE read path reserved them: then their
-data-plane grant is the one the fetch kept, slot_grants.py), write every
+data-plane grant is the one the fetch kept, slot_grants.py; `PushKV.adopt`: the prefetch the
+engine copied straight from that DE's buffer becomes their first slots, never sent), write every
 block the DE buffer lacks in one go, `PushDone`. Layerwise (`PushKV.layerwise`, sent when the
 final forward starts): after the reservation, layer l of every block goes out as soon as the
 engine reports layer l computed (`LayersComputed`, kept in `LayerState.computed`), while layer
@@ -49,10 +50,10 @@ class PushPath:
             try:
                 if not pool.ready:
                     raise BusError("push", NOT_ATTACHED, ErrorCode.NOT_READY)
-                slots, grant = self._held(msg) if msg.dst_slots else await self._reserve(msg)
-                skip = set(msg.skip)  # blocks whose stored KV is already in the DE buffer
+                slots, grant, adopted = self._held(msg) if msg.dst_slots else await self._reserve(msg)
+                skip = set(msg.skip) | set(range(adopted))  # blocks whose stored KV is already in the DE buffer
                 send = [(i, slot) for i, slot in enumerate(slots[:len(msg.src_blocks)]) if i not in skip]
-                span.set_attributes({"blocks_sent": len(send), "blocks_skipped": len(skip)})
+                span.set_attributes({"blocks_sent": len(send), "blocks_skipped": len(skip), "blocks_adopted": adopted})
                 peer = await p.peer(msg.dst_engine) if send else None
                 if msg.layerwise or msg.window is not None:
                     await self._layers(msg, send, peer, grant, state, span)
@@ -76,21 +77,25 @@ class PushPath:
         self.m_xfer.labels("pd_push").observe(dt)
         await d.respond(PushDone(slots=slots, nbytes=nbytes, seconds=dt))
 
-    def _held(self, msg: PushKV) -> tuple[list[int], Grant]:
+    def _held(self, msg: PushKV) -> tuple[list[int], Grant, int]:
         """DE read path: the slots, and their grant, came with the staged hits (fetch.py kept it)."""
         grant = self.p.held.get(msg.req_id, msg.dst_engine)
         if grant is None:
             raise BusError("push", f"no data-plane grant held for {msg.dst_engine}'s slots of {msg.req_id}",
                            ErrorCode.KV_TRANSFER)
-        return msg.dst_slots, grant
+        return msg.dst_slots, grant, 0
 
-    async def _reserve(self, msg: PushKV) -> tuple[list[int], Grant | None]:
+    async def _reserve(self, msg: PushKV) -> tuple[list[int], Grant | None, int]:
+        """The prompt's DE-buffer slots; with `msg.adopt`, the prefetch staged there (which the engine
+        copied straight from that buffer) becomes the first of them: (slots, grant, blocks adopted)."""
         p = self.p
-        res = await p.bus.request(p.subjects.tm(msg.dst_engine, "reserve"), Reserve(msg.req_id, len(msg.src_blocks)),
-                                  Reserved, timeout=p.cfg.transfer_timeout_s)
+        ask = Reserve(msg.req_id, len(msg.src_blocks), adopt=msg.adopt, adopt_keys=msg.adopt_keys)
+        res = await p.bus.request(p.subjects.tm(msg.dst_engine, "reserve"), ask, Reserved,
+                                  timeout=p.cfg.transfer_timeout_s)
         if not res.ok:
             raise BusError("reserve", res.error, res.code)
-        return res.slots, decode_grant(res.grant)
+        p.m_bytes.labels("prefetch_used").inc(res.adopted * p.pool.block_nbytes)
+        return res.slots, decode_grant(res.grant), res.adopted
 
     async def _layers(self, msg: PushKV, send: list[tuple[int, int]], peer, grant: Grant | None,
                       state: LayerState | None, span) -> None:

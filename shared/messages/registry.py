@@ -52,6 +52,7 @@ class TrafficManagerAnnounce(Base, tag="traffic_manager"):
     ready: bool = False  # attached to its engine's KV memory
     prefetch_bytes: int = 0  # buffer bytes holding prefetched blocks (agent sessions)
     prefetch_room_bytes: int = 0  # what a new prefetch may take now (its budget, within the spare slots)
+    shm_host: str = ""  # its endpoint's host id when same-host processes may map its buffer (shm), else ""
 
 
 class StorageGatewayAnnounce(Base, tag="storage_gateway"):

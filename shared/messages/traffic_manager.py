@@ -66,6 +66,8 @@ class PushKV(msgspec.Struct, omit_defaults=True):
     skip: list[int] = []  # block indexes already in the DE buffer (DE-path hits): not sent
     layerwise: bool = False  # send each layer as the PE reports it computed (LayersComputed)
     window: KVWindow | None = None  # where the hits' layers are (src_blocks has no entry for them)
+    adopt: str = ""  # the reservation adopts the prefetch staged there under this owner (its engine copied it)
+    adopt_keys: list[bytes] = []  # ... as far as it matches these keys (the prompt's leading blocks): not sent
 
 
 class LayersComputed(msgspec.Struct, array_like=True, gc=False):

@@ -134,6 +134,13 @@ def host_id() -> str:
     return f"{socket.gethostname()}/{boot}/{dev}/{net}"
 
 
+def shm_host(ep: "Endpoint") -> str:
+    """The host id under which processes on `ep`'s host may map its shm regions directly: the shm
+    backend, or tcp / verbs with the shm fast path ("auto"); "" when peers are to use the wire only
+    (`transport = "tcp"` or `"verbs"` chosen outright)."""
+    return getattr(ep, "host_id", "") if ep.backend == "shm" or getattr(ep, "shm_fast_path", False) else ""
+
+
 class Peer(abc.ABC):
     """A connection from a local endpoint to one remote endpoint."""
 

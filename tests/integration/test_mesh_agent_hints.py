@@ -4,10 +4,13 @@ next turn is served from that buffer (no storage read for those blocks at arriva
 tokens and logprobs are identical to the same prompt without hints and within 1e-4 of the
 single-process reference; `release` gives the staged blocks back.
 
-Two meshes: shm with the default policy (idle queues tie: the prefill side stages, the PE's own
-traffic-manager copies locally), and tcp with `read_path=de` (the decode side stages; the decode
-engine's traffic-manager adopts the blocks as the prompt's DE-buffer slots, the PE's reads them
-one-sidedly over TCP layer by layer and pushes only the rest of the prompt).
+Three meshes: the default transport and policy (idle queues tie: the prefill side stages, the
+prefill engine copies from its own traffic-manager's buffer), the same with `read_path=de` (the
+decode side stages in a buffer on the prefill engine's host: the engine copies from that buffer
+itself, and its push's reservation adopts the blocks as the prompt's first DE-buffer slots, so
+only the rest of the prompt is pushed), and tcp with `read_path=de` (no shared memory between
+the traffic-managers: the decode engine's traffic-manager adopts the blocks on the fetch's
+`Reserve`, the PE's reads them one-sidedly over TCP and pushes only the rest of the prompt).
 """
 from __future__ import annotations
 
@@ -46,6 +49,13 @@ def _start(tmp_path_factory, name: str, scheduler: dict | None = None, **kw):
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory):
     m = _start(tmp_path_factory, "hints")
+    yield m
+    m.stop()
+
+
+@pytest.fixture(scope="module")
+def shm_de_mesh(tmp_path_factory):
+    m = _start(tmp_path_factory, "hints-shm-de", scheduler={"read-path": "de"})
     yield m
     m.stop()
 
@@ -104,9 +114,10 @@ def _first_turn(mesh, reference, tag: str, hints: dict | None) -> list[int]:
     return ids + reference.tokenizer.encode(" tool: ok, 3 files changed.")[:30]
 
 
-@pytest.mark.parametrize("which, holder", [("mesh", "p0-e0"), ("de_mesh", "d1-e0")])
+@pytest.mark.parametrize("which, holder, direct", [("mesh", "p0-e0", True), ("shm_de_mesh", "d1-e0", True),
+                                                   ("de_mesh", "d1-e0", False)])
 def test_a_tool_call_turn_is_served_from_the_prefetch_and_hints_change_no_logprob(request, reference, which,
-                                                                                     holder):
+                                                                                     holder, direct):
     mesh = request.getfixturevalue(which)
     sid = f"s-{uuid.uuid4().hex[:6]}"
     probe = Probe(mesh.url)
@@ -129,13 +140,15 @@ def test_a_tool_call_turn_is_served_from_the_prefetch_and_hints_change_no_logpro
     used = wait_until(lambda: _total(probe, USED) - used0 >= hit_blocks * _block_bytes(mesh) and
                       _total(probe, USED) - used0, "the prefetched blocks reported used")
     assert used == hit_blocks * _block_bytes(mesh), "the turn did not take its blocks from the prefetch"
-    # in its own TM's buffer the PE copies them itself, without asking that TM; elsewhere the TMs move them
-    assert _total(probe, DIRECT) - direct0 == (hit_blocks if holder.startswith("p") else 0)
+    # in a buffer it can map (its own TM's, the DE's on its host) the PE copies them itself, without
+    # asking anyone; elsewhere (tcp only) the TMs move them
+    assert _total(probe, DIRECT) - direct0 == (hit_blocks if direct else 0)
     arrival = sum(Probe.delta(before, after, who, READ) for who in before if who[0] == "gateway")
     assert arrival == 0, f"{arrival} bytes read from storage at arrival although every hit was prefetched"
     bb, blocks = _block_bytes(mesh), -(-len(p2) // BS)
     pushed = Probe.delta(before, after, ("tm", "p0-e0"), PUSHED)
-    # in the DE's buffer the prefetched blocks were adopted as the prompt's slots: only the rest is pushed
+    # in the DE's buffer the prefetched blocks were adopted as the prompt's slots (by the fetch's
+    # reservation, or the push's once the PE copied them itself): only the rest is pushed
     assert pushed == (blocks - hit_blocks if holder.startswith("d") else blocks) * bb, pushed / bb
     assert_exact(hinted, reference, p2, what="turn 2 served from the prefetch")
     plain = ask(mesh.url, p2, 24)  # the same prompt, no hints: read from storage at arrival
