@@ -32,6 +32,7 @@ from prometheus_client.core import CounterMetricFamily
 from starlette.applications import Starlette
 from starlette.routing import Route
 
+from shared.beats import Beats
 from shared.bus import Bus, BusUnavailable
 from shared.config import ConfigError, load_config
 from shared.http import HttpServer, PortInUse
@@ -143,24 +144,6 @@ class BusCounters:
                                   value=self.bus.bad_messages)
         yield CounterMetricFamily("dualpath_bus_handler_errors", "Bus handlers that raised (message dropped)",
                                   value=self.bus.handler_errors)
-
-
-class Beats:
-    """Which heartbeats go out: a changed announcement at once, an unchanged one after `quiet`
-    skipped beats (a keepalive every quiet + 1 beats: liveness is judged on silences many beats
-    long). A mesh decoding steadily changes nothing in most announcements, and each one costs
-    its sender, NATS and every subscriber a wake-up. Pure: the caller compares and publishes."""
-
-    def __init__(self, quiet: int):
-        self.quiet, self.last, self.skipped = quiet, None, 0
-
-    def due(self, key: object) -> bool:
-        """Whether the announcement whose comparable view is `key` goes out this beat."""
-        if key == self.last and self.skipped < self.quiet:
-            self.skipped += 1
-            return False
-        self.last, self.skipped = key, 0
-        return True
 
 
 async def _heartbeat(svc: Service, stop: asyncio.Event) -> None:

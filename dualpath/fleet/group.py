@@ -3,7 +3,8 @@
 Owns one asyncio loop and one NATS connection for every node it is given (`--nodes
 p0:prefill:8,d0:decode:8`): per node a storage-gateway, per engine an engine and its
 traffic-manager, each announcing on `{ns}.hb` every `heartbeat_s` with its own phase, as the
-real services do (no announcement is merged or skipped); the gateways answer hit queries on
+real services do (none is merged; an unchanged one goes out as a keepalive every
+`--quiet-beats` + 1 beats, by the services' own `Beats` rule); the gateways answer hit queries on
 `{ns}.storage_gateway.any.hit` (queue group `hit`, as the real ones) from the store index; the
 engines (prefill.py, decode.py) serve their subjects. Emulator-only subjects: `{ns}.fleet.stored`
 (store keys shared between processes) and `{ns}.fleet.dump.<name>` (write what was measured to
@@ -28,6 +29,7 @@ from dualpath.fleet.prefill import PrefillEngine
 from dualpath.fleet.store import StoreIndex, StoredKeys
 from dualpath.fleet.timing import FleetTiming
 from dualpath.presets import load_arch
+from shared.beats import Beats, engine_beat_key
 from shared.bus import Bus, Delivery
 from shared.kv.hashing import ModelFingerprint
 from shared.kv.layout import KVKind, KVLayout
@@ -35,6 +37,7 @@ from shared.messages.registry import StorageGatewayAnnounce, TrafficManagerAnnou
 from shared.messages.storage_gateway import HitQuery, HitReply, StoreLayout
 from shared.messages.subjects import Subjects
 from shared.messages.work import Cancel, DecodeAdmit, PrefillWork
+from shared.service_config import CommonConfig
 from shared.transport.base import EndpointDesc
 
 TICK_S = 0.025  # heartbeat phases are spread over this grid
@@ -79,16 +82,17 @@ class Group:
         self.work_at: dict[str, float] = {}  # request -> when its first PrefillWork arrived (monotonic)
         self.lag = [0.0, 0]  # heartbeat ticks: summed lateness, count
         self.engines: dict[str, PrefillEngine | DecodeEngine] = {}
-        self.services: list = []  # (engine or name, announce callable)
+        self.services: list = []  # (announce callable, what of it counts as a change, its Beats)
+        quiet = args.quiet_beats
         for node, role, n in parse_nodes(args.nodes):
-            self.services.append(self._gateway(node))
+            self.services.append((self._gateway(node), _whole, Beats(quiet)))
             for i in range(n):
                 eid = f"{node}-e{i}"
                 cls = PrefillEngine if role == "prefill" else DecodeEngine
                 eng = cls(self, eid, node, f"{role[0]}e-{eid}")
                 self.engines[eid] = eng
-                self.services.append(eng.announce)
-                self.services.append(self._tm(eid, node))
+                self.services.append((eng.announce, engine_beat_key, Beats(quiet)))
+                self.services.append((self._tm(eid, node), _whole, Beats(quiet)))
 
     # Host ---------------------------------------------------------------------------
     def read_done_at(self, node: str, tokens: int, now: float) -> float:
@@ -142,12 +146,21 @@ class Group:
             else:
                 self.lag[0] += -delay
             self.lag[1] += 1
-            for announce in by_slot[tick % slots]:
-                await self.bus.publish(self.subjects.heartbeat, announce())
+            await self.beat(by_slot[tick % slots])
             tick += 1
 
+    async def beat(self, services: list) -> int:
+        """One beat of these services: each announcement the quiet-beats rule lets out; how many."""
+        sent = 0
+        for announce, key, beats in services:
+            msg = announce()
+            if beats.due(key(msg)):
+                await self.bus.publish(self.subjects.heartbeat, msg)
+                sent += 1
+        return sent
+
     async def leave(self) -> None:
-        for announce in self.services:
+        for announce, _, _ in self.services:
             msg = announce()
             msg.leaving = True
             await self.bus.publish(self.subjects.heartbeat, msg)
@@ -202,6 +215,10 @@ class Group:
         self.spawn(self.share_store(stop))
 
 
+def _whole(msg: object) -> object:
+    return msg
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dualpath.fleet.group", description=__doc__.split("\n\n")[0])
     p.add_argument("--nats-url", required=True)
@@ -216,6 +233,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quota-s", type=float, default=0.3, help="intra-PE compute quota per forward (simulator's)")
     p.add_argument("--time-scale", type=float, default=1.0, help="wall seconds per modelled second (tests: < 1)")
     p.add_argument("--heartbeat-s", type=float, default=0.5, help="announce period (the services' default)")
+    p.add_argument("--quiet-beats", type=int, default=CommonConfig.quiet_beats,
+                   help="unchanged announcements skipped in a row, as the services' setting (0 = every beat)")
     p.add_argument("--out", default=".", help="where a dump writes <name>.msgpack")
     return p
 

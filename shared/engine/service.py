@@ -14,6 +14,7 @@ from abc import abstractmethod
 
 import msgspec
 
+from shared.beats import engine_beat_key
 from shared.config import ConfigError
 from shared.engine.config import EngineConfig
 from shared.engine.kv_memory import KVMemory
@@ -79,9 +80,7 @@ class EngineService(Service):
             kv=kv.layout() if kv else None, store=self.store)
 
     def beat_key(self, msg: EngineAnnounce) -> object:
-        """`tok` grows every decode step and only informs (the dispatcher counts tokens in its own
-        ledger): a batch decoding steadily announces it with the keepalives, not every beat."""
-        return msgspec.structs.replace(msg, tok=0)
+        return engine_beat_key(msg)
 
     def max_context(self) -> int:
         """Longest sequence this engine can hold: the model's limit or its whole KV memory."""
