@@ -11,16 +11,9 @@ from shared.transport.classes import DEFAULT_WEIGHTS, LinkGate
 from shared.transport.grants import GrantTable
 from shared.transport.tcp_server import ServerConn
 from shared.transport.tcp_wire import HEADER, HLEN, Kind, header
+from tests.integration.pollutil import until
 
 pytestmark = pytest.mark.integration
-
-
-async def until(cond, what: str) -> None:
-    for _ in range(20000):  # polls the condition; the bound only turns a hang into a failure
-        if cond():
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_a_latency_frame_holds_bulk_from_its_arrival_until_it_is_served():

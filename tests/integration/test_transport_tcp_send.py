@@ -7,16 +7,9 @@ import pytest
 
 from shared.transport.classes import LinkGate
 from shared.transport.tcp_send import BulkSender
+from tests.integration.pollutil import until
 
 pytestmark = pytest.mark.integration
-
-
-async def until(cond, what: str) -> None:
-    for _ in range(20000):  # polls the condition; the bound only turns a hang into a failure
-        if cond():
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def drain(sock: socket.socket, got: bytearray) -> None:
