@@ -105,18 +105,18 @@ def attention_balanced(bal: SimResult, plain: SimResult) -> str:
 
 
 def pd_alike(res: dict, cfg: SimConfig, gpus: int) -> str:
-    """What the P+D = 4 topologies' runs show: JCT beside storage use, first and second token times."""
+    """Why the P+D = 4 topologies part: storage use beside the hand-off to decode, per topology."""
     parts = []
     for p, d in ((1, 3), (2, 2), (3, 1)):
         r = res[(p, d, LoadMode.DUALPATH)]
         parts.append(f"{p}P{d}D {r.jct_s:.0f} s (SNICs PE {r.link_util['p.snic_r']['mean']:.0%} / DE "
-                     f"{r.link_util['d.snic_r']['mean']:.0%} busy, PE GPUs {r.pe_busy:.0%}, TTFT mean "
-                     f"{r.ttft_mean_s:.2f} s, TTST p50 {r.ttst_p50_s:.2f} s, {r.de_batch * d * gpus:.0f} sequences "
-                     f"decoding at once)")
-    return ("dualpath, " + "; ".join(parts) + f"; {cfg.agents} agents. Storage is not what parts them (the "
-            "paper's claim: equal total storage bandwidth performs alike where storage binds); the time goes to "
-            "the prefill steps and the hand-off to decode (TTST over TTFT) where few decode nodes take every "
-            "prefill node's output. Not explained further yet")
+                     f"{r.link_util['d.snic_r']['mean']:.0%} busy; TTFT mean {r.ttft_mean_s:.2f} s, TTST p50 "
+                     f"{r.ttst_p50_s:.2f} s; decode CNIC ingress {r.link_util['d.cnic_w']['mean']:.0%} busy)")
+    return ("dualpath, " + "; ".join(parts) + f"; {cfg.agents} agents. Storage is not what parts them: the "
+            f"hand-off is. Each prefill GPU sends its finished prompts' KV to a decode GPU's CNIC, so at 3P1D "
+            f"{3 * gpus} prefill GPUs feed {gpus} decode CNICs (3:1), and prefill steps of a domain end "
+            f"together: the transfers queue at the decode side (TTST over TTFT). The paper's claim is for "
+            f"topologies whose decode side takes the prefill output as fast as it comes")
 
 
 def pd_sweep(res: dict, cfg: SimConfig) -> str:
