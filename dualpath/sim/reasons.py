@@ -115,8 +115,10 @@ def pd_alike(res: dict, cfg: SimConfig, gpus: int) -> str:
     return ("dualpath, " + "; ".join(parts) + f"; {cfg.agents} agents. Storage is not what parts them: the "
             f"hand-off is. Each prefill GPU sends its finished prompts' KV to a decode GPU's CNIC, so at 3P1D "
             f"{3 * gpus} prefill GPUs feed {gpus} decode CNICs (3:1), and prefill steps of a domain end "
-            f"together: the transfers queue at the decode side (TTST over TTFT). The paper's claim is for "
-            f"topologies whose decode side takes the prefill output as fast as it comes")
+            f"together: the transfers queue at the decode side (TTST over TTFT). Part of that queue is the "
+            f"simulator's: a link books each transfer after the last one booked, a copy into HBM booked to "
+            f"start later included, so a burst waits even where the link's mean use is low. The paper's claim "
+            f"is for topologies whose decode side takes the prefill output as fast as it comes")
 
 
 def pd_sweep(res: dict, cfg: SimConfig) -> str:
