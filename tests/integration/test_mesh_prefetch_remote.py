@@ -26,7 +26,9 @@ pytestmark = pytest.mark.integration
 def mesh(tmp_path_factory):
     # the prefill side stages (read_path=pe); staged blocks wait a minute past the expected return
     extra = {"scheduler": {"liveness-timeout-s": "2", "prefetch-grace-s": "60", "read-path": "pe"}}
-    m = tiny_mesh(tmp_path_factory.mktemp("remote-claim"), kv_blocks=128, prefill=2, extra=extra)
+    # over tcp: with shared memory on one host the surviving prefill engine would copy the holder's
+    # blocks itself (tests/unit/test_pe_copies_de_prefetch.py); the claim is what hosts apart take
+    m = tiny_mesh(tmp_path_factory.mktemp("remote-claim"), kv_blocks=128, prefill=2, extra=extra, transport="tcp")
     m.store_root = Path(m.spec.store)
     m.start(timeout=180)
     yield m
