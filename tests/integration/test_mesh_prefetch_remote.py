@@ -22,13 +22,16 @@ from tests.integration.test_mesh_dualpath import Probe
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def mesh(tmp_path_factory):
+@pytest.fixture(scope="module", params=["tcp", "auto"])
+def mesh(tmp_path_factory, request):
     # the prefill side stages (read_path=pe); staged blocks wait a minute past the expected return
     extra = {"scheduler": {"liveness-timeout-s": "2", "prefetch-grace-s": "60", "read-path": "pe"}}
-    # over tcp: with shared memory on one host the surviving prefill engine would copy the holder's
-    # blocks itself (tests/unit/test_pe_copies_de_prefetch.py); the claim is what hosts apart take
-    m = tiny_mesh(tmp_path_factory.mktemp("remote-claim"), kv_blocks=128, prefill=2, extra=extra, transport="tcp")
+    # tcp: the surviving prefill node's traffic-manager claims the holder's blocks (what hosts apart
+    # do). auto (shared memory on one host): the prefill engine may copy them out of the holder's
+    # buffer itself and tell the holder they were used; either way the bytes must be exact.
+    m = tiny_mesh(tmp_path_factory.mktemp(f"remote-claim-{request.param}"), kv_blocks=128, prefill=2, extra=extra,
+                  transport=request.param)
+    m.transport = request.param
     m.store_root = Path(m.spec.store)
     m.start(timeout=180)
     yield m
@@ -52,14 +55,18 @@ def test_a_prefetch_in_another_prefill_nodes_buffer_is_claimed_from_there(mesh, 
     # the holder's prefill engine goes; its traffic-manager (and the staged blocks) stay
     mesh.kill(next(p for p in mesh.procs if p.name == f"prefill-{holder[1]}"), signal.SIGKILL)
     wait_until(lambda: _prefill_engines(mesh) == 1, "the scheduler to drop the dead prefill engine")
-    used0 = _of(probe, other, USED)
+    used0 = _of(probe, other, USED), _of(probe, holder, USED)
     before = probe.snap()
     hinted = ask(mesh.url, p2, 24, agent_hints={"session_id": sid})
     after = probe.snap()
     assert hinted["usage"]["prompt_tokens_details"]["cached_tokens"] == hit_blocks * BS
     arrival = sum(Probe.delta(before, after, who, READ) for who in before if who[0] == "gateway")
     assert arrival == 0, f"{arrival} bytes read from storage at arrival although every hit was staged"
-    assert _of(probe, other, USED) - used0 == hit_blocks * bb, "the turn did not take its blocks from the holder"
+    by_claim, by_copy = _of(probe, other, USED) - used0[0], _of(probe, holder, USED) - used0[1]
+    if mesh.transport == "tcp":
+        assert (by_claim, by_copy) == (hit_blocks * bb, 0), "the turn did not claim its blocks from the holder"
+    else:
+        assert by_claim + by_copy == hit_blocks * bb, "the turn did not take its blocks from the holder"
     wait_until(lambda: _of(probe, holder, STAGED) == 0, "the holder's claimed slots given back")
     assert_exact(hinted, reference, p2, what="turn 2 claimed from another traffic-manager")
     plain = ask(mesh.url, p2, 24)  # the same prompt, no hints: read from storage at arrival
