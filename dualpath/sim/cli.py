@@ -113,7 +113,8 @@ def _simulate(args: argparse.Namespace) -> int:
     base = dict(model=args.model, hardware=args.hardware, P=P, D=D, trace=args.trace,
                 agents=args.agents, scale=args.scale, seed=args.seed, aps=args.aps,
                 duration_s=args.duration if args.aps > 0 else 0.0, assign=args.assign,
-                pull_s=args.pull, quota_s=args.quota, attn_balance=args.attn_balance, think_s=args.think, tool_calls=args.tool_calls,
+                pull_s=args.pull, quota_s=args.quota, attn_balance=args.attn_balance, think_s=args.think,
+                tool_calls=args.tool_calls,
                 layerwise=not args.no_layerwise, model_traffic=args.model_traffic, pe_ep_nodes=args.pe_ep_nodes,
                 de_ep_nodes=args.de_ep_nodes, attn_tp=args.attn_tp, window_s=args.window,
                 steady_lag_s=args.steady_lag, progress=not args.no_progress)

@@ -12,8 +12,6 @@ import asyncio
 import os
 from abc import abstractmethod
 
-import msgspec
-
 from shared.beats import engine_beat_key
 from shared.config import ConfigError
 from shared.engine.config import EngineConfig
