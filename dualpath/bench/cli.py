@@ -259,7 +259,7 @@ def _bench(args: argparse.Namespace, url: str, modes: list[LoadMode], extra_pids
         js = with_hints(js[:n_agents] if n_agents else js, hints)
         lengths[mode] = [[(len(a), g) for a, g in j.turns] for j in js]
         return js
-    cap = _capacity(args, url, mesh, lo, hi)
+    cap = _capacity(args, url, mesh, lo, hi, extra_pids)
     slo = Slo(args.slo_ttft, args.slo_tpot, args.slo_target, args.slo_warmup)
     doc = {"trace": args.trace, "config": {
         "model": mesh["model"], "url": url, "agents": base_agents or len(wl.agents or wl.mooncake),
@@ -354,7 +354,7 @@ def _r(v, digits: int = 1):
     return None if v is None else round(v, digits)
 
 
-def _capacity(args, url: str, mesh: dict, lo: int, hi: int):
+def _capacity(args, url: str, mesh: dict, lo: int, hi: int, extra_pids: tuple[int, ...] = ()):
     from dualpath.bench import replay
     from dualpath.bench.bound import Capacity
 
@@ -369,11 +369,25 @@ def _capacity(args, url: str, mesh: dict, lo: int, hi: int):
         tpot = rates["decode_step_s"]
     rate = args.snic_gbit * 1e9 / 8 if args.snic_gbit else None
     local = args.up or url.startswith(("http://127.", "http://localhost"))
+    if rates is not None and local and args.offline and not args.tool_calls:  # what the prediction needs
+        rates.update(_kv_cpu(url, lo, hi, mesh, extra_pids))
     return Capacity(read_bytes_per_s=rate, prefill_nodes=len(p_nodes) or 1, decode_nodes=len(d_nodes) or 1,
                     prefill_engines=sum(1 for e in engines if e.get("role") == "prefill") or 1,
                     prefill_tps=tps, tpot_s=tpot, write_bytes_per_s=rate,
                     cores=len(os.sched_getaffinity(0)) if local else 0,
                     data_plane_bytes_per_s=_memcpy_rate() if local else None, rates=rates)
+
+
+def _kv_cpu(url: str, lo: int, hi: int, mesh: dict, extra_pids: tuple[int, ...]) -> dict:
+    """The KV path's CPU per storage byte on this host (dualpath/bench/kvcpu.py)."""
+    import httpx
+
+    from dualpath.bench.kvcpu import probe_kv_cpu
+    from dualpath.bench.usage import snapshot
+
+    print("probing the KV path's CPU (oracle, then dualpath-split) ...", file=sys.stderr, flush=True)
+    with httpx.Client() as client:
+        return probe_kv_cpu(url, lo, hi, lambda: snapshot(client, url, extra_pids), mesh.get("max_context") or 0)
 
 
 def _memcpy_rate() -> float:

@@ -172,6 +172,8 @@ def summary(rows: list[dict]) -> dict:
             "jct_over_bound": spread(r.get("jct_over_bound") for r in rs),
             "predicted_jct_s": spread(r.get("predicted_jct_s") for r in rs),
             "measured_over_predicted": spread(r.get("measured_over_predicted") for r in rs),
+            "measured_over_no_sharing": spread(r["jct_s"] / r["predicted_no_sharing_jct_s"] for r in rs
+                                               if r.get("predicted_no_sharing_jct_s")),
             "hit_ratio": spread(r["hit_ratio"] for r in rs),
             "read_max_over_avg": spread(_max_over_avg(r.get("storage_read_bytes_per_node") or {}) for r in rs),
             "limit": max(set(limits), key=limits.count) if limits else None,

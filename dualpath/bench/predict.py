@@ -4,7 +4,9 @@ Gathers what `dualpath.sim.calibrate` needs from the run (the probed rates, the 
 NIC cap, the data plane's bandwidth, the KV bytes per block the gateways reported, the
 engines' KV blocks, the scheduler's alpha / beta) and the turn lengths each mode
 replayed, runs the simulator once per offline mode, and puts `predicted_jct_s` and
-`measured_over_predicted` on each offline row. Without a probe (`--no-probe`) or a
+`measured_over_predicted` on each offline row. With the KV path's CPU probed
+(dualpath/bench/kvcpu.py) the prediction takes it from each node's engine, and the row
+also carries `predicted_no_sharing_jct_s`, the prediction without it. Without a probe (`--no-probe`) or a
 KV block size there is nothing to predict from, and the rows say so (None).
 """
 from __future__ import annotations
@@ -51,7 +53,8 @@ def rates(doc: dict, cap, mesh: dict, settings: list, snic_gbit: float):
         snic_bytes_s=snic_gbit * 1e9 / 8 if snic_gbit else None,
         data_plane_bytes_s=data_plane_bytes_s(doc),
         kv_bytes_per_token=bpb / block, block_tokens=block, prefill_nodes=cap.prefill_nodes,
-        decode_nodes=cap.decode_nodes, kv_tokens_per_engine=kv_tokens, alpha_tokens=alpha, beta_tokens=beta)
+        decode_nodes=cap.decode_nodes, kv_tokens_per_engine=kv_tokens, alpha_tokens=alpha, beta_tokens=beta,
+        kv_cpu_s_per_byte=probe.get("kv_cpu_s_per_byte", 0.0))
 
 
 def add_predictions(doc: dict, cap, mesh: dict, settings: list, snic_gbit: float,
@@ -66,6 +69,7 @@ def add_predictions(doc: dict, cap, mesh: dict, settings: list, snic_gbit: float
     doc["prediction"] = {"rates": vars(r) if r else None}
     for row in offline:
         row["predicted_jct_s"] = row["measured_over_predicted"] = None
+        row["predicted_no_sharing_jct_s"] = None
     if r is None:
         return
     for row in offline:
@@ -75,3 +79,5 @@ def add_predictions(doc: dict, cap, mesh: dict, settings: list, snic_gbit: float
         got = predict(r, turns, [row["mode"]])[row["mode"]]
         row["predicted_jct_s"] = got
         row["measured_over_predicted"] = row["jct_s"] / got if got else None
+        if r.kv_cpu_s_per_byte:  # what the simulator predicts when the KV path has cores of its own
+            row["predicted_no_sharing_jct_s"] = predict(r, turns, [row["mode"]], shared_cores=False)[row["mode"]]

@@ -96,7 +96,13 @@ def _offline(doc: dict, summ: dict) -> list[str]:
                   f"per further sequence; KV {pr['kv_bytes_per_token']:.0f} B/token; storage NIC "
                   f"{(pr['snic_bytes_s'] or 0) / 1e6:.1f} MB/s per node; data plane "
                   f"{pr['data_plane_bytes_s'] / 1e9:.2f} GB/s; alpha {pr['alpha_tokens']}, beta "
-                  f"{pr['beta_tokens']} tokens", ""]
+                  f"{pr['beta_tokens']} tokens; KV path's CPU {pr.get('kv_cpu_s_per_byte', 0.0) * 1e9:.1f} ns "
+                  "per storage byte, taken from the node's engine (dualpath/sim/hostcpu.py)", ""]
+        without = {m: _sp(v.get("measured_over_no_sharing"), "x", 2) for m, v in summ["offline"].items()
+                   if (v.get("measured_over_no_sharing") or {}).get("median") is not None}
+        if without:
+            lines += ["- measured/predicted with the KV path on cores of its own (no sharing): "
+                      + "; ".join(f"{m} {s}" for m, s in without.items()), ""]
     names = {"speedup": "speed-up (basic JCT / its JCT)", "bound_ratio": "ratio of the bounds (basic / its)",
              "of_bound_ratio": "speed-up / bound ratio", "jct_ratio": "JCT / oracle JCT"}
     for pair, vals in summ.get("pairs", {}).items():

@@ -38,6 +38,7 @@ class MeshRates:
     kv_tokens_per_engine: int
     alpha_tokens: int
     beta_tokens: int
+    kv_cpu_s_per_byte: float = 0.0  # CPU s the KV path takes from a node's engine per storage byte (0: own cores)
 
 
 def mesh_hardware(r: MeshRates) -> Hardware:
@@ -65,9 +66,10 @@ FORWARD_SHARE = 1.0  # of a turn's fixed cost, the share spent in the prefill en
 
 
 def predict(r: MeshRates, trajectories: list[list[tuple[int, int]]], modes: list[str],
-            forward_share: float = FORWARD_SHARE) -> dict[str, float]:
+            forward_share: float = FORWARD_SHARE, shared_cores: bool = True) -> dict[str, float]:
     """Predicted offline JCT (s) of each mode for these jobs' (append, gen) turns; the rest of
-    a turn's fixed cost (front door, messages) passes between turns."""
+    a turn's fixed cost (front door, messages) passes between turns. With `shared_cores` the
+    KV path's probed CPU is taken from each node's engine (dualpath/sim/hostcpu.py)."""
     from dualpath.sim.engine import Simulation
     from dualpath.sim.workload import from_turns
 
@@ -77,8 +79,8 @@ def predict(r: MeshRates, trajectories: list[list[tuple[int, int]]], modes: list
         cfg = SimConfig(model="mesh", hardware=hw, P=r.prefill_nodes, D=r.decode_nodes, agents=len(trajectories),
                         mode=mode, pull_s=0.005, quota_s=PE_QUOTA_S, chunk_align=16,
                         block_tokens=r.block_tokens, think_s=r.turn_overhead_s * (1 - forward_share),
-                        pe_ep_nodes=1, de_ep_nodes=1,
-                        model_traffic=0.0)
+                        pe_ep_nodes=1, de_ep_nodes=1, model_traffic=0.0,
+                        kv_cpu_s_per_byte=r.kv_cpu_s_per_byte if shared_cores else 0.0)
         sim = Simulation(cfg, model, from_turns([tuple(t) for t in trajectories], r.block_tokens),
                          thresholds=PeThresholds(alpha=r.alpha_tokens, beta=r.beta_tokens))
         out[mode] = sim.run().jct_s

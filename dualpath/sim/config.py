@@ -53,6 +53,9 @@ class SimConfig:
     de_ep_nodes: int = 4  # nodes of one decode EP domain, at most D
     attn_tp: int = 1  # attention TP degree (1 = attention DP, the paper's layout)
     model_traffic: float = 1.0  # scale of the model's collectives on the CNICs (0 = none)
+    # mesh only: CPU seconds a node's engine loses per byte its storage NIC moves (its storage
+    # path shares the engine's cores, dualpath/sim/hostcpu.py); 0 = none, as on a real cluster
+    kv_cpu_s_per_byte: float = 0.0
     # online stop rule (docs/design.md#published-figures): SLO, windows, steady state
     slo_ttft_s: float = 4.0
     slo_tpot_s: float = 0.050
@@ -82,6 +85,8 @@ class SimConfig:
             raise ValueError("pe_ep_nodes, de_ep_nodes and attn_tp must be >= 1")
         if self.model_traffic < 0:
             raise ValueError(f"model_traffic must be >= 0, got {self.model_traffic}")
+        if self.kv_cpu_s_per_byte < 0:
+            raise ValueError(f"kv_cpu_s_per_byte must be >= 0, got {self.kv_cpu_s_per_byte}")
 
     @property
     def reads_on_pe_only(self) -> bool:

@@ -4,7 +4,8 @@ All running requests decode one token per step; the step time depends on the bat
 (weights + KV read from HBM). Between batch changes the engine advances a fractional
 step counter at 1/step_s; a request that joined at step j with n tokens to go finishes
 at step j + n. So each request costs two events (join, finish), not one per token.
-The summed context is exact: sum_i(prompt_i + 1 - j_i) + batch * steps.
+The summed context is exact: sum_i(prompt_i + 1 - j_i) + batch * steps. A stall (`stall`)
+holds the counter still for a while: the engine's core did other work.
 
 A step lasts max(compute, collectives) (two micro-batches overlap them): the EP all-to-all
 of `batch` tokens crosses the engine's CNIC in the model's lane, which from then on runs
@@ -43,10 +44,21 @@ class DecodeState(Generic[R]):
         self.n = 0
 
     def advance(self, now: float) -> None:
+        if now < self.t_last:  # stalled (`stall`) until t_last: no progress yet
+            return
         if self.n:
             self.steps += (now - self.t_last) / self.step_s
             self.batch_s += self.n * (now - self.t_last)
         self.t_last = now
+
+    def stall(self, now: float, secs: float) -> None:
+        """The running batch makes no progress for `secs` from `now` (its engine's core is taken
+        by other work: dualpath/sim/hostcpu.py); the caller reschedules its next finish."""
+        self.advance(now)
+        if self.n and secs > 0:
+            self.batch_s += self.n * secs
+            self.t_last += secs
+            self.version += 1
 
     def join(self, now: float, rid: int, req: R, prompt: int, todo: int) -> None:
         """Add a request with `todo` tokens left to generate (todo >= 1)."""

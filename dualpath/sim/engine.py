@@ -20,6 +20,7 @@ from dualpath.sim.collectives import Layout
 from dualpath.sim.config import SGLANG, SimConfig
 from dualpath.sim.dispatch import SimDispatch
 from dualpath.sim.hardware import load_hardware
+from dualpath.sim.hostcpu import KvCpu
 from dualpath.sim.metrics import SimResult, collect
 from dualpath.sim.models import SimModel, build_model
 from dualpath.sim.online import StopRule
@@ -74,6 +75,7 @@ class Simulation:
         self.finished = 0
         self.bar: Any = None  # a tqdm bar while progress is shown (Any: the compiled build checks types)
         self.pf = SimPrefetch(self, cfg.hints) if cfg.hints != "off" and not self.oracle else None
+        self.kvcpu = KvCpu(cfg.kv_cpu_s_per_byte) if cfg.kv_cpu_s_per_byte > 0 and not self.oracle else None
         self.after_tool: dict[int, bool] = {}  # rid -> the turn followed a tool call
         self.ttft_after_tool: list[tuple[bool, float]] = []  # (its agent hinted, TTFT) of those turns
         self.online = cfg.aps > 0
@@ -213,12 +215,38 @@ class Simulation:
             return
         dt = self.prefill.plan(unit, self.now)
         if dt > 0:
+            if self.kvcpu is not None:
+                self._kv_owed(unit)  # what the storage path used while the unit was idle is free
             unit.busy = True
             unit.busy_s += dt
             unit.t_start = self.now
             self.push(self.now + dt, self._step_end, unit)
 
+    def _kv_owed(self, unit: StepUnit) -> float:
+        """CPU seconds the storage paths of the unit's nodes used since the last look (the most of any node)."""
+        kv = self.kvcpu
+        assert kv is not None
+        owed = 0.0
+        for node in {e.node.nid: e.node for e in unit.engines}.values():
+            got = kv.take(node.nid, node.snic_r, node.snic_w, self.now)
+            owed = got if got > owed else owed
+        return owed
+
+    def _kv_stall(self, e: Engine) -> None:
+        """A decode batch stands still for the CPU its node's storage path used since its last event."""
+        kv, d, node = self.kvcpu, e.decode, e.node
+        assert kv is not None and d is not None
+        owed = kv.take(node.nid, node.snic_r, node.snic_w, self.now)
+        if owed and d.n:
+            d.stall(self.now, owed)
+
     def _step_end(self, unit: StepUnit) -> None:
+        if self.kvcpu is not None:
+            owed = self._kv_owed(unit)
+            if owed:  # the node's storage path took the engine's core for that long during the step
+                unit.busy_s += owed
+                self.push(self.now + owed, self._step_end, unit)
+                return
         now, kvb = self.now, self.kvb
         for e, reqs, chunks in unit.batch:
             gone = False
@@ -252,8 +280,10 @@ class Simulation:
             return
         assert r.de is not None and r.de.decode is not None
         d = r.de.decode
+        if self.kvcpu is not None:
+            self._kv_stall(r.de)
         d.join(self.now, r.rid, r, r.prompt, r.gen - 1)
-        r.t_second = self.now + d.step_s
+        r.t_second = max(self.now, d.t_last) + d.step_s
         self._schedule_de(r.de)
 
     def _schedule_de(self, e: Engine) -> None:
@@ -268,6 +298,8 @@ class Simulation:
         assert d is not None
         if version != d.version:
             return
+        if self.kvcpu is not None:
+            self._kv_stall(e)
         for r in d.pop_finished(self.now):
             self._finish(r)
         self._schedule_de(e)
