@@ -1,0 +1,122 @@
+"""The KV path's CPU taken from a node's engine (dualpath/sim/hostcpu.py): the right engine, by the probed amount."""
+from __future__ import annotations
+
+import pytest
+
+from dualpath.bench.kvcpu import per_byte
+from dualpath.sim.calibrate import MeshRates, predict
+from dualpath.sim.config import SimConfig
+from dualpath.sim.decode import DecodeState
+from dualpath.sim.hostcpu import KvCpu, moved
+from dualpath.sim.resources import Link
+from dualpath.sim.workload import from_turns
+
+pytestmark = pytest.mark.unit
+
+RATES = MeshRates(prefill_tok_s=2000.0, turn_overhead_s=0.05, decode_step_s=0.01, decode_per_seq_s=0.002,
+                  snic_bytes_s=1e6, data_plane_bytes_s=1e9, kv_bytes_per_token=1000.0, block_tokens=16,
+                  prefill_nodes=1, decode_nodes=1, kv_tokens_per_engine=100_000, alpha_tokens=50_000,
+                  beta_tokens=4096)
+C = 1e-7  # s per storage byte: 0.1 s per MB
+
+
+def test_a_link_has_moved_what_it_booked_less_its_backlog():
+    link = Link("l", 1e6)
+    link.reserve(0.0, 2e6)  # busy until t = 2
+    assert moved(link, 0.5) == pytest.approx(0.5e6)
+    assert moved(link, 5.0) == pytest.approx(2e6)
+
+
+def test_take_charges_each_byte_once():
+    r, w = Link("r", 1e6), Link("w", 1e6)
+    kv = KvCpu(C)
+    r.reserve(0.0, 1e6)
+    w.reserve(0.0, 0.5e6)
+    assert kv.take(7, r, w, 10.0) == pytest.approx(C * 1.5e6)
+    assert kv.take(7, r, w, 11.0) == 0.0
+
+
+def test_a_stalled_decode_batch_finishes_later_by_the_stall():
+    from dualpath.sim.calibrate import mesh_model
+
+    d: DecodeState[str] = DecodeState(mesh_model(RATES))
+    d.join(0.0, 1, "a", 100, 10)
+    alone = d.next_finish()
+    d.stall(0.02, 0.3)
+    assert d.next_finish() == pytest.approx(alone + 0.3)
+    assert d.pop_finished(alone + 0.1) == []  # still standing or stepping
+    assert d.pop_finished(alone + 0.3 + 1e-9) == ["a"]
+
+
+def _sim():
+    from dualpath.sim.calibrate import mesh_hardware, mesh_model
+    from dualpath.sim.engine import Simulation
+    from shared.sched.policy import PeThresholds
+
+    cfg = SimConfig(model="mesh", hardware=mesh_hardware(RATES), P=1, D=1, agents=1, mode="dualpath", pull_s=0.005,
+                    quota_s=4.0, chunk_align=16, block_tokens=16, pe_ep_nodes=1, de_ep_nodes=1, model_traffic=0.0,
+                    kv_cpu_s_per_byte=C)
+    return Simulation(cfg, mesh_model(RATES), from_turns([((16, 2),)], 16), thresholds=PeThresholds(50_000, 4096))
+
+
+def test_bytes_the_decode_node_moved_stall_its_running_batch_not_the_prefill_engine():
+    sim = _sim()
+    de, unit = sim.c.des[0], sim.c.units[0]
+    d = de.decode
+    d.join(0.0, 1, "a", 100, 500)
+    alone = d.next_finish()
+    de.node.snic_r.reserve(0.0, 1e6)  # 1 MB read on the decode node's path, through by t = 1
+    sim.now = 1.0
+    sim._kv_stall(de)
+    assert d.next_finish() == pytest.approx(alone + C * 1e6)
+    assert unit.busy_s == 0.0 and sim.heap == []  # the prefill engine pays nothing
+    sim._kv_stall(de)  # nothing moved since: nothing more
+    assert d.next_finish() == pytest.approx(alone + C * 1e6)
+
+
+def test_bytes_the_prefill_node_moved_during_a_forward_stretch_it():
+    sim = _sim()
+    unit, node = sim.c.units[0], sim.c.pe_nodes[0]
+    unit.busy, unit.t_start = True, 0.0
+    sim._kv_owed(unit)  # the step starts: nothing owed yet
+    node.snic_r.reserve(0.0, 0.5e6)
+    node.snic_w.reserve(0.0, 0.25e6)
+    sim.now = 1.0
+    sim._step_end(unit)
+    t, _, fn, arg = sim.heap[0]
+    assert (fn, arg) == (sim._step_end, unit) and t == pytest.approx(1.0 + C * 0.75e6)
+    assert unit.busy and unit.busy_s == pytest.approx(C * 0.75e6)
+    assert sim.c.des[0].decode.version == 0  # the decode engine pays nothing
+
+
+def test_bytes_moved_while_the_engine_idles_cost_nothing():
+    sim = _sim()
+    de = sim.c.des[0]
+    de.node.snic_r.reserve(0.0, 1e6)
+    sim.now = 2.0
+    sim._kv_stall(de)  # no batch runs: the core was free
+    de.decode.join(2.0, 1, "a", 100, 10)
+    alone = de.decode.next_finish()
+    sim._kv_stall(de)
+    assert de.decode.next_finish() == alone
+
+
+def test_the_probed_cost_decides_the_prediction_and_zero_changes_nothing():
+    agents = [[(1600, 20), (16, 20), (16, 20)] for _ in range(3)]
+    shared = MeshRates(**{**vars(RATES), "kv_cpu_s_per_byte": C})
+    base = predict(RATES, agents, ["basic", "dualpath", "oracle"])
+    assert predict(shared, agents, ["basic", "dualpath", "oracle"], shared_cores=False) == base
+    got = predict(shared, agents, ["basic", "dualpath", "oracle"])
+    assert got["oracle"] == base["oracle"]  # the oracle moves no KV
+    assert got["basic"] > base["basic"] and got["dualpath"] > base["dualpath"]
+
+
+def test_the_probe_counts_only_the_kv_runs_cpu_beyond_the_oracles_and_the_idle_mesh():
+    assert per_byte(5.0, 3.0, 1e8) == pytest.approx(2e-8)
+    assert per_byte(5.0, 3.0, 1e8, idle_cpu=0.5, extra_wall_s=2.0) == pytest.approx(1e-8)
+    assert per_byte(3.0, 4.0, 1e8) == 0.0 and per_byte(5.0, 3.0, 0.0) == 0.0
+
+
+def test_config_rejects_a_negative_cost():
+    with pytest.raises(ValueError, match="kv_cpu_s_per_byte"):
+        SimConfig(kv_cpu_s_per_byte=-1.0)
