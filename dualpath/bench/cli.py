@@ -364,30 +364,21 @@ def _capacity(args, url: str, mesh: dict, lo: int, hi: int, extra_pids: tuple[in
     tps = tpot = rates = None
     if not args.no_probe:
         n = min(256, max(64, (mesh.get("max_context") or 512) // 4))
-        rates = replay.probe_rates(url, lo, hi, n_prompt=n, n_gen=8, repeat=3)
+        rates = replay.probe_rates(url, lo, hi, n_prompt=n, n_gen=16, batch=8, repeat=3)
         tps = n / (rates["turn_overhead_s"] + n / rates["prefill_tok_s"])  # a whole fresh prompt's rate
         tpot = rates["decode_step_s"]
     rate = args.snic_gbit * 1e9 / 8 if args.snic_gbit else None
     local = args.up or url.startswith(("http://127.", "http://localhost"))
     if rates is not None and local and args.offline and not args.tool_calls:  # what the prediction needs
-        rates.update(_kv_cpu(url, lo, hi, mesh, extra_pids))
+        from dualpath.bench.kvcpu import probe_mesh
+
+        print("probing the KV path's CPU (oracle, then dualpath-split) ...", file=sys.stderr, flush=True)
+        rates.update(probe_mesh(url, lo, hi, mesh.get("max_context") or 0, extra_pids))
     return Capacity(read_bytes_per_s=rate, prefill_nodes=len(p_nodes) or 1, decode_nodes=len(d_nodes) or 1,
                     prefill_engines=sum(1 for e in engines if e.get("role") == "prefill") or 1,
                     prefill_tps=tps, tpot_s=tpot, write_bytes_per_s=rate,
                     cores=len(os.sched_getaffinity(0)) if local else 0,
                     data_plane_bytes_per_s=_memcpy_rate() if local else None, rates=rates)
-
-
-def _kv_cpu(url: str, lo: int, hi: int, mesh: dict, extra_pids: tuple[int, ...]) -> dict:
-    """The KV path's CPU per storage byte on this host (dualpath/bench/kvcpu.py)."""
-    import httpx
-
-    from dualpath.bench.kvcpu import probe_kv_cpu
-    from dualpath.bench.usage import snapshot
-
-    print("probing the KV path's CPU (oracle, then dualpath-split) ...", file=sys.stderr, flush=True)
-    with httpx.Client() as client:
-        return probe_kv_cpu(url, lo, hi, lambda: snapshot(client, url, extra_pids), mesh.get("max_context") or 0)
 
 
 def _memcpy_rate() -> float:

@@ -24,7 +24,7 @@ import httpx
 import numpy as np
 
 from dualpath.bench.replay import one_turn
-from dualpath.bench.usage import Usage
+from dualpath.bench.usage import Usage, snapshot
 from shared.messages.codes import LoadMode
 
 SETTLE_POLLS = 20  # snapshots 0.25 s apart until the storage counters stand still (persistence is asynchronous)
@@ -100,3 +100,9 @@ def probe_kv_cpu(url: str, lo: int, hi: int, snap: Callable[[], Usage], max_cont
     return {"kv_cpu_s_per_byte": per_byte(kv.cpu_s, oracle.cpu_s, moved, idle_cpu, extra_wall),
             "kv_probe_storage_bytes": moved, "kv_probe_cpu_s": kv.cpu_s, "kv_probe_oracle_cpu_s": oracle.cpu_s,
             "kv_probe_idle_cpu": idle_cpu, "kv_probe_extra_wall_s": extra_wall}
+
+
+def probe_mesh(url: str, lo: int, hi: int, max_context: int = 0, extra_pids: tuple[int, ...] = ()) -> dict:
+    """`probe_kv_cpu` of the mesh at `url`, its processes' CPU read on this host (plus `extra_pids`: NATS)."""
+    with httpx.Client() as client:
+        return probe_kv_cpu(url, lo, hi, lambda: snapshot(client, url, extra_pids), max_context)

@@ -3,12 +3,17 @@
 `dualpath bench` probes the mesh it measures (`MeshRates`): one prefill engine's rate and
 fixed cost per turn (two prompt lengths), one decode engine's step time alone and with
 several sequences, the emulated storage NIC's cap, the data plane's bandwidth, the KV
-bytes a token stores, each engine's KV blocks and the scheduler's alpha / beta. From
-those `predict` builds a cluster of the mesh's shape (one engine per node, as `dualpath
-up` runs them) with no EP lock-step and no model collectives, replays the same turn
-lengths the bench replayed (one agent per bench job, all starting at t=0), and returns
-each mode's JCT. What it cannot know: CPU contention between the mesh's processes (all
-share this machine's cores) and whatever else runs on them.
+bytes a token stores, each engine's KV blocks, the scheduler's alpha / beta, and the KV
+path's CPU per storage byte (dualpath/bench/kvcpu.py: the rate probes run in oracle mode
+and move no KV). From those `predict` builds a cluster of the mesh's shape (one engine per
+node, as `dualpath up` runs them) with no EP lock-step and no model collectives, replays
+the same turn lengths the bench replayed (one agent per bench job, all starting at t=0),
+and returns each mode's JCT. The mesh's processes share this machine's cores, so a node's
+storage path (its gateway's reads and writes, its traffic manager's copies) takes its CPU
+from the node's engine (`SimConfig.kv_cpu_s_per_byte`, dualpath/sim/hostcpu.py), where a
+real cluster has the SNIC's DMA and spare cores for it; `shared_cores=False` predicts
+without that. What it cannot know: the engines' contention with each other and with
+whatever else runs on the machine (the probes time each engine alone).
 """
 from __future__ import annotations
 
