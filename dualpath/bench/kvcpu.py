@@ -97,7 +97,9 @@ def probe_kv_cpu(url: str, lo: int, hi: int, snap: Callable[[], Usage], max_cont
         return {}
     moved = _storage_bytes(kv)
     extra_wall = wall[LoadMode.DUALPATH_SPLIT] - wall[LoadMode.ORACLE]
+    others = oracle.cpu_s - sum(oracle.engine_cpu_s.values())  # the oracle run's CPU outside the engines
     return {"kv_cpu_s_per_byte": per_byte(kv.cpu_s, oracle.cpu_s, moved, idle_cpu, extra_wall),
+            "background_cores": max(0.0, others) / wall[LoadMode.ORACLE],
             "kv_probe_storage_bytes": moved, "kv_probe_cpu_s": kv.cpu_s, "kv_probe_oracle_cpu_s": oracle.cpu_s,
             "kv_probe_idle_cpu": idle_cpu, "kv_probe_extra_wall_s": extra_wall}
 

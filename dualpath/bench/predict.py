@@ -54,7 +54,8 @@ def rates(doc: dict, cap, mesh: dict, settings: list, snic_gbit: float):
         data_plane_bytes_s=data_plane_bytes_s(doc),
         kv_bytes_per_token=bpb / block, block_tokens=block, prefill_nodes=cap.prefill_nodes,
         decode_nodes=cap.decode_nodes, kv_tokens_per_engine=kv_tokens, alpha_tokens=alpha, beta_tokens=beta,
-        kv_cpu_s_per_byte=probe.get("kv_cpu_s_per_byte", 0.0))
+        kv_cpu_s_per_byte=probe.get("kv_cpu_s_per_byte", 0.0),
+        host_cores=cap.cores if "background_cores" in probe else 0, background_cores=probe.get("background_cores", 0.0))
 
 
 def add_predictions(doc: dict, cap, mesh: dict, settings: list, snic_gbit: float,
@@ -79,5 +80,5 @@ def add_predictions(doc: dict, cap, mesh: dict, settings: list, snic_gbit: float
         got = predict(r, turns, [row["mode"]])[row["mode"]]
         row["predicted_jct_s"] = got
         row["measured_over_predicted"] = row["jct_s"] / got if got else None
-        if r.kv_cpu_s_per_byte:  # what the simulator predicts when the KV path has cores of its own
+        if r.kv_cpu_s_per_byte or r.host_cores:  # what the simulator predicts when the KV path has cores of its own
             row["predicted_no_sharing_jct_s"] = predict(r, turns, [row["mode"]], shared_cores=False)[row["mode"]]

@@ -44,6 +44,8 @@ class MeshRates:
     alpha_tokens: int
     beta_tokens: int
     kv_cpu_s_per_byte: float = 0.0  # CPU s the KV path takes from a node's engine per storage byte (0: own cores)
+    host_cores: int = 0  # cores every engine shares (0: each has its own)
+    background_cores: float = 0.0  # of them, what the mesh's other processes keep busy
 
 
 def mesh_hardware(r: MeshRates) -> Hardware:
@@ -85,7 +87,9 @@ def predict(r: MeshRates, trajectories: list[list[tuple[int, int]]], modes: list
                         mode=mode, pull_s=0.005, quota_s=PE_QUOTA_S, chunk_align=16,
                         block_tokens=r.block_tokens, think_s=r.turn_overhead_s * (1 - forward_share),
                         pe_ep_nodes=1, de_ep_nodes=1, model_traffic=0.0,
-                        kv_cpu_s_per_byte=r.kv_cpu_s_per_byte if shared_cores else 0.0)
+                        kv_cpu_s_per_byte=r.kv_cpu_s_per_byte if shared_cores else 0.0,
+                        host_cores=r.host_cores if shared_cores else 0,
+                        background_cores=r.background_cores)
         sim = Simulation(cfg, model, from_turns([tuple(t) for t in trajectories], r.block_tokens),
                          thresholds=PeThresholds(alpha=r.alpha_tokens, beta=r.beta_tokens))
         out[mode] = sim.run().jct_s

@@ -56,6 +56,10 @@ class SimConfig:
     # mesh only: CPU seconds a node's engine loses per byte its storage NIC moves (its storage
     # path shares the engine's cores, dualpath/sim/hostcpu.py); 0 = none, as on a real cluster
     kv_cpu_s_per_byte: float = 0.0
+    # mesh only: every engine on one host of host_cores cores, the mesh's other processes keeping
+    # background_cores of them busy (dualpath/sim/hostcpu.py); 0 = each engine has its own cores
+    host_cores: float = 0.0
+    background_cores: float = 0.0
     # online stop rule (docs/design.md#published-figures): SLO, windows, steady state
     slo_ttft_s: float = 4.0
     slo_tpot_s: float = 0.050
@@ -85,6 +89,8 @@ class SimConfig:
             raise ValueError("pe_ep_nodes, de_ep_nodes and attn_tp must be >= 1")
         if self.model_traffic < 0:
             raise ValueError(f"model_traffic must be >= 0, got {self.model_traffic}")
+        if self.host_cores < 0 or self.background_cores < 0:
+            raise ValueError("host_cores and background_cores must be >= 0")
         if self.kv_cpu_s_per_byte < 0:
             raise ValueError(f"kv_cpu_s_per_byte must be >= 0, got {self.kv_cpu_s_per_byte}")
 

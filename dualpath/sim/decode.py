@@ -27,7 +27,7 @@ EPS = 1e-9
 
 class DecodeState(Generic[R]):
     __slots__ = ("model", "links", "comm", "heap", "steps", "t_last", "step_s", "ctx_base", "capped",
-                 "version", "n", "batch_s")
+                 "version", "n", "batch_s", "slow")
 
     def __init__(self, model: SimModel, links: tuple[Link, ...] = (), traffic: float = 1.0) -> None:
         self.model = model
@@ -42,6 +42,7 @@ class DecodeState(Generic[R]):
         self.capped = 0.0
         self.version = 0
         self.n = 0
+        self.slow = 1.0  # compute stretch: the engine shares its cores (dualpath/sim/hostcpu.py)
 
     def advance(self, now: float) -> None:
         if now < self.t_last:  # stalled (`stall`) until t_last: no progress yet
@@ -90,6 +91,13 @@ class DecodeState(Generic[R]):
             self._retime()
         return out
 
+    def set_slow(self, now: float, slow: float) -> None:
+        """From `now` on, each step's compute takes `slow` times as long (the caller reschedules)."""
+        self.advance(now)
+        if slow != self.slow:
+            self.slow = slow
+            self._retime()
+
     def _retime(self) -> None:
         self.version += 1
         n = self.n
@@ -99,7 +107,7 @@ class DecodeState(Generic[R]):
                 link.set_model(self.t_last, 0.0)
             return
         ctx = self.ctx_base + n * self.steps
-        step = self.model.decode_compute_s(n, ctx, self.capped)
+        step = self.model.decode_compute_s(n, ctx, self.capped) * self.slow
         if self.comm and self.links:
             nbytes = n * self.comm
             now = self.t_last

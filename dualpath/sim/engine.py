@@ -20,7 +20,7 @@ from dualpath.sim.collectives import Layout
 from dualpath.sim.config import SGLANG, SimConfig
 from dualpath.sim.dispatch import SimDispatch
 from dualpath.sim.hardware import load_hardware
-from dualpath.sim.hostcpu import KvCpu
+from dualpath.sim.hostcpu import HostPool, KvCpu
 from dualpath.sim.metrics import SimResult, collect
 from dualpath.sim.models import SimModel, build_model
 from dualpath.sim.online import StopRule
@@ -76,6 +76,7 @@ class Simulation:
         self.bar: Any = None  # a tqdm bar while progress is shown (Any: the compiled build checks types)
         self.pf = SimPrefetch(self, cfg.hints) if cfg.hints != "off" and not self.oracle else None
         self.kvcpu = KvCpu(cfg.kv_cpu_s_per_byte) if cfg.kv_cpu_s_per_byte > 0 and not self.oracle else None
+        self.pool = HostPool(cfg.host_cores, cfg.background_cores) if cfg.host_cores > 0 else None
         self.after_tool: dict[int, bool] = {}  # rid -> the turn followed a tool call
         self.ttft_after_tool: list[tuple[bool, float]] = []  # (its agent hinted, TTFT) of those turns
         self.online = cfg.aps > 0
@@ -217,10 +218,28 @@ class Simulation:
         if dt > 0:
             if self.kvcpu is not None:
                 self._kv_owed(unit)  # what the storage path used while the unit was idle is free
+            if self.pool is not None:
+                dt *= self.pool.slow(self._busy_engines() + len(unit.engines))
             unit.busy = True
             unit.busy_s += dt
             unit.t_start = self.now
             self.push(self.now + dt, self._step_end, unit)
+            if self.pool is not None:
+                self._pool_update()
+
+    def _busy_engines(self) -> int:
+        d = sum(1 for e in self.c.des if e.decode is not None and e.decode.n)
+        return d + sum(len(u.engines) for u in self.c.units if u.busy)
+
+    def _pool_update(self) -> None:
+        """Every running decode batch steps at the speed the host's busy engines leave it."""
+        assert self.pool is not None
+        slow = self.pool.slow(self._busy_engines())
+        for e in self.c.des:
+            d = e.decode
+            if d is not None and d.n and d.slow != slow:
+                d.set_slow(self.now, slow)
+                self._schedule_de(e)
 
     def _kv_owed(self, unit: StepUnit) -> float:
         """CPU seconds the storage paths of the unit's nodes used since the last look (the most of any node)."""
@@ -272,6 +291,8 @@ class Simulation:
         if self.sched.pending():
             self._arm_tick()
         self._kick(unit)
+        if self.pool is not None and not unit.busy:
+            self._pool_update()
 
     def _join(self, r: Req) -> None:
         r.t_join = self.now
@@ -285,6 +306,8 @@ class Simulation:
         d.join(self.now, r.rid, r, r.prompt, r.gen - 1)
         r.t_second = max(self.now, d.t_last) + d.step_s
         self._schedule_de(r.de)
+        if self.pool is not None:
+            self._pool_update()
 
     def _schedule_de(self, e: Engine) -> None:
         d = e.decode
@@ -303,6 +326,8 @@ class Simulation:
         for r in d.pop_finished(self.now):
             self._finish(r)
         self._schedule_de(e)
+        if self.pool is not None:
+            self._pool_update()
 
     def _finish(self, r: Req) -> None:
         now = self.now

@@ -9,6 +9,13 @@ written, `moved`) costs c seconds of that node's engine: a prefill step stretche
 the bytes its node moved while it ran, a running decode batch stands still for c times the
 bytes moved since its last event. Bytes moved while the node's engine is idle cost nothing
 (the cores were free). The probe behind c: dualpath/bench/kvcpu.py.
+
+The engines share the host's cores with each other and with the rest of the mesh too:
+with `SimConfig.host_cores` = H > 0 (every engine on one host) and the rest of the mesh's
+processes keeping `background_cores` = b busy, while E engines compute at once each runs
+at H / (E + b) of its own speed when that is below 1 (`HostPool.slow` is the inverse): a
+prefill step planned then lasts that much longer, a decode batch steps that much slower
+until the count changes.
 """
 from __future__ import annotations
 
@@ -39,3 +46,18 @@ class KvCpu:
         self.mark[nid] = total
         owed = self.c * (total - before)
         return owed if owed > EPS_S else 0.0
+
+
+class HostPool:
+    """The host's cores shared by its busy engines and the rest of the mesh."""
+
+    __slots__ = ("cores", "background")
+
+    def __init__(self, cores: float, background: float = 0.0) -> None:
+        self.cores = cores
+        self.background = background
+
+    def slow(self, busy_engines: int) -> float:
+        """How much longer an engine's compute takes while `busy_engines` compute at once (>= 1)."""
+        want = busy_engines + self.background
+        return want / self.cores if want > self.cores else 1.0
