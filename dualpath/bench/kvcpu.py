@@ -11,8 +11,10 @@ it reads every mesh process's CPU seconds (/proc, `usage.snapshot`) and the stor
 read and written (the gateways' counters) around each, and, over a second before them, what
 the idle mesh uses (heartbeats, polling) per second. The KV path's CPU per byte is the CPU
 the KV run used beyond the oracle run's, less the idle mesh's for the KV run's longer wall
-time, over the storage bytes it moved. CPU seconds, unlike wall time, hardly move with the
-machine's other load.
+time, over the storage bytes it moved. The oracle run also gives what the mesh's processes
+other than its engines (front door, scheduler, bus, gateways, traffic managers) keep busy
+while agents run: their CPU seconds over its wall time, in cores (`background_cores`).
+CPU seconds, unlike wall time, hardly move with the machine's other load.
 """
 from __future__ import annotations
 
@@ -86,10 +88,12 @@ def probe_kv_cpu(url: str, lo: int, hi: int, snap: Callable[[], Usage], max_cont
     idle_cpu = idle.cpu_s / (time.perf_counter() - t0)
     used: dict[str, Usage] = {}
     wall: dict[str, float] = {}
+    busy: dict[str, float] = {}  # the agents' time alone (no settling)
     for i, mode in enumerate((LoadMode.ORACLE, LoadMode.DUALPATH_SPLIT)):
         before = _settled(snap)
         t0 = time.perf_counter()
         _workload(url, lo, hi, mode, agents, turns, first, 64, gen, seed + i)
+        busy[mode] = time.perf_counter() - t0
         used[mode] = _settled(snap).minus(before)
         wall[mode] = time.perf_counter() - t0
     kv, oracle = used[LoadMode.DUALPATH_SPLIT], used[LoadMode.ORACLE]
@@ -97,11 +101,14 @@ def probe_kv_cpu(url: str, lo: int, hi: int, snap: Callable[[], Usage], max_cont
         return {}
     moved = _storage_bytes(kv)
     extra_wall = wall[LoadMode.DUALPATH_SPLIT] - wall[LoadMode.ORACLE]
-    others = oracle.cpu_s - sum(oracle.engine_cpu_s.values())  # the oracle run's CPU outside the engines
+    # the oracle run's CPU outside the engines while its agents ran (the idle mesh's while it settled left out)
+    others = oracle.cpu_s - sum(oracle.engine_cpu_s.values()) \
+        - idle_cpu * (wall[LoadMode.ORACLE] - busy[LoadMode.ORACLE])
     return {"kv_cpu_s_per_byte": per_byte(kv.cpu_s, oracle.cpu_s, moved, idle_cpu, extra_wall),
-            "background_cores": max(0.0, others) / wall[LoadMode.ORACLE],
+            "background_cores": max(0.0, others) / busy[LoadMode.ORACLE],
             "kv_probe_storage_bytes": moved, "kv_probe_cpu_s": kv.cpu_s, "kv_probe_oracle_cpu_s": oracle.cpu_s,
-            "kv_probe_idle_cpu": idle_cpu, "kv_probe_extra_wall_s": extra_wall}
+            "kv_probe_idle_cpu": idle_cpu, "kv_probe_extra_wall_s": extra_wall,
+            "kv_probe_oracle_engine_cpu_s": sum(oracle.engine_cpu_s.values()), "kv_probe_oracle_s": busy[LoadMode.ORACLE]}
 
 
 def probe_mesh(url: str, lo: int, hi: int, max_context: int = 0, extra_pids: tuple[int, ...] = ()) -> dict:

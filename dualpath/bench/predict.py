@@ -4,9 +4,11 @@ Gathers what `dualpath.sim.calibrate` needs from the run (the probed rates, the 
 NIC cap, the data plane's bandwidth, the KV bytes per block the gateways reported, the
 engines' KV blocks, the scheduler's alpha / beta) and the turn lengths each mode
 replayed, runs the simulator once per offline mode, and puts `predicted_jct_s` and
-`measured_over_predicted` on each offline row. With the KV path's CPU probed
-(dualpath/bench/kvcpu.py) the prediction takes it from each node's engine, and the row
-also carries `predicted_no_sharing_jct_s`, the prediction without it. Without a probe (`--no-probe`) or a
+`measured_over_predicted` on each offline row. With the KV path's CPU and the rest of the
+mesh's CPU probed (dualpath/bench/kvcpu.py) the prediction shares this host's cores among
+them and the engines (dualpath/sim/hostcpu.py), and the row also carries
+`predicted_no_sharing_jct_s`, the prediction with every engine and the KV path on cores
+of their own. Without a probe (`--no-probe`) or a
 KV block size there is nothing to predict from, and the rows say so (None).
 """
 from __future__ import annotations
@@ -54,6 +56,7 @@ def rates(doc: dict, cap, mesh: dict, settings: list, snic_gbit: float):
         data_plane_bytes_s=data_plane_bytes_s(doc),
         kv_bytes_per_token=bpb / block, block_tokens=block, prefill_nodes=cap.prefill_nodes,
         decode_nodes=cap.decode_nodes, kv_tokens_per_engine=kv_tokens, alpha_tokens=alpha, beta_tokens=beta,
+        decode_per_ctx_s=probe.get("decode_per_ctx_s", 0.0), decode_probe_ctx=probe.get("decode_probe_ctx", 0),
         kv_cpu_s_per_byte=probe.get("kv_cpu_s_per_byte", 0.0),
         host_cores=cap.cores if "background_cores" in probe else 0, background_cores=probe.get("background_cores", 0.0))
 
@@ -67,7 +70,7 @@ def add_predictions(doc: dict, cap, mesh: dict, settings: list, snic_gbit: float
     if not offline:
         return
     r = rates(doc, cap, mesh, settings, snic_gbit)
-    doc["prediction"] = {"rates": vars(r) if r else None}
+    doc["prediction"] = {"rates": vars(r) if r else None, "probe": dict(getattr(cap, "rates", None) or {})}
     for row in offline:
         row["predicted_jct_s"] = row["measured_over_predicted"] = None
         row["predicted_no_sharing_jct_s"] = None

@@ -188,10 +188,11 @@ def online(url: str, jobs: list[Job], mode: LoadMode, aps: float, seed: int = 0,
 
 
 def probe_rates(url: str, lo: int, hi: int, n_prompt: int = 256, n_gen: int = 16, batch: int = 4,
-                repeat: int = 2) -> dict:
+                repeat: int = 2, long_ctx: int = 0) -> dict:
     """One engine's rates, separated from the fixed costs (best of `repeat` fresh prompts each):
     prefill tokens/s and fixed seconds per turn from TTFT at n_prompt / 4 and n_prompt tokens,
-    decode seconds per step alone and added per further sequence (`batch` streams at once)."""
+    decode seconds per step alone and added per further sequence (`batch` streams at once),
+    and, with `long_ctx`, added per context token (one stream behind a `long_ctx`-token prompt)."""
     async def ttft_tpot(client, n: int, k: int) -> tuple[float, float]:
         best_f, best_d = float("inf"), float("inf")
         for rep in range(repeat):
@@ -211,11 +212,13 @@ def probe_rates(url: str, lo: int, hi: int, n_prompt: int = 256, n_gen: int = 16
             small, step1 = await ttft_tpot(client, max(8, n_prompt // 4), 1)
             big, _ = await ttft_tpot(client, n_prompt, 1)
             _, step_k = await ttft_tpot(client, max(8, n_prompt // 4), batch)
-        n_small = max(8, n_prompt // 4)
+            n_small = max(8, n_prompt // 4)
+            _, step_long = await ttft_tpot(client, long_ctx, 1) if long_ctx > n_small else (0.0, step1)
         per_token = max((big - small) / (n_prompt - n_small), 1e-9)
         return {"prefill_tok_s": 1.0 / per_token, "turn_overhead_s": max(0.0, small - n_small * per_token),
                 "decode_step_s": step1, "decode_per_seq_s": max(0.0, (step_k - step1) / (batch - 1)),
-                "probe_prompt_tokens": n_prompt, "probe_batch": batch}
+                "decode_per_ctx_s": max(0.0, (step_long - step1) / (long_ctx - n_small)) if long_ctx > n_small else 0.0,
+                "decode_probe_ctx": n_small + n_gen // 2, "probe_prompt_tokens": n_prompt, "probe_batch": batch}
     return asyncio.run(go())
 
 

@@ -93,15 +93,18 @@ def _offline(doc: dict, summ: dict) -> list[str]:
     if pr:
         lines += [f"- probed: prefill {pr['prefill_tok_s']:.0f} tok/s + {pr['turn_overhead_s'] * 1e3:.0f} ms a "
                   f"turn; decode step {pr['decode_step_s'] * 1e3:.1f} ms + {pr['decode_per_seq_s'] * 1e3:.1f} ms "
-                  f"per further sequence; KV {pr['kv_bytes_per_token']:.0f} B/token; storage NIC "
+                  f"per further sequence + {pr.get('decode_per_ctx_s', 0.0) * 1e6:.2f} us per context token; "
+                  f"KV {pr['kv_bytes_per_token']:.0f} B/token; storage NIC "
                   f"{(pr['snic_bytes_s'] or 0) / 1e6:.1f} MB/s per node; data plane "
                   f"{pr['data_plane_bytes_s'] / 1e9:.2f} GB/s; alpha {pr['alpha_tokens']}, beta "
                   f"{pr['beta_tokens']} tokens; KV path's CPU {pr.get('kv_cpu_s_per_byte', 0.0) * 1e9:.1f} ns "
-                  "per storage byte, taken from the node's engine (dualpath/sim/hostcpu.py)", ""]
+                  f"per storage byte, taken from the node's engine; {pr.get('host_cores', 0)} cores shared by "
+                  f"the engines, {pr.get('background_cores', 0.0):.2f} of them kept busy by the rest of the mesh "
+                  "(dualpath/sim/hostcpu.py)", ""]
         without = {m: _sp(v.get("measured_over_no_sharing"), "x", 2) for m, v in summ["offline"].items()
                    if (v.get("measured_over_no_sharing") or {}).get("median") is not None}
         if without:
-            lines += ["- measured/predicted with the KV path on cores of its own (no sharing): "
+            lines += ["- measured/predicted without shared cores (the KV path and each engine on cores of its own): "
                       + "; ".join(f"{m} {s}" for m, s in without.items()), ""]
     names = {"speedup": "speed-up (basic JCT / its JCT)", "bound_ratio": "ratio of the bounds (basic / its)",
              "of_bound_ratio": "speed-up / bound ratio", "jct_ratio": "JCT / oracle JCT"}

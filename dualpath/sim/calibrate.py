@@ -44,6 +44,8 @@ class MeshRates:
     alpha_tokens: int
     beta_tokens: int
     kv_cpu_s_per_byte: float = 0.0  # CPU s the KV path takes from a node's engine per storage byte (0: own cores)
+    decode_per_ctx_s: float = 0.0  # a decode step's added seconds per context token of its batch
+    decode_probe_ctx: int = 0  # context tokens of the sequences the decode step was probed with
     host_cores: int = 0  # cores every engine shares (0: each has its own)
     background_cores: float = 0.0  # of them, what the mesh's other processes keep busy
 
@@ -57,15 +59,18 @@ def mesh_hardware(r: MeshRates) -> Hardware:
 def mesh_model(r: MeshRates, overhead_in_forward: float = 1.0) -> SimModel:
     """The mesh's engines as a SimModel: a prefill forward costs `overhead_in_forward` of the
     turn's fixed cost plus its tokens at the probed rate (the quota's attention model carries
-    both, so batching shares the fixed part); a decode step a + b * (batch - 1)."""
+    both, so batching shares the fixed part); a decode step a + b * (batch - 1) at the probe's
+    context, plus c per context token beyond it (a, b and c as probed)."""
     kvb = max(1, round(r.kv_bytes_per_token))
+    ctx_s = r.decode_per_ctx_s * r.decode_probe_ctx  # the probed steps' own share of per-context cost
+    per_seq = max(0.0, r.decode_per_seq_s - ctx_s)
     att = AttentionModel(per_token=1.0 / r.prefill_tok_s, per_batch=r.turn_overhead_s * overhead_in_forward)
     return SimModel(
         name="mesh", kv_bytes=kvb, kv_main_bytes=kvb, kv_index_bytes=0, topk=0, moe=False,
         linear_s_per_token=0.0, pooled_fraction=0.0, attention=att,
         prefill_comm_bytes=0.0, weight_bytes=0.0, hbm_bytes=0.0, capacity_tokens=r.kv_tokens_per_engine,
-        d_overhead_s=r.decode_step_s - r.decode_per_seq_s, d_gemm_s_per_token=r.decode_per_seq_s, d_weights_s=0.0,
-        d_att_s_per_capped=0.0, d_att_s_per_ctx=0.0, d_kv_s_per_capped=0.0, d_kv_s_per_ctx=0.0,
+        d_overhead_s=r.decode_step_s - per_seq - ctx_s, d_gemm_s_per_token=per_seq, d_weights_s=0.0,
+        d_att_s_per_capped=0.0, d_att_s_per_ctx=r.decode_per_ctx_s, d_kv_s_per_capped=0.0, d_kv_s_per_ctx=0.0,
         decode_comm_bytes=0.0, comm_latency_s=0.0)
 
 

@@ -120,3 +120,31 @@ def test_the_probe_counts_only_the_kv_runs_cpu_beyond_the_oracles_and_the_idle_m
 def test_config_rejects_a_negative_cost():
     with pytest.raises(ValueError, match="kv_cpu_s_per_byte"):
         SimConfig(kv_cpu_s_per_byte=-1.0)
+
+
+def test_the_host_pool_slows_engines_only_when_they_and_the_rest_want_more_than_its_cores():
+    from dualpath.sim.hostcpu import HostPool
+
+    pool = HostPool(2.0, 0.5)
+    assert pool.slow(1) == 1.0
+    assert pool.slow(2) == pytest.approx(1.25)
+    assert HostPool(2.0).slow(2) == 1.0  # two engines on two cores and nothing else: no contention
+
+
+def test_a_decode_batch_steps_slower_while_the_prefill_engine_computes_beside_it():
+    cfg_rates = MeshRates(**{**vars(RATES), "host_cores": 2, "background_cores": 0.5})
+    agents = [[(16, 400)], [(1600, 4), (1600, 4), (1600, 4)]]  # one decodes while the other prefills
+    alone = predict(RATES, agents, ["oracle"])["oracle"]
+    shared = predict(cfg_rates, agents, ["oracle"])["oracle"]
+    assert predict(cfg_rates, agents, ["oracle"], shared_cores=False)["oracle"] == alone
+    assert shared > alone
+
+
+def test_set_slow_stretches_the_remaining_steps():
+    from dualpath.sim.calibrate import mesh_model
+
+    d: DecodeState[str] = DecodeState(mesh_model(RATES))
+    d.join(0.0, 1, "a", 100, 100)  # 100 steps of 10 ms
+    assert d.next_finish() == pytest.approx(1.0)
+    d.set_slow(0.5, 2.0)  # half done: the other half at twice the time
+    assert d.next_finish() == pytest.approx(1.5)
