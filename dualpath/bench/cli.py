@@ -364,7 +364,7 @@ def _capacity(args, url: str, mesh: dict, lo: int, hi: int, extra_pids: tuple[in
     tps = tpot = rates = None
     if not args.no_probe:
         n = min(256, max(64, (mesh.get("max_context") or 512) // 4))
-        rates = replay.probe_rates(url, lo, hi, n_prompt=n, n_gen=16, batch=8, repeat=3,
+        rates = replay.probe_rates(url, lo, hi, n_prompt=n, n_gen=16, batch=8, repeat=5,
                                    long_ctx=min(1024, (mesh.get("max_context") or 2048) // 2))
         tps = n / (rates["turn_overhead_s"] + n / rates["prefill_tok_s"])  # a whole fresh prompt's rate
         tpot = rates["decode_step_s"]

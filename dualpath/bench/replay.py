@@ -209,6 +209,7 @@ def probe_rates(url: str, lo: int, hi: int, n_prompt: int = 256, n_gen: int = 16
 
     async def go() -> dict:
         async with httpx.AsyncClient(timeout=120) as client:
+            await ttft_tpot(client, n_prompt, batch)  # warm-up, discarded: a fresh mesh's first turns run slow
             small, step1 = await ttft_tpot(client, max(8, n_prompt // 4), 1)
             big, _ = await ttft_tpot(client, n_prompt, 1)
             _, step_k = await ttft_tpot(client, max(8, n_prompt // 4), batch)

@@ -57,3 +57,14 @@ def test_without_a_probe_there_is_no_prediction():
     cap.rates = None
     add_predictions(doc, cap, {}, [], 0.0, {"basic": [[(10, 2)]]})
     assert doc["runs"][0]["predicted_jct_s"] is None
+
+
+def test_a_decode_step_costs_what_the_probe_saw_and_more_behind_a_longer_context():
+    from dualpath.sim.calibrate import mesh_model
+
+    r = MeshRates(**{**vars(RATES), "decode_per_ctx_s": 1e-5, "decode_probe_ctx": 100})
+    m = mesh_model(r)
+    assert m.decode_compute_s(1, 100, 0) == pytest.approx(r.decode_step_s)  # as probed: one stream at its context
+    assert m.decode_compute_s(1, 1100, 0) == pytest.approx(r.decode_step_s + 1000 * 1e-5)
+    assert m.decode_compute_s(4, 400, 0) == pytest.approx(r.decode_step_s + 3 * r.decode_per_seq_s)
+    assert mesh_model(RATES).decode_compute_s(4, 4000, 0) == pytest.approx(0.01 + 3 * 0.002)  # none probed: none
