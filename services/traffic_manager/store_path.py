@@ -68,10 +68,10 @@ class StorePath:
                             timeout=p.queues.deadline(msg.node, nbytes))
                 except BusError as exc:
                     done = ReadDone(error=exc.reason)
+                if p.cfg.fault_flip_de_bytes and done.blocks:  # while the slots are still this request's
+                    flip_layer_signs(pool.buffer.buf, slots[msg.first], msg.layout)
+                    span.set_attribute("fault_injected", "flip_de_bytes")
             span.set_attributes({"blocks_ok": done.blocks, "bytes": done.bytes})
-            if p.cfg.fault_flip_de_bytes and done.blocks:
-                flip_layer_signs(pool.buffer.buf, slots[msg.first], msg.layout)
-                span.set_attribute("fault_injected", "flip_de_bytes")
             pool.note_free()
             grant = p.given.give(msg.req_id, slots, bn) if msg.req_id not in pool.cancelled else b""
             await d.respond(Staged(slots=slots, blocks=done.blocks, error=done.error, grant=grant))

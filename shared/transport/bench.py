@@ -6,7 +6,8 @@ raw loopback socket, shm backend vs an in-process memcpy, medians of interleaved
 (bench_throughput.py); then, per backend (tcp, shm), the latency-class pull time of one
 layer block and of one layer of a batch of hit blocks, idle vs under saturating bulk,
 with each TM in its own process (bench_isolation.py), and bulk throughput alone vs
-beside latency work. Runs on uvloop, like the services. Load averages are printed with
+beside latency work; with `--floor`, the same pulls with no transport code beside a bulk
+stream (bench_floor.py): the host's own floor for the latency class under bulk. Runs on uvloop, like the services. Load averages are printed with
 the figures: on a shared machine, compare ratios, and rerun on a quiet one.
 """
 
@@ -24,7 +25,8 @@ BLOCK = 96 << 10
 
 
 def figures(mib: int = 64, block: int = BLOCK, layer_blocks: int = 16, samples: int = 150, rounds: int = 3,
-            backends: tuple[str, ...] = ("tcp", "shm"), with_throughput: bool = True, tp_rounds: int = 5) -> dict:
+            backends: tuple[str, ...] = ("tcp", "shm"), with_throughput: bool = True, tp_rounds: int = 5,
+            floor: bool = False) -> dict:
     """Every figure of this bench as one JSON-able dict (`dualpath bench --data-plane` reports it)."""
     import uvloop
 
@@ -44,6 +46,14 @@ def figures(mib: int = 64, block: int = BLOCK, layer_blocks: int = 16, samples: 
             "one_block_s": vars(r.single), "one_layer_s": vars(r.layer),
             "bulk_alone_gb_s": r.bulk_alone, "bulk_beside_latency_gb_s": r.bulk_busy,
             "lines": report(r, block, layer_blocks) + [load]}
+    if floor:
+        from .bench_floor import floor_lines, floors
+
+        print(f"host floor: {rounds} idle/busy rounds ...", file=sys.stderr, flush=True)
+        load0 = loadavg()
+        f = floors({"one block": block, f"layer of {layer_blocks}": block * layer_blocks}, samples, rounds)
+        out["floor"] = {"figures": {k: {n: vars(v) for n, v in rows.items()} for k, rows in f.items()},
+                        "lines": floor_lines(f) + [f"  (load average {_load(load0)} before, {_load(loadavg())} after)"]}
     return out
 
 
@@ -55,7 +65,7 @@ def lines(fig: dict) -> list[str]:
     out = throughput_lines(fig["throughput"]) if "throughput" in fig else []
     for iso in fig["isolation"].values():
         out += iso["lines"]
-    return out
+    return out + (fig["floor"]["lines"] if "floor" in fig else [])
 
 
 def main() -> None:
@@ -70,10 +80,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="isolation: idle/busy rounds; figures are medians")
     ap.add_argument("--tp-rounds", type=int, default=5, help="throughput: rounds of every variant; figures are medians")
     ap.add_argument("--no-throughput", action="store_true", help="skip the throughput figures")
+    ap.add_argument("--floor", action="store_true", help="also time the pulls with no transport code beside bulk")
     args = ap.parse_args()
     np.random.seed(0)
     fig = figures(args.mib, args.block_kib << 10, args.layer_blocks, args.samples, args.rounds,
-                  tuple(args.backends.split(",")), not args.no_throughput, args.tp_rounds)
+                  tuple(args.backends.split(",")), not args.no_throughput, args.tp_rounds, args.floor)
     print("\n".join(lines(fig)))
 
 

@@ -147,6 +147,13 @@ def test_bytes_flipped_after_the_checksum_are_detected(faulty_mesh, reference):
     # the same mesh's basic mode (PE path) is untouched by the DE-side fault (a fresh prompt: the
     # wrong KV above also made the prompt's computed blocks wrong, and those were persisted)
     clean = _turn1(faulty_mesh, reference, "fault-basic")
-    assert_exact(ask(faulty_mesh.url, clean, 16, dualpath_mode="basic"), reference, clean,
-                 what="fault mesh, basic")
+    probe = Probe(faulty_mesh.url)
+    before = probe.snap()
+    got = ask(faulty_mesh.url, clean, 16, dualpath_mode="basic")
+    after = probe.snap()
+    pe = probe.delta(before, after, ("gateway", "p0"), READ)
+    de = probe.delta(before, after, ("gateway", "d1"), READ)
+    print(f"EXACTNESS fault mesh, basic: bytes read by the PE gateway {pe}, by the DE gateway {de}")
+    assert pe > 0 and de == 0, "basic mode read on the DE side"  # the faulty side must not be on this path
+    assert_exact(got, reference, clean, what="fault mesh, basic")
 

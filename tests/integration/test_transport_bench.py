@@ -27,3 +27,17 @@ def test_figures_cover_throughput_and_isolation():
     text = "\n".join(lines(fig))
     assert "tcp/raw time ratio" in text and "latency class over shm" in text
     assert "scattered  shm backend" in text and "load average" in text and "CPU of this process" in text
+
+
+def test_the_host_floor_times_both_pulls_idle_and_beside_bulk_and_stops_its_processes():
+    import multiprocessing as mp
+
+    fig = figures(mib=4, samples=6, rounds=1, backends=(), with_throughput=False, floor=True)
+    f = fig["floor"]["figures"]
+    assert set(f) == {"memcpy", "socket"}
+    for rows in f.values():
+        assert set(rows) == {"one block", "layer of 16"}
+        assert all(v["idle"] > 0 and v["busy"] > 0 for v in rows.values())
+    text = "\n".join(lines(fig))
+    assert "host floor" in text and "beside bulk" in text
+    assert not mp.active_children()  # the pull server and the bulk pair are gone
