@@ -373,7 +373,7 @@ def _capacity(args, url: str, mesh: dict, lo: int, hi: int, extra_pids: tuple[in
     if rates is not None and local and args.offline and not args.tool_calls:  # what the prediction needs
         from dualpath.bench.kvcpu import probe_mesh
 
-        print("probing the KV path's CPU (oracle, then dualpath-split) ...", file=sys.stderr, flush=True)
+        print("probing the KV path's CPU (without KV, then with KV on both paths) ...", file=sys.stderr, flush=True)
         rates.update(probe_mesh(url, lo, hi, mesh.get("max_context") or 0, extra_pids))
     return Capacity(read_bytes_per_s=rate, prefill_nodes=len(p_nodes) or 1, decode_nodes=len(d_nodes) or 1,
                     prefill_engines=sum(1 for e in engines if e.get("role") == "prefill") or 1,
