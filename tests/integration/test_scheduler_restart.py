@@ -39,8 +39,16 @@ def test_restarted_scheduler_frees_what_its_predecessor_left_running(tmp_path):
             busy = lambda a: any(e.role == "decode" and e.seq > 0 for e in a.engines.values())  # noqa: E731
             assert ann.wait_for(busy, 10)
             sched = mesh.find("scheduler")[0]
-            mesh.kill(sched, signal.SIGKILL)  # the decode engine keeps generating for nobody
-            mesh.restart(sched)
+            de_proc = mesh.find("decode-")[0]
+            # the decode engine holds still while no scheduler runs, so the orphan cannot reach its end
+            # however long the restart takes on a loaded machine; then it keeps generating for nobody
+            de_proc.popen.send_signal(signal.SIGSTOP)
+            try:
+                mesh.kill(sched, signal.SIGKILL)
+                mesh.restart(sched)
+                assert _answers(mesh.url), "the restarted scheduler never answered HTTP"
+            finally:
+                de_proc.popen.send_signal(signal.SIGCONT)
             t.join(40)
             # the new scheduler reads the journal and cancels the orphan: both engines free everything
             assert ann.wait_for(idle, 30), {e: (a.seq, a.free_blocks) for e, a in ann.engines.items()}
@@ -55,3 +63,14 @@ def test_restarted_scheduler_frees_what_its_predecessor_left_running(tmp_path):
         assert "left unfinished by a previous scheduler" in log
     finally:
         mesh.stop()
+
+
+def _answers(url: str, tries: int = 600) -> bool:
+    """The scheduler's HTTP front answers at all (any status: a decode engine may be held still)."""
+    for _ in range(tries):
+        try:
+            httpx.get(url + "/health", timeout=1)
+            return True
+        except httpx.HTTPError:
+            threading.Event().wait(0.1)  # the process is still starting: poll again
+    return False
