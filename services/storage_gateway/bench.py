@@ -2,35 +2,30 @@
 
     python -m services.storage_gateway.bench [--dir PATH] [--mib 256] [--threads 4] [--rounds 5]
 
-Writes ``--mib`` of Full Blocks (a Llama-8B-like layout: 32 layers x 8 KV heads x
-128 dims, bf16, 64 tokens = 8 MiB per block) through a ``DirectoryStore``, and one
-raw file that is those block files concatenated byte for byte. Every figure counts
-the file bytes read (header included), so both sides move the same bytes. Rounds
-interleave the measurements (each round times every line once) so both sides see the
-same machine load; a figure is the best round, the median in brackets, and a ratio also
-the median of its per-round ratios (the two sides of one round saw the same load).
+Writes ``--mib`` of Full Blocks (Llama-8B-like: 32 layers x 8 KV heads x 128 dims, bf16,
+64 tokens = 8 MiB a block) through a ``DirectoryStore``, and one raw file of those block
+files concatenated. Every figure counts the file bytes read (header included). Rounds
+interleave the lines (each round times every line once); a figure is the best round, the
+median in brackets, a ratio also the median of its per-round ratios (same load).
 
-Every buffer the gateway (and the plain ``preadv``) reads into is a page-aligned
-shared-memory region, as in the mesh, where it reads into its traffic manager's
-``ShmRegion``. Alignment matters more than anything else here: on this machine's AMD
-cores the kernel's page-cache copy into a destination 16 bytes off a page boundary
-(where ``malloc`` puts a big numpy array) runs at about a third of its speed into an
-aligned one, so an unaligned buffer would measure the allocator, not the gateway.
+Every buffer read into is page-aligned shared memory, as the traffic manager's
+``ShmRegion`` in the mesh: on AMD cores the kernel's page-cache copy into a destination
+16 bytes off a page boundary (where ``malloc`` puts a big numpy array) runs at a third
+of its aligned speed, so an unaligned buffer would measure the allocator.
 
-- warm, reused buffer: ``dd bs=4M`` reads into one buffer it reuses; the gateway
-  reads one block per request into one reused 8 MiB slot: the same job (page cache
-  into a buffer that stays in CPU cache), plus header checks and checksums (dd checks
-  nothing). This is the like-for-like ratio. As the service runs (``inline_read_mib``),
-  such a warm one-block read is copied by the event loop itself; the line after it hands
-  every read to a read thread (two wake-ups a request).
+- warm, reused buffer: ``dd bs=4M`` reads into one buffer it reuses; the gateway reads one
+  block per request into one reused 8 MiB slot: the same job plus header checks and
+  checksums (dd checks nothing), the like-for-like ratio. As the service runs, the event
+  loop copies such a read itself and a hash thread checksums each chunk while the next is
+  read (``hash_lanes.py``); the next lines hash on the reading thread, and hand every read
+  to a read thread (two wake-ups a request).
 - warm, one request into a ``--mib`` buffer: the real use (distinct slots of a
   traffic manager's buffer), spread over free I/O threads. A buffer that big does not
   fit in CPU caches: one core's kernel copy into it runs far below ``dd``'s figure, so
   it is shown next to its own ceilings: a plain ``preadv`` of the same files into the
   same buffer on one thread (no checks) and ``memcpy`` into it.
-- CPU: the warm lines are billed in CPU per GB too (this process and its children:
-  dd), which a loaded machine moves far less than wall time: the gateway's CPU per
-  byte beside dd's is the like-for-like cost of its checks and hops.
+- CPU: the warm lines billed in CPU per GB too (this process and its children: dd),
+  which load moves far less than wall time: the cost of the checks and hops.
 - cold: the files about to be read dropped from the page cache first (fsync +
   posix_fadvise(DONTNEED), which works for clean pages without root), then dd and
   the gateway as above; plus dd with ``iflag=direct`` (no page cache at all) where
@@ -58,6 +53,7 @@ import numpy as np
 
 from services.storage_gateway.config import StorageGatewayConfig
 from services.storage_gateway.engine import GatewayCore
+from services.storage_gateway.hash_lanes import HashLanes, shared_lanes
 from services.storage_gateway.store import DirectoryStore
 from shared.kv.full_block import HEADER_SIZE
 from shared.kv.hashing import ModelFingerprint, block_hashes
@@ -125,12 +121,8 @@ def _plain_read(files: list[str], buf: np.ndarray) -> float:
 
     def read() -> None:
         for i, path in enumerate(files):
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                slot = view[i * LAYOUT.payload_bytes : (i + 1) * LAYOUT.payload_bytes]
-                os.preadv(fd, [header, slot], 0)
-            finally:
-                os.close(fd)
+            with open(path, "rb", buffering=0) as f:
+                os.preadv(f.fileno(), [header, view[i * LAYOUT.payload_bytes : (i + 1) * LAYOUT.payload_bytes]], 0)
 
     return _timed(read, len(files) * FILE_BYTES)
 
@@ -200,6 +192,14 @@ class Figures:
         return f"{x / y:.2f}x [{med:.2f}x]{paired}"
 
 
+def _hashing(store: DirectoryStore, lanes: HashLanes | None, fn: Callable[[], float]) -> float:
+    store.reader.lanes = lanes  # hashed beside the read, or (None) on the reading thread
+    try:
+        return fn()
+    finally:
+        store.reader.lanes = shared_lanes()
+
+
 def measure(root: Path, mib: int, threads: int, rounds: int) -> tuple[Figures, int]:
     n_blocks = max(1, mib * 2**20 // LAYOUT.payload_bytes)
     store, keys, raw = _setup(root, n_blocks)
@@ -216,6 +216,7 @@ def measure(root: Path, mib: int, threads: int, rounds: int) -> tuple[Figures, i
     off = next(i for i in range(64) if (heap.ctypes.data + i) % 64 == 16)
     unaligned = heap[off : off + big.nbytes]
     figs = Figures()
+    lanes = store.reader.lanes  # hashing beside the read (hash_lanes.py), as the service runs
 
     try:
         for r in range(rounds):
@@ -223,10 +224,12 @@ def measure(root: Path, mib: int, threads: int, rounds: int) -> tuple[Figures, i
             _plain_read(files, big)
             nbytes = n_blocks * FILE_BYTES
             figs.bill("warm  dd bs=4M", lambda: _dd(raw), nbytes)
-            one_block = [("warm  gateway, 1 block/request, reused slot", core),
-                         ("warm  same, every read on a thread", threaded)]
-            for name, c in one_block[:: 1 if r % 2 == 0 else -1]:  # each goes first every other round
-                figs.bill(name, lambda c=c: _gateway(c, keys, slot, 1), nbytes)
+            one_block = [("warm  gateway, 1 block/request, reused slot", core, lanes),
+                         ("warm  same, hashed on the reading thread", core, None),
+                         ("warm  same, every read on a thread", threaded, lanes)]
+            for name, c, how in one_block[:: 1 if r % 2 == 0 else -1]:  # each goes first every other round
+                figs.bill(name, lambda c=c, how=how: _hashing(store, how, lambda: _gateway(c, keys, slot, 1)),
+                          nbytes)
             figs.bill("warm  gateway, 1 request, big buffer", lambda: _gateway(core, keys, big, n_blocks), nbytes)
             figs.bill("warm  plain preadv into big buffer, 1 thread", lambda: _plain_read(files, big), nbytes)
             figs.add("warm  preadv into big buffer +16 B, 1 thread", _plain_read(files, unaligned))
@@ -255,6 +258,8 @@ def report(figs: Figures, n_blocks: int, threads: int, rounds: int, where: Path)
         "ratios (best [median]):",
         "  warm, reused buffer (like for like): gateway / dd "
         + figs.ratio("warm  gateway, 1 block/request, reused slot", "warm  dd bs=4M"),
+        "  warm, reused buffer, hashed on the reading thread: gateway / dd "
+        + figs.ratio("warm  same, hashed on the reading thread", "warm  dd bs=4M"),
         "  warm, reused buffer, every read on a thread: gateway / dd "
         + figs.ratio("warm  same, every read on a thread", "warm  dd bs=4M"),
         "  warm, big buffer: gateway / dd "

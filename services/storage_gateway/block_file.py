@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from services.storage_gateway import fileio
+from services.storage_gateway.hash_lanes import HashLanes
 from services.storage_gateway.scan import TEMP_SUFFIX
 from shared.kv.full_block import (
     HEADER_SIZE,
@@ -41,6 +42,9 @@ from shared.kv.layout import KVLayout
 # the copy and the hash (cold: 1.6x faster at 256 KiB than at 2 MiB).
 READ_CHUNK = 2 * 2**20
 COLD_CHUNK = 256 * 1024
+# Hashed beside the read (hash_lanes.py), a block's last chunks shrink to this: the hash
+# that cannot overlap a read is the last chunk's (~8 us at 256 KiB, ~65 us at 2 MiB).
+TAIL_CHUNK = 256 * 1024
 
 
 def write_file(path: str, key: bytes, fingerprint: bytes, layout: KVLayout, payload: memoryview,
@@ -84,9 +88,10 @@ class OpenBlock:
 class BlockReader:
     """Verified reads of one model's block files; remembers a file system without RWF_NOWAIT."""
 
-    def __init__(self, fingerprint: bytes, layout: KVLayout):
+    def __init__(self, fingerprint: bytes, layout: KVLayout, lanes: HashLanes | None = None):
         self.fingerprint = fingerprint
         self.layout = layout
+        self.lanes = lanes  # hash beside the read (None: hash on the reading thread)
         self.file_bytes = HEADER_SIZE + layout.payload_bytes
         self.nowait_reads = True  # until the file system refuses RWF_NOWAIT
 
@@ -107,18 +112,31 @@ class BlockReader:
         hdr = decode_header(header, expected_key=key, expected_fingerprint=self.fingerprint,
                             expected_layout=self.layout)
         hasher = payload_hasher()
-        hasher.update(dest[:off])
+        if self.lanes is None or len(dest) <= READ_CHUNK:
+            self._fill(fd, dest, off, cached_only, hasher.update, taper=False)
+        else:  # hashed on another core, chunk by chunk, while the next chunk is read
+            with self.lanes.lease() as lane:
+                self._fill(fd, dest, off, cached_only, lambda view: lane.feed(hasher, view), taper=True)
+        check_checksum(hdr, hasher.intdigest())
+
+    def _fill(self, fd: int, dest: memoryview, off: int, cached_only: bool,
+              feed: Callable[[memoryview], object], taper: bool) -> None:
+        """``dest[off:]`` from the payload at ``off``, each landed piece (and ``dest[:off]``
+        first) passed to ``feed`` in payload order. ``taper``: the last chunks halve (down to
+        ``TAIL_CHUNK``), so the hash left to wait for after the last read is a small one."""
+        feed(dest[:off])
         while off < len(dest):
-            part = dest[off : off + READ_CHUNK]
+            left = len(dest) - off
+            size = READ_CHUNK if not taper or left > 2 * READ_CHUNK else max(TAIL_CHUNK, left // 2)
+            part = dest[off : off + size]
             got = self._pread_cached(fd, part, HEADER_SIZE + off)
             if got == 0:  # not cached (or no such read here): wait for the disk
                 if cached_only:
                     raise NotCached
                 part = dest[off : off + COLD_CHUNK]
                 got = pread(fd, [part], HEADER_SIZE + off)
-            hasher.update(part[:got])
+            feed(part[:got])
             off += got
-        check_checksum(hdr, hasher.intdigest())
 
     def open_fd(self, fd: int, st: os.stat_result, key: bytes) -> OpenBlock:
         """Check the size and header of an open block file; its payload is read in parts next."""

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from services.storage_gateway.hash_lanes import shared_lanes
 from services.storage_gateway.block_file import BlockReader, bytes_view, file_mtime, unlink_quiet, write_file
 from services.storage_gateway.lru import LruIndex
 from services.storage_gateway.retention import Level, Retention
@@ -76,7 +77,7 @@ class DirectoryStore(StoreReads):
         self._reserved = 0  # bytes of writes in flight (counted against capacity)
         self._counters = StoreCounters()
         self._made_dirs: set[str] = set()
-        self._reader = BlockReader(fingerprint, layout)
+        self._reader = BlockReader(fingerprint, layout, shared_lanes())
         os.makedirs(self.dir, exist_ok=True)
         self._scan(stale_temp_s)
         with self._lock:

@@ -26,6 +26,7 @@ def test_a_small_run_reports_every_line_and_ratio(tmp_path: Path) -> None:
     assert {n for n in figs.samples if "O_DIRECT" not in n} >= {
         "warm  dd bs=4M",
         "warm  gateway, 1 block/request, reused slot",
+        "warm  same, hashed on the reading thread",
         "warm  same, every read on a thread",
         "warm  gateway, 1 request, big buffer",
         "cold  dd bs=4M",
@@ -33,12 +34,12 @@ def test_a_small_run_reports_every_line_and_ratio(tmp_path: Path) -> None:
     }
     text = bench.report(figs, n_blocks, 2, 2, tmp_path)
     ratios = re.findall(r"gateway / (?:dd|plain preadv) (\d+\.\d+)x \[(\d+\.\d+)x\]", text)
-    assert len(ratios) == 5 and all(float(b) > 0 and float(m) > 0 for b, m in ratios)
+    assert len(ratios) == 6 and all(float(b) > 0 and float(m) > 0 for b, m in ratios)
     assert set(figs.cpu) == {"warm  dd bs=4M", "warm  gateway, 1 block/request, reused slot",
-                             "warm  same, every read on a thread",
+                             "warm  same, hashed on the reading thread", "warm  same, every read on a thread",
                              "warm  gateway, 1 request, big buffer", "warm  plain preadv into big buffer, 1 thread"}
     assert all(len(v) == 2 and min(v) >= 0 for v in figs.cpu.values())
-    assert len(re.findall(r"CPU ms/GB \((\d+\.\d+)x dd's\)", text)) == 5
+    assert len(re.findall(r"CPU ms/GB \((\d+\.\d+)x dd's\)", text)) == 6
 
 
 def test_a_bad_count_is_refused_naming_it(capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from services.storage_gateway import block_file, fileio
 from services.storage_gateway.errors import BlockCorrupt, BlockMissing
+from services.storage_gateway.hash_lanes import HashLanes
 from services.storage_gateway.store import DirectoryStore, WriteOutcome
 from shared.kv.full_block import HEADER_SIZE, SizeMismatch
 from shared.kv.hashing import ModelFingerprint
@@ -112,21 +113,26 @@ def test_corrupt_block_is_deleted_counted_and_then_missing(
     store.check_integrity()
 
 
+@pytest.mark.parametrize("hashing", ["beside", "inline"])
 @pytest.mark.parametrize("cached", [True, False], ids=["cached", "from-disk"])
-@pytest.mark.parametrize("at", [0, 64 * 1024 - 1, 64 * 1024, 160 * 1024 + 7, -3],
-                         ids=["first", "first-end", "chunk-start", "mid-chunk", "last"])
+@pytest.mark.parametrize("at", [0, 64 * 1024 - 1, 64 * 1024, 160 * 1024 + 7, 500 * 1024, -3],
+                         ids=["first", "first-end", "chunk-start", "mid-chunk", "tail", "last"])
 def test_large_blocks_are_verified_chunk_by_chunk(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at: int, cached: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at: int, cached: bool, hashing: str
 ) -> None:
     # 512 KiB payload: a 64 KiB first chunk, then 96 KiB chunks (cached bytes) or
-    # 64 KiB ones (bytes the page cache does not hold), the last one short
+    # 64 KiB ones (bytes the page cache does not hold), the last one short; hashed on a
+    # hash lane while the next chunk is read (the last ones tapering to 16 KiB) or inline
     monkeypatch.setattr(block_file, "COLD_CHUNK", 64 * 1024)
     monkeypatch.setattr(block_file, "READ_CHUNK", 96 * 1024)
+    monkeypatch.setattr(block_file, "TAIL_CHUNK", 16 * 1024)
     if not cached:
         monkeypatch.setattr(fileio, "pread_cached", lambda *_: 0)
     big = KVLayout(n_layers=8, n_kv_heads=4, head_dim=64, dtype="float16", block_size=64)
     fp = ModelFingerprint.from_layout("big", big).digest()
     store = DirectoryStore(tmp_path, fp, big)
+    lanes = HashLanes("test-hash")
+    store.reader.lanes = lanes if hashing == "beside" else None
     key = make_keys(1)[0]
     payload = np.random.default_rng(1).integers(0, 256, big.payload_bytes, dtype=np.uint8)
     store.write(key, memoryview(payload))
@@ -137,6 +143,8 @@ def test_large_blocks_are_verified_chunk_by_chunk(
     with pytest.raises(BlockCorrupt, match="payload checksum"):
         store.read_into(key, memoryview(out))
     assert not os.path.exists(store.path_for(key))
+    assert lanes.threads == (1 if hashing == "beside" else 0)  # one read at a time: one lane
+    lanes.close()
 
 
 def test_partly_cached_blocks_read_the_rest_from_disk(
