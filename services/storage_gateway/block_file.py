@@ -113,18 +113,26 @@ class BlockReader:
                             expected_layout=self.layout)
         hasher = payload_hasher()
         if self.lanes is None or len(dest) <= READ_CHUNK:
-            self._fill(fd, dest, off, cached_only, hasher.update, taper=False)
+            self._fill(fd, dest, off, cached_only, hasher.update, hasher.update, taper=False)
         else:  # hashed on another core, chunk by chunk, while the next chunk is read
             with self.lanes.lease() as lane:
-                self._fill(fd, dest, off, cached_only, lambda view: lane.feed(hasher, view), taper=True)
+
+                def last(view: memoryview) -> None:  # hashed here: no wake-up to wait for
+                    lane.drain()
+                    hasher.update(view)
+
+                self._fill(fd, dest, off, cached_only, lambda view: lane.feed(hasher, view), last, taper=True)
         check_checksum(hdr, hasher.intdigest())
 
     def _fill(self, fd: int, dest: memoryview, off: int, cached_only: bool,
-              feed: Callable[[memoryview], object], taper: bool) -> None:
+              feed: Callable[[memoryview], object], last: Callable[[memoryview], object],
+              taper: bool) -> None:
         """``dest[off:]`` from the payload at ``off``, each landed piece (and ``dest[:off]``
-        first) passed to ``feed`` in payload order. ``taper``: the last chunks halve (down to
-        ``TAIL_CHUNK``), so the hash left to wait for after the last read is a small one."""
-        feed(dest[:off])
+        first) passed to ``feed`` in payload order, the piece that ends the payload to
+        ``last``. ``taper``: the last chunks halve (down to ``TAIL_CHUNK``), so the hash
+        left after the last read is a small one."""
+        if off:
+            (last if off >= len(dest) else feed)(dest[:off])
         while off < len(dest):
             left = len(dest) - off
             size = READ_CHUNK if not taper or left > 2 * READ_CHUNK else max(TAIL_CHUNK, left // 2)
@@ -135,8 +143,8 @@ class BlockReader:
                     raise NotCached
                 part = dest[off : off + COLD_CHUNK]
                 got = pread(fd, [part], HEADER_SIZE + off)
-            feed(part[:got])
             off += got
+            (last if off >= len(dest) else feed)(part[:got])
 
     def open_fd(self, fd: int, st: os.stat_result, key: bytes) -> OpenBlock:
         """Check the size and header of an open block file; its payload is read in parts next."""
