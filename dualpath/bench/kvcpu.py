@@ -15,6 +15,9 @@ time, over the storage bytes it moved. The oracle run also gives what the mesh's
 other than its engines (front door, scheduler, bus, gateways, traffic managers) keep busy
 while agents run: their CPU seconds over its wall time, in cores (`background_cores`).
 CPU seconds, unlike wall time, hardly move with the machine's other load.
+Behind a slow storage NIC the workload is sized to its cap: its prompts shrink (not below
+two blocks) so that what it reads and writes takes about `BUDGET_S` at the cap (a large
+model's blocks behind a 0.05 Gbit/s NIC would otherwise take minutes per mode).
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from dualpath.bench.replay import one_turn
 from dualpath.bench.usage import Usage, snapshot
 from shared.messages.codes import LoadMode
 
+BUDGET_S = 20.0  # storage seconds at the NIC cap the workload's bytes should take, per mode
 SETTLE_POLLS = 20  # snapshots 0.25 s apart until the storage counters stand still (persistence is asynchronous)
 
 
@@ -74,11 +78,24 @@ def per_byte(kv_cpu_s: float, oracle_cpu_s: float, storage_bytes: float, idle_cp
     return max(0.0, extra) / storage_bytes if storage_bytes > 0 else 0.0
 
 
+def first_tokens(max_context: int, turns: int, gen: int, agents: int, bytes_per_token: float = 0.0,
+                 storage_bytes_per_s: float | None = None, budget_s: float = BUDGET_S) -> int:
+    """The probe's first prompt: half the context at most (128-1,024 tokens), and, behind a
+    capped storage NIC, short enough that the agents' turns move about `budget_s` of bytes
+    at the cap (each turn reads or writes about its prompt once), two blocks of 64 at least."""
+    first = min(1024, max(128, (max_context or 2048) // 2 - turns * (64 + gen)))
+    if bytes_per_token > 0 and storage_bytes_per_s:
+        fit = storage_bytes_per_s * budget_s / (agents * turns * bytes_per_token)
+        first = min(first, max(128, int(fit) // 64 * 64))
+    return first
+
+
 def probe_kv_cpu(url: str, lo: int, hi: int, snap: Callable[[], Usage], max_context: int = 0,
-                 agents: int = 4, turns: int = 3, gen: int = 8) -> dict:
+                 agents: int = 4, turns: int = 3, gen: int = 8, bytes_per_token: float = 0.0,
+                 storage_bytes_per_s: float | None = None) -> dict:
     """{"kv_cpu_s_per_byte": ..., and the figures behind it}; an empty dict when this host's
     CPU cannot be read (a remote mesh)."""
-    first = min(1024, max(128, (max_context or 2048) // 2 - turns * (64 + gen)))
+    first = first_tokens(max_context, turns, gen, agents, bytes_per_token, storage_bytes_per_s)
     seed = int(time.time() * 1e6) % (1 << 31)
     t0, idle0 = time.perf_counter(), snap()
     time.sleep(1.0)
@@ -108,10 +125,13 @@ def probe_kv_cpu(url: str, lo: int, hi: int, snap: Callable[[], Usage], max_cont
             "background_cores": max(0.0, others) / busy[LoadMode.ORACLE],
             "kv_probe_storage_bytes": moved, "kv_probe_cpu_s": kv.cpu_s, "kv_probe_oracle_cpu_s": oracle.cpu_s,
             "kv_probe_idle_cpu": idle_cpu, "kv_probe_extra_wall_s": extra_wall,
-            "kv_probe_oracle_engine_cpu_s": sum(oracle.engine_cpu_s.values()), "kv_probe_oracle_s": busy[LoadMode.ORACLE]}
+            "kv_probe_oracle_engine_cpu_s": sum(oracle.engine_cpu_s.values()), "kv_probe_oracle_s": busy[LoadMode.ORACLE],
+            "kv_probe_first_tokens": first}
 
 
-def probe_mesh(url: str, lo: int, hi: int, max_context: int = 0, extra_pids: tuple[int, ...] = ()) -> dict:
+def probe_mesh(url: str, lo: int, hi: int, max_context: int = 0, extra_pids: tuple[int, ...] = (),
+               bytes_per_token: float = 0.0, storage_bytes_per_s: float | None = None) -> dict:
     """`probe_kv_cpu` of the mesh at `url`, its processes' CPU read on this host (plus `extra_pids`: NATS)."""
     with httpx.Client() as client:
-        return probe_kv_cpu(url, lo, hi, lambda: snapshot(client, url, extra_pids), max_context)
+        return probe_kv_cpu(url, lo, hi, lambda: snapshot(client, url, extra_pids), max_context,
+                            bytes_per_token=bytes_per_token, storage_bytes_per_s=storage_bytes_per_s)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from dualpath.bench.kvcpu import per_byte
+from dualpath.bench.kvcpu import first_tokens, per_byte
 from dualpath.sim.calibrate import MeshRates, predict
 from dualpath.sim.config import SimConfig
 from dualpath.sim.decode import DecodeState
@@ -115,6 +115,17 @@ def test_the_probe_counts_only_the_kv_runs_cpu_beyond_the_oracles_and_the_idle_m
     assert per_byte(5.0, 3.0, 1e8) == pytest.approx(2e-8)
     assert per_byte(5.0, 3.0, 1e8, idle_cpu=0.5, extra_wall_s=2.0) == pytest.approx(1e-8)
     assert per_byte(3.0, 4.0, 1e8) == 0.0 and per_byte(5.0, 3.0, 0.0) == 0.0
+
+
+def test_the_probe_workload_fits_a_slow_storage_nic_and_leaves_a_fast_one_alone():
+    # SmolLM2 fp32: 2.95 MB a block of 64 tokens behind 0.05 Gbit/s: 4 agents x 3 turns
+    # of 1,024 tokens would move ~570 MB (~90 s a mode); sized to 20 s: 192 tokens, 3 blocks
+    smol = 2_949_120 / 64
+    assert first_tokens(8192, 3, 8, 4, smol, 0.05e9 / 8) == 192
+    assert first_tokens(8192, 3, 8, 4, smol, 0.05e9 / 8, budget_s=1.0) == 128  # two blocks at least
+    assert first_tokens(8192, 3, 8, 4, 2_048, 0.1e9 / 8) == 1024  # a tiny model's KV: as before
+    assert first_tokens(8192, 3, 8, 4, smol, None) == 1024  # no cap: as before
+    assert first_tokens(512, 3, 8, 4) == 128  # half a short context, 128 at least
 
 
 def test_config_rejects_a_negative_cost():
