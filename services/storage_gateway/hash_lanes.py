@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from queue import SimpleQueue
@@ -26,6 +27,7 @@ from typing import Any
 # Worth a second thread only with a second core to run it on.
 PIPELINE = len(os.sched_getaffinity(0)) > 1 if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1) > 1
 _STOP = None
+_POOLS: weakref.WeakSet[HashLanes] = weakref.WeakSet()
 
 
 class HashLane:
@@ -76,6 +78,11 @@ class HashLanes:
         self._free: list[HashLane] = []
         self._all: list[HashLane] = []
         self._lock = threading.Lock()
+        _POOLS.add(self)
+
+    def _forget(self) -> None:
+        """In a forked child: the parent's lane threads do not exist here; new ones are made."""
+        self._free, self._all, self._lock = [], [], threading.Lock()
 
     @contextmanager
     def lease(self) -> Iterator[HashLane]:
@@ -123,3 +130,12 @@ def shared_lanes() -> HashLanes | None:
         if _SHARED is None:
             _SHARED = HashLanes()
         return _SHARED
+
+
+def _after_fork_in_child() -> None:
+    for pool in list(_POOLS):
+        pool._forget()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

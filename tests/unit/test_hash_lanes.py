@@ -89,3 +89,29 @@ def test_a_read_that_fails_still_waits_for_its_hashes_and_keeps_its_own_error() 
     finally:
         lanes.close()
     assert lanes.threads == 0
+
+
+def test_a_forked_child_makes_lanes_of_its_own() -> None:
+    import multiprocessing as mp
+
+    lanes = HashLanes("t-hash")
+    with lanes.lease() as lane:  # the parent's lane thread exists now
+        lane.feed(xxhash.xxh3_64(), memoryview(b"x"))
+    ctx = mp.get_context("fork")
+    parent, child = ctx.Pipe()
+
+    def in_child() -> None:
+        hasher = xxhash.xxh3_64()
+        with lanes.lease() as lane:  # would wait forever on a thread that is not there
+            lane.feed(hasher, memoryview(b"abc"))
+        child.send((hasher.intdigest(), lanes.threads))
+
+    proc = ctx.Process(target=in_child)
+    proc.start()
+    digest, threads = parent.recv()
+    proc.join()
+    try:
+        assert digest == xxhash.xxh3_64_intdigest(b"abc") and threads == 1
+        assert proc.exitcode == 0
+    finally:
+        lanes.close()
