@@ -17,7 +17,7 @@ import time
 from opentelemetry import trace
 
 from services.scheduler.config import SchedulerConfig
-from services.scheduler.hits import lookup_hits
+from services.scheduler.hits import asker, known_hits, lookup_hits
 from services.scheduler.inflight import InFlight
 from services.scheduler.doors import FrontDoors, strand_event
 from services.scheduler.events import Router
@@ -33,7 +33,6 @@ from shared.engine.store_layout import prompt_keys
 from shared.http import HttpServer, adopt_socket, bind_socket
 from shared.messages.codes import ErrorCode, FinishReason, LoadMode
 from shared.messages.registry import Announce, SchedulerAnnounce
-from shared.messages.storage_gateway import HitQuery, HitReply
 from shared.messages.stream import Output, TokenEvent
 from shared.messages.traffic_manager import NodeReadDone
 from shared.messages.work import Cancel
@@ -72,6 +71,7 @@ class SchedulerService(Service):
         self.router = Router(self.inflight, lambda rec, ev, source: self.resume(rec, ev.error), self._prefill_over,
                              self.m.loop_errors.labels("output").inc)
         self.metrics_endpoint = self.metrics.endpoint
+        self.max_context = self.view.max_context  # (front.Front)
 
     @property
     def output_subject(self) -> str:
@@ -91,6 +91,7 @@ class SchedulerService(Service):
                 self.spawn(self._recover(), name="journal-recover")
             except JournalUnavailable as exc:
                 log.warning("%s; running without a request journal", exc)
+        self._ask_hits = asker(self.bus, self.subjects)  # one HitQuery to any storage-gateway
         self.prefetcher = Prefetcher(self.bus, self.subjects, self.view, self.reads, self.cfg, self.spawn,
                                      self._ask_hits, self.metrics)
         self.spawn(self.prefetcher.sweep(), name="prefetch-sweep")
@@ -122,14 +123,10 @@ class SchedulerService(Service):
 
     # what the front door sees (`front.Front`) --------------------------------------
     def model_id(self) -> str:
-        ids = self.view.model_ids()
-        return self.cfg.served_model_name or (ids[0] if ids else "")
+        return self.cfg.served_model_name or next(iter(self.view.model_ids()), "")
 
     def accepts_model(self, name: str | None) -> bool:
         return name is None or name == self.model_id() or name in self.view.model_ids()
-
-    def max_context(self) -> int:
-        return self.view.max_context()
 
     async def health(self) -> tuple[bool, dict]:
         return self.view.health(time.monotonic(), queued=self.dispatcher.waiting(), running=len(self.inflight))
@@ -143,13 +140,16 @@ class SchedulerService(Service):
         self.prefetcher.arrive(rec)  # its prefix prefetched during a tool call: claimed for it
         self.submit(rec)
 
+    def admit_now(self, rec: InFlight) -> bool:
+        """Queue `rec` now if its hits need no gateway round trip (`known_hits`); False: `admit` it."""
+        if ok := known_hits(rec, self.view.store_layout(), self.oracle, *self.prefetcher.sources(rec.mode)):
+            self.prefetcher.arrive(rec)
+            self.submit(rec)
+        return ok
+
     # requests ---------------------------------------------------------------------
     async def lookup_hits(self, rec: InFlight) -> None:
-        known = self.prefetcher.stored_prefix if rec.mode.moves_kv else None
-        await lookup_hits(rec, self.view.store_layout(), self.oracle, self._ask_hits, known, self.prefetcher.buffered)
-
-    async def _ask_hits(self, query: HitQuery) -> HitReply:
-        return await self.bus.request(self.subjects.sg_any("hit"), query, HitReply, timeout=2.0)
+        await lookup_hits(rec, self.view.store_layout(), self.oracle, self._ask_hits, *self.prefetcher.sources(rec.mode))
 
     def submit(self, rec: InFlight) -> None:
         self.inflight[rec.req_id] = rec
@@ -261,8 +261,7 @@ class SchedulerService(Service):
         self.m.rounds.inc()
         now = time.monotonic()
         pes, des = self.lines.get(self.view, self.dispatcher.ledger, self.reads, now)
-        self.m.engines.labels("prefill").set(len(pes))
-        self.m.engines.labels("decode").set(len(des))
+        self.m.set_engines(len(pes), len(des))
         for a in self.dispatcher.assign(pes, des, self.lines.changed):
             rec = self.inflight.get(a.req_id)
             if rec is None:

@@ -1,9 +1,10 @@
-"""How much of a prompt is already stored: key its full blocks, ask a storage-gateway.
+"""How much of a prompt is stored: key its full blocks; a worker's count, the prefetcher's, or a gateway's answer.
 
 Owns the hit lookup done when a request arrives (and again when it is resumed): the
 prompt's block keys under the engines' store layout, then either the oracle's own index
-(oracle mode: no store is touched) or one `HitQuery` to any storage-gateway. No gateway
-answering means every block is a miss, never an error.
+(oracle mode: no store is touched), what a front-door worker already asked the store
+(`InFlight.stored_blocks`: the dispatch core then makes no round trip), or one `HitQuery` to
+any storage-gateway. No gateway answering means every block is a miss, never an error.
 """
 from __future__ import annotations
 
@@ -22,31 +23,57 @@ tracer = trace.get_tracer("scheduler")
 Ask = Callable[[HitQuery], Awaitable[HitReply]]  # one request to any storage-gateway (raises BusError)
 
 
-async def lookup_hits(rec: InFlight, layout, oracle: OracleIndex, ask: Ask,
-                      known: Callable[[list[bytes]], int] | None = None,
-                      buffered: Callable[[list[bytes]], int] | None = None) -> None:
-    """Set `rec.block_keys` and `rec.hit_blocks` (the leading keys present in the store).
-    `known(keys)`: leading keys known stored without a lookup (a session's prefetched turn), 0: ask.
-    `buffered(keys)`: leading keys a buffer holds (a finished turn's blocks its DE kept, written
-    or not): hits whatever the store says."""
+def asker(bus, subjects) -> Ask:
+    """`Ask` over `bus`: one `HitQuery` to any storage-gateway (a front-door worker's too)."""
+    async def ask(query: HitQuery) -> HitReply:
+        return await bus.request(subjects.sg_any("hit"), query, HitReply, timeout=2.0)
+    return ask
+
+
+def known_hits(rec: InFlight, layout, oracle: OracleIndex,
+               known: Callable[[list[bytes]], int] | None = None,
+               buffered: Callable[[list[bytes]], int] | None = None) -> bool:
+    """Set `rec.block_keys` and `rec.hit_blocks` where no gateway need be asked now; False: ask one
+    (`lookup_hits`). `known(keys)`: leading keys known stored without a lookup (a session's
+    prefetched turn), 0: ask. `buffered(keys)`: leading keys a buffer holds (a finished turn's
+    blocks its DE kept, written or not): hits whatever the store says."""
     if layout is None:
-        return
+        return True
     if not rec.block_keys and not rec.remote_prompt:  # a front-door worker keyed it already (or has the ids)
         rec.block_keys = prompt_keys(layout, rec.work_prompt)
     if not rec.block_keys:
-        return
+        return True
     if rec.mode == LoadMode.ORACLE:  # no store: the oracle's own index of what would be stored
         rec.hit_blocks = oracle.hits(rec.block_keys)
-        return
+        return True
     if known is not None and (staged := known(rec.block_keys)):
         rec.hit_blocks = staged  # its prefix was prefetched: no gateway round trip before the assignment
+        return True
+    if rec.stored_blocks >= 0:  # the front-door worker asked the store just before it submitted
+        rec.hit_blocks = max(rec.stored_blocks, buffered(rec.block_keys) if buffered is not None else 0)
+        return True
+    return False
+
+
+async def lookup_hits(rec: InFlight, layout, oracle: OracleIndex, ask: Ask,
+                      known: Callable[[list[bytes]], int] | None = None,
+                      buffered: Callable[[list[bytes]], int] | None = None) -> None:
+    """Set `rec.block_keys` and `rec.hit_blocks` (the leading keys present in the store), asking a
+    gateway where `known_hits` cannot tell."""
+    if known_hits(rec, layout, oracle, known, buffered):
         return
-    with tracer.start_as_current_span("hit_lookup", context=rec.ctx,
-                                      attributes={"req_id": rec.req_id, "blocks": len(rec.block_keys)}) as span:
+    rec.hit_blocks = await stored_blocks(rec.block_keys, layout, ask, rec.ctx, rec.req_id)
+    if buffered is not None:
+        rec.hit_blocks = max(rec.hit_blocks, buffered(rec.block_keys))
+
+
+async def stored_blocks(keys: list[bytes], layout, ask: Ask, ctx, req_id: str) -> int:
+    """The leading `keys` a storage-gateway says are stored (0: none answered), in a `hit_lookup` span."""
+    with tracer.start_as_current_span("hit_lookup", context=ctx, attributes={"req_id": req_id, "blocks": len(keys)}) as span:
         try:
-            rec.hit_blocks = (await ask(HitQuery(layout, rec.block_keys))).blocks
+            n = (await ask(HitQuery(layout, keys))).blocks
         except BusError as exc:
+            n = 0
             span.set_attribute("error", exc.reason)  # no gateway: everything is a miss
-        if buffered is not None:
-            rec.hit_blocks = max(rec.hit_blocks, buffered(rec.block_keys))
-        span.set_attribute("hit_blocks", rec.hit_blocks)
+        span.set_attribute("hit_blocks", n)
+    return n

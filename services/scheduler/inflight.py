@@ -35,6 +35,7 @@ class InFlight:
     finished: FinishReason | None = None  # how its stream ended (None: not yet)
     block_keys: list[bytes] = field(default_factory=list)  # prompt's full-block keys
     hit_blocks: int = 0  # leading keys present in the store at arrival
+    stored_blocks: int = -1  # at the dispatch core: leading keys the store held when the worker asked (-1: not asked)
     mode: LoadMode = LoadMode.DUALPATH  # load mode for this request (deployment default or benchmark override)
     attempt: int = 0  # resumed requests run as new attempts on other engines
     step0: int = 0  # tokens delivered before the current attempt started
@@ -99,6 +100,7 @@ class InFlight:
         self.step0 = self.next_index
         self.pe = self.de = ""
         self.hit_blocks = 0
+        self.stored_blocks = -1  # the store is asked again for the new attempt
         self.block_keys = []
         # `staged` stays: a fetch that never ran leaves it usable; one that did left nothing to claim
         return self.sampling.max_tokens - self.step0

@@ -47,6 +47,11 @@ class SchedulerMetrics:
                                     "published to a prefill engine", buckets=ASSIGN_BUCKETS),
         )
 
+    def set_engines(self, prefill: int, decode: int) -> None:
+        """The assignable engines of each role (every dispatch round)."""
+        self.engines.labels("prefill").set(prefill)
+        self.engines.labels("decode").set(decode)
+
     def finished(self, rec: InFlight, status: str) -> None:
         """A request's last event reached its client: its status, tokens and latencies."""
         self.requests.labels(status).inc()

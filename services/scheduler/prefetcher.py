@@ -89,6 +89,10 @@ class Prefetcher:
             return 0
         return len(s.keys)
 
+    def sources(self, mode: LoadMode) -> tuple:
+        """(known, buffered) for a request's hit lookup (hits.known_hits): what is known without a gateway."""
+        return (self.stored_prefix if mode.moves_kv else None), self.buffered
+
     def buffered(self, keys: list[bytes]) -> int:
         """Leading `keys` a finished turn's DE keeps in its buffer (written or not): hits served from
         there, counted with the store's (an older turn's entry may be shorter than what is stored)."""

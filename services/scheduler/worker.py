@@ -1,9 +1,9 @@
-"""A front-door worker of the scheduler service: HTTP in, tokenize, key, stream tokens out.
+"""A front-door worker of the scheduler service: HTTP in, tokenize, key, ask the store, stream tokens out.
 
 Owns the client's side of a request when the scheduler runs `front_workers` processes (its
 dispatch core spawns them, doors.py): the HTTP handlers (api.py, unchanged) on the service's
 listening socket (inherited; the kernel spreads connections over the workers), tokenizing,
-the prompt's block keys, the engines' tokens — which arrive on this worker's own output
+the prompt's block keys and how many of them are stored (its `HitQuery`, off the core), the engines' tokens — which arrive on this worker's own output
 subject, never at the core — detokenizing, stops, log-probabilities, cancel on disconnect,
 and resuming a request whose engine failed or went silent (a new attempt after the tokens
 already streamed, submitted to the core again). The core gets three compact messages a
@@ -29,6 +29,7 @@ from starlette.responses import Response
 
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.events import Router
+from services.scheduler.hits import asker, stored_blocks
 from services.scheduler.inflight import InFlight
 from services.scheduler.protocol import ApiError, failure
 from services.scheduler.wire import Answer, Ask, Done, Forward, FrontInfo, PrefillOver, Submit, work_subject
@@ -77,6 +78,7 @@ class FrontWorker(Service):
 
     async def start(self) -> None:
         from services.scheduler.api import build_app
+        self._ask_hits = asker(self.bus, self.subjects)
         await self.bus.subscribe(self.reply, Output, self._on_output)
         await self.bus.subscribe(self.subjects.front_info(self.core), FrontInfo, self._on_info)
         await self.bus.subscribe(work_subject(self.reply), Forward, self._on_work)
@@ -146,9 +148,18 @@ class FrontWorker(Service):
         self.inflight[rec.req_id] = rec
         keys = self._keys(rec.prompt)
         ids = not keys or rec.hint is not None or rec.mode == LoadMode.ORACLE  # the core keys them, or needs them
+        # the store asked here, not by the core (its round trip off the dispatch core); a session's
+        # (hinted) request is looked up by the core, which knows what was prefetched for it
+        try:
+            stored = -1 if ids else await stored_blocks(keys, self.info.layout, self._ask_hits, rec.ctx, rec.req_id)
+        except asyncio.CancelledError:  # the handler went away before anything was submitted
+            self.inflight.pop(rec.req_id, None)
+            raise
+        if rec.finished:  # failed meanwhile (shutting down): its events say so, nothing to submit
+            return
         await self._submit(rec, Submit(rec.req_id, self.reply, rec.sampling, prompt=rec.prompt if ids else [],
-                                       prompt_tokens=len(rec.prompt), block_keys=keys, mode=rec.mode, hint=rec.hint,
-                                       waited_s=time.monotonic() - rec.arrived))
+                                       prompt_tokens=len(rec.prompt), block_keys=keys, stored_blocks=stored,
+                                       mode=rec.mode, hint=rec.hint, waited_s=time.monotonic() - rec.arrived))
 
     async def cancel(self, rec: InFlight, reason: str) -> None:
         if not rec.finished:

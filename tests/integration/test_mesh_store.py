@@ -64,3 +64,24 @@ def test_second_turn_reuses_stored_blocks_and_matches(tmp_path, reference):
         assert not victim.exists() or victim.read_bytes() != bytes(data), "the corrupt block was not removed"
     finally:
         mesh.stop()
+
+
+def test_with_front_door_workers_the_workers_hit_lookup_serves_the_second_turn(tmp_path, reference):
+    """The worker asks the store (the dispatch core makes no round trip): its count reaches the
+    assignment, so the second turn loads its stored blocks, with the same tokens."""
+    from shared.engine.store_layout import prompt_keys, store_layout
+    from shared.model.reference import generate
+
+    layout = store_layout(reference.model_id, reference.config, 64)
+    mesh = tiny_mesh(tmp_path, kv_blocks=96, extra={"scheduler": {"liveness-timeout-s": "2", "front-workers": "1"}})
+    mesh.start(timeout=120)
+    try:
+        t1 = _ask(mesh, TURN1, 70)
+        ids = t1["choices"][0]["prompt_token_ids"] + t1["choices"][0]["token_ids"][:-1]
+        wait_stored(tmp_path / "store", prompt_keys(layout, ids))
+        t2 = _ask(mesh, TURN1 + t1["choices"][0]["text"] + "\nTool: tests passed. Next step?\n")
+        assert t2["usage"]["prompt_tokens_details"]["cached_tokens"] >= 64 * (t1["usage"]["prompt_tokens"] // 64)
+        assert t2["choices"][0]["token_ids"] == generate(reference, t2["choices"][0]["prompt_token_ids"], 16,
+                                                         ignore_eos=True)
+    finally:
+        mesh.stop()

@@ -151,3 +151,76 @@ def test_a_done_that_comes_during_the_hit_lookup_finishes_the_request_once_it_is
 
     finished, admitting, inflight = asyncio.run(scenario())
     assert finished == [("a", "cancelled")] and admitting == {} and inflight == {"a", "b"}  # (finish is a stub)
+
+
+# the store is asked by the worker, so the dispatch core queues a request without a round trip ---------------
+def test_the_worker_asks_the_store_and_submits_its_answer_and_the_core_asks_none():
+    import asyncio
+    from types import SimpleNamespace
+
+    from services.scheduler.hits import known_hits, lookup_hits
+    from services.scheduler.oracle import OracleIndex
+    from services.scheduler.wire import FrontInfo, Submit
+    from services.scheduler.worker import FrontWorker
+    from shared.messages.codes import LoadMode
+    from shared.messages.storage_gateway import HitReply, StoreLayout
+    from shared.messages.subjects import Subjects
+
+    layout = StoreLayout(b"f" * 16, "m", 2, 1, 8, "float32", 4)
+    asked = []
+
+    async def ask(query):
+        asked.append(len(query.keys))
+        return HitReply(blocks=2)
+
+    sent = _Bus()
+    worker = SimpleNamespace(inflight={}, info=FrontInfo(layout=layout), bus=SimpleNamespace(nc=SimpleNamespace(
+        is_connected=True)), reply="w.out", _ask_hits=ask, _keys=lambda ids: FrontWorker._keys(worker, ids))
+    worker._submit = lambda rec, msg: sent.publish("core.front", msg)
+    rec = InFlight("r", list(range(13)), Sampling(max_tokens=4))  # three full blocks of 4 (the last token is computed)
+    asyncio.run(FrontWorker.admit(worker, rec))
+    [(_, msg)] = sent.sent
+    assert isinstance(msg, Submit) and asked == [3] and msg.stored_blocks == 2 and msg.prompt == []
+
+    core = InFlight("r", [], msg.sampling, block_keys=msg.block_keys, remote_prompt=13, stored_blocks=msg.stored_blocks)
+    assert known_hits(core, layout, OracleIndex(), None, lambda keys: 0) and core.hit_blocks == 2
+    kept = InFlight("k", [], msg.sampling, block_keys=msg.block_keys, remote_prompt=13, stored_blocks=1)
+    assert known_hits(kept, layout, OracleIndex(), None, lambda keys: 3) and kept.hit_blocks == 3  # its DE's buffer
+    resumed = InFlight("q", [], msg.sampling, block_keys=msg.block_keys, remote_prompt=13, stored_blocks=2)
+    resumed.restart()  # a new attempt: the store is asked again, by the core
+    resumed.block_keys = msg.block_keys
+    assert not known_hits(resumed, layout, OracleIndex(), None, None)
+    asyncio.run(lookup_hits(resumed, layout, OracleIndex(), ask))
+    assert resumed.hit_blocks == 2 and asked == [3, 3]
+
+    hinted = InFlight("h", list(range(13)), Sampling(max_tokens=4), hint=object())  # the core knows its prefetches
+    oracle = InFlight("o", list(range(13)), Sampling(max_tokens=4), mode=LoadMode.ORACLE)
+    for r in (hinted, oracle):
+        asyncio.run(FrontWorker.admit(worker, r))
+    assert asked == [3, 3] and [m.stored_blocks for _, m in sent.sent[1:]] == [-1, -1]
+    assert Subjects("ns").sg_any("hit")  # (the subject `hits.asker` asks on)
+
+
+def test_a_submit_with_the_stores_answer_is_queued_at_once_and_one_without_waits_for_its_lookup():
+    import asyncio
+    from types import SimpleNamespace
+
+    from services.scheduler.doors import FrontDoors
+    from services.scheduler.wire import Submit
+
+    async def scenario():
+        queued, tasks = [], []
+        svc = SimpleNamespace(inflight={}, admit_now=lambda rec: queued.append(rec.req_id) or True,
+                              spawn=lambda coro, name=None: tasks.append(asyncio.ensure_future(coro)))
+
+        async def admit(rec):
+            queued.append("looked up " + rec.req_id)
+        svc.admit = admit
+        doors, d = FrontDoors(svc), SimpleNamespace(ctx=None)
+        await doors._on_front(Submit("a", "w.out", Sampling(max_tokens=4), prompt_tokens=9, stored_blocks=0), d)
+        assert queued == ["a"] and not tasks and not doors.admitting
+        await doors._on_front(Submit("b", "w.out", Sampling(max_tokens=4), prompt_tokens=9), d)  # not asked
+        await asyncio.gather(*tasks)
+        return queued
+
+    assert asyncio.run(scenario()) == ["a", "looked up b"]
