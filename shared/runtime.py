@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import inspect
 import logging
 import os
@@ -244,6 +245,8 @@ async def run_service(svc: Service, stop: asyncio.Event | None = None) -> None:
             except Exception as exc:  # noqa: BLE001 - reported as StartFailed once everything is released
                 started, failure = False, exc
             if started:
+                gc.collect()
+                gc.freeze()  # what start-up made (modules, the model) is never scanned by a collection again
                 svc.spawn(_heartbeat(svc, stop), name="heartbeat")
                 log.info("%s started", svc.instance, extra={"fields": {"metrics": svc.metrics_url}})
                 await stop.wait()

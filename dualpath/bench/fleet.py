@@ -20,7 +20,9 @@ import asyncio
 import json
 import sys
 
-from dualpath.fleet.driver import Fleet, FleetSpec
+from dualpath.fleet.driver import PAPER_APS, PAPER_ENGINES, Fleet, FleetSpec
+from dualpath.fleet.front import drive_core
+from dualpath.traces import generate, trace_stats
 
 COLUMNS = (
     ("engines", "engines", "{:d}"), ("req/s want", "target_rate", "{:.1f}"), ("assign/s", "assign_per_s", "{:.1f}"),
@@ -36,11 +38,30 @@ COLUMNS = (
 )
 
 
-def table(rows: list[dict]) -> str:
-    head = " | ".join(c[0] for c in COLUMNS)
-    lines = [f"| {head} |", "|" + "|".join("---" for _ in COLUMNS) + "|"]
+CORE_COLUMNS = (
+    ("engines", "engines", "{:d}"), ("req/s want", "target_rate", "{:.0f}"), ("submit/s", "submitted_per_s", "{:.0f}"),
+    ("assign/s", "assign_per_s", "{:.0f}"), ("p50 ms", "assign_p50_ms", "{:.1f}"), ("p99 ms", "assign_p99_ms", "{:.1f}"),
+    ("max ms", "assign_max_ms", "{:.0f}"), ("in core p50", "core_wait_p50_ms", "{:.2f}"),
+    ("in core p99", "core_wait_p99_ms", "{:.2f}"), ("in flight", "in_flight", "{:d}"), ("core cores", "core_cores", "{:.2f}"),
+    ("idle cores", "idle_cores", "{:.3f}"), ("core ms/req", "core_ms_per_req", "{:.3f}"),
+    ("net ms/req", "core_net_ms_per_req", "{:.3f}"), ("core in/s", "core_in_msgs_per_s", "{:.0f}"),
+    ("core out/s", "core_out_msgs_per_s", "{:.0f}"), ("nats cores", "nats_cores", "{:.2f}"),
+    ("driver cores", "driver_cores", "{:.2f}"), ("emul cores", "emulator_cores", "{:.2f}"), ("load", "loadavg", "{:.1f}"),
+    ("never assigned", "never_assigned", "{:d}"),
+)
+
+
+def core_rate(spec: FleetSpec) -> float:
+    """Requests/s at `spec.load` x the paper's per-engine agent load, every agent running all its turns."""
+    return PAPER_APS * spec.engines / PAPER_ENGINES * spec.load * trace_stats(generate(spec.trace, 500,
+                                                                                        seed=spec.seed)).turns
+
+
+def table(rows: list[dict], columns=COLUMNS) -> str:
+    head = " | ".join(c[0] for c in columns)
+    lines = [f"| {head} |", "|" + "|".join("---" for _ in columns) + "|"]
     for r in rows:
-        lines.append("| " + " | ".join(fmt.format(r[key]) for _, key, fmt in COLUMNS) + " |")
+        lines.append("| " + " | ".join(fmt.format(r[key]) for _, key, fmt in columns) + " |")
     return "\n".join(lines)
 
 
@@ -60,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-dir", default="", help="keep every process's log here")
     p.add_argument("--json", help="write the rows here")
     p.add_argument("--profile", default="", help="write the scheduler's cProfile statistics to PATH.<engines>")
+    p.add_argument("--core-only", action="store_true",
+                   help="drive the dispatch core alone at --load x the paper's request rate: a synthetic front door "
+                        "(no HTTP, no agents, no engine work; dualpath/fleet/front.py)")
     args = p.parse_args(argv)
     extra = {}
     for item in args.set:
@@ -67,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         if not sep:
             p.error(f"--set {item!r}: expected KEY=VALUE")
         extra[key.replace("_", "-")] = value
+    if args.core_only and args.front_workers < 1:
+        p.error("--core-only drives the dispatch core as its front-door workers do: --front-workers must be >= 1")
     rows = []
     for n in args.engines:
         spec = FleetSpec(engines=n, groups=args.groups, load=args.load, trace=args.trace, warmup_s=args.warmup_s,
@@ -80,10 +106,10 @@ def main(argv: list[str] | None = None) -> int:
             p.error(str(exc))
         print(f"fleet of {n} engines: starting ...", file=sys.stderr, flush=True)
         with Fleet(spec) as fleet:
-            row = asyncio.run(fleet.run_load())
+            row = asyncio.run(drive_core(fleet, core_rate(spec)) if args.core_only else fleet.run_load())
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "errors"}), file=sys.stderr, flush=True)
-    print(table(rows))
+    print(table(rows, CORE_COLUMNS if args.core_only else COLUMNS))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(rows, fh, indent=1)

@@ -70,7 +70,8 @@ def add_predictions(doc: dict, cap, mesh: dict, settings: list, snic_gbit: float
     if not offline:
         return
     r = rates(doc, cap, mesh, settings, snic_gbit)
-    doc["prediction"] = {"rates": vars(r) if r else None, "probe": dict(getattr(cap, "rates", None) or {})}
+    doc["prediction"] = {"rates": vars(r) if r else None, "probe": dict(getattr(cap, "rates", None) or {}),
+                         "turns": lengths}  # each mode's replayed (append, gen) turns: the prediction can be rerun
     for row in offline:
         row["predicted_jct_s"] = row["measured_over_predicted"] = None
         row["predicted_no_sharing_jct_s"] = None

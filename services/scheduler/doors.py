@@ -20,6 +20,7 @@ import json
 import logging
 import sys
 import time
+import weakref
 
 import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -39,11 +40,14 @@ class Relay:
     """A worker's request's event queue, at the core: each event goes to the worker's subject."""
 
     def __init__(self, doors: "FrontDoors", rec: InFlight):
-        self.doors, self.rec = doors, rec
+        self.doors, self.rec = doors, weakref.ref(rec)  # (no cycle with the request: freed when it is done)
 
     def put_nowait(self, ev: TokenEvent) -> None:
-        ev = msgspec.structs.replace(ev, req_id=self.rec.wire_id, index=0)
-        self.doors.svc.spawn(self.doors.svc.bus.publish(self.rec.reply, ev), name=f"relay-{self.rec.req_id}")
+        rec = self.rec()
+        if rec is None:
+            return
+        ev = msgspec.structs.replace(ev, req_id=rec.wire_id, index=0)
+        self.doors.svc.spawn(self.doors.svc.bus.publish(rec.reply, ev), name=f"relay-{rec.req_id}")
 
 
 def strand_event(rec: InFlight, engine: str, why: str) -> TokenEvent:
@@ -190,8 +194,11 @@ class FrontDoors:
                 return  # a duplicate
             rec = InFlight(msg.req_id, msg.prompt, msg.sampling, ctx=d.ctx, mode=msg.mode, hint=msg.hint,
                            arrived=now - msg.waited_s, queued_at=now - msg.waited_s, block_keys=msg.block_keys,
-                           reply=msg.reply, remote_prompt=0 if msg.prompt else msg.prompt_tokens)
+                           reply=msg.reply, remote_prompt=0 if msg.prompt else msg.prompt_tokens,
+                           stored_blocks=msg.stored_blocks)
             rec.events = Relay(self, rec)
+            if msg.stored_blocks >= 0 and svc.admit_now(rec):
+                return  # its hits known here: queued now, nothing to wait for
             self.admitting[rec.req_id] = (rec, [])
             svc.spawn(self._admit(rec), name=f"admit-{rec.req_id}")
             return

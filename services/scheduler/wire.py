@@ -4,8 +4,9 @@ Owns the compact wire the two halves of the scheduler service speak when it runs
 `front_workers` > 0 (worker -> core on `{ns}.scheduler.<core>.front`, one subject so a
 request's messages arrive in order):
 - `Submit`: a tokenized request (or a resumed attempt: only the tokens streamed so far) with
-  its block keys, computed by the worker; the prompt's ids stay with the worker (only its
-  length is sent) unless the core needs them (no keys yet, agent hints, oracle mode);
+  its block keys, computed by the worker, and how many of them the store holds (the worker
+  asked a gateway, so the core makes no round trip); the prompt's ids stay with the worker
+  (only its length is sent) unless the core needs them (no keys yet, agent hints, oracle mode);
 - `PrefillOver`: the attempt's first token reached the worker (its prefill engine is free);
 - `Done`: the client got its last event (status, the generated ids, the latencies).
 A worker-held prompt never passes the core either: the core addresses each attempt's work to
@@ -36,7 +37,10 @@ class Submit(msgspec.Struct, tag="submit", omit_defaults=True, gc=False):
     prompt_tokens: int = 0  # the prompt's length (attempt 0)
     attempt: int = 0
     streamed: list[int] = []  # a resumed attempt: the tokens the client already has
-    block_keys: list[bytes] = []  # of prompt + streamed, under the announced layout (empty: the core keys them)
+    # of prompt + streamed, under the announced layout (empty: the core keys them); a tuple once decoded:
+    # the collector untracks it, so thousands of requests in flight cost the core's collections nothing
+    block_keys: tuple[bytes, ...] = ()
+    stored_blocks: int = -1  # leading block_keys the store held when the worker asked it (-1: not asked: the core asks)
     mode: LoadMode = LoadMode.DUALPATH
     hint: Hint | None = None  # the agent's hints, already checked by the worker
     waited_s: float = 0.0  # from the request's arrival at the worker to this message

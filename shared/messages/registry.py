@@ -2,7 +2,10 @@
 
 The scheduler's view of live engines, traffic-managers and gateways is built only
 from these (no static peer list): a new process joins by announcing; one that stops
-heartbeating for `liveness_timeout_s` is dropped from assignment.
+heartbeating for `liveness_timeout_s` is dropped from assignment. Announcements hold no
+containers, so they are not tracked by the cycle collector (`gc=False`): a scheduler keeps
+one per process of the fleet and replaces thousands a second, none of which its collections
+need to scan.
 """
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import msgspec
 from shared.messages.storage_gateway import StoreLayout
 
 
-class Base(msgspec.Struct, tag_field="kind", omit_defaults=True):
+class Base(msgspec.Struct, tag_field="kind", omit_defaults=True, gc=False):
     instance: str  # unique per process (uuid)
     node: str  # host/node name the process serves
     metrics_url: str = ""  # where its /metrics is served
@@ -19,7 +22,7 @@ class Base(msgspec.Struct, tag_field="kind", omit_defaults=True):
     leaving: bool = False  # sent once on clean shutdown: drop me now
 
 
-class KVRegion(msgspec.Struct, omit_defaults=True):
+class KVRegion(msgspec.Struct, omit_defaults=True, gc=False):
     """How an engine's paged KV memory is laid out, so its TM can address blocks."""
 
     shm_name: str  # POSIX shm segment holding (num_blocks, n_layers, 2, block_size, kv_heads, head_dim)

@@ -19,7 +19,7 @@ import msgspec
 from shared.kv.layout import KVKind
 
 
-class StoreLayout(msgspec.Struct, frozen=True, omit_defaults=True):
+class StoreLayout(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     """Which model's blocks: the fingerprint names the store namespace; dims size the blocks."""
 
     fingerprint: bytes  # digest of ModelFingerprint (16 bytes; hex only in the store's directory name)

@@ -19,7 +19,7 @@ import msgspec
 from shared.messages.codes import ErrorCode, LoadMode
 
 
-class Sampling(msgspec.Struct, omit_defaults=True):
+class Sampling(msgspec.Struct, omit_defaults=True, gc=False):
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
     seed: int | None = None

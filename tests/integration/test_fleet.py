@@ -34,3 +34,16 @@ def test_a_small_fleet_assigns_and_completes_every_request(workers):
         assert row["sched_in_msgs_per_s"] < row["front_in_msgs_per_s"], row
     else:
         assert row["front_cores"] == 0 and row["front_in_msgs_per_s"] == 0, row
+
+
+def test_the_dispatch_core_driven_alone_places_every_synthetic_request():
+    """`--core-only`: a synthetic front door's Submits reach the core, each comes back as one
+    Forward, and the requests' PrefillOver / Done free their engines (nothing left waiting)."""
+    from dualpath.fleet.front import drive_core
+
+    spec = FleetSpec(engines=24, groups=1, load=1.0, trace="32k", warmup_s=1.0, measure_s=2.0, time_scale=0.1,
+                     idle_s=1.0, front_workers=1)
+    with Fleet(spec) as fleet:
+        row = asyncio.run(drive_core(fleet, 40.0))
+    assert row["assign_per_s"] > 0 and row["never_assigned"] == 0, row
+    assert math.isfinite(row["assign_p99_ms"]) and row["core_cores"] > 0 and row["core_in_msgs_per_s"] > 0, row
