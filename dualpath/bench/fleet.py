@@ -20,9 +20,8 @@ import asyncio
 import json
 import sys
 
-from dualpath.fleet.driver import PAPER_APS, PAPER_ENGINES, Fleet, FleetSpec
+from dualpath.fleet.driver import Fleet, FleetSpec
 from dualpath.fleet.front import drive_core
-from dualpath.traces import generate, trace_stats
 
 COLUMNS = (
     ("engines", "engines", "{:d}"), ("req/s want", "target_rate", "{:.1f}"), ("assign/s", "assign_per_s", "{:.1f}"),
@@ -49,12 +48,6 @@ CORE_COLUMNS = (
     ("driver cores", "driver_cores", "{:.2f}"), ("emul cores", "emulator_cores", "{:.2f}"), ("load", "loadavg", "{:.1f}"),
     ("never assigned", "never_assigned", "{:d}"),
 )
-
-
-def core_rate(spec: FleetSpec) -> float:
-    """Requests/s at `spec.load` x the paper's per-engine agent load, every agent running all its turns."""
-    return PAPER_APS * spec.engines / PAPER_ENGINES * spec.load * trace_stats(generate(spec.trace, 500,
-                                                                                        seed=spec.seed)).turns
 
 
 def table(rows: list[dict], columns=COLUMNS) -> str:
@@ -106,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(str(exc))
         print(f"fleet of {n} engines: starting ...", file=sys.stderr, flush=True)
         with Fleet(spec) as fleet:
-            row = asyncio.run(drive_core(fleet, core_rate(spec)) if args.core_only else fleet.run_load())
+            row = asyncio.run(drive_core(fleet) if args.core_only else fleet.run_load())
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "errors"}), file=sys.stderr, flush=True)
     print(table(rows, CORE_COLUMNS if args.core_only else COLUMNS))

@@ -135,6 +135,13 @@ def percentile(values: list[float], q: float) -> float:
     return v[min(len(v) - 1, int(q * len(v)))]
 
 
+def paper_rate(spec: FleetSpec, stats) -> tuple[float, float]:
+    """(agents/s, requests/s) at `spec.load` x the paper's per-engine agent load; in steady state
+    every agent that arrives runs all its turns (`stats`: the trace's)."""
+    aps = PAPER_APS * spec.engines / PAPER_ENGINES * spec.load
+    return aps, aps * stats.turns
+
+
 class Fleet:
     def __init__(self, spec: FleetSpec):
         spec.check()
@@ -250,8 +257,7 @@ class Fleet:
         trajs = self.trajectories()
         stats = trace_stats(trajs)
         timing = FleetTiming.build(s.model, s.hardware, s.nodes[1] * PER_NODE, scale=s.time_scale)
-        aps = PAPER_APS * s.engines / PAPER_ENGINES * s.load
-        rate = aps * stats.turns  # steady state: every agent that arrives runs all its turns
+        aps, rate = paper_rate(s, stats)
         mean_gen = stats.gen
         turn = timing.turn_s(int(stats.context), int(stats.append), int(mean_gen))
         population = max(1, round(rate * turn))

@@ -125,10 +125,12 @@ async def core_name(bus: Bus, subjects: Subjects, timeout: float = 30.0) -> str:
         await sub.unsubscribe()
 
 
-async def drive_core(fleet, rate: float) -> dict:
+async def drive_core(fleet, rate: float | None = None) -> dict:
     """One run of `fleet` (started, its scheduler with front-door workers) driven by a synthetic
-    front door at `rate` requests/s: warm-up, then the measured window; the core's figures."""
-    from dualpath.fleet.driver import PER_NODE, hist_quantile, histogram, percentile
+    front door at `rate` requests/s (None: its spec's load of the paper's): warm-up, then the
+    measured window; the core's figures."""
+    from dualpath.fleet.driver import PER_NODE, hist_quantile, histogram, paper_rate, percentile
+    from dualpath.traces import trace_stats
     from dualpath.fleet.group import fleet_layout
     from dualpath.fleet.timing import FleetTiming
 
@@ -137,7 +139,9 @@ async def drive_core(fleet, rate: float) -> dict:
     bus = await Bus.connect(fleet.nats_url, "fleet-front", wait_s=10)
     subjects = Subjects(fleet.ns)
     timing = FleetTiming.build(s.model, s.hardware, s.nodes[1] * PER_NODE, scale=s.time_scale)
-    front = SyntheticFront(bus, subjects, await core_name(bus, subjects), fleet.trajectories(), timing,
+    trajs = fleet.trajectories()
+    rate = rate or paper_rate(s, trace_stats(trajs))[1]
+    front = SyntheticFront(bus, subjects, await core_name(bus, subjects), trajs, timing,
                            fleet_layout(s.model).block_size, rate, s.seed)
     await front.start()
     gc.disable()  # this process's own collections would stall its answers and count as the core's latency

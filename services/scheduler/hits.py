@@ -69,7 +69,8 @@ async def lookup_hits(rec: InFlight, layout, oracle: OracleIndex, ask: Ask,
 
 async def stored_blocks(keys: list[bytes], layout, ask: Ask, ctx, req_id: str) -> int:
     """The leading `keys` a storage-gateway says are stored (0: none answered), in a `hit_lookup` span."""
-    with tracer.start_as_current_span("hit_lookup", context=ctx, attributes={"req_id": req_id, "blocks": len(keys)}) as span:
+    with tracer.start_as_current_span("hit_lookup", context=ctx,
+                                      attributes={"req_id": req_id, "blocks": len(keys)}) as span:
         try:
             n = (await ask(HitQuery(layout, keys))).blocks
         except BusError as exc:

@@ -3,8 +3,9 @@
 Owns the client's side of a request when the scheduler runs `front_workers` processes (its
 dispatch core spawns them, doors.py): the HTTP handlers (api.py, unchanged) on the service's
 listening socket (inherited; the kernel spreads connections over the workers), tokenizing,
-the prompt's block keys and how many of them are stored (its `HitQuery`, off the core), the engines' tokens — which arrive on this worker's own output
-subject, never at the core — detokenizing, stops, log-probabilities, cancel on disconnect,
+the prompt's block keys and how many of them are stored (its `HitQuery`, off the core), the
+engines' tokens — which arrive on this worker's own output subject, never at the core —
+detokenizing, stops, log-probabilities, cancel on disconnect,
 and resuming a request whose engine failed or went silent (a new attempt after the tokens
 already streamed, submitted to the core again). The core gets three compact messages a
 request (wire.py): `Submit`, `PrefillOver`, `Done`; the prompt's ids stay here, filled into
