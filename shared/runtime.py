@@ -33,6 +33,7 @@ from prometheus_client.core import CounterMetricFamily
 from starlette.applications import Starlette
 from starlette.routing import Route
 
+from shared import gcpace
 from shared.beats import Beats
 from shared.bus import Bus, BusUnavailable
 from shared.config import ConfigError, load_config
@@ -247,6 +248,7 @@ async def run_service(svc: Service, stop: asyncio.Event | None = None) -> None:
             if started:
                 gc.collect()
                 gc.freeze()  # what start-up made (modules, the model) is never scanned by a collection again
+                svc.spawn(gcpace.pace(), name="gc-pace")  # short young collections, never one long one
                 svc.spawn(_heartbeat(svc, stop), name="heartbeat")
                 log.info("%s started", svc.instance, extra={"fields": {"metrics": svc.metrics_url}})
                 await stop.wait()
