@@ -1,8 +1,11 @@
 """OpenTelemetry set-up and trace-context propagation through NATS headers.
 
 Owns the tracer provider of one process. Spans are exported over OTLP/HTTP when
-`OTEL_EXPORTER_OTLP_ENDPOINT` is set (e.g. a Jaeger all-in-one at :4318), otherwise
-they are created but dropped. Context travels as W3C `traceparent` in NATS headers.
+`OTEL_EXPORTER_OTLP_ENDPOINT` is set (e.g. a Jaeger all-in-one at :4318), sampled as
+`OTEL_TRACES_SAMPLER` says (every span by default); with no exporter they are not recorded
+(unless `OTEL_TRACES_SAMPLER` asks for it): each still has a valid trace id, which travels
+and is logged, but its attributes and events cost nothing. Context travels as W3C
+`traceparent` in NATS headers.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 _provider: TracerProvider | None = None
 
@@ -24,16 +28,23 @@ def setup_tracing(service: str, instance: str, exporter: SpanExporter | None = N
     if _provider is not None:
         return _provider
     resource = Resource.create({"service.name": service, "service.instance.id": instance})
-    provider = TracerProvider(resource=resource)
     if exporter is None and os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         exporter = OTLPSpanExporter()
+    unrecorded = exporter is None and not os.environ.get("OTEL_TRACES_SAMPLER")
+    provider = TracerProvider(resource=resource, sampler=ALWAYS_OFF if unrecorded else None)
     if exporter is not None:
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     _provider = provider
     return provider
+
+
+def recording() -> bool:
+    """Whether this process's spans are recorded (an exporter, or a sampler asked for): where not,
+    a hot path may skip building a span and pass its parent's context on instead."""
+    return _provider is None or _provider.sampler is not ALWAYS_OFF
 
 
 def shutdown_tracing() -> None:

@@ -82,8 +82,7 @@ class SyntheticFront:
         ctx, append, gen = self.turns[int(self.rng.integers(len(self.turns)))]
         prompt = ctx + append
         n_keys = prompt // self.block
-        raw = os.urandom(n_keys * KEY_BYTES)
-        keys = [raw[i:i + KEY_BYTES] for i in range(0, len(raw), KEY_BYTES)]
+        keys = os.urandom(n_keys * KEY_BYTES)  # packed end to end, as a worker sends them
         stored = min(ctx // self.block, max(0, (prompt - 1) // self.block))
         rid = f"s{self.n}"
         self.n += 1

@@ -25,7 +25,7 @@ from services.scheduler.journal import Accepted, Journal, JournalUnavailable, re
 from services.scheduler.liveness import Watch, stranded, unassigned_past
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.oracle import OracleIndex
-from services.scheduler.placement import Lines, addressed, place
+from services.scheduler.placement import Lines, place, send
 from services.scheduler.prefetcher import Prefetcher
 from services.scheduler.view import MeshView
 from shared.bus import Delivery
@@ -270,8 +270,7 @@ class SchedulerService(Service):
             rec.pe, rec.de, rec.assigned_at = a.pe, a.de, time.monotonic()
             self.m.assign_wait.observe(rec.assigned_at - rec.queued_at)
             placed = place(rec, a.pe, a.de, self.view, self.reads, rec.reply or self.output_subject, self.cfg.read_path)
-            with tracer.start_as_current_span("assign", context=rec.ctx, attributes=placed.span_attributes(rec)):
-                await self.bus.publish(*addressed(rec, a.pe, placed.work, self.subjects))
+            await send(self.bus, rec, a.pe, placed, self.subjects)
         self.m.queue.set(self.dispatcher.waiting())
         self.m.running.set(self.dispatcher.ledger.placed)
 

@@ -28,6 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from services.scheduler.inflight import InFlight
 from services.scheduler.wire import Answer, Ask, Done, FrontInfo, FrontMsg, PrefillOver, Submit
 from shared.bus import Delivery
+from shared.kv.keyrun import KeyRun
 from shared.messages.codes import ErrorCode, FinishReason
 from shared.messages.registry import Announce
 from shared.messages.stream import TokenEvent
@@ -193,7 +194,7 @@ class FrontDoors:
             if rec is not None or msg.req_id in self.admitting:
                 return  # a duplicate
             rec = InFlight(msg.req_id, msg.prompt, msg.sampling, ctx=d.ctx, mode=msg.mode, hint=msg.hint,
-                           arrived=now - msg.waited_s, queued_at=now - msg.waited_s, block_keys=msg.block_keys,
+                           arrived=now - msg.waited_s, queued_at=now - msg.waited_s, block_keys=KeyRun(msg.block_keys),
                            reply=msg.reply, remote_prompt=0 if msg.prompt else msg.prompt_tokens,
                            stored_blocks=msg.stored_blocks)
             rec.events = Relay(self, rec)
@@ -208,7 +209,7 @@ class FrontDoors:
         svc.dispatcher.remove(rec.req_id)
         rec.tokens, rec.next_index, rec.attempt = list(msg.streamed), len(msg.streamed), msg.attempt - 1
         remaining = rec.restart()
-        rec.block_keys = msg.block_keys
+        rec.block_keys = KeyRun(msg.block_keys)
         svc.m.resumes.inc()
         svc.spawn(svc._requeue(rec, remaining), name=f"resume-{rec.req_id}")
 

@@ -72,7 +72,7 @@ async def stored_blocks(keys: list[bytes], layout, ask: Ask, ctx, req_id: str) -
     with tracer.start_as_current_span("hit_lookup", context=ctx,
                                       attributes={"req_id": req_id, "blocks": len(keys)}) as span:
         try:
-            n = (await ask(HitQuery(layout, keys))).blocks
+            n = (await ask(HitQuery(layout, list(keys)))).blocks
         except BusError as exc:
             n = 0
             span.set_attribute("error", exc.reason)  # no gateway: everything is a miss

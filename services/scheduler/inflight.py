@@ -10,6 +10,7 @@ import asyncio
 
 import msgspec
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from shared.messages.codes import ErrorCode, FinishReason, LoadMode
@@ -33,7 +34,7 @@ class InFlight:
     cached_tokens: int = 0
     tokens: list[int] = field(default_factory=list)  # every token delivered, in order
     finished: FinishReason | None = None  # how its stream ended (None: not yet)
-    block_keys: list[bytes] = field(default_factory=list)  # prompt's full-block keys
+    block_keys: Sequence[bytes] = field(default_factory=list)  # prompt's full-block keys (a worker's: a KeyRun)
     hit_blocks: int = 0  # leading keys present in the store at arrival
     stored_blocks: int = -1  # at the dispatch core: leading keys the store held when the worker asked (-1: not asked)
     mode: LoadMode = LoadMode.DUALPATH  # load mode for this request (deployment default or benchmark override)

@@ -7,14 +7,15 @@ decision). `Lines` keeps the lines between rounds: rebuilt only when the view's 
 changes (an engine joins, leaves, goes silent), otherwise refreshed only for the engines whose
 ledger counters and the nodes whose read queues moved since the last round, so a round costs
 what changed, not the fleet's size; the dispatcher then reuses its grouped roster of the same
-lines. (`engine_loads` builds them afresh: O(engines).) Pure: the caller passes the clock and
-publishes the work.
+lines. (`engine_loads` builds them afresh: O(engines).) Pure but for `send`, which publishes
+one placement's work (under its `assign` span); the caller passes the clock.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import msgspec
+from opentelemetry import trace
 
 from services.scheduler.inflight import InFlight
 from services.scheduler.view import MeshView
@@ -25,7 +26,9 @@ from shared.sched.dispatch import EngineLoad
 from shared.sched.ledger import Ledger
 from shared.sched.prefetch import common
 from shared.sched.reads import PathDecision, ReadQueues
+from shared.tracing import recording
 
+tracer = trace.get_tracer("scheduler")
 DEFAULT_BLOCK = 64  # block size when no engine has announced a store layout yet
 
 
@@ -115,8 +118,9 @@ def place(rec: InFlight, pe: str, de: str, view: MeshView, reads: ReadQueues, re
     s = min(common(staged.keys, rec.block_keys), usable) if staged is not None else 0  # prefetched: not read now
     path = reads.decide(rec.mode, usable - s, pe_node, de_node, bs, force=read_path)
     reads.hold(rec.req_id, path, pe_node, de_node, bs)
-    prompt = [] if rec.remote_prompt else rec.work_prompt  # a worker's ids: it fills them in (`addressed`)
-    work = PrefillWork(rec.wire_id, prompt, rec.work_sampling(), de, reply, block_keys=rec.block_keys,
+    remote = rec.remote_prompt  # a worker's ids and keys: it fills them in (`addressed`)
+    work = PrefillWork(rec.wire_id, [] if remote else rec.work_prompt, rec.work_sampling(), de, reply,
+                       block_keys=[] if remote else list(rec.block_keys),
                        hit_blocks=rec.hit_blocks, read_node=pe_node, mode=rec.mode, pe_blocks=s + path.pe_blocks,
                        de_node=de_node, staged_engine=staged.engine if s else "", staged_owner=staged.owner if s else "",
                        staged_blocks=s, staged_slots=staged.slots if s and _copyable(view, pe, staged) else None)
@@ -136,3 +140,12 @@ def addressed(rec: InFlight, pe: str, work: PrefillWork, subjects) -> tuple[str,
     if rec.remote_prompt:
         return work_subject(rec.reply), Forward(pe, work)
     return subjects.prefill_work(pe), work
+
+
+async def send(bus, rec: InFlight, pe: str, placed: Placed, subjects) -> None:
+    """Publish a placement's work under its `assign` span; where spans are not recorded, none is
+    built and the request's own context goes with the work (its trace id still travels)."""
+    if not recording():
+        return await bus.publish(*addressed(rec, pe, placed.work, subjects), ctx=rec.ctx)
+    with tracer.start_as_current_span("assign", context=rec.ctx, attributes=placed.span_attributes(rec)):
+        await bus.publish(*addressed(rec, pe, placed.work, subjects))

@@ -66,7 +66,7 @@ class Prefetcher:
         """Claim the longest staged prefix of the turn's prompt; cancel a prefetch it overtook."""
         if not rec.block_keys or not rec.mode.moves_kv:
             return
-        for key in rec.block_keys:
+        for key in rec.block_keys if self.planned else ():  # (no walk over the prompt's keys while none is planned)
             task = self.planned.pop(key, None)
             if task is not None:  # came back before its prefetch started: read at arrival
                 task.cancel()

@@ -37,9 +37,9 @@ class Submit(msgspec.Struct, tag="submit", omit_defaults=True, gc=False):
     prompt_tokens: int = 0  # the prompt's length (attempt 0)
     attempt: int = 0
     streamed: list[int] = []  # a resumed attempt: the tokens the client already has
-    # of prompt + streamed, under the announced layout (empty: the core keys them); a tuple once decoded:
-    # the collector untracks it, so thousands of requests in flight cost the core's collections nothing
-    block_keys: tuple[bytes, ...] = ()
+    # of prompt + streamed, under the announced layout, packed end to end (shared.kv.keyrun; empty: the
+    # core keys them): one bytes to decode and hold, where a list would be an object per key
+    block_keys: bytes = b""
     stored_blocks: int = -1  # leading block_keys the store held when the worker asked it (-1: not asked: the core asks)
     mode: LoadMode = LoadMode.DUALPATH
     hint: Hint | None = None  # the agent's hints, already checked by the worker

@@ -147,8 +147,10 @@ class FrontWorker(Service):
         if not self.bus.nc.is_connected:  # nothing could reach the core or an engine: no waiting for it
             raise failure(ErrorCode.NO_ENGINE, "no engine reachable: the scheduler is cut off from the bus")
         self.inflight[rec.req_id] = rec
-        keys = self._keys(rec.prompt)
-        ids = not keys or rec.hint is not None or rec.mode == LoadMode.ORACLE  # the core keys them, or needs them
+        keys = rec.block_keys = self._keys(rec.prompt)  # kept here: filled into the work as the ids are (_on_work)
+        # the core keys them, or needs them (a session's retention and prefetch, the oracle's index, a
+        # finished turn's blocks held for the next: keyed from prompt + generated)
+        ids = not keys or rec.hint is not None or rec.mode == LoadMode.ORACLE or self.cfg.serve_pending_saves
         # the store asked here, not by the core (its round trip off the dispatch core); a session's
         # (hinted) request is looked up by the core, which knows what was prefetched for it
         try:
@@ -159,7 +161,7 @@ class FrontWorker(Service):
         if rec.finished:  # failed meanwhile (shutting down): its events say so, nothing to submit
             return
         await self._submit(rec, Submit(rec.req_id, self.reply, rec.sampling, prompt=rec.prompt if ids else [],
-                                       prompt_tokens=len(rec.prompt), block_keys=keys, stored_blocks=stored,
+                                       prompt_tokens=len(rec.prompt), block_keys=b"".join(keys), stored_blocks=stored,
                                        mode=rec.mode, hint=rec.hint, waited_s=time.monotonic() - rec.arrived))
 
     async def cancel(self, rec: InFlight, reason: str) -> None:
@@ -204,7 +206,7 @@ class FrontWorker(Service):
         rec = self.inflight.get(msg.work.req_id.partition("#")[0])
         if rec is None or rec.finished or msg.work.req_id != rec.wire_id:
             return  # answered meanwhile (its Done frees the engines at the core), or an old attempt's
-        work = msgspec.structs.replace(msg.work, prompt=rec.work_prompt)
+        work = msgspec.structs.replace(msg.work, prompt=rec.work_prompt, block_keys=rec.block_keys)
         await self.bus.publish(self.subjects.prefill_work(msg.pe), work, ctx=d.ctx)  # under the core's assign span
 
     async def _on_output(self, msg, d: Delivery) -> None:
@@ -234,8 +236,9 @@ class FrontWorker(Service):
             rec.finished = FinishReason.LENGTH
             return True
         streamed = rec.tokens[: rec.step0]
+        rec.block_keys = self._keys(rec.prompt + streamed)
         msg = Submit(rec.req_id, self.reply, rec.sampling, attempt=rec.attempt, streamed=streamed,
-                     block_keys=self._keys(rec.prompt + streamed), mode=rec.mode)
+                     block_keys=b"".join(rec.block_keys), mode=rec.mode)
         self.spawn(self._submit(rec, msg), name=f"resume-{rec.req_id}")
         return True
 

@@ -67,22 +67,24 @@ def _placed(rec: InFlight):
 def test_a_worker_held_prompt_is_left_out_of_the_work_and_the_work_goes_to_the_worker():
     from services.scheduler.placement import addressed
     from services.scheduler.wire import Forward, work_subject
+    from shared.kv.keyrun import KeyRun
     from shared.messages.subjects import Subjects
 
     subjects = Subjects("ns")
-    held = InFlight("r", [], Sampling(max_tokens=8), reply="ns.scheduler.c-w0.out", remote_prompt=300)
+    held = InFlight("r", [], Sampling(max_tokens=8), reply="ns.scheduler.c-w0.out", remote_prompt=300,
+                    block_keys=KeyRun(bytes(range(16)) * 4))
     held.hit_blocks = 9
     assert held.prompt_len == 300 and held.work_len == 300
     work = _placed(held)
-    assert work.prompt == [] and work.req_id == "r#0" and work.reply == held.reply
+    assert work.prompt == [] and work.block_keys == [] and work.req_id == "r#0" and work.reply == held.reply
     subject, msg = addressed(held, "p0", work, subjects)
     assert subject == work_subject(held.reply) and isinstance(msg, Forward) and (msg.pe, msg.work) == ("p0", work)
     held.tokens, held.next_index = [7, 8], 2  # resumed after two tokens (doors.py): still no ids at the core
     held.restart()
     assert held.work_len == 302 and _placed(held).prompt == []
-    own = InFlight("s", [1, 2, 3], Sampling(max_tokens=8))
+    own = InFlight("s", [1, 2, 3], Sampling(max_tokens=8), block_keys=[b"k" * 16])
     work = _placed(own)
-    assert work.prompt == [1, 2, 3] and addressed(own, "p0", work, subjects) == (subjects.prefill_work("p0"), work)
+    assert work.prompt == [1, 2, 3] and work.block_keys == [b"k" * 16] and addressed(own, "p0", work, subjects) == (subjects.prefill_work("p0"), work)
 
 
 class _Bus:
@@ -105,6 +107,7 @@ def test_the_worker_fills_in_the_prompt_and_the_streamed_tokens_and_drops_stale_
     rec = InFlight("r", [1, 2, 3], Sampling(max_tokens=8))
     rec.accept(TokenEvent("r", [7, 8], 0))
     rec.restart()  # attempt 1, after the two tokens streamed
+    rec.block_keys = [b"a" * 16, b"b" * 16]  # the worker's keys of prompt + streamed (FrontWorker.resume)
     worker = SimpleNamespace(inflight={"r": rec}, subjects=Subjects("ns"), bus=_Bus())
     d = SimpleNamespace(ctx=None)
 
@@ -118,6 +121,7 @@ def test_the_worker_fills_in_the_prompt_and_the_streamed_tokens_and_drops_stale_
     forward("r#1")
     [(subject, work)] = worker.bus.sent
     assert subject == Subjects("ns").prefill_work("p1") and work.prompt == [1, 2, 3, 7, 8] and work.req_id == "r#1"
+    assert work.block_keys == [b"a" * 16, b"b" * 16]  # filled in here: the core sent none
     rec.finished = FinishReason.CANCELLED
     forward("r#1")
     assert len(worker.bus.sent) == 1
@@ -162,6 +166,7 @@ def test_the_worker_asks_the_store_and_submits_its_answer_and_the_core_asks_none
     from services.scheduler.oracle import OracleIndex
     from services.scheduler.wire import FrontInfo, Submit
     from services.scheduler.worker import FrontWorker
+    from shared.kv.keyrun import KeyRun
     from shared.messages.codes import LoadMode
     from shared.messages.storage_gateway import HitReply, StoreLayout
     from shared.messages.subjects import Subjects
@@ -175,20 +180,22 @@ def test_the_worker_asks_the_store_and_submits_its_answer_and_the_core_asks_none
 
     sent = _Bus()
     worker = SimpleNamespace(inflight={}, info=FrontInfo(layout=layout), bus=SimpleNamespace(nc=SimpleNamespace(
-        is_connected=True)), reply="w.out", _ask_hits=ask, _keys=lambda ids: FrontWorker._keys(worker, ids))
+        is_connected=True)), reply="w.out", _ask_hits=ask, _keys=lambda ids: FrontWorker._keys(worker, ids),
+        cfg=SimpleNamespace(serve_pending_saves=False))
     worker._submit = lambda rec, msg: sent.publish("core.front", msg)
     rec = InFlight("r", list(range(13)), Sampling(max_tokens=4))  # three full blocks of 4 (the last token is computed)
     asyncio.run(FrontWorker.admit(worker, rec))
     [(_, msg)] = sent.sent
     assert isinstance(msg, Submit) and asked == [3] and msg.stored_blocks == 2 and msg.prompt == []
+    assert KeyRun(msg.block_keys) == rec.block_keys == FrontWorker._keys(worker, rec.prompt)  # packed; kept here
 
-    core = InFlight("r", [], msg.sampling, block_keys=msg.block_keys, remote_prompt=13, stored_blocks=msg.stored_blocks)
+    core = InFlight("r", [], msg.sampling, block_keys=KeyRun(msg.block_keys), remote_prompt=13, stored_blocks=msg.stored_blocks)
     assert known_hits(core, layout, OracleIndex(), None, lambda keys: 0) and core.hit_blocks == 2
-    kept = InFlight("k", [], msg.sampling, block_keys=msg.block_keys, remote_prompt=13, stored_blocks=1)
+    kept = InFlight("k", [], msg.sampling, block_keys=KeyRun(msg.block_keys), remote_prompt=13, stored_blocks=1)
     assert known_hits(kept, layout, OracleIndex(), None, lambda keys: 3) and kept.hit_blocks == 3  # its DE's buffer
-    resumed = InFlight("q", [], msg.sampling, block_keys=msg.block_keys, remote_prompt=13, stored_blocks=2)
+    resumed = InFlight("q", [], msg.sampling, block_keys=KeyRun(msg.block_keys), remote_prompt=13, stored_blocks=2)
     resumed.restart()  # a new attempt: the store is asked again, by the core
-    resumed.block_keys = msg.block_keys
+    resumed.block_keys = KeyRun(msg.block_keys)
     assert not known_hits(resumed, layout, OracleIndex(), None, None)
     asyncio.run(lookup_hits(resumed, layout, OracleIndex(), ask))
     assert resumed.hit_blocks == 2 and asked == [3, 3]
@@ -198,6 +205,9 @@ def test_the_worker_asks_the_store_and_submits_its_answer_and_the_core_asks_none
     for r in (hinted, oracle):
         asyncio.run(FrontWorker.admit(worker, r))
     assert asked == [3, 3] and [m.stored_blocks for _, m in sent.sent[1:]] == [-1, -1]
+    worker.cfg.serve_pending_saves = True  # the core keys prompt + generated for the blocks a DE holds
+    asyncio.run(FrontWorker.admit(worker, InFlight("s", list(range(13)), Sampling(max_tokens=4))))
+    assert sent.sent[-1][1].prompt == list(range(13))
     assert Subjects("ns").sg_any("hit")  # (the subject `hits.asker` asks on)
 
 
