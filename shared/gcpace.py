@@ -25,9 +25,9 @@ OLD_PASSES = 100  # middle-generation passes between full ones (CPython's defaul
 def collect_due() -> int:
     """One paced collection: the oldest generation whose count is past its threshold, else the
     young one (-1: the collector is off, nothing run). Returns the generation collected."""
-    if not gc.isenabled() or gc.get_threshold()[0] == 0:
-        return -1
     counts, thresholds = gc.get_count(), gc.get_threshold()
+    if not gc.isenabled() or thresholds[0] == 0:
+        return -1
     gen = 2 if counts[2] > thresholds[2] else 1 if counts[1] > thresholds[1] else 0
     gc.collect(gen)
     return gen
