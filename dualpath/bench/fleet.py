@@ -77,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--core-only", action="store_true",
                    help="drive the dispatch core alone at --load x the paper's request rate: a synthetic front door "
                         "(no HTTP, no agents, no engine work; dualpath/fleet/front.py)")
+    p.add_argument("--core-cpu", type=int, default=-1, metavar="CPU",
+                   help="pin the scheduler's dispatch core to CPU and every other process of the run (NATS, "
+                        "emulators, front-door workers, this driver) to the other CPUs (default: no pinning)")
     args = p.parse_args(argv)
     extra = {}
     for item in args.set:
@@ -90,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in args.engines:
         spec = FleetSpec(engines=n, groups=args.groups, load=args.load, trace=args.trace, warmup_s=args.warmup_s,
                          measure_s=args.measure_s, idle_s=args.idle_s, scheduler=extra,
-                         front_workers=args.front_workers,
+                         front_workers=args.front_workers, core_cpu=args.core_cpu,
                          log_dir=f"{args.log_dir}/{n}" if args.log_dir else "",
                          profile=f"{args.profile}.{n}" if args.profile else "")
         try:
@@ -100,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fleet of {n} engines: starting ...", file=sys.stderr, flush=True)
         with Fleet(spec) as fleet:
             row = asyncio.run(drive_core(fleet) if args.core_only else fleet.run_load())
+        row["core_cpu"] = args.core_cpu
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "errors"}), file=sys.stderr, flush=True)
     print(table(rows, CORE_COLUMNS if args.core_only else COLUMNS))

@@ -62,6 +62,7 @@ class FleetSpec:
     scheduler: dict[str, str] = field(default_factory=dict)  # extra scheduler flags
     log_dir: str = ""
     profile: str = ""  # write the scheduler's cProfile statistics here (it runs slower)
+    core_cpu: int = -1  # pin the dispatch core to this CPU and every other process of the run to the rest (-1: none)
 
     @property
     def nodes(self) -> tuple[int, int]:
@@ -75,6 +76,11 @@ class FleetSpec:
         if not 0 < self.load <= 10 or self.groups < 1 or self.measure_s <= 0 or self.warmup_s < 0 or \
                 not self.time_scale > 0:
             raise ValueError("load in (0, 10], groups >= 1, measure_s > 0, warmup_s >= 0 and time_scale > 0")
+        if self.core_cpu >= 0:
+            cpus = os.sched_getaffinity(0)
+            if self.core_cpu not in cpus or len(cpus) < 2:
+                raise ValueError(f"core_cpu {self.core_cpu}: one of this process's CPUs {sorted(cpus)}, with at "
+                                 "least one left for the rest of the run")
 
 
 def cpu_s(pid: int) -> float:
@@ -89,11 +95,28 @@ def cpu_s(pid: int) -> float:
 
 def children_cpu_s(pid: int) -> float:
     """CPU of a process's live children (the scheduler's front-door workers)."""
+    return sum(cpu_s(c) for c in children(pid))
+
+
+def set_affinity(pid: int, cpus: set[int]) -> None:
+    """Every thread of `pid` onto `cpus` (threads it starts later inherit its own)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return
+    for tid in tids:
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except (OSError, ValueError):
+            pass  # a thread that ended meanwhile
+
+
+def children(pid: int) -> list[int]:
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as fh:
-            return sum(cpu_s(int(c)) for c in fh.read().split())
+            return [int(c) for c in fh.read().split()]
     except (OSError, ValueError):
-        return 0.0
+        return []
 
 
 def _get(url: str, timeout: float = 60.0) -> bytes:
@@ -152,6 +175,7 @@ class Fleet:
         self.procs: dict[str, subprocess.Popen] = {}
         self.nats_url = self.monitor = self.url = ""
         self.sock = None
+        self.affinity: set[int] | None = None  # the driver's own, while the run is pinned
 
     def _spawn(self, name: str, argv: list[str], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OTEL_SDK_DISABLED": os.environ.get("OTEL_SDK_DISABLED", "")}
@@ -204,6 +228,19 @@ class Fleet:
                                       "--time-scale", str(s.time_scale),
                                       "--out", str(self.dir)])
         self.wait_ready(n_pre * PER_NODE, n_dec * PER_NODE, timeout)
+        if s.core_cpu >= 0:
+            self.pin(s.core_cpu)
+
+    def pin(self, cpu: int) -> None:
+        """The dispatch core alone on `cpu`; NATS, the emulators, the front-door workers and this
+        driver (the agents or the synthetic front door) on the other CPUs: the core as a deployment
+        would run it, on a core of its own."""
+        self.affinity = os.sched_getaffinity(0)
+        rest = self.affinity - {cpu}
+        core = self.procs["scheduler"].pid
+        set_affinity(core, {cpu})
+        for pid in [p.pid for n, p in self.procs.items() if n != "scheduler"] + children(core) + [os.getpid()]:
+            set_affinity(pid, rest)
 
     def trajectories(self):
         return generate(self.spec.trace, 500, seed=self.spec.seed)
@@ -366,6 +403,9 @@ class Fleet:
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+        if self.affinity is not None:
+            set_affinity(os.getpid(), self.affinity)
+            self.affinity = None
         if not keep and not self.spec.log_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 
 import pytest
 
@@ -41,9 +42,16 @@ def test_the_dispatch_core_driven_alone_places_every_synthetic_request():
     Forward, and the requests' PrefillOver / Done free their engines (nothing left waiting)."""
     from dualpath.fleet.front import drive_core
 
+    mine = os.sched_getaffinity(0)
+    cpu = max(mine) if len(mine) > 1 else -1  # `--core-cpu`: the core on a CPU of its own, where there are two
     spec = FleetSpec(engines=24, groups=1, load=1.0, trace="32k", warmup_s=1.0, measure_s=2.0, time_scale=0.1,
-                     idle_s=1.0, front_workers=1)
+                     idle_s=1.0, front_workers=1, core_cpu=cpu)
     with Fleet(spec) as fleet:
+        if cpu >= 0:
+            assert os.sched_getaffinity(fleet.procs["scheduler"].pid) == {cpu}
+            assert os.sched_getaffinity(fleet.procs["nats"].pid) == mine - {cpu}
+            assert os.sched_getaffinity(0) == mine - {cpu}
         row = asyncio.run(drive_core(fleet, 40.0))
+    assert os.sched_getaffinity(0) == mine  # the driver's own CPUs back after the run
     assert row["assign_per_s"] > 0 and row["never_assigned"] == 0, row
     assert math.isfinite(row["assign_p99_ms"]) and row["core_cores"] > 0 and row["core_in_msgs_per_s"] > 0, row
