@@ -31,6 +31,7 @@ import msgspec
 
 from dualpath.fleet.agents import AgentLoad
 from dualpath.fleet.group import fleet_layout
+from dualpath.fleet.procs import children, children_cpu_s, cpu_s, set_affinity
 from dualpath.fleet.store import StoredKeys
 from dualpath.fleet.timing import FleetTiming
 from dualpath.mesh import nats_server_binary
@@ -81,42 +82,6 @@ class FleetSpec:
             if self.core_cpu not in cpus or len(cpus) < 2:
                 raise ValueError(f"core_cpu {self.core_cpu}: one of this process's CPUs {sorted(cpus)}, with at "
                                  "least one left for the rest of the run")
-
-
-def cpu_s(pid: int) -> float:
-    """utime + stime of a process, in seconds (0.0 once it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
-def children_cpu_s(pid: int) -> float:
-    """CPU of a process's live children (the scheduler's front-door workers)."""
-    return sum(cpu_s(c) for c in children(pid))
-
-
-def set_affinity(pid: int, cpus: set[int]) -> None:
-    """Every thread of `pid` onto `cpus` (threads it starts later inherit its own)."""
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return
-    for tid in tids:
-        try:
-            os.sched_setaffinity(int(tid), cpus)
-        except (OSError, ValueError):
-            pass  # a thread that ended meanwhile
-
-
-def children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as fh:
-            return [int(c) for c in fh.read().split()]
-    except (OSError, ValueError):
-        return []
 
 
 def _get(url: str, timeout: float = 60.0) -> bytes:

@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from dualpath.fleet.driver import FleetSpec, children, set_affinity
+from dualpath.fleet.driver import FleetSpec
+from dualpath.fleet.procs import children, set_affinity
 
 
 def test_a_core_cpu_outside_this_process_is_refused_by_name():
