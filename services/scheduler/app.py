@@ -277,16 +277,17 @@ class SchedulerService(Service):
     async def _check_liveness(self) -> None:
         """Resume (or fail) the requests of engines that went silent; expire unassigned requests."""
         now = time.monotonic()
-        for engine in self.watch.judge(now, self.view.silences(now), len(self.view.engines)):
+        dead = list(self.watch.judge(now, self.view.silences(now), len(self.view.engines)))
+        for engine in dead:
             log.warning("engine %s stopped heartbeating; resuming its requests elsewhere", engine)
             self.view.forget(engine)
-            for rec in stranded(list(self.inflight.values()), engine):
-                why = f"engine {engine} stopped responding"
-                if rec.reply:  # a front-door worker's: it has the tokens, it resumes
-                    rec.events.put_nowait(strand_event(rec, engine, why))
-                elif not self.resume(rec, why):
-                    rec.fail(ErrorCode.ENGINE_FAILED, why)
-                    self.spawn(self._cancel(rec.wire_id, why))
+        for rec, engine in stranded(list(self.inflight.values()), dead):
+            why = f"engine {engine} stopped responding"
+            if rec.reply:  # a front-door worker's: it has the tokens, it resumes
+                rec.events.put_nowait(strand_event(rec, engine, why))
+            elif not self.resume(rec, why):
+                rec.fail(ErrorCode.ENGINE_FAILED, why)
+                self.spawn(self._cancel(rec.wire_id, why))
         for rec in unassigned_past(list(self.inflight.values()), now, self.cfg.assign_timeout_s):
             self.dispatcher.remove(rec.req_id)
             rec.fail(ErrorCode.NO_ENGINE, "no engine available to serve the request")

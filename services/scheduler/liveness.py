@@ -12,16 +12,27 @@ from collections.abc import Iterable
 from services.scheduler.inflight import InFlight
 
 
-def stranded(recs: Iterable[InFlight], engine: str) -> list[InFlight]:
-    """Unfinished requests that `engine` holds and that cannot go on without it. A request
-    whose prefill engine died after its decode engine produced tokens is not stranded."""
+def strands(rec: InFlight, engine: str) -> bool:
+    """Whether `rec`, unfinished, cannot go on without `engine`. A request whose prefill engine
+    died after its decode engine produced tokens is not stranded by it."""
+    if engine not in (rec.pe, rec.de) or rec.finished:
+        return False
+    return not (engine == rec.pe and rec.de != engine and rec.next_index > rec.step0 + 1)
+
+
+def stranded(recs: Iterable[InFlight], engines: list[str]) -> list[tuple[InFlight, str]]:
+    """The requests that the dead `engines` leave stranded, each once, with the first of
+    `engines` (in their order) that strands it. One pass over `recs` however many engines
+    died together (a host, an emulator process of hundreds: not a pass per engine)."""
+    dead = set(engines)
+    if not dead:
+        return []
+    rank = {e: i for i, e in enumerate(engines)}
     out = []
     for rec in recs:
-        if engine not in (rec.pe, rec.de) or rec.finished:
-            continue
-        if engine == rec.pe and rec.de != engine and rec.next_index > rec.step0 + 1:
-            continue  # its decode engine already holds it: the prefill side is done
-        out.append(rec)
+        hit = [e for e in (rec.pe, rec.de) if e in dead and strands(rec, e)]
+        if hit:
+            out.append((rec, min(hit, key=rank.__getitem__)))
     return out
 
 

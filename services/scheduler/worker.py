@@ -245,7 +245,7 @@ class FrontWorker(Service):
 
 def running_without(rec: InFlight, engine: str) -> bool:
     """`engine`, gone silent, was the attempt's prefill engine and its decode engine already
-    streams tokens: the request goes on without it (liveness.stranded's rule, judged here,
+    streams tokens: the request goes on without it (liveness.strands' rule, judged here,
     where the tokens are)."""
     return bool(engine) and engine == rec.pe and rec.de not in ("", engine) and rec.next_index > rec.step0 + 1
 

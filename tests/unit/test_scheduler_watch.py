@@ -57,3 +57,43 @@ def test_half_the_fleet_silent_is_a_real_loss_not_a_stall():
 def test_one_engine_of_a_two_engine_mesh_is_declared():
     w = ticking(100.0, heard=99.9)
     assert w.judge(100.0, {"d0": 3.1}, 2) == ["d0"]
+
+
+def _rec(rid: str, pe: str, de: str, **kw):
+    from services.scheduler.inflight import InFlight
+    from shared.messages.work import Sampling
+
+    return InFlight(rid, [1, 2, 3], Sampling(), pe=pe, de=de, **kw)
+
+
+def test_the_requests_of_engines_that_died_together_are_found_in_one_pass_each_once():
+    from services.scheduler.liveness import stranded
+    from shared.messages.codes import FinishReason
+
+    both = _rec("both", "p1", "d1")  # its prefill and decode engines died together
+    only_de = _rec("de", "p0", "d1")
+    streaming = _rec("streaming", "p1", "d0", next_index=5)  # its decode engine already streams
+    streaming_dead_de = _rec("streaming-dead-de", "p1", "d1", next_index=5)
+    done = _rec("done", "p1", "d1", finished=FinishReason.STOP)
+    other = _rec("other", "p0", "d0")
+    recs = [both, only_de, streaming, streaming_dead_de, done, other]
+    got = stranded(recs, ["d1", "p1"])
+    assert [(r.req_id, e) for r, e in got] == [("both", "d1"), ("de", "d1"), ("streaming-dead-de", "d1")]
+    got = stranded(recs, ["p1", "d1"])  # the first dead engine (in the judged order) is the one named
+    assert [(r.req_id, e) for r, e in got] == [("both", "p1"), ("de", "d1"), ("streaming-dead-de", "d1")]
+    assert stranded(recs, []) == [] and stranded(recs, ["p9"]) == []
+
+
+def test_a_whole_emulator_process_of_engines_declared_at_once_costs_one_walk_of_the_requests():
+    from services.scheduler import liveness
+
+    recs = [_rec(f"r{i}", f"p{i % 64}", f"d{i % 128}") for i in range(3000)]
+    calls = []
+    real = liveness.strands
+    liveness.strands = lambda rec, engine: calls.append(engine) or real(rec, engine)
+    try:
+        got = liveness.stranded(recs, [f"p{i}" for i in range(64)] + [f"d{i}" for i in range(128)])
+    finally:
+        liveness.strands = real
+    assert len(got) == 3000
+    assert len(calls) <= 2 * len(recs)  # at most both engines of each record, not engines x records
