@@ -114,14 +114,17 @@ class BlockReader:
         hasher = payload_hasher()
         if self.lanes is None or len(dest) <= READ_CHUNK:
             self._fill(fd, dest, off, cached_only, hasher.update, hasher.update, taper=False)
-        else:  # hashed on another core, chunk by chunk, while the next chunk is read
+        else:  # hashed on another core, chunk by chunk, while the next chunk is read (a core to spare)
             with self.lanes.lease() as lane:
+                if lane is None:  # every core busy reading: hashed here
+                    self._fill(fd, dest, off, cached_only, hasher.update, hasher.update, taper=False)
+                else:
 
-                def last(view: memoryview) -> None:  # hashed here: no wake-up to wait for
-                    lane.drain()
-                    hasher.update(view)
+                    def last(view: memoryview) -> None:  # hashed here: no wake-up to wait for
+                        lane.drain()
+                        hasher.update(view)
 
-                self._fill(fd, dest, off, cached_only, lambda view: lane.feed(hasher, view), last, taper=True)
+                    self._fill(fd, dest, off, cached_only, lambda view: lane.feed(hasher, view), last, taper=True)
         check_checksum(hdr, hasher.intdigest())
 
     def _fill(self, fd: int, dest: memoryview, off: int, cached_only: bool,

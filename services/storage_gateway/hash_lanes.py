@@ -71,40 +71,66 @@ class HashLane:
 
 
 class HashLanes:
-    """Lanes leased one per read; a lease always ends drained (its views are no longer read)."""
+    """Lanes leased one per read; a lease always ends drained (its views are no longer read).
 
-    def __init__(self, name: str = "sg-hash") -> None:
+    `cores`: a read gets a lane only while a core is left for its hash thread, i.e. while the
+    reads in progress (this one included) and the lanes already hashing number fewer than
+    `cores`; otherwise `lease` yields None and the read hashes on its own thread. Reads that
+    run at once (a request's blocks striped over I/O threads) already fill the cores, and a
+    hash thread beside each only adds hand-offs: on two cores, four reads of 8 MiB blocks
+    into one buffer ran 1.35x faster hashed on their own threads than each beside a lane.
+    None: a lane for every read."""
+
+    def __init__(self, name: str = "sg-hash", cores: int | None = None) -> None:
         self._name = name
+        self._cores = cores
         self._free: list[HashLane] = []
         self._all: list[HashLane] = []
+        self._reading = 0  # leases held (reads in progress), with or without a lane
+        self._hashing = 0  # leases holding a lane
         self._lock = threading.Lock()
         _POOLS.add(self)
 
     def _forget(self) -> None:
         """In a forked child: the parent's lane threads do not exist here; new ones are made."""
         self._free, self._all, self._lock = [], [], threading.Lock()
+        self._reading = self._hashing = 0
 
     @contextmanager
-    def lease(self) -> Iterator[HashLane]:
+    def lease(self) -> Iterator[HashLane | None]:
         with self._lock:
-            lane = self._free.pop() if self._free else None
-        if lane is None:
-            lane = HashLane(f"{self._name}-{len(self._all)}")
+            self._reading += 1
+            spare = self._cores is None or self._reading + self._hashing < self._cores
+            lane = (self._free.pop() if self._free else None) if spare else None
+            self._hashing += spare
+        try:
+            if spare and lane is None:
+                lane = HashLane(f"{self._name}-{len(self._all)}")
+                with self._lock:
+                    self._all.append(lane)
+        except BaseException:
             with self._lock:
-                self._all.append(lane)
+                self._reading -= 1
+                self._hashing -= spare
+            raise
         try:
             yield lane
         except BaseException:
             try:
-                lane.drain()
+                if lane is not None:
+                    lane.drain()
             except BaseException:  # the read's own error is the one to raise
                 pass
             raise
         else:
-            lane.drain()
+            if lane is not None:
+                lane.drain()
         finally:
             with self._lock:
-                self._free.append(lane)
+                self._reading -= 1
+                self._hashing -= spare
+                if lane is not None:
+                    self._free.append(lane)
 
     def close(self) -> None:
         with self._lock:
@@ -128,7 +154,8 @@ def shared_lanes() -> HashLanes | None:
         return None
     with _SHARED_LOCK:
         if _SHARED is None:
-            _SHARED = HashLanes()
+            _SHARED = HashLanes(cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                else os.cpu_count() or 1)
         return _SHARED
 
 

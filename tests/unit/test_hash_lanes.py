@@ -115,3 +115,31 @@ def test_a_forked_child_makes_lanes_of_its_own() -> None:
         assert proc.exitcode == 0
     finally:
         lanes.close()
+
+
+def test_a_read_gets_a_lane_only_while_a_core_is_left_for_its_hash_thread() -> None:
+    lanes = HashLanes("t-hash", cores=2)
+    data = memoryview(b"abc" * 1000)
+    try:
+        with lanes.lease() as first:  # alone: the second core hashes beside it
+            assert first is not None
+            with lanes.lease() as second:  # both cores busy (a reader and a hash thread): hashed inline
+                assert second is None
+                with lanes.lease() as third:
+                    assert third is None
+            hasher = xxhash.xxh3_64()
+            first.feed(hasher, data)
+        assert hasher.intdigest() == xxhash.xxh3_64_intdigest(data)
+        with pytest.raises(KeyError):
+            with lanes.lease() as lane:
+                assert lane is not None
+                raise KeyError("a read that failed")
+        with lanes.lease() as again:  # the failed read gave its lane and its core back
+            assert again is not None
+        assert lanes.threads == 1
+    finally:
+        lanes.close()
+    one_core = HashLanes("t-hash", cores=1)
+    with one_core.lease() as lane:  # no core to spare at all
+        assert lane is None
+    assert one_core.threads == 0

@@ -113,7 +113,7 @@ def test_corrupt_block_is_deleted_counted_and_then_missing(
     store.check_integrity()
 
 
-@pytest.mark.parametrize("hashing", ["beside", "inline"])
+@pytest.mark.parametrize("hashing", ["beside", "inline", "cores-busy"])
 @pytest.mark.parametrize("cached", [True, False], ids=["cached", "from-disk"])
 @pytest.mark.parametrize("at", [0, 64 * 1024 - 1, 64 * 1024, 160 * 1024 + 7, 500 * 1024, -3],
                          ids=["first", "first-end", "chunk-start", "mid-chunk", "tail", "last"])
@@ -131,8 +131,11 @@ def test_large_blocks_are_verified_chunk_by_chunk(
     big = KVLayout(n_layers=8, n_kv_heads=4, head_dim=64, dtype="float16", block_size=64)
     fp = ModelFingerprint.from_layout("big", big).digest()
     store = DirectoryStore(tmp_path, fp, big)
-    lanes = HashLanes("test-hash")
-    store.reader.lanes = lanes if hashing == "beside" else None
+    lanes = HashLanes("test-hash", cores=2 if hashing == "cores-busy" else None)
+    store.reader.lanes = None if hashing == "inline" else lanes
+    if hashing == "cores-busy":  # another read holds the lane and the spare core: these hash inline
+        busy = lanes.lease()
+        assert busy.__enter__() is not None
     key = make_keys(1)[0]
     payload = np.random.default_rng(1).integers(0, 256, big.payload_bytes, dtype=np.uint8)
     store.write(key, memoryview(payload))
@@ -143,7 +146,10 @@ def test_large_blocks_are_verified_chunk_by_chunk(
     with pytest.raises(BlockCorrupt, match="payload checksum"):
         store.read_into(key, memoryview(out))
     assert not os.path.exists(store.path_for(key))
-    assert lanes.threads == (1 if hashing == "beside" else 0)  # one read at a time: one lane
+    assert lanes.threads == (0 if hashing == "inline" else 1)  # one read at a time (or the busy one): one lane
+    if hashing == "cores-busy":
+        busy.__exit__(None, None, None)
+        assert lanes._hashing == 0 and lanes._reading == 0
     lanes.close()
 
 
