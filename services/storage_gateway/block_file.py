@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 from services.storage_gateway import fileio
@@ -112,19 +113,17 @@ class BlockReader:
         hdr = decode_header(header, expected_key=key, expected_fingerprint=self.fingerprint,
                             expected_layout=self.layout)
         hasher = payload_hasher()
-        if self.lanes is None or len(dest) <= READ_CHUNK:
-            self._fill(fd, dest, off, cached_only, hasher.update, hasher.update, taper=False)
-        else:  # hashed on another core, chunk by chunk, while the next chunk is read (a core to spare)
-            with self.lanes.lease() as lane:
-                if lane is None:  # every core busy reading: hashed here
-                    self._fill(fd, dest, off, cached_only, hasher.update, hasher.update, taper=False)
-                else:
+        beside = self.lanes is not None and len(dest) > READ_CHUNK
+        with self.lanes.lease() if beside else nullcontext() as lane:
+            if lane is None:  # hashed here (one chunk, no pool, or every core busy reading)
+                self._fill(fd, dest, off, cached_only, hasher.update, hasher.update, taper=False)
+            else:  # hashed on another core, chunk by chunk, while the next chunk is read
 
-                    def last(view: memoryview) -> None:  # hashed here: no wake-up to wait for
-                        lane.drain()
-                        hasher.update(view)
+                def last(view: memoryview) -> None:  # hashed here: no wake-up to wait for
+                    lane.drain()
+                    hasher.update(view)
 
-                    self._fill(fd, dest, off, cached_only, lambda view: lane.feed(hasher, view), last, taper=True)
+                self._fill(fd, dest, off, cached_only, lambda view: lane.feed(hasher, view), last, taper=True)
         check_checksum(hdr, hasher.intdigest())
 
     def _fill(self, fd: int, dest: memoryview, off: int, cached_only: bool,

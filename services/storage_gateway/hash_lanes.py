@@ -24,8 +24,9 @@ from contextlib import contextmanager
 from queue import SimpleQueue
 from typing import Any
 
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 # Worth a second thread only with a second core to run it on.
-PIPELINE = len(os.sched_getaffinity(0)) > 1 if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1) > 1
+PIPELINE = CORES > 1
 _STOP = None
 _POOLS: weakref.WeakSet[HashLanes] = weakref.WeakSet()
 
@@ -101,19 +102,13 @@ class HashLanes:
         with self._lock:
             self._reading += 1
             spare = self._cores is None or self._reading + self._hashing < self._cores
-            lane = (self._free.pop() if self._free else None) if spare else None
             self._hashing += spare
+            lane = self._free.pop() if spare and self._free else None
         try:
             if spare and lane is None:
                 lane = HashLane(f"{self._name}-{len(self._all)}")
                 with self._lock:
                     self._all.append(lane)
-        except BaseException:
-            with self._lock:
-                self._reading -= 1
-                self._hashing -= spare
-            raise
-        try:
             yield lane
         except BaseException:
             try:
@@ -154,8 +149,7 @@ def shared_lanes() -> HashLanes | None:
         return None
     with _SHARED_LOCK:
         if _SHARED is None:
-            _SHARED = HashLanes(cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                                else os.cpu_count() or 1)
+            _SHARED = HashLanes(cores=CORES)
         return _SHARED
 
 
