@@ -16,9 +16,9 @@ of its aligned speed, so an unaligned buffer would measure the allocator.
 - warm, reused buffer: ``dd bs=4M`` reads into one buffer it reuses; the gateway reads one
   block per request into one reused 8 MiB slot: the same job plus header checks and
   checksums (dd checks nothing), the like-for-like ratio. As the service runs, the event
-  loop copies such a read itself and a hash thread checksums each chunk while the next is
-  read (``hash_lanes.py``); the next lines hash on the reading thread, and hand every read
-  to a read thread (two wake-ups a request).
+  loop copies and hashes the near half of such a block itself while a lane thread does the
+  far half (``hash_lanes.py``); the next lines read it all on the reading thread, and hand
+  every read to a read thread (two wake-ups a request).
 - warm, one request into a ``--mib`` buffer: the real use (distinct slots of a
   traffic manager's buffer), spread over free I/O threads. A buffer that big does not
   fit in CPU caches: one core's kernel copy into it runs far below ``dd``'s figure, so
@@ -193,7 +193,7 @@ class Figures:
 
 
 def _hashing(store: DirectoryStore, lanes: HashLanes | None, fn: Callable[[], float]) -> float:
-    store.reader.lanes = lanes  # hashed beside the read, or (None) on the reading thread
+    store.reader.lanes = lanes  # the far half on a lane, or (None) all on the reading thread
     try:
         return fn()
     finally:
@@ -216,7 +216,7 @@ def measure(root: Path, mib: int, threads: int, rounds: int) -> tuple[Figures, i
     off = next(i for i in range(64) if (heap.ctypes.data + i) % 64 == 16)
     unaligned = heap[off : off + big.nbytes]
     figs = Figures()
-    lanes = store.reader.lanes  # hashing beside the read (hash_lanes.py), as the service runs
+    lanes = store.reader.lanes  # split reads (hash_lanes.py), as the service runs
 
     try:
         for r in range(rounds):

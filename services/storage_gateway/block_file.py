@@ -6,7 +6,8 @@ Read: one ``preadv`` of two iovecs -- header into a scratch, the payload's first
 straight into the caller's slice -- then the rest chunk by chunk into the same slice (no
 intermediate copy): cached bytes in big reads that never wait for the disk
 (``RWF_NOWAIT``), the others in small blocking reads; header fields verified, the payload
-checksum computed in place as each chunk lands. A fault raises ``FullBlockError``.
+checksum computed in place as each chunk lands. With a lane to spare (``hash_lanes.py``), a
+block's far half is read and hashed on another core at the same time. A fault raises ``FullBlockError``.
 Read in parts (``OpenBlock``: a read in layer groups): the header is checked when the file is
 opened, each part of the payload lands (in payload order) and feeds the checksum, and the
 checksum is checked after the last part.
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -36,6 +37,7 @@ from shared.kv.full_block import (
     payload_hasher,
 )
 from shared.kv.layout import KVLayout
+from shared.kv.segment_sum import SegmentHasher, split_point
 
 # Bytes per read syscall, each hashed right after it lands (while cache-hot). Cached
 # bytes come in big reads (8 MiB blocks: 1.16x faster at 2 MiB than 256 KiB, no gain
@@ -43,9 +45,6 @@ from shared.kv.layout import KVLayout
 # the copy and the hash (cold: 1.6x faster at 256 KiB than at 2 MiB).
 READ_CHUNK = 2 * 2**20
 COLD_CHUNK = 256 * 1024
-# Hashed beside the read (hash_lanes.py), a block's last chunks shrink to this: the hash
-# that cannot overlap a read is the last chunk's (~8 us at 256 KiB, ~65 us at 2 MiB).
-TAIL_CHUNK = 256 * 1024
 
 
 def write_file(path: str, key: bytes, fingerprint: bytes, layout: KVLayout, payload: memoryview,
@@ -82,7 +81,7 @@ class OpenBlock:
     fd: int
     st: os.stat_result
     header: FullBlockHeader
-    hasher: object  # xxh3_64 of the payload so far
+    hasher: object  # the checksum of the payload so far (the header's version's hasher)
     read: int = 0  # payload bytes read so far (parts come in payload order)
 
 
@@ -112,41 +111,37 @@ class BlockReader:
             pread(fd, [memoryview(header), first], 0)
         hdr = decode_header(header, expected_key=key, expected_fingerprint=self.fingerprint,
                             expected_layout=self.layout)
-        hasher = payload_hasher()
-        beside = self.lanes is not None and len(dest) > READ_CHUNK
-        with self.lanes.lease() if beside else nullcontext() as lane:
-            if lane is None:  # hashed here (one chunk, no pool, or every core busy reading)
-                self._fill(fd, dest, off, cached_only, hasher.update, hasher.update, taper=False)
-            else:  # hashed on another core, chunk by chunk, while the next chunk is read
-
-                def last(view: memoryview) -> None:  # hashed here: no wake-up to wait for
-                    lane.drain()
-                    hasher.update(view)
-
-                self._fill(fd, dest, off, cached_only, lambda view: lane.feed(hasher, view), last, taper=True)
+        hasher = payload_hasher(hdr.version)
+        size = len(dest)
+        split = split_point(size) if hdr.version >= 3 and self.lanes is not None and size > READ_CHUNK else 0
+        with self.lanes.lease() if split else nullcontext() as lane:
+            if lane is None:  # all on this thread (a small or version-2 block, no pool, or every core busy)
+                self._fill(fd, dest, 0, size, cached_only, hasher, landed=off)
+            else:  # the far half read and hashed on another core meanwhile, into a hasher of its own
+                far = SegmentHasher(split)
+                lane.run(lambda: self._fill(fd, dest, split, size, cached_only, far))
+                self._fill(fd, dest, 0, split, cached_only, hasher, landed=off)
+                lane.drain()
+                hasher.join(far)
         check_checksum(hdr, hasher.intdigest())
 
-    def _fill(self, fd: int, dest: memoryview, off: int, cached_only: bool,
-              feed: Callable[[memoryview], object], last: Callable[[memoryview], object],
-              taper: bool) -> None:
-        """``dest[off:]`` from the payload at ``off``, each landed piece (and ``dest[:off]``
-        first) passed to ``feed`` in payload order, the piece that ends the payload to
-        ``last``. ``taper``: the last chunks halve (down to ``TAIL_CHUNK``), so the hash
-        left after the last read is a small one."""
-        if off:
-            (last if off >= len(dest) else feed)(dest[:off])
-        while off < len(dest):
-            left = len(dest) - off
-            size = READ_CHUNK if not taper or left > 2 * READ_CHUNK else max(TAIL_CHUNK, left // 2)
-            part = dest[off : off + size]
+    def _fill(self, fd: int, dest: memoryview, off: int, end: int, cached_only: bool, hasher,
+              landed: int = 0) -> None:
+        """``dest[off:end]`` from the payload at ``off`` (its first ``landed`` bytes are there
+        already), each piece fed to ``hasher`` as it lands, in payload order."""
+        if landed:
+            hasher.update(dest[off : off + landed])
+            off += landed
+        while off < end:
+            part = dest[off : min(off + READ_CHUNK, end)]
             got = self._pread_cached(fd, part, HEADER_SIZE + off)
             if got == 0:  # not cached (or no such read here): wait for the disk
                 if cached_only:
                     raise NotCached
-                part = dest[off : off + COLD_CHUNK]
+                part = dest[off : min(off + COLD_CHUNK, end)]
                 got = pread(fd, [part], HEADER_SIZE + off)
+            hasher.update(part[:got])
             off += got
-            (last if off >= len(dest) else feed)(part[:got])
 
     def open_fd(self, fd: int, st: os.stat_result, key: bytes) -> OpenBlock:
         """Check the size and header of an open block file; its payload is read in parts next."""
@@ -156,7 +151,7 @@ class BlockReader:
         pread(fd, [memoryview(header)], 0)
         hdr = decode_header(header, expected_key=key, expected_fingerprint=self.fingerprint,
                             expected_layout=self.layout)
-        return OpenBlock(key, fd, st, hdr, payload_hasher())
+        return OpenBlock(key, fd, st, hdr, payload_hasher(hdr.version))
 
     def read_part(self, ob: OpenBlock, dest: memoryview) -> None:
         """The next ``len(dest)`` payload bytes of ``ob`` into ``dest``, hashed as they land."""

@@ -1,14 +1,15 @@
-"""Checksums computed beside the read: a pool of hash threads, each taking one read's
-chunks in order, so chunk k is hashed on another core while chunk k+1 is read.
+"""A second core for one block's read: a pool of lane threads, each reading and hashing the
+far half of a block while the reading thread reads and hashes the near half.
 
 A warm block read is two passes over every byte: the kernel's page-cache copy into the
-slot, then xxh3 over the slot. Done one after the other on one thread, the hash adds about
-a third to the copy (8 MiB blocks: ~90 ms/GB copy, ~25-35 ms/GB hash on this machine's
-cores); xxhash releases the GIL while it hashes, so a second thread can take the hash of
-the chunk just read while the reading thread copies the next one, and the read takes
-about as long as the copy alone. A read leases one lane (its own thread and queue) for its
-whole length, so a streaming hasher sees its chunks in payload order; lanes are made on
-demand, one per read running at once, and kept for the next.
+slot, then xxh3 over it. On one thread that is copy + hash (8 MiB blocks: ~80 ms/GB copy,
+~35 ms/GB hash here), about 0.7x of what `dd` reads into a buffer it reuses. A block's
+checksum is over 1 MiB segments (``shared/kv/segment_sum.py``), so its two halves are
+independent: the lane copies and hashes one into a hasher of its own while the reading
+thread does the other, and the reader joins the digests. (Handing finished chunks of one
+sequential hash to another thread, tried first, ran 4-10 GB/s from run to run: each chunk
+was a wake-up, and the copy waited on the hash whenever the lane slept.) A read leases one
+lane for its whole length; lanes are made on demand, one per read running at once, and kept.
 
 Owns: ``HashLanes`` (a pool), ``HashLane`` (one thread), ``shared_lanes`` (the process's
 pool: every store's reads share it, as they share the cores). Does not own the
@@ -19,10 +20,9 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from queue import SimpleQueue
-from typing import Any
 
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 # Worth a second thread only with a second core to run it on.
@@ -32,21 +32,21 @@ _POOLS: weakref.WeakSet[HashLanes] = weakref.WeakSet()
 
 
 class HashLane:
-    """One hash thread: ``feed`` queues ``hasher.update(view)``, ``drain`` waits for all of them."""
+    """One thread: ``run`` queues a call, ``drain`` waits for every queued call to end."""
 
     def __init__(self, name: str) -> None:
-        self._jobs: SimpleQueue[tuple[Any, memoryview] | None] = SimpleQueue()
+        self._jobs: SimpleQueue[Callable[[], object] | None] = SimpleQueue()
         self._done: SimpleQueue[BaseException | None] = SimpleQueue()
         self._pending = 0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def feed(self, hasher: Any, view: memoryview) -> None:
+    def run(self, call: Callable[[], object]) -> None:
         self._pending += 1
-        self._jobs.put((hasher, view))
+        self._jobs.put(call)
 
     def drain(self) -> None:
-        """Every fed update has run (the first error among them is raised, after all ran)."""
+        """Every queued call has ended (the first error among them is raised, after all ended)."""
         error: BaseException | None = None
         while self._pending:
             got = self._done.get()
@@ -61,10 +61,9 @@ class HashLane:
 
     def _run(self) -> None:
         jobs, done = self._jobs, self._done
-        while (job := jobs.get()) is not _STOP:
-            hasher, view = job
+        while (call := jobs.get()) is not _STOP:
             try:
-                hasher.update(view)
+                call()
             except BaseException as exc:  # handed to the reader, never lost on this thread
                 done.put(exc)
             else:
@@ -72,14 +71,14 @@ class HashLane:
 
 
 class HashLanes:
-    """Lanes leased one per read; a lease always ends drained (its views are no longer read).
+    """Lanes leased one per read; a lease always ends drained (the lane no longer writes the read's buffer).
 
-    `cores`: a read gets a lane only while a core is left for its hash thread, i.e. while the
+    `cores`: a read gets a lane only while a core is left for its lane thread, i.e. while the
     reads in progress (this one included) and the lanes already hashing number fewer than
     `cores`; otherwise `lease` yields None and the read hashes on its own thread. Reads that
     run at once (a request's blocks striped over I/O threads) already fill the cores, and a
-    hash thread beside each only adds hand-offs: on two cores, four reads of 8 MiB blocks
-    into one buffer ran 1.35x faster hashed on their own threads than each beside a lane.
+    lane beside each only adds hand-offs: on two cores, four reads of 8 MiB blocks into one
+    buffer ran 1.35x faster on their own threads than each beside a lane.
     None: a lane for every read."""
 
     def __init__(self, name: str = "sg-hash", cores: int | None = None) -> None:

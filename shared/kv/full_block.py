@@ -10,7 +10,7 @@ buffer slice with one ``preadv`` of two iovecs.
 Header (little-endian; byte table in ``docs/kv-format.md``)::
 
     0    8  magic  b"DPKVBLK\\0"       48  4  n_layers        64  8  payload_length
-    8    2  format version (2)        52  4  block_size      72  8  payload xxh3_64
+    8    2  format version (3)        52  4  block_size      72  8  payload checksum
     10   2  dtype code                56  4  n_kv_heads      80  2  KV layout code
     12   4  header size (4096)        60  4  head_dim        82  2  zero
     16  16  model fingerprint                                84  4  latent_rank
@@ -19,6 +19,10 @@ Header (little-endian; byte table in ``docs/kv-format.md``)::
                                                              96  .. zero (reserved)
                                                              4088 8 header xxh3_64
                                                                     of bytes [0, 4088)
+
+The payload checksum (version 3, ``segment_sum.py``) is xxh3_64 over the xxh3_64 digests of
+the payload's 1 MiB segments, so a reader may hash the parts of one block on different cores.
+Version-2 blocks (one xxh3_64 over the whole payload) are still read, never written.
 
 The layout code names what the planes hold (``KVKind``: 1 GQA K/V, 2 MLA latent rows);
 a block whose layout (kind, row split or dims) is not the reader's is refused with
@@ -38,9 +42,11 @@ from dataclasses import dataclass
 import xxhash
 
 from shared.kv.layout import KVLayout, dtype_name, kind_code, kind_of_code
+from shared.kv.segment_sum import SegmentHasher, segmented_checksum
 
 MAGIC = b"DPKVBLK\x00"
-FORMAT_VERSION = 2  # 2: the KV layout code and MLA row split at bytes [80, 96)
+FORMAT_VERSION = 3  # 2: the KV layout code and MLA row split at bytes [80, 96); 3: the segmented checksum
+READ_VERSIONS = (2, 3)  # versions a reader accepts (2: whole-payload xxh3_64)
 HEADER_SIZE = 4096
 _FIELDS = struct.Struct("<8sHHI16s16sIIIIQQHHIII")  # bytes [0, 96)
 _HEADER_SUM = struct.Struct("<Q")
@@ -58,8 +64,8 @@ class BadMagic(FullBlockError):
 
 
 class BadVersion(FullBlockError):
-    def __init__(self, got: int, supported: int = FORMAT_VERSION) -> None:
-        super().__init__(f"Full Block format version {got}, supported {supported}")
+    def __init__(self, got: int, supported: tuple[int, ...] = READ_VERSIONS) -> None:
+        super().__init__(f"Full Block format version {got}, supported {', '.join(map(str, supported))}")
         self.got = got
         self.supported = supported
 
@@ -117,19 +123,20 @@ class FullBlockHeader:
     fingerprint: bytes
     layout: KVLayout
     payload_length: int
-    checksum: int  # xxh3_64 of the payload
+    checksum: int  # of the payload, as `version` computes it
     version: int = FORMAT_VERSION
 
 
-def payload_checksum(payload: memoryview | bytes) -> int:
-    """xxh3_64 of the payload, computed in place (no copy)."""
-    return xxhash.xxh3_64_intdigest(payload)
+def payload_checksum(payload: memoryview | bytes, version: int = FORMAT_VERSION) -> int:
+    """The checksum of a whole payload as format `version` defines it, computed in place (no copy)."""
+    return segmented_checksum(payload) if version >= 3 else xxhash.xxh3_64_intdigest(payload)
 
 
-def payload_hasher() -> xxhash.xxh3_64:
-    """A streaming hasher whose ``intdigest()`` equals ``payload_checksum`` of the
-    bytes fed to it (lets a reader verify each chunk while it is cache-hot)."""
-    return xxhash.xxh3_64()
+def payload_hasher(version: int = FORMAT_VERSION) -> SegmentHasher | xxhash.xxh3_64:
+    """A streaming hasher whose ``intdigest()`` equals ``payload_checksum`` of the bytes fed to
+    it (lets a reader verify each chunk while it is cache-hot); version 3's can be split and
+    joined (``SegmentHasher``)."""
+    return SegmentHasher() if version >= 3 else xxhash.xxh3_64()
 
 
 def check_checksum(header: FullBlockHeader, checksum: int) -> None:
@@ -175,7 +182,7 @@ def decode_header(
      head_dim, plen, checksum, kcode, _, latent, rope, index) = _FIELDS.unpack_from(buf, 0)  # fmt: skip
     if magic != MAGIC:
         raise BadMagic(magic)
-    if version != FORMAT_VERSION:
+    if version not in READ_VERSIONS:
         raise BadVersion(version)
     if _HEADER_SUM.unpack_from(buf, _HEADER_SUM_AT)[0] != _header_sum(buf):
         raise ChecksumMismatch(expected_key or key, part="header")
@@ -211,4 +218,4 @@ def verify_payload(header: FullBlockHeader, payload: memoryview | bytes) -> None
     """Raise ``SizeMismatch`` / ``ChecksumMismatch`` unless the payload matches."""
     if len(payload) != header.payload_length:
         raise SizeMismatch(header.payload_length, len(payload))
-    check_checksum(header, payload_checksum(payload))
+    check_checksum(header, payload_checksum(payload, header.version))

@@ -1,4 +1,4 @@
-"""Hash lanes: a read's chunks hashed on another thread, in order, drained before the lease ends."""
+"""Hash lanes: the far half of a read run on another thread, drained before the lease ends."""
 
 from __future__ import annotations
 
@@ -6,26 +6,29 @@ import threading
 
 import numpy as np
 import pytest
-import xxhash
 
 from services.storage_gateway.hash_lanes import HashLanes
+from shared.kv.segment_sum import SEGMENT, SegmentHasher, segmented_checksum
 
 
-def _chunks(data: np.ndarray, size: int) -> list[memoryview]:
+def _halves(data: np.ndarray) -> tuple[memoryview, memoryview, int]:
     view = memoryview(data)
-    return [view[i : i + size] for i in range(0, len(view), size)]
+    half = (len(view) // SEGMENT // 2) * SEGMENT
+    return view[:half], view[half:], half
 
 
-def test_a_lane_hashes_every_chunk_in_order() -> None:
+def test_a_lane_hashes_the_far_half_while_the_reader_hashes_the_near_one() -> None:
     data = np.random.default_rng(0).integers(0, 256, 3 * 2**20 + 17, dtype=np.uint8)
+    near_part, far_part, half = _halves(data)
     lanes = HashLanes("t-hash")
     try:
-        for size in (4096, 65536, 2**20):
-            hasher = xxhash.xxh3_64()
+        for _ in range(3):
+            near, far = SegmentHasher(), SegmentHasher(half)
             with lanes.lease() as lane:
-                for part in _chunks(data, size):
-                    lane.feed(hasher, part)
-            assert hasher.intdigest() == xxhash.xxh3_64_intdigest(memoryview(data))
+                lane.run(lambda: far.update(far_part))
+                near.update(near_part)
+            near.join(far)
+            assert near.intdigest() == segmented_checksum(memoryview(data))
         assert lanes.threads == 1  # leased one at a time: the same lane each time
     finally:
         lanes.close()
@@ -38,12 +41,14 @@ def test_reads_at_once_lease_lanes_of_their_own() -> None:
     digests: dict[int, int] = {}
 
     def read(i: int) -> None:
-        hasher = xxhash.xxh3_64()
+        near_part, far_part, half = _halves(data[i])
+        near, far = SegmentHasher(), SegmentHasher(half)
         with lanes.lease() as lane:
             inside.wait()  # every lease is held at once
-            for part in _chunks(data[i], 8192):
-                lane.feed(hasher, part)
-        digests[i] = hasher.intdigest()
+            lane.run(lambda: far.update(far_part))
+            near.update(near_part)
+        near.join(far)
+        digests[i] = near.intdigest()
 
     threads = [threading.Thread(target=read, args=(i,)) for i in range(len(data))]
     for t in threads:
@@ -52,40 +57,44 @@ def test_reads_at_once_lease_lanes_of_their_own() -> None:
         t.join()
     try:
         assert lanes.threads == len(data)
-        assert digests == {i: xxhash.xxh3_64_intdigest(memoryview(d)) for i, d in enumerate(data)}
+        assert digests == {i: segmented_checksum(memoryview(d)) for i, d in enumerate(data)}
     finally:
         lanes.close()
 
 
-def test_an_update_that_fails_raises_at_the_end_of_the_lease_and_the_lane_goes_on() -> None:
+def test_a_call_that_fails_raises_at_the_end_of_the_lease_and_the_lane_goes_on() -> None:
     lanes = HashLanes("t-hash")
     try:
-        hasher = xxhash.xxh3_64()
         with pytest.raises(TypeError):
             with lanes.lease() as lane:
-                lane.feed(hasher, 12345)  # type: ignore[arg-type]  # not a buffer
-                lane.feed(hasher, memoryview(b"after"))
-        hasher = xxhash.xxh3_64()
+                lane.run(lambda: SegmentHasher().update(12345))  # type: ignore[arg-type]  # not a buffer
+        done: list[int] = []
         with lanes.lease() as lane:
-            lane.feed(hasher, memoryview(b"abc"))
-        assert hasher.intdigest() == xxhash.xxh3_64_intdigest(b"abc")
+            lane.run(lambda: done.append(1))
+        assert done == [1] and lanes.threads == 1
     finally:
         lanes.close()
 
 
-def test_a_read_that_fails_still_waits_for_its_hashes_and_keeps_its_own_error() -> None:
+def test_a_read_that_fails_still_waits_for_its_lane_and_keeps_its_own_error() -> None:
     lanes = HashLanes("t-hash")
-    data = np.ones(4 * 2**20, np.uint8)
-    hasher = xxhash.xxh3_64()
+    started, release = threading.Event(), threading.Event()
+    finished: list[str] = []
+
+    def far_half() -> None:  # still writing the read's buffer when the reader fails
+        started.set()
+        release.wait()
+        finished.append("far")
+        raise ValueError("the far half failed too")
+
     try:
         with pytest.raises(KeyError):
             with lanes.lease() as lane:
-                for part in _chunks(data, 2**20):
-                    lane.feed(hasher, part)
-                lane.feed(hasher, 7)  # type: ignore[arg-type]  # fails too, after the read's error
+                lane.run(far_half)
+                started.wait()
+                threading.Timer(0, release.set).start()
                 raise KeyError("the read failed")
-        # the lease ended only after every queued update ran: the hasher saw all four chunks
-        assert hasher.intdigest() == xxhash.xxh3_64_intdigest(memoryview(data))
+        assert finished == ["far"]  # the lease ended only after the lane's call had
     finally:
         lanes.close()
     assert lanes.threads == 0
@@ -96,40 +105,36 @@ def test_a_forked_child_makes_lanes_of_its_own() -> None:
 
     lanes = HashLanes("t-hash")
     with lanes.lease() as lane:  # the parent's lane thread exists now
-        lane.feed(xxhash.xxh3_64(), memoryview(b"x"))
+        lane.run(lambda: None)
     ctx = mp.get_context("fork")
     parent, child = ctx.Pipe()
 
     def in_child() -> None:
-        hasher = xxhash.xxh3_64()
+        out: list[int] = []
         with lanes.lease() as lane:  # would wait forever on a thread that is not there
-            lane.feed(hasher, memoryview(b"abc"))
-        child.send((hasher.intdigest(), lanes.threads))
+            lane.run(lambda: out.append(7))
+        child.send((out, lanes.threads))
 
     proc = ctx.Process(target=in_child)
     proc.start()
-    digest, threads = parent.recv()
+    out, threads = parent.recv()
     proc.join()
     try:
-        assert digest == xxhash.xxh3_64_intdigest(b"abc") and threads == 1
+        assert out == [7] and threads == 1
         assert proc.exitcode == 0
     finally:
         lanes.close()
 
 
-def test_a_read_gets_a_lane_only_while_a_core_is_left_for_its_hash_thread() -> None:
+def test_a_read_gets_a_lane_only_while_a_core_is_left_for_its_lane_thread() -> None:
     lanes = HashLanes("t-hash", cores=2)
-    data = memoryview(b"abc" * 1000)
     try:
-        with lanes.lease() as first:  # alone: the second core hashes beside it
+        with lanes.lease() as first:  # alone: the second core takes its far half
             assert first is not None
-            with lanes.lease() as second:  # both cores busy (a reader and a hash thread): hashed inline
+            with lanes.lease() as second:  # both cores busy (a reader and a lane): all on its own thread
                 assert second is None
                 with lanes.lease() as third:
                     assert third is None
-            hasher = xxhash.xxh3_64()
-            first.feed(hasher, data)
-        assert hasher.intdigest() == xxhash.xxh3_64_intdigest(data)
         with pytest.raises(KeyError):
             with lanes.lease() as lane:
                 assert lane is not None

@@ -77,7 +77,7 @@ def test_bad_version() -> None:
     struct.pack_into("<H", header, 8, 99)
     with pytest.raises(BadVersion) as err:
         decode_header(header)
-    assert (err.value.got, err.value.supported) == (99, 2)
+    assert (err.value.got, err.value.supported) == (99, (2, 3))
 
 
 @pytest.mark.parametrize("offset", [12, 20, 40, 50, 66, 75, 1000, 4090])

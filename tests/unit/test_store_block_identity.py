@@ -49,7 +49,7 @@ def small_header() -> bytearray:
 
 def test_a_resigned_future_version_is_still_refused() -> None:
     with pytest.raises(BadVersion):
-        decode_header(edited(small_header(), "<H", 8, 3), expected_fingerprint=FP, expected_layout=SMALL)
+        decode_header(edited(small_header(), "<H", 8, 4), expected_fingerprint=FP, expected_layout=SMALL)
 
 
 def test_a_resigned_foreign_fingerprint_is_refused() -> None:
@@ -87,7 +87,7 @@ def _rewrite_header(path: str, fmt: str, offset: int, value: int | bytes) -> Non
 
 
 @pytest.mark.parametrize("fmt,offset,value,reason", [
-    ("<H", 8, 3, "version"),
+    ("<H", 8, 4, "version"),
     ("<H", 8, 1, "version"),  # a block written before the layout code existed
     ("16s", 16, bytes(16), "fingerprint"),
     ("<Q", 64, LAYOUT.payload_bytes + 16, "size"),

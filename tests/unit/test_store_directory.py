@@ -13,6 +13,7 @@ from services.storage_gateway import block_file, fileio
 from services.storage_gateway.errors import BlockCorrupt, BlockMissing
 from services.storage_gateway.hash_lanes import HashLanes
 from services.storage_gateway.store import DirectoryStore, WriteOutcome
+from shared.kv import segment_sum
 from shared.kv.full_block import HEADER_SIZE, SizeMismatch
 from shared.kv.hashing import ModelFingerprint
 from shared.kv.layout import KVLayout
@@ -115,17 +116,19 @@ def test_corrupt_block_is_deleted_counted_and_then_missing(
 
 @pytest.mark.parametrize("hashing", ["beside", "inline", "cores-busy"])
 @pytest.mark.parametrize("cached", [True, False], ids=["cached", "from-disk"])
-@pytest.mark.parametrize("at", [0, 64 * 1024 - 1, 64 * 1024, 160 * 1024 + 7, 500 * 1024, -3],
-                         ids=["first", "first-end", "chunk-start", "mid-chunk", "tail", "last"])
+@pytest.mark.parametrize("at", [0, 64 * 1024 - 1, 64 * 1024, 160 * 1024 + 7, 256 * 1024 - 1, 256 * 1024,
+                                300 * 1024, 500 * 1024, -3],
+                         ids=["first", "first-end", "chunk-start", "mid-chunk", "near-end", "far-start",
+                              "far-mid", "tail", "last"])
 def test_large_blocks_are_verified_chunk_by_chunk(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at: int, cached: bool, hashing: str
 ) -> None:
-    # 512 KiB payload: a 64 KiB first chunk, then 96 KiB chunks (cached bytes) or
-    # 64 KiB ones (bytes the page cache does not hold), the last one short; hashed on a
-    # hash lane while the next chunk is read (the last ones tapering to 16 KiB) or inline
+    # 512 KiB payload in 64 KiB segments: a 64 KiB first chunk, then 96 KiB chunks (cached
+    # bytes) or 64 KiB ones (bytes the page cache does not hold), each half's last one short;
+    # the far half [256 KiB, 512 KiB) read and hashed on a lane meanwhile, or all inline
     monkeypatch.setattr(block_file, "COLD_CHUNK", 64 * 1024)
     monkeypatch.setattr(block_file, "READ_CHUNK", 96 * 1024)
-    monkeypatch.setattr(block_file, "TAIL_CHUNK", 16 * 1024)
+    monkeypatch.setattr(segment_sum, "SEGMENT", 64 * 1024)
     if not cached:
         monkeypatch.setattr(fileio, "pread_cached", lambda *_: 0)
     big = KVLayout(n_layers=8, n_kv_heads=4, head_dim=64, dtype="float16", block_size=64)
@@ -150,6 +153,39 @@ def test_large_blocks_are_verified_chunk_by_chunk(
     if hashing == "cores-busy":
         busy.__exit__(None, None, None)
         assert lanes._hashing == 0 and lanes._reading == 0
+    lanes.close()
+
+
+@pytest.mark.parametrize("lanes_on", [True, False], ids=["lanes", "inline"])
+def test_a_version_2_block_is_still_read_and_verified(tmp_path: Path, lanes_on: bool) -> None:
+    """A block written before the segmented checksum (version 2: xxh3_64 of the whole payload) is
+    served, all on the reading thread; one with a flipped payload byte is refused."""
+    import struct
+
+    import xxhash
+
+    big = KVLayout(n_layers=8, n_kv_heads=4, head_dim=64, dtype="float16", block_size=128)  # 1 MiB
+    store = DirectoryStore(tmp_path, ModelFingerprint.from_layout("big", big).digest(), big)
+    lanes = HashLanes("test-hash")
+    store.reader.lanes = lanes if lanes_on else None
+    keys = make_keys(2)
+    payload = np.random.default_rng(2).integers(0, 256, big.payload_bytes, dtype=np.uint8)
+    for key in keys:
+        store.write(key, memoryview(payload))
+        with open(store.path_for(key), "r+b") as f:  # rewrite it as version 2 wrote it
+            header = bytearray(f.read(HEADER_SIZE))
+            struct.pack_into("<H", header, 8, 2)
+            struct.pack_into("<Q", header, 72, xxhash.xxh3_64_intdigest(memoryview(payload)))
+            struct.pack_into("<Q", header, HEADER_SIZE - 8, xxhash.xxh3_64_intdigest(bytes(header[:HEADER_SIZE - 8])))
+            f.seek(0)
+            f.write(header)
+    out = np.zeros(big.payload_bytes, np.uint8)
+    store.read_into(keys[0], memoryview(out))
+    assert np.array_equal(out, payload)
+    _flip(HEADER_SIZE + big.payload_bytes - 5)(store.path_for(keys[1]))  # type: ignore[operator]
+    with pytest.raises(BlockCorrupt, match="payload checksum"):
+        store.read_into(keys[1], memoryview(out))
+    assert lanes.threads == 0  # a version-2 checksum cannot be split
     lanes.close()
 
 
