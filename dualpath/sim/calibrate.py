@@ -12,7 +12,9 @@ and returns each mode's JCT. The mesh's processes share this machine's cores, so
 storage path (its gateway's reads and writes, its traffic manager's copies) takes its CPU
 from the node's engine (`SimConfig.kv_cpu_s_per_byte`, dualpath/sim/hostcpu.py), where a
 real cluster has the SNIC's DMA and spare cores for it; `shared_cores=False` predicts
-without that. What it cannot know: the engines' contention with each other and with
+without that. Behind a capped storage NIC a turn's blocks are still being written when the
+next turn comes, and the mesh computes again what is not stored yet: the prediction hits
+only what is written by then (`SimConfig.write_lag`, dualpath/sim/stored.py). What it cannot know: the engines' contention with each other and with
 whatever else runs on the machine (the probes time each engine alone).
 """
 from __future__ import annotations
@@ -78,10 +80,12 @@ FORWARD_SHARE = 1.0  # of a turn's fixed cost, the share spent in the prefill en
 
 
 def predict(r: MeshRates, trajectories: list[list[tuple[int, int]]], modes: list[str],
-            forward_share: float = FORWARD_SHARE, shared_cores: bool = True) -> dict[str, float]:
+            forward_share: float = FORWARD_SHARE, shared_cores: bool = True,
+            write_lag: bool = True) -> dict[str, float]:
     """Predicted offline JCT (s) of each mode for these jobs' (append, gen) turns; the rest of
     a turn's fixed cost (front door, messages) passes between turns. With `shared_cores` the
-    KV path's probed CPU is taken from each node's engine (dualpath/sim/hostcpu.py)."""
+    KV path's probed CPU is taken from each node's engine (dualpath/sim/hostcpu.py); with
+    `write_lag` a turn hits only the blocks already written (dualpath/sim/stored.py)."""
     from dualpath.sim.engine import Simulation
     from dualpath.sim.workload import from_turns
 
@@ -94,7 +98,7 @@ def predict(r: MeshRates, trajectories: list[list[tuple[int, int]]], modes: list
                         pe_ep_nodes=1, de_ep_nodes=1, model_traffic=0.0,
                         kv_cpu_s_per_byte=r.kv_cpu_s_per_byte if shared_cores else 0.0,
                         host_cores=r.host_cores if shared_cores else 0,
-                        background_cores=r.background_cores)
+                        background_cores=r.background_cores, write_lag=write_lag)
         sim = Simulation(cfg, model, from_turns([tuple(t) for t in trajectories], r.block_tokens),
                          thresholds=PeThresholds(alpha=r.alpha_tokens, beta=r.beta_tokens))
         out[mode] = sim.run().jct_s

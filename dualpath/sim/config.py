@@ -60,6 +60,9 @@ class SimConfig:
     # background_cores of them busy (dualpath/sim/hostcpu.py); 0 = each engine has its own cores
     host_cores: float = 0.0
     background_cores: float = 0.0
+    # a turn hits only the blocks of earlier turns already written through the storage NIC when
+    # it arrives (dualpath/sim/stored.py); False: every earlier full block, at once
+    write_lag: bool = False
     # online stop rule (docs/design.md#published-figures): SLO, windows, steady state
     slo_ttft_s: float = 4.0
     slo_tpot_s: float = 0.050

@@ -27,6 +27,7 @@ from dualpath.sim.online import StopRule
 from dualpath.sim.prefetch import SimPrefetch
 from dualpath.sim.prefill import C_H2D, C_PD, C_PERSIST, Prefill, bind_stages, book, stage_end
 from dualpath.sim.resources import transfer
+from dualpath.sim.stored import WriteLag
 from dualpath.sim.workload import Req, Workload, load_workload, make_request
 from shared.messages.codes import LoadMode
 from shared.sched.policy import PeThresholds
@@ -77,6 +78,7 @@ class Simulation:
         self.pf = SimPrefetch(self, cfg.hints) if cfg.hints != "off" and not self.oracle else None
         self.kvcpu = KvCpu(cfg.kv_cpu_s_per_byte) if cfg.kv_cpu_s_per_byte > 0 and not self.oracle else None
         self.pool = HostPool(cfg.host_cores, cfg.background_cores) if cfg.host_cores > 0 else None
+        self.lag = WriteLag(self.w.block) if cfg.write_lag and not self.oracle else None
         self.after_tool: dict[int, bool] = {}  # rid -> the turn followed a tool call
         self.ttft_after_tool: list[tuple[bool, float]] = []  # (its agent hinted, TTFT) of those turns
         self.online = cfg.aps > 0
@@ -161,7 +163,8 @@ class Simulation:
     # --- request lifecycle ------------------------------------------------------------
     def _arrive(self, a: int) -> None:
         append, gen = self.w.turn(a, self.turn[a])
-        r = make_request(self.next_rid, a, self.ctx[a], append, gen, self.now, self.w.block)
+        r = make_request(self.next_rid, a, self.ctx[a], append, gen, self.now, self.w.block,
+                         self.lag.stored(a, self.now) if self.lag is not None else -1)
         if self.turn[a] and self.w.tool_after(a, self.turn[a] - 1) > 0:
             self.after_tool[r.rid] = True
         self.next_rid += 1
@@ -333,7 +336,12 @@ class Simulation:
         now = self.now
         self.sched.finished(r)
         if not self.oracle:
+            snic = r.de.snic_w if r.de is not None else None
+            t0 = max(now, snic.free_at) if snic is not None else now
             book(now, C_PERSIST, r, 0, 0, (r.miss + r.gen) * self.kvb)
+            if self.lag is not None and snic is not None:
+                b = self.w.block
+                self.lag.wrote(r.agent, t0, snic.free_at, r.hit, (r.prompt + r.gen) // b * b)
         self.t_arrive.append(r.t_arrive)
         self.ttft.append(r.t_first - r.t_arrive)
         if self.after_tool.pop(r.rid, False):

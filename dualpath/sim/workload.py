@@ -64,10 +64,14 @@ class Workload:
         return hit / max(tot, 1)
 
 
-def make_request(rid: int, agent: int, ctx: int, append: int, gen: int, t: float, block: int = BLOCK) -> Req:
-    """The request of a turn whose earlier turns total `ctx` tokens."""
+def make_request(rid: int, agent: int, ctx: int, append: int, gen: int, t: float, block: int = BLOCK,
+                 stored: int = -1) -> Req:
+    """The request of a turn whose earlier turns total `ctx` tokens; `stored` >= 0: only that
+    many of them are in the store yet (dualpath/sim/stored.py), the rest is computed again."""
     prompt = ctx + append
     hit = min((ctx // block) * block, prompt - 1)  # the last prompt token is always computed
+    if 0 <= stored < hit:
+        hit = stored
     return Req(rid, agent, prompt, hit, gen, t)
 
 

@@ -15,11 +15,22 @@ RATES = MeshRates(prefill_tok_s=2000.0, turn_overhead_s=0.05, decode_step_s=0.01
 
 def test_one_agent_costs_what_its_turns_add_up_to():
     turns = [(320, 4), (160, 4)]  # turn 2 has 320 + 4 = 324 tokens before it: 320 stored (20 blocks of 16)
-    got = predict(RATES, [turns], ["oracle", "basic"])
+    got = predict(RATES, [turns], ["oracle", "basic"], write_lag=False)
     compute = (320 + (160 + 4 + 4)) / 2000 + 2 * 3 * 0.01  # prefill of both turns + 3 decode steps each
     assert got["oracle"] == pytest.approx(compute + 2 * 0.05, rel=0.05)  # + each turn's fixed cost in its forward
     read = 320 * 1000 / 1e6  # the second turn's stored KV through the storage NIC
     assert got["basic"] - got["oracle"] == pytest.approx(read, rel=0.1)
+
+
+def test_a_turn_hits_only_the_blocks_its_predecessor_has_written():
+    # turn 1's 20 blocks take 0.32 s through the 1 MB/s storage NIC; turn 2 comes at once:
+    # nothing is stored yet, so basic computes the 320 tokens again instead of reading them
+    turns = [(320, 4), (160, 4)]
+    got = predict(RATES, [turns], ["oracle", "basic"])
+    assert got["basic"] - got["oracle"] == pytest.approx(320 / 2000, rel=0.1)
+    slow = MeshRates(**{**vars(RATES), "turn_overhead_s": 1.0})  # 1 s between turns: all written by then
+    got = predict(slow, [turns], ["oracle", "basic"], forward_share=0.5)
+    assert got["basic"] - got["oracle"] == pytest.approx(320 * 1000 / 1e6, rel=0.1)
 
 
 def test_two_storage_nics_halve_a_storage_bound_run():
