@@ -297,8 +297,21 @@ class Simulation:
         if self.pool is not None and not unit.busy:
             self._pool_update()
 
+    def _persist(self, r: Req, first: int, end: int) -> None:
+        """Tokens [first, end) of `r`'s conversation (whole blocks) written through its decode
+        node's storage NIC from now, landing in order (dualpath/sim/stored.py)."""
+        assert self.lag is not None and r.de is not None
+        if end <= first:
+            return
+        snic = r.de.snic_w
+        t0 = max(self.now, snic.free_at)
+        book(self.now, C_PERSIST, r, 0, 0, (end - first) * self.kvb)
+        self.lag.wrote(r.agent, t0, snic.free_at, first, end)
+
     def _join(self, r: Req) -> None:
         r.t_join = self.now
+        if self.lag is not None:  # the decode engine writes the prompt's blocks the store lacks at once
+            self._persist(r, r.hit, r.prompt // self.w.block * self.w.block)
         if r.gen <= 1:
             self._finish(r)
             return
@@ -335,13 +348,11 @@ class Simulation:
     def _finish(self, r: Req) -> None:
         now = self.now
         self.sched.finished(r)
-        if not self.oracle:
-            snic = r.de.snic_w if r.de is not None else None
-            t0 = max(now, snic.free_at) if snic is not None else now
+        if self.lag is not None:  # the blocks decode filled (the prompt's went at its join)
+            b = self.w.block
+            self._persist(r, max(r.hit, r.prompt // b * b), (r.prompt + r.gen) // b * b)
+        elif not self.oracle:
             book(now, C_PERSIST, r, 0, 0, (r.miss + r.gen) * self.kvb)
-            if self.lag is not None and snic is not None:
-                b = self.w.block
-                self.lag.wrote(r.agent, t0, snic.free_at, r.hit, (r.prompt + r.gen) // b * b)
         self.t_arrive.append(r.t_arrive)
         self.ttft.append(r.t_first - r.t_arrive)
         if self.after_tool.pop(r.rid, False):
