@@ -371,14 +371,12 @@ def _capacity(args, url: str, mesh: dict, lo: int, hi: int, extra_pids: tuple[in
     rate = args.snic_gbit * 1e9 / 8 if args.snic_gbit else None
     local = args.up or url.startswith(("http://127.", "http://localhost"))
     if rates is not None and local and args.offline and not args.tool_calls:  # what the prediction needs
-        from dualpath.bench.contend import probe_pair
         from dualpath.bench.kvcpu import probe_mesh
 
         print("probing the KV path's CPU (without KV, then with KV on both paths) ...", file=sys.stderr, flush=True)
         block_bytes = max((e.get("kv_block_bytes") or 0 for e in engines), default=0)
         rates.update(probe_mesh(url, lo, hi, mesh.get("max_context") or 0, extra_pids,
                                 block_bytes / (mesh.get("block_size") or 64), rate))
-        rates.update(probe_pair(url, lo, hi, rates, mesh.get("max_context") or 2048))  # both engines at once
     return Capacity(read_bytes_per_s=rate, prefill_nodes=len(p_nodes) or 1, decode_nodes=len(d_nodes) or 1,
                     prefill_engines=sum(1 for e in engines if e.get("role") == "prefill") or 1,
                     prefill_tps=tps, tpot_s=tpot, write_bytes_per_s=rate,

@@ -50,7 +50,6 @@ class MeshRates:
     decode_probe_ctx: int = 0  # context tokens of the sequences the decode step was probed with
     host_cores: int = 0  # cores every engine shares (0: each has its own)
     background_cores: float = 0.0  # of them, what the mesh's other processes keep busy
-    pair_slow: float = 0.0  # a step's stretch while both engines compute (dualpath/bench/contend.py; 0: unprobed)
 
 
 def mesh_hardware(r: MeshRates) -> Hardware:
@@ -99,8 +98,7 @@ def predict(r: MeshRates, trajectories: list[list[tuple[int, int]]], modes: list
                         pe_ep_nodes=1, de_ep_nodes=1, model_traffic=0.0,
                         kv_cpu_s_per_byte=r.kv_cpu_s_per_byte if shared_cores else 0.0,
                         host_cores=r.host_cores if shared_cores else 0,
-                        background_cores=r.background_cores, pair_slow=r.pair_slow if shared_cores else 0.0,
-                        write_lag=write_lag)
+                        background_cores=r.background_cores, write_lag=write_lag)
         sim = Simulation(cfg, model, from_turns([tuple(t) for t in trajectories], r.block_tokens),
                          thresholds=PeThresholds(alpha=r.alpha_tokens, beta=r.beta_tokens))
         out[mode] = sim.run().jct_s

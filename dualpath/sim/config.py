@@ -60,7 +60,6 @@ class SimConfig:
     # background_cores of them busy (dualpath/sim/hostcpu.py); 0 = each engine has its own cores
     host_cores: float = 0.0
     background_cores: float = 0.0
-    pair_slow: float = 0.0  # mesh only: measured stretch of a step while two engines compute at once (0: from the cores)
     # a turn hits only the blocks of earlier turns already written through the storage NIC when
     # it arrives (dualpath/sim/stored.py); False: every earlier full block, at once
     write_lag: bool = False

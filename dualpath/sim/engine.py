@@ -77,7 +77,7 @@ class Simulation:
         self.bar: Any = None  # a tqdm bar while progress is shown (Any: the compiled build checks types)
         self.pf = SimPrefetch(self, cfg.hints) if cfg.hints != "off" and not self.oracle else None
         self.kvcpu = KvCpu(cfg.kv_cpu_s_per_byte) if cfg.kv_cpu_s_per_byte > 0 and not self.oracle else None
-        self.pool = HostPool(cfg.host_cores, cfg.background_cores, cfg.pair_slow) if cfg.host_cores > 0 else None
+        self.pool = HostPool(cfg.host_cores, cfg.background_cores) if cfg.host_cores > 0 else None
         self.lag = WriteLag(self.w.block) if cfg.write_lag and not self.oracle else None
         self.after_tool: dict[int, bool] = {}  # rid -> the turn followed a tool call
         self.ttft_after_tool: list[tuple[bool, float]] = []  # (its agent hinted, TTFT) of those turns

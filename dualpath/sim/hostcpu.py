@@ -15,9 +15,7 @@ with `SimConfig.host_cores` = H > 0 (every engine on one host) and the rest of t
 processes keeping `background_cores` = b busy, while E engines compute at once each runs
 at H / (E + b) of its own speed when that is below 1 (`HostPool.slow` is the inverse): a
 prefill step planned then lasts that much longer, a decode batch steps that much slower
-until the count changes. With `SimConfig.pair_slow` = s > 0 (measured: a decode step while
-a prefill computes, over one alone) two engines computing at once each run s times slower
-(more than two: s times their share beyond two), the larger of the two figures.
+until the count changes.
 """
 from __future__ import annotations
 
@@ -51,21 +49,15 @@ class KvCpu:
 
 
 class HostPool:
-    """The host's cores shared by its busy engines and the rest of the mesh; `pair` > 0: the
-    measured stretch while two engines compute at once (dualpath/bench/contend.py), which the
-    cores' share alone does not reach when an engine's process keeps more than one thread busy."""
+    """The host's cores shared by its busy engines and the rest of the mesh."""
 
-    __slots__ = ("cores", "background", "pair")
+    __slots__ = ("cores", "background")
 
-    def __init__(self, cores: float, background: float = 0.0, pair: float = 0.0) -> None:
+    def __init__(self, cores: float, background: float = 0.0) -> None:
         self.cores = cores
         self.background = background
-        self.pair = pair
 
     def slow(self, busy_engines: int) -> float:
         """How much longer an engine's compute takes while `busy_engines` compute at once (>= 1)."""
         want = busy_engines + self.background
-        share = want / self.cores if want > self.cores else 1.0
-        if self.pair > 0 and busy_engines >= 2:  # measured for two; more share it as the cores do
-            return max(share, self.pair * want / (2 + self.background))
-        return share
+        return want / self.cores if want > self.cores else 1.0

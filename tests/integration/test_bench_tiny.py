@@ -42,8 +42,6 @@ def test_offline_bench_writes_json_report_and_plots(mesh, tmp_path, capsys):
             assert b["storage_read_s"] > 0 and b["storage_write_s"] > 0 and b["data_plane_s"] > 0
     runs = {r["mode"]: r for r in doc["runs"]}
     assert runs["dualpath"]["bound"]["reading_nodes"] == 2 and runs["basic"]["bound"]["reading_nodes"] == 1
-    probe = doc["prediction"]["probe"]
-    assert probe["pair_slow"] >= 1.0 and probe["pair_probe_step_s"] > 0 and probe["pair_probe_alone_s"] > 0
     summ = doc["summary"]
     assert summ["offline"]["basic"]["jct_s"]["n"] == 2 and "dualpath-split/basic" in summ["pairs"]
     assert summ["hit_ratio_spread"] <= 0.02  # every prompt is stored: the modes hit alike

@@ -142,20 +142,6 @@ def test_the_host_pool_slows_engines_only_when_they_and_the_rest_want_more_than_
     assert HostPool(2.0).slow(2) == 1.0  # two engines on two cores and nothing else: no contention
 
 
-def test_a_measured_pair_slow_down_holds_while_two_engines_compute():
-    from dualpath.sim.hostcpu import HostPool
-
-    pool = HostPool(2.0, 0.1, pair=1.3)
-    assert pool.slow(1) == 1.0  # one engine alone: as probed
-    assert pool.slow(2) == pytest.approx(1.3)  # two: as measured, beyond the cores' share (1.05)
-    assert pool.slow(4) == pytest.approx(max(2.05, 1.3 * 4.1 / 2.1))
-    assert HostPool(2.0, 0.9, pair=1.1).slow(2) == pytest.approx(1.45)  # the cores' share when it is larger
-    agents = [[(16, 400)], [(1600, 4), (1600, 4), (1600, 4)]]
-    shared = MeshRates(**{**vars(RATES), "host_cores": 2, "background_cores": 0.1})
-    paired = MeshRates(**{**vars(shared), "pair_slow": 1.5})
-    assert predict(paired, agents, ["oracle"])["oracle"] > predict(shared, agents, ["oracle"])["oracle"]
-
-
 def test_a_decode_batch_steps_slower_while_the_prefill_engine_computes_beside_it():
     cfg_rates = MeshRates(**{**vars(RATES), "host_cores": 2, "background_cores": 0.5})
     agents = [[(16, 400)], [(1600, 4), (1600, 4), (1600, 4)]]  # one decodes while the other prefills
