@@ -114,6 +114,7 @@ class BlockReader:
         hasher = payload_hasher(hdr.version)
         size = len(dest)
         split = split_point(size) if hdr.version >= 3 and self.lanes is not None and size > READ_CHUNK else 0
+        split = split if split > off else 0  # the near half holds at least what the header's read brought
         with self.lanes.lease() if split else nullcontext() as lane:
             if lane is None:  # all on this thread (a small or version-2 block, no pool, or every core busy)
                 self._fill(fd, dest, 0, size, cached_only, hasher, landed=off)
