@@ -14,8 +14,9 @@ from the node's engine (`SimConfig.kv_cpu_s_per_byte`, dualpath/sim/hostcpu.py),
 real cluster has the SNIC's DMA and spare cores for it; `shared_cores=False` predicts
 without that. Behind a capped storage NIC a turn's blocks are still being written when the
 next turn comes, and the mesh computes again what is not stored yet: the prediction hits
-only what is written by then (`SimConfig.write_lag`, dualpath/sim/stored.py). What it cannot know: the engines' contention with each other and with
-whatever else runs on the machine (the probes time each engine alone).
+only what is written by then (`SimConfig.write_lag`, dualpath/sim/stored.py). What it
+cannot know: the engines' contention with each other and with whatever else runs on the
+machine (the probes time each engine alone).
 """
 from __future__ import annotations
 

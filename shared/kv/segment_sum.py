@@ -32,11 +32,9 @@ def _bytes(data: memoryview | bytes | bytearray) -> memoryview:
 
 def segmented_checksum(payload: memoryview | bytes | bytearray) -> int:
     """The version-3 checksum of a whole payload, computed in place (no copy)."""
-    view = _bytes(payload)
-    sums = bytearray()
-    for at in range(0, len(view), SEGMENT):
-        sums += _LE64.pack(_hash(view[at : at + SEGMENT]))
-    return _hash(sums)
+    h = SegmentHasher()
+    h.update(payload)
+    return h.intdigest()
 
 
 def split_point(n: int) -> int:
