@@ -71,6 +71,7 @@ class MeshSpec:
     nats_args: list[str] = field(default_factory=list)  # extra nats-server flags (auth, -js, ...)
     threads: int = 0  # torch threads per engine
     buffer_mb: int = 256
+    tm_nice: int = 10  # traffic managers' niceness: on shared cores an engine's forward runs first (0 = as started)
     log_dir: str = ""  # kept as given; empty = a temporary directory, removed at stop() unless a process failed
     extra: dict[str, dict[str, str]] = field(default_factory=dict)  # service -> {flag: value}
     env: dict[str, str] = field(default_factory=dict)
@@ -188,7 +189,8 @@ class Mesh:
                 "node": node, "engine": engine, "model": s.model, "kv-blocks": s.kv_blocks,
                 "block-size": s.block_size, "threads": s.threads or None}, where=node))
             procs.append(self._service(f"tm-{engine}", "traffic_manager", {
-                "node": node, "engine": engine, "transport": s.transport, "buffer-mb": s.buffer_mb}, where=node))
+                "node": node, "engine": engine, "transport": s.transport, "buffer-mb": s.buffer_mb,
+                "nice": s.tm_nice}, where=node))
         return procs
 
     def start(self, timeout: float = 180.0, progress: Callable[[str], None] | None = None) -> "Mesh":

@@ -33,6 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--decode", type=int, default=1, help="decode nodes")
     p.add_argument("--engines-per-node", type=int, default=1, help="engines (each with its traffic-manager) per node")
     p.add_argument("--kv-blocks", type=int, default=256, help="KV blocks per engine")
+    p.add_argument("--tm-nice", type=int, default=10,
+                   help="CPU niceness of the traffic managers, 0..19: on this host's shared cores an engine's "
+                        "forward has a core first (0 = as started)")
     p.add_argument("--transport", default="auto", choices=["auto", "shm", "tcp", "verbs"],
                    help="data plane between traffic-managers (auto: shm within this host)")
     p.add_argument("--store", default="", help="KV store directory (empty: ~/.cache/dualpath/store)")
@@ -62,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
             raise CliError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
     if not 0 <= args.port < 65536:
         raise CliError(f"--port {args.port} is not a port number")
+    if not 0 <= args.tm_nice <= 19:
+        raise CliError(f"--tm-nice {args.tm_nice}: a niceness, 0..19")
     if (args.link_gbps or args.link_latency_ms) and not args.netns:
         raise CliError("--link-gbps and --link-latency-ms shape namespace links: add --netns")
     if args.link_gbps < 0 or args.link_latency_ms < 0:
@@ -88,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         on = {"device": args.device}
     spec = MeshSpec(model=args.model, port=args.port, host=args.host, prefill=args.prefill, decode=args.decode,
                     engines_per_node=args.engines_per_node, kv_blocks=args.kv_blocks, transport=args.transport,
-                    store=args.store, nats_url=args.nats, log_dir=args.log_dir,
+                    store=args.store, nats_url=args.nats, log_dir=args.log_dir, tm_nice=args.tm_nice,
                     extra={"prefill_engine": on, "decode_engine": on} if on else {}, netns=args.netns,
                     link_gbps=args.link_gbps, link_latency_ms=args.link_latency_ms)
     mesh = Mesh(spec)

@@ -6,7 +6,8 @@ out only as a keepalive, `Beats`), and the one TaskGroup
 that owns every task of the service. Tasks are supervised (`Service.spawn`): one that raises
 is logged, counted and answered through its `on_error`; the service goes on serving.
 
-Start-up, in order: every setting is checked (exit 2 naming the key); the `/metrics`
+Start-up, in order: every setting is checked (exit 2 naming the key); logging is set up
+and the `nice` setting applied to every thread (shared/priority.py); the `/metrics`
 port is bound (a taken port fails now, not after the wait for NATS); NATS is awaited
 for up to `nats_wait_s`, saying so once; then `service.start()`. SIGTERM and SIGINT stop
 the process at every one of these points: before the event loop they raise `Stopped`,
@@ -42,6 +43,7 @@ from shared.logs import setup_logging
 from shared.messages.registry import Announce
 from shared.messages.subjects import Subjects
 from shared.metrics import Metrics
+from shared.priority import add_niceness
 from shared.service_config import CommonConfig, check_common, config_parser, nats_options
 from shared.tracing import setup_tracing, shutdown_tracing
 from shared.transport.shm_region import reap_orphans, unlink_own
@@ -321,6 +323,8 @@ def _serve(section: str, name: str, cfg_cls: type, factory: Callable[[Any], Serv
         print(f"{section}: {exc}", file=sys.stderr)
         return 2
     setup_logging(section, cfg.log_level)
+    if cfg.nice:
+        log.info("niceness %d (nice %+d)", add_niceness(cfg.nice), cfg.nice)
     reap_orphans()  # segments of processes killed with SIGKILL before they could unlink them
     try:
         try:

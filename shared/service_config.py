@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from shared.config import field_docs, require
+from shared.priority import MAX_NICE
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 NATS_SCHEMES = ("nats", "tls", "ws", "wss")
@@ -31,6 +32,7 @@ class CommonConfig:
     quiet_beats: int = 1  # unchanged announcements skipped in a row (a change goes out at the next beat); 0 = every beat
     log_level: str = "info"  # debug | info | warning | error
     nats_wait_s: float = 60.0  # start-up: how long to wait for a reachable NATS server before giving up; 0 = forever
+    nice: int = 0  # CPU niceness added to every thread at start, 0..19: on cores shared with other services, a higher value yields them the CPU first (0 = as started)
     # NATS credentials (any one scheme); secrets never appear in logs, traces or repr()
     nats_user: str = ""  # user name (with nats_password)
     nats_password: str = dataclasses.field(default="", repr=False)  # password of nats_user
@@ -78,6 +80,7 @@ def check_common(cfg: CommonConfig) -> None:
     require(cfg.heartbeat_s > 0, "heartbeat_s", cfg.heartbeat_s, "must be > 0")
     require(cfg.quiet_beats >= 0, "quiet_beats", cfg.quiet_beats, "must be >= 0 (0 = announce every beat)")
     require(cfg.nats_wait_s >= 0, "nats_wait_s", cfg.nats_wait_s, "must be >= 0 (0 = wait forever)")
+    require(0 <= cfg.nice <= MAX_NICE, "nice", cfg.nice, f"a niceness to add, 0..{MAX_NICE} (0 = as started)")
     for key in ("nats_creds", "nats_nkey_seed", "nats_tls_ca", "nats_tls_cert", "nats_tls_key"):
         path = getattr(cfg, key)
         require(not path or Path(path).is_file(), key, path, "no such file")

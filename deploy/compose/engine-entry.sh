@@ -10,6 +10,8 @@
 #                             KV memory and data-plane port are new too)
 #        ENGINE_METRICS_PORT  engine /metrics port (default 9100)
 #        TM_METRICS_PORT      traffic-manager /metrics port (default 9101)
+#        TM_NICE              traffic-manager CPU niceness (default 10: the pair shares the
+#                             container's cores, and the engine's forward has them first)
 #        TM_FLAGS             extra traffic-manager flags, e.g. "--buffer-mb 1024"
 # Other DUALPATH_* variables reach both processes; each takes only its own fields.
 # Either process exiting stops the other and the container, so the restart policy
@@ -30,7 +32,7 @@ id="${DUALPATH_ENGINE:-$prefix-${HOSTNAME:-$(hostname)}-$start}"
 echo "dualpath-engine-entry: $role + traffic-manager, engine id $id, host $DUALPATH_HOST" >&2
 
 # shellcheck disable=SC2086  # TM_FLAGS is a list of flags
-dualpath service traffic-manager --engine "$id" --metrics-port "${TM_METRICS_PORT:-9101}" ${TM_FLAGS:-} &
+dualpath service traffic-manager --engine "$id" --metrics-port "${TM_METRICS_PORT:-9101}" --nice "${TM_NICE:-10}" ${TM_FLAGS:-} &
 tm=$!
 dualpath service "$role" --engine "$id" --metrics-port "${ENGINE_METRICS_PORT:-9100}" "$@" &
 engine=$!

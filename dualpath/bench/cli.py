@@ -376,7 +376,7 @@ def _capacity(args, url: str, mesh: dict, lo: int, hi: int, extra_pids: tuple[in
         print("probing the KV path's CPU (without KV, then with KV on both paths) ...", file=sys.stderr, flush=True)
         block_bytes = max((e.get("kv_block_bytes") or 0 for e in engines), default=0)
         rates.update(probe_mesh(url, lo, hi, mesh.get("max_context") or 0, extra_pids,
-                                block_bytes / (mesh.get("block_size") or 64), rate))
+                                block_bytes / (mesh.get("block_size") or 64), rate, rates["prefill_tok_s"]))
     return Capacity(read_bytes_per_s=rate, prefill_nodes=len(p_nodes) or 1, decode_nodes=len(d_nodes) or 1,
                     prefill_engines=sum(1 for e in engines if e.get("role") == "prefill") or 1,
                     prefill_tps=tps, tpot_s=tpot, write_bytes_per_s=rate,

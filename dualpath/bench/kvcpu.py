@@ -52,8 +52,11 @@ def _settled(snap: Callable[[], Usage]) -> Usage:
 
 
 def _workload(url: str, lo: int, hi: int, mode: LoadMode, agents: int, turns: int, first: int,
-              append: int, gen: int, seed: int) -> None:
-    """`agents` closed-loop agents at once: a fresh `first`-token prompt, then `append` more a turn."""
+              append: int, gen: int, seed: int) -> int:
+    """`agents` closed-loop agents at once: a fresh `first`-token prompt, then `append` more a turn;
+    returns the prompt tokens the mesh computed (not served from stored KV)."""
+    computed = [0]
+
     async def agent(client: httpx.AsyncClient, k: int) -> None:
         rng = np.random.default_rng([seed, k])
         context: list[int] = []
@@ -62,19 +65,22 @@ def _workload(url: str, lo: int, hi: int, mode: LoadMode, agents: int, turns: in
             res, ids = await one_turn(client, url, prompt, gen, mode, time.perf_counter())
             if res.error:
                 raise RuntimeError(f"KV CPU probe request failed: {res.error}")
+            computed[0] += res.prompt_tokens - res.cached_tokens
             context = prompt + ids
 
     async def go() -> None:
         async with httpx.AsyncClient(timeout=120) as client:
             await asyncio.gather(*(agent(client, k) for k in range(agents)))
     asyncio.run(go())
+    return computed[0]
 
 
 def per_byte(kv_cpu_s: float, oracle_cpu_s: float, storage_bytes: float, idle_cpu: float = 0.0,
-             extra_wall_s: float = 0.0) -> float:
-    """CPU seconds per storage byte of the KV path: the KV run's CPU beyond the oracle run's and
-    beyond the idle mesh's `idle_cpu` (CPU s per s) over its `extra_wall_s` (0 when nothing moved)."""
-    extra = kv_cpu_s - oracle_cpu_s - idle_cpu * max(0.0, extra_wall_s)
+             extra_wall_s: float = 0.0, recompute_cpu_s: float = 0.0) -> float:
+    """CPU seconds per storage byte of the KV path: the KV run's CPU beyond the oracle run's, beyond
+    the idle mesh's `idle_cpu` (CPU s per s) over its `extra_wall_s`, and beyond `recompute_cpu_s`,
+    the prefill of prompt tokens it computed where the oracle's hits were free (0 when nothing moved)."""
+    extra = kv_cpu_s - oracle_cpu_s - idle_cpu * max(0.0, extra_wall_s) - max(0.0, recompute_cpu_s)
     return max(0.0, extra) / storage_bytes if storage_bytes > 0 else 0.0
 
 
@@ -92,9 +98,12 @@ def first_tokens(max_context: int, turns: int, gen: int, agents: int, bytes_per_
 
 def probe_kv_cpu(url: str, lo: int, hi: int, snap: Callable[[], Usage], max_context: int = 0,
                  agents: int = 4, turns: int = 3, gen: int = 8, bytes_per_token: float = 0.0,
-                 storage_bytes_per_s: float | None = None) -> dict:
+                 storage_bytes_per_s: float | None = None, prefill_tok_s: float = 0.0) -> dict:
     """{"kv_cpu_s_per_byte": ..., and the figures behind it}; an empty dict when this host's
-    CPU cannot be read (a remote mesh)."""
+    CPU cannot be read (a remote mesh). With `prefill_tok_s` (the rate probe's, one engine
+    thread: CPU seconds per token), the prompt tokens the KV run computed beyond the oracle's
+    (turns that arrived before their earlier turn's blocks were written) are not charged to
+    the KV path: their prefill is the engine's, and the simulator models those misses itself."""
     first = first_tokens(max_context, turns, gen, agents, bytes_per_token, storage_bytes_per_s)
     seed = int(time.time() * 1e6) % (1 << 31)
     t0, idle0 = time.perf_counter(), snap()
@@ -106,10 +115,11 @@ def probe_kv_cpu(url: str, lo: int, hi: int, snap: Callable[[], Usage], max_cont
     used: dict[str, Usage] = {}
     wall: dict[str, float] = {}
     busy: dict[str, float] = {}  # the agents' time alone (no settling)
+    computed: dict[str, int] = {}  # prompt tokens computed
     for i, mode in enumerate((LoadMode.ORACLE, LoadMode.DUALPATH_SPLIT)):
         before = _settled(snap)
         t0 = time.perf_counter()
-        _workload(url, lo, hi, mode, agents, turns, first, 64, gen, seed + i)
+        computed[mode] = _workload(url, lo, hi, mode, agents, turns, first, 64, gen, seed + i)
         busy[mode] = time.perf_counter() - t0
         used[mode] = _settled(snap).minus(before)
         wall[mode] = time.perf_counter() - t0
@@ -118,20 +128,25 @@ def probe_kv_cpu(url: str, lo: int, hi: int, snap: Callable[[], Usage], max_cont
         return {}
     moved = _storage_bytes(kv)
     extra_wall = wall[LoadMode.DUALPATH_SPLIT] - wall[LoadMode.ORACLE]
+    recomputed = max(0, computed[LoadMode.DUALPATH_SPLIT] - computed[LoadMode.ORACLE])
+    recompute_s = recomputed / prefill_tok_s if prefill_tok_s > 0 else 0.0
     # the oracle run's CPU outside the engines while its agents ran (the idle mesh's while it settled left out)
     others = oracle.cpu_s - sum(oracle.engine_cpu_s.values()) \
         - idle_cpu * (wall[LoadMode.ORACLE] - busy[LoadMode.ORACLE])
-    return {"kv_cpu_s_per_byte": per_byte(kv.cpu_s, oracle.cpu_s, moved, idle_cpu, extra_wall),
+    return {"kv_cpu_s_per_byte": per_byte(kv.cpu_s, oracle.cpu_s, moved, idle_cpu, extra_wall, recompute_s),
             "background_cores": max(0.0, others) / busy[LoadMode.ORACLE],
             "kv_probe_storage_bytes": moved, "kv_probe_cpu_s": kv.cpu_s, "kv_probe_oracle_cpu_s": oracle.cpu_s,
             "kv_probe_idle_cpu": idle_cpu, "kv_probe_extra_wall_s": extra_wall,
             "kv_probe_oracle_engine_cpu_s": sum(oracle.engine_cpu_s.values()), "kv_probe_oracle_s": busy[LoadMode.ORACLE],
-            "kv_probe_first_tokens": first}
+            "kv_probe_first_tokens": first, "kv_probe_recomputed_tokens": recomputed,
+            "kv_probe_recompute_cpu_s": recompute_s}
 
 
 def probe_mesh(url: str, lo: int, hi: int, max_context: int = 0, extra_pids: tuple[int, ...] = (),
-               bytes_per_token: float = 0.0, storage_bytes_per_s: float | None = None) -> dict:
+               bytes_per_token: float = 0.0, storage_bytes_per_s: float | None = None,
+               prefill_tok_s: float = 0.0) -> dict:
     """`probe_kv_cpu` of the mesh at `url`, its processes' CPU read on this host (plus `extra_pids`: NATS)."""
     with httpx.Client() as client:
         return probe_kv_cpu(url, lo, hi, lambda: snapshot(client, url, extra_pids), max_context,
-                            bytes_per_token=bytes_per_token, storage_bytes_per_s=storage_bytes_per_s)
+                            bytes_per_token=bytes_per_token, storage_bytes_per_s=storage_bytes_per_s,
+                            prefill_tok_s=prefill_tok_s)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -86,8 +87,10 @@ class Progress:
 
 
 async def one_turn(client: httpx.AsyncClient, url: str, prompt: list[int], gen: int, mode: LoadMode,
-                   t0: float, hints: dict | None = None) -> tuple[TurnResult, list[int]]:
-    """Stream one completion; returns its timings and the generated token ids."""
+                   t0: float, hints: dict | None = None, stamps_out: list[float] | None = None
+                   ) -> tuple[TurnResult, list[int]]:
+    """Stream one completion; returns its timings and the generated token ids (each token's
+    arrival time, perf_counter, appended to `stamps_out` when given)."""
     body = {"prompt": prompt, "max_tokens": gen, "temperature": 0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}, "return_token_ids": True, "dualpath_mode": mode}
     if hints:
@@ -108,6 +111,8 @@ async def one_turn(client: httpx.AsyncClient, url: str, prompt: list[int], gen: 
                     err = str(chunk["error"].get("message", chunk["error"]))
                 elif chunk.get("choices"):
                     stamps.append(time.perf_counter())
+                    if stamps_out is not None:
+                        stamps_out.append(stamps[-1])
                 if "usage" in chunk:
                     cached = chunk["usage"]["prompt_tokens_details"]["cached_tokens"]
                     ids = list(chunk.get("token_ids", []))
@@ -187,38 +192,71 @@ def online(url: str, jobs: list[Job], mode: LoadMode, aps: float, seed: int = 0,
     return asyncio.run(_drive(url, jobs, arrivals, mode, "online", aps, show, timeout, stop_ttft_s))
 
 
+def together_step(stamps: list[list[float]], prompt: int) -> tuple[float, float] | None:
+    """(seconds per step, mean context tokens) of streams decoding side by side, from their
+    tokens' arrival times: only the window in which every stream was decoding counts (from the
+    last stream's first token to the first stream's last), so a stream that decoded alone
+    while the others were still in prefill does not pull the step down. None when the window
+    holds fewer than 3 tokens of some stream."""
+    lo, hi = max(s[0] for s in stamps), min(s[-1] for s in stamps)
+    steps, ctx = [], []
+    for s in stamps:
+        idx = [i for i, t in enumerate(s) if lo <= t <= hi]
+        if len(idx) < 3:
+            return None
+        steps.append((s[idx[-1]] - s[idx[0]]) / (idx[-1] - idx[0]))
+        ctx.append(prompt + (idx[0] + idx[-1]) / 2)
+    return sum(steps) / len(steps), sum(ctx) / len(ctx)
+
+
 def probe_rates(url: str, lo: int, hi: int, n_prompt: int = 256, n_gen: int = 16, batch: int = 4,
-                repeat: int = 2, long_ctx: int = 0) -> dict:
+                repeat: int = 2, long_ctx: int = 0, max_gen: int = 512) -> dict:
     """One engine's rates, separated from the fixed costs (best of `repeat` fresh prompts each):
     prefill tokens/s and fixed seconds per turn from TTFT at n_prompt / 4 and n_prompt tokens,
     decode seconds per step alone and added per further sequence (`batch` streams at once),
-    and, with `long_ctx`, added per context token (one stream behind a `long_ctx`-token prompt)."""
-    async def ttft_tpot(client, n: int, k: int) -> tuple[float, float]:
-        best_f, best_d = float("inf"), float("inf")
-        for rep in range(repeat):
+    and, with `long_ctx`, added per context token: `batch` streams behind `long_ctx`-token prompts
+    against `batch` behind short ones, so the difference is `batch` times one stream's (a single
+    stream's is a few microseconds on steps of milliseconds, lost in the noise). A batch's step
+    is timed only while all its streams decode (`together_step`); the long streams' prefills
+    finish apart, so they decode enough tokens to outlast that (up to `max_gen` and `long_ctx`:
+    the bench passes half the context a sequence may have; best of 2)."""
+    n_small = max(8, n_prompt // 4)
+
+    async def ttft_tpot(client, n: int, k: int, gen: int = n_gen, reps: int = repeat) -> tuple[float, float, float]:
+        """(best TTFT, best step, the context of the best step's window)."""
+        best_f, best_d, best_ctx = float("inf"), float("inf"), n + gen / 2
+        for rep in range(reps):
             seed = int(time.time() * 1e6) % (1 << 31)
             prompts = [np.random.default_rng([seed, rep, i]).integers(lo, hi, n).tolist() for i in range(k)]
-            got = await asyncio.gather(*(one_turn(client, url, p, n_gen, LoadMode.ORACLE, time.perf_counter())
-                                         for p in prompts))
+            stamps: list[list[float]] = [[] for _ in range(k)]
+            got = await asyncio.gather(*(one_turn(client, url, p, gen, LoadMode.ORACLE, time.perf_counter(),
+                                                  stamps_out=st) for p, st in zip(prompts, stamps)))
             for res, _ in got:
                 if res.error:
                     raise RuntimeError(f"probe request failed: {res.error}")
             best_f = min(best_f, min(res.ttft for res, _ in got))
-            best_d = min(best_d, sum(res.tpot for res, _ in got) / k)
-        return best_f, best_d
+            both = together_step(stamps, n) if k > 1 else None
+            step, ctx = both or (sum(res.tpot for res, _ in got) / k, n + gen / 2)
+            if step < best_d:
+                best_d, best_ctx = step, ctx
+        return best_f, best_d, best_ctx
 
     async def go() -> dict:
-        async with httpx.AsyncClient(timeout=120) as client:
+        async with httpx.AsyncClient(timeout=600) as client:
             await ttft_tpot(client, n_prompt, batch)  # warm-up, discarded: a fresh mesh's first turns run slow
-            small, step1 = await ttft_tpot(client, max(8, n_prompt // 4), 1)
-            big, _ = await ttft_tpot(client, n_prompt, 1)
-            _, step_k = await ttft_tpot(client, max(8, n_prompt // 4), batch)
-            n_small = max(8, n_prompt // 4)
-            _, step_long = await ttft_tpot(client, long_ctx, 1) if long_ctx > n_small else (0.0, step1)
-        per_token = max((big - small) / (n_prompt - n_small), 1e-9)
+            small, step1, _ = await ttft_tpot(client, n_small, 1)
+            big, _, _ = await ttft_tpot(client, n_prompt, 1)
+            _, step_k, ctx_k = await ttft_tpot(client, n_small, batch)
+            per_token = max((big - small) / (n_prompt - n_small), 1e-9)
+            per_ctx = 0.0
+            if long_ctx > n_small:
+                apart = (batch - 1) * long_ctx * per_token  # at most: the others' prefills one after another
+                gen = min(max_gen, long_ctx, max(4 * n_gen, n_gen + math.ceil(apart / max(step_k, 1e-4))))
+                _, step_long, ctx_long = await ttft_tpot(client, long_ctx, batch, gen, min(repeat, 2))
+                per_ctx = max(0.0, (step_long - step_k) / (batch * max(1.0, ctx_long - ctx_k)))
         return {"prefill_tok_s": 1.0 / per_token, "turn_overhead_s": max(0.0, small - n_small * per_token),
                 "decode_step_s": step1, "decode_per_seq_s": max(0.0, (step_k - step1) / (batch - 1)),
-                "decode_per_ctx_s": max(0.0, (step_long - step1) / (long_ctx - n_small)) if long_ctx > n_small else 0.0,
+                "decode_per_ctx_s": per_ctx,
                 "decode_probe_ctx": n_small + n_gen // 2, "probe_prompt_tokens": n_prompt, "probe_batch": batch}
     return asyncio.run(go())
 

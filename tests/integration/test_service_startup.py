@@ -96,6 +96,42 @@ def test_a_stop_signal_while_waiting_for_nats_stops_it_and_unlinks_its_shared_me
     assert _segments(p.pid) == []
 
 
+def _thread_nice(pid: int) -> list[int]:
+    """The niceness of each of a process's threads (field 19 of /proc/<pid>/task/<tid>/stat)."""
+    out = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except FileNotFoundError:  # a thread that ended between the listing and the read
+            continue
+        out.append(int(stat.rsplit(")", 1)[1].split()[16]))
+    return out
+
+
+@pytest.mark.parametrize("flags,want", [(("--nice", "3"), 3), ((), 0)], ids=["set", "default"])
+def test_a_traffic_manager_runs_every_thread_at_its_niceness(refused, tmp_path, flags, want):
+    base = os.getpriority(os.PRIO_PROCESS, 0)  # niceness is added to what the process was started with
+    p = _service("traffic_manager", "--nats", refused, "--nats-wait-s", "0", "--engine", "e0", "--buffer-mb", "8",
+                 *flags, tmp_path=tmp_path)
+    try:
+        _until(p.stderr, "waiting for NATS")  # past start-up: its threads are running
+        nice = _thread_nice(p.pid)
+        assert len(nice) >= 2, nice  # the event loop's and at least one started before or after the change
+        assert set(nice) == {min(19, base + want)}, nice
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate()
+
+
+def test_a_niceness_outside_0_to_19_fails_before_connecting(refused, tmp_path):
+    p = _service("traffic_manager", "--nats", refused, "--nats-wait-s", "1", "--engine", "e0", "--nice", "20",
+                 tmp_path=tmp_path)
+    out, err = p.communicate()
+    assert p.returncode == 2
+    assert "nice" in err and "0..19" in err and "20" in err, err
+    assert "waiting for NATS" not in err and "Traceback" not in err
+
+
 def test_a_running_service_stops_on_one_sigterm_with_exit_code_0(tmp_path):
     from tests.integration.natsutil import NatsServer
 
@@ -200,6 +236,7 @@ def test_up_prints_serving_only_when_a_completion_succeeds_and_cleans_up_on_ctrl
         assert tms, sorted(logs.iterdir())
         for tm in tms:
             assert re.search(r"data plane: (tcp|verbs) transport \(auto: .+\)", tm.read_text()), tm.name
+            assert "(nice +10)" in tm.read_text(), tm.name  # a mesh on one host: the engines have the cores first
         p.send_signal(signal.SIGINT)
         out, err = p.communicate()
     finally:

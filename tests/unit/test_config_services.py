@@ -119,3 +119,35 @@ def test_unknown_key_in_service_table_is_rejected(tmp_path):
     with pytest.raises(ConfigError) as info:
         load(SchedulerConfig, "scheduler", file=f)
     assert info.value.key == "scheduler.http_prot"
+
+
+@pytest.mark.parametrize("bad", [-1, 20])
+def test_a_niceness_outside_0_to_19_names_the_key(bad):
+    from shared.service_config import check_common
+
+    cfg = load(TrafficManagerConfig, "traffic_manager", overrides={"engine": "pe0", "nice": bad})
+    with pytest.raises(ConfigError) as e:
+        check_common(cfg)  # every service checks its common settings at start, before it connects
+    assert e.value.key == "nice" and "0..19" in str(e.value)
+
+
+def test_a_mesh_on_one_host_runs_its_traffic_managers_at_niceness_10_and_nothing_else(tmp_path):
+    from dualpath.mesh import Mesh, MeshSpec
+
+    started = []
+    mesh = Mesh(MeshSpec(model="tiny", port=0, log_dir=str(tmp_path)))
+    mesh._service = lambda name, module, flags, **kw: started.append((module, flags.get("nice")))
+    mesh.add_node("prefill")
+    assert ("traffic_manager", 10) in started
+    assert all(nice is None for module, nice in started if module != "traffic_manager"), started
+    assert all(cls().nice == 0 for cls, _, _ in SERVICES)  # as a service's own default: as started
+
+
+@pytest.mark.parametrize("bad", ["-1", "20"])
+def test_up_refuses_a_traffic_manager_niceness_outside_0_to_19(bad, capsys):
+    from dualpath.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["up", "--model", "tiny", "--port", "0", "--tm-nice", bad])
+    assert e.value.code == 2
+    assert f"--tm-nice {bad}: a niceness, 0..19" in capsys.readouterr().err

@@ -115,6 +115,10 @@ def test_the_probe_counts_only_the_kv_runs_cpu_beyond_the_oracles_and_the_idle_m
     assert per_byte(5.0, 3.0, 1e8) == pytest.approx(2e-8)
     assert per_byte(5.0, 3.0, 1e8, idle_cpu=0.5, extra_wall_s=2.0) == pytest.approx(1e-8)
     assert per_byte(3.0, 4.0, 1e8) == 0.0 and per_byte(5.0, 3.0, 0.0) == 0.0
+    # prompt tokens the KV run computed again (its turns came before their blocks were written)
+    # are the engine's prefill, not the KV path's
+    assert per_byte(5.0, 3.0, 1e8, recompute_cpu_s=1.5) == pytest.approx(5e-9)
+    assert per_byte(5.0, 3.0, 1e8, recompute_cpu_s=3.0) == 0.0
 
 
 def test_the_probe_workload_fits_a_slow_storage_nic_and_leaves_a_fast_one_alone():
