@@ -161,7 +161,8 @@ class TrafficManagerService(Service):
     def _attach(self, layout: KVRegion) -> None:
         if self.pool.layout is not None and self.pool.layout.shm_name == layout.shm_name:
             return
-        if self.kv_region is not None:  # the engine restarted with new KV memory
+        if self.kv_region is not None:  # the engine restarted with new KV memory: the old one goes
+            self.endpoint.unregister("kv")
             self.kv_region.close()
         self.kv_region = ShmRegion.attach(layout.shm_name)
         self.endpoint.register("kv", self.kv_region.buf, shm_name=layout.shm_name, remote=False)  # peers: buf only

@@ -187,6 +187,10 @@ class Endpoint(abc.ABC):
         `remote=False` keeps it local: `copy_local` reaches it, no peer can (it is not announced)."""
 
     @abc.abstractmethod
+    def unregister(self, name: str) -> None:
+        """Forget region `name`; RegionNotFound if it is not registered."""
+
+    @abc.abstractmethod
     def grant(self, region: str, ranges: Iterable[tuple[int, int]] | None = None, *, read: bool = True,
               write: bool = True) -> Grant:
         """A grant of `ranges` ((offset, length); None = all) of a region registered for peers."""

@@ -61,6 +61,10 @@ class LocalSide:
     def register(self, name: str, buf: memoryview, *, shm_name: str = "", remote: bool = True) -> RegionDesc:
         return self.regions.add(name, buf, shm_name=shm_name, remote=remote)
 
+    def unregister(self, name: str) -> None:
+        """Forget region `name` (e.g. an engine's KV memory before its restarted engine's is registered)."""
+        self.regions.drop(name)
+
     def grant(self, region: str, ranges: Iterable[tuple[int, int]] | None = None, *, read: bool = True,
               write: bool = True) -> Grant:
         """Let the holder of the returned grant reach `ranges` ((offset, length) pairs; None = the

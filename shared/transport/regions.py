@@ -105,6 +105,19 @@ class RegionTable:
         except KeyError:
             raise RegionNotFound(name) from None
 
+    def drop(self, name: str) -> int:
+        """Forget region `name` (its memory is released by its owner); returns its position among
+        `descs()` before the drop. RegionNotFound if it is not registered."""
+        try:
+            desc, _ = self._by_name[name]
+        except KeyError:
+            raise RegionNotFound(name) from None
+        at = list(self._by_name).index(name)
+        del self._by_name[name]
+        self._by_rid.pop(desc.rid, None)
+        self._arrays.pop(name, None)
+        return at
+
     def clear(self) -> None:
         """Forget every region (views are released by their owners)."""
         self._arrays.clear()

@@ -217,6 +217,9 @@ class VerbsEndpoint(LocalSide, Endpoint):
         desc = self.regions.add(name, buf, shm_name=shm_name, remote=remote, addr=addr, rkey=mr.rkey)
         return desc
 
+    def unregister(self, name: str) -> None:
+        self._mrs.pop(self.regions.drop(name)).close()  # the MRs are kept in the regions' order
+
     def _book(self, remote: list[RegionDesc]) -> MrBook:
         book = MrBook()
         for d, mr in zip(self.regions.descs(), self._mrs):

@@ -201,3 +201,37 @@ def test_a_de_path_fetch_that_dies_mid_layers_is_answered_too(tmp_path):
             with contextlib.suppress(BufferError):
                 region.close()
             region.unlink()
+
+
+def test_an_engine_restarted_with_new_kv_memory_is_attached_and_served(tmp_path):
+    """An engine that restarts announces a new KV segment under the same engine id: its TM lets
+    the old one go and serves the new one (a fetch lands there), with no handler failing on the way."""
+    old = ShmRegion.create(new_name("test-kv"), NUM_BLOCKS * BLOCK_NBYTES)
+    new = ShmRegion.create(new_name("test-kv2"), NUM_BLOCKS * BLOCK_NBYTES)
+
+    async def scenario(mesh: Mesh) -> None:
+        async with mesh:
+            await mesh.attach(ENGINE, old)
+            keys = await mesh.store_two_blocks(old)
+            errors = mesh.tm.bus.handler_errors
+            region = KVRegion(new.name, NUM_BLOCKS, LAYOUT.block_size, LAYOUT.n_layers, BLOCK_NBYTES, LAYER_NBYTES)
+            await mesh.bus.publish(mesh.subjects.heartbeat, EngineAnnounce(
+                instance="engine-restarted", node=NODE, engine=ENGINE, role="prefill", kv=region))
+            while mesh.tm.pool.layout.shm_name != new.name and mesh.tm.bus.handler_errors == errors:
+                await asyncio.sleep(0.01)  # a poll of the condition: attached, or the handler failed
+            assert mesh.tm.bus.handler_errors == errors, "the announcement of the new KV memory failed"
+            await mesh.bus.publish(mesh.subjects.tm(ENGINE, "fetch"), FetchKV("again", keys[:1], [2], NODE, LAYOUT, 1))
+            msgs = [await mesh.loaded.get()]
+            while not (isinstance(msgs[-1], LayersLoaded) and msgs[-1].layer == LAYOUT.n_layers - 1):
+                assert not isinstance(msgs[-1], FetchFailed), msgs[-1]
+                msgs.append(await mesh.loaded.get())
+            assert bytes(new.buf[2 * BLOCK_NBYTES:3 * BLOCK_NBYTES]) == bytes(old.buf[:BLOCK_NBYTES])
+            assert await mesh.tm_answers()
+
+    try:
+        run(tmp_path, scenario)
+    finally:
+        for kv in (old, new):
+            with contextlib.suppress(BufferError):
+                kv.close()
+            kv.unlink()
