@@ -146,11 +146,10 @@ async def _handle(svc: Front, request: Request, texts: TokenText, chat: bool) ->
         final = _usage_chunk(req.stream_options, rec, rid, mid, chat, req.return_token_ids)
         return StreamingResponse(_sse(events, rid, mid, chat, final, show), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Request-Id": rid})
-    text, finish, failed, reported = [], None, None, []
-    async for delta, fin, err, lps in events:
-        text.append(delta)
-        reported += lps
-        finish, failed = fin or finish, err or failed
+    try:
+        text, finish, failed, reported = await _collect(events, request)
+    except ClientLeft:
+        return Response(status_code=499)  # nobody reads it: the request is cancelled everywhere
     if failed is not None:
         return JSONResponse(failed.body(), status_code=failed.status)
     use = usage(len(prompt), rec.next_index, rec.cached_tokens)
@@ -158,6 +157,39 @@ async def _handle(svc: Front, request: Request, texts: TokenText, chat: bool) ->
     if req.return_token_ids:
         body["choices"][0].update(prompt_token_ids=prompt, token_ids=rec.tokens)
     return JSONResponse(body)
+
+
+class ClientLeft(Exception):
+    """The client of a non-streamed request disconnected before its answer."""
+
+
+async def _collect(events: AsyncIterator[Event], request: Request):
+    """(texts, finish, failure, logprobs) of a non-streamed request, raced against its client
+    leaving: then the events are closed (which cancels the request) and ClientLeft raised."""
+    async def read():
+        text, finish, failed, reported = [], None, None, []
+        async for delta, fin, err, lps in events:
+            text.append(delta)
+            reported += lps
+            finish, failed = fin or finish, err or failed
+        return text, finish, failed, reported
+
+    reading, gone = asyncio.ensure_future(read()), asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait((reading, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        reading.cancel()  # a no-op once it is done; else its events' clean-up cancels the request
+    try:
+        return await reading
+    except asyncio.CancelledError:
+        raise ClientLeft() from None
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone (its body is already read: the next ASGI message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _events(svc: Front, rec: InFlight, stops: list[str], span) -> AsyncIterator[Event]:
@@ -184,7 +216,7 @@ async def _events(svc: Front, rec: InFlight, stops: list[str], span) -> AsyncIte
             lps = track.release(emitted, stopped=hit) if track is not None else []
             if hit:
                 status = "ok"
-                await svc.cancel(rec, "stop sequence")
+                svc.cancel(rec, "stop sequence")
                 yield delta, FinishReason.STOP, None, lps
                 return
             if ev.finish:
@@ -196,12 +228,12 @@ async def _events(svc: Front, rec: InFlight, stops: list[str], span) -> AsyncIte
                 return
             if delta or lps:
                 yield delta, None, None, lps
-    finally:
-        if status == "cancelled":
-            await asyncio.shield(svc.cancel(rec, "client disconnected"))
+    finally:  # no await here: a cancelled handler (the client left) is cancelled again at each await
         span.set_attribute("completion_tokens", rec.next_index)
         span.set_attribute("cached_tokens", rec.cached_tokens)
         span.end()
+        if status == "cancelled":
+            svc.cancel(rec, "client disconnected")
         svc.finish(rec, status)
 
 

@@ -22,6 +22,7 @@ from services.scheduler.inflight import InFlight
 from services.scheduler.doors import FrontDoors, strand_event
 from services.scheduler.events import Router
 from services.scheduler.journal import Accepted, Journal, JournalUnavailable, recover
+from services.scheduler.lifecycle import IllegalTransition, Lifecycle, ReqState
 from services.scheduler.liveness import Watch, stranded, unassigned_past
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.oracle import OracleIndex
@@ -56,6 +57,7 @@ class SchedulerService(Service):
         self.view = MeshView(timeout_s=cfg.liveness_timeout_s)
         self.dispatcher = Dispatcher(PeThresholds(alpha=cfg.pe_alpha_tokens, beta=cfg.pe_beta_tokens))
         self.inflight: dict[str, InFlight] = {}
+        self.life = Lifecycle()  # each request's state: the one writer of InFlight.state
         self.kick = asyncio.Event()
         self.reads = ReadQueues()
         self.lines = Lines()  # the dispatcher's engine lines, kept between rounds
@@ -129,7 +131,8 @@ class SchedulerService(Service):
         return name is None or name == self.model_id() or name in self.view.model_ids()
 
     async def health(self) -> tuple[bool, dict]:
-        return self.view.health(time.monotonic(), queued=self.dispatcher.waiting(), running=len(self.inflight))
+        ok, body = self.view.health(time.monotonic(), queued=self.life.waiting(), running=self.life.running())
+        return ok, body | {"states": self.life.live()}
 
     async def mesh(self) -> dict:  # (a front-door worker adds the vocabulary's size)
         body = {**self.view.snapshot(time.monotonic(), self.cfg.mode), "model": self.model_id()}
@@ -153,6 +156,7 @@ class SchedulerService(Service):
 
     def submit(self, rec: InFlight) -> None:
         self.inflight[rec.req_id] = rec
+        self.life.enter(rec)
         if self.journal:
             self.journal.note_accepted(Accepted(rec.req_id, time.time(), rec.prompt_len, rec.sampling, self.instance))
         self.dispatcher.enqueue(Job(rec.req_id, rec.prompt_len, rec.sampling.max_tokens))
@@ -160,12 +164,13 @@ class SchedulerService(Service):
         self.m.queue.set(self.dispatcher.waiting())
         self.kick.set()
 
-    async def cancel(self, rec: InFlight, reason: str) -> None:
-        """The client left (or a stop string matched): free the request everywhere."""
+    def cancel(self, rec: InFlight, reason: str) -> None:
+        """The client left (or a stop string matched): free the request everywhere (the message
+        goes out from a task of the service's, whatever happens to the caller)."""
         self.dispatcher.remove(rec.req_id)
         if not rec.finished:
             rec.finished = FinishReason.CANCELLED
-        await self._cancel(rec.wire_id, reason)
+        self.spawn(self._cancel(rec.wire_id, reason), name=f"cancel-{rec.req_id}")
 
     def resume(self, rec: InFlight, why: str) -> bool:
         """Run the request again elsewhere, after the tokens already streamed (False: give up)."""
@@ -178,6 +183,7 @@ class SchedulerService(Service):
         trace.get_current_span().add_event("resume", {"req_id": rec.req_id, "why": why, "attempt": rec.attempt})
         log.warning("resuming %s (attempt %d, %d tokens streamed): %s", rec.req_id, rec.attempt, rec.step0, why)
         self.m.resumes.inc()
+        self.move(rec, ReqState.RESUMING, why)
         if remaining <= 0:
             rec.events.put_nowait(TokenEvent(rec.req_id, [], rec.next_index, finish=FinishReason.LENGTH))
             rec.finished = FinishReason.LENGTH
@@ -190,12 +196,29 @@ class SchedulerService(Service):
                 "req_id": rec.req_id, "attempt": rec.attempt, "tokens_streamed": rec.step0}):
             await self.lookup_hits(rec)
         if rec.req_id in self.inflight and not rec.finished:
+            self.move(rec, ReqState.QUEUED, "resumed")
             self.dispatcher.enqueue(Job(rec.req_id, rec.work_len, remaining))
             self.kick.set()
+
+    def move(self, rec: InFlight, dst: ReqState, why: str = "") -> bool:
+        """`rec` to state `dst` (Lifecycle.move); an illegal move is logged and counted, never fatal."""
+        try:
+            self.life.move(rec, dst, why)
+        except IllegalTransition as exc:
+            log.error("%s (%s)", exc, why)
+            self.m.illegal.inc()
+            return False
+        self.m.running.set(self.life.running())
+        return True
 
     def finish(self, rec: InFlight, status: str) -> None:
         if self.inflight.pop(rec.req_id, None) is None:
             return
+        try:
+            self.life.end(rec, status)
+        except IllegalTransition as exc:
+            log.error("%s", exc)
+            self.m.illegal.inc()
         if self.journal:
             self.journal.note_finished(rec.req_id, status, rec.next_index)
         self.reads.done(rec.req_id)
@@ -204,7 +227,8 @@ class SchedulerService(Service):
         if rec.mode == LoadMode.ORACLE and status == "ok" and rec.tokens and (layout := self.view.store_layout()):
             self.oracle.add(prompt_keys(layout, rec.prompt + rec.tokens[:-1]))  # what decode would have persisted
         self.m.finished(rec, status)
-        self.m.running.set(self.dispatcher.ledger.placed)
+        self.m.running.set(self.life.running())
+        self.m.queue.set(self.life.waiting())
         self.kick.set()
 
     async def _recover(self) -> None:
@@ -221,6 +245,10 @@ class SchedulerService(Service):
             self.watch.heard(time.monotonic())
         if self.view.update(msg, time.monotonic()) and self.dispatcher.waiting():  # a change, while work waits
             self.kick.set()
+        if self.view.restarted:  # its old process's requests are lost with it: now, not at a timeout
+            engines = self.view.take_restarted()
+            log.warning("engines %s came back as new processes; resuming their requests", engines)
+            self._strand(engines, "restarted")
 
     async def _on_output(self, msg: Output, d: Delivery) -> None:
         """Engine output for the requests of the in-process front door (events.Router)."""
@@ -235,6 +263,8 @@ class SchedulerService(Service):
 
     def _prefill_over(self, rec: InFlight, source: str = "") -> None:
         """An attempt's first token: its reads are done, its PE is free (a heartbeat does not kick)."""
+        if rec.state == ReqState.PREFILLING:
+            self.move(rec, ReqState.DECODING, f"first token from {source}" if source else "first token")
         self.reads.done(rec.req_id)
         self.dispatcher.prefill_done(rec.req_id)
         self.kick.set()
@@ -257,7 +287,7 @@ class SchedulerService(Service):
     async def _assign(self) -> None:
         """One round (none while nothing waits): the engine lines (refreshed where something moved), placements."""
         if not self.dispatcher.waiting():  # a freed engine, a finished request: nothing to place
-            return self.m.running.set(self.dispatcher.ledger.placed)
+            return self.m.running.set(self.life.running())
         self.m.rounds.inc()
         now = time.monotonic()
         pes, des = self.lines.get(self.view, self.dispatcher.ledger, self.reads, now)
@@ -268,11 +298,22 @@ class SchedulerService(Service):
                 self.dispatcher.remove(a.req_id)
                 continue
             rec.pe, rec.de, rec.assigned_at = a.pe, a.de, time.monotonic()
+            self.move(rec, ReqState.PREFILLING, f"{a.pe} -> {a.de}")
             self.m.assign_wait.observe(rec.assigned_at - rec.queued_at)
             placed = place(rec, a.pe, a.de, self.view, self.reads, rec.reply or self.output_subject, self.cfg.read_path)
             await send(self.bus, rec, a.pe, placed, self.subjects)
-        self.m.queue.set(self.dispatcher.waiting())
-        self.m.running.set(self.dispatcher.ledger.placed)
+        self.m.queue.set(self.life.waiting())
+        self.m.running.set(self.life.running())
+
+    def _strand(self, engines: list[str], what: str) -> None:
+        """Resume (or fail) the requests in flight that the lost `engines` leave stranded."""
+        for rec, engine in stranded(list(self.inflight.values()), engines):
+            why = f"engine {engine} {what}"
+            if rec.reply:  # a front-door worker's: it has the tokens, it resumes
+                rec.events.put_nowait(strand_event(rec, engine, why))
+            elif not self.resume(rec, why):
+                rec.fail(ErrorCode.ENGINE_FAILED, why)
+                self.spawn(self._cancel(rec.wire_id, why))
 
     async def _check_liveness(self) -> None:
         """Resume (or fail) the requests of engines that went silent; expire unassigned requests."""
@@ -281,13 +322,7 @@ class SchedulerService(Service):
         for engine in dead:
             log.warning("engine %s stopped heartbeating; resuming its requests elsewhere", engine)
             self.view.forget(engine)
-        for rec, engine in stranded(list(self.inflight.values()), dead):
-            why = f"engine {engine} stopped responding"
-            if rec.reply:  # a front-door worker's: it has the tokens, it resumes
-                rec.events.put_nowait(strand_event(rec, engine, why))
-            elif not self.resume(rec, why):
-                rec.fail(ErrorCode.ENGINE_FAILED, why)
-                self.spawn(self._cancel(rec.wire_id, why))
+        self._strand(dead, "stopped responding")
         for rec in unassigned_past(list(self.inflight.values()), now, self.cfg.assign_timeout_s):
             self.dispatcher.remove(rec.req_id)
             rec.fail(ErrorCode.NO_ENGINE, "no engine available to serve the request")

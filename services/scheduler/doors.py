@@ -26,6 +26,7 @@ import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from services.scheduler.inflight import InFlight
+from services.scheduler.lifecycle import ReqState
 from services.scheduler.wire import Answer, Ask, Done, FrontInfo, FrontMsg, PrefillOver, Submit
 from shared.bus import Delivery
 from shared.kv.keyrun import KeyRun
@@ -177,9 +178,7 @@ class FrontDoors:
         svc = self.svc
         if isinstance(msg, PrefillOver):
             if msg.attempt == rec.attempt:  # the attempt's prefill engine is free, its reads are over
-                svc.reads.done(rec.req_id)
-                svc.dispatcher.prefill_done(rec.req_id)
-                svc.kick.set()
+                svc._prefill_over(rec)
         elif isinstance(msg, Done):
             rec.tokens, rec.next_index, rec.cached_tokens = msg.tokens, len(msg.tokens), msg.cached_tokens
             if msg.ttft_s:
@@ -211,6 +210,7 @@ class FrontDoors:
         remaining = rec.restart()
         rec.block_keys = KeyRun(msg.block_keys)
         svc.m.resumes.inc()
+        svc.move(rec, ReqState.RESUMING, "resumed by its front-door worker")
         svc.spawn(svc._requeue(rec, remaining), name=f"resume-{rec.req_id}")
 
     async def _admit(self, rec: InFlight) -> None:

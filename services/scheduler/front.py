@@ -39,8 +39,9 @@ class Front(Protocol):
     async def admit(self, rec: InFlight) -> None:
         """Look up the prompt's stored blocks, then queue the request for an engine pair."""
 
-    async def cancel(self, rec: InFlight, reason: str) -> None:
-        """The client left (or a stop string matched): free the request everywhere."""
+    def cancel(self, rec: InFlight, reason: str) -> None:
+        """The client left (or a stop string matched): free the request everywhere (sent from a
+        task the service owns: the caller may be a handler being cancelled)."""
 
     def finish(self, rec: InFlight, status: str) -> None:
         """The client got its last event: count it and forget the request."""

@@ -45,6 +45,7 @@ class InFlight:
     hint: object = None  # the agent's `hints.Hint` (None: no agent_hints); never reaches an engine
     staged: object = None  # `shared.sched.prefetch.Staged`: its prompt's prefix prefetched into a buffer
     reply: str = ""  # at the dispatch core: the front-door worker's output subject ("": the core's own client)
+    state: object = None  # its `lifecycle.ReqState` at the dispatch core (written by Lifecycle alone)
     remote_prompt: int = 0  # at the dispatch core: the prompt's length, its ids left with the worker (0: in `prompt`)
 
     def accept(self, ev: TokenEvent) -> TokenEvent | None:

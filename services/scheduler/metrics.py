@@ -26,6 +26,7 @@ class SchedulerMetrics:
     resumes: Any
     rounds: Any
     assign_wait: Any
+    illegal: Any
 
     @classmethod
     def register(cls, m: Metrics) -> "SchedulerMetrics":
@@ -38,13 +39,14 @@ class SchedulerMetrics:
             tpot=m.histogram("time_per_output_token_seconds", "TPOT",
                              buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2)),
             queue=m.gauge("queue_length", "Requests waiting for an engine"),
-            running=m.gauge("requests_running", "Requests assigned and not finished"),
+            running=m.gauge("requests_running", "Requests placed on engines and not finished (prefilling, decoding, resuming)"),
             engines=m.gauge("engines_live", "Assignable engines", ("role",)),
             loop_errors=m.counter("loop_errors_total", "Exceptions caught in the scheduler's loops", ("loop",)),
             resumes=m.counter("request_resumes_total", "Requests resumed on other engines after a failure"),
             rounds=m.counter("dispatch_rounds_total", "Dispatch rounds run (kicks arriving together share one)"),
             assign_wait=m.histogram("assign_wait_seconds", "From a request's arrival (or resumption) to its work "
                                     "published to a prefill engine", buckets=ASSIGN_BUCKETS),
+            illegal=m.counter("illegal_transitions_total", "Request state moves refused as illegal (a bug)"),
         )
 
     def set_engines(self, prefill: int, decode: int) -> None:

@@ -35,6 +35,7 @@ class MeshView:
     tms: dict[str, Seen] = field(default_factory=dict)  # engine id -> its TM's last announce
     gateways: dict[str, Seen] = field(default_factory=dict)  # node -> gateway
     schedulers: dict[str, Seen] = field(default_factory=dict)
+    restarted: list[str] = field(default_factory=list)  # engines whose engine or TM came back as a new process
     version: int = 0  # bumped whenever which engines are assignable, or their lines, may change
     _cache: dict[str, tuple[int, float, list[EngineAnnounce]]] = field(default_factory=dict)
 
@@ -53,6 +54,8 @@ class MeshView:
             table[key] = Seen(msg, now)
             changed = True
         else:
+            if seen.msg.instance != msg.instance and table is not self.gateways and table is not self.schedulers:
+                self.restarted.append(key)  # a new process under the same engine id: the old one's work is lost
             changed = now - seen.at > self.timeout_s or _lines(seen.msg) != _lines(msg)  # back, or changed
             seen.msg, seen.at = msg, now
         changed = changed and table is not self.gateways and table is not self.schedulers
@@ -70,6 +73,11 @@ class MeshView:
         if isinstance(msg, SchedulerAnnounce):
             return self.schedulers, msg.instance
         return None, ""
+
+    def take_restarted(self) -> list[str]:
+        """The engines seen restarting since the last call (each once, in order); the caller strands their requests."""
+        out, self.restarted = list(dict.fromkeys(self.restarted)), []
+        return out
 
     def alive(self, seen: Seen | None, now: float) -> bool:
         return seen is not None and now - seen.at <= self.timeout_s

@@ -164,10 +164,10 @@ class FrontWorker(Service):
                                        prompt_tokens=len(rec.prompt), block_keys=b"".join(keys), stored_blocks=stored,
                                        mode=rec.mode, hint=rec.hint, waited_s=time.monotonic() - rec.arrived))
 
-    async def cancel(self, rec: InFlight, reason: str) -> None:
+    def cancel(self, rec: InFlight, reason: str) -> None:
         if not rec.finished:
             rec.finished = FinishReason.CANCELLED
-        await self.bus.publish(self.subjects.cancel, Cancel(rec.wire_id, reason))
+        self.spawn(self.bus.publish(self.subjects.cancel, Cancel(rec.wire_id, reason)), name=f"cancel-{rec.req_id}")
 
     def finish(self, rec: InFlight, status: str) -> None:
         if self.inflight.pop(rec.req_id, None) is None:

@@ -49,7 +49,7 @@ class Front:
         for ev in self.events:
             rec.events.put_nowait(ev)
 
-    async def cancel(self, rec, reason: str) -> None:
+    def cancel(self, rec, reason: str) -> None:
         pass
 
     def finish(self, rec, status: str) -> None:

@@ -158,7 +158,7 @@ class FakeScheduler:
         self.tokenizer = TOK
         self.cancelled: list[str] = []
 
-    async def cancel(self, rec, reason: str) -> None:
+    def cancel(self, rec, reason: str) -> None:
         self.cancelled.append(reason)
 
     def finish(self, rec, status: str) -> None:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import typing
 
+import msgspec
+
 import pytest
 
 from services.scheduler.view import MeshView
@@ -187,3 +189,16 @@ def test_assignable_list_is_kept_while_engines_heartbeat_and_exact_when_one_goes
     view.update(eng("p0"), 6.0)
     view.update(tm("p0"), 6.0)
     assert ids(view.assignable("prefill", 7.6)) == ["p0"]  # p1 silent since 4.5
+
+
+def test_an_engine_or_tm_back_as_a_new_process_is_reported_restarted_once():
+    view = mesh(eng("e0"), tm("e0"), eng("e1"), tm("e1"))
+    view.update(eng("e0"), 0.5)  # a heartbeat of the same process
+    view.update(tm("e1"), 0.5)
+    assert view.take_restarted() == []
+    view.update(msgspec.structs.replace(eng("e0"), instance="inst-e0-again"), 1.0)  # within the timeout
+    view.update(msgspec.structs.replace(tm("e1"), instance="tm-e1-again"), 1.0)
+    view.update(msgspec.structs.replace(eng("e0"), instance="inst-e0-again"), 1.2)
+    assert view.take_restarted() == ["e0", "e1"]
+    assert view.take_restarted() == []
+    assert ids(view.assignable("prefill", 1.5)) == ["e0", "e1"]  # the new processes serve
