@@ -8,8 +8,9 @@ import pytest
 
 from dualpath.bench.metrics import Slo, summarise
 from dualpath.bench.replay import RunResult, TurnResult
-from dualpath.bench.report import clean, write_json
+from dualpath.bench.report import clean, markdown, write_json
 from dualpath.bench.vllm_metrics import Spec, parse_goodput, parse_percentiles
+from dualpath.cli import CliError, build_parser
 from shared.messages.codes import BENCH_MODES
 
 pytestmark = pytest.mark.unit
@@ -98,6 +99,16 @@ def test_flags_are_read_as_vllm_reads_them():
         parse_percentiles("101")
 
 
+@pytest.mark.parametrize("argv, named", [
+    (["--goodput", "itl:5"], "'itl'"), (["--goodput", "ttft:abc"], "'abc'"), (["--goodput", "ttft:-1"], "'-1'"),
+    (["--goodput", "ttft"], "'ttft'"), (["--metric-percentiles", "50,nine"], "'nine'"),
+])
+def test_a_bad_goodput_or_percentile_is_a_cli_error_naming_it(argv, named):
+    args = build_parser().parse_args(["bench", "--trace", "gen:32k", "--offline", *argv])
+    with pytest.raises(CliError, match=named):
+        args.func(args)
+
+
 @pytest.mark.parametrize("kind", ["offline", "online"])
 def test_every_modes_json_row_carries_the_vllm_keys(tmp_path, kind):
     runs = [summarise(recorded_run(m, kind), Slo(), Spec(goodput_ms=(("ttft", 500.0),)))
@@ -109,3 +120,7 @@ def test_every_modes_json_row_carries_the_vllm_keys(tmp_path, kind):
     assert [r["mode"] for r in back["runs"]] == list(BENCH_MODES)
     for r in back["runs"]:
         assert VLLM_KEYS <= set(r), (r["mode"], VLLM_KEYS - set(r))
+    text = markdown(doc)
+    for section in ("Serving Benchmark Result", "Time to First Token", "Time per Output Token (excl. 1st token)",
+                    "Inter-token Latency", "End-to-end Latency", "Request goodput (req/s):", "P99 TPOT (ms):"):
+        assert text.count(section) == len(BENCH_MODES), section
