@@ -24,8 +24,12 @@ import sys
 import tempfile
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from shared.messages.codes import BENCH_MODES, LoadMode, mode_names, parse_modes
+
+if TYPE_CHECKING:
+    from dualpath.bench.vllm_metrics import Spec
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -66,6 +70,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--slo-warmup", type=float, default=0.2, help="share of a run's first turns left out of its verdict")
     p.add_argument("--slo-target", type=float, default=0.9, help="attainment shown beside the verdict (share of "
                                                                   "turns meeting both)")
+    p.add_argument("--metric-percentiles", default="99",
+                   help="comma-separated percentiles of the vLLM-named figures (as `vllm bench serve` takes "
+                        "them): 50,90,99 gives p50_/p90_/p99_ keys in each run's JSON")
+    p.add_argument("--goodput", nargs="+", default=[], metavar="KEY:MS",
+                   help="SLOs of request_goodput (requests/s meeting every one), as `vllm bench serve` takes "
+                        "them: ttft, tpot and e2el in ms, e.g. --goodput ttft:500 tpot:50")
     p.add_argument("--url", default="http://127.0.0.1:8000", help="a running mesh")
     p.add_argument("--up", action="store_true", help="start a mesh on this machine for the run")
     p.add_argument("--model", default="smollm2", help="--up: model preset, .gguf or HF directory")
@@ -110,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
         modes = parse_modes(args.modes)
     except ValueError as exc:
         raise CliError(f"--modes: {exc}") from None
+    args.vllm = _vllm_spec(args)
     if args.scale is None:
         args.scale = 0.05 if args.trace.startswith("gen:") else 1.0
     if not 0 < args.scale <= 1:
@@ -152,6 +163,21 @@ def run(args: argparse.Namespace) -> int:
     for service, key, value in _settings(args.set):
         extra.setdefault(service, {})[key] = value
     return _bench_up(args, modes, topo, extra)
+
+
+def _vllm_spec(args: argparse.Namespace) -> Spec:
+    """--metric-percentiles and --goodput, read as `vllm bench serve` reads them."""
+    from dualpath.bench.vllm_metrics import Spec, parse_goodput, parse_percentiles
+    from dualpath.cli import CliError
+
+    try:
+        percentiles = parse_percentiles(args.metric_percentiles)
+    except ValueError as exc:
+        raise CliError(f"--metric-percentiles: {exc}") from None
+    try:
+        return Spec(percentiles, parse_goodput(args.goodput))
+    except ValueError as exc:
+        raise CliError(f"--goodput: {exc}") from None
 
 
 def _snic_flag(args: argparse.Namespace) -> None:
@@ -268,9 +294,10 @@ def _bench(args: argparse.Namespace, url: str, modes: list[LoadMode], extra_pids
         "decode_s_per_tok": _r(cap.tpot_s, 4), "prefill_nodes": cap.prefill_nodes, "decode_nodes": cap.decode_nodes,
         "cores": cap.cores, "data_plane_gb_s": _r((cap.data_plane_bytes_per_s or 0) / 1e9, 2),
         "block_size": mesh.get("block_size"), "load_average": _loadavg(),
-        "tool_call_scale": args.tool_calls or None}, "runs": []}
+        "tool_call_scale": args.tool_calls or None, "metric_percentiles": args.metric_percentiles,
+        "goodput": " ".join(args.goodput) or None}, "runs": []}
     plan = Plan(url, fresh_jobs, slo, cap, not args.no_progress, args.timeout, mesh.get("block_size") or 64,
-                extra_pids, tuple(args.hint_runs), bool(args.tool_calls))
+                extra_pids, tuple(args.hint_runs), bool(args.tool_calls), args.vllm)
     with Scraper(url) as scraper, agent_hints.TMScraper(url) as tms, Runner(plan, scraper, tms) as runner:
         n = base_agents or 0
         if args.offline:

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from dualpath.bench import vllm_metrics
 from shared.messages.codes import LoadMode
 
 
@@ -79,8 +80,9 @@ def meets(turn, slo: Slo) -> bool:
     return tpot != tpot or tpot <= slo.tpot_s
 
 
-def summarise(run, slo: Slo) -> dict:
-    """The per-run numbers of the JSON report (times in seconds)."""
+def summarise(run, slo: Slo, vllm: vllm_metrics.Spec = vllm_metrics.Spec()) -> dict:
+    """The per-run numbers of the JSON report (times in seconds), and beside them the same run's
+    figures under `vllm bench serve`'s keys (vllm_metrics.py; times in ms)."""
     ok = [t for t in run.turns if not t.error]
     prompt = sum(t.prompt_tokens for t in ok)
     out = {
@@ -102,6 +104,7 @@ def summarise(run, slo: Slo) -> dict:
     if run.kind == "online":
         holds, failed, ttft, tpot = verdict(run, slo)
         out.update(slo_holds=holds, slo_failed=failed, ttft_steady_mean_s=ttft, tpot_steady_mean_s=tpot)
+    out.update(vllm_metrics.figures(run.turns, run.wall_s, vllm))
     return out
 
 

@@ -2,7 +2,8 @@
 
 One turn = one streamed `POST /v1/completions` with `ignore_eos` and the traced length;
 its last chunk (`stream_options.include_usage` + `return_token_ids`) carries the cached
-tokens and the generated ids that the next turn's prompt appends. A job is a closed loop:
+tokens and the generated ids that the next turn's prompt appends; every content chunk's arrival
+is kept (`TurnResult.stamps`: TTFT, TPOT, ITL and E2EL come from them). A job is a closed loop:
 turn i+1 starts when turn i ends.
 - offline: every job starts at t=0; JCT = last turn end.
 - online: job k starts at its Poisson arrival (rate `aps`) or its recorded arrival (Mooncake);
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 import httpx
 import numpy as np
 
+from dualpath.bench import vllm_metrics
 from dualpath.bench.workload import Job
 from shared.messages.codes import LoadMode
 
@@ -40,12 +42,22 @@ class TurnResult:
     error: str = ""
     hinted: bool = False  # sent agent_hints
     after_tool_s: float = 0.0  # the tool call this turn waited for (0: none; the first turn never has one)
+    stamps: list[float] = field(default_factory=list)  # arrival of each content chunk (s since the run's t0)
+
+    @property
+    def e2el(self) -> float:
+        """Start to the last content chunk (to the stream's end when none was stamped)."""
+        return (self.stamps[-1] if self.stamps else self.end) - self.start
+
+    @property
+    def itl(self) -> list[float]:
+        """Every gap between consecutive content chunks."""
+        return [b - a for a, b in zip(self.stamps, self.stamps[1:])]
 
     @property
     def tpot(self) -> float:
-        """Mean time per output token after the first."""
-        n = self.gen_tokens - 1
-        return (self.end - self.start - self.ttft) / n if n > 0 else float("nan")
+        """Mean time per output token after the first: (e2el - ttft) / (tokens - 1); nan with one."""
+        return vllm_metrics.tpot(self)
 
 
 @dataclass
@@ -121,7 +133,8 @@ async def one_turn(client: httpx.AsyncClient, url: str, prompt: list[int], gen: 
     ttst = stamps[1] - start if len(stamps) > 1 else float("nan")
     if not err and len(ids) != gen:
         err = f"got {len(ids)} token ids, wanted {gen}"
-    res = TurnResult("", 0, len(prompt), gen, start - t0, ttft, ttst, end - t0, cached, err)
+    res = TurnResult("", 0, len(prompt), gen, start - t0, ttft, ttst, end - t0, cached, err,
+                     stamps=[s - t0 for s in stamps])
     return res, ids
 
 

@@ -1,6 +1,7 @@
 """The benchmark's outputs: a markdown report, the JSON document and PNG plots.
 
-JSON: {"trace": ..., "config": {...}, "runs": [one object per run (mode, load level, repeat)],
+JSON: {"trace": ..., "config": {...}, "runs": [one object per run (mode, load level, repeat); beside
+our figures, vLLM's keys for the same run (vllm_metrics.py)],
 "summary": medians over repeats (metrics.summary), "search": {mode: capacity, levels} (online
 search only)}. Plots (matplotlib, Agg backend):
 jct_by_mode.png (offline), ttft_tpot_vs_aps.png (online), storage_read_bytes.png (bytes
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from dualpath.bench.metrics import run_name as _name
 from dualpath.bench.metrics import summary
+from dualpath.bench.vllm_metrics import SECTIONS as VLLM_SECTIONS
 from shared.messages.codes import LoadMode
 
 
@@ -52,6 +54,7 @@ def markdown(doc: dict) -> str:
     online = [r for r in doc["runs"] if r["kind"] == "online"]
     if online:
         lines += _online(online)
+    lines += _vllm(doc["runs"])
     from dualpath.bench.hints import markdown as hint_lines
 
     lines += hint_lines(doc)
@@ -152,6 +155,36 @@ def _search(search: dict) -> list[str]:
             lines.append(f"- {m} / {LoadMode.BASIC.value} capacity: {search[m]['capacity_aps'] / base:.2f}x")
     return lines + [""]
 
+def _vllm(runs: list[dict]) -> list[str]:
+    """Each run's vLLM-named figures, laid out as `vllm bench serve` prints them."""
+    blocks = [line for r in runs if "completed" in r for line in _vllm_block(r)]
+    if not blocks:
+        return []
+    return ["## The same runs in vLLM's terms (`vllm bench serve`'s sections; its keys in each run's JSON)", "",
+            "```"] + blocks + ["```", ""]
+
+
+def _vllm_block(r: dict) -> list[str]:
+    """One run as `vllm bench serve` prints its result (with a line naming the run)."""
+    def row(name: str, v) -> str:
+        return f"{name:<40} " + (f"{v:<10.2f}" if isinstance(v, float) else f"{'n/a' if v is None else v:<10}").rstrip()
+
+    run = f"{_name(r)} {r['kind']}" + (f" @{r['aps']:g} APS" if r.get("aps") else "") + f", repeat {r.get('repeat', 0)}"
+    out = ["{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="="), row("Run:", run),
+           row("Successful requests:", r["completed"]), row("Benchmark duration (s):", r["duration"]),
+           row("Total input tokens:", r["total_input_tokens"]),
+           row("Total generated tokens:", r["total_output_tokens"]),
+           row("Request throughput (req/s):", r["request_throughput"])]
+    if r.get("request_goodput") is not None:
+        out.append(row("Request goodput (req/s):", r["request_goodput"]))
+    out += [row("Output token throughput (tok/s):", r["output_throughput"]),
+            row("Total Token throughput (tok/s):", r["total_token_throughput"])]
+    for key, short, header in VLLM_SECTIONS:
+        out += ["{s:{c}^{n}}".format(s=header, n=50, c="-"), row(f"Mean {short} (ms):", r[f"mean_{key}_ms"]),
+                row(f"Median {short} (ms):", r[f"median_{key}_ms"])]
+        out += [row(f"P{k[1:-len(key) - 4]} {short} (ms):", v) for k, v in r.items()
+                if k.startswith("p") and k.endswith(f"_{key}_ms") and k[1:2].isdigit()]
+    return out + ["=" * 50]
 
 
 def _ms(v):

@@ -27,6 +27,7 @@ from dualpath.bench.bound import Capacity, ChainTurn, lower_bound
 from dualpath.bench.metrics import ApsSearch, Slo, spread, summarise
 from dualpath.bench.scrape import Scraper
 from dualpath.bench.usage import snapshot
+from dualpath.bench.vllm_metrics import Spec
 from shared.messages.codes import LoadMode
 
 
@@ -42,6 +43,7 @@ class Plan:
     extra_pids: tuple[int, ...] = ()  # this host's mesh processes not announced (nats-server)
     hint_runs: tuple[str, ...] = ("off",)  # agent-hint policies: one run each per mode (offline, fixed APS)
     tool_calls: bool = False  # the workload has tool calls between turns: each row gets the hint figures
+    vllm: Spec = Spec()  # percentiles and goodput SLOs of the vLLM-named figures in each row
 
 
 class Runner:
@@ -72,7 +74,7 @@ class Runner:
         by_node, bpb = self.scraper.window(t0, time.time())
         if bpb:
             self.bytes_per_token = bpb / p.block_size
-        row = summarise(r, p.slo)
+        row = summarise(r, p.slo, p.vllm)
         row.update(repeat=repeat, storage_read_bytes_per_node=by_node, usage=vars(used), stopped=r.stopped,
                    storage_series=self.scraper.series(t0, time.time()), jct_lower_bound_s=None)
         if r.kind == "offline":
