@@ -1,32 +1,14 @@
-"""Planner calculations: P/D window, attention layouts, MoE, capacity, CP, PP."""
+"""Planner calculations: attention layouts, MoE, capacity, CP, PP (P/D window: test_plan_pd_window.py)."""
 from __future__ import annotations
 
 import math
 
 import pytest
 
-from dualpath.plan import attention, capacity, cp, moe, pd, pp
+from dualpath.plan import attention, capacity, cp, moe, pp
 from dualpath.presets import load_arch
 
 pytestmark = pytest.mark.unit
-
-
-def test_pd_window_paper_setting_and_binding_loads_are_exactly_one():
-    inp = pd.PDInputs(gpus_per_node=8, snic=1, cnic_gbs=50, dram_gbs=400)
-    w = pd.window(inp)
-    assert w.lower.ratio == pytest.approx(1 / 7) and w.lower.link == "PE CNIC write"
-    assert w.upper.link == "DE DRAM" and w.upper.ratio == pytest.approx(2.5)
-    assert w.feasible and "1P1D" in w.examples and "3P1D" not in w.examples
-    assert pd.link_loads(inp, w.lower.ratio)["PE CNIC write"] == pytest.approx(1.0)
-    assert pd.link_loads(inp, w.upper.ratio)["DE DRAM"] == pytest.approx(1.0)
-    assert max(pd.link_loads(inp, 1.0).values()) < 1
-
-
-def test_pd_window_empty_when_snic_too_wide():
-    w = pd.window(pd.PDInputs(gpus_per_node=4, snic=3, cnic_gbs=50, dram_gbs=1000))
-    assert not w.pe_read_ok and not w.feasible and w.examples == ()
-    with pytest.raises(ValueError, match="snic"):
-        pd.PDInputs(8, 0, 50, 400)
 
 
 def test_attention_mla_layouts_follow_spec_formulas():

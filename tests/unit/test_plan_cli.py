@@ -37,6 +37,12 @@ def test_attention_json_has_layouts_and_recommendation(capsys):
     assert data["recommended_tp"] == 2 and len(data["layouts"]) == 6
 
 
+def test_pd_marks_both_bounds_that_tie_at_the_papers_upper_end(capsys):
+    _, text = run(capsys, "pd", "--gpus-per-node", "8", "--snic", "1", "--cnic-gbs", "50",
+                  "--dram-gbs", "500")
+    assert "upper end by DE CNIC write and DE DRAM" in text and text.count("binds") == 3
+
+
 def test_model_path_works(capsys, tmp_path):
     from dualpath.presets import load_config
     path = tmp_path / "config.json"
