@@ -1,4 +1,5 @@
-"""Planner calculations: attention layouts, MoE, capacity, CP, PP (P/D window: test_plan_pd_window.py)."""
+"""Planner calculations: attention layouts, MoE, capacity, CP, PP chunk split (P/D window and
+stage split: test_plan_pd_window.py, test_plan_pp_split.py)."""
 from __future__ import annotations
 
 import math
@@ -89,15 +90,6 @@ def test_cp_causal_work_matches_pair_count():
     for scheme in cp.SCHEMES:
         w = cp.causal_work(1000, 7, scheme)
         assert sum(w) == 1000 * 1001 // 2
-
-
-def test_pp_stage_split_gives_tail_stage_fewer_layers():
-    s = pp.stage_split(61, 4, tail=0.5)
-    assert sum(s.layers) == 61 and s.layers[-1] == round(61 / 4 * 0.5)
-    assert s.max_over_mean < s.naive_max_over_mean
-    assert pp.stage_split(80, 8).layers == (10,) * 8
-    with pytest.raises(ValueError, match="stages"):
-        pp.stage_split(3, 4)
 
 
 def test_pp_chunk_splits():
