@@ -45,6 +45,12 @@ class PDWindow:
     feasible: bool
     examples: tuple[str, ...]  # small P:D node ratios inside the window
 
+    @property
+    def binding(self) -> tuple[Bound, ...]:
+        """Every upper bound that ties with the smallest (the paper's own example has two)."""
+        return tuple(b for b in self.uppers
+                     if math.isclose(b.ratio, self.upper.ratio, rel_tol=1e-12, abs_tol=1e-12))
+
 
 def link_loads(inp: PDInputs, ratio: float) -> dict[str, float]:
     """Each link's load as a fraction of its capacity at P/D = ratio."""

@@ -1,17 +1,14 @@
 """Pipeline parallelism: stage layer split and prefill chunk split (docs/parallelism.md#pipeline-parallelism).
 
-Stage split: with a speculative-decoding tail worth beta stages on the last rank,
-the last stage gets about (L/p)*(1-beta) layers and the others share the rest
-evenly (extra layers go to the middle stages, keeping the first stage, which also
-embeds, light). Stage time is in layer units; the last stage adds beta*L/p.
-Chunk split of a causal prefill of T tokens into m chunks with attention share a:
-a chunk's time ~ (1-a)*len/(T/m) + a*(e^2 - s^2)/(T^2/m) (equal chunks give
-(1-a) + a*(2k+1)/m); s_k = T*sqrt(k/m) equalises the attention part; the exact
-equal-time split solves (1-a)*x + a*x^2 = k/m for x = s_k/T.
+Owns two splits in time units: layers over stages (the slowest stage, tail included, made
+as fast as integer layer counts allow) and a causal prefill's tokens over chunks (equal,
+sqrt and equal-time boundaries). It prices nothing beyond these two cost models.
 """
 from __future__ import annotations
 
+import heapq
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -32,36 +29,71 @@ class ChunkSplit:
     max_over_mean: float
 
 
-def _times(layers: list[int], tail: float) -> tuple[float, ...]:
+def _times(layers: Sequence[int], tail: float) -> tuple[float, ...]:
+    """Stage times in layer units: a layer costs 1; the last stage adds tail * L/p."""
     per_stage = sum(layers) / len(layers)
     return tuple(float(n) + (tail * per_stage if i == len(layers) - 1 else 0.0)
                  for i, n in enumerate(layers))
 
 
+def _preference(stages: int) -> list[int]:
+    """Rank of each stage for a tie: middle stages first, the first stage (it also embeds) last."""
+    order = sorted(range(stages), key=lambda i: (abs(i - (stages - 1) / 2), -i))
+    rank = [0] * stages
+    for r, i in enumerate(order):
+        rank[i] = r
+    return rank
+
+
 def _spread(total: int, stages: int) -> list[int]:
     """Even split; the remainder goes to the middle stages first."""
     base, extra = divmod(total, stages)
-    order = sorted(range(stages), key=lambda i: (abs(i - (stages - 1) / 2), -i))
-    out = [base] * stages
-    for i in order[:extra]:
-        out[i] += 1
-    return out
+    rank = _preference(stages)
+    return [base + (1 if rank[i] < extra else 0) for i in range(stages)]
+
+
+def min_max_split(layers: int, extra: Sequence[float]) -> tuple[int, ...]:
+    """Layer counts n_i >= 1 summing to `layers` that minimise max_i(n_i + extra_i).
+
+    Layers cost one unit each, so any count vector is a contiguous assignment. Greedy is
+    exact here: each added layer goes to the stage whose time after it is least, so the
+    added times are the smallest layers-p of the merged sequences {k + extra_i : k >= 2},
+    and no split can have a smaller largest one. Ties follow `_preference`.
+    """
+    stages = len(extra)
+    if stages < 1 or layers < stages:
+        raise ValueError(f"need 1 <= stages <= layers, got stages={stages} layers={layers}")
+    counts = [1] * stages
+    rank = _preference(stages)
+    heap = [(2 + extra[i], rank[i], i) for i in range(stages)]
+    heapq.heapify(heap)
+    for _ in range(layers - stages):
+        _, r, i = heapq.heappop(heap)
+        counts[i] += 1
+        heapq.heappush(heap, (counts[i] + 1 + extra[i], r, i))
+    return tuple(counts)
 
 
 def stage_split(layers: int, stages: int, tail: float = 0.0) -> StageSplit:
+    """The split of `layers` over `stages` whose slowest stage is fastest.
+
+    A layer costs 1; the last stage also carries a speculative-decoding tail worth `tail`
+    stages (tail * L/p), so it gets fewer layers. Compared with the even split.
+    """
     if stages < 1 or layers < stages:
         raise ValueError(f"need 1 <= stages <= layers, got stages={stages} layers={layers}")
     if not 0 <= tail < 1:
         raise ValueError(f"tail beta must be in [0, 1), got {tail}")
-    last = 0 if stages == 1 else max(1, round(layers / stages * (1 - tail)))
-    split = [layers] if stages == 1 else _spread(layers - last, stages - 1) + [last]
+    split = min_max_split(layers, [0.0] * (stages - 1) + [tail * layers / stages])
     times = _times(split, tail)
     naive = _times(_spread(layers, stages), tail)
     mean = sum(times) / stages
-    return StageSplit(tuple(split), times, max(times) / mean, max(naive) / mean)
+    return StageSplit(split, times, max(times) / mean, max(naive) / mean)
 
 
 def _chunk_times(bounds: list[int], seq: int, share: float) -> tuple[float, ...]:
+    """Chunk [s, e) of a causal prefill of T tokens in m chunks, attention share a:
+    (1-a)*len/(T/m) + a*(e^2 - s^2)/(T^2/m); equal chunks give (1-a) + a*(2k+1)/m."""
     m = len(bounds) - 1
     return tuple((1 - share) * (e - s) * m / seq + share * (e * e - s * s) * m / (seq * seq)
                  for s, e in zip(bounds, bounds[1:]))

@@ -20,7 +20,7 @@ def pd_view(w: PDWindow) -> str:
     rows = [("lower", "PE CNIC write", "P/D >= s/(g-s)", w.lower.ratio, "binds")]
     formulas = {"DE CNIC read": "P/D <= (g-2s)/s", "DE CNIC write": "P/D <= (g-s)/(2s)",
                 "DE DRAM": "P/D <= (M/(B*s)-3)/2"}
-    rows += [("upper", b.link, formulas[b.link], b.ratio, "binds" if b is w.upper else "")
+    rows += [("upper", b.link, formulas[b.link], b.ratio, "binds" if b in w.binding else "")
              for b in w.uppers]
     out = [head, render(["end", "link", "inequality", "bound", ""], rows)]
     if not w.pe_read_ok:
@@ -29,7 +29,8 @@ def pd_view(w: PDWindow) -> str:
         out.append(f"empty window: lower {fmt(w.lower.ratio)} > upper {fmt(w.upper.ratio)}")
     else:
         out.append(f"safe window: {fmt(w.lower.ratio)} <= P/D <= {fmt(w.upper.ratio)}"
-                   f"  (lower end bound by {w.lower.link}, upper end by {w.upper.link})")
+                   f"  (lower end bound by {w.lower.link}, upper end by "
+                   f"{' and '.join(b.link for b in w.binding)})")
         out.append("node ratios inside (P,D <= 4): " + ", ".join(w.examples))
     return "\n".join(out)
 

@@ -1,32 +1,15 @@
-"""Planner calculations: P/D window, attention layouts, MoE, capacity, CP, PP."""
+"""Planner calculations: attention layouts, MoE, capacity, CP, PP chunk split (P/D window and
+stage split: test_plan_pd_window.py, test_plan_pp_split.py)."""
 from __future__ import annotations
 
 import math
 
 import pytest
 
-from dualpath.plan import attention, capacity, cp, moe, pd, pp
+from dualpath.plan import attention, capacity, cp, moe, pp
 from dualpath.presets import load_arch
 
 pytestmark = pytest.mark.unit
-
-
-def test_pd_window_paper_setting_and_binding_loads_are_exactly_one():
-    inp = pd.PDInputs(gpus_per_node=8, snic=1, cnic_gbs=50, dram_gbs=400)
-    w = pd.window(inp)
-    assert w.lower.ratio == pytest.approx(1 / 7) and w.lower.link == "PE CNIC write"
-    assert w.upper.link == "DE DRAM" and w.upper.ratio == pytest.approx(2.5)
-    assert w.feasible and "1P1D" in w.examples and "3P1D" not in w.examples
-    assert pd.link_loads(inp, w.lower.ratio)["PE CNIC write"] == pytest.approx(1.0)
-    assert pd.link_loads(inp, w.upper.ratio)["DE DRAM"] == pytest.approx(1.0)
-    assert max(pd.link_loads(inp, 1.0).values()) < 1
-
-
-def test_pd_window_empty_when_snic_too_wide():
-    w = pd.window(pd.PDInputs(gpus_per_node=4, snic=3, cnic_gbs=50, dram_gbs=1000))
-    assert not w.pe_read_ok and not w.feasible and w.examples == ()
-    with pytest.raises(ValueError, match="snic"):
-        pd.PDInputs(8, 0, 50, 400)
 
 
 def test_attention_mla_layouts_follow_spec_formulas():
@@ -107,15 +90,6 @@ def test_cp_causal_work_matches_pair_count():
     for scheme in cp.SCHEMES:
         w = cp.causal_work(1000, 7, scheme)
         assert sum(w) == 1000 * 1001 // 2
-
-
-def test_pp_stage_split_gives_tail_stage_fewer_layers():
-    s = pp.stage_split(61, 4, tail=0.5)
-    assert sum(s.layers) == 61 and s.layers[-1] == round(61 / 4 * 0.5)
-    assert s.max_over_mean < s.naive_max_over_mean
-    assert pp.stage_split(80, 8).layers == (10,) * 8
-    with pytest.raises(ValueError, match="stages"):
-        pp.stage_split(3, 4)
 
 
 def test_pp_chunk_splits():

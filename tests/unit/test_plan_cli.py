@@ -37,6 +37,18 @@ def test_attention_json_has_layouts_and_recommendation(capsys):
     assert data["recommended_tp"] == 2 and len(data["layouts"]) == 6
 
 
+def test_pd_marks_both_bounds_that_tie_at_the_papers_upper_end(capsys):
+    _, text = run(capsys, "pd", "--gpus-per-node", "8", "--snic", "1", "--cnic-gbs", "50",
+                  "--dram-gbs", "500")
+    assert "upper end by DE CNIC write and DE DRAM" in text and text.count("binds") == 3
+
+
+def test_pp_json_gives_the_split_with_the_fastest_slowest_stage(capsys):
+    _, out = run(capsys, "pp", "--layers", "61", "--stages", "4", "--tail", "0.5", "--json")
+    stages = json.loads(out)["stages"]
+    assert stages["layers"] == [17, 17, 17, 10] and max(stages["times"]) == 17.625
+
+
 def test_model_path_works(capsys, tmp_path):
     from dualpath.presets import load_config
     path = tmp_path / "config.json"
