@@ -109,6 +109,15 @@ class Service(ABC):
         task.add_done_callback(lambda _: coro.close())  # cancelled before it ran: `coro` never started
         return task
 
+    def spawn_while_serving(self, coro: Coroutine[Any, Any, Any], name: str | None = None) -> asyncio.Task | None:
+        """`spawn`, or nothing once the service has stopped (its TaskGroup is over): for work a
+        handler still running at shutdown asks for, which the stop makes moot."""
+        try:
+            return self.spawn(coro, name)
+        except RuntimeError:  # the TaskGroup is finished
+            coro.close()
+            return None
+
     async def _supervise(self, coro: Coroutine[Any, Any, Any], name: str, label: str,
                          on_error: OnError | None) -> None:
         try:

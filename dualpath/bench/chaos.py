@@ -184,6 +184,14 @@ def run_cell(mesh, ref: list[int], prompt: list[int], cell: Cell, liveness_s: fl
     return cell
 
 
+def _wait_up(mesh, guard: float) -> None:
+    """Every process of the mesh running again (the supervisor restarted what died) and healthy."""
+    deadline = time.monotonic() + guard
+    while time.monotonic() < deadline and any(p.popen.poll() is not None for p in mesh.procs):
+        time.sleep(0.1)
+    _wait_healthy(mesh, max(1.0, deadline - time.monotonic()))
+
+
 def _wait_healthy(mesh, guard: float) -> None:
     deadline = time.monotonic() + guard
     while time.monotonic() < deadline:
@@ -232,8 +240,13 @@ def run(kinds: list[str], repeats: int, log_dir: str = "", say=print) -> list[Ce
             _next_ok(mesh.url, {"prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": True,
                                 "return_token_ids": True}, ref)  # warm, and the prompt's blocks stored
             for cell in cells(kinds, repeats):
-                done.append(run_cell(mesh, ref, prompt, cell, liveness))
-                say(row(done[-1]))
+                _wait_up(mesh, 120)
+                try:
+                    done.append(run_cell(mesh, ref, prompt, cell, liveness))
+                except Exception as exc:  # noqa: BLE001 - a cell that breaks the driver is a failed cell
+                    cell.stream = cell.stream or f"driver: {type(exc).__name__}: {exc}"
+                    done.append(cell)
+                say(row(done[-1]) + "".join(f"\n    leak: {x}" for x in done[-1].leaks))
         finally:
             stop.set()
             ticker.join(5)

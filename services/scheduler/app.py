@@ -170,13 +170,14 @@ class SchedulerService(Service):
         self.dispatcher.remove(rec.req_id)
         if not rec.finished:
             rec.finished = FinishReason.CANCELLED
-        self.spawn(self._cancel(rec.wire_id, reason), name=f"cancel-{rec.req_id}")
+        self.spawn_while_serving(self._cancel(rec.wire_id, reason), name=f"cancel-{rec.req_id}")
 
     def resume(self, rec: InFlight, why: str) -> bool:
         """Run the request again elsewhere, after the tokens already streamed (False: give up)."""
         if rec.finished or rec.attempt >= self.cfg.max_resumes:
             return False
         self.spawn(self._cancel(rec.wire_id, "resumed elsewhere"))
+        self.view.suspect([rec.pe, rec.de], time.monotonic())  # not placed there again before they speak
         self.reads.done(rec.req_id)
         self.dispatcher.remove(rec.req_id)
         remaining = rec.restart()

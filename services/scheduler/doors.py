@@ -206,6 +206,7 @@ class FrontDoors:
             return  # finished meanwhile, or an attempt already seen
         svc.reads.done(rec.req_id)
         svc.dispatcher.remove(rec.req_id)
+        svc.view.suspect([rec.pe, rec.de], now)  # the failed attempt's engines: not again before they speak
         rec.tokens, rec.next_index, rec.attempt = list(msg.streamed), len(msg.streamed), msg.attempt - 1
         remaining = rec.restart()
         rec.block_keys = KeyRun(msg.block_keys)

@@ -35,6 +35,7 @@ class MeshView:
     tms: dict[str, Seen] = field(default_factory=dict)  # engine id -> its TM's last announce
     gateways: dict[str, Seen] = field(default_factory=dict)  # node -> gateway
     schedulers: dict[str, Seen] = field(default_factory=dict)
+    suspects: dict[str, float] = field(default_factory=dict)  # engine -> when an attempt on it failed
     restarted: list[str] = field(default_factory=list)  # engines whose engine or TM came back as a new process
     version: int = 0  # bumped whenever which engines are assignable, or their lines, may change
     _cache: dict[str, tuple[int, float, list[EngineAnnounce]]] = field(default_factory=dict)
@@ -59,6 +60,9 @@ class MeshView:
             changed = now - seen.at > self.timeout_s or _lines(seen.msg) != _lines(msg)  # back, or changed
             seen.msg, seen.at = msg, now
         changed = changed and table is not self.gateways and table is not self.schedulers
+        if key in self.suspects and table is not self.gateways and self._heard_since(key, self.suspects[key]):
+            del self.suspects[key]  # both its processes spoke after the failure: it serves again
+            changed = True
         if changed:
             self.version += 1
         return changed
@@ -73,6 +77,18 @@ class MeshView:
         if isinstance(msg, SchedulerAnnounce):
             return self.schedulers, msg.instance
         return None, ""
+
+    def suspect(self, engines: list[str], now: float) -> None:
+        """An attempt on `engines` failed: none of them is assigned again until its engine and its
+        TM have both announced after `now` (a dead TM never does; a live pair does within a beat)."""
+        for e in engines:
+            if e:
+                self.suspects[e] = now
+        self.version += 1
+
+    def _heard_since(self, engine: str, t: float) -> bool:
+        e, tm = self.engines.get(engine), self.tms.get(engine)
+        return e is not None and tm is not None and e.at > t and tm.at > t
 
     def take_restarted(self) -> list[str]:
         """The engines seen restarting since the last call (each once, in order); the caller strands their requests."""
@@ -91,7 +107,7 @@ class MeshView:
         for eid, seen in self.engines.items():
             eng: EngineAnnounce = seen.msg
             tm = self.tms.get(eid)
-            if eng.role == role and self.alive(seen, now) and self.alive(tm, now) and tm.msg.ready and eng.kv:
+            if eng.role == role and eid not in self.suspects and self.alive(seen, now) and self.alive(tm, now) and tm.msg.ready and eng.kv:
                 out.append(eng)
                 expires = min(expires, seen.at + self.timeout_s, tm.at + self.timeout_s)
         out.sort(key=lambda e: e.engine)

@@ -167,7 +167,8 @@ class FrontWorker(Service):
     def cancel(self, rec: InFlight, reason: str) -> None:
         if not rec.finished:
             rec.finished = FinishReason.CANCELLED
-        self.spawn(self.bus.publish(self.subjects.cancel, Cancel(rec.wire_id, reason)), name=f"cancel-{rec.req_id}")
+        self.spawn_while_serving(self.bus.publish(self.subjects.cancel, Cancel(rec.wire_id, reason)),
+                                 name=f"cancel-{rec.req_id}")
 
     def finish(self, rec: InFlight, status: str) -> None:
         if self.inflight.pop(rec.req_id, None) is None:

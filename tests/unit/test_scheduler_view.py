@@ -202,3 +202,13 @@ def test_an_engine_or_tm_back_as_a_new_process_is_reported_restarted_once():
     assert view.take_restarted() == ["e0", "e1"]
     assert view.take_restarted() == []
     assert ids(view.assignable("prefill", 1.5)) == ["e0", "e1"]  # the new processes serve
+
+
+def test_an_engine_whose_attempt_failed_waits_until_its_engine_and_tm_both_speak_again():
+    view = mesh(eng("e0"), tm("e0"), eng("e1"), tm("e1"))
+    view.suspect(["e0", ""], 1.0)
+    assert ids(view.assignable("prefill", 1.0)) == ["e1"]
+    view.update(eng("e0"), 1.5)  # the engine speaks; its TM (dead, say) does not
+    assert ids(view.assignable("prefill", 1.6)) == ["e1"]
+    view.update(tm("e0"), 1.7)
+    assert ids(view.assignable("prefill", 1.8)) == ["e0", "e1"]
