@@ -23,7 +23,7 @@ from starlette.routing import Route
 
 from services.scheduler.auth import ApiKeyMiddleware
 from services.scheduler.front import Front
-from services.scheduler.hints import parse_hints
+from services.scheduler.hint_dialects import request_hint
 from services.scheduler.inflight import InFlight
 from services.scheduler.logprobs import LogprobTrack, Reported, logprobs_body
 from services.scheduler.openapi import openapi_document
@@ -122,7 +122,7 @@ def _prepare(svc: Front, body: bytes, chat: bool):
                 raise ApiError(400, f"token id {bad} outside the vocabulary (0..{vocab - 1})", "prompt")
         max_tokens = req.max_tokens
     max_tokens = check_sampling(req, max_tokens, len(prompt), svc.max_context())
-    hint = parse_hints(req.agent_hints)  # a bad hint is a 400 before anything is queued
+    hint = request_hint(req)  # in any dialect; a bad hint is a 400 before anything is queued
     stops = stop_list(req.stop)
     sampling = Sampling(temperature=req.temperature, top_p=req.top_p, seed=req.seed, max_tokens=max_tokens,
                         ignore_eos=req.ignore_eos, logprobs=logprob_count(req))
