@@ -1,5 +1,5 @@
 """HTTP handlers of the front door: /v1/models, /v1/completions, /v1/chat/completions,
-/health, /metrics, /openapi.json.
+/health, /metrics, /openapi.json (and SGLang's session endpoints, sessions_api.py).
 
 A request: read the body (413 past the limit) -> validate (4xx JSON) -> tokenize ->
 submit to the scheduler -> stream server-sent events or answer once. The stream races
@@ -27,6 +27,7 @@ from services.scheduler.hint_dialects import request_hint
 from services.scheduler.inflight import InFlight
 from services.scheduler.logprobs import LogprobTrack, Reported, logprobs_body
 from services.scheduler.openapi import openapi_document
+from services.scheduler.sessions_api import session_routes
 from services.scheduler.protocol import (ApiError, ChatRequest, CompletionRequest, StreamOptions, check_sampling,
                                          chunk_body, completion_body, decode_body, failure, logprob_count, new_id,
                                          stop_list, usage)
@@ -70,6 +71,7 @@ def build_app(svc: Front) -> Starlette:
         Route("/v1/mesh", mesh, methods=["GET"]),
         Route("/metrics", svc.metrics_endpoint, methods=["GET"]),
         Route("/openapi.json", lambda request: JSONResponse(openapi_document()), methods=["GET"]),
+        *session_routes(svc, _read_body),
     ]
     app = Starlette(routes=routes, middleware=[Middleware(ApiKeyMiddleware, keys=svc.cfg.api_keys)])
     app.add_exception_handler(ApiError, lambda req, exc: JSONResponse(exc.body(), status_code=exc.status))
