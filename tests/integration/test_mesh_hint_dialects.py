@@ -1,11 +1,9 @@
-"""Agent hints in other servers' dialects through a real mesh (tiny model, 1P1D, a front-door
-worker): each dialect's bad value is a 400 naming the field as the client spelt it; each
-dialect's hints take effect (vLLM's `agent_hint` and `kv_hints` prefetch edit and Dynamo's
-`speculative_prefill` stage the turn for the next one, which is served from the buffer; SGLang's
-session, Mooncake's `keep` and Anthropic's `cache_control` mark the turn retained in the store)
-and change no token and no logprob: the next turn with and without them is identical, and exact
-against the single-process reference. SGLang's /close_session ends a session's retention and
-gives its staged blocks back.
+"""Agent hints in other servers' dialects through a real mesh (tiny model, 1P1D, a front-door worker).
+
+A bad value is a 400 naming the field as the client spelt it; each dialect takes effect (vLLM's
+and Dynamo's prefetch serve the next turn from a buffer; SGLang's, Mooncake's and Anthropic's
+retention marks the store) and changes no token or logprob (exact, and identical without hints);
+SGLang's /close_session ends a session's retention and gives its staged blocks back.
 """
 from __future__ import annotations
 
