@@ -1,5 +1,5 @@
 """HTTP handlers of the front door: /v1/models, /v1/completions, /v1/chat/completions,
-/health, /metrics, /openapi.json.
+/health, /metrics, /openapi.json (and SGLang's session endpoints, sessions_api.py).
 
 A request: read the body (413 past the limit) -> validate (4xx JSON) -> tokenize ->
 submit to the scheduler -> stream server-sent events or answer once. The stream races
@@ -23,10 +23,11 @@ from starlette.routing import Route
 
 from services.scheduler.auth import ApiKeyMiddleware
 from services.scheduler.front import Front
-from services.scheduler.hints import parse_hints
+from services.scheduler.hint_dialects import request_hint
 from services.scheduler.inflight import InFlight
 from services.scheduler.logprobs import LogprobTrack, Reported, logprobs_body
 from services.scheduler.openapi import openapi_document
+from services.scheduler.sessions_api import session_routes
 from services.scheduler.protocol import (ApiError, ChatRequest, CompletionRequest, StreamOptions, check_sampling,
                                          chunk_body, completion_body, decode_body, failure, logprob_count, new_id,
                                          stop_list, usage)
@@ -70,6 +71,7 @@ def build_app(svc: Front) -> Starlette:
         Route("/v1/mesh", mesh, methods=["GET"]),
         Route("/metrics", svc.metrics_endpoint, methods=["GET"]),
         Route("/openapi.json", lambda request: JSONResponse(openapi_document()), methods=["GET"]),
+        *session_routes(svc, _read_body),
     ]
     app = Starlette(routes=routes, middleware=[Middleware(ApiKeyMiddleware, keys=svc.cfg.api_keys)])
     app.add_exception_handler(ApiError, lambda req, exc: JSONResponse(exc.body(), status_code=exc.status))
@@ -122,7 +124,7 @@ def _prepare(svc: Front, body: bytes, chat: bool):
                 raise ApiError(400, f"token id {bad} outside the vocabulary (0..{vocab - 1})", "prompt")
         max_tokens = req.max_tokens
     max_tokens = check_sampling(req, max_tokens, len(prompt), svc.max_context())
-    hint = parse_hints(req.agent_hints)  # a bad hint is a 400 before anything is queued
+    hint = request_hint(req)  # in any dialect; a bad hint is a 400 before anything is queued
     stops = stop_list(req.stop)
     sampling = Sampling(temperature=req.temperature, top_p=req.top_p, seed=req.seed, max_tokens=max_tokens,
                         ignore_eos=req.ignore_eos, logprobs=logprob_count(req))

@@ -97,6 +97,7 @@ class SchedulerService(Service):
         self.prefetcher = Prefetcher(self.bus, self.subjects, self.view, self.reads, self.cfg, self.spawn,
                                      self._ask_hits, self.metrics)
         self.spawn(self.prefetcher.sweep(), name="prefetch-sweep")
+        self.end_session = self.prefetcher.close_session  # (front.Front: POST /close_session)
         if self.doors is not None:
             await self.doors.start()
         else:

@@ -11,7 +11,7 @@ resumed attempt re-queues it after the tokens the client has; `PrefillOver` free
 prefill engine; `Done` finishes it. The core reaches a worker's request through `Relay`,
 which stands in for the request's event queue: what the core would have queued (a failure,
 a shutdown) is published to the worker's output subject instead. It also answers the
-workers' /health, /v1/mesh and /metrics, and publishes `FrontInfo` every heartbeat.
+workers' /health, /v1/mesh, /metrics and /close_session, and publishes `FrontInfo` every heartbeat.
 """
 from __future__ import annotations
 
@@ -156,6 +156,9 @@ class FrontDoors:
             answer = Answer(body=json.dumps(await svc.mesh()).encode())
         elif msg.what == "metrics":
             answer = Answer(body=svc.metrics.render(), content_type=CONTENT_TYPE_LATEST)
+        elif msg.what == "close_session":
+            await svc.end_session(msg.session)
+            answer = Answer()
         else:
             answer = Answer()
         answer.info = self.info()

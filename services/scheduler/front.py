@@ -1,7 +1,8 @@
 """What the HTTP front door may ask of the scheduler: the `Front` protocol.
 
 Owns the narrow contract between the handlers (`api`) and the service (`app`): model
-identity, a health and a mesh report, admitting a request, cancelling it, finishing it.
+identity, a health and a mesh report, admitting a request, cancelling it, finishing it,
+ending an agent session.
 The handlers never see the view, the dispatcher or the table of requests in flight, and
 this module imports neither side, so `api` and `app` do not import each other.
 """
@@ -45,3 +46,7 @@ class Front(Protocol):
 
     def finish(self, rec: InFlight, status: str) -> None:
         """The client got its last event: count it and forget the request."""
+
+    async def end_session(self, session: str) -> None:
+        """The agent session is over (SGLang's close_session): its retention ends, what was staged
+        for it goes back."""

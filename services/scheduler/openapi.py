@@ -12,6 +12,7 @@ from functools import lru_cache
 
 import msgspec
 
+from services.scheduler.hint_shapes import CloseSession, OpenSession
 from services.scheduler.protocol import ChatRequest, CompletionRequest
 
 REF = "#/components/schemas/{name}"
@@ -96,6 +97,15 @@ def _generate(body: str, summary: str, logprobs: str) -> dict:
     }}
 
 
+def _session(body: str, summary: str, answer: dict) -> dict:
+    """SGLang's session endpoints (sessions_api.py)."""
+    return {"post": {
+        "summary": summary,
+        "requestBody": {"required": body == "CloseSession", "content": {"application/json": {"schema": _ref(body)}}},
+        "responses": {"200": answer, **_errors(400, 401, 413)},
+    }}
+
+
 def _get(summary: str, *errors: int, open_: bool = False) -> dict:
     op = {"summary": summary, "responses": {"200": _json({"type": "object"}, "ok"), **_errors(*errors)}}
     if open_:
@@ -106,7 +116,8 @@ def _get(summary: str, *errors: int, open_: bool = False) -> dict:
 @lru_cache(maxsize=1)
 def openapi_document() -> dict:
     """The whole document (built once; the types do not change while the process runs)."""
-    _, components = msgspec.json.schema_components((CompletionRequest, ChatRequest), ref_template=REF)
+    _, components = msgspec.json.schema_components((CompletionRequest, ChatRequest, OpenSession, CloseSession),
+                                                   ref_template=REF)
     components["Error"] = ERROR_SCHEMA
     components["CompletionLogprobs"] = COMPLETION_LOGPROBS
     components["ChatLogprobs"] = CHAT_LOGPROBS
@@ -121,6 +132,10 @@ def openapi_document() -> dict:
             "/v1/chat/completions": _generate("ChatRequest", "complete a chat", "ChatLogprobs"),
             "/health": _get("live prefill/decode engines (503 when either is missing)", 503, open_=True),
             "/v1/mesh": _get("the live mesh as the scheduler sees it", 401),
+            "/open_session": _session("OpenSession", "open an agent session (SGLang's API): its id",
+                                      _json({"type": "string"}, "the session's id")),
+            "/close_session": _session("CloseSession", "close an agent session (SGLang's API): its retained and "
+                                       "staged KV is let go", {"description": "closed (empty body)"}),
         },
         "components": {
             "schemas": components,

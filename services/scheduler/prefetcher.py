@@ -125,13 +125,18 @@ class Prefetcher:
                                                 name=f"prefetch-{owner}")
 
     def end_session(self, session: str, layout) -> None:
-        """`release`: the session is over: its retention ends, what was staged for it goes back."""
+        """`release` (or POST /close_session): the session is over: its retention ends, what was staged
+        for it goes back."""
         for s in self.index.of_session(session):
             if s.claimed_by is None:
                 self._release(s, "released")
-        if session:
+        if session and layout is not None:
             self.spawn(self.bus.publish(self.subjects.sg_any("retain"), Retain(layout, session, release=True)),
                        name=f"release-{session[:32]}")
+
+    async def close_session(self, session: str) -> None:
+        """POST /close_session (front.Front.end_session): as a turn's `release`."""
+        self.end_session(session, self.view.store_layout())
 
     def _retain(self, h: Hint, keys: list[bytes], layout) -> None:
         ttl = h.retain_s(self.cfg.hint_ttl_s)

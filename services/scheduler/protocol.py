@@ -15,6 +15,7 @@ from typing import Annotated
 
 import msgspec
 
+from services.scheduler.hint_shapes import CacheControl, HintId, KvHints, Ms, NvExt, VllmAgentHint
 from shared.messages.codes import ErrorCode, FinishReason, LoadMode, mode_names
 
 CHOICES = {"dualpath_mode": mode_names()}  # fields whose bad value is answered with the values they take
@@ -55,10 +56,6 @@ class StreamOptions(msgspec.Struct, kw_only=True):
     include_usage: bool = False  # OpenAI: a last chunk with empty choices and the usage
 
 
-Ms = Annotated[float, msgspec.Meta(ge=0, le=7 * 86_400_000)]  # a duration in milliseconds: 0 .. a week
-HintId = Annotated[str, msgspec.Meta(max_length=256)]
-
-
 class AgentHints(msgspec.Struct, kw_only=True):
     """What an agent knows about the conversation's future (the public agent-aware KV cache RFCs'
     `agent_hints` shape); every field optional, unknown ones ignored, none of them changes the
@@ -75,7 +72,8 @@ class AgentHints(msgspec.Struct, kw_only=True):
     cache_ttl_ms: Annotated[Ms | None, msgspec.Meta(
         description="keep the session's stored KV ahead of unhinted KV in the store's eviction for this long")] = None
     reuse_hint: Annotated[str | float | None, msgspec.Meta(
-        description="none | low | medium | high, or a probability in [0, 1]: how likely the KV is reused")] = None
+        description="none | low | medium | high, or a probability in [0, 1]: how likely the KV is reused "
+                    "(Mooncake's keep | neutral | discard in an object of reuse_hint and cache_ttl_ms alone)")] = None
     release: bool = False  # the session is over: end its retention, drop what was prefetched for it
 
 
@@ -92,6 +90,12 @@ class _Common(msgspec.Struct, kw_only=True):
     return_token_ids: bool = False  # vLLM extension: prompt and completion token ids in the choice
     dualpath_mode: LoadMode | None = None  # benchmark override of the deployment's load mode
     agent_hints: AgentHints | None = None  # agent-aware KV: retention, prefetch during tool calls, release
+    # the same in other servers' dialects (hint_dialects.py; docs/agent-hints.md)
+    agent_hint: VllmAgentHint | None = None  # vLLM's session-aware KV cache hints
+    kv_hints: KvHints | None = None  # vLLM's versioned envelope: `agent_hint` actions
+    nvext: NvExt | None = None  # Dynamo: agent_hints, cache_control, agent_context (the rest is ignored)
+    session_id: HintId | None = None  # SGLang's session (closed by POST /close_session)
+    cache_control: CacheControl | None = None  # Anthropic-style prompt caching: {"type": "ephemeral", "ttl": "1h"}
     n: int = 1
 
 
@@ -123,6 +127,17 @@ def decode_body(raw: bytes, tp: type) -> msgspec.Struct:
         raise ApiError(400, f"malformed JSON: {exc}") from None
     except RecursionError:  # msgspec's nesting limit (e.g. 10,000 `[` in an ignored field)
         raise ApiError(400, "malformed JSON: nested too deeply") from None
+
+
+def decode_field(value: object, tp: type, where: str):
+    """A part of the body whose type another field decides, converted to `tp`: ApiError(400) whose
+    param is `where` plus the path inside it."""
+    try:
+        return msgspec.convert(value, tp)
+    except msgspec.ValidationError as exc:
+        inner, text = _param(str(exc)), str(exc)
+        text = text.replace("`$.", f"`$.{where}.") if inner else f"{text} - at `$.{where}`"
+        raise ApiError(400, f"invalid request: {text}", f"{where}.{inner}" if inner else where) from None
 
 
 def _param(error: str) -> str | None:

@@ -15,7 +15,7 @@ without the prompt), which fills the prompt in and publishes it to the engine. T
 tokens never pass the core: they go to the worker's own output subject. The
 core reaches a worker's requests on that subject too, with plain `TokenEvent`s (a failure,
 or a retryable `engine_failed` naming the engine that went silent: the worker resumes).
-`Ask` / `Answer` carry /health, /v1/mesh and /metrics; `FrontInfo` (also published every
+`Ask` / `Answer` carry /health, /v1/mesh, /metrics and /close_session; `FrontInfo` (also published every
 heartbeat on `{ns}.scheduler.<core>.info`) is what a worker needs to validate and key a
 request: the model, its context, the store layout.
 """
@@ -82,7 +82,8 @@ class FrontInfo(msgspec.Struct, omit_defaults=True):
 
 
 class Ask(msgspec.Struct):
-    what: str  # health | mesh | metrics | info
+    what: str  # health | mesh | metrics | info | close_session
+    session: str = ""  # close_session: the session that is over
 
 
 class Answer(msgspec.Struct, omit_defaults=True):

@@ -122,14 +122,17 @@ class FrontWorker(Service):
         a = await self._ask("metrics")
         return Response(a.body, status_code=a.status, media_type=a.content_type)
 
-    async def _ask(self, what: str) -> Answer:
+    async def end_session(self, session: str) -> None:
+        await self._ask("close_session", session)  # the core holds the sessions' staging and retention
+
+    async def _ask(self, what: str, session: str = "") -> Answer:
         """The dispatch core's answer; a 503 (ApiError) when none comes within ~3 s (a bus that
         is reconnecting, a core not subscribed again yet, are waited for)."""
         deadline = time.monotonic() + 3.0
         while True:
             try:
                 if self.bus.nc.is_connected:
-                    a = await self.bus.request(self.subjects.front_ask(self.core), Ask(what), Answer,
+                    a = await self.bus.request(self.subjects.front_ask(self.core), Ask(what, session), Answer,
                                                timeout=max(0.1, deadline - time.monotonic()))
                     break
                 why = "the bus is unreachable"

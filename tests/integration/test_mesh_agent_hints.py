@@ -99,14 +99,15 @@ def test_unknown_hint_fields_are_ignored(mesh):
     assert r.status_code == 200, r.text
 
 
-def _first_turn(mesh, reference, tag: str, hints: dict | None) -> list[int]:
-    """Turn 1 (checked exact); returns turn 2's prompt: turn 1's ids plus a tool result short enough
-    that turn 2 has no full block turn 1 did not store (so any repeat of it loads the same blocks)."""
+def _first_turn(mesh, reference, tag: str, hints: dict | None, fields: dict | None = None) -> list[int]:
+    """Turn 1 (checked exact; `hints` as agent_hints, `fields` as they are); returns turn 2's prompt: turn 1's
+    ids plus a tool result short enough that turn 2 has no full block turn 1 did not store (so any
+    repeat of it loads the same blocks)."""
     words = random.Random(tag).choices(["read", "file", "ok;", "ran", "tests,", "2", "passed;", "diff", "+3", "-1"], k=90)
     p1 = reference.tokenizer.encode(f"[{tag} {uuid.uuid4().hex[:8]}] agent log: " + " ".join(words))
     n1 = 40 + (10 - len(p1) - 40) % BS  # (prompt + generated) ends 10 tokens into a block
     extra = {"agent_hints": hints} if hints else {}
-    r1 = ask(mesh.url, p1, n1, **extra)
+    r1 = ask(mesh.url, p1, n1, **extra, **(fields or {}))
     assert_exact(r1, reference, p1, what=f"{tag}: turn 1")
     ids = p1 + r1["choices"][0]["token_ids"]
     assert len(ids) % BS == 10

@@ -20,7 +20,8 @@ pytestmark = pytest.mark.unit
 def test_document_lists_every_api_path():
     doc = openapi_document()
     assert doc["openapi"].startswith("3.1")
-    assert set(doc["paths"]) == {"/v1/models", "/v1/completions", "/v1/chat/completions", "/health", "/v1/mesh"}
+    assert set(doc["paths"]) == {"/v1/models", "/v1/completions", "/v1/chat/completions", "/health", "/v1/mesh",
+                                 "/open_session", "/close_session"}
     for path in ("/v1/completions", "/v1/chat/completions"):
         op = doc["paths"][path]["post"]
         assert op["requestBody"]["content"]["application/json"]["schema"]["$ref"].startswith("#/components/schemas/")
