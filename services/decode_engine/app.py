@@ -10,6 +10,7 @@ A failed load (the TM's error, a deadline, anything it raises) fails only that r
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -43,6 +44,7 @@ class DecodeEngineService(EngineService):
         self.waiting: list[DecodeRequest] = []  # admitted, KV in the buffer, no blocks yet
         self.ready: list[RunningSeq] = []  # KV in KV memory, joining at the next step
         self.running: list[RunningSeq] = []
+        self.tm_gone: asyncio.Future | None = None  # set when its TM restarts (made by the first load)
         self.cancelled = RecentSet()  # cancels that may arrive before their admission
         self.persister: Persister | None = None
         m = self.metrics
@@ -59,6 +61,7 @@ class DecodeEngineService(EngineService):
                                    on_failure=self._background_failed)
         await self.bus.subscribe(self.subjects.decode_admit(self.engine), DecodeAdmit, self._on_admit)
         await self.bus.subscribe(self.subjects.cancel, Cancel, self._on_cancel)
+        await self.watch_tm()
         self.spawn(self._loop(), name="decode-loop")
 
     # admission ----------------------------------------------------------------
@@ -121,9 +124,15 @@ class DecodeEngineService(EngineService):
 
     async def _copy_in(self, req: DecodeRequest, admit: DecodeAdmit) -> None:
         n = len(admit.buf_slots)
-        done = await self.bus.request(self.subjects.tm(self.engine, "load"),
-                                      LoadKV(req.req_id, admit.buf_slots, req.blocks[:n]), PushDone,
-                                      timeout=self.cfg.load_timeout_s)
+        if self.tm_gone is None:
+            self.tm_gone = asyncio.get_running_loop().create_future()
+        asked = asyncio.ensure_future(self.bus.request(self.subjects.tm(self.engine, "load"), LoadKV(
+            req.req_id, admit.buf_slots, req.blocks[:n]), PushDone, timeout=self.cfg.load_timeout_s))
+        await asyncio.wait([asked, self.tm_gone], return_when=asyncio.FIRST_COMPLETED)
+        if not asked.done():  # the TM that was copying died: no answer will come
+            asked.cancel()
+            raise BusError("load", "its traffic manager restarted", ErrorCode.KV_TRANSFER)
+        done = asked.result()
         if not done.ok:
             raise BusError("load", done.error, done.code)
         if self.kv.copies.separate:  # a device cache: the prompt goes up before the sequence joins
@@ -147,6 +156,11 @@ class DecodeEngineService(EngineService):
         seq.span = tracer.start_span("decode", context=req.ctx, attributes={
             "req_id": req.req_id, "engine": self.engine, "prompt_tokens": admit.prompt_len})
         return seq
+
+    async def tm_restarted(self) -> None:
+        gone, self.tm_gone = self.tm_gone, None
+        if gone is not None:
+            gone.set_result(None)  # every load waiting on the old TM fails now
 
     async def _on_cancel(self, msg: Cancel, d: Delivery) -> None:
         self.cancelled.add(msg.req_id)

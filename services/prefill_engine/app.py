@@ -75,6 +75,7 @@ class PrefillEngineService(EngineService):
         await self.bus.subscribe(self.subjects.prefill_work(self.engine), PrefillWork, self._on_work)
         await self.bus.subscribe(self.subjects.prefill_loaded(self.engine), progress_decoder, self._on_loaded)
         await self.bus.subscribe(self.subjects.cancel, Cancel, self._on_cancel)
+        await self.watch_tm()
         self.spawn(self._loop(), name="prefill-loop")
 
     async def stop(self) -> None:
@@ -231,6 +232,21 @@ class PrefillEngineService(EngineService):
                 r.computed_at = now
         self.spawn(self.bus.publish(self.subjects.tm(self.engine, "computed"),
                                     LayersComputed([r.req_id for r in reqs], layer)), name="computed")
+
+    async def tm_restarted(self) -> None:
+        """No read, layer copy or push of the old TM lands now: what waited on one fails (retryable)
+        or, cancelled, is released at once, not at its deadline."""
+        for req in list(self.held.values()):
+            if req.copies_done(self.loaded.config.n_layers) and (req.push is None or req.push.done()):
+                continue
+            req.copies_gone, req.reading = True, False
+            if req.load is not None:
+                req.load.fail("its traffic manager restarted", ErrorCode.KV_TRANSFER)
+            if req.push is not None:
+                req.push.cancel()  # the hand-off sees it fail and releases the blocks
+            elif not req.handing_off:
+                self.fetcher.drop(req)
+                await self._load_failed(req, ErrorCode.KV_TRANSFER, "its traffic manager restarted")
 
     def _one_forward(self, cached: int, prompt_len: int) -> bool:
         """A prompt's missing part fits one forward (so its hits may live in a window)."""

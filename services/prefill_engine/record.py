@@ -35,6 +35,7 @@ class PrefillRequest(EngineRequest):
     window: HitWindow | None = None  # its hits live a few layers at a time in this ring (memory.py)
     push: asyncio.Task | None = None  # its layerwise push to the DE, from its final forward on
     pushed: Any = None  # ... its outcome (PushDone), once over
+    copies_gone: bool = False  # its TM died: no read or copy of the old one will land
     computed_at: float = 0.0  # perf_counter when its last layer was computed (hand-off tail metric)
 
     @property
@@ -44,6 +45,8 @@ class PrefillRequest(EngineRequest):
 
     def copies_done(self, n_layers: int) -> bool:
         """No storage read or layer copy still targets this request's KV blocks."""
+        if self.copies_gone:
+            return True
         if self.reading:
             return False
         return self.load is None or self.hit_tokens == 0 or self.load.layers >= n_layers

@@ -40,10 +40,11 @@ from shared.messages.registry import Announce, EngineAnnounce, StorageGatewayAnn
 from shared.messages.codes import ErrorCode
 from shared.messages.storage_gateway import LayersRead
 from shared.messages.traffic_manager import (Claim, FetchFailed, FetchKV, ForwardAlive, LayersComputed, LoadKV, Prefetch, PushDone,
-                                             PushKV, Release, Reserve, Reserved, SaveCopied, SaveKV, Stage, Staged)
+                                             PushKV, Release, Reserve, Reserved, SaveCopied, SaveKV, Stage, Staged,
+                                             TmAttached)
 from shared.messages.work import Cancel
 from shared.runtime import Service, service_main
-from shared.transport.base import EndpointDesc, Op, Peer, TrafficClass, shm_host
+from shared.transport.base import EndpointDesc, Op, Peer, TrafficClass, same_process, shm_host
 from shared.transport.shm_region import ShmRegion, new_name
 
 log = logging.getLogger("traffic_manager")
@@ -154,9 +155,12 @@ class TrafficManagerService(Service):
                     await peer.close()
                 return
             desc = _desc_decoder.decode(msg.endpoint)
-            self.remote[msg.engine] = desc
+            old, self.remote[msg.engine] = self.remote.get(msg.engine), desc
             if msg.engine in self.peers:
-                self.peers[msg.engine].refresh(desc)
+                if old is not None and same_process(old, desc):
+                    self.peers[msg.engine].refresh(desc)
+                else:  # that TM restarted: the old connection reaches a process that is gone
+                    self.spawn(self.peers.pop(msg.engine).close(), name=f"close-peer-{msg.engine}")
 
     def _attach(self, layout: KVRegion) -> None:
         if self.pool.layout is not None and self.pool.layout.shm_name == layout.shm_name:
@@ -170,6 +174,8 @@ class TrafficManagerService(Service):
             self.prefetch.reset()
         self.pool.attach(layout)
         log.info("attached KV memory %s (%d blocks)", layout.shm_name, layout.num_blocks)
+        self.spawn(self.bus.publish(self.subjects.engine_tm(self.cfg.engine), TmAttached(self.instance, layout.shm_name)),
+                   name="tm-attached")
 
     async def peer(self, engine: str) -> Peer:
         """A data-plane connection to `engine`'s traffic-manager (made on first use)."""

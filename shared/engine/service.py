@@ -9,6 +9,7 @@ error so its scheduler resumes it elsewhere.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from abc import abstractmethod
 
@@ -23,7 +24,10 @@ from shared.messages.codes import ErrorCode, FinishReason
 from shared.messages.registry import EngineAnnounce
 from shared.messages.storage_gateway import StoreLayout
 from shared.messages.stream import TokenEvent
+from shared.messages.traffic_manager import TmAttached
 from shared.runtime import Service
+
+log = logging.getLogger("engine")
 
 
 def check_device(device: str) -> None:
@@ -76,6 +80,19 @@ class EngineService(Service):
             seq=len(self.held), tok=sum(r.tokens for r in self.held.values()),
             free_blocks=kv.alloc.free if kv else 0, total_blocks=kv.alloc.n_slots if kv else 0,
             kv=kv.layout() if kv else None, store=self.store)
+
+    async def watch_tm(self) -> None:
+        """Hear this engine's TM attach; a new one (the old process died) ends what the old one was doing."""
+        async def on(msg: TmAttached, d) -> None:
+            before, self.tm_instance = self.tm_instance, msg.instance
+            if before and before != msg.instance and self.kv is not None and msg.shm_name == self.kv.layout().shm_name:
+                log.warning("traffic manager restarted (%s -> %s): its copies are gone", before, msg.instance)
+                await self.tm_restarted()
+        self.tm_instance = ""
+        await self.bus.subscribe(self.subjects.engine_tm(self.engine), TmAttached, on)
+
+    async def tm_restarted(self) -> None:
+        """The engine's TM is a new process: no copy of the old one will land (each engine frees what waited on one)."""
 
     def beat_key(self, msg: EngineAnnounce) -> object:
         return engine_beat_key(msg)

@@ -21,6 +21,10 @@ class Subjects:
     def decode_admit(self, engine: str) -> str:
         return f"{self.ns}.decode_engine.{engine}.admit"
 
+    def engine_tm(self, engine: str) -> str:
+        """An engine's traffic manager -> the engine: it attached (TmAttached)."""
+        return f"{self.ns}.engine.{engine}.tm"
+
     @property
     def cancel(self) -> str:
         return f"{self.ns}.cancel"

@@ -100,6 +100,14 @@ class PushDone(msgspec.Struct, omit_defaults=True):
     seconds: float = 0.0
 
 
+class TmAttached(msgspec.Struct, array_like=True):
+    """A TM -> its engine (`engine.<id>.tm`), each time it attaches to the engine's KV memory: a
+    new `instance` means the TM that copied into that memory before is gone, with its copies."""
+
+    instance: str
+    shm_name: str
+
+
 class Reserve(msgspec.Struct, omit_defaults=True):
     req_id: str
     n_blocks: int

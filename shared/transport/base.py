@@ -112,6 +112,14 @@ class EndpointDesc(msgspec.Struct, omit_defaults=True):
         return None
 
 
+def same_process(a: EndpointDesc, b: EndpointDesc) -> bool:
+    """Whether two announcements describe one endpoint's life (a later one may add regions); a
+    restarted peer has a new pid, port or liveness segment, and a peer connected to the old one
+    must connect again (its mappings and sockets reach a process that is gone)."""
+    return (a.backend, a.host_id, a.pid, a.host, a.port, a.alive, a.gid, a.lid) == \
+        (b.backend, b.host_id, b.pid, b.host, b.port, b.alive, b.gid, b.lid)
+
+
 def host_id() -> str:
     """Identify this host *and* its /dev/shm mount: equal ids can share segments.
 

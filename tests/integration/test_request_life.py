@@ -122,3 +122,23 @@ def test_a_decode_engine_killed_mid_stream_and_restarted_resumes_the_stream_exac
     r = httpx.post(mesh.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 8, "temperature": 0,
                                                        "ignore_eos": True, "return_token_ids": True}, timeout=120)
     assert r.status_code == 200 and r.json()["choices"][0]["token_ids"] == want[:8]
+
+
+def test_a_decode_traffic_manager_killed_and_restarted_leaves_every_later_answer_exact(mesh, reference):
+    """The prefill side's data-plane connection to the decode TM reached the dead process's
+    buffer after its restart (every later push went where no one read it: wrong tokens, no
+    error). The connection is made again for the new process."""
+    from shared.model.reference import generate
+
+    prompt = reference.tokenizer.encode("after the traffic manager came back " * 6)
+    want = generate(reference, prompt, 16, ignore_eos=True)
+    body = {"prompt": prompt, "max_tokens": 16, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+    assert httpx.post(mesh.url + "/v1/completions", json=body, timeout=120).json()["choices"][0]["token_ids"] == want
+    tm = next(p for p in mesh.procs if p.name.startswith("tm-d"))
+    mesh.kill(tm)
+    mesh.restart(tm, "restarted by the test")
+    wait_until(lambda: (h := httpx.get(mesh.url + "/health", timeout=10).json())["status"] == "ok"
+               and h["decode_engines"] == 1 and h, "the decode engine assignable again")
+    for _ in range(3):  # whichever path the prompt's hits take
+        r = httpx.post(mesh.url + "/v1/completions", json=body, timeout=120)
+        assert r.status_code == 200 and r.json()["choices"][0]["token_ids"] == want
