@@ -16,6 +16,8 @@ from typing import Annotated
 import msgspec
 
 from shared.messages.codes import ErrorCode, FinishReason, LoadMode, mode_names
+from shared.messages.stream import PromptTiers
+from shared.tiers import as_dict
 
 CHOICES = {"dualpath_mode": mode_names()}  # fields whose bad value is answered with the values they take
 MAX_LOGPROBS = 20  # most alternatives a token may report (OpenAI's and vLLM's default limit)
@@ -186,9 +188,14 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def usage(prompt: int, completion: int, cached: int) -> dict:
+def usage(prompt: int, completion: int, cached: int, tiers: PromptTiers | None = None) -> dict:
+    """OpenAI's usage object; `tiers` (where the prompt's KV came from) as `dualpath_tiers` beside
+    `cached_tokens` (docs/configuration.md#prompt-token-tiers), absent when no engine said."""
+    details: dict = {"cached_tokens": cached}
+    if tiers is not None:
+        details["dualpath_tiers"] = as_dict(tiers)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+            "prompt_tokens_details": details}
 
 
 def completion_body(rid: str, model: str, chat: bool, text: str, finish: FinishReason | None, use: dict | None,
