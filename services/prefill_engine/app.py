@@ -49,7 +49,7 @@ class PrefillEngineService(EngineService):
                                          per_batch=cfg.attn_per_batch_s)
         self.fetcher: Fetcher | None = None
         self.handoff: Handoff | None = None
-        self.pm = PrefillMetrics.register(self.metrics, self.engine)
+        self.pm = PrefillMetrics(self.metrics, self.engine)
         self.s_per_token = 1e-3  # measured prefill seconds per computed token (moving average)
 
     async def start(self) -> None:

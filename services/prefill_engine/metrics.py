@@ -5,9 +5,6 @@ KV came from (shared/tiers.py); each tier's series exists from the start, at 0.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 from shared.messages.stream import PromptTiers
 from shared.metrics import Metrics
 from shared.tiers import NAMES
@@ -15,32 +12,19 @@ from shared.tiers import NAMES
 TAIL_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 
 
-@dataclass(frozen=True)
 class PrefillMetrics:
-    requests: Any
-    tokens: Any
-    step: Any
-    compute: Any
-    handoff: Any
-    tail: Any
-    queue: Any
-    tiers: dict[str, Any]  # tier name -> this engine's child of prompt_tier_tokens_total
-
-    @classmethod
-    def register(cls, m: Metrics, engine: str) -> "PrefillMetrics":
+    def __init__(self, m: Metrics, engine: str):
+        self.requests = m.counter("requests_total", "Prompts prefilled")
+        self.tokens = m.counter("tokens_total", "Prompt tokens computed")
+        self.step = m.histogram("step_seconds", "Prefill forward time")
+        self.compute = m.counter("compute_seconds", "Forward time not spent waiting for stored KV")
+        self.handoff = m.histogram("handoff_seconds", "KV push + admit time")
+        self.tail = m.histogram("handoff_tail_seconds", "Last layer computed -> last layer in the DE buffer",
+                                buckets=TAIL_BUCKETS)
+        self.queue = m.gauge("queue_length", "Requests waiting for prefill")
         tiers = m.counter("prompt_tier_tokens_total", "Prompt tokens prefilled, by where their KV came from "
                           "(computed, engine, buffer, storage_pe, storage_de)", ("engine", "tier"))
-        return cls(
-            requests=m.counter("requests_total", "Prompts prefilled"),
-            tokens=m.counter("tokens_total", "Prompt tokens computed"),
-            step=m.histogram("step_seconds", "Prefill forward time"),
-            compute=m.counter("compute_seconds", "Forward time not spent waiting for stored KV"),
-            handoff=m.histogram("handoff_seconds", "KV push + admit time"),
-            tail=m.histogram("handoff_tail_seconds", "Last layer computed -> last layer in the DE buffer",
-                             buckets=TAIL_BUCKETS),
-            queue=m.gauge("queue_length", "Requests waiting for prefill"),
-            tiers={name: tiers.labels(engine, name) for name in NAMES},
-        )
+        self.tiers = {name: tiers.labels(engine, name) for name in NAMES}  # tier -> this engine's series
 
     def prefilled(self, tiers: PromptTiers) -> None:
         """One prompt's prefill is over (its first token sampled): count it and its tokens by tier."""

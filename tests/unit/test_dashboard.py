@@ -92,7 +92,7 @@ def test_the_census_sees_what_the_services_really_register(series):
     from services.prefill_engine.metrics import PrefillMetrics
     from services.scheduler.metrics import SchedulerMetrics
 
-    for svc, register in (("prefill_engine", lambda m: PrefillMetrics.register(m, "e0")),
+    for svc, register in (("prefill_engine", lambda m: PrefillMetrics(m, "e0")),
                           ("scheduler", SchedulerMetrics.register)):
         m = Metrics(svc)
         register(m)

@@ -90,7 +90,7 @@ def test_the_oracles_hits_are_taken_as_already_in_engine_memory():
 
 def test_every_tier_is_exported_per_engine_from_the_start_and_counts_prefilled_prompts():
     m = Metrics("prefill_engine")
-    pm = PrefillMetrics.register(m, "p0-e0")
+    pm = PrefillMetrics(m, "p0-e0")
     name = "dualpath_prefill_engine_prompt_tier_tokens_total"
 
     def value(tier):
