@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from dualpath.bench import vllm_metrics
+from dualpath.bench.tiers import sums as tier_sums
 from shared.messages.codes import LoadMode
 
 
@@ -93,6 +94,7 @@ def summarise(run, slo: Slo, vllm: vllm_metrics.Spec = vllm_metrics.Spec()) -> d
         "hit_ratio": (sum(t.cached_tokens for t in ok) / prompt) if prompt else 0.0,
         "prompt_tokens": prompt, "cached_tokens": sum(t.cached_tokens for t in ok),
         "gen_tokens": sum(t.gen_tokens for t in ok),
+        "tiers": tier_sums(ok),
         "error_samples": sorted({t.error for t in run.turns if t.error})[:3],
     }
     for name, key in (("ttft", "ttft"), ("ttst", "ttst"), ("tpot", "tpot")):

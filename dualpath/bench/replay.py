@@ -2,7 +2,7 @@
 
 One turn = one streamed `POST /v1/completions` with `ignore_eos` and the traced length;
 its last chunk (`stream_options.include_usage` + `return_token_ids`) carries the cached
-tokens and the generated ids that the next turn's prompt appends; every content chunk's arrival
+tokens, where the prompt's KV came from (`dualpath_tiers`) and the generated ids that the next turn's prompt appends; every content chunk's arrival
 is kept (`TurnResult.stamps`: TTFT, TPOT, ITL and E2EL come from them). A job is a closed loop:
 turn i+1 starts when turn i ends.
 - offline: every job starts at t=0; JCT = last turn end.
@@ -43,6 +43,7 @@ class TurnResult:
     hinted: bool = False  # sent agent_hints
     after_tool_s: float = 0.0  # the tool call this turn waited for (0: none; the first turn never has one)
     stamps: list[float] = field(default_factory=list)  # arrival of each content chunk (s since the run's t0)
+    tiers: dict[str, int] = field(default_factory=dict)  # usage's dualpath_tiers: prompt tokens by tier ({}: none)
 
     @property
     def e2el(self) -> float:
@@ -110,7 +111,7 @@ async def one_turn(client: httpx.AsyncClient, url: str, prompt: list[int], gen: 
     start = time.perf_counter()
     stamps: list[float] = []
     ids: list[int] = []
-    cached, err = 0, ""
+    cached, err, tiers = 0, "", {}
     async with client.stream("POST", url + "/v1/completions", json=body) as r:
         if r.status_code != 200:
             err = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
@@ -126,7 +127,8 @@ async def one_turn(client: httpx.AsyncClient, url: str, prompt: list[int], gen: 
                     if stamps_out is not None:
                         stamps_out.append(stamps[-1])
                 if "usage" in chunk:
-                    cached = chunk["usage"]["prompt_tokens_details"]["cached_tokens"]
+                    details = chunk["usage"]["prompt_tokens_details"]
+                    cached, tiers = details["cached_tokens"], details.get("dualpath_tiers", {})
                     ids = list(chunk.get("token_ids", []))
     end = time.perf_counter()
     ttft = stamps[0] - start if stamps else float("nan")
@@ -134,7 +136,7 @@ async def one_turn(client: httpx.AsyncClient, url: str, prompt: list[int], gen: 
     if not err and len(ids) != gen:
         err = f"got {len(ids)} token ids, wanted {gen}"
     res = TurnResult("", 0, len(prompt), gen, start - t0, ttft, ttst, end - t0, cached, err,
-                     stamps=[s - t0 for s in stamps])
+                     stamps=[s - t0 for s in stamps], tiers=tiers)
     return res, ids
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from dualpath.bench.metrics import run_name as _name
 from dualpath.bench.metrics import summary
+from dualpath.bench.tiers import markdown as tier_lines
 from dualpath.bench.vllm_metrics import SECTIONS as VLLM_SECTIONS
 from shared.messages.codes import LoadMode
 
@@ -55,6 +56,7 @@ def markdown(doc: dict) -> str:
     if online:
         lines += _online(online)
     lines += _vllm(doc["runs"])
+    lines += tier_lines(doc)
     from dualpath.bench.hints import markdown as hint_lines
 
     lines += hint_lines(doc)

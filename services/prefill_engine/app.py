@@ -21,6 +21,7 @@ from services.prefill_engine.config import PrefillEngineConfig
 from services.prefill_engine.fetch import Fetcher, usable_hits
 from services.prefill_engine.handoff import Handoff
 from services.prefill_engine.layers import LoadError
+from services.prefill_engine.metrics import PrefillMetrics
 from services.prefill_engine.record import PrefillRequest
 from shared.bus import Delivery
 from shared.engine.service import EngineService
@@ -48,15 +49,7 @@ class PrefillEngineService(EngineService):
                                          per_batch=cfg.attn_per_batch_s)
         self.fetcher: Fetcher | None = None
         self.handoff: Handoff | None = None
-        m = self.metrics
-        self.m_requests = m.counter("requests_total", "Prompts prefilled")
-        self.m_tokens = m.counter("tokens_total", "Prompt tokens computed")
-        self.m_step = m.histogram("step_seconds", "Prefill forward time")
-        self.m_compute = m.counter("compute_seconds", "Forward time not spent waiting for stored KV")
-        self.m_handoff = m.histogram("handoff_seconds", "KV push + admit time")
-        self.m_tail = m.histogram("handoff_tail_seconds", "Last layer computed -> last layer in the DE buffer",
-                                  buckets=(1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 1))
-        self.m_queue = m.gauge("queue_length", "Requests waiting for prefill")
+        self.pm = PrefillMetrics(self.metrics, self.engine)
         self.s_per_token = 1e-3  # measured prefill seconds per computed token (moving average)
 
     async def start(self) -> None:
@@ -69,9 +62,9 @@ class PrefillEngineService(EngineService):
                                engine=self.engine, subjects=self.subjects,
                                metrics=self.metrics)
         self.handoff = Handoff(self.bus, self.subjects, self.engine, cfg.handoff_timeout_s,
-                               self.loaded.config.eos_ids, self.m_handoff.observe, fail=self.fail,
+                               self.loaded.config.eos_ids, self.pm.handoff.observe, fail=self.fail,
                                release=self._release, drop_de_slots=self._drop_de_slots, store=self.store,
-                               node=cfg.node, spawn=self.spawn, observe_tail=self.m_tail.observe)
+                               node=cfg.node, spawn=self.spawn, observe_tail=self.pm.tail.observe)
         await self.bus.subscribe(self.subjects.prefill_work(self.engine), PrefillWork, self._on_work)
         await self.bus.subscribe(self.subjects.prefill_loaded(self.engine), progress_decoder, self._on_loaded)
         await self.bus.subscribe(self.subjects.cancel, Cancel, self._on_cancel)
@@ -176,8 +169,8 @@ class PrefillEngineService(EngineService):
                 c.req.in_step = False
             alive.cancel()
         dt = time.perf_counter() - t0
-        self.m_step.observe(dt)
-        self.m_compute.inc(max(0.0, dt - waited))
+        self.pm.step.observe(dt)
+        self.pm.compute.inc(max(0.0, dt - waited))
         self.s_per_token = 0.8 * self.s_per_token + 0.2 * max(0.0, dt - waited) / max(1, sum(c.bsz for c in batch))
         step_span.end()
         for c, span, tok in zip(batch, spans, firsts):
@@ -212,13 +205,14 @@ class PrefillEngineService(EngineService):
             self._drop(r)
             return
         r.computed = c.cached + c.bsz
-        self.m_tokens.inc(c.bsz)
+        self.pm.tokens.inc(c.bsz)
         span.set_attributes({"hit_tokens": r.hit_tokens, "layer_wait_s": r.load.waited_s if r.load else 0.0})
         span.end()
         if tok is None:
             return  # chunked prefill: the rest of the prompt in a later forward
         self.queue = [q for q in self.queue if q is not r]
-        self.m_requests.inc()
+        r.tiers = r.prompt_tiers(self.cfg.block_size)  # where its prompt's KV came from: its first token says
+        self.pm.prefilled(r.tiers)
         r.handing_off = True  # from now on a cancel is the hand-off's to handle
         self.spawn(self.handoff.run(r, *tok), name=f"handoff-{r.req_id}",
                    on_error=lambda exc: self.fail(r, ErrorCode.INTERNAL, f"KV hand-off failed: {exc}", retryable=True))
@@ -272,7 +266,7 @@ class PrefillEngineService(EngineService):
         self._drop(req)
 
     def _note_queue(self) -> None:
-        self.m_queue.set(len(self.queue) + len(self.fetcher.waiting if self.fetcher else ()))
+        self.pm.queue.set(len(self.queue) + len(self.fetcher.waiting if self.fetcher else ()))
 
     def _drop_de_slots(self, req: PrefillRequest) -> None:
         """The DE buffer slots staged for a request that will not reach that DE: free them."""

@@ -125,7 +125,7 @@ class Fetcher:
         elif self.subjects is not None:
             self.spawn(self.bus.publish(self.subjects.tm(work.staged_engine, "release"),
                                         Release(work.staged_owner, used=n)), name=f"release-staged-{req.req_id}")
-        self._read_done(req, ReadFinished(req.req_id, n, layers=self.n_layers))
+        self._read_done(req, ReadFinished(req.req_id, n, layers=self.n_layers, staged=n))
         return True
 
     async def _send(self, req: PrefillRequest, fetch: FetchKV) -> None:
@@ -194,6 +194,7 @@ class Fetcher:
         req.reading = False
         req.cancel_timer()
         req.hit_tokens = msg.blocks * self.cfg.block_size
+        req.staged_hits, req.de_read_hits = min(msg.staged, msg.blocks), min(msg.de_read, msg.blocks)
         if msg.de_slots:
             req.de_slots, req.de_hits = list(msg.de_slots), list(msg.de_hits)
         if not memory.fill_short_read(self.kv, req, msg.blocks):

@@ -107,7 +107,7 @@ class Handoff:
         finish = FinishReason.STOP if done else (FinishReason.LENGTH if sp.max_tokens <= 1 else None)
         if not req.cancelled:
             await self.bus.publish(req.reply, TokenEvent(req.req_id, [first], 0, finish=finish, source=self.engine,
-                                                         cached_tokens=req.hit_tokens,
+                                                         cached_tokens=req.hit_tokens, tiers=req.tiers,
                                                          logprobs=[lp] if lp is not None else []), ctx=req.ctx)
         if finish or req.cancelled:
             try:

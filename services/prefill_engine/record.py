@@ -1,8 +1,8 @@
 """One record per request a prefill engine holds: the work, its stored-KV load, its progress.
 
 Pure state (no I/O, no torch). Progress is counters: `hit_tokens` (prompt tokens served
-from the store) and `computed` (prompt tokens whose KV is in KV memory). Releasing a
-request drops this one record; `cancel_timer` ends the deadline task it may own.
+from the store; `prompt_tiers` says from where) and `computed` (prompt tokens whose KV is in
+KV memory). Releasing a request drops this one record; `cancel_timer` ends the deadline task.
 """
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from typing import Any
 from services.prefill_engine.layers import LoadProgress
 from shared.kv.window import HitWindow
 from shared.engine.requests import EngineRequest
+from shared.messages.codes import LoadMode
+from shared.messages.stream import PromptTiers
 from shared.messages.work import PrefillWork
 
 
@@ -22,6 +24,9 @@ class PrefillRequest(EngineRequest):
     load: LoadProgress | None = None  # layer progress of its stored KV (None: nothing to load)
     reading: bool = False  # its storage read is in flight (the TM has not reported the read yet)
     hit_tokens: int = 0  # prompt tokens served from the store
+    staged_hits: int = 0  # ... of them, leading blocks copied from a buffer (prefetched, a kept turn)
+    de_read_hits: int = 0  # ... trailing blocks read on the DE path (the rest between: the PE path)
+    tiers: PromptTiers | None = None  # where its prompt's KV came from, once prefilled
     computed: int | None = None  # prompt tokens with KV in memory; None = only the hits so far
     de_slots: list[int] = field(default_factory=list)  # DE read path: DE-buffer slots staged for it
     de_hits: list[int] = field(default_factory=list)  # ... block indexes whose stored KV sits in them
@@ -42,6 +47,17 @@ class PrefillRequest(EngineRequest):
     def done(self) -> int:
         """Prompt tokens whose KV is in KV memory (stored hits + computed chunks)."""
         return self.hit_tokens if self.computed is None else self.computed
+
+    def prompt_tiers(self, block_size: int) -> PromptTiers:
+        """Its prompt's tokens by where their KV came from: the oracle's hits were taken as already in
+        KV memory; otherwise staged hits, then the PE path's, then the DE path's; the rest computed."""
+        n = len(self.prompt)
+        hit = min(self.hit_tokens, n)
+        if self.work is not None and self.work.mode == LoadMode.ORACLE:
+            return PromptTiers(computed=n - hit, engine=hit)
+        buffer = min(self.staged_hits * block_size, hit)
+        de = min(self.de_read_hits * block_size, hit - buffer)
+        return PromptTiers(computed=n - hit, buffer=buffer, storage_pe=hit - buffer - de, storage_de=de)
 
     def copies_done(self, n_layers: int) -> bool:
         """No storage read or layer copy still targets this request's KV blocks."""

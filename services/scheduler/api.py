@@ -154,7 +154,7 @@ async def _handle(svc: Front, request: Request, texts: TokenText, chat: bool) ->
         return Response(status_code=499)  # nobody reads it: the request is cancelled everywhere
     if failed is not None:
         return JSONResponse(failed.body(), status_code=failed.status)
-    use = usage(len(prompt), rec.next_index, rec.cached_tokens)
+    use = usage(len(prompt), rec.next_index, rec.cached_tokens, rec.tiers)
     body = completion_body(rid, mid, chat, "".join(text), finish, use, show(reported) if show else None)
     if req.return_token_ids:
         body["choices"][0].update(prompt_token_ids=prompt, token_ids=rec.tokens)
@@ -248,7 +248,7 @@ def _usage_chunk(opts: StreamOptions | None, rec: InFlight, rid: str, mid: str, 
 
     def make() -> dict:
         chunk = {**chunk_body(rid, mid, chat, "", None, False), "choices": [],
-                 "usage": usage(len(rec.prompt), rec.next_index, rec.cached_tokens)}
+                 "usage": usage(len(rec.prompt), rec.next_index, rec.cached_tokens, rec.tiers)}
         if token_ids:
             chunk["token_ids"] = list(rec.tokens)
         return chunk

@@ -184,6 +184,7 @@ class FrontDoors:
                 svc._prefill_over(rec)
         elif isinstance(msg, Done):
             rec.tokens, rec.next_index, rec.cached_tokens = msg.tokens, len(msg.tokens), msg.cached_tokens
+            rec.tiers = msg.tiers
             if msg.ttft_s:
                 rec.first_at = rec.arrived + msg.ttft_s
                 rec.last_at = rec.first_at + msg.tpot_s * max(0, rec.next_index - 1)

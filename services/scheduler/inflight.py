@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from shared.messages.codes import ErrorCode, FinishReason, LoadMode
-from shared.messages.stream import TokenEvent
+from shared.messages.stream import PromptTiers, TokenEvent
 from shared.messages.work import Sampling
+from shared.tiers import clip
 
 
 @dataclass
@@ -32,6 +33,7 @@ class InFlight:
     last_at: float = 0.0
     next_index: int = 0  # index of the next token expected
     cached_tokens: int = 0
+    tiers: PromptTiers | None = None  # where the prompt's KV came from (the last attempt's; None: not said)
     tokens: list[int] = field(default_factory=list)  # every token delivered, in order
     finished: FinishReason | None = None  # how its stream ended (None: not yet)
     block_keys: Sequence[bytes] = field(default_factory=list)  # prompt's full-block keys (a worker's: a KeyRun)
@@ -65,6 +67,9 @@ class InFlight:
         self.tokens += tokens
         if ev.cached_tokens:
             self.cached_tokens = ev.cached_tokens
+        if ev.tiers is not None:  # the attempt's prompt, cut to the request's: cached is what was not computed
+            self.tiers = clip(ev.tiers, self.prompt_len)
+            self.cached_tokens = self.prompt_len - self.tiers.computed
         if ev.finish:
             self.finished = ev.finish
         if not tokens and not ev.finish:

@@ -6,6 +6,7 @@ from typing import Any
 
 from services.scheduler.inflight import InFlight
 from shared.metrics import Metrics
+from shared.tiers import NAMES
 
 ASSIGN_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.2, 0.5, 1,
                   2, 5, 10, 30)
@@ -17,6 +18,7 @@ class SchedulerMetrics:
     prompt: Any
     gen: Any
     cached: Any
+    tiers: Any
     ttft: Any
     tpot: Any
     queue: Any
@@ -35,6 +37,9 @@ class SchedulerMetrics:
             prompt=m.counter("prompt_tokens_total", "Prompt tokens accepted"),
             gen=m.counter("generation_tokens_total", "Tokens generated"),
             cached=m.counter("cached_prompt_tokens_total", "Prompt tokens served from the store"),
+            tiers=m.counter("prompt_tier_tokens_total", "Prompt tokens of answered requests by where their KV "
+                            "came from, as their usage says (computed, engine, buffer, storage_pe, storage_de)",
+                            ("tier",)),
             ttft=m.histogram("time_to_first_token_seconds", "TTFT"),
             tpot=m.histogram("time_per_output_token_seconds", "TPOT",
                              buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2)),
@@ -59,6 +64,9 @@ class SchedulerMetrics:
         self.requests.labels(status).inc()
         self.gen.inc(rec.next_index)
         self.cached.inc(rec.cached_tokens)
+        if rec.tiers is not None:
+            for name in NAMES:
+                self.tiers.labels(name).inc(getattr(rec.tiers, name))
         if rec.first_at:
             self.ttft.observe(rec.ttft)
         if rec.next_index > 1:

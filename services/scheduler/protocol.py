@@ -17,6 +17,8 @@ import msgspec
 
 from services.scheduler.hint_shapes import CacheControl, HintId, KvHints, Ms, NvExt, VllmAgentHint
 from shared.messages.codes import ErrorCode, FinishReason, LoadMode, mode_names
+from shared.messages.stream import PromptTiers
+from shared.tiers import as_dict
 
 CHOICES = {"dualpath_mode": mode_names()}  # fields whose bad value is answered with the values they take
 MAX_LOGPROBS = 20  # most alternatives a token may report (OpenAI's and vLLM's default limit)
@@ -201,9 +203,14 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def usage(prompt: int, completion: int, cached: int) -> dict:
+def usage(prompt: int, completion: int, cached: int, tiers: PromptTiers | None = None) -> dict:
+    """OpenAI's usage object; `tiers` (where the prompt's KV came from) as `dualpath_tiers` beside
+    `cached_tokens` (docs/configuration.md#prompt-token-tiers), absent when no engine said."""
+    details: dict = {"cached_tokens": cached}
+    if tiers is not None:
+        details["dualpath_tiers"] = as_dict(tiers)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+            "prompt_tokens_details": details}
 
 
 def completion_body(rid: str, model: str, chat: bool, text: str, finish: FinishReason | None, use: dict | None,

@@ -8,7 +8,7 @@ request's messages arrive in order):
   asked a gateway, so the core makes no round trip); the prompt's ids stay with the worker
   (only its length is sent) unless the core needs them (no keys yet, agent hints, oracle mode);
 - `PrefillOver`: the attempt's first token reached the worker (its prefill engine is free);
-- `Done`: the client got its last event (status, the generated ids, the latencies).
+- `Done`: the client got its last event (status, the generated ids, the latencies, the tiers).
 A worker-held prompt never passes the core either: the core addresses each attempt's work to
 the worker (`Forward` on `work_subject(reply)`: the prefill engine and its `PrefillWork`
 without the prompt), which fills the prompt in and publishes it to the engine. The engines'
@@ -26,6 +26,7 @@ import msgspec
 from services.scheduler.hints import Hint
 from shared.messages.codes import LoadMode
 from shared.messages.storage_gateway import StoreLayout
+from shared.messages.stream import PromptTiers
 from shared.messages.work import PrefillWork, Sampling
 
 
@@ -58,6 +59,7 @@ class Done(msgspec.Struct, tag="done", omit_defaults=True, gc=False):
     cached_tokens: int = 0
     ttft_s: float = 0.0
     tpot_s: float = 0.0
+    tiers: PromptTiers | None = None  # where the prompt's KV came from (the client's usage; None: not said)
 
 
 FrontMsg = Submit | PrefillOver | Done

@@ -176,8 +176,8 @@ class FrontWorker(Service):
     def finish(self, rec: InFlight, status: str) -> None:
         if self.inflight.pop(rec.req_id, None) is None:
             return
-        self.spawn(self.bus.publish(self.subjects.front(self.core), Done(
-            rec.req_id, status, rec.tokens, rec.cached_tokens, rec.ttft, rec.tpot)), name=f"done-{rec.req_id}")
+        done = Done(rec.req_id, status, rec.tokens, rec.cached_tokens, rec.ttft, rec.tpot, rec.tiers)
+        self.spawn(self.bus.publish(self.subjects.front(self.core), done), name=f"done-{rec.req_id}")
 
     async def _watch_bus(self) -> None:
         """Cut off from the bus past `liveness_timeout_s`, no token and no word from the core can

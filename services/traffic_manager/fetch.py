@@ -154,7 +154,7 @@ class FetchPath:
         # fills (an adopt found its prefetch gone) are told too: the push uses them, never reserves twice
         await p.bus.publish(p.loaded_subject, ReadFinished(
             msg.req_id, hits, de_slots=de_slots if de_hits or k >= n else [], de_hits=de_hits,
-            eta_s=round(max(pe.eta_s, de.eta_s), 4)))
+            eta_s=round(max(pe.eta_s, de.eta_s), 4), staged=c, de_read=hits - min(k, hits)))
         prog.read = True
         if hits:
             pe_used, de_used = min(pe_ok, hits - c), max(hits - k, 0)

@@ -92,7 +92,7 @@ async def copy_all(p: TMParts, msg: FetchKV, src: Held, prog, m_wait, de_slots: 
         await peer.read([Op("kv", k, "buf", b, lb) for b, k in ops], TrafficClass.LATENCY, timeout=xfer, grant=grant)
     prog.layers = lay.n_layers
     n = len(src.adopted or src.slots)
-    await p.bus.publish(p.loaded_subject, ReadFinished(msg.req_id, n, layers=lay.n_layers,
+    await p.bus.publish(p.loaded_subject, ReadFinished(msg.req_id, n, layers=lay.n_layers, staged=n,
                                                        de_slots=de_slots if de_hits else [], de_hits=de_hits))
     prog.read = True
     if src.adopted or msg.staged_engine == p.cfg.engine:  # kinds as the layer-by-layer copy counts them

@@ -10,7 +10,8 @@ Two messages share the subject, told apart by their msgpack type:
 Example: a decode engine runs requests a, b (scheduler s1) and c (scheduler s2) in one step; it
 publishes StepEvents([a: [tok], b: [tok]]) on `out.s1` and StepEvents([c: [tok]]) on `out.s2`.
 A request's last event has `finish` set (a FinishReason); a failure has finish=error and its
-`code` (an ErrorCode), from which the scheduler picks the client's HTTP status.
+`code` (an ErrorCode), from which the scheduler picks the client's HTTP status. The prefill
+engine's first-token event says where the prompt's KV came from (`tiers`, a `PromptTiers`).
 """
 from __future__ import annotations
 
@@ -30,6 +31,17 @@ class TokenLogprob(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
     top_logprobs: list[float] = []  # their log-probabilities, same order
 
 
+class PromptTiers(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """Where one prefill's prompt tokens came from, in tokens; the five sum to the prompt's length.
+    In prompt order: engine or buffer, then storage_pe, storage_de, then computed (shared/tiers.py)."""
+
+    computed: int = 0  # prefilled by the forward: no stored KV for them (a miss, the prompt's tail)
+    engine: int = 0  # taken as already in the engine's KV memory: the oracle's hits (no mode reuses KV there)
+    buffer: int = 0  # copied from a traffic-manager's DRAM buffer: prefetched in a tool call, or a kept turn
+    storage_pe: int = 0  # read from the store by the PE node's gateway (the PE's storage NIC)
+    storage_de: int = 0  # read by the DE node's gateway into the DE's buffer, pulled from there by the PE
+
+
 class TokenEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     req_id: str
     tokens: list[int]  # new token ids, in order
@@ -41,6 +53,7 @@ class TokenEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     retryable: bool = False  # an error caused by the mesh (a lost peer, a transfer deadline), not the request
     logprobs: list[TokenLogprob] = []  # one per token in `tokens` when the request asked (Sampling.logprobs)
     code: ErrorCode | None = None  # with finish=error: what failed (the scheduler's HTTP status follows from it)
+    tiers: PromptTiers | None = None  # on a prefill engine's first token: where the prompt's KV came from
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,9 +9,11 @@ Release: free a request's slots (cancel, failure).
 Fetch (PE read path): PE --FetchKV--> its TM, which reports on `pe.<id>.loaded` with one
   message type per meaning (the `FetchProgress` union, one Decoder: `progress_decoder`):
     [ReadQueued(eta_s): the read waits behind a storage queue; the PE's deadline waits too]
-    ReadFinished(blocks, de_slots, de_hits, eta_s, layers): the hit blocks are found (0: a miss after
-      all); their layers land in groups within eta_s (a read in layer groups), or have landed;
-      `layers` > 0: those layers are in KV memory already (every hit was prefetched into the TM's buffer)
+    ReadFinished(blocks, de_slots, de_hits, eta_s, layers, staged, de_read): the hit blocks are found
+      (0: a miss after all); their layers land in groups within eta_s (a read in layer groups), or have
+      landed; `layers` > 0: those layers are in KV memory already (every hit was prefetched into the
+      TM's buffer); where they came from: `staged` leading ones from a buffer, `de_read` trailing
+      ones on the DE path, the rest on the PE path (the engine's prompt-token tiers)
     LayersLoaded(layer) ...: layers 0..layer are in KV memory (the PE computes them meanwhile)
   or, at any point, FetchFailed(code, error): before ReadFinished the PE computes the whole
   prompt (nothing reached its KV memory); after, the load failed and so does the prefill.
@@ -172,6 +174,8 @@ class ReadFinished(_Progress, tag="read"):
     de_hits: list[int] = []  # DE-path: block indexes whose stored KV sits in those slots
     eta_s: float = 0.0  # until their last layer has been read from storage (0: read already)
     layers: int = 0  # layers 0..layers-1 of those blocks are in KV memory already (no LayersLoaded for them)
+    staged: int = 0  # blocks[:staged] came from a buffer (prefetched, a kept turn), not from storage
+    de_read: int = 0  # the last de_read of `blocks` were read on the DE path; those between, on the PE path
 
 
 class LayersLoaded(_Progress, tag="layers"):

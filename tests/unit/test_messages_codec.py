@@ -16,7 +16,7 @@ from shared.messages import registry, stream, traffic_manager
 from shared.messages.codes import ErrorCode, FinishReason, LoadMode
 from shared.messages.registry import Announce, EngineAnnounce, StorageGatewayAnnounce, SchedulerAnnounce, \
     TrafficManagerAnnounce
-from shared.messages.stream import TokenEvent
+from shared.messages.stream import PromptTiers, TokenEvent
 from shared.messages.subjects import Subjects
 from shared.messages.work import Sampling
 
@@ -164,7 +164,18 @@ def test_token_event_is_array_like_in_field_order():
 def test_token_event_from_an_older_sender_with_fewer_trailing_fields():
     got = stream.decoder.decode(msgspec.msgpack.encode(["r", [9], 4, "length"]))
     assert got == TokenEvent("r", [9], 4, FinishReason.LENGTH)
-    assert (got.source, got.cached_tokens, got.code) == ("", 0, None)
+    assert (got.source, got.cached_tokens, got.code, got.tiers) == ("", 0, None, None)
+
+
+def test_token_event_tiers_travel_as_the_last_element_an_array_of_five_counts():
+    ev = TokenEvent("r", [7], 0, source="pe0", cached_tokens=192,
+                    tiers=PromptTiers(computed=10, buffer=64, storage_pe=64, storage_de=64))
+    raw = msgspec.msgpack.decode(stream.encoder.encode(ev))
+    assert raw[-1] == [10, 0, 64, 64, 64]  # computed, engine, buffer, storage_pe, storage_de
+    assert stream.decoder.decode(stream.encoder.encode(ev)) == ev
+    # a sender before error codes and tiers: both read as None
+    got = stream.decoder.decode(msgspec.msgpack.encode(["r", [7], 0, None, "", "pe0", 192]))
+    assert (got.code, got.tiers) == (None, None)
 
 
 def test_token_event_from_a_sender_before_error_codes_reads_code_none():
@@ -174,10 +185,11 @@ def test_token_event_from_a_sender_before_error_codes_reads_code_none():
     assert (got.finish, got.error, got.retryable, got.code) == (FinishReason.ERROR, "engine died", True, None)
 
 
-def test_token_event_code_is_the_last_array_element_and_a_plain_string():
+def test_token_event_code_follows_every_older_field_as_a_plain_string():
     ev = TokenEvent("r", [], 2, FinishReason.ERROR, "no engine took it", code=ErrorCode.NO_ENGINE)
     raw = msgspec.msgpack.decode(stream.encoder.encode(ev))
-    assert raw[3] == "error" and raw[-1] == "no_engine" and type(raw[-1]) is str
+    assert raw[3] == "error" and raw[9] == "no_engine" and type(raw[9]) is str
+    assert raw[10:] == [None]  # the tiers (newer than code): only a prefill engine's first token has them
     assert stream.decoder.decode(stream.encoder.encode(ev)) == ev
 
 

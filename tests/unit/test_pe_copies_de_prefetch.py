@@ -32,6 +32,7 @@ from shared.kv.staged_table import StagedTable
 from shared.messages.codes import LoadMode
 from shared.messages.registry import EngineAnnounce, KVRegion, TrafficManagerAnnounce
 from shared.messages.storage_gateway import StoreLayout
+from shared.messages.stream import PromptTiers
 from shared.messages.subjects import Subjects
 from shared.messages.traffic_manager import FetchKV, PushDone, PushKV, Release, Reserve, Reserved
 from shared.messages.work import PrefillWork, Sampling, StagedSlots
@@ -156,6 +157,7 @@ def test_a_decode_side_prefetch_is_copied_by_the_engine_and_left_for_the_push_to
     assert not any(isinstance(m, FetchKV) for _, m in bus.sent), "a FetchKV although the engine copied them"
     assert not any(isinstance(m, Release) for _, m in bus.sent), "released: the push could not adopt them"
     assert (req.adopt, req.adopt_blocks) == ("pf-1", HITS)
+    assert req.prompt_tiers(BS) == PromptTiers(computed=2 * BS + 1, buffer=HITS * BS)  # copied, not read
     for b, off in zip(req.blocks[:HITS], slots):
         assert bytes(host.kv.buf[b * BLOCK:(b + 1) * BLOCK]) == bytes(host.buf.buf[off:off + BLOCK])
 

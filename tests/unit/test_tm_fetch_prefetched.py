@@ -76,6 +76,7 @@ def test_every_layer_of_adopted_prefetched_blocks_comes_in_one_read_before_the_r
     assert len(heard) == 1, heard  # no LayersLoaded: nothing for the forward to wait on
     done = heard[0]
     assert isinstance(done, ReadFinished) and (done.blocks, done.layers) == (2, LAYERS)
+    assert (done.staged, done.de_read) == (2, 0)  # from a buffer, not read: the engine's `buffer` tier
     assert done.de_hits == [0, 1] and done.de_slots == DE_SLOTS  # adopted: never pushed back
     assert len(peer.reads) == 1 and len(peer.reads[0]) == 2 * LAYERS  # one read: every layer of both blocks
     bn = LAYERS * LB
