@@ -44,7 +44,10 @@ def test_greedy_tokens_equal_single_process_reference(mesh, reference):
     assert choice["token_ids"] == want
     assert choice["finish_reason"] == "length"
     assert r.json()["usage"] == {"prompt_tokens": len(prompt), "completion_tokens": 24,
-                                 "total_tokens": len(prompt) + 24, "prompt_tokens_details": {"cached_tokens": 0}}
+                                 "total_tokens": len(prompt) + 24, "prompt_tokens_details": {
+                                     "cached_tokens": 0, "dualpath_tiers": {
+                                         "computed": len(prompt), "engine": 0, "buffer": 0, "storage_pe": 0,
+                                         "storage_de": 0}}}
 
 
 def test_stream_equals_non_stream_and_ends_with_done(mesh):
