@@ -202,9 +202,7 @@ class TrafficManagerService(Service):
 
     async def _on_computed(self, msg: LayersComputed, d: Delivery) -> None:
         for req_id in msg.req_ids:
-            state = self.layers.get(req_id)
-            state.computed = max(state.computed, msg.layer + 1)
-            state.note()
+            self.layers.get(req_id).mark_computed(msg.layer)
 
     async def _on_alive(self, msg: ForwardAlive, d: Delivery) -> None:
         for req_id in msg.req_ids:  # progress for the waits of a push under way, nothing more

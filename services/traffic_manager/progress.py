@@ -91,6 +91,11 @@ class LayerState(Waitable):
     def __post_init__(self) -> None:
         Waitable.__init__(self)
 
+    def mark_computed(self, layer: int) -> None:
+        """The engine reports layers 0..layer computed (`LayersComputed`): the push may send them."""
+        self.computed = max(self.computed, layer + 1)
+        self.note()
+
 
 class Registry:
     def __init__(self, make: Callable[[], Waitable], ttl_s: float = 120.0):

@@ -1,0 +1,118 @@
+"""The engines around the in-process mesh (dp_mesh.py), without a model: a prefill engine's real
+stored-KV fetch and hand-off (`Fetcher`, `Handoff`; a test says when its forward computed each
+layer), and a decode engine service with its real admission, batch bookkeeping and persister
+(a test hands it each sampled token). What one prompt's turn moves and saves is then the code's."""
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+from services.decode_engine.app import DecodeEngineService
+from services.decode_engine.config import DecodeEngineConfig
+from services.decode_engine.persist import Persister
+from services.decode_engine.running import DecodeRequest, RunningSeq
+from services.prefill_engine.config import PrefillEngineConfig
+from services.prefill_engine.fetch import Fetcher, usable_hits
+from services.prefill_engine.handoff import Handoff
+from services.prefill_engine.record import PrefillRequest
+from shared.engine.store_layout import prompt_keys
+from shared.kv.allocator import SlotAllocator
+from shared.messages.codes import LoadMode
+from shared.messages.traffic_manager import LayersComputed
+from shared.messages.work import Ack, DecodeAdmit, PrefillWork, Sampling
+from tests.unit.dp_mesh import BS, DE, DE_NODE, HUGE, LAYERS, LAYOUT, PE, PE_NODE, SLOTS, SUBJECTS, Mesh, Tasks
+from tests.unit.tm_util import Reply
+
+PROMPT = list(range(100, 100 + 4 * BS + 5))  # four full blocks and five tokens: five KV blocks
+KEYS = prompt_keys(LAYOUT, PROMPT)  # the store keys of its full blocks, each chained on the one before
+
+
+def work(hits: int, pe_blocks: int, max_tokens: int = 64) -> PrefillWork:
+    """PROMPT's assignment: `hits` leading blocks stored, [0, pe_blocks) of them read on the PE path."""
+    return PrefillWork("r#0", PROMPT, Sampling(max_tokens=max_tokens), DE, "out", block_keys=KEYS, hit_blocks=hits,
+                       read_node=PE_NODE, mode=LoadMode.DUALPATH, pe_blocks=pe_blocks, de_node=DE_NODE)
+
+
+class Prefill:
+    """The prefill engine `pe0`: its requests, KV memory (block ids only), fetch and hand-off."""
+
+    def __init__(self, mesh: Mesh, tasks: Tasks):
+        self.mesh, self.tasks = mesh, tasks
+        self.kv = SimpleNamespace(block_size=BS, alloc=SlotAllocator(SLOTS), blocks_for=lambda n: -(-n // BS))
+        self.held: dict[str, PrefillRequest] = {}
+        self.failed: list[tuple[str, object, str]] = []
+        cfg = PrefillEngineConfig(block_size=BS, handoff_timeout_s=HUGE, hit_window_layers=0, node=PE_NODE)
+        self.fetcher = Fetcher(mesh, SUBJECTS.tm(PE, "fetch"), cfg, LAYOUT, self.kv, LAYERS, self.held, tasks,
+                               ready=lambda req: None, fail=self._fail, failed_load=self._fail,
+                               release=self._release, one_forward=lambda cached, n: True,
+                               estimate=lambda req: 0.0, abandon=self._fail)
+        mesh.on_progress = self.fetcher.on_progress
+        self.handoff = Handoff(mesh, SUBJECTS, PE, HUGE, (), lambda s: None, fail=self._fail, release=self._release,
+                               drop_de_slots=lambda req: None, store=LAYOUT, node=PE_NODE, spawn=tasks,
+                               observe_tail=lambda s: None)
+
+    async def _fail(self, req: PrefillRequest, code, error: str, retryable: bool = False, release: bool = True):
+        self.failed.append((req.req_id, code, error))
+
+    def _release(self, req: PrefillRequest) -> None:
+        self.held.pop(req.req_id, None)
+
+    async def load(self, w: PrefillWork) -> PrefillRequest:
+        """Intake: the request's KV blocks, and its stored hits fetched, every layer in KV memory."""
+        req = PrefillRequest(w.req_id, w.prompt, w.sampling, w.reply, None, work=w)
+        self.held[req.req_id] = req
+        if usable_hits(w, BS):
+            self.fetcher.waiting.append(req)
+            self.fetcher.start()
+        else:
+            req.blocks = self.kv.alloc.allocate(req.req_id, self.kv.blocks_for(len(w.prompt)))
+        await self.tasks.settle()
+        return req
+
+    async def prefill(self, req: PrefillRequest, layerwise: bool, first: int = 7) -> None:
+        """Its final forward (the push going on alongside it, layer by layer, when `layerwise`), then
+        the hand-off of its first token."""
+        req.computed = len(req.prompt)
+        if layerwise:
+            self.handoff.start_push(req)
+            for layer in range(LAYERS):
+                await self.mesh.publish(SUBJECTS.tm(PE, "computed"), LayersComputed([req.req_id], layer))
+        await self.handoff.run(req, first, None)
+        await self.tasks.settle()
+
+
+class Decode:
+    """The decode engine `de0`: its real service, admitting over the mesh, persisting through it."""
+
+    def __init__(self, mesh: Mesh, tasks: Tasks):
+        self.tasks = tasks
+        svc = self.svc = DecodeEngineService(DecodeEngineConfig(engine=DE, node=DE_NODE, block_size=BS,
+                                                                load_timeout_s=HUGE))
+        svc.bus = mesh
+        svc.loaded = SimpleNamespace(config=SimpleNamespace(max_position=1 << 16, eos_ids=()))
+        svc.persister = Persister(LAYOUT, DE_NODE, mesh, SUBJECTS.tm(DE, "save"), HUGE, tasks, svc.metrics,
+                                  release=svc._release, on_failure=svc._background_failed)
+        mesh.admit = self.admit
+
+    def close(self) -> None:
+        self.svc.worker.close()
+
+    async def admit(self, msg: DecodeAdmit) -> Ack:
+        d = Reply()
+        d.ctx = None
+        await self.svc._on_admit(msg, d)
+        return d.msg
+
+    def join(self, req_id: str) -> RunningSeq:
+        """The admitted request's KV is in KV memory (blocks 20, 21, ...): it joins the batch."""
+        req: DecodeRequest = self.svc.held[req_id]
+        self.svc.waiting.remove(req)
+        req.blocks = list(range(20, 20 + self.svc._limit(req) // BS + 1))
+        seq = self.svc._join(req, req.admit)
+        self.svc.running.append(seq)
+        return seq
+
+    async def step(self, seq: RunningSeq, token: int) -> None:
+        """One decode step sampled `token` for `seq`; its background saves are let run."""
+        self.svc._advance(seq, token, None, 1, time.perf_counter())
+        await self.tasks.settle()
