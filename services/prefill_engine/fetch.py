@@ -52,6 +52,17 @@ def usable_hits(work: PrefillWork, block_size: int) -> int:
     return min(work.hit_blocks, len(work.block_keys), (len(work.prompt) - 1) // block_size)
 
 
+def stored_blocks(req: PrefillRequest, block_size: int) -> int:
+    """The prompt's leading blocks the store holds: the scheduler's count when the read found every
+    block it was asked for (those past the last-token cap are stored too), else what it found (the
+    rest were computed here, and are persisted once, by whichever side ends the request)."""
+    found = req.hit_tokens // block_size
+    work = req.work
+    if work is None or found < usable_hits(work, block_size):
+        return found
+    return work.hit_blocks
+
+
 class Fetcher:
     def __init__(self, bus: Bus, subject: str, cfg: PrefillEngineConfig, store: StoreLayout, kv: KVMemory, n_layers: int,
                  held: dict[str, PrefillRequest], spawn: Callable[..., asyncio.Task], *,

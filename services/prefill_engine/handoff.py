@@ -24,6 +24,7 @@ from typing import Awaitable, Callable
 
 from opentelemetry import trace
 
+from services.prefill_engine.fetch import stored_blocks
 from services.prefill_engine.record import PrefillRequest
 from shared.bus import Bus, BusError, error_code
 from shared.engine.requests import stop_ids
@@ -149,7 +150,7 @@ class Handoff:
             return
         bs = self.store.block_size
         n_full = min(len(req.prompt) // bs, len(work.block_keys), len(req.blocks))
-        start = min(req.hit_tokens // bs, n_full)  # blocks a short read missed were computed: stored again
+        start = min(stored_blocks(req, bs), n_full)  # blocks a short read missed were computed: stored now
         if start >= n_full:
             return
         msg = SaveKV(req.req_id, req.blocks[start:n_full], list(work.block_keys[start:n_full]), self.node, self.store)
@@ -183,7 +184,7 @@ class Handoff:
             raise BusError("push", "cancelled", ErrorCode.CANCELLED)
         admit = DecodeAdmit(req.req_id, len(req.prompt), first, req.sampling, req.reply, pushed.slots,
                             pe_engine=self.engine, prompt=req.prompt, block_keys=work.block_keys,
-                            persisted_blocks=work.hit_blocks, oracle=work.mode == LoadMode.ORACLE)
+                            persisted_blocks=stored_blocks(req, self.store.block_size), oracle=work.mode == LoadMode.ORACLE)
         ack = await self.bus.request(self.subjects.decode_admit(work.de_engine), admit, Ack, timeout=self.timeout_s)
         if not ack.ok:
             raise BusError("admit", ack.error, ack.code)

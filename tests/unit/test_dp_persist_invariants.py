@@ -85,9 +85,6 @@ def test_a_prompt_the_read_found_only_partly_stored_saves_the_rest_when_no_decod
     assert _saved(mesh) == Counter(KEYS[1:])
 
 
-@pytest.mark.xfail(reason="the hand-off tells the decode engine `persisted_blocks=work.hit_blocks`, the "
-                          "scheduler's count, not the blocks the read found: blocks a short read missed are "
-                          "computed, pushed, and saved by nobody (the PE's own persist starts at hit_tokens)")
 def test_a_prompt_the_read_found_only_partly_stored_saves_the_rest_when_handed_off():
     mesh, _, _ = _turn(3, 3, "handed-off", found=1)
     assert _saved(mesh) == Counter(KEYS[1:])
