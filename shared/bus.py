@@ -103,12 +103,30 @@ class Delivery:
 Handler = Callable[[Any, Delivery], Awaitable[None]]
 
 
+class Losses:
+    """A future per connection that resolves when it is lost: a request waiting for a reply races
+    it, so a reply that died with the connection fails the request at once, not at its timeout."""
+
+    def __init__(self) -> None:
+        self._now: asyncio.Future | None = None
+
+    def current(self) -> asyncio.Future:
+        if self._now is None or self._now.done():
+            self._now = asyncio.get_running_loop().create_future()
+        return self._now
+
+    def lost(self) -> None:
+        if self._now is not None and not self._now.done():
+            self._now.set_result(None)
+
+
 @dataclass
 class Bus:
     nc: Client
     name: str
     bad_messages: int = 0
     handler_errors: int = 0
+    losses: Losses = field(default_factory=Losses)
     _decoders: dict[Any, msgspec.msgpack.Decoder] = field(default_factory=dict)
 
     @classmethod
@@ -121,6 +139,7 @@ class Bus:
         by nats-py on reconnect and publishes made meanwhile are buffered and sent then."""
         nc = Client()
         waiting = _Waiting(url, wait_s)
+        losses = Losses()
 
         async def on_error(exc: Exception) -> None:
             if not nc.is_connected and waiting.active:
@@ -131,6 +150,7 @@ class Bus:
                 log.warning("nats: %s: %s", type(exc).__name__, exc)
 
         async def on_disconnected() -> None:
+            losses.lost()
             if not nc.is_closed and not waiting.active:  # a close (shutdown) also calls this
                 log.warning("disconnected from NATS; reconnecting")
 
@@ -154,7 +174,7 @@ class Bus:
             waiting.active = False
         if waiting.attempts:
             log.info("connected to NATS at %s after %.1f s", url, waiting.elapsed())
-        return cls(nc=nc, name=name)
+        return cls(nc=nc, name=name, losses=losses)
 
     def decoder(self, tp: Any) -> msgspec.msgpack.Decoder:
         dec = self._decoders.get(tp)
@@ -168,9 +188,18 @@ class Bus:
 
     async def request(self, subject: str, msg: msgspec.Struct, reply_type: type[T], timeout: float = 5.0,
                       ctx: otel_context.Context | None = None) -> T:
+        lost = self.losses.current()
+        asked = asyncio.ensure_future(self.nc.request(subject, _encoder.encode(msg), timeout=timeout,
+                                                      headers=inject_headers(ctx=ctx) or None))
         try:
-            reply = await self.nc.request(subject, _encoder.encode(msg), timeout=timeout,
-                                          headers=inject_headers(ctx=ctx) or None)
+            await asyncio.wait([asked, lost], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not asked.done():
+                asked.cancel()
+        if not asked.done() or asked.cancelled():
+            raise BusError(subject, "the connection to NATS was lost before the reply")
+        try:
+            reply = asked.result()
         except nats.errors.NoRespondersError:
             raise BusError(subject, "no responders") from None
         except nats.errors.TimeoutError:

@@ -95,3 +95,40 @@ def test_mesh_survives_a_nats_restart_and_fails_the_request_caught_in_it(tmp_pat
     finally:
         mesh.stop()
         server.stop()
+
+
+def test_a_request_whose_connection_drops_fails_at_once_not_at_its_timeout(tmp_path):
+    """A responder that took the request and never answers, then NATS dies: the reply cannot come,
+    so the request fails with the connection's loss instead of waiting out its 600 s timeout."""
+    import asyncio
+
+    from shared.bus import Bus, BusError
+    from shared.messages.work import Ack, Cancel
+
+    server = NatsServer(tmp_path).start()
+
+    async def scenario() -> str:
+        taken = asyncio.Event()
+        responder = await Bus.connect(server.url, "silent-responder")
+        caller = await Bus.connect(server.url, "caller")
+
+        async def take(msg, d) -> None:
+            taken.set()  # and never respond
+
+        await responder.subscribe("t.silent", Cancel, take)
+        asking = asyncio.ensure_future(caller.request("t.silent", Cancel("r"), Ack, timeout=600))
+        await taken.wait()
+        server.kill()
+        try:
+            await asking
+        except BusError as exc:
+            return exc.reason
+        finally:
+            for bus in (caller, responder):
+                await bus.nc.close()
+        return "answered"
+
+    try:
+        assert "lost" in asyncio.run(scenario())
+    finally:
+        server.stop()
