@@ -109,6 +109,7 @@ class Losses:
 
     def __init__(self) -> None:
         self._now: asyncio.Future | None = None
+        self.on_reconnect: list[Callable[[], None]] = []  # told once the connection is back (messages may be lost)
 
     def current(self) -> asyncio.Future:
         if self._now is None or self._now.done():
@@ -155,6 +156,8 @@ class Bus:
                 log.warning("disconnected from NATS; reconnecting")
 
         async def on_reconnected() -> None:
+            for hook in losses.on_reconnect:
+                hook()
             log.info("reconnected to NATS at %s", nc.connected_url.netloc if nc.connected_url else "?")
 
         opts.setdefault("error_cb", on_error)

@@ -81,6 +81,7 @@ class SchedulerService(Service):
 
     async def start(self) -> None:
         from services.scheduler.api import build_app
+        self.bus.losses.on_reconnect.append(self._reconnected)
         await self.bus.subscribe(self.subjects.heartbeat, Announce, self._on_announce)
         await self.bus.subscribe(self.output_subject, Output, self._on_output)
         await self.bus.subscribe(self.subjects.reads_done, NodeReadDone, self._on_reads_done)
@@ -317,6 +318,26 @@ class SchedulerService(Service):
                 rec.fail(ErrorCode.ENGINE_FAILED, why)
                 self.spawn(self._cancel(rec.wire_id, why))
 
+    def _reconnected(self) -> None:
+        """Back on NATS after losing it: engine events sent meanwhile may be lost (a server that
+        died took them), so every placed request of this process resumes after what it has."""
+        for rec in list(self.inflight.values()):
+            if not rec.reply and rec.state in (ReqState.PREFILLING, ReqState.DECODING) and \
+                    not self.resume(rec, "the connection to NATS was lost"):
+                rec.fail(ErrorCode.ENGINE_FAILED, "the connection to NATS was lost")
+
+    def _stalled(self, now: float) -> None:
+        """Placed requests that heard nothing from their engines for `stall_timeout_s`: resumed."""
+        limit = self.cfg.stall_timeout_s
+        for rec in list(self.inflight.values()) if limit > 0 else ():
+            if rec.state in (ReqState.PREFILLING, ReqState.DECODING) and \
+                    now - max(rec.last_at, rec.assigned_at) > limit:
+                why = f"no event from its engines for {limit:g} s"
+                if rec.reply:
+                    rec.events.put_nowait(strand_event(rec, rec.de or rec.pe, why))
+                elif not self.resume(rec, why):
+                    rec.fail(ErrorCode.ENGINE_FAILED, why)
+
     async def _check_liveness(self) -> None:
         """Resume (or fail) the requests of engines that went silent; expire unassigned requests."""
         now = time.monotonic()
@@ -325,6 +346,7 @@ class SchedulerService(Service):
             log.warning("engine %s stopped heartbeating; resuming its requests elsewhere", engine)
             self.view.forget(engine)
         self._strand(dead, "stopped responding")
+        self._stalled(now)
         for rec in unassigned_past(list(self.inflight.values()), now, self.cfg.assign_timeout_s):
             self.dispatcher.remove(rec.req_id)
             rec.fail(ErrorCode.NO_ENGINE, "no engine available to serve the request")

@@ -19,6 +19,7 @@ class SchedulerConfig(CommonConfig):
     max_body_bytes: int = 4 << 20  # larger bodies get 413
     liveness_timeout_s: float = 3.0  # an engine silent this long is dropped; its requests fail
     assign_timeout_s: float = 120.0  # a request that no engine takes in this time fails (503)
+    stall_timeout_s: float = 120.0  # a placed request with no event from its engines this long is resumed (0 = never)
     max_resumes: int = 2  # times a request is resumed elsewhere after an engine/transfer failure
     pe_alpha_tokens: int = 50_000  # Algorithm 1 alpha: a "short" node read queue (~3 s of storage reads)
     pe_beta_tokens: int = 4_096  # Algorithm 1 beta: a prefill engine's token cap (~5 s of prefill on a CPU)
@@ -47,6 +48,7 @@ class SchedulerConfig(CommonConfig):
         require(self.pending_ttl_s > 0, "pending_ttl_s", self.pending_ttl_s, "must be > 0")
         require(self.hint_ttl_s >= 0, "hint_ttl_s", self.hint_ttl_s, "must be >= 0")
         require(self.liveness_timeout_s > 0, "liveness_timeout_s", self.liveness_timeout_s, "must be > 0")
+        require(self.stall_timeout_s >= 0, "stall_timeout_s", self.stall_timeout_s, "must be >= 0 (0 = never)")
 
     def __repr__(self) -> str:  # never print the API keys
         return f"SchedulerConfig(http={self.http_host}:{self.http_port}, model={self.model}, mode={self.mode}, " \

@@ -16,7 +16,7 @@ from typing import Callable
 import msgspec
 
 from services.scheduler.inflight import InFlight
-from shared.messages.codes import FinishReason
+from shared.messages.codes import ErrorCode, FinishReason
 from shared.messages.stream import Output, TokenEvent
 
 log = logging.getLogger("scheduler")
@@ -46,6 +46,12 @@ class Router:
         if ev.finish == FinishReason.ERROR and ev.retryable and self.resume(rec, ev, source):
             return
         ev = msgspec.structs.replace(ev, req_id=base, index=ev.index + rec.step0, source=source)
+        if ev.index > rec.next_index and not rec.finished:  # an event was lost on the way: the rest cannot follow
+            gap = TokenEvent(base, [], rec.next_index, finish=FinishReason.ERROR, source=source, retryable=True,
+                             code=ErrorCode.ENGINE_FAILED, error=f"tokens {rec.next_index}..{ev.index - 1} lost in transit")
+            if not self.resume(rec, gap, ""):
+                rec.fail(ErrorCode.ENGINE_FAILED, gap.error)
+            return
         out = rec.accept(ev)
         if out is not None:
             if out.index == rec.step0:  # this attempt's prefill is over: its reads are done, its PE is free

@@ -80,6 +80,7 @@ class FrontWorker(Service):
     async def start(self) -> None:
         from services.scheduler.api import build_app
         self._ask_hits = asker(self.bus, self.subjects)
+        self.bus.losses.on_reconnect.append(self._reconnected)
         await self.bus.subscribe(self.reply, Output, self._on_output)
         await self.bus.subscribe(self.subjects.front_info(self.core), FrontInfo, self._on_info)
         await self.bus.subscribe(work_subject(self.reply), Forward, self._on_work)
@@ -194,6 +195,12 @@ class FrontWorker(Service):
                 for rec in list(self.inflight.values()):
                     rec.fail(ErrorCode.ENGINE_FAILED, "the mesh stopped responding: the bus is unreachable")
 
+    def _reconnected(self) -> None:
+        """Back on NATS: events sent to this worker meanwhile may be lost; its requests resume after what they have."""
+        for rec in list(self.inflight.values()):
+            if rec.pe and not rec.finished and not self.resume(rec, "the connection to NATS was lost"):
+                rec.fail(ErrorCode.ENGINE_FAILED, "the connection to NATS was lost")
+
     def _keys(self, tokens: list[int]) -> list[bytes]:
         layout = self.info.layout
         return prompt_keys(layout, tokens) if layout is not None else []  # none yet: the core keys them
@@ -210,6 +217,7 @@ class FrontWorker(Service):
         rec = self.inflight.get(msg.work.req_id.partition("#")[0])
         if rec is None or rec.finished or msg.work.req_id != rec.wire_id:
             return  # answered meanwhile (its Done frees the engines at the core), or an old attempt's
+        rec.pe = rec.pe or msg.pe  # placed: a lost connection from now on resumes it
         work = msgspec.structs.replace(msg.work, prompt=rec.work_prompt, block_keys=rec.block_keys)
         await self.bus.publish(self.subjects.prefill_work(msg.pe), work, ctx=d.ctx)  # under the core's assign span
 

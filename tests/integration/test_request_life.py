@@ -1,8 +1,8 @@
 """A request's life ends everywhere when its client leaves or its decode engine dies.
 
 One tiny mesh, real processes. Its liveness timeout is long (60 s): a request that ends here
-ended because the mesh saw what happened (a client gone, an engine restarted), not because a
-heartbeat went missing. Each test waits for the condition it needs; the clients' read
+ended because the mesh saw what happened (a client gone, an engine restarted, no event for the
+stall timeout of 5 s), not because a heartbeat went missing. Each test waits for the condition it needs; the clients' read
 timeouts are hang guards only.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ LONG = {"prompt": "a long generation " * 20, "max_tokens": 3000, "temperature": 
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory):
     m = tiny_mesh(tmp_path_factory.mktemp("life"), kv_blocks=96,
-                  extra={"scheduler": {"liveness-timeout-s": "60"}})
+                  extra={"scheduler": {"liveness-timeout-s": "60", "stall-timeout-s": "5"}})
     m.start(timeout=120)
     yield m
     m.stop()
@@ -142,3 +142,40 @@ def test_a_decode_traffic_manager_killed_and_restarted_leaves_every_later_answer
     for _ in range(3):  # whichever path the prompt's hits take
         r = httpx.post(mesh.url + "/v1/completions", json=body, timeout=120)
         assert r.status_code == 200 and r.json()["choices"][0]["token_ids"] == want
+
+
+def test_a_frozen_decode_engine_is_left_at_the_stall_deadline_and_the_stream_resumes_exactly(mesh, reference):
+    """SIGSTOP of the decode engine mid-stream: its heartbeat stops, but the liveness timeout is a
+    minute; the request's stall deadline (5 s without an event) resumes it, on the same engine
+    once it runs again (SIGCONT when the resume shows), and every token arrives once."""
+    import signal
+
+    from shared.model.reference import generate
+
+    prompt = reference.tokenizer.encode("a frozen decode engine " * 6)
+    want = generate(reference, prompt, 300, ignore_eos=True)
+    de = mesh.find("decode")[0]
+    before = _sched(mesh).get("dualpath_scheduler_request_resumes_total", 0.0)
+    body = {"prompt": prompt, "max_tokens": 300, "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}, "return_token_ids": True}
+    events, frozen = [], False
+    try:
+        with httpx.stream("POST", mesh.url + "/v1/completions", json=body, timeout=120) as r:
+            for line in r.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                events.append(line[6:])
+                if len(events) == 3:
+                    de.popen.send_signal(signal.SIGSTOP)
+                    frozen = True
+                    wait_until(lambda: _sched(mesh).get("dualpath_scheduler_request_resumes_total", 0.0) > before,
+                               "the stalled request resumed", timeout=60)
+                    de.popen.send_signal(signal.SIGCONT)
+                    frozen = False
+    finally:
+        if frozen:
+            de.popen.send_signal(signal.SIGCONT)
+    chunks = [json.loads(e) for e in events if e != "[DONE]"]
+    assert events[-1] == "[DONE]" and not any("error" in c for c in chunks), chunks[-2:]
+    assert chunks[-1]["token_ids"] == want
+    _idle(mesh)

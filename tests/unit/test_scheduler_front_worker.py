@@ -234,3 +234,21 @@ def test_a_submit_with_the_stores_answer_is_queued_at_once_and_one_without_waits
         return queued
 
     assert asyncio.run(scenario()) == ["a", "looked up b"]
+
+
+def test_an_event_after_a_lost_one_resumes_the_request_instead_of_waiting_for_the_gap():
+    rec = InFlight("r", [1, 2, 3], Sampling(max_tokens=8))
+    resumes: list = []
+    r, _ = router(rec, resumes)
+    r.route(TokenEvent("r#0", [7], 0, source="p0"))
+    r.route(StepEvents([TokenEvent("r#0", [9], 2)], "d0"))  # index 1 never came
+    assert resumes == [(ErrorCode.ENGINE_FAILED, "")] and rec.tokens == [7]
+
+
+def test_a_gap_that_cannot_be_resumed_fails_the_request_on_the_wire():
+    rec = InFlight("r", [1, 2, 3], Sampling(max_tokens=8))
+    r = Router({"r": rec}, lambda rec, ev, source: False, lambda rec, source: None)
+    r.route(TokenEvent("r#0", [7], 0, source="p0"))
+    r.route(StepEvents([TokenEvent("r#0", [9], 2)], "d0"))
+    events = [rec.events.get_nowait() for _ in range(rec.events.qsize())]
+    assert events[-1].finish == FinishReason.ERROR and "lost in transit" in events[-1].error
