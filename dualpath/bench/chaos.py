@@ -12,12 +12,15 @@ import argparse
 import contextlib
 import http.client
 import json
+import shutil
 import signal
 import socket
 import sys
 import threading
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import httpx
 
@@ -25,7 +28,7 @@ KINDS = {  # kind -> the process-name prefix in the mesh
     "scheduler": "scheduler", "prefill": "prefill-", "decode": "decode-", "tm-p": "tm-p", "tm-d": "tm-d",
     "gateway-p": "gateway-p", "gateway-d": "gateway-d", "nats": "nats"}
 ACTIONS = ("kill", "freeze", "leave")
-PHASES = ("prefill", "decode")
+PHASES = ("prefill", "decode", "persist")  # at the request's start, after its first tokens, after its end
 GEN = 48
 PROMPT = "the fault and cancel matrix keeps every request's life short and clean " * 5
 
@@ -148,7 +151,7 @@ def _outcome(e: Ending, want: list[int]) -> str:
 
 
 def run_cell(mesh, ref: list[int], prompt: list[int], cell: Cell, liveness_s: float) -> Cell:
-    from dualpath.bench.soak import leaks
+    from dualpath.bench.soak import leaks, torn_blocks
 
     body = {"prompt": prompt, "max_tokens": GEN, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
     guard = 6 * liveness_s + 60  # a hang guard only: a cell that reaches it failed
@@ -160,6 +163,8 @@ def run_cell(mesh, ref: list[int], prompt: list[int], cell: Cell, liveness_s: fl
     deadline = time.monotonic() + guard
     while cell.phase == "decode" and len(s.stamps) < 3 and not s.ended and time.monotonic() < deadline:
         time.sleep(0.005)
+    while cell.phase == "persist" and not (s.ended and p.ended) and time.monotonic() < deadline:
+        time.sleep(0.005)  # both answered: the decode engine and TMs are persisting their blocks
     at, before = time.monotonic(), _acted(mesh.url)
     watcher = threading.Thread(target=_watch, args=(mesh.url, at, before, stop, cell), daemon=True)
     watcher.start()
@@ -174,7 +179,7 @@ def run_cell(mesh, ref: list[int], prompt: list[int], cell: Cell, liveness_s: fl
     cell.resume_s = after[0] - at if after else -1.0
     cell.stream, cell.plain = _outcome(s, ref), _outcome(p, ref)
     _wait_healthy(mesh, guard)
-    cell.leaks = leaks(mesh, timeout=3 * liveness_s + 10)
+    cell.leaks = leaks(mesh, timeout=3 * liveness_s + 10) + [f"torn block {b}" for b in torn_blocks(Path(mesh.spec.store))]
     cell.next_ok = _next_ok(mesh.url, body, ref)
     good = {"exact", "left"}
     cell.passed = (all(o in good or o.startswith(("error", "lost connection")) for o in (cell.stream, cell.plain))
@@ -215,18 +220,27 @@ def _next_ok(url: str, body: dict, ref: list[int]) -> bool:
 def cells(kinds: list[str], repeats: int, leave: bool = True) -> list[Cell]:
     out = [Cell(k, a, ph, r) for r in range(repeats) for k in kinds for a in ("kill", "freeze") for ph in PHASES]
     if leave:
-        out += [Cell("client", "leave", ph, r) for r in range(repeats) for ph in PHASES]
+        out += [Cell("client", "leave", ph, r) for r in range(repeats) for ph in PHASES[:2]]
     return out
 
 
-def run(kinds: list[str], repeats: int, log_dir: str = "", say=print) -> list[Cell]:
+def run(todo: list[Cell], log_dir: str = "", say=print) -> list[Cell]:
+    """Run `todo`'s cells in order on one mesh (a store of its own, removed after)."""
+    store = tempfile.mkdtemp(prefix="dualpath-chaos-store-")
+    try:
+        return _run(todo, log_dir, store, say)
+    finally:
+        shutil.rmtree(store, ignore_errors=True)
+
+
+def _run(todo: list[Cell], log_dir: str, store: str, say) -> list[Cell]:
     from dualpath.mesh import Mesh, MeshSpec
     from dualpath.supervisor import Supervisor
     from shared.model.loader import load_model
     from shared.model.reference import generate
 
     liveness = 2.0
-    spec = MeshSpec(model="tiny", port=0, kv_blocks=96, buffer_mb=16, threads=1, log_dir=log_dir,
+    spec = MeshSpec(model="tiny", port=0, kv_blocks=96, buffer_mb=16, threads=1, log_dir=log_dir, store=store,
                     extra={"scheduler": {"liveness-timeout-s": str(liveness)}}, env={"DUALPATH_HEARTBEAT_S": "0.2"})
     model = load_model("tiny", seed=0)
     prompt = model.tokenizer.encode(PROMPT)
@@ -239,7 +253,7 @@ def run(kinds: list[str], repeats: int, log_dir: str = "", say=print) -> list[Ce
         try:
             _next_ok(mesh.url, {"prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": True,
                                 "return_token_ids": True}, ref)  # warm, and the prompt's blocks stored
-            for cell in cells(kinds, repeats):
+            for cell in todo:
                 _wait_up(mesh, 120)
                 try:
                     done.append(run_cell(mesh, ref, prompt, cell, liveness))
@@ -273,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"chaos: unknown kind {bad[0]!r} (of {', '.join(KINDS)})" if bad else
               f"chaos: --repeats {args.repeats} must be >= 1", file=sys.stderr)
         return 2
-    done = run(kinds, args.repeats, args.log_dir)
+    done = run(cells(kinds, args.repeats), args.log_dir)
     failed = [c for c in done if not c.passed]
     print(f"{len(done) - len(failed)} passed, {len(failed)} failed")
     if args.json:
