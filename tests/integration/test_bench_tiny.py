@@ -36,6 +36,11 @@ def test_offline_bench_writes_json_report_and_plots(mesh, tmp_path, capsys):
         assert r["jct_s"] >= 0.8 * r["jct_lower_bound_s"]
         assert 0.4 < r["hit_ratio"] <= 1.0  # later turns load earlier turns' blocks (ids fed back)
         assert set(r["storage_read_bytes_per_node"]) == {"p0", "d1"}
+        tiers = r["tiers"]  # every turn's prompt tokens split by where their KV came from
+        assert tiers["turns_without_tiers"] == 0
+        assert sum(tiers[k] for k in ("computed", "engine", "buffer", "storage_pe", "storage_de")) == r["prompt_tokens"]
+        assert r["mode"] != "basic" or tiers["storage_de"] == 0
+        assert r["mode"] != "oracle" or tiers["storage_pe"] == tiers["storage_de"] == 0
         b = r["bound"]
         assert b["prefill_s"] > 0 and b["decode_s"] > 0 and b["cpu_s"] > 0 and b["serial_s"] > 0
         if r["mode"] != "oracle":
