@@ -8,7 +8,9 @@ line out, CheckFailed naming what was seen.
 """
 from __future__ import annotations
 
+import json
 import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -108,6 +110,7 @@ def check_killed_engine_restarts(stack: Stack, url: str, service: str = "prefill
     info = stack.inspect(cid)
     restarts = info["RestartCount"]
     started = info["State"]["StartedAt"]
+    flight = InFlight(url)
     t0 = time.monotonic()
     what = kill_engine(stack, cid, service, how)
 
@@ -129,9 +132,47 @@ def check_killed_engine_restarts(stack: Stack, url: str, service: str = "prefill
     r = _wait(lambda: _try_complete(url), "kill", "a completion after the restart", 180, 1.0)
     served_s = time.monotonic() - t0
     shm = stack.exec_in(cid, "sh", "-c", "ls /dev/shm").stdout.split()
+    ended = flight.ended(300)
     return (f"kill: {service} {cid[:12]}: {what}; restarted by its policy (RestartCount {restarts}->{after}), "
             f"healthy in {restarted_s:.0f}s, serving again at {served_s:.0f}s "
-            f"({r['usage']['completion_tokens']} tokens); the node's /dev/shm holds {len(shm)} segments: {shm}")
+            f"({r['usage']['completion_tokens']} tokens); the node's /dev/shm holds {len(shm)} segments: {shm}; "
+            f"the stream in flight at the kill: {ended}")
+
+
+class InFlight:
+    """A streamed completion under way when the kill comes (its first chunk is in): it must end
+    — every token, once, or an error event — never hang (`ended`: what it did, CheckFailed else)."""
+
+    N = 300
+
+    def __init__(self, url: str):
+        self.url, self.tokens, self.chunks, self.error, self.done = url, 0, 0, "", threading.Event()
+        self.first = threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+        _expect(self.first.wait(120), "kill", "a streamed completion's first chunk before the kill")
+
+    def _run(self) -> None:
+        body = {"prompt": "the stream in flight at the kill " * 8, "max_tokens": self.N, "temperature": 0,
+                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+        try:
+            with httpx.stream("POST", self.url + "/v1/completions", json=body, timeout=300) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: {"):
+                        chunk = json.loads(line[6:])
+                        self.error = chunk.get("error", {}).get("message", "") or self.error
+                        self.chunks += bool(chunk.get("choices"))
+                        self.tokens = chunk.get("usage", {}).get("completion_tokens", self.tokens)
+                        self.first.set()
+        except httpx.HTTPError as exc:
+            self.error = self.error or f"{type(exc).__name__}: {exc}"
+        finally:
+            self.first.set()
+            self.done.set()
+
+    def ended(self, timeout: float) -> str:
+        _expect(self.done.wait(timeout), "kill", f"the stream in flight ended ({self.chunks} chunks so far)")
+        _expect(self.tokens >= self.N or self.error, "kill", f"{self.tokens} of {self.N} tokens and no error")
+        return f"ended with an error event ({self.error})" if self.error else f"resumed, all {self.N} tokens"
 
 
 def _try_complete(url: str) -> dict | None:
