@@ -57,6 +57,20 @@ def _cut(ann: Announcements) -> tuple[dict[str, int], float]:
     return ann.free_blocks(), _decoded(ann)
 
 
+def _stream_with_fault(mesh, prompt: list[int], n: int, fault) -> list[str]:
+    """Every SSE payload of a greedy streamed completion of `n` tokens; `fault()` runs after the third."""
+    body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}, "return_token_ids": True}
+    events = []
+    with httpx.stream("POST", mesh.url + "/v1/completions", json=body, timeout=120) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+                if len(events) == 3:
+                    fault()
+    return events
+
+
 def test_a_streamed_client_that_leaves_is_cancelled_counted_and_not_running(mesh):
     before = _sched(mesh).get('dualpath_scheduler_requests_total{status="cancelled"}', 0.0)
     with Announcements(mesh) as ann:
@@ -104,17 +118,11 @@ def test_a_decode_engine_killed_mid_stream_and_restarted_resumes_the_stream_exac
     prompt = reference.tokenizer.encode("the restarted decode engine " * 6)
     want = generate(reference, prompt, 200, ignore_eos=True)
     de = mesh.find("decode")[0]
-    body = {"prompt": prompt, "max_tokens": 200, "temperature": 0, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}, "return_token_ids": True}
-    events = []
-    with httpx.stream("POST", mesh.url + "/v1/completions", json=body, timeout=120) as r:
-        for line in r.iter_lines():
-            if not line.startswith("data: "):
-                continue
-            events.append(line[6:])
-            if len(events) == 3:
-                mesh.kill(de)
-                mesh.restart(de, "restarted by the test")
+    def fault() -> None:
+        mesh.kill(de)
+        mesh.restart(de, "restarted by the test")
+
+    events = _stream_with_fault(mesh, prompt, 200, fault)
     chunks = [json.loads(e) for e in events if e != "[DONE]"]
     assert events[-1] == "[DONE]" and not any("error" in c for c in chunks), chunks[-2:]
     assert chunks[-1]["token_ids"] == want
@@ -156,22 +164,18 @@ def test_a_frozen_decode_engine_is_left_at_the_stall_deadline_and_the_stream_res
     want = generate(reference, prompt, 300, ignore_eos=True)
     de = mesh.find("decode")[0]
     before = _sched(mesh).get("dualpath_scheduler_request_resumes_total", 0.0)
-    body = {"prompt": prompt, "max_tokens": 300, "temperature": 0, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}, "return_token_ids": True}
-    events, frozen = [], False
+    frozen = []
+
+    def fault() -> None:
+        de.popen.send_signal(signal.SIGSTOP)
+        frozen.append(de)
+        wait_until(lambda: _sched(mesh).get("dualpath_scheduler_request_resumes_total", 0.0) > before,
+                   "the stalled request resumed", timeout=60)
+        de.popen.send_signal(signal.SIGCONT)
+        frozen.pop()
+
     try:
-        with httpx.stream("POST", mesh.url + "/v1/completions", json=body, timeout=120) as r:
-            for line in r.iter_lines():
-                if not line.startswith("data: "):
-                    continue
-                events.append(line[6:])
-                if len(events) == 3:
-                    de.popen.send_signal(signal.SIGSTOP)
-                    frozen = True
-                    wait_until(lambda: _sched(mesh).get("dualpath_scheduler_request_resumes_total", 0.0) > before,
-                               "the stalled request resumed", timeout=60)
-                    de.popen.send_signal(signal.SIGCONT)
-                    frozen = False
+        events = _stream_with_fault(mesh, prompt, 300, fault)
     finally:
         if frozen:
             de.popen.send_signal(signal.SIGCONT)
