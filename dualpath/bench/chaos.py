@@ -296,5 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # one benchmark at a time; its load and CPU said at the end
+    from shared.benchrun import alone
+
+    raise SystemExit(alone("dualpath.bench.chaos", lambda conditions: main()))

@@ -26,6 +26,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from shared.benchrun import BenchBusy, bench_run
 from shared.messages.codes import BENCH_MODES, LoadMode, mode_names, parse_modes
 
 if TYPE_CHECKING:
@@ -155,14 +156,16 @@ def run(args: argparse.Namespace) -> int:
 
         if why := probe():
             raise CliError(f"--netns: {why}")
-    if not args.up:
-        return _bench(args, args.url, modes)
     extra = {"scheduler": {"liveness-timeout-s": "5"}}
     if args.snic_gbit:
         extra["storage_gateway"] = {"snic-read-gbps": str(args.snic_gbit), "snic-write-gbps": str(args.snic_gbit)}
     for service, key, value in _settings(args.set):
         extra.setdefault(service, {})[key] = value
-    return _bench_up(args, modes, topo, extra)
+    try:
+        with bench_run("dualpath bench") as args.conditions:
+            return _bench_up(args, modes, topo, extra) if args.up else _bench(args, args.url, modes)
+    except BenchBusy as exc:
+        raise CliError(str(exc)) from None
 
 
 def _vllm_spec(args: argparse.Namespace) -> Spec:
@@ -323,6 +326,8 @@ def _bench(args: argparse.Namespace, url: str, modes: list[LoadMode], extra_pids
 
         add_predictions(doc, cap, mesh, _settings(args.set), args.snic_gbit, lengths)
     doc["summary"] = summary(doc["runs"])
+    if getattr(args, "conditions", None) is not None:
+        doc["conditions"] = args.conditions.measure().report()
     doc = report.clean(doc)
     if args.report:
         print(report.write_report(doc, args.report))

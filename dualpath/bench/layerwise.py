@@ -159,5 +159,7 @@ def _service_urls(mesh) -> list[str]:
     return asyncio.run(collect())
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # one benchmark at a time; its load and CPU said at the end
+    from shared.benchrun import alone
+
+    raise SystemExit(alone("dualpath.bench.layerwise", lambda conditions: main()))

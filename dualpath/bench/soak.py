@@ -260,5 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if res["lost"] == 0 and not res["leaks"] and not res["torn_blocks"] else 1
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # one benchmark at a time; its load and CPU said at the end
+    from shared.benchrun import alone
+
+    raise SystemExit(alone("dualpath.bench.soak", lambda conditions: main()))

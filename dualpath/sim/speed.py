@@ -50,5 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # one benchmark at a time; its load and CPU said at the end
+    from shared.benchrun import alone
+
+    raise SystemExit(alone("dualpath.sim.speed", lambda conditions: main()))

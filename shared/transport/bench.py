@@ -88,5 +88,7 @@ def main() -> None:
     print("\n".join(lines(fig)))
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # one benchmark at a time; its load and CPU said at the end
+    from shared.benchrun import alone
+
+    raise SystemExit(alone("shared.transport.bench", lambda conditions: main()))

@@ -1,0 +1,122 @@
+"""A benchmark's run conditions: one benchmark at a time on this machine, and the load it ran under.
+
+Owns the machine-wide lock every benchmark takes (`BenchBusy` names who holds it) and the
+report of load average at start and end and CPU seconds beside wall time, flagged when the
+machine was busy with more than its own work. Never measures the benchmark's own figures.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+
+def lock_path() -> Path:
+    """The machine-wide lock file (DUALPATH_BENCH_LOCK; the test suite points it at its own)."""
+    return Path(os.environ.get("DUALPATH_BENCH_LOCK", "/tmp/dualpath-bench.lock"))
+
+QUIET_LOAD = 1.5  # a figure taken at a load average above this is not a figure
+
+
+class BenchBusy(RuntimeError):
+    def __init__(self, holder: dict):
+        super().__init__(f"another benchmark holds {lock_path()}: pid {holder.get('pid')} "
+                         f"({holder.get('name', '?')}, since {holder.get('since', '?')}); run one at a time")
+        self.holder = holder
+
+
+@dataclass
+class Conditions:
+    name: str
+    load_start: list[float] = field(default_factory=list)
+    load_end: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+    cpu_s: float = 0.0  # this process and the children it reaped (a mesh it started included)
+    others_load: float = 0.0  # the 1-minute load average at the end beyond this run's own cores
+    flagged: str = ""  # why the figures are not figures ("": quiet)
+    _t0: float = field(default_factory=time.monotonic, repr=False)
+    _c0: float = field(default_factory=lambda: _cpu(), repr=False)
+
+    def measure(self) -> "Conditions":
+        """Fill the fields with the run so far (a report written before the run's end takes this)."""
+        self.wall_s, self.cpu_s, self.load_end = time.monotonic() - self._t0, _cpu() - self._c0, _load()
+        own = self.cpu_s / self.wall_s if self.wall_s > 0 else 0.0
+        self.others_load = round(max(0.0, (self.load_end[0] if self.load_end else 0.0) - own), 2)
+        self.flagged = judge(self)
+        return self
+
+    def line(self) -> str:
+        loads = f"load average {self.load_start[0]:.2f} -> {self.load_end[0]:.2f}" if self.load_end else "load n/a"
+        verdict = f"NOT QUIET: {self.flagged}" if self.flagged else "quiet"
+        return f"{self.name}: {loads}; CPU {self.cpu_s:.1f} s over {self.wall_s:.1f} s wall; {verdict}"
+
+    def report(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+
+
+def _load() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def _cpu() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def judge(c: Conditions) -> str:
+    """Why the run's figures do not count ("" when quiet): busy at its start, or others' load beyond 1.5."""
+    if c.load_start and c.load_start[0] > QUIET_LOAD:
+        return f"load average {c.load_start[0]:.2f} at the start (> {QUIET_LOAD})"
+    if c.others_load > QUIET_LOAD:
+        return f"load average beyond this run's own work reached {c.others_load:.2f} (> {QUIET_LOAD})"
+    return ""
+
+
+@contextmanager
+def bench_run(name: str, say=None) -> Iterator[Conditions]:
+    """Hold the machine-wide benchmark lock while the block runs (BenchBusy if another benchmark
+    holds it) and fill the `Conditions` it yields at the end; `say` gets its line."""
+    lock = lock_path()
+    lock.touch(exist_ok=True)
+    with open(lock, "r+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BenchBusy(_holder(f)) from None
+        f.seek(0)
+        f.truncate()
+        f.write(json.dumps({"pid": os.getpid(), "name": name, "since": time.strftime("%Y-%m-%d %H:%M:%S")}))
+        f.flush()
+        cond = Conditions(name, load_start=_load())
+        try:
+            yield cond
+        finally:
+            cond.measure()
+            (say or (lambda line: print(line, file=sys.stderr, flush=True)))(cond.line())
+
+
+def _holder(f) -> dict:
+    try:
+        f.seek(0)
+        return json.loads(f.read() or "{}")
+    except (OSError, ValueError):
+        return {}
+
+
+def alone(name: str, body):
+    """`body(conditions)` under the lock; a busy machine is a message naming the holder and exit code 2."""
+    try:
+        with bench_run(name) as cond:
+            return body(cond)
+    except BenchBusy as exc:
+        print(f"{name}: {exc}", file=sys.stderr, flush=True)
+        return 2
