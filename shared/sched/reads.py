@@ -41,6 +41,7 @@ class ReadQueues:
     pending: Counter[Id] = field(default_factory=Counter)  # node -> hit tokens assigned, not yet read
     held: dict[Id, dict[Id, int]] = field(default_factory=dict)  # req_id -> {node: tokens}
     touched: set[Id] = field(default_factory=set)  # nodes whose pending count moved since take_touched()
+    served: Counter[Id] = field(default_factory=Counter)  # node -> hit tokens ever given it (ties balance on it)
 
     def take_touched(self) -> set[Id]:
         out, self.touched = self.touched, set()
@@ -63,9 +64,10 @@ class ReadQueues:
         if force == "de":
             return PathDecision(0, hit_blocks, pq, dq, "read_path setting: DE path only")
         if mode == LoadMode.DUALPATH:
-            pe_side = choose_path(pq, dq) is ReadPath.PE
-            return PathDecision(hit_blocks if pe_side else 0, 0 if pe_side else hit_blocks, pq, dq,
-                                f"shorter read queue (PE {pq}, DE {dq} tokens)")
+            pe_side = choose_path(pq, dq, self.served[pe_node], self.served[de_node]) is ReadPath.PE
+            why = f"shorter read queue (PE {pq}, DE {dq} tokens)" if pq != dq else \
+                f"equal read queues: the node given fewer tokens (PE {self.served[pe_node]}, DE {self.served[de_node]})"
+            return PathDecision(hit_blocks if pe_side else 0, 0 if pe_side else hit_blocks, pq, dq, why)
         pe_b, de_b = split_read(hit_blocks, pq, dq, block_tokens=block_size)
         why = f"split so both read queues drain together (PE {pq} + {pe_b * block_size}, " \
               f"DE {dq} + {de_b * block_size} tokens)"
@@ -80,6 +82,7 @@ class ReadQueues:
             share[de_node] = share.get(de_node, 0) + d.de_blocks * block_size
         for node, tokens in share.items():
             self.pending[node] += tokens
+            self.served[node] += tokens
             self.touched.add(node)
         if share:
             self.held[req_id] = share

@@ -48,7 +48,8 @@ def test_dualpath_reads_every_hit_on_the_shorter_queues_path_where_split_would_s
     rq = ReadQueues()
     rq.pending.update({"nA": pe_queue, "nB": de_queue})
     d = rq.decide("dualpath", 10, "nA", "nB", BS)
-    assert (d.pe_blocks, d.de_blocks, d.path) == want and "shorter read queue" in d.reason
+    assert (d.pe_blocks, d.de_blocks, d.path) == want
+    assert ("shorter read queue" if pe_queue != de_queue else "equal read queues") in d.reason
     split = rq.decide("dualpath-split", 10, "nA", "nB", BS)
     assert split.pe_blocks and split.de_blocks  # the same queues, the other dualpath mode: both paths
 
@@ -145,3 +146,20 @@ def test_the_read_path_setting_is_checked():
 
     with pytest.raises(ConfigError, match="read_path"):
         SchedulerConfig(read_path="both").validate()
+
+
+def test_equal_queues_go_to_the_node_given_fewer_tokens_so_bytes_balance():
+    """Queues are often both empty: a tie that always chose the PE path sent every such read
+    through the prefill node's storage NIC. Ties alternate by tokens given, and the shorter
+    queue still wins wherever the queues differ."""
+    rq = ReadQueues()
+    paths = []
+    for i in range(6):  # each read done before the next comes: both queues empty every time
+        d = rq.decide("dualpath", 10, "nA", "nB", BS)
+        rq.hold(f"r{i}", d, "nA", "nB", BS)
+        rq.done(f"r{i}")
+        paths.append(d.path)
+    assert paths == ["pe", "de"] * 3 and rq.served == {"nA": 3 * 10 * BS, "nB": 3 * 10 * BS}
+    rq.pending["nB"] = 1  # a queue differs: the paper's rule, whatever was served
+    rq.served["nA"] += 10_000
+    assert rq.decide("dualpath", 10, "nA", "nB", BS).path == "pe"

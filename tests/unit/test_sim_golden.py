@@ -15,9 +15,9 @@ pytestmark = pytest.mark.unit
 
 SMALL = dict(agents=60, scale=0.25)  # DS-660B 2P4D, 64K trace, a quarter of the lengths
 PINNED = {
-    ("dualpath", "policy"): dict(jct_s=137.1456501074673, requests=7431, events=34203,
-                                 ttft_p50_s=0.06259574500943188, tpot_p50_s=0.021378373712268584,
-                                 attn_max_over_avg=3.3751845986487514, snic_max_over_avg=2.123107356893645),
+    ("dualpath", "policy"): dict(jct_s=137.07840200675818, requests=7431, events=34289,
+                                 ttft_p50_s=0.06283030226903463, tpot_p50_s=0.021378985248821356,
+                                 attn_max_over_avg=3.4073570148865975, snic_max_over_avg=2.0131295594544514),
     ("basic", "policy"): dict(jct_s=138.0956501074673, requests=7431, events=34630,
                               ttft_p50_s=0.06480784670799267, tpot_p50_s=0.02137780791447739,
                               attn_max_over_avg=3.4212007790027155, snic_max_over_avg=3.0330158756656598),

@@ -1,7 +1,8 @@
 """Read-path choice for a request's hit KV (docs/design.md#read-path-choice) and the split-read variant.
 
-`choose_path`: the path whose node has the shorter storage read queue (ties -> PE
-path: it has one hop fewer). `split_read`: divide a request's hit blocks between both
+`choose_path`: the path whose node has the shorter storage read queue; a tie (queues are
+often both empty) goes to the node that has been given fewer tokens to read, so bytes balance
+(an even tie: the PE path, one hop fewer). `split_read`: divide a request's hit blocks between both
 nodes so both queues, each drained at its node's read rate, finish together.
 
 Example: pe_q=1000, de_q=0 tokens, equal rates, 10 blocks of 64 tokens (640 tokens):
@@ -21,9 +22,12 @@ class ReadPath(IntEnum):
     DE = 1  # storage -> DE node DRAM -> (CNIC) -> PE HBM
 
 
-def choose_path(pe_read_q: int, de_read_q: int) -> ReadPath:
-    """Shorter node read queue wins; a tie reads on the PE path."""
-    return ReadPath.DE if de_read_q < pe_read_q else ReadPath.PE
+def choose_path(pe_read_q: int, de_read_q: int, pe_served: int = 0, de_served: int = 0) -> ReadPath:
+    """Shorter node read queue wins; a tie goes to the node given fewer tokens so far (`*_served`),
+    an even one to the PE path."""
+    if de_read_q != pe_read_q:
+        return ReadPath.DE if de_read_q < pe_read_q else ReadPath.PE
+    return ReadPath.DE if de_served < pe_served else ReadPath.PE
 
 
 def split_read(
