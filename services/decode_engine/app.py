@@ -7,7 +7,6 @@ Sequence for one request:
      per output subject (every request of that scheduler in the batch); a sequence leaves on
      stop / length / cancel / a failure of its background work, and frees its blocks.
 A failed load (the TM's error, a deadline, anything it raises) fails only that request.
-A request's phase is its `DeState` (states.py), moved by `DeLife` alone: the lists keep order only.
 """
 from __future__ import annotations
 
@@ -16,7 +15,6 @@ import logging
 import time
 
 import msgspec
-
 from opentelemetry import trace
 
 from services.decode_engine.config import DecodeEngineConfig
@@ -99,8 +97,8 @@ class DecodeEngineService(EngineService):
 
     def _admit_expired(self, req: DecodeRequest) -> None:
         if req.state is DeState.ADMITTED:
-            self.spawn(self._drop_waiting(req, f"no KV blocks free within {self.cfg.admit_wait_s:g} s"),
-                       name=f"admit-deadline-{req.req_id}")
+            self.spawn_while_serving(self._drop_waiting(req, f"no KV blocks free within {self.cfg.admit_wait_s:g} s"),
+                                     name=f"admit-deadline-{req.req_id}")
 
     async def _drop_waiting(self, req: DecodeRequest, error: str = "") -> None:
         """An ADMITTED request leaves the line (cancelled, or failed with `error`, retryable: its deadline
