@@ -103,8 +103,12 @@ class Transfers:
         return t
 
     def enter(self, rec, state: TransferState) -> None:
-        """A record of its own (`rec.kind`, `rec.state`: a staged entry) enters `state`."""
-        self.machines[rec.kind].enter(rec, state)
+        """A record of its own (`rec.kind`, `rec.state`: a staged entry) enters `state` (once: again is
+        a bug, logged and counted)."""
+        try:
+            self.machines[rec.kind].enter(rec, state)
+        except IllegalTransition as exc:
+            log.error("%s (entered again)", exc)
 
     def move(self, rec, dst: TransferState, why: str = "") -> bool:
         """`rec` to `dst`; an illegal move is a bug: logged and counted, never fatal."""
