@@ -7,7 +7,10 @@ Conventional suffixes: `*_seconds` histograms, `*_total` counters, plain gauges.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -35,8 +38,32 @@ class Metrics:
                   shared: bool = False) -> Histogram:
         return Histogram(self.full_name(name, shared), doc, labels, registry=self.registry, buckets=buckets)
 
+    def live_gauge(self, name: str, doc: str, labels: tuple[str, ...],
+                   read: Callable[[], Iterable[tuple[tuple[str, ...], float]]], *, counter: bool = False) -> None:
+        """A series read at scrape time from `read()` ((label values, value) pairs): counts kept
+        elsewhere (a state machine's) cost nothing per change and cannot disagree with it."""
+        self.registry.register(_Read(self.full_name(name), doc, labels, read, counter))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
     async def endpoint(self, request: Request) -> Response:
         return Response(self.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+class _Read:
+    def __init__(self, name: str, doc: str, labels: tuple[str, ...], read, counter: bool):
+        self.name, self.doc, self.labels, self.read, self.counter = name, doc, labels, read, counter
+
+    def describe(self):
+        return [self._family()]
+
+    def collect(self):
+        fam = self._family()
+        for values, v in self.read():
+            fam.add_metric(list(values), v)
+        return [fam]
+
+    def _family(self):
+        kind = CounterMetricFamily if self.counter else GaugeMetricFamily
+        return kind(self.name.removesuffix("_total") if self.counter else self.name, self.doc, labels=self.labels)

@@ -14,17 +14,20 @@ import asyncio
 import logging
 import time
 
+import msgspec
 from opentelemetry import trace
 
 from services.decode_engine.config import DecodeEngineConfig
 from services.decode_engine.persist import Persister
 from services.decode_engine.running import DecodeRequest, RunningSeq, admit_order, filled_block, finish_reason
+from services.decode_engine.states import TERMINAL, DeLife, DeState
 from shared.bus import BusError, Delivery, error_code
 from shared.engine.requests import RecentSet, stop_ids
 from shared.engine.service import EngineService
 from shared.messages.codes import ErrorCode, FinishReason
 from shared.messages.stream import StepEvents, TokenEvent, TokenLogprob
 from shared.messages.traffic_manager import LoadKV, PushDone, Release
+from shared.messages.registry import EngineAnnounce
 from shared.messages.work import Ack, Cancel, DecodeAdmit
 from shared.runtime import service_main
 
@@ -40,10 +43,11 @@ class DecodeEngineService(EngineService):
 
     def __init__(self, cfg: DecodeEngineConfig):
         super().__init__(cfg)
-        self.held: dict[str, DecodeRequest] = {}
-        self.waiting: list[DecodeRequest] = []  # admitted, KV in the buffer, no blocks yet
-        self.ready: list[RunningSeq] = []  # KV in KV memory, joining at the next step
-        self.running: list[RunningSeq] = []
+        self.held: dict[str, DecodeRequest] = {}  # the live requests (any state but a terminal one)
+        self.waiting: list[DecodeRequest] = []  # ADMITTED, in arrival order
+        self.ready: list[RunningSeq] = []  # RUNNING, joining the batch at the next step
+        self.running: list[RunningSeq] = []  # RUNNING or STOPPING, in the batch
+        self.life = DeLife(self.metrics)  # each request's state: the one writer of DecodeRequest.state
         self.tm_gone: asyncio.Future | None = None  # set when its TM restarts (made by the first load)
         self.cancelled = RecentSet()  # cancels that may arrive before their admission
         self.persister: Persister | None = None
@@ -79,10 +83,31 @@ class DecodeEngineService(EngineService):
         if why:
             await d.respond(Ack(False, f"prompt not saved: {why}", ErrorCode.CANCELLED))
             return
-        self.held[req.req_id] = req
-        self.waiting.append(req)
+        self._hold(req)
         await d.respond(Ack())
         self.wake.set()
+
+    def _hold(self, req: DecodeRequest) -> None:
+        """An acknowledged request: ADMITTED, in line for KV blocks until `admit_wait_s` at most."""
+        self.held[req.req_id] = req
+        self.life.enter(req, DeState.ADMITTED, "admitted")
+        self.waiting.append(req)
+        if self.cfg.admit_wait_s > 0:
+            req.timer = asyncio.get_running_loop().call_later(self.cfg.admit_wait_s, self._admit_expired, req)
+
+    def _admit_expired(self, req: DecodeRequest) -> None:
+        if req.state is DeState.ADMITTED:
+            self.spawn_while_serving(self._drop_waiting(req, f"no KV blocks free within {self.cfg.admit_wait_s:g} s"),
+                                     name=f"admit-deadline-{req.req_id}")
+
+    async def _drop_waiting(self, req: DecodeRequest, error: str = "") -> None:
+        """An ADMITTED request leaves the line (cancelled, or failed with `error`, retryable: its deadline
+        passed); its TM frees the buffer slots its KV sits in."""
+        self.waiting.remove(req)
+        self._release(req, DeState.FAILED if error else DeState.CANCELLED, error)  # before the awaits
+        await self.bus.publish(self.subjects.tm(self.engine, "release"), Release(req.req_id))
+        if error:
+            await self.publish_error(req, ErrorCode.NO_ENGINE, error, retryable=True)
 
     def _limit(self, req: DecodeRequest) -> int:
         """Context limit of the request: prompt + max_tokens, capped by the engine's."""
@@ -92,10 +117,14 @@ class DecodeEngineService(EngineService):
         room = self.cfg.max_running - len(self.running) - len(self.ready)
         need = lambda r: self.kv.blocks_for(self._limit(r))  # noqa: E731
         for req in admit_order(self.waiting, self.kv.alloc.free, need, room):
-            self.waiting.remove(req)
-            req.blocks = self.kv.alloc.allocate(req.req_id, need(req))
+            self._loading(req, self.kv.alloc.allocate(req.req_id, need(req)))
             self.spawn(self._load(req), name=f"load-{req.req_id}")
         self.note_free()
+
+    def _loading(self, req: DecodeRequest, blocks: list[int]) -> None:
+        self.waiting.remove(req)
+        req.blocks = blocks
+        self._move(req, DeState.LOADING)
 
     async def _load(self, req: DecodeRequest) -> None:
         """Buffer -> KV memory, then the request joins the batch; any failure fails it alone."""
@@ -117,7 +146,7 @@ class DecodeEngineService(EngineService):
                 return
         self.m_load.observe(time.perf_counter() - t0)
         if seq is None:
-            self._release(req)  # cancelled while loading
+            self._release(req)  # cancelled while loading: STOPPING, ending CANCELLED
             return
         self.ready.append(seq)
         self.wake.set()
@@ -144,7 +173,7 @@ class DecodeEngineService(EngineService):
 
     def _join(self, req: DecodeRequest, admit: DecodeAdmit) -> RunningSeq | None:
         """The running sequence of a loaded request (None: it was cancelled meanwhile)."""
-        if req.cancelled:
+        if req.state is not DeState.LOADING:
             return None
         seq = RunningSeq(req, pos=admit.prompt_len, last=req.generated[-1], max_pos=self._limit(req),
                          stops=stop_ids(req.sampling, self.loaded.config.eos_ids))
@@ -153,8 +182,9 @@ class DecodeEngineService(EngineService):
         else:
             seq.persist = False  # oracle: nothing is persisted
         req.admit = None
-        seq.span = tracer.start_span("decode", context=req.ctx, attributes={
+        seq.span = req.span = tracer.start_span("decode", context=req.ctx, attributes={
             "req_id": req.req_id, "engine": self.engine, "prompt_tokens": admit.prompt_len})
+        self._move(req, DeState.RUNNING)
         return seq
 
     async def tm_restarted(self) -> None:
@@ -168,18 +198,24 @@ class DecodeEngineService(EngineService):
         log.info("cancel %s (%s)%s", msg.req_id, msg.reason, "" if req else " - not held")
         if req is None:
             return
-        req.cancelled = True
-        if req in self.waiting:
-            self.waiting.remove(req)
-            await self.bus.publish(self.subjects.tm(self.engine, "release"), Release(req.req_id))
-            self._release(req)
+        if req.state is DeState.ADMITTED:
+            await self._drop_waiting(req)
+        elif req.state in (DeState.LOADING, DeState.RUNNING, DeState.STOPPING):
+            self._stop(req, DeState.CANCELLED, msg.reason or "cancelled")  # a cancel wins over a failure
         self.wake.set()
 
     def _background_failed(self, req: DecodeRequest, error: str) -> None:
         """Background work of a running request failed: the loop ends it with `error`."""
-        if self.held.get(req.req_id) is req and not req.failed:
+        if self.held.get(req.req_id) is req and req.state is DeState.RUNNING:
             req.failed = error
+            self._stop(req, DeState.FAILED, error)
             self.wake.set()
+
+    def _stop(self, req: DecodeRequest, ending: DeState, why: str) -> None:
+        """`req` leaves once the load or step under way is over, ending in `ending`."""
+        req.ending = ending
+        if req.state is not DeState.STOPPING:
+            self._move(req, DeState.STOPPING, why)
 
     # decode loop ----------------------------------------------------------------
     async def _loop(self) -> None:
@@ -187,9 +223,9 @@ class DecodeEngineService(EngineService):
             self._start_loads()
             self.running += self.ready
             self.ready = []
-            for seq in [s for s in self.running if s.req.cancelled or s.req.failed]:
+            for seq in [s for s in self.running if s.req.state is DeState.STOPPING]:
                 await self._leave(seq)
-            self.m_batch.set(len(self.running))
+            self.m_batch.set(self.life.counts[DeState.RUNNING])
             if not self.running:
                 self.wake.clear()
                 await self.wake.wait()
@@ -199,13 +235,14 @@ class DecodeEngineService(EngineService):
     async def _leave(self, seq: RunningSeq) -> None:
         """A cancelled or failed sequence leaves the batch (a failed one with its error event)."""
         self.running.remove(seq)
+        failed = seq.req.ending is DeState.FAILED
         if seq.span is not None:
             seq.span.set_attribute("finish_reason", FinishReason.ERROR if seq.req.failed else FinishReason.CANCELLED)
             seq.span.end()
-        if seq.req.failed and not seq.req.cancelled:
+        if failed:
             await self.fail(seq.req, ErrorCode.INTERNAL, seq.req.failed, retryable=True)  # only a bug sets it
         else:
-            self._release(seq.req)
+            self._release(seq.req, DeState.CANCELLED)
 
     async def _step(self) -> None:
         batch = list(self.running)
@@ -246,9 +283,10 @@ class DecodeEngineService(EngineService):
         if reason:
             if seq.span is not None:
                 seq.span.set_attributes({"completion_tokens": len(seq.req.generated), "finish_reason": reason})
-                seq.span.end()
             self.running.remove(seq)
-            self._release(seq.req)
+            self._release(seq.req, DeState.DONE, reason)
+            if seq.span is not None:
+                seq.span.end()
         return TokenEvent(seq.req.req_id, [tok], index, finish=reason, logprobs=[lp] if lp is not None else [])
 
     def _forward(self, batch: list[RunningSeq]) -> tuple[list[int], list[TokenLogprob | None]]:
@@ -274,17 +312,37 @@ class DecodeEngineService(EngineService):
         try:
             await self.publish_error(req, code, error, retryable)
         finally:
-            self._release(req)
+            self._release(req, DeState.FAILED, error)
 
-    def _release(self, req: DecodeRequest) -> None:
+    def _release(self, req: DecodeRequest, ending: DeState | None = None, why: str = "") -> None:
+        """`req` ends in `ending` (None: the one it was stopping or persisting for): its blocks are freed,
+        or once its saves are copied out of them (PERSISTING meanwhile)."""
+        if req.state in TERMINAL:
+            return  # released before; its id (and its blocks' owner name) may belong to a newer record
+        ending = ending or req.ending or DeState.DONE
         if self.persister and self.persister.busy(req.req_id):
+            if req.state is not DeState.PERSISTING:
+                req.ending = ending
+                self._move(req, DeState.PERSISTING, why)
             self.persister.release_later(req)  # its blocks are still being copied out
             return
+        self._move(req, ending, why)
         holder = self.held.get(req.req_id)
         if holder is not None and holder is not req:
-            return  # released before; its id (and its blocks' owner name) belongs to a newer record
+            return  # its id (and its blocks' owner name) belongs to a newer record
         self.held.pop(req.req_id, None)
         self.free_blocks(req)
+
+    def _move(self, req: DecodeRequest, dst: DeState, why: str = "") -> None:
+        if req.state is DeState.ADMITTED and req.timer is not None:
+            req.timer.cancel()  # it leaves the line: its admission deadline with it
+            req.timer = None
+        self.life.try_move(req, dst, why)
+
+    def announce(self) -> EngineAnnounce:
+        """The engine's announcement: `seq` and `tok` read from the live requests' states."""
+        live = [r for r in self.held.values() if r.state not in TERMINAL]
+        return msgspec.structs.replace(super().announce(), seq=self.life.held(), tok=sum(r.tokens for r in live))
 
 
 def main(argv: list[str] | None = None) -> int:

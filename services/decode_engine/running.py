@@ -1,8 +1,8 @@
 """The running batch of a decode engine: sequences, their positions, and when they finish.
 
 Pure: no torch, no I/O. Progress is a counter (`pos`: tokens whose KV is in the
-cache), not a phase flag. A sequence joins after its prompt KV is in KV memory and
-leaves when it stops, hits its length, or is cancelled -- every step.
+cache), not a phase flag; a request's phase is its `state` (states.py). A sequence joins
+after its prompt KV is in KV memory and leaves when it stops, hits its length, or is cancelled.
 """
 from __future__ import annotations
 
@@ -19,7 +19,11 @@ class DecodeRequest(EngineRequest):
     """One record per request a decode engine holds."""
 
     admit: DecodeAdmit | None = None  # the hand-off (buffer slots, prompt keys); None once loaded
-    failed: str = ""  # set when background work for it failed: the loop ends it with this error
+    failed: str = ""  # why its background work failed (the error it ends with, unless cancelled)
+    state: Any = None  # its `states.DeState` (written by `DeLife` alone)
+    ending: Any = None  # the terminal state a STOPPING or PERSISTING request ends in
+    span: Any = None  # its decode span once running (a move's trace event goes there)
+    timer: Any = None  # its admission deadline (asyncio.TimerHandle) while it waits for KV blocks
 
 
 @dataclass

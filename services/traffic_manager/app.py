@@ -33,6 +33,8 @@ from services.traffic_manager.read_queues import ReadQueues
 from services.traffic_manager.secret import mesh_secret
 from services.traffic_manager.slot_grants import GrantsGiven, GrantsHeld
 from services.traffic_manager.store_path import StorePath
+from services.traffic_manager.transfers import Kind, Transfers
+from services.traffic_manager.transfers import TransferState as T
 from shared.bus import BusError, Delivery
 from shared.kv.allocator import OutOfSlots
 from shared.kv.staged_table import StagedTable
@@ -81,6 +83,8 @@ class TrafficManagerService(Service):
         self.reads = Registry(ReadTrack)  # storage reads in layer groups, as their gateways report them
         self.layers = Registry(LayerState)  # layers computed by the engine and pushed on, per request
         self.prefetch: PrefetchPath | None = None
+        self.xfers = Transfers()  # every transfer's state, by kind (transfers.py)
+        self.xfers.expose(m)
 
     async def start(self) -> None:
         from shared.transport.registry import create_endpoint
@@ -96,7 +100,7 @@ class TrafficManagerService(Service):
         parts = TMParts(cfg, self.bus, self.subjects, self.metrics, self.pool, self.endpoint, self.peer, self.queues,
                         self.m_bytes, self.spawn, self.given, self.held, self.reads, self.layers,
                         claim_local=lambda o, k: self.prefetch.claim(o, k),
-                        drop_local=lambda o, why: self.prefetch.drop(o, why))
+                        drop_local=lambda o, why: self.prefetch.drop(o, why), xfers=self.xfers)
         self.fetch_path, self.store_path, self.push_path = FetchPath(parts), StorePath(parts), PushPath(parts, self.m_xfer)
         self.prefetch = PrefetchPath(parts, cfg.prefetch_chunk_blocks, cfg.prefetch_share, StagedTable.create())
         self.pool.reclaim = self.prefetch.reclaim
@@ -228,12 +232,14 @@ class TrafficManagerService(Service):
                    on_error=lambda exc: d.respond(Reserved(ok=False, error=_why(exc), code=ErrorCode.INTERNAL)))
 
     async def _reserve(self, msg: Reserve, d: Delivery) -> None:
-        with tracer.start_as_current_span("kv_reserve", context=d.ctx,
-                                          attributes={"req_id": msg.req_id, "blocks": msg.n_blocks}):
+        with tracer.start_as_current_span("kv_reserve", context=d.ctx, attributes={
+                "req_id": msg.req_id, "blocks": msg.n_blocks}), \
+                self.xfers.begin(Kind.RESERVE, msg.req_id, T.RESERVING) as t:
             adopted = self.prefetch.adopt(msg.adopt, msg.adopt_keys, msg.req_id) if msg.adopt else []
             try:
                 slots = await self.pool.allocate_wait(msg.req_id, msg.n_blocks - len(adopted))
             except OutOfSlots as exc:
+                t.error = exc
                 self.pool.free(msg.req_id)
                 await d.respond(Reserved(ok=False, error=f"DE buffer full: {exc}", code=ErrorCode.BUFFER_FULL))
                 return
@@ -254,11 +260,13 @@ class TrafficManagerService(Service):
         nbytes = bn * len(msg.slots)
         t0 = time.perf_counter()
         with tracer.start_as_current_span("kv_h2d", context=d.ctx, attributes={
-                "req_id": msg.req_id, "blocks": len(msg.slots), "bytes": nbytes}) as span:
+                "req_id": msg.req_id, "blocks": len(msg.slots), "bytes": nbytes}) as span, \
+                self.xfers.begin(Kind.LOAD, msg.req_id, T.COPYING) as t:
             ops = [Op("buf", slot, "kv", b * bn, bn) for slot, b in zip(msg.slots, msg.dst_blocks)]
             try:
                 await self.endpoint.copy_local(ops, TrafficClass.LATENCY, timeout=self.cfg.transfer_timeout_s)
             except Exception as exc:  # noqa: BLE001
+                t.error = exc
                 span.record_exception(exc)
                 await d.respond(PushDone(ok=False, error=str(exc), code=ErrorCode.KV_TRANSFER))
                 return
@@ -271,6 +279,7 @@ class TrafficManagerService(Service):
         await d.respond(PushDone(nbytes=nbytes, seconds=dt))
 
     async def _on_release(self, msg, d: Delivery) -> None:
+        self.xfers.release(msg.req_id)  # its transfers that fail from now on were released
         used = isinstance(msg, Release) and msg.used and self.prefetch and self.prefetch.used(msg)
         if not (used or self.prefetch and self.prefetch.drop(msg.req_id, "released")):
             self.pool.cancel(msg.req_id)  # also ends the grant of its slots (pool.on_free)

@@ -38,6 +38,8 @@ from opentelemetry import trace
 from services.traffic_manager import staged
 from services.traffic_manager.parts import TMParts
 from services.traffic_manager.progress import ReadTrack
+from services.traffic_manager.transfers import Kind, Transfer
+from services.traffic_manager.transfers import TransferState as T
 from shared.bus import BusError, Delivery, error_code
 from shared.kv.allocator import OutOfSlots
 from shared.kv.window import HitWindow, layer_blocks
@@ -65,6 +67,24 @@ class Progress:
 
     read: bool = False  # the storage read reported (ReadFinished sent)
     layers: int = 0  # layers 0..layers-1 are in KV memory
+    xfer: Transfer | None = None  # the fetch's transfer (its state: transfers.py)
+
+
+@dataclass
+class Reads:
+    """Where a fetch's hits come from, once its slots are held and its reads under way (`_start`):
+    keys[:c] prefetched (claimed `held` under `held_grant`, or the first `adopted` DE-buffer slots),
+    keys[c:k] read on the PE path into `offsets`, keys[k:n] on the DE path into `de_slots`."""
+
+    n: int
+    k: int
+    c: int
+    adopted: int
+    held: list[int]
+    held_grant: Grant | None
+    de_slots: list[int]
+    grant: Grant | None  # the DE's grant of the prompt's slots: for the DE-path pull and, later, the push
+    offsets: list[int]
 
 
 class FetchPath:
@@ -81,10 +101,12 @@ class FetchPath:
         local: list[asyncio.Task] = []  # the PE-path read, once started: its slots are freed after it
         with tracer.start_as_current_span("kv_fetch", context=d.ctx, attributes={
                 "req_id": msg.req_id, "blocks": n, "pe_path_blocks": k, "de_path_blocks": n - k,
-                "pe_node": msg.node, "de_node": msg.de_node}) as span:
+                "pe_node": msg.node, "de_node": msg.de_node}) as span, \
+                self.p.xfers.begin(Kind.FETCH, msg.req_id, T.RESERVING) as prog.xfer:
             try:
                 await self._run(msg, k, owner, prog, span, tracks, local)
             except Exception as exc:  # noqa: BLE001 - answered on the wire; a bug goes on to the supervisor
+                prog.xfer.error = exc  # it ends once its slots are let go
                 span.record_exception(exc)
                 await self.failed(msg, prog, exc)
                 if not isinstance(exc, EXPECTED):
@@ -108,9 +130,51 @@ class FetchPath:
 
     async def _run(self, msg: FetchKV, k: int, owner: str, prog: Progress, span, tracks,
                    local: list[asyncio.Task]) -> None:
-        p, n = self.p, len(msg.keys)
+        p = self.p
         t0 = time.perf_counter()
         pe, de = tracks["pe"], tracks["de"]
+        r = await self._start(msg, k, owner, pe, de, local)
+        p.xfers.move(prog.xfer, T.READING)
+        c, k, bn = r.c, r.k, p.pool.block_nbytes
+        timeout = max(p.queues.deadline(msg.node, (k - c) * bn), p.queues.deadline(msg.de_node, (r.n - k) * bn))
+        await pe.until(lambda: pe.opened is not None, timeout, "PE-path read opened")
+        await de.until(lambda: de.opened is not None, timeout, "DE-path read opened")
+        pe_ok, de_ok = pe.opened, de.opened
+        hits = c + pe_ok if pe_ok < k - c else k + de_ok
+        de_hits = list(range(r.adopted)) + list(range(k, hits))
+        span.set_attributes({"blocks_ok": hits, "pe_ok": pe_ok, "de_ok": de_ok, "prefetched_blocks": c,
+                             "read_at_arrival_blocks": hits - c, "error": pe.final_error or de.final_error})
+        if hits and hits == c and msg.window is None:  # every hit prefetched: all layers in one go
+            p.xfers.move(prog.xfer, T.COPYING)
+            src = staged.Held(r.held, r.held_grant, r.de_slots[:r.adopted], r.grant)
+            await staged.copy_all(p, msg, src, prog, self.m_wait, r.de_slots, de_hits)
+            return
+        # a short read's error only means fewer hits: the rest of the prompt is computed; slots no read
+        # fills (an adopt found its prefetch gone) are told too: the push uses them, never reserves twice
+        await p.bus.publish(p.loaded_subject, ReadFinished(
+            msg.req_id, hits, de_slots=r.de_slots if de_hits or k >= r.n else [], de_hits=de_hits,
+            eta_s=round(max(pe.eta_s, de.eta_s), 4), staged=c, de_read=hits - min(k, hits)))
+        prog.read = True
+        if hits:
+            p.xfers.move(prog.xfer, T.COPYING)
+            pe_used, de_used = min(pe_ok, hits - c), max(hits - k, 0)
+            local = [(off, c + j) for j, off in enumerate(r.offsets[:pe_used])]
+            remote = [(msg.de_engine, [(r.de_slots[i], i) for i in de_hits], r.grant)] if de_hits else []
+            pairs = [(off, i) for i, off in enumerate(r.held)]
+            if msg.staged_engine == p.cfg.engine:
+                local = pairs + local
+            elif pairs:  # one-sided reads from the holder, under the grant its claim gave
+                remote.append((msg.staged_engine, pairs, r.held_grant))
+            await self._layers(msg, local, remote, prog, ((pe, pe_used), (de, de_used)), timeout)
+            p.m_bytes.labels("de_path_pull").inc(len(de_hits) * bn)
+            p.m_bytes.labels("prefetch_used").inc(c * bn)
+        self.m_wait.labels("read").observe(time.perf_counter() - t0)
+
+    async def _start(self, msg: FetchKV, k: int, owner: str, pe: ReadTrack, de: ReadTrack,
+                     local: list[asyncio.Task]) -> Reads:
+        """Hold the slots every read lands in and set the reads going: the prefetched hits claimed (or
+        adopted in the DE's buffer), the prompt's DE-buffer slots reserved, then the PE buffer's."""
+        p, n = self.p, len(msg.keys)
         # prefetched: keys[:c] already sit in a buffer (the DE's: adopted into the prompt's slots there)
         res = await self._reserve_remote(msg, adopt=True) if staged.adopts(p, msg) else None
         res = res if res is not None and res.ok else None
@@ -126,7 +190,6 @@ class FetchPath:
                 n, res = k, None
                 await self._reads_done(msg.req_id, msg.de_node)
         de_slots = res.slots if res is not None else []
-        # the DE's grant of the prompt's slots: for the DE-path pull and, later, the push
         grant = p.held.keep(msg.req_id, msg.de_engine, res.grant) if res is not None else None
         offsets: list[int] = []
         if k > c:
@@ -137,38 +200,7 @@ class FetchPath:
             p.spawn(self._stage_remote(msg, k, de_slots, de), name=f"stage-{msg.req_id}")
         else:
             de.finish(0, de.final_error)
-        bn = p.pool.block_nbytes
-        timeout = max(p.queues.deadline(msg.node, (k - c) * bn), p.queues.deadline(msg.de_node, (n - k) * bn))
-        await pe.until(lambda: pe.opened is not None, timeout, "PE-path read opened")
-        await de.until(lambda: de.opened is not None, timeout, "DE-path read opened")
-        pe_ok, de_ok = pe.opened, de.opened
-        hits = c + pe_ok if pe_ok < k - c else k + de_ok
-        de_hits = list(range(adopted)) + list(range(k, hits))
-        span.set_attributes({"blocks_ok": hits, "pe_ok": pe_ok, "de_ok": de_ok, "prefetched_blocks": c,
-                             "read_at_arrival_blocks": hits - c, "error": pe.final_error or de.final_error})
-        if hits and hits == c and msg.window is None:  # every hit prefetched: all layers in one go
-            src = staged.Held(held, held_grant, de_slots[:adopted], grant)
-            await staged.copy_all(p, msg, src, prog, self.m_wait, de_slots, de_hits)
-            return
-        # a short read's error only means fewer hits: the rest of the prompt is computed; slots no read
-        # fills (an adopt found its prefetch gone) are told too: the push uses them, never reserves twice
-        await p.bus.publish(p.loaded_subject, ReadFinished(
-            msg.req_id, hits, de_slots=de_slots if de_hits or k >= n else [], de_hits=de_hits,
-            eta_s=round(max(pe.eta_s, de.eta_s), 4), staged=c, de_read=hits - min(k, hits)))
-        prog.read = True
-        if hits:
-            pe_used, de_used = min(pe_ok, hits - c), max(hits - k, 0)
-            local = [(off, c + j) for j, off in enumerate(offsets[:pe_used])]
-            remote = [(msg.de_engine, [(de_slots[i], i) for i in de_hits], grant)] if de_hits else []
-            pairs = [(off, i) for i, off in enumerate(held)]
-            if msg.staged_engine == p.cfg.engine:
-                local = pairs + local
-            elif pairs:  # one-sided reads from the holder, under the grant its claim gave
-                remote.append((msg.staged_engine, pairs, held_grant))
-            await self._layers(msg, local, remote, prog, ((pe, pe_used), (de, de_used)), timeout)
-            p.m_bytes.labels("de_path_pull").inc(len(de_hits) * bn)
-            p.m_bytes.labels("prefetch_used").inc(c * bn)
-        self.m_wait.labels("read").observe(time.perf_counter() - t0)
+        return Reads(n, k, c, adopted, held, held_grant, de_slots, grant, offsets)
 
     async def _announce_queue(self, msg: FetchKV, c: int, k: int) -> None:
         """Tell the engine when its read waits behind a storage queue long enough to matter for

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import Counter
@@ -21,6 +21,7 @@ from services.traffic_manager.pool import BufferPool
 from services.traffic_manager.progress import Registry
 from services.traffic_manager.read_queues import ReadQueues
 from services.traffic_manager.slot_grants import GrantsGiven, GrantsHeld
+from services.traffic_manager.transfers import Transfers
 from shared.bus import Bus
 from shared.messages.subjects import Subjects
 from shared.metrics import Metrics
@@ -47,6 +48,7 @@ class TMParts:
     layers: Registry  # req_id -> LayerState: layers computed by the engine and pushed on
     claim_local: Callable[[str, list[bytes]], list[int]] = lambda owner, keys: []  # prefetched slots here
     drop_local: Callable[[str, str], bool] = lambda owner, why: False  # ... released (prefetch.py)
+    xfers: Transfers = field(default_factory=Transfers)  # every transfer's state (transfers.py)
 
     @property
     def group_layers(self) -> int:

@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass, field
 
 from services.traffic_manager.parts import NOT_ATTACHED, TMParts
+from services.traffic_manager.transfers import Kind
+from services.traffic_manager.transfers import TransferState as T
 from shared.bus import BusError, Delivery
 from shared.messages.storage_gateway import ReadBlocks, ReadDone
 from shared.kv.staged_table import StagedTable
@@ -37,6 +39,8 @@ log = logging.getLogger("traffic_manager.prefetch")
 SWEEP_S = 0.25  # how often expired entries are looked for (while there are any: no wake-ups otherwise)
 CHUNK_S = 0.01  # a bulk read holds a rate-capped storage NIC this long at most
 CLAIM_LEASE_TIMEOUTS = 10  # a claim outlives its claimer's silence by this many transfer deadlines
+DROPPED = {"used": T.DONE, "miss": T.FAILED, "released": T.RELEASED, "pressure": T.RELEASED, "ttl": T.EXPIRED,
+           "lease": T.EXPIRED}  # why an entry was dropped -> the state its transfer ends in (else FAILED)
 
 
 @dataclass
@@ -48,6 +52,15 @@ class Entry:
     claimed_until: float = 0.0  # > 0: a fetch copies from it (pinned until released, or this lease ends)
     record: int = -1  # its stamp's record in the stamp table (-1: not published)
     pending: bool = False  # a turn's saved blocks kept for the next turn (pending.py), not a prefetch
+    state: T | None = None  # its transfer state (written by `Transfers` alone)
+
+    @property
+    def kind(self) -> Kind:
+        return Kind.KEPT if self.pending else Kind.PREFETCH
+
+    @property
+    def req_id(self) -> str:
+        return self.owner
 
 
 class PrefetchPath:
@@ -104,6 +117,8 @@ class PrefetchPath:
         staged = len(e.keys) if self.entries.get(msg.owner) is e else 0
         if staged == 0:
             self.drop(msg.owner, "miss")
+        elif e.state is T.READING:
+            self.p.xfers.move(e, T.STAGED)
         self.m_blocks.labels("staged").inc(staged)
         p.m_bytes.labels("prefetch_stage").inc(staged * bn)
         await d.respond(Prefetched(staged, error, slots=self._publish(e) if staged else None))
@@ -152,6 +167,7 @@ class PrefetchPath:
         while n < min(len(keys), len(e.keys)) and keys[n] == e.keys[n]:
             n += 1
         e.claimed_until = time.monotonic() + CLAIM_LEASE_TIMEOUTS * self.p.cfg.transfer_timeout_s
+        self.p.xfers.move(e, T.CLAIMED)
         self.m_blocks.labels("claimed").inc(n)
         return e.slots[:n]
 
@@ -187,6 +203,7 @@ class PrefetchPath:
         e = self.entries.pop(owner, None)
         if e is None:
             return False
+        self.p.xfers.end(e, DROPPED.get(why, T.FAILED), why)
         self._revoke(e)  # before the slots are free: a copy under way sees it gone once it ends
         if why not in ("used", "miss"):
             self.m_blocks.labels(f"dropped_{why}").inc(len(e.keys))
@@ -209,13 +226,19 @@ class PrefetchPath:
         """The buffer was cut into new slots (the engine restarted): what was staged is gone."""
         if self.table is not None:
             self.table.clear()
+        for e in self.entries.values():
+            self.p.xfers.end(e, T.FAILED, "the buffer was cut anew")
         self.entries.clear()
         self._note()
 
     def put(self, e: Entry) -> Entry:
         """Hold `e` (a prefetch, or a kept turn: pending.py); the sweep, asleep while nothing was
         held, starts again so that `e` runs out too."""
+        old = self.entries.get(e.owner)
+        if old is not None and old is not e:
+            self.p.xfers.end(old, T.FAILED, "replaced")
         self.entries[e.owner] = e
+        self.p.xfers.enter(e, T.STAGED if e.pending else T.READING)
         self.added.set()
         return e
 

@@ -24,6 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 
+class Stalled(LookupError):
+    """A wait saw no progress within its deadline (a LookupError: callers that catch one catch this)."""
+
+
 class Waitable:
     def __init__(self) -> None:
         self.changed = asyncio.Event()
@@ -40,15 +44,15 @@ class Waitable:
         self.changed.set()
 
     async def until(self, ready: Callable[[], bool], timeout: float, what: str) -> None:
-        """Wait until `ready()`; raises LookupError(what) once nothing moved for `timeout` (from the
-        wait's start or the last `note`, whichever is later), RuntimeError when failed."""
+        """Wait until `ready()`; raises Stalled(what) (a LookupError) once nothing moved for `timeout`
+        (from the wait's start or the last `note`, whichever is later), RuntimeError when failed."""
         start = time.monotonic()
         while not ready():
             if self.error:
                 raise RuntimeError(self.error)
             left = max(start, self.moved) + timeout - time.monotonic()
             if left <= 0:
-                raise LookupError(f"{what} not within {timeout:g} s of the last progress")
+                raise Stalled(f"{what} not within {timeout:g} s of the last progress")
             self.changed.clear()
             try:
                 await asyncio.wait_for(self.changed.wait(), left)

@@ -21,6 +21,8 @@ from opentelemetry import trace
 
 from services.traffic_manager.parts import TMParts
 from services.traffic_manager.progress import LayerState
+from services.traffic_manager.transfers import Kind
+from services.traffic_manager.transfers import TransferState as T
 from shared.bus import BusError, Delivery, error_code
 from shared.kv.window import HitWindow
 from shared.messages.codes import ErrorCode
@@ -46,11 +48,13 @@ class PushPath:
         t0 = time.perf_counter()
         with tracer.start_as_current_span("kv_transfer", context=d.ctx, attributes={
                 "req_id": msg.req_id, "dst_engine": msg.dst_engine, "blocks": len(msg.src_blocks),
-                "transport": p.cfg.transport, "layerwise": msg.layerwise}) as span:
+                "transport": p.cfg.transport, "layerwise": msg.layerwise}) as span, \
+                p.xfers.begin(Kind.PUSH, msg.req_id, T.COPYING if msg.dst_slots else T.RESERVING) as t:
             try:
                 if not pool.ready:
                     raise BusError("push", NOT_ATTACHED, ErrorCode.NOT_READY)
                 slots, grant, adopted = self._held(msg) if msg.dst_slots else await self._reserve(msg)
+                p.xfers.move(t, T.COPYING)
                 skip = set(msg.skip) | set(range(adopted))  # blocks whose stored KV is already in the DE buffer
                 send = [(i, slot) for i, slot in enumerate(slots[:len(msg.src_blocks)]) if i not in skip]
                 span.set_attributes({"blocks_sent": len(send), "blocks_skipped": len(skip), "blocks_adopted": adopted})
@@ -62,6 +66,7 @@ class PushPath:
                     ops = [Op("kv", msg.src_blocks[i] * bn, "buf", slot, bn) for i, slot in send]
                     await peer.write(ops, TrafficClass.LATENCY, timeout=p.cfg.transfer_timeout_s, grant=grant)
             except Exception as exc:  # noqa: BLE001 - BusError, transport errors, a failed state: the push ends
+                t.error = exc
                 span.record_exception(exc)
                 if state is not None:  # a fetch waiting to reuse a window's slots learns it now
                     state.fail(f"push failed: {exc}")

@@ -14,11 +14,14 @@ A request's slots are never freed while a gateway read or write still targets th
 from __future__ import annotations
 
 import logging
+import time
 
 from opentelemetry import trace
 
 from services.traffic_manager.parts import TMParts
 from services.traffic_manager.saves import SaveLine
+from services.traffic_manager.transfers import Kind, Transfer
+from services.traffic_manager.transfers import TransferState as T
 from shared.bus import BusError, Delivery
 from shared.kv.allocator import OutOfSlots
 from shared.messages.storage_gateway import ReadBlocks, ReadDone, StoreLayout, WriteBlock, WriteDone
@@ -44,16 +47,20 @@ class StorePath:
         p, pool = self.p, self.p.pool
         bn = pool.block_nbytes
         with tracer.start_as_current_span("kv_stage", context=d.ctx, attributes={
-                "req_id": msg.req_id, "blocks": len(msg.keys), "node": msg.node, "path": "de"}) as span:
+                "req_id": msg.req_id, "blocks": len(msg.keys), "node": msg.node, "path": "de"}) as span, \
+                p.xfers.begin(Kind.STAGE, msg.req_id, T.RESERVING) as t:
             if msg.slots and not set(msg.slots) <= {s * bn for s in pool.slots.held(msg.req_id)}:
                 # released (cancelled) since they were reserved: they may be someone else's now
+                t.error = T.RELEASED
                 await d.respond(Staged(error="reserved slots were released"))
                 return
             try:
                 slots = msg.slots or [s * bn for s in await pool.allocate_wait(msg.req_id, msg.prompt_blocks)]
             except OutOfSlots as exc:
+                t.error = exc
                 await d.respond(Staged(error=f"DE buffer full: {exc}"))
                 return
+            p.xfers.move(t, T.READING)
             with pool.reading(msg.req_id):
                 try:
                     offsets = slots[msg.first:msg.first + len(msg.keys)]
@@ -67,6 +74,7 @@ class StorePath:
                                        progress=msg.progress if streamed else "", tag="de"), ReadDone,
                             timeout=p.queues.deadline(msg.node, nbytes))
                 except BusError as exc:
+                    t.error = exc  # answered as a read of no blocks
                     done = ReadDone(error=exc.reason)
                 if p.cfg.fault_flip_de_bytes and done.blocks:  # while the slots are still this request's
                     flip_layer_signs(pool.buffer.buf, slots[msg.first], msg.layout)
@@ -78,26 +86,38 @@ class StorePath:
 
     # save --------------------------------------------------------------------------------
     async def save(self, msg: SaveKV, d: Delivery) -> None:
-        if msg.slots:
-            await self._save_slots(msg, d)
-            return
+        """A save's transfer: QUEUED for room -> COPYING out of KV memory -> WRITING to the store (a
+        save of buffer slots: WRITING at once); its write task ends it."""
+        t = self.p.xfers.begin(Kind.SAVE, msg.req_id, T.WRITING if msg.slots else T.QUEUED)
+        try:
+            await (self._save_slots(msg, d, t) if msg.slots else self._save_blocks(msg, d, t))
+        except BaseException as exc:
+            self.p.xfers.end(t, exc)
+            raise
+
+    async def _save_blocks(self, msg: SaveKV, d: Delivery, t: Transfer) -> None:
         p, pool = self.p, self.p.pool
         owner = f"{msg.req_id}/save/{msg.keys[0].hex()[:12] if msg.keys else ''}"
         n = len(msg.blocks)
+        t0 = time.monotonic()
         offsets = None if n == 0 else await self.line.take(owner, n)
-        if offsets is None:
+        if offsets is None:  # nothing to save, or dropped: the line full, or no room within its wait
+            p.xfers.end(t, T.DONE if n == 0 else T.EXPIRED if time.monotonic() - t0 >= self.line.wait_s else T.FAILED)
             await d.respond(SaveCopied(0, error="" if n == 0 else "save dropped: no buffer room in time"))
             return
+        p.xfers.move(t, T.COPYING)
         bn = pool.block_nbytes
         offsets = [s * bn for s in offsets]
         ops = [Op("kv", b * bn, "buf", off, bn) for b, off in zip(msg.blocks, offsets)]
         try:
             await p.endpoint.copy_local(ops, TrafficClass.BULK, timeout=p.cfg.transfer_timeout_s)
         except Exception as exc:  # noqa: BLE001 - persistence is best effort; never wrong data
+            p.xfers.end(t, exc)
             pool.release(owner)
             self.m_saved.labels("error").inc(n)
             await d.respond(SaveCopied(0, error=str(exc)))
             return
+        p.xfers.move(t, T.WRITING)
         await d.respond(SaveCopied(n))
         slot_ids = [off // bn for off in offsets]
         pool.pin(slot_ids)
@@ -107,14 +127,15 @@ class StorePath:
         def done() -> None:
             pool.unpin(slot_ids)
             pool.release(owner)
-        p.spawn(self._write(msg, offsets, d, done), name=f"save-{owner}", label="persist")
+        p.spawn(self._write(msg, offsets, d, done, t), name=f"save-{owner}", label="persist")
 
-    async def _save_slots(self, msg: SaveKV, d: Delivery) -> None:
+    async def _save_slots(self, msg: SaveKV, d: Delivery, t: Transfer) -> None:
         """The blocks sit in this buffer already (slots the request holds): write them from there;
         the slots stay the request's until the write is over (a release meanwhile waits for it)."""
         pool = self.p.pool
         bn = pool.block_nbytes
         if not set(msg.slots) <= {s * bn for s in pool.slots.held(msg.req_id)}:
+            self.p.xfers.end(t, T.RELEASED)
             self.m_saved.labels("error").inc(len(msg.slots))
             await d.respond(SaveCopied(0, error="slots were released before the save"))
             return
@@ -128,9 +149,11 @@ class StorePath:
         def done() -> None:
             pool.unpin(slot_ids)
             pool.end_io(msg.req_id)
-        self.p.spawn(self._write(msg, list(msg.slots), d, done), name=f"save-{msg.req_id}", label="persist")
+        self.p.spawn(self._write(msg, list(msg.slots), d, done, t), name=f"save-{msg.req_id}", label="persist")
 
-    async def _write(self, msg: SaveKV, offsets: list[int], d: Delivery, done) -> None:
+    async def _write(self, msg: SaveKV, offsets: list[int], d: Delivery, done, t: Transfer) -> None:
+        """Buffer -> store, a block at a time; then `done` lets the slots go and the save's transfer ends
+        (with the last write that failed, if one did: persistence is best effort)."""
         p = self.p
         try:
             with tracer.start_as_current_span("persist", context=d.ctx, attributes={
@@ -142,10 +165,15 @@ class StorePath:
                                                   timeout=p.cfg.transfer_timeout_s)
                         self.m_saved.labels(res.outcome or "error").inc()
                     except BusError as exc:
+                        t.error = exc
                         log.warning("persist %s failed: %s", key.hex()[:12], exc.reason)
                         self.m_saved.labels("error").inc()
+        except BaseException as exc:
+            t.error = exc
+            raise
         finally:
             done()
+            p.xfers.end(t, t.error)
 
 
 def flip_layer_signs(buf: memoryview, offset: int, layout: StoreLayout) -> None:

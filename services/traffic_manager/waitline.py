@@ -19,6 +19,10 @@ from collections.abc import Callable
 from shared.kv.allocator import OutOfSlots, SlotAllocator
 
 
+class SlotWaitExpired(OutOfSlots):
+    """No room within the wait's deadline (an OutOfSlots: callers that catch one catch this)."""
+
+
 class WaitLine:
     def __init__(self, slots: SlotAllocator) -> None:
         self.slots = slots
@@ -52,7 +56,7 @@ class WaitLine:
                     return self.slots.allocate(owner, n)
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise OutOfSlots(n, self.slots.free)
+                    raise SlotWaitExpired(n, self.slots.free)
                 self.freed.clear()
                 try:
                     await asyncio.wait_for(self.freed.wait(), left)

@@ -106,8 +106,7 @@ class Decode:
     def join(self, req_id: str) -> RunningSeq:
         """The admitted request's KV is in KV memory (blocks 20, 21, ...): it joins the batch."""
         req: DecodeRequest = self.svc.held[req_id]
-        self.svc.waiting.remove(req)
-        req.blocks = list(range(20, 20 + self.svc._limit(req) // BS + 1))
+        self.svc._loading(req, list(range(20, 20 + self.svc._limit(req) // BS + 1)))
         seq = self.svc._join(req, req.admit)
         self.svc.running.append(seq)
         return seq

@@ -239,7 +239,8 @@ def decode_engine(bus: Bus) -> DecodeEngineService:
 def admitted(svc: DecodeEngineService) -> DecodeRequest:
     admit = DecodeAdmit("d1", 20, 7, Sampling(max_tokens=4), "out", [0, 4096])
     req = DecodeRequest("d1", list(range(20)), admit.sampling, "out", None, admit=admit, generated=[7])
-    svc.held[req.req_id] = req
+    svc._hold(req)
+    svc._loading(req, [])  # its KV blocks taken: the load starts
     return req
 
 

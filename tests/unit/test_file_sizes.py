@@ -17,7 +17,6 @@ MAX_CTOR_PARAMS = 6
 LONG_FUNCTIONS = {  # known debt: path:function -> its lines today
     "dualpath/sim/reproduce.py:main": 91, "dualpath/up.py:run": 79, "dualpath/bench/cli.py:_bench": 79,
     "dualpath/bench/cli.py:register": 73, "dualpath/sim/prefill.py:plan": 66,
-    "services/traffic_manager/fetch.py:_run": 63,
 }
 WIDE_CTORS = {  # known debt: path:class -> its constructor's parameters today
     "dualpath/sim/cluster.py:Cluster": 7, "dualpath/sim/prefill.py:Prefill": 7, "dualpath/fleet/front.py:SyntheticFront": 8,

@@ -27,6 +27,7 @@ from services.traffic_manager.progress import LayerState, ReadTrack, Registry
 from services.traffic_manager.push import PushPath
 from services.traffic_manager.read_queues import ReadQueues
 from services.traffic_manager.slot_grants import GrantsGiven, GrantsHeld
+from services.traffic_manager.transfers import Transfers
 from shared.kv.allocator import SlotAllocator
 from shared.kv.staged_table import StagedTable
 from shared.messages.codes import LoadMode
@@ -184,7 +185,7 @@ def test_the_push_reservation_adopts_the_copied_prefetch_and_sends_only_the_rest
     de_region, de_pool, dm = buffer_pool("t-pcq", 16 * BLOCK, kv)
     try:
         de = PrefetchPath(SimpleNamespace(cfg=SimpleNamespace(transfer_timeout_s=5.0), pool=de_pool, metrics=dm,
-                                          m_bytes=dm.counter("bytes_total", "b", ("kind",))), 4, 1.0)
+                                          m_bytes=dm.counter("bytes_total", "b", ("kind",)), xfers=Transfers()), 4, 1.0)
         staged = [s * BLOCK for s in de_pool.slots.allocate("pf-1", HITS)]
         de.put(Entry("pf-1", 1e18, KEYS[:HITS], staged))
         given = GrantsGiven(Endpoint())

@@ -16,6 +16,7 @@ from services.prefill_engine.staged_copy import StagedCopier, runs
 from services.traffic_manager.pool import BufferPool
 from services.traffic_manager.prefetch import PrefetchPath
 from services.traffic_manager.read_queues import ReadQueues
+from services.traffic_manager.transfers import Transfers
 from shared.kv.staged_table import StagedTable
 from shared.messages.registry import KVRegion
 from shared.messages.subjects import Subjects
@@ -37,7 +38,8 @@ def tm():
     pool = BufferPool(buf, wait_s=0.2, m_free=m.gauge("buffer_free_bytes", "free"))
     pool.attach(KVRegion(kv_region.name, 8, 16, 2, BLOCK, LAYER))
     parts = SimpleNamespace(cfg=SimpleNamespace(transfer_timeout_s=5.0), bus=Gateway(), subjects=Subjects("t"),
-                            metrics=m, pool=pool, queues=ReadQueues(5.0), m_bytes=m.counter("bytes_total", "b", ("kind",)))
+                            metrics=m, pool=pool, queues=ReadQueues(5.0), m_bytes=m.counter("bytes_total", "b", ("kind",)),
+                            xfers=Transfers())
     table = StagedTable.create(records=8)
     pf = PrefetchPath(parts, chunk_blocks=8, share=1.0, table=table)
     pool.reclaim = pf.reclaim

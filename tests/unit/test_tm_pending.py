@@ -15,6 +15,7 @@ from services.traffic_manager.pending import PendingSaves, owner_of
 from services.traffic_manager.pool import PARKED
 from services.traffic_manager.prefetch import Entry, PrefetchPath
 from services.traffic_manager.saves import SaveLine
+from services.traffic_manager.transfers import Transfers
 from shared.messages.registry import KVRegion
 from shared.messages.storage_gateway import StoreLayout
 from shared.messages.traffic_manager import HoldSaves, SaveKV
@@ -29,7 +30,7 @@ LAYOUT = StoreLayout(b"f" * 16, "m", 2, 1, 8, "float32", 16)
 def parts():
     region, pool, m = buffer_pool("t-pd", 16 * BLOCK, KVRegion("kv", 8, 16, 2, BLOCK, BLOCK // 2))
     yield SimpleNamespace(cfg=SimpleNamespace(transfer_timeout_s=5.0, fault_flip_pending_bytes=False), pool=pool,
-                          metrics=m, m_bytes=m.counter("bytes_total", "b", ("kind",)))
+                          metrics=m, m_bytes=m.counter("bytes_total", "b", ("kind",)), xfers=Transfers())
     region.close()
     region.unlink()
 

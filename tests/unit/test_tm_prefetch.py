@@ -15,6 +15,7 @@ from services.storage_gateway.bulk import BulkLane
 from services.traffic_manager.prefetch import PrefetchPath
 from services.traffic_manager.read_queues import ReadQueues
 from services.traffic_manager.slot_grants import GrantsGiven
+from services.traffic_manager.transfers import Transfers
 from shared.messages.registry import KVRegion
 from shared.messages.storage_gateway import ReadDone, StoreLayout
 from shared.messages.subjects import Subjects
@@ -46,7 +47,7 @@ def parts():
     region, pool, m = buffer_pool("t-pf", 16 * BLOCK, KVRegion("kv", 8, 16, 2, BLOCK, BLOCK // 2))
     yield SimpleNamespace(cfg=SimpleNamespace(transfer_timeout_s=5.0), bus=Gateway(), subjects=Subjects("t"),
                           metrics=m, pool=pool, queues=ReadQueues(5.0),
-                          m_bytes=m.counter("bytes_total", "b", ("kind",)))
+                          m_bytes=m.counter("bytes_total", "b", ("kind",)), xfers=Transfers())
     region.close()
     region.unlink()
 
