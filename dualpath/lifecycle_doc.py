@@ -12,17 +12,24 @@ import sys
 from pathlib import Path
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "request-lifecycle.md"
-MACHINES = [  # (what moves through it, module, its enum, its legal-move table)
+MACHINES = [  # (what moves through it, module, its enum, its legal-move table: {state: moves} or {kind: {state: moves}})
     ("a request at the scheduler", "services.scheduler.lifecycle", "ReqState", "LEGAL"),
+    ("a request at the decode engine", "services.decode_engine.states", "DeState", "LEGAL"),
+    ("a transfer at a traffic manager", "services.traffic_manager.transfers", "TransferState", "LEGAL"),
 ]
 BEGIN, END = "<!-- generated: states -->", "<!-- end generated: states -->"
 
 
 def machines() -> list[tuple[str, type, dict]]:
+    """(title, enum, legal table) of every machine; a table per kind is one machine per kind."""
     out = []
     for what, module, enum_name, table in MACHINES:
         m = importlib.import_module(module)
-        out.append((what, getattr(m, enum_name), getattr(m, table)))
+        enum, legal = getattr(m, enum_name), getattr(m, table)
+        if all(isinstance(v, dict) for v in legal.values()):  # one table per kind of transfer
+            out += [(f"{what}: {kind}", enum, legal[kind]) for kind in legal]
+        else:
+            out.append((what, enum, legal))
     return out
 
 
@@ -30,8 +37,8 @@ def states_markdown() -> str:
     lines = []
     for what, enum, legal in machines():
         lines += [f"### {enum.__name__}: {what} (`{enum.__module__}`)", "", "| state | may move to |", "|---|---|"]
-        for s in enum:
-            to = ", ".join(f"`{t}`" for t in enum if t in legal.get(s, ())) or "— (final)"
+        for s in (s for s in enum if s in legal):
+            to = ", ".join(f"`{t}`" for t in enum if t in legal[s]) or "— (final)"
             lines.append(f"| `{s}` | {to} |")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
