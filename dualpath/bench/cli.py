@@ -326,6 +326,11 @@ def _bench(args: argparse.Namespace, url: str, modes: list[LoadMode], extra_pids
 
         add_predictions(doc, cap, mesh, _settings(args.set), args.snic_gbit, lengths)
     doc["summary"] = summary(doc["runs"])
+    return _output(doc, args)
+
+
+def _output(doc: dict, args: argparse.Namespace) -> int:
+    """The report (markdown, its files, the JSON) with the run's conditions; the exit code."""
     if getattr(args, "conditions", None) is not None:
         doc["conditions"] = args.conditions.measure().report()
     doc = report.clean(doc)
