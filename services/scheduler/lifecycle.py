@@ -1,14 +1,17 @@
 """A request's state at the scheduler: one enum, the legal moves, and `Lifecycle.move`, their only writer.
 
 Owns the counts that /health and the metrics read (so the two cannot disagree) and the
-request's trace events for each move. Never does I/O; an illegal move raises and is counted.
+request's trace events for each move (shared/lifecycle.py). Never does I/O; an illegal move
+raises and is counted.
 """
 from __future__ import annotations
 
 import enum
-from collections import Counter
 
-from opentelemetry import trace
+from shared import lifecycle
+from shared.lifecycle import IllegalTransition
+
+__all__ = ["IllegalTransition", "LEGAL", "Lifecycle", "ReqState", "TERMINAL"]
 
 
 class ReqState(enum.StrEnum):
@@ -35,35 +38,15 @@ LEGAL: dict[ReqState, frozenset[ReqState]] = {
 STATUS_STATE = {"ok": ReqState.DONE, "error": ReqState.FAILED, "cancelled": ReqState.CANCELLED}
 
 
-class IllegalTransition(Exception):
-    def __init__(self, req_id: str, src: ReqState, dst: ReqState):
-        super().__init__(f"request {req_id}: {src} -> {dst} is not a legal move")
-        self.req_id, self.src, self.dst = req_id, src, dst
-
-
-class Lifecycle:
+class Lifecycle(lifecycle.Lifecycle[ReqState]):
     """Live requests by state. `enter` puts one in QUEUED; `move` changes it (and only it writes
     `rec.state`); a terminal move takes it out of the counts."""
 
     def __init__(self) -> None:
-        self.counts: Counter[ReqState] = Counter()
-        self.illegal = 0
+        super().__init__(LEGAL)
 
-    def enter(self, rec) -> None:
-        rec.state = ReqState.QUEUED
-        self.counts[ReqState.QUEUED] += 1
-        _event(rec, ReqState.QUEUED, "accepted")
-
-    def move(self, rec, dst: ReqState, why: str = "") -> None:
-        src = rec.state
-        if src is None or dst not in LEGAL[src]:
-            self.illegal += 1
-            raise IllegalTransition(rec.req_id, src, dst)
-        self.counts[src] -= 1
-        if dst not in TERMINAL:
-            self.counts[dst] += 1
-        rec.state = dst
-        _event(rec, dst, why)
+    def enter(self, rec, state: ReqState = ReqState.QUEUED, why: str = "accepted") -> None:
+        super().enter(rec, state, why)
 
     def end(self, rec, status: str, why: str = "") -> None:
         """The client had its last event: the terminal state for `status` (ok | error | cancelled)."""
@@ -71,17 +54,7 @@ class Lifecycle:
             self.move(rec, STATUS_STATE.get(status, ReqState.FAILED), why or status)
 
     def waiting(self) -> int:
-        return sum(self.counts[s] for s in WAITING)
+        return self.count(WAITING)
 
     def running(self) -> int:
-        return sum(self.counts[s] for s in RUNNING)
-
-    def live(self) -> dict[str, int]:
-        """Count of each non-terminal state (what /health shows)."""
-        return {str(s): self.counts[s] for s in LEGAL if s not in TERMINAL}
-
-
-def _event(rec, state: ReqState, why: str) -> None:
-    span = trace.get_current_span(rec.ctx) if rec.ctx is not None else None
-    if span is not None and span.is_recording():
-        span.add_event("state", {"req_id": rec.req_id, "state": str(state), "why": why})
+        return self.count(RUNNING)
