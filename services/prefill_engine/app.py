@@ -36,7 +36,7 @@ from shared.lifecycle import IllegalTransition
 from shared.messages.codes import ErrorCode, FinishReason, LoadMode
 from shared.messages.registry import EngineAnnounce
 from shared.messages.stream import TokenEvent, TokenLogprob
-from shared.messages.traffic_manager import FetchProgress, LayersComputed, Release, progress_decoder
+from shared.messages.traffic_manager import FetchKV, FetchProgress, LayersComputed, Release, progress_decoder
 from shared.messages.work import Cancel, PrefillWork
 from shared.runtime import service_main, task_label
 
@@ -156,7 +156,7 @@ class PrefillEngineService(EngineService):
     def _run(self, step: AsyncIterator[Outcome], name: str, **kw) -> asyncio.Task:
         return self.spawn(self._drive(step), name=name, label=task_label(step), **kw)
 
-    def _send(self, req: PrefillRequest, fetch) -> None:
+    def _send(self, req: PrefillRequest, fetch: FetchKV) -> None:
         """Its KV blocks are allocated: its storage read goes out, and its deadline starts."""
         self.move(req, P.READING, "KV blocks allocated: storage read sent")
         req.timer = self._run(self.fetcher.deadline(req), f"fetch-deadline-{req.req_id}")
@@ -182,9 +182,9 @@ class PrefillEngineService(EngineService):
             self._queue(req, "its read is about to end")
 
     def _queue(self, req: PrefillRequest, why: str) -> None:
-        self.move(req, P.READY, why)
-        self.queue.append(req)
-        self.wake.set()
+        if self.move(req, P.READY, why):
+            self.queue.append(req)
+            self.wake.set()
 
     async def _load_failed(self, req: PrefillRequest, code: ErrorCode, error: str) -> None:
         """Its stored KV will not arrive: a forward computing it fails it (LoadError); else fail it now

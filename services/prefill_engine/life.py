@@ -1,10 +1,9 @@
 """Where a request is in the prefill engine: one enum, the legal moves, and `PeLife.move`, their only writer.
 
-Its stored KV's progress is apart (`LoadProgress`, layers.py): a request is READY or COMPUTING
-while later layers still land. Every live state has a way out on failure (FAILED), on cancel
-(CANCELLED, or CANCELLING while a forward or its hand-off runs it) and on a deadline (a read's,
-a layer's or the hand-off's: FAILED). Owns the counts the announcement and metrics read, and a
-span per request whose events are its moves (shared/lifecycle.py); an illegal move raises.
+Its stored KV's progress is apart (`LoadProgress`, layers.py): READY or COMPUTING while later
+layers still land. Every live state has a way out on failure and deadline (FAILED) and on cancel
+(CANCELLED; CANCELLING while a forward or its hand-off runs it, which ends it). Owns the counts the
+announcement and metrics read, and a span per request whose events are its moves; an illegal move raises.
 """
 from __future__ import annotations
 

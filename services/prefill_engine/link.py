@@ -1,4 +1,4 @@
-"""How the prefill engine's collaborators (fetch, hand-off) reach the mesh: the bus, the subject names, this engine's id, a task runner.
+"""How the prefill engine's collaborators (fetch, hand-off) reach the mesh: bus, subject names, engine id, spawn.
 
 `spawn` runs work whose end decides nothing about the request (a publish, a push whose outcome
 lands in its record); work that does decide is returned to the engine instead (outcomes.py).

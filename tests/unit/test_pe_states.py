@@ -65,8 +65,8 @@ def _req(rid: str = "r") -> PrefillRequest:
     return PrefillRequest(rid, [1, 2, 3], Sampling(), "out", None)
 
 
-@pytest.mark.parametrize("path", [(P.COMPUTING,), (P.READING, P.COMPUTING), (P.READY, P.COMPUTING, P.HANDING_OFF, P.READY),
-                                  (P.CANCELLED, P.READY), (P.FAILED, P.RELEASED, P.READY)])
+@pytest.mark.parametrize("path", [(P.COMPUTING,), (P.READING, P.COMPUTING), (P.CANCELLED, P.READY),
+                                  (P.READY, P.COMPUTING, P.HANDING_OFF, P.READY), (P.FAILED, P.RELEASED, P.READY)])
 def test_an_illegal_move_raises_is_counted_in_the_metric_and_changes_nothing(path):
     m = Metrics("prefill_engine")
     life, r = PeLife("pe0", PrefillMetrics(m, "pe0")), _req()
