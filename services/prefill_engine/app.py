@@ -12,6 +12,7 @@ drops it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Iterable
@@ -149,9 +150,11 @@ class PrefillEngineService(EngineService):
                     self._release(req)
 
     async def _drive(self, step: AsyncIterator[Outcome]) -> None:
-        """A running step of the fetch or the hand-off: each outcome done as it comes."""
-        async for o in step:
-            await self.do((o,))
+        """A running step of the fetch or the hand-off: each outcome done as it comes (the step closed
+        here, in this task, whatever ends it)."""
+        async with contextlib.aclosing(step) as outcomes:
+            async for o in outcomes:
+                await self.do((o,))
 
     def _run(self, step: AsyncIterator[Outcome], name: str, **kw) -> asyncio.Task:
         return self.spawn(self._drive(step), name=name, label=task_label(step), **kw)
