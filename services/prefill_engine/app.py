@@ -5,35 +5,45 @@ Sequence for one request:
   (FIFO) -> batch forward in the model thread (batching.py) -> first token sampled and
   published on the request's output subject -> KV pushed to a decode engine and admitted
   there (handoff.py) -> blocks freed.
-Each request is one `PrefillRequest` record (record.py) in `held`; `_release` drops it.
+Each request is one `PrefillRequest` record (record.py) in `held`; where it is, its state, moves
+by `PeLife.move` (life.py) alone, here, as the fetch and the hand-off say (outcomes.py); `_release`
+drops it.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator, Iterable
 
+import msgspec
 from opentelemetry import trace
 
 from services.prefill_engine import memory
-from services.prefill_engine.batching import Chunk, forward, pick
+from services.prefill_engine.batching import Chunk, attention_model, forward, one_forward, pick
 from services.prefill_engine.config import PrefillEngineConfig
 from services.prefill_engine.fetch import Fetcher, usable_hits
 from services.prefill_engine.handoff import Handoff
 from services.prefill_engine.layers import LoadError
+from services.prefill_engine.life import ENDING, HELD, PeLife, PeState
+from services.prefill_engine.link import Link
 from services.prefill_engine.metrics import PrefillMetrics
+from services.prefill_engine.outcomes import Abandon, Fail, Free, LoadFailed, Outcome, Ready, Send
 from services.prefill_engine.record import PrefillRequest
 from shared.bus import Delivery
 from shared.engine.service import EngineService
+from shared.states import IllegalTransition
 from shared.messages.codes import ErrorCode, FinishReason, LoadMode
-from shared.messages.stream import TokenEvent
-from shared.messages.traffic_manager import FetchProgress, LayersComputed, Release, progress_decoder
+from shared.messages.registry import EngineAnnounce
+from shared.messages.stream import TokenEvent, TokenLogprob
+from shared.messages.traffic_manager import FetchKV, FetchProgress, LayersComputed, Release, progress_decoder
 from shared.messages.work import Cancel, PrefillWork
-from shared.runtime import service_main
-from shared.sched.policy.intra_pe import AttentionModel
+from shared.runtime import service_main, task_label
 
 log = logging.getLogger("prefill_engine")
 tracer = trace.get_tracer("prefill_engine")
+P = PeState
 
 
 class PrefillEngineService(EngineService):
@@ -44,32 +54,32 @@ class PrefillEngineService(EngineService):
     def __init__(self, cfg: PrefillEngineConfig):
         super().__init__(cfg)
         self.held: dict[str, PrefillRequest] = {}
-        self.queue: list[PrefillRequest] = []  # ready to compute (hits loaded, or none)
-        self.attn_model = AttentionModel(per_pair=cfg.attn_per_pair_s, per_token=cfg.attn_per_token_s,
-                                         per_batch=cfg.attn_per_batch_s)
+        self.queue: list[PrefillRequest] = []  # READY to compute, FIFO (and COMPUTING while their forward runs)
+        self.attn_model = attention_model(cfg)
         self.fetcher: Fetcher | None = None
         self.handoff: Handoff | None = None
         self.pm = PrefillMetrics(self.metrics, self.engine)
+        self.life = PeLife(self.engine, self.pm)  # each request's state: the one writer of PrefillRequest.state
         self.s_per_token = 1e-3  # measured prefill seconds per computed token (moving average)
 
     async def start(self) -> None:
         await self.load()
-        cfg = self.cfg
-        self.fetcher = Fetcher(self.bus, self.subjects.tm(self.engine, "fetch"), cfg, self.store, self.kv,
-                               self.loaded.config.n_layers, self.held, self.spawn, ready=self._ready,
-                               fail=self.fail, failed_load=self._load_failed, release=self._release,
-                               one_forward=self._one_forward, estimate=self._estimate, abandon=self._abandon,
-                               engine=self.engine, subjects=self.subjects,
-                               metrics=self.metrics)
-        self.handoff = Handoff(self.bus, self.subjects, self.engine, cfg.handoff_timeout_s,
-                               self.loaded.config.eos_ids, self.pm.handoff.observe, fail=self.fail,
-                               release=self._release, drop_de_slots=self._drop_de_slots, store=self.store,
-                               node=cfg.node, spawn=self.spawn, observe_tail=self.pm.tail.observe)
+        self.parts()
         await self.bus.subscribe(self.subjects.prefill_work(self.engine), PrefillWork, self._on_work)
         await self.bus.subscribe(self.subjects.prefill_loaded(self.engine), progress_decoder, self._on_loaded)
         await self.bus.subscribe(self.subjects.cancel, Cancel, self._on_cancel)
         await self.watch_tm()
         self.spawn(self._loop(), name="prefill-loop")
+
+    def parts(self) -> None:
+        """The stored-KV fetch and the hand-off, over this engine's link to the mesh (the model loaded)."""
+        link = Link(self.bus, self.subjects, self.engine, self.spawn)
+        self.fetcher = Fetcher(link, self.cfg, self.store, self.kv, self.metrics)
+        self.handoff = Handoff(link, self.cfg, self.store, self.loaded.config.eos_ids, self.pm)
+
+    def announce(self) -> EngineAnnounce:
+        """The engine's announcement; the requests it holds counted from their states."""
+        return msgspec.structs.replace(super().announce(), seq=self.life.held())
 
     async def stop(self) -> None:
         for req in self.held.values():  # a forward waiting on stored KV returns now, not at its layer timeout
@@ -89,37 +99,110 @@ class PrefillEngineService(EngineService):
         hits = usable_hits(msg, self.cfg.block_size)
         if msg.mode == LoadMode.ORACLE:  # no I/O: the hit KV is taken as present (output not meaningful)
             req.hit_tokens = hits * self.cfg.block_size
-        (self.fetcher.waiting if hits and msg.mode != LoadMode.ORACLE else self.queue).append(req)
-        self._note_queue()
+        if hits and msg.mode != LoadMode.ORACLE:
+            self.life.enter(req, P.WAITING_BLOCKS, f"{hits} stored blocks to load")
+            self.fetcher.waiting.append(req)
+        else:
+            self.life.enter(req, P.READY, "nothing to load")
+            self.queue.append(req)
         self.wake.set()
 
     async def _on_loaded(self, msg: FetchProgress, d: Delivery) -> None:
-        await self.fetcher.on_progress(msg)
+        req = self.held.get(msg.req_id)
+        if req is not None:
+            await self.do(self.fetcher.on_progress(req, msg))
 
-    def _ready(self, req: PrefillRequest) -> None:
-        """Its stored KV is read (or it turned out a miss): it may be computed."""
-        self.queue.append(req)
-        self.wake.set()
+    async def _on_cancel(self, msg: Cancel, d: Delivery) -> None:
+        req = self.held.get(msg.req_id)
+        if req is not None:
+            self._cancel(req)
+
+    def _cancel(self, req: PrefillRequest) -> None:
+        """The client left: a forward or hand-off running it ends it; with its storage read in flight it is
+        freed when the read ends (or at its deadline); else now, or once its last layer copy lands."""
+        state = req.state
+        if state in ENDING:
+            return
+        self._unqueue(req)
+        if state in HELD:
+            self.move(req, P.CANCELLING, "cancelled: its forward or hand-off ends it")
+            return
+        self.move(req, P.CANCELLED, "cancelled")
+        if state is not P.READING:
+            self._drop(req)
+
+    # what the fetch and the hand-off say ------------------------------------
+    async def do(self, outcomes: Iterable[Outcome]) -> None:
+        """Carry out, in order, what the fetch or the hand-off said should happen (outcomes.py)."""
+        for o in outcomes:
+            match o:
+                case Ready(req, eta_s):
+                    self._ready(req, eta_s)
+                case Send(req, fetch):
+                    self._send(req, fetch)
+                case Fail(req, code, error, retryable, release):
+                    await self.fail(req, code, error, retryable, release)
+                case LoadFailed(req, code, error):
+                    await self._load_failed(req, code, error)
+                case Abandon(req, code, error):
+                    await self._abandon(req, code, error)
+                case Free(req):
+                    self._release(req)
+
+    async def _drive(self, step: AsyncIterator[Outcome]) -> None:
+        """A running step of the fetch or the hand-off: each outcome done as it comes (the step closed
+        here, in this task, whatever ends it)."""
+        async with contextlib.aclosing(step) as outcomes:
+            async for o in outcomes:
+                await self.do((o,))
+
+    def _run(self, step: AsyncIterator[Outcome], name: str, **kw) -> asyncio.Task:
+        return self.spawn(self._drive(step), name=name, label=task_label(step), **kw)
+
+    def _send(self, req: PrefillRequest, fetch: FetchKV) -> None:
+        """Its KV blocks are allocated: its storage read goes out, and its deadline starts."""
+        self.move(req, P.READING, "KV blocks allocated: storage read sent")
+        req.timer = self._run(self.fetcher.deadline(req), f"fetch-deadline-{req.req_id}")
+        self._run(self.fetcher.send(req, fetch), f"fetch-{req.req_id}")
+
+    def _ready(self, req: PrefillRequest, eta_s: float) -> None:
+        """Its stored KV is read (or it is a miss after all): it is queued when its read is about to end,
+        so that its own compute overlaps the tail of its read."""
+        if req.state not in (P.WAITING_BLOCKS, P.READING):
+            if req.state is P.CANCELLED:
+                self._drop(req)  # its client left while it was read: freed once its copies land
+            return
+        delay = eta_s - self._estimate(req)
+        if delay <= 0:
+            self._queue(req, "stored KV read")
+            return
+        self.move(req, P.LOADING, f"stored KV read: its layers land within {eta_s:.3f}s")
+        self.spawn(self._ready_later(req, delay), name=f"ready-{req.req_id}")
+
+    async def _ready_later(self, req: PrefillRequest, delay: float) -> None:
+        await asyncio.sleep(delay)
+        if req.state is P.LOADING:
+            self._queue(req, "its read is about to end")
+
+    def _queue(self, req: PrefillRequest, why: str) -> None:
+        if self.move(req, P.READY, why):
+            self.queue.append(req)
+            self.wake.set()
 
     async def _load_failed(self, req: PrefillRequest, code: ErrorCode, error: str) -> None:
-        """Its stored KV will not arrive: a forward computing it fails it (LoadError); else fail it now."""
-        if req.in_step:
+        """Its stored KV will not arrive: a forward computing it fails it (LoadError); else fail it now
+        (one that was ending already is freed: nothing targets its blocks any more)."""
+        if req.state in HELD or req.state is P.RELEASED:
             return
-        self.queue = [r for r in self.queue if r is not req]
-        if req.cancelled:
+        if req.state in ENDING:
             self._release(req)
         else:
             await self.fail(req, code, error, retryable=True)
 
-    async def _on_cancel(self, msg: Cancel, d: Delivery) -> None:
-        req = self.held.get(msg.req_id)
-        if req is None:
-            return
-        req.cancelled = True
-        self.queue = [r for r in self.queue if r is not req]
-        self.fetcher.drop(req)
-        if req.reading or req.in_step or req.handing_off:
-            return  # the TM is still reading into its blocks / the forward computes it / the hand-off ends it
+    async def _abandon(self, req: PrefillRequest, code: ErrorCode, error: str) -> None:
+        """Fail it (retryable) now; free its blocks once its TM no longer copies into them."""
+        await self.fail(req, code, error, retryable=True, release=False)
+        await self.bus.publish(self.subjects.tm(self.engine, "release"), Release(req.req_id))
         self._drop(req)
 
     # prefill loop ---------------------------------------------------------
@@ -127,11 +210,7 @@ class PrefillEngineService(EngineService):
         while True:
             await self.wake.wait()
             self.wake.clear()
-            self.fetcher.start()
-            for r in [r for r in self.queue if r.cancelled]:
-                self._drop(r)
-            self.queue = [r for r in self.queue if not r.cancelled]
-            self._note_queue()
+            await self.do(self.fetcher.start())
             while self.queue:
                 cfg = self.cfg
                 batch = pick(self.queue, self._allocate, self.attn_model, cfg.compute_quota_s, cfg.max_batch_tokens)
@@ -150,7 +229,7 @@ class PrefillEngineService(EngineService):
                                                   "tokens": sum(c.bsz for c in batch)})
         pushes = [c.req for c in batch if c.cached + c.bsz >= len(c.req.prompt) and c.req.work.mode.moves_kv]
         for c in batch:
-            c.req.in_step = True
+            self.move(c.req, P.COMPUTING, f"in a forward of {len(batch)}")
         for r in pushes:  # each layer goes to the DE as soon as it is computed (in about `expect_s`)
             self.handoff.start_push(r, expect_s=sum(c.bsz for c in batch) * self.s_per_token)
         loop = asyncio.get_running_loop()
@@ -165,8 +244,6 @@ class PrefillEngineService(EngineService):
             await self._step_failed(batch, spans, exc)
             return
         finally:
-            for c in batch:
-                c.req.in_step = False
             alive.cancel()
         dt = time.perf_counter() - t0
         self.pm.step.observe(dt)
@@ -175,7 +252,6 @@ class PrefillEngineService(EngineService):
         step_span.end()
         for c, span, tok in zip(batch, spans, firsts):
             self._after_step(c, span, tok)
-        self._note_queue()
 
     async def _step_failed(self, batch: list[Chunk], spans: list, exc: Exception) -> None:
         """A load that failed fails its own request, and those whose KV was already on its way to the
@@ -192,32 +268,52 @@ class PrefillEngineService(EngineService):
                 span.record_exception(exc)
             span.end()
             if hit:
-                self.queue = [r for r in self.queue if r is not c.req]
                 code = exc.code if load else ErrorCode.ENGINE_FAILED
                 await self.fail(c.req, code, f"prefill failed: {exc}", retryable=load)
+            else:
+                self._forward_over(c.req, f"computed again: its forward failed ({exc})")
         self.wake.set()
 
-    def _after_step(self, c: Chunk, span, tok) -> None:
+    def _after_step(self, c: Chunk, span, tok: tuple[int, TokenLogprob | None] | None) -> None:
         r = c.req
-        if r.cancelled and tok is None:
+        if r.state not in (P.COMPUTING, P.CANCELLING) or (r.state is P.CANCELLING and tok is None):
             span.end()
-            self.queue = [q for q in self.queue if q is not r]
-            self._drop(r)
+            self._forward_over(r, "")  # cancelled (or failed) while it computed
             return
         r.computed = c.cached + c.bsz
         self.pm.tokens.inc(c.bsz)
         span.set_attributes({"hit_tokens": r.hit_tokens, "layer_wait_s": r.load.waited_s if r.load else 0.0})
         span.end()
         if tok is None:
-            return  # chunked prefill: the rest of the prompt in a later forward
-        self.queue = [q for q in self.queue if q is not r]
+            self._forward_over(r, "chunked prefill: the rest of the prompt in a later forward")
+            return
+        self._unqueue(r)
         r.tiers = r.prompt_tiers(self.cfg.block_size)  # where its prompt's KV came from: its first token says
         self.pm.prefilled(r.tiers)
-        r.handing_off = True  # from now on a cancel is the hand-off's to handle
-        self.spawn(self.handoff.run(r, *tok), name=f"handoff-{r.req_id}",
-                   on_error=lambda exc: self.fail(r, ErrorCode.INTERNAL, f"KV hand-off failed: {exc}", retryable=True))
+        if r.state is P.COMPUTING:  # from now on a cancel is the hand-off's to handle
+            self.move(r, P.HANDING_OFF, "first token sampled")
+        self._run(self.handoff.run(r, *tok), f"handoff-{r.req_id}",
+                  on_error=lambda exc: self.fail(r, ErrorCode.INTERNAL, f"KV hand-off failed: {exc}", retryable=True))
+
+    def _forward_over(self, req: PrefillRequest, why: str) -> None:
+        """Its forward is over without its first token: queued again, or, its client gone, dropped."""
+        if req.state is P.COMPUTING:
+            self.move(req, P.READY, why)
+        elif req.state is P.CANCELLING:
+            self._unqueue(req)
+            self.move(req, P.CANCELLED, "cancelled: its forward is over")
+            self._drop(req)
 
     # helpers ----------------------------------------------------------------
+    def move(self, req: PrefillRequest, to: PeState, why: str = "") -> bool:
+        """`req` to state `to` (PeLife.move); an illegal move is logged and counted, and changes nothing."""
+        try:
+            self.life.move(req, to, why)
+        except IllegalTransition as exc:
+            log.error("%s (%s)", exc, why)
+            return False
+        return True
+
     def _computed(self, reqs: list[PrefillRequest], layer: int) -> None:
         """Event loop: layer `layer` of this forward is computed; the TM pushes it for `reqs`."""
         if layer == self.loaded.config.n_layers - 1:
@@ -229,23 +325,18 @@ class PrefillEngineService(EngineService):
 
     async def tm_restarted(self) -> None:
         """No read, layer copy or push of the old TM lands now: what waited on one fails (retryable)
-        or, cancelled, is released at once, not at its deadline."""
+        or, ending already, is released at once, not at its deadline; a forward or hand-off holding
+        one ends it (its push is cancelled, its load failed)."""
         for req in list(self.held.values()):
             if req.copies_done(self.loaded.config.n_layers) and (req.push is None or req.push.done()):
                 continue
-            req.copies_gone, req.reading = True, False
             if req.load is not None:
+                req.load.gone, req.load.reading = True, False
                 req.load.fail("its traffic manager restarted", ErrorCode.KV_TRANSFER)
             if req.push is not None:
                 req.push.cancel()  # the hand-off sees it fail and releases the blocks
-            elif not req.handing_off:
-                self.fetcher.drop(req)
+            else:
                 await self._load_failed(req, ErrorCode.KV_TRANSFER, "its traffic manager restarted")
-
-    def _one_forward(self, cached: int, prompt_len: int) -> bool:
-        """A prompt's missing part fits one forward (so its hits may live in a window)."""
-        miss, cfg = prompt_len - cached, self.cfg
-        return miss <= cfg.max_batch_tokens and self.attn_model.batch_time([(cached, miss)]) <= cfg.compute_quota_s
 
     def _estimate(self, req: PrefillRequest) -> float:
         """Seconds a forward computing `req` alone takes, at the measured rate."""
@@ -254,30 +345,24 @@ class PrefillEngineService(EngineService):
     def _allocate(self, req: PrefillRequest) -> bool:
         """KV blocks for a request that loads nothing (a miss, or the oracle's hits taken as present)."""
         cfg, hits = self.cfg, req.hit_tokens // self.cfg.block_size
-        window = cfg.hit_window_layers if hits and self._one_forward(req.hit_tokens, len(req.prompt)) else 0
+        window = cfg.hit_window_layers if hits and one_forward(cfg, self.attn_model, req.hit_tokens,
+                                                               len(req.prompt)) else 0
         return memory.allocate(self.kv, req, hits, window, self.loaded.config.n_layers)
 
-    async def _abandon(self, req: PrefillRequest, code: ErrorCode, error: str) -> None:
-        """Fail it (retryable) now; free its blocks once its TM no longer copies into them."""
+    def _unqueue(self, req: PrefillRequest) -> None:
+        """It leaves the compute queue and the wait for KV blocks."""
         self.queue = [r for r in self.queue if r is not req]
-        await self.fail(req, code, error, retryable=True, release=False)
-        req.cancelled = True
-        await self.bus.publish(self.subjects.tm(self.engine, "release"), Release(req.req_id))
-        self._drop(req)
-
-    def _note_queue(self) -> None:
-        self.pm.queue.set(len(self.queue) + len(self.fetcher.waiting if self.fetcher else ()))
-
-    def _drop_de_slots(self, req: PrefillRequest) -> None:
-        """The DE buffer slots staged for a request that will not reach that DE: free them."""
-        engine, req.de_held = req.de_held, ""
-        if engine:
-            self.spawn(self.bus.publish(self.subjects.tm(engine, "release"), Release(req.req_id)),
-                       name=f"release-de-{req.req_id}")
+        if self.fetcher is not None:
+            self.fetcher.drop(req)
 
     async def fail(self, req: PrefillRequest, code: ErrorCode, error: str, retryable: bool = False,
                    release: bool = True) -> None:
-        self._drop_de_slots(req)
+        """Answer it with an error (FAILED, unless it was ending already); release it now, or (`release`
+        False) whoever holds it releases it later."""
+        if req.state not in ENDING:
+            self.move(req, P.FAILED, f"{code}: {error}")
+        self._unqueue(req)
+        self.handoff.drop_de_slots(req)
         try:
             await self.publish_error(req, code, error, retryable)
         finally:
@@ -297,14 +382,16 @@ class PrefillEngineService(EngineService):
         self._release(req)
 
     def _release(self, req: PrefillRequest) -> None:
-        holder = self.held.get(req.req_id)
-        if holder is not None and holder is not req:
-            return  # released before; its id (and its blocks' owner name) belongs to a newer record
-        self.held.pop(req.req_id, None)
+        if req.state is P.RELEASED or not self.move(req, P.RELEASED, "its KV blocks freed"):
+            return  # released before (its id, and its blocks' owner name, may belong to a newer record)
+        self._unqueue(req)
         req.cancel_timer()
         req.de_held = ""
+        holder = self.held.get(req.req_id)
+        if holder is not None and holder is not req:
+            return  # a newer record holds its id, and its blocks' owner name
+        self.held.pop(req.req_id, None)
         self.free_blocks(req)
-
 
 def main(argv: list[str] | None = None) -> int:
     return service_main("prefill_engine", PrefillEngineConfig, PrefillEngineService, argv)

@@ -28,6 +28,17 @@ class Chunk(NamedTuple):
 First = tuple[int, TokenLogprob | None]  # a finished prompt's first token (and its log-probabilities)
 
 
+def attention_model(cfg) -> AttentionModel:
+    """The intra-PE policy's attention-time model, from the engine's profiled settings."""
+    return AttentionModel(per_pair=cfg.attn_per_pair_s, per_token=cfg.attn_per_token_s, per_batch=cfg.attn_per_batch_s)
+
+
+def one_forward(cfg, attn: AttentionModel, cached: int, prompt_len: int) -> bool:
+    """A prompt's missing part fits one forward (so its hits may live in a window)."""
+    miss = prompt_len - cached
+    return miss <= cfg.max_batch_tokens and attn.batch_time([(cached, miss)]) <= cfg.compute_quota_s
+
+
 def pick(queue: list[PrefillRequest], allocate: Callable[[PrefillRequest], bool], attn: AttentionModel,
          quota_s: float, max_tokens: int) -> list[Chunk]:
     """The next forward's chunks. FIFO: KV memory for the head first (`allocate`); stop at the first

@@ -16,35 +16,37 @@ A failure is answered at once: `FetchFailed` before the read finished is a miss 
 is computed); after it (a layer copy died) it fails the `LoadProgress`, so a forward waiting
 on it raises now, and a request not in a forward is failed (retryable) right away. A read
 that never reports fails at its deadline.
-Owns the requests waiting for KV blocks; receives the bus, the engine's KV memory and
-callbacks into the engine, never the engine itself.
+Owns the requests waiting for KV blocks; receives the engine's link to the mesh and its KV
+memory, never the engine itself: each step returns (or, running, yields) what should happen to
+the request (outcomes.py), and the engine does it.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from typing import Awaitable, Callable
+from collections.abc import AsyncIterator
 
 from opentelemetry import trace
 
 from services.prefill_engine import memory
+from services.prefill_engine.batching import attention_model, one_forward
 from services.prefill_engine.config import PrefillEngineConfig
 from services.prefill_engine.layers import LoadProgress
+from services.prefill_engine.life import PeState
+from services.prefill_engine.link import Link
+from services.prefill_engine.outcomes import Abandon, Fail, Free, LoadFailed, Outcome, Ready, Send
 from services.prefill_engine.record import PrefillRequest
 from services.prefill_engine.staged_copy import StagedCopier
-from shared.bus import Bus
 from shared.engine.kv_memory import KVMemory
 from shared.messages.codes import ErrorCode
 from shared.messages.storage_gateway import StoreLayout
 from shared.messages.traffic_manager import (FetchFailed, FetchKV, FetchProgress, KVWindow, LayersLoaded,
                                              ReadFinished, ReadQueued, Release)
-from shared.messages.subjects import Subjects
 from shared.messages.work import PrefillWork
 
 log = logging.getLogger("prefill_engine.fetch")
 tracer = trace.get_tracer("prefill_engine")
-Fail = Callable[..., Awaitable[None]]  # fail(req, code, error, retryable=..., release=...)
 
 
 def usable_hits(work: PrefillWork, block_size: int) -> int:
@@ -64,29 +66,21 @@ def stored_blocks(req: PrefillRequest, block_size: int) -> int:
 
 
 class Fetcher:
-    def __init__(self, bus: Bus, subject: str, cfg: PrefillEngineConfig, store: StoreLayout, kv: KVMemory, n_layers: int,
-                 held: dict[str, PrefillRequest], spawn: Callable[..., asyncio.Task], *,
-                 ready: Callable[[PrefillRequest], None], fail: Fail, failed_load: Fail,
-                 release: Callable[[PrefillRequest], None], one_forward: Callable[[int, int], bool],
-                 estimate: Callable[[PrefillRequest], float], abandon: Fail, engine: str = "",
-                 subjects: Subjects | None = None, metrics=None):
-        self.engine = engine  # this engine's id (a prefetch staged in its own TM's buffer names it)
-        self.subjects = subjects  # a holder TM's Release: prefetched blocks copied directly
+    def __init__(self, link: Link, cfg: PrefillEngineConfig, store: StoreLayout, kv: KVMemory, metrics=None):
+        self.bus, self.subjects, self.engine, self.spawn = link.bus, link.subjects, link.engine, link.spawn
+        self.subject = self.subjects.tm(self.engine, "fetch")  # this engine's TM's fetch
         self.copier = StagedCopier(kv)
         self.m_direct = metrics.counter(  # the prefetched blocks copied straight from the TM buffer, or refused there
             "staged_copy_blocks_total", "Prefetched blocks copied straight from a TM buffer on this host (copied), "
             "or refused there (their entry went: fetched instead)", ("outcome",)) if metrics is not None else None
-        self.bus, self.subject, self.cfg, self.store, self.kv = bus, subject, cfg, store, kv
-        self.n_layers, self.held, self.spawn = n_layers, held, spawn
-        self.ready, self.fail, self.failed_load, self.release = ready, fail, failed_load, release
-        self.one_forward = one_forward  # (cached, prompt length) -> its missing part fits one forward
-        self.estimate = estimate  # seconds a forward computing the request alone would take
-        self.abandon = abandon  # abandon(req, code, error): fail it (retryable) and free it once the TM is done
+        self.cfg, self.store, self.kv, self.n_layers = cfg, store, kv, store.n_layers
+        self.attn = attention_model(cfg)
         self.waiting: list[PrefillRequest] = []  # hit requests waiting for KV blocks (FIFO)
 
-    def start(self) -> None:
-        """FIFO: give waiting hit requests their KV blocks and ask the TM to load the hits."""
-        kv, cfg = self.kv, self.cfg
+    def start(self) -> list[Outcome]:
+        """FIFO: give waiting hit requests their KV blocks and their FetchKV (to send: `Send`), or copy
+        hits prefetched into a buffer this engine maps straight away (`Ready`)."""
+        kv, cfg, out = self.kv, self.cfg, []
         while self.waiting:
             req = self.waiting[0]
             work = req.work
@@ -96,29 +90,33 @@ class Fetcher:
             # per-layer hand-offs cost a prefetched turn 1.4x the oracle's TTFT on the tiny model);
             # prefetched into a buffer this engine maps (its own TM's, a same-host one's): one copy, no message
             staged = bool(work.staged_engine) and work.staged_blocks >= n
-            window = cfg.hit_window_layers if self.one_forward(n * cfg.block_size, len(req.prompt)) and not staged else 0
-            if not memory.allocate(kv, req, n, window, self.n_layers):
-                return
+            fits = one_forward(cfg, self.attn, n * cfg.block_size, len(req.prompt))
+            if not memory.allocate(kv, req, n, cfg.hit_window_layers if fits and not staged else 0, self.n_layers):
+                return out
             self.waiting.pop(0)
-            pe = min(work.pe_blocks, n)  # the scheduler's count; the rest goes on the DE path
-            req.load, req.reading = LoadProgress(req.req_id, req.window), True
-            if pe < n or (work.staged_blocks and work.staged_engine == work.de_engine):
+            req.load = LoadProgress(req.req_id, req.window)
+            if min(work.pe_blocks, n) < n or (work.staged_blocks and work.staged_engine == work.de_engine):
                 req.de_held = work.de_engine  # DE-buffer slots are reserved for it (adopted prefetches too)
-            w = req.window
-            fetch = FetchKV(req.req_id, work.block_keys[:n], req.blocks[:n], work.read_node or cfg.node,
-                            self.store, pe, de_engine=work.de_engine, de_node=work.de_node,
-                            prompt_blocks=len(req.blocks), staged_engine=work.staged_engine,
-                            staged_owner=work.staged_owner, staged_blocks=min(work.staged_blocks, n),
-                            window=KVWindow(w.hits, list(w.ring), w.layers) if w else None)
-            if staged and work.staged_slots is not None and self._direct(req, fetch):
+            fetch = self._fetch_kv(req, n)
+            if staged and work.staged_slots is not None and (done := self._direct(req, fetch)) is not None:
+                out += done
                 continue
             req.deadline = time.monotonic() + cfg.handoff_timeout_s
-            req.timer = self.spawn(self._deadline(req), name=f"fetch-deadline-{req.req_id}")
-            self.spawn(self._send(req, fetch), name=f"fetch-{req.req_id}")
+            out.append(Send(req, fetch))
+        return out
 
-    def _direct(self, req: PrefillRequest, fetch: FetchKV) -> bool:
+    def _fetch_kv(self, req: PrefillRequest, n: int) -> FetchKV:
+        """The storage read of its `n` leading hits into its KV blocks (or its window's ring)."""
+        work, w = req.work, req.window
+        return FetchKV(req.req_id, work.block_keys[:n], req.blocks[:n], work.read_node or self.cfg.node,
+                       self.store, min(work.pe_blocks, n), de_engine=work.de_engine, de_node=work.de_node,
+                       prompt_blocks=len(req.blocks), staged_engine=work.staged_engine,
+                       staged_owner=work.staged_owner, staged_blocks=min(work.staged_blocks, n),
+                       window=KVWindow(w.hits, list(w.ring), w.layers) if w else None)
+
+    def _direct(self, req: PrefillRequest, fetch: FetchKV) -> list[Outcome] | None:
         """Every hit sits in a TM buffer this engine maps (its own TM's; the DE's or another's on this
-        host): copy them from there, no FetchKV (False: the entry went meanwhile, fetch the usual way).
+        host): copy them from there, no FetchKV (None: the entry went meanwhile, fetch the usual way).
         The holder takes the slots back when told they were used, or, the request's own DE's, its
         push's reservation adopts them as the prompt's first DE-buffer slots (never pushed)."""
         n, work = len(fetch.keys), req.work
@@ -130,88 +128,86 @@ class Fetcher:
         if self.m_direct is not None:
             self.m_direct.labels("copied" if ok else "refused").inc(n)
         if not ok:
-            return False
+            return None
         if work.staged_engine == work.de_engine != self.engine:
             req.adopt, req.adopt_blocks = work.staged_owner, n
-        elif self.subjects is not None:
+        else:
             self.spawn(self.bus.publish(self.subjects.tm(work.staged_engine, "release"),
                                         Release(work.staged_owner, used=n)), name=f"release-staged-{req.req_id}")
-        self._read_done(req, ReadFinished(req.req_id, n, layers=self.n_layers, staged=n))
-        return True
+        return self._read_done(req, ReadFinished(req.req_id, n, layers=self.n_layers, staged=n))
 
-    async def _send(self, req: PrefillRequest, fetch: FetchKV) -> None:
+    async def send(self, req: PrefillRequest, fetch: FetchKV) -> AsyncIterator[Outcome]:
+        """Ask this engine's TM for the read; one that cannot be sent fails now, not at the deadline."""
         try:
             await self.bus.publish(self.subject, fetch, ctx=req.ctx)
         except Exception as exc:  # noqa: BLE001 - the read was never asked for: fail it now, not at the deadline
             log.warning("fetch of %s not sent: %s", req.req_id, exc)
-            if req.reading:
-                req.reading = False
+            if req.read_pending:
+                req.load.reading = False
                 req.cancel_timer()
-                await self.fail(req, ErrorCode.STORAGE, f"storage read not sent: {exc}", retryable=True)
+                yield Fail(req, ErrorCode.STORAGE, f"storage read not sent: {exc}")
 
-    async def _deadline(self, req: PrefillRequest) -> None:
+    async def deadline(self, req: PrefillRequest) -> AsyncIterator[Outcome]:
         """Every transfer has a deadline: a storage read that never reports (its traffic-manager died)
         fails the request as retryable; its blocks are freed one more deadline later, when no copy
         of that fetch can still be writing into them. Cancelled as soon as the read reports."""
         while (left := req.deadline - time.monotonic()) > 0:
             await asyncio.sleep(left)
-        if not req.reading:
+        if not req.read_pending:
             return
-        req.reading = False
+        req.load.reading = False
         reason = "stored KV did not arrive before the transfer deadline"
         req.load.fail(reason)
-        if not req.cancelled:
-            await self.fail(req, ErrorCode.STORAGE, reason, retryable=True, release=False)
+        if req.state is PeState.READING:
+            yield Fail(req, ErrorCode.STORAGE, reason, release=False)
         await asyncio.sleep(self.cfg.handoff_timeout_s)
-        self.release(req)
+        yield Free(req)
 
-    async def on_progress(self, msg: FetchProgress) -> None:
-        req = self.held.get(msg.req_id)
-        if req is None or req.load is None or req.load.error:
-            return
+    def on_progress(self, req: PrefillRequest, msg: FetchProgress) -> list[Outcome]:
+        """A report of its read (or its layers) from this engine's TM: what follows from it."""
+        if req.load is None or req.load.error:
+            return []
         match msg:
             case ReadQueued(eta_s=eta):  # behind other storage reads: the deadline waits for the queue
-                if req.reading:
-                    req.deadline = max(req.deadline, time.monotonic() + self.cfg.handoff_timeout_s + eta)
+                req.deadline = max(req.deadline, time.monotonic() + self.cfg.handoff_timeout_s + eta)
             case ReadFinished():
-                if req.reading:
-                    self._read_done(req, msg)
+                if req.read_pending:
+                    return self._read_done(req, msg)
             case LayersLoaded(layer=layer):
+                done = req.copies_done(self.n_layers)
                 req.load.mark(layer)
-                if req.cancelled and req.copies_done(self.n_layers):
-                    self.release(req)
+                if req.state in (PeState.CANCELLED, PeState.FAILED) and not done and req.copies_done(self.n_layers):
+                    return [Free(req)]  # it waited for its last copy to land
             case FetchFailed():
-                await self._fetch_failed(req, msg)
+                return self._fetch_failed(req, msg)
+        return []
 
-    async def _fetch_failed(self, req: PrefillRequest, msg: FetchFailed) -> None:
-        if req.reading:  # nothing reached KV memory yet: a miss after all
+    def _fetch_failed(self, req: PrefillRequest, msg: FetchFailed) -> list[Outcome]:
+        if req.read_pending:  # nothing reached KV memory yet: a miss after all
             log.warning("fetch of %s failed before its read finished (%s: %s); computing the prompt",
                         req.req_id, msg.code, msg.error)
-            self._read_done(req, ReadFinished(req.req_id, 0))
-            return
+            return self._read_done(req, ReadFinished(req.req_id, 0))
         if msg.layers:
             req.load.mark(msg.layers - 1)
         if req.load.layers >= self.n_layers:
-            return  # every layer is in place already: nothing waits on the rest
+            return []  # every layer is in place already: nothing waits on the rest
         req.cancel_timer()
         req.load.fail(msg.error, msg.code)  # a forward waiting on its next layer raises now
-        await self.failed_load(req, msg.code, f"stored KV load failed: {msg.error}")
+        return [LoadFailed(req, msg.code, f"stored KV load failed: {msg.error}")]
 
-    def _read_done(self, req: PrefillRequest, msg: ReadFinished) -> None:
+    def _read_done(self, req: PrefillRequest, msg: ReadFinished) -> list[Outcome]:
         """The storage read reported: `msg.blocks` leading hits were found; their layers land within
         `msg.eta_s` and are copied into KV memory layer by layer as they do (a short read only means
-        fewer hits). The request joins the prefill queue when its read is about to end: its own
+        fewer hits). The request is ready to compute when its read is about to end: its own
         compute then overlaps the tail of its own read, without holding up a forward much earlier."""
-        req.reading = False
+        req.load.reading = False
         req.cancel_timer()
         req.hit_tokens = msg.blocks * self.cfg.block_size
         req.staged_hits, req.de_read_hits = min(msg.staged, msg.blocks), min(msg.de_read, msg.blocks)
         if msg.de_slots:
             req.de_slots, req.de_hits = list(msg.de_slots), list(msg.de_hits)
         if not memory.fill_short_read(self.kv, req, msg.blocks):
-            self.spawn(self.abandon(req, ErrorCode.BUFFER_FULL, "no KV memory for the blocks a short read missed"),
-                       name=f"short-read-{req.req_id}")
-            return
+            return [Abandon(req, ErrorCode.BUFFER_FULL, "no KV memory for the blocks a short read missed")]
         if msg.blocks == 0:
             req.load = None  # a miss after all: compute the whole prompt
         else:
@@ -219,16 +215,7 @@ class Fetcher:
             req.load.expect(msg.eta_s)  # a layer's wait counts from the read's expected end at the earliest
             if msg.layers:  # copied before the report (every hit was prefetched into this engine's buffer)
                 req.load.mark(msg.layers - 1)
-        delay = msg.eta_s - self.estimate(req)
-        if delay <= 0:
-            self.ready(req)
-        else:
-            self.spawn(self._ready_later(req, delay), name=f"ready-{req.req_id}")
-
-    async def _ready_later(self, req: PrefillRequest, delay: float) -> None:
-        await asyncio.sleep(delay)
-        if self.held.get(req.req_id) is req and not req.cancelled:
-            self.ready(req)
+        return [Ready(req, msg.eta_s)]
 
     def drop(self, req: PrefillRequest) -> None:
         """A cancelled request leaves the wait for KV blocks."""

@@ -13,24 +13,29 @@ the DE-buffer slots it held. A prompt the decode engine never takes (its only to
 from the prefill: max_tokens 1, an end-of-sequence token; cancelled; a failed hand-off) is
 persisted from here instead: its full blocks the store lacks go to this engine's TM
 (`SaveKV`, this node's gateway writes them) before its KV blocks are freed -- every
-prompt is stored, whatever ends it. Receives the bus and callbacks, never the engine itself.
+prompt is stored, whatever ends it. Receives the engine's link to the mesh, never the engine
+itself: `run` yields what should happen to the request (outcomes.py) as it comes, the engine does it.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from typing import Awaitable, Callable
+from collections.abc import AsyncIterator
 
 from opentelemetry import trace
 
+from services.prefill_engine.config import PrefillEngineConfig
 from services.prefill_engine.fetch import stored_blocks
+from services.prefill_engine.life import PeState
+from services.prefill_engine.link import Link
+from services.prefill_engine.metrics import PrefillMetrics
+from services.prefill_engine.outcomes import Fail, Free, Outcome
 from services.prefill_engine.record import PrefillRequest
-from shared.bus import Bus, BusError, error_code
+from shared.bus import BusError, error_code
 from shared.engine.requests import stop_ids
 from shared.messages.codes import ErrorCode, FinishReason, LoadMode
 from shared.messages.stream import TokenEvent, TokenLogprob
-from shared.messages.subjects import Subjects
 from shared.messages.storage_gateway import StoreLayout
 from shared.messages.traffic_manager import ForwardAlive, KVWindow, PushDone, PushKV, Release, SaveCopied, SaveKV
 from shared.messages.work import Ack, DecodeAdmit
@@ -40,15 +45,11 @@ tracer = trace.get_tracer("prefill_engine")
 
 
 class Handoff:
-    def __init__(self, bus: Bus, subjects: Subjects, engine: str, timeout_s: float, eos_ids: tuple[int, ...],
-                 observe: Callable[[float], None], *, fail: Callable[..., Awaitable[None]],
-                 release: Callable[[PrefillRequest], None], drop_de_slots: Callable[[PrefillRequest], None],
-                 store: StoreLayout, node: str, spawn: Callable[..., asyncio.Task],
-                 observe_tail: Callable[[float], None]):
-        self.bus, self.subjects, self.engine, self.timeout_s, self.eos_ids = bus, subjects, engine, timeout_s, eos_ids
-        self.observe, self.fail, self.release, self.drop_de_slots = observe, fail, release, drop_de_slots
-        self.store, self.node, self.spawn = store, node, spawn
-        self.observe_tail = observe_tail  # seconds from the last layer computed to the last layer landed
+    def __init__(self, link: Link, cfg: PrefillEngineConfig, store: StoreLayout, eos_ids: tuple[int, ...],
+                 pm: PrefillMetrics | None = None):
+        self.bus, self.subjects, self.engine, self.spawn = link.bus, link.subjects, link.engine, link.spawn
+        self.timeout_s, self.node, self.store, self.eos_ids = cfg.handoff_timeout_s, cfg.node, store, eos_ids
+        self.pm = pm  # hand-off time, and its tail: from the last layer computed to the last layer landed
 
     # layerwise push ------------------------------------------------------------------------
     def start_push(self, req: PrefillRequest, expect_s: float = 0.0) -> None:
@@ -95,32 +96,36 @@ class Handoff:
             await self.bus.publish(self.subjects.tm(self.engine, "release"), Release(req.req_id))
         await asyncio.wait([req.push])
 
-    async def run(self, req: PrefillRequest, first: int, lp: TokenLogprob | None) -> None:
-        req.handing_off = True  # a cancel from now on is seen here; the blocks are released at the end
-        try:
-            await self._run(req, first, lp)
-        finally:
-            req.handing_off = False
-
-    async def _run(self, req: PrefillRequest, first: int, lp: TokenLogprob | None) -> None:
+    async def run(self, req: PrefillRequest, first: int, lp: TokenLogprob | None) -> AsyncIterator[Outcome]:
+        """The first token out, then the KV to the DE and its admission there; or, the prompt ending here
+        (one token, its end of sequence, cancelled), its end here. Ends by yielding `Free`."""
         sp = req.sampling
         done = first in stop_ids(sp, self.eos_ids)
         finish = FinishReason.STOP if done else (FinishReason.LENGTH if sp.max_tokens <= 1 else None)
-        if not req.cancelled:
+        if not _cancelled(req):
             await self.bus.publish(req.reply, TokenEvent(req.req_id, [first], 0, finish=finish, source=self.engine,
                                                          cached_tokens=req.hit_tokens, tiers=req.tiers,
                                                          logprobs=[lp] if lp is not None else []), ctx=req.ctx)
-        if finish or req.cancelled:
-            try:
-                if req.cancelled:
-                    await self.abort_push(req)
-                elif req.push is not None:
-                    await asyncio.wait([req.push])  # its TM still reads the blocks
-                self.drop_de_slots(req)  # finished here (e.g. one token): the DE never loads them
-                await self.persist(req)
-            finally:
-                self.release(req)
-            return
+        if finish or _cancelled(req):
+            await self._end_here(req)
+        else:
+            async for outcome in self._hand_over(req, first):
+                yield outcome
+        yield Free(req)
+
+    async def _end_here(self, req: PrefillRequest) -> None:
+        """Finished here (e.g. one token) or cancelled: its push ends, its DE never loads the slots
+        staged for it, and the prompt is stored from here."""
+        if _cancelled(req):
+            await self.abort_push(req)
+        elif req.push is not None:
+            await asyncio.wait([req.push])  # its TM still reads the blocks
+        self.drop_de_slots(req)
+        await self.persist(req)
+
+    async def _hand_over(self, req: PrefillRequest, first: int) -> AsyncIterator[Outcome]:
+        """Push and admit; a failure fails the request (retryable), frees the DE-buffer slots it held,
+        and stores the prompt from here (the DE never took it)."""
         t0 = time.perf_counter()
         work = req.work
         with tracer.start_as_current_span("pd_handoff", context=req.ctx,
@@ -132,15 +137,21 @@ class Handoff:
                 if not isinstance(exc, BusError):
                     log.exception("hand-off of %s failed", req.req_id)
                 reason = exc.reason if isinstance(exc, BusError) else f"{type(exc).__name__}: {exc}"
-                if not req.cancelled:
+                if not _cancelled(req):
                     code = error_code(exc, ErrorCode.KV_TRANSFER if isinstance(exc, BusError) else ErrorCode.INTERNAL)
-                    await self.fail(req, code, f"KV hand-off to {work.de_engine} failed: {reason}", retryable=True,
-                                    release=False)
+                    yield Fail(req, code, f"KV hand-off to {work.de_engine} failed: {reason}", release=False)
                 await self.bus.publish(self.subjects.tm(work.de_engine, "release"), Release(req.req_id))
                 await self.persist(req)  # the DE never took it: the prompt is stored from here
             finally:
-                self.release(req)
-                self.observe(time.perf_counter() - t0)
+                if self.pm is not None:
+                    self.pm.handoff.observe(time.perf_counter() - t0)
+
+    def drop_de_slots(self, req: PrefillRequest) -> None:
+        """The DE buffer slots staged for a request that will not reach that DE: free them."""
+        engine, req.de_held = req.de_held, ""
+        if engine:
+            self.spawn(self.bus.publish(self.subjects.tm(engine, "release"), Release(req.req_id)),
+                       name=f"release-de-{req.req_id}")
 
     async def persist(self, req: PrefillRequest) -> None:
         """Save the prompt's full blocks the store lacks from this engine's KV memory (its TM copies
@@ -171,8 +182,8 @@ class Handoff:
         elif req.push is not None:  # sent layer by layer during the forward
             await asyncio.wait([req.push])
             pushed = req.pushed or PushDone(ok=False, error="the push task failed", code=ErrorCode.INTERNAL)
-            if pushed.ok and req.computed_at:
-                self.observe_tail(time.perf_counter() - req.computed_at)
+            if pushed.ok and req.computed_at and self.pm is not None:
+                self.pm.tail.observe(time.perf_counter() - req.computed_at)
         else:
             pushed = await self.bus.request(
                 self.subjects.tm(self.engine, "push"),
@@ -180,7 +191,7 @@ class Handoff:
                        skip=req.de_hits), PushDone, timeout=self.timeout_s)
         if not pushed.ok:
             raise BusError("push", pushed.error, pushed.code)
-        if req.cancelled:
+        if _cancelled(req):
             raise BusError("push", "cancelled", ErrorCode.CANCELLED)
         admit = DecodeAdmit(req.req_id, len(req.prompt), first, req.sampling, req.reply, pushed.slots,
                             pe_engine=self.engine, prompt=req.prompt, block_keys=work.block_keys,
@@ -188,3 +199,8 @@ class Handoff:
         ack = await self.bus.request(self.subjects.decode_admit(work.de_engine), admit, Ack, timeout=self.timeout_s)
         if not ack.ok:
             raise BusError("admit", ack.error, ack.code)
+
+
+def _cancelled(req: PrefillRequest) -> bool:
+    """Its client left while it was being handed off (checked anew after every wait)."""
+    return req.state is PeState.CANCELLING

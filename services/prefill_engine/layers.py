@@ -54,6 +54,8 @@ class LoadProgress:
         self.uploaded = 0  # layers 0..uploaded-1 sent up to the device cache (model thread only)
         self.events: list = []  # their copy events, one per layer (None on CPU)
         self.moved = time.monotonic()  # the last sign of progress (a layer landed, the read reported)
+        self.reading = True  # its storage read is in flight, unreported (event loop only; False: reported or given up)
+        self.gone = False  # its traffic manager died: no read or copy of the old one lands (event loop only)
         self._cond = threading.Condition()
 
     def mark(self, layer: int) -> None:

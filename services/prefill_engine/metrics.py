@@ -1,4 +1,4 @@
-"""The prefill engine's own Prometheus series (prompts, tokens, forwards, hand-offs, queue, tiers).
+"""The prefill engine's own Prometheus series (prompts, tokens, forwards, hand-offs, queue, states, tiers).
 
 `prompt_tier_tokens_total{engine, tier}` counts every prefilled prompt's tokens by where their
 KV came from (shared/tiers.py); each tier's series exists from the start, at 0.
@@ -21,7 +21,9 @@ class PrefillMetrics:
         self.handoff = m.histogram("handoff_seconds", "KV push + admit time")
         self.tail = m.histogram("handoff_tail_seconds", "Last layer computed -> last layer in the DE buffer",
                                 buckets=TAIL_BUCKETS)
-        self.queue = m.gauge("queue_length", "Requests waiting for prefill")
+        self.queue = m.gauge("queue_length", "Requests waiting for prefill (for KV blocks, or queued to compute)")
+        self.states = m.gauge("requests_held", "Requests this engine holds, by state (life.py)", ("state",))
+        self.illegal = m.counter("illegal_transitions_total", "Request state moves refused as illegal (a bug)")
         tiers = m.counter("prompt_tier_tokens_total", "Prompt tokens prefilled, by where their KV came from "
                           "(computed, engine, buffer, storage_pe, storage_de)", ("engine", "tier"))
         self.tiers = {name: tiers.labels(engine, name) for name in NAMES}  # tier -> this engine's series

@@ -1,8 +1,9 @@
-"""One record per request a prefill engine holds: the work, its stored-KV load, its progress.
+"""One record per request a prefill engine holds: the work, its state, its stored-KV load, its progress.
 
-Pure state (no I/O, no torch). Progress is counters: `hit_tokens` (prompt tokens served
-from the store; `prompt_tiers` says from where) and `computed` (prompt tokens whose KV is in
-KV memory). Releasing a request drops this one record; `cancel_timer` ends the deadline task.
+Pure state (no I/O, no torch). Where it is: `state` (life.py, its only writer). Progress is
+counters: `hit_tokens` (prompt tokens served from the store; `prompt_tiers` says from where)
+and `computed` (prompt tokens whose KV is in KV memory). Releasing a request drops this one
+record; `cancel_timer` ends the deadline task.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.prefill_engine.layers import LoadProgress
+from services.prefill_engine.life import PeState
 from shared.kv.window import HitWindow
 from shared.engine.requests import EngineRequest
 from shared.messages.codes import LoadMode
@@ -21,8 +23,9 @@ from shared.messages.work import PrefillWork
 @dataclass(eq=False)
 class PrefillRequest(EngineRequest):
     work: PrefillWork | None = None  # what the scheduler asked for (hits, DE, mode)
-    load: LoadProgress | None = None  # layer progress of its stored KV (None: nothing to load)
-    reading: bool = False  # its storage read is in flight (the TM has not reported the read yet)
+    state: PeState | None = None  # where it is (written by PeLife.move alone)
+    span: Any = None  # its span at this engine, from intake to release: its moves are its events
+    load: LoadProgress | None = None  # its stored KV: the read, then layer by layer (None: nothing to load)
     hit_tokens: int = 0  # prompt tokens served from the store
     staged_hits: int = 0  # ... of them, leading blocks copied from a buffer (prefetched, a kept turn)
     de_read_hits: int = 0  # ... trailing blocks read on the DE path (the rest between: the PE path)
@@ -35,12 +38,9 @@ class PrefillRequest(EngineRequest):
     adopt_blocks: int = 0  # ... its leading blocks (the prompt's first DE-buffer slots, never pushed)
     deadline: float = 0.0  # monotonic time its storage read must report by
     timer: asyncio.Task | None = None  # the deadline task it owns, if any
-    in_step: bool = False  # inside the running forward
-    handing_off: bool = False  # its hand-off (push, admit or persist) reads its KV blocks: it releases them
     window: HitWindow | None = None  # its hits live a few layers at a time in this ring (memory.py)
     push: asyncio.Task | None = None  # its layerwise push to the DE, from its final forward on
     pushed: Any = None  # ... its outcome (PushDone), once over
-    copies_gone: bool = False  # its TM died: no read or copy of the old one will land
     computed_at: float = 0.0  # perf_counter when its last layer was computed (hand-off tail metric)
 
     @property
@@ -59,13 +59,19 @@ class PrefillRequest(EngineRequest):
         de = min(self.de_read_hits * block_size, hit - buffer)
         return PromptTiers(computed=n - hit, buffer=buffer, storage_pe=hit - buffer - de, storage_de=de)
 
+    @property
+    def read_pending(self) -> bool:
+        """Its storage read is in flight: the traffic manager has not reported it (nor was it given up)."""
+        return self.load is not None and self.load.reading
+
     def copies_done(self, n_layers: int) -> bool:
         """No storage read or layer copy still targets this request's KV blocks."""
-        if self.copies_gone:
+        load = self.load
+        if load is None or load.gone:
             return True
-        if self.reading:
+        if load.reading:
             return False
-        return self.load is None or self.hit_tokens == 0 or self.load.layers >= n_layers
+        return self.hit_tokens == 0 or load.layers >= n_layers
 
     def cancel_timer(self) -> None:
         """End the deadline task (unless it is the caller: it ends by returning)."""

@@ -1,7 +1,8 @@
-"""The engines around the in-process mesh (dp_mesh.py), without a model: a prefill engine's real
-stored-KV fetch and hand-off (`Fetcher`, `Handoff`; a test says when its forward computed each
-layer), and a decode engine service with its real admission, batch bookkeeping and persister
-(a test hands it each sampled token). What one prompt's turn moves and saves is then the code's."""
+"""The engines around the in-process mesh (dp_mesh.py), without a model: a prefill engine service
+with its real intake, states, stored-KV fetch and hand-off (`Fetcher`, `Handoff`; a test says when
+its forward computed each layer), and a decode engine service with its real admission, batch
+bookkeeping and persister (a test hands it each sampled token). What one prompt's turn moves and
+saves is then the code's."""
 from __future__ import annotations
 
 import time
@@ -12,8 +13,7 @@ from services.decode_engine.config import DecodeEngineConfig
 from services.decode_engine.persist import Persister
 from services.decode_engine.running import DecodeRequest, RunningSeq
 from services.prefill_engine.config import PrefillEngineConfig
-from services.prefill_engine.fetch import Fetcher, usable_hits
-from services.prefill_engine.handoff import Handoff
+from services.prefill_engine.life import PeState
 from services.prefill_engine.record import PrefillRequest
 from shared.engine.store_layout import prompt_keys
 from shared.kv.allocator import SlotAllocator
@@ -21,6 +21,7 @@ from shared.messages.codes import LoadMode
 from shared.messages.traffic_manager import LayersComputed
 from shared.messages.work import Ack, DecodeAdmit, PrefillWork, Sampling
 from tests.unit.dp_mesh import BS, DE, DE_NODE, HUGE, LAYERS, LAYOUT, PE, PE_NODE, SLOTS, SUBJECTS, Mesh, Tasks
+from tests.unit.pe_util import bare_prefill, errors, finish_forward, intake
 from tests.unit.tm_util import Reply
 
 PROMPT = list(range(100, 100 + 4 * BS + 5))  # four full blocks and five tokens: five KV blocks
@@ -34,51 +35,40 @@ def work(hits: int, pe_blocks: int, max_tokens: int = 64) -> PrefillWork:
 
 
 class Prefill:
-    """The prefill engine `pe0`: its requests, KV memory (block ids only), fetch and hand-off."""
+    """The prefill engine `pe0`: its service (KV memory of block ids only), fetching and handing off."""
 
     def __init__(self, mesh: Mesh, tasks: Tasks):
         self.mesh, self.tasks = mesh, tasks
         self.kv = SimpleNamespace(block_size=BS, alloc=SlotAllocator(SLOTS), blocks_for=lambda n: -(-n // BS))
-        self.held: dict[str, PrefillRequest] = {}
-        self.failed: list[tuple[str, object, str]] = []
-        cfg = PrefillEngineConfig(block_size=BS, handoff_timeout_s=HUGE, hit_window_layers=0, node=PE_NODE)
-        self.fetcher = Fetcher(mesh, SUBJECTS.tm(PE, "fetch"), cfg, LAYOUT, self.kv, LAYERS, self.held, tasks,
-                               ready=lambda req: None, fail=self._fail, failed_load=self._fail,
-                               release=self._release, one_forward=lambda cached, n: True,
-                               estimate=lambda req: 0.0, abandon=self._fail)
-        mesh.on_progress = self.fetcher.on_progress
-        self.handoff = Handoff(mesh, SUBJECTS, PE, HUGE, (), lambda s: None, fail=self._fail, release=self._release,
-                               drop_de_slots=lambda req: None, store=LAYOUT, node=PE_NODE, spawn=tasks,
-                               observe_tail=lambda s: None)
+        cfg = PrefillEngineConfig(block_size=BS, handoff_timeout_s=HUGE, hit_window_layers=0, node=PE_NODE,
+                                  engine=PE, namespace=SUBJECTS.ns)
+        self.svc = bare_prefill(mesh, self.kv, LAYOUT, cfg, spawn=tasks)
+        self.svc.free_blocks = lambda req: self.kv.alloc.release(req.req_id)  # its block ids stay: what moved where
+        mesh.on_progress = lambda msg: self.svc._on_loaded(msg, None)
 
-    async def _fail(self, req: PrefillRequest, code, error: str, retryable: bool = False, release: bool = True):
-        self.failed.append((req.req_id, code, error))
-
-    def _release(self, req: PrefillRequest) -> None:
-        self.held.pop(req.req_id, None)
+    @property
+    def failed(self) -> list[tuple[str, object, str]]:
+        return [(m.req_id, m.code, m.error) for m in errors(self.mesh.heard)]
 
     async def load(self, w: PrefillWork) -> PrefillRequest:
         """Intake: the request's KV blocks, and its stored hits fetched, every layer in KV memory."""
-        req = PrefillRequest(w.req_id, w.prompt, w.sampling, w.reply, None, work=w)
-        self.held[req.req_id] = req
-        if usable_hits(w, BS):
-            self.fetcher.waiting.append(req)
-            self.fetcher.start()
-        else:
-            req.blocks = self.kv.alloc.allocate(req.req_id, self.kv.blocks_for(len(w.prompt)))
+        req = await intake(self.svc, w)
+        if not req.blocks:  # a miss: its blocks as the prefill loop gives them
+            assert self.svc._allocate(req)
         await self.tasks.settle()
         return req
 
     async def prefill(self, req: PrefillRequest, layerwise: bool, first: int = 7) -> None:
         """Its final forward (the push going on alongside it, layer by layer, when `layerwise`), then
         the hand-off of its first token."""
-        req.computed = len(req.prompt)
+        self.svc.move(req, PeState.COMPUTING, "its final forward")
         if layerwise:
-            self.handoff.start_push(req)
+            self.svc.handoff.start_push(req)
             for layer in range(LAYERS):
                 await self.mesh.publish(SUBJECTS.tm(PE, "computed"), LayersComputed([req.req_id], layer))
-        await self.handoff.run(req, first, None)
+        finish_forward(self.svc, req, first)
         await self.tasks.settle()
+        assert req.state is PeState.RELEASED and self.svc.life.illegal == 0 and not self.svc.life.held()
 
 
 class Decode:

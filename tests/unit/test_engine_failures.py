@@ -13,8 +13,8 @@ from services.decode_engine.config import DecodeEngineConfig
 from services.decode_engine.persist import Persister
 from services.decode_engine.running import DecodeRequest, RunningSeq
 from services.prefill_engine.config import PrefillEngineConfig
-from services.prefill_engine.fetch import Fetcher
 from services.prefill_engine.layers import LayerGate, LoadError, LoadProgress
+from services.prefill_engine.life import PeState
 from services.prefill_engine.record import PrefillRequest
 from shared.bus import BusError
 from shared.kv.allocator import SlotAllocator
@@ -25,6 +25,7 @@ from shared.messages.stream import TokenEvent
 from shared.messages.traffic_manager import FetchFailed, FetchKV, LayersLoaded, ReadFinished, ReadQueued
 from shared.messages.work import DecodeAdmit, PrefillWork, Sampling
 from shared.metrics import Metrics
+from tests.unit.pe_util import bare_prefill, intake
 
 pytestmark = pytest.mark.unit
 HUGE = 600.0  # every deadline: a test that finishes did not wait for one
@@ -63,37 +64,36 @@ class KV:
 
 
 class Engine:
-    """The prefill engine's side of the Fetcher's callbacks, recording what it was told."""
+    """A prefill engine service (tests/unit/pe_util.py) over a recording bus: what it queued to compute
+    (`queued`) and the errors it answered (`failed`: request, code, error, retryable)."""
 
     def __init__(self, bus: Bus, tg: asyncio.TaskGroup, window: int = 0, estimate: float = 0.0, kv_blocks: int = 32):
-        self.held: dict[str, PrefillRequest] = {}
-        self.queued, self.failed, self.released = [], [], []
         self.kv = KV(kv_blocks)
-        cfg = PrefillEngineConfig(handoff_timeout_s=HUGE, block_size=BS, hit_window_layers=window)
-        self.fetcher = Fetcher(bus, "tm.pe.fetch", cfg, LAYOUT,
-                               self.kv, LAYOUT.n_layers, self.held, lambda coro, name=None: tg.create_task(coro),
-                               ready=self.queued.append, fail=self.fail, failed_load=self.load_failed,
-                               release=self.released.append, one_forward=lambda cached, n: True,
-                               estimate=lambda req: estimate, abandon=self.abandon)
+        self.failed: list[tuple[str, ErrorCode, str, bool]] = []
+        cfg = PrefillEngineConfig(handoff_timeout_s=HUGE, block_size=BS, hit_window_layers=window, engine="pe")
+        self.svc = svc = bare_prefill(bus, self.kv, LAYOUT, cfg, tasks=tg)
+        svc.s_per_token = estimate / 5  # `submit`'s prompts compute 5 tokens: `estimate` seconds
+        self.fetcher, self.held = svc.fetcher, svc.held
+        answer = svc.publish_error
 
-    async def abandon(self, req, code, error):
-        self.failed.append((req.req_id, code, error, True))
+        async def publish_error(req, code, error, retryable=False):
+            self.failed.append((req.req_id, code, error, retryable))
+            await answer(req, code, error, retryable)
+        svc.publish_error = publish_error
 
-    async def fail(self, req, code, error, retryable=False, release=True):
-        self.failed.append((req.req_id, code, error, retryable))
+    @property
+    def queued(self) -> list[PrefillRequest]:
+        return self.svc.queue
 
-    async def load_failed(self, req, code, error):  # the engine fails it retryable (or its forward does)
-        self.failed.append((req.req_id, code, error, True))
-
-    def submit(self, rid: str = "r1", hits: int = 3) -> PrefillRequest:
+    async def submit(self, rid: str = "r1", hits: int = 3) -> PrefillRequest:
         prompt = list(range(hits * BS + 5))
         work = PrefillWork(rid, prompt, Sampling(), "pe-x", "out", block_keys=[bytes([i]) * 16 for i in range(hits)],
                            hit_blocks=hits, mode=LoadMode.BASIC, pe_blocks=hits)
-        req = PrefillRequest(rid, prompt, work.sampling, "out", None, work=work)
-        self.held[rid] = req
-        self.fetcher.waiting.append(req)
-        self.fetcher.start()
-        return req
+        return await intake(self.svc, work)
+
+    async def progress(self, msg) -> None:
+        """A report from its traffic manager."""
+        await self.svc._on_loaded(msg, None)
 
 
 def run(test):
@@ -108,12 +108,12 @@ def run(test):
 def test_a_read_that_reports_cancels_its_deadline_task():
     async def go(tg):
         eng = Engine(Bus(), tg)
-        req = eng.submit()
+        req = await eng.submit()
         timer = req.timer
-        assert req.reading and timer is not None and not timer.done()
-        await eng.fetcher.on_progress(ReadFinished("r1", 3))
+        assert req.state is PeState.READING and req.read_pending and timer is not None and not timer.done()
+        await eng.progress(ReadFinished("r1", 3))
         await asyncio.sleep(0)
-        assert timer.cancelled() and req.timer is None and not req.reading
+        assert timer.cancelled() and req.timer is None and not req.read_pending
         assert eng.queued == [req] and req.hit_tokens == 3 * BS and not eng.failed
     run(go)
 
@@ -121,9 +121,9 @@ def test_a_read_that_reports_cancels_its_deadline_task():
 def test_a_layer_copy_that_dies_fails_the_request_and_wakes_the_model_thread():
     async def go(tg):
         eng = Engine(Bus(), tg)
-        req = eng.submit()
-        await eng.fetcher.on_progress(ReadFinished("r1", 3))
-        await eng.fetcher.on_progress(LayersLoaded("r1", 0))
+        req = await eng.submit()
+        await eng.progress(ReadFinished("r1", 3))
+        await eng.progress(LayersLoaded("r1", 0))
         caught: list[BaseException] = []
 
         def model_thread():  # the forward, blocked before layer 1 with a 600 s layer timeout
@@ -134,7 +134,7 @@ def test_a_layer_copy_that_dies_fails_the_request_and_wakes_the_model_thread():
 
         t = threading.Thread(target=model_thread, daemon=True)  # daemon: a broken fail() must not hang the run
         t.start()
-        await eng.fetcher.on_progress(FetchFailed("r1", ErrorCode.KV_TRANSFER, "copy failed: peer gone"))
+        await eng.progress(FetchFailed("r1", ErrorCode.KV_TRANSFER, "copy failed: peer gone"))
         while t.is_alive():  # the model thread wakes when fail() reaches it
             await asyncio.sleep(0.005)
         assert isinstance(caught[0], LoadError) and caught[0].layer == 1 and "peer gone" in caught[0].reason
@@ -146,8 +146,8 @@ def test_a_layer_copy_that_dies_fails_the_request_and_wakes_the_model_thread():
 def test_a_short_read_only_shortens_the_hits():
     async def go(tg):  # one of three blocks verified: it still counts, the rest is computed
         eng = Engine(Bus(), tg)
-        req = eng.submit()
-        await eng.fetcher.on_progress(ReadFinished("r1", 1))
+        req = await eng.submit()
+        await eng.progress(ReadFinished("r1", 1))
         assert eng.queued == [req] and req.hit_tokens == BS and not eng.failed and not req.load.error
     run(go)
 
@@ -155,7 +155,7 @@ def test_a_short_read_only_shortens_the_hits():
 def test_hits_in_a_window_take_a_ring_and_a_short_read_gives_the_rest_blocks_of_their_own():
     async def go(tg):
         eng = Engine(Bus(), tg, window=2)  # LAYOUT has 4 layers: the hits hold two at a time
-        req = eng.submit(hits=4)
+        req = await eng.submit(hits=4)
         assert req.window is not None and req.window.hits == 4 and len(req.window.ring) == 2  # 4 x 2 / 4 layers
         assert req.blocks[:4] == [NO_BLOCK] * 4 and len(req.blocks) == 5
         for _ in range(5):
@@ -163,7 +163,7 @@ def test_hits_in_a_window_take_a_ring_and_a_short_read_gives_the_rest_blocks_of_
         fetch = next(m for _, m in eng.fetcher.bus.sent if isinstance(m, FetchKV))
         assert fetch.window.hits == 4 and fetch.window.ring == list(req.window.ring)
         assert eng.kv.alloc.free == 32 - 3
-        await eng.fetcher.on_progress(ReadFinished("r1", 1))  # one hit found: three blocks are computed now
+        await eng.progress(ReadFinished("r1", 1))  # one hit found: three blocks are computed now
         assert req.window.in_ring == 1 and NO_BLOCK not in req.blocks[1:] and eng.kv.alloc.free == 32 - 6
         assert eng.queued == [req] and req.hit_tokens == BS
     run(go)
@@ -172,9 +172,9 @@ def test_hits_in_a_window_take_a_ring_and_a_short_read_gives_the_rest_blocks_of_
 def test_a_read_joins_the_queue_when_its_end_is_its_own_compute_time_away():
     async def go(tg):
         eng = Engine(Bus(), tg, estimate=0.05)
-        req = eng.submit()
-        await eng.fetcher.on_progress(ReadFinished("r1", 3, eta_s=0.15))  # joins 0.1 s from now
-        assert eng.queued == [] and not req.reading
+        req = await eng.submit()
+        await eng.progress(ReadFinished("r1", 3, eta_s=0.15))  # joins 0.1 s from now
+        assert eng.queued == [] and not req.read_pending and req.state is PeState.LOADING
         while not eng.queued:
             await asyncio.sleep(0.01)
         assert eng.queued == [req]
@@ -184,31 +184,31 @@ def test_a_read_joins_the_queue_when_its_end_is_its_own_compute_time_away():
 def test_a_fetch_that_fails_before_its_read_finished_is_a_miss():
     async def go(tg):  # nothing reached KV memory: the whole prompt is computed, nothing fails
         eng = Engine(Bus(), tg)
-        req = eng.submit()
-        await eng.fetcher.on_progress(FetchFailed("r1", ErrorCode.NOT_READY, "engine KV memory not attached yet"))
+        req = await eng.submit()
+        await eng.progress(FetchFailed("r1", ErrorCode.NOT_READY, "engine KV memory not attached yet"))
         assert eng.queued == [req] and req.hit_tokens == 0 and req.load is None and not eng.failed
-        assert not req.reading and req.timer is None
+        assert not req.read_pending and req.timer is None
     run(go)
 
 
 def test_a_fetch_that_cannot_be_sent_fails_at_once():
     async def go(tg):
         eng = Engine(Bus(fail_with=BusError("tm.pe.fetch", "connection closed"), publish_too=True), tg)
-        req = eng.submit()
+        req = await eng.submit()
         for _ in range(10):
             await asyncio.sleep(0)
         assert [(r, code, retry) for r, code, _, retry in eng.failed] == [("r1", ErrorCode.STORAGE, True)]
-        assert not req.reading and req.timer is None
+        assert not req.read_pending and req.timer is None
     run(go)
 
 
 def test_a_queued_read_pushes_its_deadline_back():
     async def go(tg):
         eng = Engine(Bus(), tg)
-        req = eng.submit()
+        req = await eng.submit()
         before = req.deadline
-        await eng.fetcher.on_progress(ReadQueued("r1", 50.0))
-        assert req.deadline >= before + 49.0 and req.reading
+        await eng.progress(ReadQueued("r1", 50.0))
+        assert req.deadline >= before + 49.0 and req.read_pending
     run(go)
 
 

@@ -22,7 +22,6 @@ WIDE_CTORS = {  # known debt: path:class -> its constructor's parameters today
     "dualpath/sim/cluster.py:Cluster": 7, "dualpath/sim/prefill.py:Prefill": 7, "dualpath/fleet/front.py:SyntheticFront": 8,
     "shared/transport/tcp.py:TcpEndpoint": 7, "shared/transport/verbs.py:VerbsEndpoint": 11,
     "services/scheduler/prefetcher.py:Prefetcher": 8, "services/scheduler/journal.py:Journal": 7,
-    "services/prefill_engine/handoff.py:Handoff": 13, "services/prefill_engine/fetch.py:Fetcher": 18,
     "services/storage_gateway/engine.py:GatewayCore": 8, "services/storage_gateway/store.py:DirectoryStore": 8,
     "services/decode_engine/persist.py:Persister": 9,
 }

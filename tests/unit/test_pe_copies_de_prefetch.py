@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from services.prefill_engine.config import PrefillEngineConfig
-from services.prefill_engine.fetch import Fetcher
 from services.prefill_engine.handoff import Handoff
+from services.prefill_engine.link import Link
 from services.prefill_engine.record import PrefillRequest
 from services.prefill_engine.staged_copy import StagedCopier
 from services.scheduler.inflight import InFlight
@@ -37,11 +37,11 @@ from shared.messages.stream import PromptTiers
 from shared.messages.subjects import Subjects
 from shared.messages.traffic_manager import FetchKV, PushDone, PushKV, Release, Reserve, Reserved
 from shared.messages.work import PrefillWork, Sampling, StagedSlots
-from shared.metrics import Metrics
 from shared.sched.prefetch import Staged
 from shared.sched.reads import ReadQueues as SchedReadQueues
 from shared.transport.base import shm_host
 from shared.transport.shm_region import ShmRegion, new_name
+from tests.unit.pe_util import bare_prefill, intake
 from tests.unit.test_tm_fetch_adopt_gone import Endpoint
 from tests.unit.tm_util import Reply, buffer_pool
 
@@ -136,19 +136,14 @@ async def _start(host, holder: str, revoke: bool = False):
     work = PrefillWork("r1", list(range(5 * BS + 1)), Sampling(), "de0", "out", block_keys=KEYS[:5], hit_blocks=HITS,
                        pe_blocks=HITS, staged_engine=holder, staged_owner="pf-1", staged_blocks=HITS,
                        staged_slots=StagedSlots(host.buf.name, host.table.name, record, stamp, slots))
-    bus, ready, held = Bus(), [], {}
-    kv = KV(host.kv)
-    fetcher = Fetcher(bus, "t.traffic_manager.pe0.fetch", PrefillEngineConfig(block_size=BS, handoff_timeout_s=600),
-                      LAYOUT, kv, LAYERS, held, lambda coro, name=None: asyncio.ensure_future(coro), ready=ready.append,
-                      fail=None, failed_load=None, release=None, one_forward=lambda c, n: True,
-                      estimate=lambda req: 0.0, abandon=None, engine="pe0", subjects=Subjects("t"),
-                      metrics=Metrics("prefill_engine"))
-    req = PrefillRequest("r1", work.prompt, work.sampling, "out", None, work=work)
-    held["r1"], fetcher.waiting = req, [req]
-    fetcher.start()
+    bus, kv = Bus(), KV(host.kv)
+    cfg = PrefillEngineConfig(block_size=BS, handoff_timeout_s=600, engine="pe0", namespace="t")
+    svc = bare_prefill(bus, kv, LAYOUT, cfg, spawn=lambda coro, name=None, **_: asyncio.ensure_future(coro))
+    req = await intake(svc, work)
     for _ in range(10):  # the spawned publishes run
         await asyncio.sleep(0)
-    fetcher.copier.close()
+    svc.fetcher.copier.close()
+    ready = list(svc.queue)
     return req, bus, ready, slots
 
 
@@ -236,9 +231,8 @@ def test_the_hand_off_asks_the_push_to_adopt_only_when_no_de_slots_were_reserved
             return PushDone(ok=False, error="stop here")
 
     async def run(de_slots):
-        h = Handoff(HBus(), Subjects("t"), "pe0", 5.0, (), lambda s: None, fail=None, release=None,
-                    drop_de_slots=None, store=LAYOUT, node="nA", spawn=lambda coro, name=None: asyncio.ensure_future(coro),
-                    observe_tail=lambda s: None)
+        h = Handoff(Link(HBus(), Subjects("t"), "pe0", lambda coro, name=None: asyncio.ensure_future(coro)),
+                    PrefillEngineConfig(handoff_timeout_s=5.0, node="nA"), LAYOUT, ())
         work = PrefillWork("r1", list(range(5 * BS + 1)), Sampling(), "de0", "out", block_keys=KEYS[:5])
         req = PrefillRequest("r1", work.prompt, work.sampling, "out", None, work=work, blocks=[9, 3, 4, 7, 8, 1],
                              adopt="pf-1", adopt_blocks=HITS, de_slots=de_slots)

@@ -16,8 +16,10 @@ import time
 
 import pytest
 
+from services.prefill_engine.config import PrefillEngineConfig
 from services.prefill_engine.handoff import Handoff
 from services.prefill_engine.layers import LoadError, LoadProgress
+from services.prefill_engine.link import Link
 from services.traffic_manager.progress import LayerState
 from shared.messages.subjects import Subjects
 from shared.messages.traffic_manager import ForwardAlive
@@ -140,8 +142,8 @@ class _Bus:
 def test_a_running_forward_sends_keep_alives_to_its_traffic_manager():
     async def main():
         bus = _Bus()
-        h = Handoff(bus, Subjects("t"), "pe-1", 0.04, (), lambda s: None, fail=None, release=None,
-                    drop_de_slots=None, store=None, node="n", spawn=None, observe_tail=lambda s: None)
+        h = Handoff(Link(bus, Subjects("t"), "pe-1", None), PrefillEngineConfig(handoff_timeout_s=0.04, node="n"),
+                    None, ())
 
         class Req:
             req_id = "r#0"

@@ -9,8 +9,11 @@ import asyncio
 import msgspec
 import pytest
 
+from services.prefill_engine.config import PrefillEngineConfig
 from services.prefill_engine.handoff import Handoff
+from services.prefill_engine.link import Link
 from services.prefill_engine.metrics import PrefillMetrics
+from services.prefill_engine.outcomes import Free
 from services.prefill_engine.record import PrefillRequest
 from services.scheduler.inflight import InFlight
 from services.scheduler.metrics import SchedulerMetrics
@@ -58,8 +61,8 @@ def _read(report) -> PrefillRequest:
 
     async def go(tg):
         eng = Engine(Bus(), tg)
-        req = eng.submit(hits=3)
-        await eng.fetcher.on_progress(report)
+        req = await eng.submit(hits=3)
+        await eng.progress(report)
         out.append(req)
     run(go)
     return out[0]
@@ -109,10 +112,10 @@ def test_the_first_token_carries_the_split():
     req.tiers = req.prompt_tiers(BS)
 
     async def go():
-        h = Handoff(bus, None, "pe0", 600.0, (), lambda s: None, fail=None, release=lambda r: None,
-                    drop_de_slots=lambda r: None, store=LAYOUT, node="n0",
-                    spawn=lambda coro, name=None: asyncio.ensure_future(coro), observe_tail=lambda s: None)
-        await h.run(req, 7, None)
+        h = Handoff(Link(bus, None, "pe0", lambda coro, name=None: asyncio.ensure_future(coro)),
+                    PrefillEngineConfig(handoff_timeout_s=600.0, node="n0"), LAYOUT, ())
+        said = [o async for o in h.run(req, 7, None)]
+        assert said == [Free(req)]  # finished here: nothing to fail
     asyncio.run(go())
     ev = next(m for _, m in bus.sent if isinstance(m, TokenEvent))
     assert (ev.cached_tokens, ev.tiers) == (2 * BS, PromptTiers(computed=3, engine=2 * BS))

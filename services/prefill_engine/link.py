@@ -1,0 +1,21 @@
+"""How the prefill engine's collaborators (fetch, hand-off) reach the mesh: bus, subject names, engine id, spawn.
+
+`spawn` runs work whose end decides nothing about the request (a publish, a push whose outcome
+lands in its record); work that does decide is returned to the engine instead (outcomes.py).
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from shared.bus import Bus
+from shared.messages.subjects import Subjects
+
+
+@dataclass(frozen=True)
+class Link:
+    bus: Bus
+    subjects: Subjects
+    engine: str  # this engine's id
+    spawn: Callable[..., asyncio.Task]  # spawn(coro, name=...): a supervised task (Service.spawn)
