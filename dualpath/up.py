@@ -38,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "forward has a core first (0 = as started)")
     p.add_argument("--transport", default="auto", choices=["auto", "shm", "tcp", "verbs"],
                    help="data plane between traffic-managers (auto: shm within this host)")
-    p.add_argument("--store", default="", help="KV store directory (empty: ~/.cache/dualpath/store)")
+    p.add_argument("--store", default="", help="KV store directory, kept across runs (empty: ~/.cache/dualpath/store, "
+                                               "shared by every run with this home; an empty directory starts clean)")
     p.add_argument("--nats", default="", help="use this NATS server (nats://host:port) instead of starting one")
     p.add_argument("--netns", action="store_true",
                    help="hosts as network namespaces (root): each node, the scheduler and NATS in its own, joined "
