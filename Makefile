@@ -45,6 +45,7 @@ sim-fast: install
 run: install
 	$(VENV)/bin/dualpath up $(ARGS)
 
+# Every tier, the fast ones first (tests/conftest.py): unit, model, integration, gpu; ~15-17 min on 2 cores.
 test: install
 	$(PY) -m pytest $(ARGS)
 
