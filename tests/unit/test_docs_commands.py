@@ -291,10 +291,10 @@ def test_readme_commands_that_take_a_while_say_how_long(page, line, cmd, comment
 
 TOPS = ("dualpath", "services", "shared", "kernels", "tests", "deploy")
 SOURCES = [p for top in TOPS for p in (ROOT / top).rglob("*")
-           if p.suffix in (".py", ".md", ".toml", ".yml", ".sh") and p.is_file()] + PAGES + [ROOT / "Makefile"]
+           if p.suffix in (".py", ".md", ".toml", ".yml", ".sh", ".json") and p.is_file()] + PAGES + [ROOT / "Makefile"]
 DOC_REF = re.compile(r"docs/([a-z0-9_-]+\.md)(#[a-z0-9-]+)?")
 OUTSIDE = re.compile(r"\.\./shared|\bspec/[a-z]+\.md|\bspec (section|§|\d)|\bspec §|[Ss]pec section \d|"
-                     r"\bspec \d\.\d|in the spec\b")
+                     r"\bspec \d\.\d|in the spec\b|\bDESIGN\.md\b|\bhandbook\b")
 
 
 def _anchors(page: Path) -> set[str]:
