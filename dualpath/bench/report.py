@@ -5,12 +5,13 @@ our figures, vLLM's keys for the same run (vllm_metrics.py)],
 "summary": medians over repeats (metrics.summary), "search": {mode: capacity, levels} (online
 search only)}. Plots (matplotlib, Agg backend):
 jct_by_mode.png (offline), ttft_tpot_vs_aps.png (online), storage_read_bytes.png (bytes
-read per node over time, one panel per mode). Owns formatting only; no measurement.
+read per node, its role named, over time: one panel per mode, one y axis). Owns formatting only.
 """
 from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 from dualpath.bench.metrics import run_name as _name
@@ -226,46 +227,79 @@ def plots(doc: dict, out_dir: str | Path) -> list[str]:
     offline = [r for r in doc["runs"] if r["kind"] == "offline"]
     online = [r for r in doc["runs"] if r["kind"] == "online"]
     if offline:
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        per = (doc.get("summary") or {}).get("offline") or {}
-        modes = list(per)
-        ax.bar(modes, [per[m]["jct_s"]["median"] for m in modes], color="tab:blue", label="measured JCT (median)")
-        bounds = [per[m]["bound_s"]["median"] for m in modes]
-        if any(b is not None for b in bounds):
-            ax.scatter(modes, [b if b is not None else float("nan") for b in bounds], color="black", marker="_",
-                       s=600, label="lower bound", zorder=3)
-        ax.set_ylabel("JCT (s)")
-        ax.set_title("Offline JCT by mode")
-        ax.legend()
-        written.append(_save(fig, out / "jct_by_mode.png", plt))
+        written.append(_save(_jct_figure(doc, plt), out / "jct_by_mode.png", plt))
     if online:
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.5))
-        for mode in dict.fromkeys(r["mode"] for r in online):
-            rs = sorted((r for r in online if r["mode"] == mode), key=lambda r: r["aps"])
-            x = [r["aps"] for r in rs]
-            a1.plot(x, [r.get("ttft_steady_mean_s") for r in rs], "o", label=f"{mode} mean")
-            a1.plot(x, [r["ttft_p99_s"] for r in rs], "x", label=f"{mode} p99")
-            a2.plot(x, [_ms(r.get("tpot_steady_mean_s")) for r in rs], "o", label=f"{mode} mean")
-        slo = online[0]["slo"]
-        a1.axhline(slo["ttft_s"], color="red", lw=0.8)
-        a2.axhline(slo["tpot_s"] * 1000, color="red", lw=0.8)
-        a1.set(xlabel="agents per second", ylabel="TTFT (s)", title="TTFT vs APS")
-        a2.set(xlabel="agents per second", ylabel="TPOT (ms)", title="TPOT vs APS")
-        a1.legend(fontsize=7)
-        a2.legend(fontsize=7)
-        written.append(_save(fig, out / "ttft_tpot_vs_aps.png", plt))
-    last = {r["mode"]: r for r in doc["runs"] if r.get("storage_series")}  # one panel per mode: its last run
-    series = list(last.values())
-    if series:
-        fig, axes = plt.subplots(1, len(series), figsize=(4 * len(series), 3.2), squeeze=False)
-        for ax, r in zip(axes[0], series):
-            for node, pts in sorted(r["storage_series"].items()):
-                ax.plot([p[0] for p in pts], [p[1] / 1e6 for p in pts], label=node)
-            ax.set(title=f"{r['mode']}" + (f" @{r['aps']:g} APS" if r.get("aps") else ""), xlabel="s",
-                   ylabel="MB read (cumulative)")
-            ax.legend(fontsize=7)
+        written.append(_save(_online_figure(online, plt), out / "ttft_tpot_vs_aps.png", plt))
+    fig = storage_figure(doc, plt)
+    if fig is not None:
         written.append(_save(fig, out / "storage_read_bytes.png", plt))
     return written
+
+
+def _jct_figure(doc: dict, plt):
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    per = (doc.get("summary") or {}).get("offline") or {}
+    modes = list(per)
+    ax.bar(modes, [per[m]["jct_s"]["median"] for m in modes], color="tab:blue", label="measured JCT (median)")
+    bounds = [per[m]["bound_s"]["median"] for m in modes]
+    if any(b is not None for b in bounds):
+        ax.scatter(modes, [b if b is not None else float("nan") for b in bounds], color="black", marker="_",
+                   s=600, label="lower bound", zorder=3)
+    ax.set_ylabel("JCT (s)")
+    ax.set_title("Offline JCT by mode")
+    ax.legend()
+    return fig
+
+
+def _online_figure(online: list[dict], plt):
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.5))
+    for mode in dict.fromkeys(r["mode"] for r in online):
+        rs = sorted((r for r in online if r["mode"] == mode), key=lambda r: r["aps"])
+        x = [r["aps"] for r in rs]
+        a1.plot(x, [r.get("ttft_steady_mean_s") for r in rs], "o", label=f"{mode} mean")
+        a1.plot(x, [r["ttft_p99_s"] for r in rs], "x", label=f"{mode} p99")
+        a2.plot(x, [_ms(r.get("tpot_steady_mean_s")) for r in rs], "o", label=f"{mode} mean")
+    slo = online[0]["slo"]
+    a1.axhline(slo["ttft_s"], color="red", lw=0.8)
+    a2.axhline(slo["tpot_s"] * 1000, color="red", lw=0.8)
+    a1.set(xlabel="agents per second", ylabel="TTFT (s)", title="TTFT vs APS")
+    a2.set(xlabel="agents per second", ylabel="TPOT (ms)", title="TPOT vs APS")
+    a1.legend(fontsize=7)
+    a2.legend(fontsize=7)
+    return fig
+
+
+def storage_figure(doc: dict, plt):
+    """MB read per node over time, one panel per mode (its last run), all on one y axis so the modes
+    compare by eye; each node named with its role ("p0 (prefill)"). None when no run has a series."""
+    last = {r["mode"]: r for r in doc["runs"] if r.get("storage_series")}
+    if not last:
+        return None
+    roles = (doc.get("config") or {}).get("node_roles") or {}
+    fig, axes = plt.subplots(1, len(last), figsize=(4 * len(last), 3.2), squeeze=False, sharey=True)
+    for ax, r in zip(axes[0], last.values()):
+        labels = {node: node_label(node, roles) for node in r["storage_series"]}
+        for node in sorted(labels, key=lambda n: ("(decode)" in labels[n], n)):  # prefill nodes first
+            pts = r["storage_series"][node]
+            ax.plot([p[0] for p in pts], [p[1] / 1e6 for p in pts], label=labels[node])
+        ax.set(title=f"{r['mode']}" + (f" @{r['aps']:g} APS" if r.get("aps") else ""), xlabel="s")
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("MB read (cumulative)")
+    axes[0][0].set_ylim(bottom=0)
+    return fig
+
+
+def node_roles(mesh: dict) -> dict[str, str]:
+    """{node: "prefill" | "decode"} from the engines a mesh document (GET /v1/mesh) lists."""
+    return {e["node"]: e["role"] for e in mesh.get("engines", []) if e.get("node") and e.get("role")}
+
+
+def node_label(node: str, roles: dict[str, str]) -> str:
+    """"p0 (prefill)": the node and its role, from `roles` or, for reports without them, from the
+    name `dualpath up` and the compose file give (p0, d1, prefill, decode); else the name alone."""
+    role = roles.get(node) or next((r for r in ("prefill", "decode") if node == r or re.fullmatch(
+        rf"{r[0]}\d+", node)), None)
+    return f"{node} ({role})" if role and role != node else node
 
 
 def _save(fig, path: Path, plt) -> str:

@@ -24,6 +24,7 @@ CHOICES = {"dualpath_mode": mode_names()}  # fields whose bad value is answered 
 MAX_LOGPROBS = 20  # most alternatives a token may report (OpenAI's and vLLM's default limit)
 
 TopN = Annotated[int, msgspec.Meta(ge=0, le=MAX_LOGPROBS)]
+COMPLETION_MAX_TOKENS = 16  # /v1/completions without max_tokens (OpenAI's legacy default); chat: to the context's end
 
 
 class ApiError(Exception):
@@ -103,6 +104,8 @@ class _Common(msgspec.Struct, kw_only=True):
 
 class CompletionRequest(_Common, kw_only=True):
     prompt: str | list[int]
+    max_tokens: Annotated[int | None, msgspec.Meta(
+        description=f"most tokens to generate; null = {COMPLETION_MAX_TOKENS} (OpenAI's default for completions)")] = None
     logprobs: Annotated[TopN | None, msgspec.Meta(
         description="log-probabilities of each generated token and of its N most likely alternatives "
                     "(the model's raw distribution, before temperature and top_p); null = none")] = None
@@ -110,7 +113,10 @@ class CompletionRequest(_Common, kw_only=True):
 
 class ChatRequest(_Common, kw_only=True):
     messages: list[ChatMessage]
-    max_completion_tokens: int | None = None
+    max_tokens: Annotated[int | None, msgspec.Meta(
+        description="most tokens to generate; null = until the context ends (OpenAI's default for chat)")] = None
+    max_completion_tokens: Annotated[int | None, msgspec.Meta(
+        description="OpenAI's newer name for max_tokens; wins over it when both are given")] = None
     logprobs: Annotated[bool | None, msgspec.Meta(
         description="return the log-probability of each generated token (the model's raw distribution, "
                     "before temperature and top_p)")] = None
@@ -163,7 +169,8 @@ def stop_list(stop: str | list[str] | None) -> list[str]:
 
 
 def check_sampling(req: _Common, max_tokens: int | None, prompt_len: int, context: int) -> int:
-    """Validate sampling fields against the model; returns the effective max_tokens."""
+    """Validate sampling fields against the model; returns the effective max_tokens. Without one,
+    as OpenAI: a chat completion may run to the end of the context, a completion gets 16 tokens."""
     if req.n != 1:
         raise ApiError(400, "only n=1 is supported", "n")
     if req.temperature < 0:
@@ -178,7 +185,7 @@ def check_sampling(req: _Common, max_tokens: int | None, prompt_len: int, contex
         raise ApiError(400, f"prompt has {prompt_len} tokens; the model's context is {context}", "prompt")
     room = context - prompt_len
     if max_tokens is None:
-        return min(16, room)
+        return room if isinstance(req, ChatRequest) else min(COMPLETION_MAX_TOKENS, room)
     if max_tokens <= 0:
         raise ApiError(400, f"max_tokens must be > 0, got {max_tokens}", "max_tokens")
     if max_tokens > room:

@@ -17,8 +17,8 @@ tests/model/test_tiny_sensitivity.py checks:
   for every token but newline and printable ASCII; and each output row has 0.3 times its
   own token's embedding subtracted, so the token just read (still in the residual stream)
   is not the likeliest next one. Greedy text is then printable and varied (no runs of one
-  token), and end-of-sequence is never chosen (pass `stop`/`stop_token_ids`/`max_tokens`
-  to end a generation).
+  token), and end-of-sequence is never the likeliest token: greedy text never ends by
+  itself, sampled text rarely (pass `stop`/`stop_token_ids`/`max_tokens` to end it).
 - **Same seed, same weights**, in any process: parameters are drawn in name order from
   one torch.Generator.
 

@@ -159,12 +159,15 @@ def _encode(body, ensure_ascii: bool) -> bytes:
 
 
 def _cap(body):
-    """Keep accepted requests cheap: a schema-valid max_tokens above the cap comes down to it."""
+    """Keep accepted requests cheap: a schema-valid max_tokens above the cap comes down to it, and a
+    chat body with none gets the cap (a chat completion's default runs to the end of the context)."""
     if isinstance(body, dict):
         for key in ("max_tokens", "max_completion_tokens"):
             v = body.get(key)
             if type(v) is int and MAX_TOKENS_CAP < v < 1_000_000:
                 body[key] = MAX_TOKENS_CAP
+        if "messages" in body and body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
+            body["max_completion_tokens"] = MAX_TOKENS_CAP
     return body
 
 

@@ -225,6 +225,11 @@ def test_up_prints_serving_only_when_a_completion_succeeds_and_cleans_up_on_ctrl
     try:
         lines = _until(p.stdout, r"^serving ")
         url = re.match(r"serving (\S+)", lines[-1]).group(1)
+        # warmed up before the line: one small chat completion per engine, answered
+        assert "warming up the engines (1 small chat completion) ...\n" in lines
+        assert any(re.fullmatch(r"warm-up: done in \d+\.\d s\n", ln) for ln in lines), lines
+        metrics = httpx.get(url + "/metrics", timeout=30).text
+        assert re.search(r'^dualpath_scheduler_requests_total\{status="ok"\} 1\.0$', metrics, re.M), metrics
         r = httpx.post(url + "/v1/completions", json={"prompt": "Once upon a time", "max_tokens": 4}, timeout=60)
         assert r.status_code == 200, r.text  # the first request after the line is served
         logs = Path(re.search(r"logs: (\S+?),", lines[0]).group(1))

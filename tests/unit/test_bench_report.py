@@ -5,7 +5,7 @@ import json
 import pytest
 
 from dualpath.bench.metrics import summary
-from dualpath.bench.report import clean, markdown, write_json, write_report
+from dualpath.bench.report import clean, markdown, node_label, node_roles, storage_figure, write_json, write_report
 from dualpath.bench.scrape import parse_metrics
 
 pytestmark = pytest.mark.unit
@@ -93,6 +93,41 @@ def test_write_report_writes_markdown_json_and_pngs(tmp_path):
         assert (tmp_path / name).stat().st_size > 0, name
     assert (tmp_path / "jct_by_mode.png").read_bytes()[:4] == b"\x89PNG"
     assert "![jct_by_mode](jct_by_mode.png)" in text
+
+
+def test_the_storage_plot_puts_every_mode_on_one_y_axis_and_names_each_nodes_role():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [_run("basic"), _run("dualpath"), _run("oracle")]
+    runs[1]["storage_series"] = {"p0": [[0, 0], [1, 7e7]], "d1": [[0, 0], [1, 3e7]]}
+    runs[2]["storage_series"] = {"p0": [[0, 0], [1, 0]], "d1": [[0, 0], [1, 0]]}  # oracle reads nothing
+    fig = storage_figure(_doc(runs, config={"model": "tiny", "node_roles": {"p0": "prefill", "d1": "decode"}}), plt)
+    try:
+        axes = fig.axes
+        assert [ax.get_title() for ax in axes] == ["basic", "dualpath", "oracle"]
+        assert all(axes[0].get_shared_y_axes().joined(axes[0], ax) for ax in axes[1:])
+        assert {ax.get_ylim() for ax in axes} == {axes[0].get_ylim()} and axes[0].get_ylim()[0] == 0
+        assert axes[0].get_ylim()[1] >= 70  # the largest mode's 70 MB sets every panel's scale
+        for ax in axes:
+            assert [t.get_text() for t in ax.get_legend().get_texts()] == ["p0 (prefill)", "d1 (decode)"]
+    finally:
+        plt.close(fig)
+
+
+@pytest.mark.parametrize("node, roles, label", [
+    ("p0", {}, "p0 (prefill)"), ("d12", {}, "d12 (decode)"), ("prefill", {}, "prefill"),
+    ("n3", {"n3": "decode"}, "n3 (decode)"), ("n3", {}, "n3"), ("p0", {"p0": "decode"}, "p0 (decode)")])
+def test_a_node_is_labelled_with_its_role_from_the_mesh_or_else_its_name(node, roles, label):
+    assert node_label(node, roles) == label
+
+
+def test_node_roles_come_from_the_meshs_engines():
+    mesh = {"engines": [{"node": "p0", "role": "prefill"}, {"node": "p0", "role": "prefill"},
+                        {"node": "d1", "role": "decode"}, {"role": "decode"}]}
+    assert node_roles(mesh) == {"p0": "prefill", "d1": "decode"}
 
 
 def test_parse_metrics_reads_bytes_per_node_and_blocks():

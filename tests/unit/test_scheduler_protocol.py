@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.protocol import (ApiError, ChatRequest, CompletionRequest, check_sampling, chunk_body,
-                                         completion_body, decode_body, new_id, stop_list, usage)
+from services.scheduler.protocol import (ApiError, ChatMessage, ChatRequest, CompletionRequest, check_sampling,
+                                         chunk_body, completion_body, decode_body, new_id, stop_list, usage)
 
 pytestmark = pytest.mark.unit
 
@@ -93,12 +93,27 @@ def req(**kw) -> CompletionRequest:
     return CompletionRequest(prompt="x", **kw)
 
 
-def test_default_max_tokens_is_16():
+def test_a_completion_without_max_tokens_gets_16_as_openais_legacy_completions():
     assert check_sampling(req(), None, 10, 1000) == 16
 
 
 def test_default_max_tokens_shrinks_to_the_room_left():
     assert check_sampling(req(), None, 990, 1000) == 10
+
+
+def test_a_chat_completion_without_max_tokens_may_run_to_the_end_of_the_context_as_openais_chat():
+    chat = ChatRequest(messages=[ChatMessage(role="user", content="hi")])
+    assert check_sampling(chat, None, 10, 1000) == 990
+    assert check_sampling(chat, None, 999, 1000) == 1
+    assert check_sampling(chat, 24, 10, 1000) == 24  # a given max_tokens is kept
+
+
+def test_the_openapi_document_states_each_default():
+    from services.scheduler.openapi import openapi_document
+
+    schemas = openapi_document()["components"]["schemas"]
+    assert "null = 16" in schemas["CompletionRequest"]["properties"]["max_tokens"]["description"]
+    assert "until the context ends" in schemas["ChatRequest"]["properties"]["max_tokens"]["description"]
 
 
 def test_explicit_max_tokens_is_returned():
@@ -230,3 +245,37 @@ def test_text_chunk_shape_ignores_first():
 def test_new_ids_are_prefixed_and_unique():
     a, b = new_id("cmpl"), new_id("cmpl")
     assert a.startswith("cmpl-") and b.startswith("cmpl-") and a != b
+
+
+# --- the default max_tokens of each endpoint, as the handler prepares a request -----------------
+
+class _Front:
+    """What api._prepare asks of the front door: a model, the tiny tokenizer, a context of 512."""
+
+    def __init__(self):
+        from shared.model.tokenizer_build import tiny_tokenizer
+
+        self.tokenizer = tiny_tokenizer()
+
+    def model_id(self) -> str:
+        return "tiny2@seed0"
+
+    def accepts_model(self, name: str | None) -> bool:
+        return name in (None, "tiny2@seed0")
+
+    def max_context(self) -> int:
+        return 512
+
+
+@pytest.mark.parametrize("chat, body, want", [
+    (False, b'{"prompt": "hi"}', lambda prompt: 16),
+    (True, b'{"messages": [{"role": "user", "content": "hi"}]}', lambda prompt: 512 - prompt),
+    (True, b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 7}', lambda prompt: 7),
+    (True, b'{"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5, "max_tokens": 7}',
+     lambda prompt: 5),
+])
+def test_each_endpoint_prepares_its_default_max_tokens(chat, body, want):
+    from services.scheduler.api import _prepare
+
+    _, prompt, sampling, *_ = _prepare(_Front(), body, chat)
+    assert sampling.max_tokens == want(len(prompt))
