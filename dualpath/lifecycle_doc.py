@@ -14,6 +14,7 @@ from pathlib import Path
 DOC = Path(__file__).resolve().parents[1] / "docs" / "request-lifecycle.md"
 MACHINES = [  # (what moves through it, module, its enum, its legal-move table: {state: moves} or {kind: {state: moves}})
     ("a request at the scheduler", "services.scheduler.lifecycle", "ReqState", "LEGAL"),
+    ("a request at the prefill engine", "services.prefill_engine.life", "PeState", "LEGAL"),
     ("a request at the decode engine", "services.decode_engine.states", "DeState", "LEGAL"),
     ("a transfer at a traffic manager", "services.traffic_manager.transfers", "TransferState", "LEGAL"),
 ]
