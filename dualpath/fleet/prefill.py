@@ -20,6 +20,7 @@ from dualpath.fleet.store import StoreIndex, generated_token
 from dualpath.fleet.timing import FleetTiming
 from shared.bus import Bus, BusError, Delivery
 from shared.messages.codes import ErrorCode, FinishReason, LoadMode
+from shared.messages.endpoints import EP
 from shared.messages.registry import EngineAnnounce, KVRegion
 from shared.messages.storage_gateway import StoreLayout
 from shared.messages.stream import TokenEvent
@@ -155,7 +156,7 @@ class PrefillEngine:
                                 pe_engine=self.engine, prompt=w.prompt, block_keys=w.block_keys,
                                 persisted_blocks=w.hit_blocks, oracle=w.mode == LoadMode.ORACLE)
             try:
-                ack = await bus.request(self.host.subjects.decode_admit(w.de_engine), admit, Ack, timeout=30.0)
+                ack = await bus.request(self.host.subjects.at(EP.DE_ADMIT, engine=w.de_engine), admit, timeout=30.0)
             except BusError as exc:
                 ack = Ack(False, exc.reason, ErrorCode.KV_TRANSFER)
             if not ack.ok and not p.cancelled:

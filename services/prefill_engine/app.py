@@ -26,8 +26,9 @@ from services.prefill_engine.record import PrefillRequest
 from shared.bus import Delivery
 from shared.engine.service import EngineService
 from shared.messages.codes import ErrorCode, FinishReason, LoadMode
+from shared.messages.endpoints import EP
 from shared.messages.stream import TokenEvent
-from shared.messages.traffic_manager import FetchProgress, LayersComputed, Release, progress_decoder
+from shared.messages.traffic_manager import FetchProgress, LayersComputed, Release
 from shared.messages.work import Cancel, PrefillWork
 from shared.runtime import service_main
 from shared.sched.policy.intra_pe import AttentionModel
@@ -55,7 +56,7 @@ class PrefillEngineService(EngineService):
     async def start(self) -> None:
         await self.load()
         cfg = self.cfg
-        self.fetcher = Fetcher(self.bus, self.subjects.tm(self.engine, "fetch"), cfg, self.store, self.kv,
+        self.fetcher = Fetcher(self.bus, self.subjects.at(EP.TM_FETCH, engine=self.engine), cfg, self.store, self.kv,
                                self.loaded.config.n_layers, self.held, self.spawn, ready=self._ready,
                                fail=self.fail, failed_load=self._load_failed, release=self._release,
                                one_forward=self._one_forward, estimate=self._estimate, abandon=self._abandon,
@@ -65,9 +66,9 @@ class PrefillEngineService(EngineService):
                                self.loaded.config.eos_ids, self.pm.handoff.observe, fail=self.fail,
                                release=self._release, drop_de_slots=self._drop_de_slots, store=self.store,
                                node=cfg.node, spawn=self.spawn, observe_tail=self.pm.tail.observe)
-        await self.bus.subscribe(self.subjects.prefill_work(self.engine), PrefillWork, self._on_work)
-        await self.bus.subscribe(self.subjects.prefill_loaded(self.engine), progress_decoder, self._on_loaded)
-        await self.bus.subscribe(self.subjects.cancel, Cancel, self._on_cancel)
+        await self.bus.subscribe(self.subjects.at(EP.PE_WORK, engine=self.engine), self._on_work)
+        await self.bus.subscribe(self.subjects.at(EP.PE_LOADED, engine=self.engine), self._on_loaded)
+        await self.bus.subscribe(self.subjects.at(EP.CANCEL), self._on_cancel)
         await self.watch_tm()
         self.spawn(self._loop(), name="prefill-loop")
 
@@ -224,7 +225,7 @@ class PrefillEngineService(EngineService):
             now = time.perf_counter()
             for r in reqs:
                 r.computed_at = now
-        self.spawn(self.bus.publish(self.subjects.tm(self.engine, "computed"),
+        self.spawn(self.bus.publish(self.subjects.at(EP.TM_COMPUTED, engine=self.engine),
                                     LayersComputed([r.req_id for r in reqs], layer)), name="computed")
 
     async def tm_restarted(self) -> None:
@@ -262,7 +263,7 @@ class PrefillEngineService(EngineService):
         self.queue = [r for r in self.queue if r is not req]
         await self.fail(req, code, error, retryable=True, release=False)
         req.cancelled = True
-        await self.bus.publish(self.subjects.tm(self.engine, "release"), Release(req.req_id))
+        await self.bus.publish(self.subjects.at(EP.TM_RELEASE, engine=self.engine), Release(req.req_id))
         self._drop(req)
 
     def _note_queue(self) -> None:
@@ -272,7 +273,7 @@ class PrefillEngineService(EngineService):
         """The DE buffer slots staged for a request that will not reach that DE: free them."""
         engine, req.de_held = req.de_held, ""
         if engine:
-            self.spawn(self.bus.publish(self.subjects.tm(engine, "release"), Release(req.req_id)),
+            self.spawn(self.bus.publish(self.subjects.at(EP.TM_RELEASE, engine=engine), Release(req.req_id)),
                        name=f"release-de-{req.req_id}")
 
     async def fail(self, req: PrefillRequest, code: ErrorCode, error: str, retryable: bool = False,

@@ -36,6 +36,7 @@ from services.prefill_engine.staged_copy import StagedCopier
 from shared.bus import Bus
 from shared.engine.kv_memory import KVMemory
 from shared.messages.codes import ErrorCode
+from shared.messages.endpoints import EP
 from shared.messages.storage_gateway import StoreLayout
 from shared.messages.traffic_manager import (FetchFailed, FetchKV, FetchProgress, KVWindow, LayersLoaded,
                                              ReadFinished, ReadQueued, Release)
@@ -134,7 +135,7 @@ class Fetcher:
         if work.staged_engine == work.de_engine != self.engine:
             req.adopt, req.adopt_blocks = work.staged_owner, n
         elif self.subjects is not None:
-            self.spawn(self.bus.publish(self.subjects.tm(work.staged_engine, "release"),
+            self.spawn(self.bus.publish(self.subjects.at(EP.TM_RELEASE, engine=work.staged_engine),
                                         Release(work.staged_owner, used=n)), name=f"release-staged-{req.req_id}")
         self._read_done(req, ReadFinished(req.req_id, n, layers=self.n_layers, staged=n))
         return True

@@ -29,10 +29,11 @@ from services.prefill_engine.record import PrefillRequest
 from shared.bus import Bus, BusError, error_code
 from shared.engine.requests import stop_ids
 from shared.messages.codes import ErrorCode, FinishReason, LoadMode
+from shared.messages.endpoints import EP
 from shared.messages.stream import TokenEvent, TokenLogprob
 from shared.messages.subjects import Subjects
 from shared.messages.storage_gateway import StoreLayout
-from shared.messages.traffic_manager import ForwardAlive, KVWindow, PushDone, PushKV, Release, SaveCopied, SaveKV
+from shared.messages.traffic_manager import ForwardAlive, KVWindow, PushDone, PushKV, Release, SaveKV
 from shared.messages.work import Ack, DecodeAdmit
 
 log = logging.getLogger("prefill_engine.handoff")
@@ -71,7 +72,7 @@ class Handoff:
         the deadline that it is alive (`ForwardAlive`), so a push waiting on a layer,
         and a fetch whose window waits on that push, restart their deadlines however long the
         forward computes or waits for other requests' reads; when the engine dies, they stop."""
-        ids, subject = [r.req_id for r in reqs], self.subjects.tm(self.engine, "alive")
+        ids, subject = [r.req_id for r in reqs], self.subjects.at(EP.TM_ALIVE, engine=self.engine)
         while ids:
             await asyncio.sleep(self.timeout_s / 4)
             await self.bus.publish(subject, ForwardAlive(ids))
@@ -81,7 +82,7 @@ class Handoff:
         TM answers every push (its waits give up once the forward stops moving): `timeout`, which
         grows with the forward's expected time, is for a TM gone."""
         try:
-            req.pushed = await self.bus.request(self.subjects.tm(self.engine, "push"), msg, PushDone,
+            req.pushed = await self.bus.request(self.subjects.at(EP.TM_PUSH, engine=self.engine), msg,
                                                 timeout=timeout, ctx=req.ctx)
         except BusError as exc:
             req.pushed = PushDone(ok=False, error=exc.reason, code=exc.code or ErrorCode.KV_TRANSFER)
@@ -92,7 +93,7 @@ class Handoff:
         if req.push is None:
             return
         if not req.push.done():
-            await self.bus.publish(self.subjects.tm(self.engine, "release"), Release(req.req_id))
+            await self.bus.publish(self.subjects.at(EP.TM_RELEASE, engine=self.engine), Release(req.req_id))
         await asyncio.wait([req.push])
 
     async def run(self, req: PrefillRequest, first: int, lp: TokenLogprob | None) -> None:
@@ -136,7 +137,7 @@ class Handoff:
                     code = error_code(exc, ErrorCode.KV_TRANSFER if isinstance(exc, BusError) else ErrorCode.INTERNAL)
                     await self.fail(req, code, f"KV hand-off to {work.de_engine} failed: {reason}", retryable=True,
                                     release=False)
-                await self.bus.publish(self.subjects.tm(work.de_engine, "release"), Release(req.req_id))
+                await self.bus.publish(self.subjects.at(EP.TM_RELEASE, engine=work.de_engine), Release(req.req_id))
                 await self.persist(req)  # the DE never took it: the prompt is stored from here
             finally:
                 self.release(req)
@@ -155,7 +156,7 @@ class Handoff:
             return
         msg = SaveKV(req.req_id, req.blocks[start:n_full], list(work.block_keys[start:n_full]), self.node, self.store)
         try:
-            res = await self.bus.request(self.subjects.tm(self.engine, "save"), msg, SaveCopied,
+            res = await self.bus.request(self.subjects.at(EP.TM_SAVE, engine=self.engine), msg,
                                          timeout=self.timeout_s, ctx=req.ctx)
         except BusError as exc:
             log.warning("persisting the prompt of %s failed: %s", req.req_id, exc.reason)
@@ -175,9 +176,9 @@ class Handoff:
                 self.observe_tail(time.perf_counter() - req.computed_at)
         else:
             pushed = await self.bus.request(
-                self.subjects.tm(self.engine, "push"),
+                self.subjects.at(EP.TM_PUSH, engine=self.engine),
                 PushKV(req.req_id, req.blocks, work.de_engine, len(req.prompt), dst_slots=req.de_slots,
-                       skip=req.de_hits), PushDone, timeout=self.timeout_s)
+                       skip=req.de_hits), timeout=self.timeout_s)
         if not pushed.ok:
             raise BusError("push", pushed.error, pushed.code)
         if req.cancelled:
@@ -185,6 +186,7 @@ class Handoff:
         admit = DecodeAdmit(req.req_id, len(req.prompt), first, req.sampling, req.reply, pushed.slots,
                             pe_engine=self.engine, prompt=req.prompt, block_keys=work.block_keys,
                             persisted_blocks=stored_blocks(req, self.store.block_size), oracle=work.mode == LoadMode.ORACLE)
-        ack = await self.bus.request(self.subjects.decode_admit(work.de_engine), admit, Ack, timeout=self.timeout_s)
+        ack = await self.bus.request(self.subjects.at(EP.DE_ADMIT, engine=work.de_engine), admit,
+                                     timeout=self.timeout_s)
         if not ack.ok:
             raise BusError("admit", ack.error, ack.code)

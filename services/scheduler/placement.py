@@ -19,8 +19,9 @@ from opentelemetry import trace
 
 from services.scheduler.inflight import InFlight
 from services.scheduler.view import MeshView
-from services.scheduler.wire import Forward, work_subject
 from shared.messages.codes import LoadMode
+from shared.messages.endpoints import EP, forward_subject
+from shared.messages.front import Forward
 from shared.messages.work import PrefillWork
 from shared.sched.dispatch import EngineLoad
 from shared.sched.ledger import Ledger
@@ -136,10 +137,10 @@ def _copyable(view: MeshView, pe: str, staged) -> bool:
 
 def addressed(rec: InFlight, pe: str, work: PrefillWork, subjects) -> tuple[str, msgspec.Struct]:
     """(subject, message) that takes `work` to `pe`: straight there, or through the front-door
-    worker that holds the prompt's ids (wire.Forward)."""
+    worker that holds the prompt's ids (front.Forward)."""
     if rec.remote_prompt:
-        return work_subject(rec.reply), Forward(pe, work)
-    return subjects.prefill_work(pe), work
+        return forward_subject(rec.reply), Forward(pe, work)
+    return subjects.at(EP.PE_WORK, engine=pe), work
 
 
 async def send(bus, rec: InFlight, pe: str, placed: Placed, subjects) -> None:

@@ -23,6 +23,7 @@ from services.storage_gateway.store import DirectoryStore
 from shared.bus import Delivery
 from shared.engine.store_layout import kv_layout
 from shared.kv.hashing import FINGERPRINT_BYTES, check_key
+from shared.messages.endpoints import EP
 from shared.messages.registry import StorageGatewayAnnounce
 from shared.messages.storage_gateway import (HitQuery, HitReply, LayersRead, ReadBlocks, ReadDone, Retain, StoreLayout,
                                              WriteBlock, WriteDone)
@@ -57,10 +58,10 @@ class StorageGatewayService(Service):
 
     async def start(self) -> None:
         s, node = self.subjects, self.cfg.node
-        await self.bus.subscribe(s.sg(node, "read"), ReadBlocks, self._on_read)
-        await self.bus.subscribe(s.sg(node, "write"), WriteBlock, self._on_write)
-        await self.bus.subscribe(s.sg_any("hit"), HitQuery, self._on_hit, queue="hit")
-        await self.bus.subscribe(s.sg_any("retain"), Retain, self._on_retain)  # every gateway: its own index
+        await self.bus.subscribe(s.at(EP.SG_READ, node=node), self._on_read)
+        await self.bus.subscribe(s.at(EP.SG_WRITE, node=node), self._on_write)
+        await self.bus.subscribe(s.at(EP.SG_HIT), self._on_hit, queue="hit")
+        await self.bus.subscribe(s.at(EP.SG_RETAIN), self._on_retain)  # every gateway: its own index
 
     def announce(self) -> StorageGatewayAnnounce:
         blocks, nbytes = self.read_queue()

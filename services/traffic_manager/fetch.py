@@ -42,9 +42,10 @@ from shared.bus import BusError, Delivery, error_code
 from shared.kv.allocator import OutOfSlots
 from shared.kv.window import HitWindow, layer_blocks
 from shared.messages.codes import ErrorCode
-from shared.messages.storage_gateway import ReadBlocks, ReadDone
+from shared.messages.endpoints import EP
+from shared.messages.storage_gateway import ReadBlocks
 from shared.messages.traffic_manager import (FetchFailed, FetchKV, LayersLoaded, NodeReadDone, ReadFinished,
-                                             ReadQueued, Reserve, Reserved, Stage, Staged)
+                                             ReadQueued, Reserve, Reserved, Stage)
 from shared.transport.base import Op, TrafficClass
 from shared.transport.errors import TransportError
 from shared.transport.grants import Grant, decode_grant
@@ -196,9 +197,9 @@ class FetchPath:
         p, nbytes = self.p, len(keys) * self.p.pool.block_nbytes
         try:
             with p.queues.read_at(msg.node, nbytes):
-                done = await p.bus.request(p.subjects.sg(msg.node, "read"), ReadBlocks(
+                done = await p.bus.request(p.subjects.at(EP.SG_READ, node=msg.node), ReadBlocks(
                     msg.req_id, msg.layout, keys, p.pool.buffer.name, offsets, group_layers=p.group_layers,
-                    progress=p.progress_subject, tag="pe"), ReadDone, timeout=p.queues.deadline(msg.node, nbytes))
+                    progress=p.progress_subject, tag="pe"), timeout=p.queues.deadline(msg.node, nbytes))
             track.finish(done.blocks, done.error or done.stop_reason)
         except BusError as exc:
             track.finish(0, exc.reason)
@@ -214,7 +215,7 @@ class FetchPath:
         ask = Reserve(msg.req_id, msg.prompt_blocks, adopt=msg.staged_owner if adopt else "",
                       adopt_keys=msg.keys[:msg.staged_blocks] if adopt else [])
         try:
-            return await p.bus.request(p.subjects.tm(msg.de_engine, "reserve"), ask, Reserved,
+            return await p.bus.request(p.subjects.at(EP.TM_RESERVE, engine=msg.de_engine), ask,
                                        timeout=p.cfg.transfer_timeout_s)
         except BusError as exc:
             return Reserved(ok=False, error=exc.reason)
@@ -225,10 +226,10 @@ class FetchPath:
         try:
             with p.queues.read_at(msg.de_node, nbytes):
                 done = await p.bus.request(
-                    p.subjects.tm(msg.de_engine, "stage"),
+                    p.subjects.at(EP.TM_STAGE, engine=msg.de_engine),
                     Stage(msg.req_id, msg.prompt_blocks, k, msg.keys[k:], msg.de_node, msg.layout, slots=slots,
                           group_layers=p.group_layers, progress=p.progress_subject),
-                    Staged, timeout=p.queues.deadline(msg.de_node, nbytes))
+                    timeout=p.queues.deadline(msg.de_node, nbytes))
             track.finish(done.blocks, done.error)
         except BusError as exc:
             track.finish(0, exc.reason)
@@ -236,7 +237,7 @@ class FetchPath:
             await self._reads_done(msg.req_id, msg.de_node)
 
     async def _reads_done(self, req_id: str, node: str) -> None:
-        await self.p.bus.publish(self.p.subjects.reads_done, NodeReadDone(req_id, node))
+        await self.p.bus.publish(self.p.subjects.at(EP.READS_DONE), NodeReadDone(req_id, node))
 
     async def _layers(self, msg: FetchKV, local: list[tuple[int, int]],
                       remote: list[tuple[str, list[tuple[int, int]], Grant | None]], prog: Progress,

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from services.traffic_manager.parts import TMParts
 from services.traffic_manager.prefetch import Entry, PrefetchPath
 from shared.bus import Delivery
+from shared.messages.endpoints import EP
 from shared.messages.traffic_manager import PENDING_OWNER, HoldSaves, Prefetched, SaveKV
 
 
@@ -32,7 +33,7 @@ async def install(parts: TMParts, prefetch: PrefetchPath, store_path) -> None:
     store_path.pending = pend = PendingSaves(parts, prefetch, parts.cfg.pending_hold_s)
     store_path.line.reclaim = lambda n: prefetch.reclaim(n, pending_only=True)
     parts.pool.before_free = pend.take
-    await parts.bus.subscribe(parts.subjects.tm(parts.cfg.engine, "hold"), HoldSaves, pend.on_hold)
+    await parts.bus.subscribe(parts.subjects.at(EP.TM_HOLD, engine=parts.cfg.engine), pend.on_hold)
 
 
 def owner_of(req_id: str) -> str:

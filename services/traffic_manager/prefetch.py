@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 
 from services.traffic_manager.parts import NOT_ATTACHED, TMParts
 from shared.bus import BusError, Delivery
-from shared.messages.storage_gateway import ReadBlocks, ReadDone
+from shared.messages.endpoints import EP
+from shared.messages.storage_gateway import ReadBlocks
 from shared.kv.staged_table import StagedTable
 from shared.messages.traffic_manager import Claim, Claimed, Prefetch, Prefetched, Release
 from shared.messages.work import StagedSlots
@@ -126,9 +127,9 @@ class PrefetchPath:
         wait = max(0.0, e.until - time.monotonic())  # a chunk that cannot start before the TTL is not read
         with pool.reading(msg.owner), p.queues.read_at(msg.node, nbytes):
             done = await p.bus.request(
-                p.subjects.sg(msg.node, "read"),
+                p.subjects.at(EP.SG_READ, node=msg.node),
                 ReadBlocks(msg.owner, msg.layout, keys, pool.buffer.name, offs, bulk=True, start_within_s=wait),
-                ReadDone, timeout=wait + p.queues.deadline(msg.node, nbytes))
+                timeout=wait + p.queues.deadline(msg.node, nbytes))
         if self.entries.get(msg.owner) is e:  # not dropped meanwhile
             e.keys += keys[:done.blocks]
             e.slots += offs[:done.blocks]

@@ -24,7 +24,8 @@ from services.traffic_manager.progress import LayerState
 from shared.bus import BusError, Delivery, error_code
 from shared.kv.window import HitWindow
 from shared.messages.codes import ErrorCode
-from shared.messages.traffic_manager import PushDone, PushKV, Reserve, Reserved
+from shared.messages.endpoints import EP
+from shared.messages.traffic_manager import PushDone, PushKV, Reserve
 from shared.transport.base import Op, TrafficClass
 from shared.transport.grants import Grant, decode_grant
 
@@ -90,7 +91,7 @@ class PushPath:
         copied straight from that buffer) becomes the first of them: (slots, grant, blocks adopted)."""
         p = self.p
         ask = Reserve(msg.req_id, len(msg.src_blocks), adopt=msg.adopt, adopt_keys=msg.adopt_keys)
-        res = await p.bus.request(p.subjects.tm(msg.dst_engine, "reserve"), ask, Reserved,
+        res = await p.bus.request(p.subjects.at(EP.TM_RESERVE, engine=msg.dst_engine), ask,
                                   timeout=p.cfg.transfer_timeout_s)
         if not res.ok:
             raise BusError("reserve", res.error, res.code)

@@ -21,7 +21,8 @@ from services.traffic_manager.parts import TMParts
 from services.traffic_manager.saves import SaveLine
 from shared.bus import BusError, Delivery
 from shared.kv.allocator import OutOfSlots
-from shared.messages.storage_gateway import ReadBlocks, ReadDone, StoreLayout, WriteBlock, WriteDone
+from shared.messages.endpoints import EP
+from shared.messages.storage_gateway import ReadBlocks, ReadDone, StoreLayout, WriteBlock
 from shared.messages.traffic_manager import SaveCopied, SaveKV, Stage, Staged
 from shared.transport.base import Op, TrafficClass
 
@@ -61,10 +62,10 @@ class StorePath:
                     streamed = msg.progress and not p.cfg.fault_flip_de_bytes  # a fault goes in after the checksum
                     with p.queues.read_at(msg.node, nbytes):
                         done = await p.bus.request(
-                            p.subjects.sg(msg.node, "read"),
+                            p.subjects.at(EP.SG_READ, node=msg.node),
                             ReadBlocks(msg.req_id, msg.layout, msg.keys, pool.buffer.name, offsets,
                                        group_layers=msg.group_layers if streamed else 0,
-                                       progress=msg.progress if streamed else "", tag="de"), ReadDone,
+                                       progress=msg.progress if streamed else "", tag="de"),
                             timeout=p.queues.deadline(msg.node, nbytes))
                 except BusError as exc:
                     done = ReadDone(error=exc.reason)
@@ -137,8 +138,8 @@ class StorePath:
                     "req_id": msg.req_id, "blocks": len(offsets), "node": msg.node}):
                 for key, off in zip(msg.keys, offsets):
                     try:
-                        res = await p.bus.request(p.subjects.sg(msg.node, "write"),
-                                                  WriteBlock(msg.layout, key, p.pool.buffer.name, off), WriteDone,
+                        res = await p.bus.request(p.subjects.at(EP.SG_WRITE, node=msg.node),
+                                                  WriteBlock(msg.layout, key, p.pool.buffer.name, off),
                                                   timeout=p.cfg.transfer_timeout_s)
                         self.m_saved.labels(res.outcome or "error").inc()
                     except BusError as exc:

@@ -18,6 +18,7 @@ from services.prefill_engine.record import PrefillRequest
 from shared.engine.store_layout import prompt_keys
 from shared.kv.allocator import SlotAllocator
 from shared.messages.codes import LoadMode
+from shared.messages.endpoints import EP
 from shared.messages.traffic_manager import LayersComputed
 from shared.messages.work import Ack, DecodeAdmit, PrefillWork, Sampling
 from tests.unit.dp_mesh import BS, DE, DE_NODE, HUGE, LAYERS, LAYOUT, PE, PE_NODE, SLOTS, SUBJECTS, Mesh, Tasks
@@ -42,8 +43,8 @@ class Prefill:
         self.held: dict[str, PrefillRequest] = {}
         self.failed: list[tuple[str, object, str]] = []
         cfg = PrefillEngineConfig(block_size=BS, handoff_timeout_s=HUGE, hit_window_layers=0, node=PE_NODE)
-        self.fetcher = Fetcher(mesh, SUBJECTS.tm(PE, "fetch"), cfg, LAYOUT, self.kv, LAYERS, self.held, tasks,
-                               ready=lambda req: None, fail=self._fail, failed_load=self._fail,
+        self.fetcher = Fetcher(mesh, SUBJECTS.at(EP.TM_FETCH, engine=PE), cfg, LAYOUT, self.kv, LAYERS, self.held,
+                               tasks, ready=lambda req: None, fail=self._fail, failed_load=self._fail,
                                release=self._release, one_forward=lambda cached, n: True,
                                estimate=lambda req: 0.0, abandon=self._fail)
         mesh.on_progress = self.fetcher.on_progress
@@ -76,7 +77,7 @@ class Prefill:
         if layerwise:
             self.handoff.start_push(req)
             for layer in range(LAYERS):
-                await self.mesh.publish(SUBJECTS.tm(PE, "computed"), LayersComputed([req.req_id], layer))
+                await self.mesh.publish(SUBJECTS.at(EP.TM_COMPUTED, engine=PE), LayersComputed([req.req_id], layer))
         await self.handoff.run(req, first, None)
         await self.tasks.settle()
 
@@ -90,7 +91,7 @@ class Decode:
                                                                 load_timeout_s=HUGE))
         svc.bus = mesh
         svc.loaded = SimpleNamespace(config=SimpleNamespace(max_position=1 << 16, eos_ids=()))
-        svc.persister = Persister(LAYOUT, DE_NODE, mesh, SUBJECTS.tm(DE, "save"), HUGE, tasks, svc.metrics,
+        svc.persister = Persister(LAYOUT, DE_NODE, mesh, SUBJECTS.at(EP.TM_SAVE, engine=DE), HUGE, tasks, svc.metrics,
                                   release=svc._release, on_failure=svc._background_failed)
         mesh.admit = self.admit
 

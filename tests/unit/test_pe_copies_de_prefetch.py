@@ -30,6 +30,7 @@ from services.traffic_manager.slot_grants import GrantsGiven, GrantsHeld
 from shared.kv.allocator import SlotAllocator
 from shared.kv.staged_table import StagedTable
 from shared.messages.codes import LoadMode
+from shared.messages.endpoints import EP
 from shared.messages.registry import EngineAnnounce, KVRegion, TrafficManagerAnnounce
 from shared.messages.storage_gateway import StoreLayout
 from shared.messages.stream import PromptTiers
@@ -167,7 +168,7 @@ def test_a_prefetch_copied_from_any_other_buffer_is_released_to_its_holder_as_us
     req, bus, ready, _ = asyncio.run(_start(host, holder))
     assert ready == [req] and req.adopt == ""
     assert [(s, m) for s, m in bus.sent if isinstance(m, Release)] == [
-        (f"t.traffic_manager.{holder}.release", Release("pf-1", used=HITS))]
+        (EP.TM_RELEASE.at("t", engine=holder), Release("pf-1", used=HITS))]
 
 
 def test_a_copy_whose_stamp_went_fetches_the_usual_way(host):
@@ -192,7 +193,7 @@ def test_the_push_reservation_adopts_the_copied_prefetch_and_sends_only_the_rest
         class Mesh:  # the DE's traffic-manager answering Reserve as the service does
             reserves: list[Reserve] = []
 
-            async def request(self, subject, msg, reply_type, timeout):
+            async def request(self, subject, msg, timeout):
                 self.reserves.append(msg)
                 adopted = de.adopt(msg.adopt, msg.adopt_keys, msg.req_id) if msg.adopt else []
                 offsets = adopted + [s * BLOCK for s in await de_pool.allocate_wait(msg.req_id, msg.n_blocks - len(adopted))]
@@ -230,7 +231,7 @@ def test_the_hand_off_asks_the_push_to_adopt_only_when_no_de_slots_were_reserved
     sent = []
 
     class HBus:
-        async def request(self, subject, msg, reply_type, timeout=5.0, ctx=None):
+        async def request(self, subject, msg, timeout=5.0, ctx=None):
             sent.append(msg)
             return PushDone(ok=False, error="stop here")
 

@@ -15,8 +15,8 @@ from services.prefill_engine.record import PrefillRequest
 from services.scheduler.inflight import InFlight
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.protocol import usage
-from services.scheduler.wire import Done, FrontMsg
 from shared.messages.codes import ErrorCode, FinishReason, LoadMode
+from shared.messages.front import Done, FrontMsg
 from shared.messages.stream import PromptTiers, TokenEvent
 from shared.messages.traffic_manager import FetchFailed, ReadFinished
 from shared.messages.work import PrefillWork, Sampling

@@ -9,11 +9,11 @@ import asyncio
 import pytest
 
 from services.scheduler.config import SchedulerConfig
-from services.scheduler.hints import Hint
 from services.scheduler.inflight import InFlight
 from services.scheduler.prefetcher import Prefetcher
 from services.scheduler.view import MeshView
 from shared.engine.store_layout import prompt_keys
+from shared.messages.front import Hint
 from shared.messages.registry import EngineAnnounce, KVRegion, StorageGatewayAnnounce, TrafficManagerAnnounce
 from shared.messages.storage_gateway import HitReply, Retain, RetainLevel, StoreLayout
 from shared.messages.subjects import Subjects
@@ -34,7 +34,7 @@ class Bus:
     async def publish(self, subject, msg, ctx=None):
         self.sent.append((subject, msg))
 
-    async def request(self, subject, msg, reply_type, timeout):
+    async def request(self, subject, msg, timeout):
         self.sent.append((subject, msg))
         return Prefetched(blocks=len(msg.keys))
 
