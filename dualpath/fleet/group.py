@@ -169,7 +169,7 @@ class Group:
 
     # store and gateways -------------------------------------------------------------------
     async def on_hit(self, q: HitQuery, d: Delivery) -> None:
-        await d.respond(HitReply(blocks=self.store.hit_length(q.keys)))
+        await d.respond(HitReply(blocks=self.store.hit_length(q.block_keys)))
 
     async def on_stored(self, msg: StoredKeys, d: Delivery) -> None:
         if msg.source != self.name:

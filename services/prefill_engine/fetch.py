@@ -122,7 +122,7 @@ class Fetcher:
         host): copy them from there, no FetchKV (False: the entry went meanwhile, fetch the usual way).
         The holder takes the slots back when told they were used, or, the request's own DE's, its
         push's reservation adopts them as the prompt's first DE-buffer slots (never pushed)."""
-        n, work = len(fetch.keys), req.work
+        n, work = len(fetch.block_keys), req.work
         with tracer.start_as_current_span("kv_staged_copy", context=req.ctx, attributes={
                 "req_id": req.req_id, "blocks": n, "prefetched_blocks": n, "read_at_arrival_blocks": 0,
                 "bytes": n * self.copier.block_nbytes}) as span:

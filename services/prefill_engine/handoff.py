@@ -64,7 +64,7 @@ class Handoff:
         msg = PushKV(req.req_id, req.blocks, work.de_engine, len(req.prompt), dst_slots=req.de_slots,
                      skip=req.de_hits, layerwise=True,
                      window=KVWindow(w.hits, list(w.ring), w.layers, w.used) if w else None,
-                     adopt=adopt, adopt_keys=work.block_keys[:req.adopt_blocks] if adopt else [])
+                     adopt=adopt, adopt_block_keys=work.block_keys[:req.adopt_blocks] if adopt else [])
         req.push = self.spawn(self._push(req, msg, 2 * (self.timeout_s + expect_s)), name=f"push-{req.req_id}")
 
     async def keepalive(self, reqs: list[PrefillRequest]) -> None:

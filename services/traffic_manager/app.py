@@ -231,7 +231,7 @@ class TrafficManagerService(Service):
     async def _reserve(self, msg: Reserve, d: Delivery) -> None:
         with tracer.start_as_current_span("kv_reserve", context=d.ctx,
                                           attributes={"req_id": msg.req_id, "blocks": msg.n_blocks}):
-            adopted = self.prefetch.adopt(msg.adopt, msg.adopt_keys, msg.req_id) if msg.adopt else []
+            adopted = self.prefetch.adopt(msg.adopt, msg.adopt_block_keys, msg.req_id) if msg.adopt else []
             try:
                 slots = await self.pool.allocate_wait(msg.req_id, msg.n_blocks - len(adopted))
             except OutOfSlots as exc:

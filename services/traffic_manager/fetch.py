@@ -75,7 +75,7 @@ class FetchPath:
 
     async def fetch(self, msg: FetchKV, d: Delivery) -> None:
         """Load a request's hit blocks: keys[:k] on the PE path, keys[k:] on the DE path."""
-        n = len(msg.keys)
+        n = len(msg.block_keys)
         k = min(max(msg.pe_blocks, 0), n)
         owner, prog = f"{msg.req_id}/fetch", Progress()
         tracks = {tag: self.p.reads.hold((msg.req_id, tag)) for tag in ("pe", "de")}
@@ -109,7 +109,7 @@ class FetchPath:
 
     async def _run(self, msg: FetchKV, k: int, owner: str, prog: Progress, span, tracks,
                    local: list[asyncio.Task]) -> None:
-        p, n = self.p, len(msg.keys)
+        p, n = self.p, len(msg.block_keys)
         t0 = time.perf_counter()
         pe, de = tracks["pe"], tracks["de"]
         # prefetched: keys[:c] already sit in a buffer (the DE's: adopted into the prompt's slots there)
@@ -131,7 +131,7 @@ class FetchPath:
         grant = p.held.keep(msg.req_id, msg.de_engine, res.grant) if res is not None else None
         offsets: list[int] = []
         if k > c:
-            offsets = await self._start_local(msg, msg.keys[c:k], owner, pe, local)
+            offsets = await self._start_local(msg, msg.block_keys[c:k], owner, pe, local)
         else:
             pe.finish(0)
         if k < n:
@@ -174,7 +174,7 @@ class FetchPath:
     async def _announce_queue(self, msg: FetchKV, c: int, k: int) -> None:
         """Tell the engine when its read waits behind a storage queue long enough to matter for
         its fetch deadline (`ReadQueued`): deep queues are what a storage-bound node looks like."""
-        p, n, bn = self.p, len(msg.keys), self.p.pool.block_nbytes
+        p, n, bn = self.p, len(msg.block_keys), self.p.pool.block_nbytes
         wait = max(p.queues.queue_wait(msg.node, (k - c) * bn),
                    p.queues.queue_wait(msg.de_node, (n - k) * bn) if k < n else 0.0)
         if wait > 0.25 * p.cfg.transfer_timeout_s:
@@ -213,7 +213,7 @@ class FetchPath:
         With `adopt`, the blocks prefetched into that buffer become the first of those slots."""
         p = self.p
         ask = Reserve(msg.req_id, msg.prompt_blocks, adopt=msg.staged_owner if adopt else "",
-                      adopt_keys=msg.keys[:msg.staged_blocks] if adopt else [])
+                      adopt_block_keys=msg.block_keys[:msg.staged_blocks] if adopt else [])
         try:
             return await p.bus.request(p.subjects.at(EP.TM_RESERVE, engine=msg.de_engine), ask,
                                        timeout=p.cfg.transfer_timeout_s)
@@ -222,12 +222,12 @@ class FetchPath:
 
     async def _stage_remote(self, msg: FetchKV, k: int, slots: list[int], track: ReadTrack) -> None:
         """DE path: the DE's TM has its gateway read keys[k:] into the reserved slots, reporting here."""
-        p, nbytes = self.p, (len(msg.keys) - k) * self.p.pool.block_nbytes
+        p, nbytes = self.p, (len(msg.block_keys) - k) * self.p.pool.block_nbytes
         try:
             with p.queues.read_at(msg.de_node, nbytes):
                 done = await p.bus.request(
                     p.subjects.at(EP.TM_STAGE, engine=msg.de_engine),
-                    Stage(msg.req_id, msg.prompt_blocks, k, msg.keys[k:], msg.de_node, msg.layout, slots=slots,
+                    Stage(msg.req_id, msg.prompt_blocks, k, msg.block_keys[k:], msg.de_node, msg.layout, slots=slots,
                           group_layers=p.group_layers, progress=p.progress_subject),
                     timeout=p.queues.deadline(msg.de_node, nbytes))
             track.finish(done.blocks, done.error)

@@ -85,7 +85,7 @@ class PrefetchPath:
     async def prefetch(self, msg: Prefetch, d: Delivery) -> None:
         p, pool = self.p, self.p.pool
         bn = pool.block_nbytes
-        n = min(len(msg.keys), self.room_bytes() // bn if bn else 0)
+        n = min(len(msg.block_keys), self.room_bytes() // bn if bn else 0)
         why = "released before it was staged" if msg.owner in pool.cancelled else \
             "already staged" if msg.owner in self.entries else "no prefetch room in the buffer" if n <= 0 else ""
         if why:
@@ -122,7 +122,7 @@ class PrefetchPath:
         p, pool = self.p, self.p.pool
         i = len(e.keys)
         end = min(i + self._chunk_blocks(msg.node), len(offsets))  # the slots the budget gave, not every key
-        keys, offs = msg.keys[i:end], offsets[i:end]
+        keys, offs = msg.block_keys[i:end], offsets[i:end]
         nbytes = len(keys) * pool.block_nbytes
         wait = max(0.0, e.until - time.monotonic())  # a chunk that cannot start before the TTL is not read
         with pool.reading(msg.owner), p.queues.read_at(msg.node, nbytes):
@@ -171,7 +171,7 @@ class PrefetchPath:
     async def on_claim(self, msg: Claim, d: Delivery) -> None:
         """Another traffic-manager claims: the slots and a grant of exactly them (ended when the
         entry's slots are freed: released, lease, adopted)."""
-        slots = self.claim(msg.owner, msg.keys)
+        slots = self.claim(msg.owner, msg.block_keys)
         grant = self.p.given.give(msg.owner, slots, self.p.pool.block_nbytes) if slots else b""
         await d.respond(Claimed(slots=slots, grant=grant))
 

@@ -90,7 +90,7 @@ class PushPath:
         """The prompt's DE-buffer slots; with `msg.adopt`, the prefetch staged there (which the engine
         copied straight from that buffer) becomes the first of them: (slots, grant, blocks adopted)."""
         p = self.p
-        ask = Reserve(msg.req_id, len(msg.src_blocks), adopt=msg.adopt, adopt_keys=msg.adopt_keys)
+        ask = Reserve(msg.req_id, len(msg.src_blocks), adopt=msg.adopt, adopt_block_keys=msg.adopt_block_keys)
         res = await p.bus.request(p.subjects.at(EP.TM_RESERVE, engine=msg.dst_engine), ask,
                                   timeout=p.cfg.transfer_timeout_s)
         if not res.ok:

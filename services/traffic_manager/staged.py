@@ -34,10 +34,10 @@ def adopts(p: TMParts, msg: FetchKV) -> bool:
 async def claim(p: TMParts, msg: FetchKV) -> tuple[list[int], Grant | None]:
     """Buffer offsets of the leading prefetched blocks still staged for this fetch ([]: none),
     with the holder's grant of them when the holder is another traffic-manager."""
-    n = min(msg.staged_blocks, len(msg.keys))
+    n = min(msg.staged_blocks, len(msg.block_keys))
     if not msg.staged_owner or n <= 0:
         return [], None
-    keys = msg.keys[:n]
+    keys = msg.block_keys[:n]
     if msg.staged_engine == p.cfg.engine:
         return p.claim_local(msg.staged_owner, keys), None
     try:

@@ -45,7 +45,7 @@ class StorePath:
         p, pool = self.p, self.p.pool
         bn = pool.block_nbytes
         with tracer.start_as_current_span("kv_stage", context=d.ctx, attributes={
-                "req_id": msg.req_id, "blocks": len(msg.keys), "node": msg.node, "path": "de"}) as span:
+                "req_id": msg.req_id, "blocks": len(msg.block_keys), "node": msg.node, "path": "de"}) as span:
             if msg.slots and not set(msg.slots) <= {s * bn for s in pool.slots.held(msg.req_id)}:
                 # released (cancelled) since they were reserved: they may be someone else's now
                 await d.respond(Staged(error="reserved slots were released"))
@@ -57,13 +57,13 @@ class StorePath:
                 return
             with pool.reading(msg.req_id):
                 try:
-                    offsets = slots[msg.first:msg.first + len(msg.keys)]
-                    nbytes = len(msg.keys) * bn
+                    offsets = slots[msg.first:msg.first + len(msg.block_keys)]
+                    nbytes = len(msg.block_keys) * bn
                     streamed = msg.progress and not p.cfg.fault_flip_de_bytes  # a fault goes in after the checksum
                     with p.queues.read_at(msg.node, nbytes):
                         done = await p.bus.request(
                             p.subjects.at(EP.SG_READ, node=msg.node),
-                            ReadBlocks(msg.req_id, msg.layout, msg.keys, pool.buffer.name, offsets,
+                            ReadBlocks(msg.req_id, msg.layout, msg.block_keys, pool.buffer.name, offsets,
                                        group_layers=msg.group_layers if streamed else 0,
                                        progress=msg.progress if streamed else "", tag="de"),
                             timeout=p.queues.deadline(msg.node, nbytes))
@@ -83,7 +83,7 @@ class StorePath:
             await self._save_slots(msg, d)
             return
         p, pool = self.p, self.p.pool
-        owner = f"{msg.req_id}/save/{msg.keys[0].hex()[:12] if msg.keys else ''}"
+        owner = f"{msg.req_id}/save/{msg.block_keys[0].hex()[:12] if msg.block_keys else ''}"
         n = len(msg.blocks)
         offsets = None if n == 0 else await self.line.take(owner, n)
         if offsets is None:
@@ -136,7 +136,7 @@ class StorePath:
         try:
             with tracer.start_as_current_span("persist", context=d.ctx, attributes={
                     "req_id": msg.req_id, "blocks": len(offsets), "node": msg.node}):
-                for key, off in zip(msg.keys, offsets):
+                for key, off in zip(msg.block_keys, offsets):
                     try:
                         res = await p.bus.request(p.subjects.at(EP.SG_WRITE, node=msg.node),
                                                   WriteBlock(msg.layout, key, p.pool.buffer.name, off),

@@ -16,5 +16,6 @@ message type per meaning (no sentinel integers), and a `code: ErrorCode` on ever
 receiver acts on. Schema evolution: new fields get defaults; existing field types never
 change. (The one exception so far is the change to this typed protocol, which changed
 the types of `finish`, the key and fingerprint fields and the fetch progress messages:
-every process of a mesh must run the same version across it.)
+every process of a mesh must run the same version across it; so did the one name every block-key
+field got: `block_keys`, `block_key`, `adopt_block_keys`, where map keys were `keys`, `key`, `adopt_keys`.)
 """

@@ -104,7 +104,8 @@ def test_a_layer_copy_that_dies_fails_the_prefill_at_once_and_the_engine_keeps_s
                 pe.kill()
                 pe.wait()
     fetch, failed, served = got["fetch"], got["failed"], got["served"]
-    assert fetch.req_id == "lf-1#0" and fetch.keys == [bytes([i]) * 16 for i in range(3)] and len(fetch.dst_blocks) == 3
+    assert fetch.req_id == "lf-1#0" and fetch.block_keys == [bytes([i]) * 16 for i in range(3)]
+    assert len(fetch.dst_blocks) == 3
     assert fetch.pe_blocks == 3  # the scheduler's count, passed on: every hit on the PE path
     assert failed.req_id == "lf-1#0" and failed.finish is FinishReason.ERROR and failed.retryable, failed
     assert failed.code is ErrorCode.KV_TRANSFER

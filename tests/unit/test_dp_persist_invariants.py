@@ -98,7 +98,7 @@ def test_decode_keys_each_generated_block_from_the_one_before_and_saves_it_the_s
     n_prompt = len(PROMPT) // BS
     for pos, saves in after:  # after each step: one save per block filled so far, none ahead of it
         want = prompt_keys(LAYOUT, context[:pos])[n_prompt:]
-        assert [m.keys for m in saves] == [[k] for k in want], f"at position {pos}"
+        assert [m.block_keys for m in saves] == [[k] for k in want], f"at position {pos}"
     full = prompt_keys(LAYOUT, context[:seq.pos])
     assert [m.blocks for m in _generated(mesh)] == [[seq.req.blocks[b]] for b in range(n_prompt, len(full))]
     assert seq.keys == full  # what the next block chains on

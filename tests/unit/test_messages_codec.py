@@ -89,6 +89,15 @@ def test_message_families_are_all_found():
     assert len(STRUCTS) >= 15
 
 
+def test_a_block_key_field_has_one_name_at_every_hop():
+    """A list of block keys is `block_keys` (`adopt_block_keys`: the staged prefix to adopt), one key
+    `block_key`: never `keys`/`key`, whichever message carries it."""
+    lists = {f"{c.__name__}.{n}" for c in STRUCTS for n, tp in typing.get_type_hints(c).items() if tp == list[bytes]}
+    assert lists and all(name.endswith("block_keys") for name in lists), lists
+    named = {f"{c.__name__}.{n}" for c in STRUCTS for n in typing.get_type_hints(c) if n in ("keys", "key")}
+    assert not named, named
+
+
 @pytest.mark.parametrize("cls", UNION_MEMBERS, ids=lambda c: c.__name__)
 def test_announce_union_decodes_each_member_by_its_tag(cls):
     msg = build(cls)

@@ -195,7 +195,7 @@ def test_the_push_reservation_adopts_the_copied_prefetch_and_sends_only_the_rest
 
             async def request(self, subject, msg, timeout):
                 self.reserves.append(msg)
-                adopted = de.adopt(msg.adopt, msg.adopt_keys, msg.req_id) if msg.adopt else []
+                adopted = de.adopt(msg.adopt, msg.adopt_block_keys, msg.req_id) if msg.adopt else []
                 offsets = adopted + [s * BLOCK for s in await de_pool.allocate_wait(msg.req_id, msg.n_blocks - len(adopted))]
                 return Reserved(slots=offsets, adopted=len(adopted), grant=given.give(msg.req_id, offsets, BLOCK))
 
@@ -214,7 +214,7 @@ def test_the_push_reservation_adopts_the_copied_prefetch_and_sends_only_the_rest
                         None, GrantsHeld(), Registry(ReadTrack), Registry(LayerState))
         reply = Reply()
         reply.ctx = None
-        push = PushKV("r1", [9, 3, 4, 7, 8], "de0", 5 * BS, adopt="pf-1", adopt_keys=KEYS[:HITS])
+        push = PushKV("r1", [9, 3, 4, 7, 8], "de0", 5 * BS, adopt="pf-1", adopt_block_keys=KEYS[:HITS])
         asyncio.run(PushPath(parts, m.histogram("xfer_seconds", "x", ("kind",))).push(push, reply, None))
         assert isinstance(reply.msg, PushDone) and reply.msg.ok, reply.msg
         assert mesh.reserves[0].adopt == "pf-1" and reply.msg.slots[:HITS] == staged  # adopted: the first slots
@@ -246,8 +246,8 @@ def test_the_hand_off_asks_the_push_to_adopt_only_when_no_de_slots_were_reserved
         await req.push
     asyncio.run(run([]))
     asyncio.run(run([0, BLOCK, 2 * BLOCK, 3 * BLOCK, 4 * BLOCK, 5 * BLOCK]))
-    assert (sent[0].adopt, sent[0].adopt_keys) == ("pf-1", KEYS[:HITS])
-    assert (sent[1].adopt, sent[1].adopt_keys) == ("", [])
+    assert (sent[0].adopt, sent[0].adopt_block_keys) == ("pf-1", KEYS[:HITS])
+    assert (sent[1].adopt, sent[1].adopt_block_keys) == ("", [])
 
 
 def test_the_engine_maps_each_holders_buffer_once_and_closes_one_whose_segment_went(host):

@@ -179,7 +179,7 @@ def test_the_worker_asks_the_store_and_submits_its_answer_and_the_core_asks_none
     asked = []
 
     async def ask(query):
-        asked.append(len(query.keys))
+        asked.append(len(query.block_keys))
         return HitReply(blocks=2)
 
     sent = _Bus()

@@ -55,7 +55,7 @@ class Mesh:
 
     async def request(self, subject, msg, timeout):
         if isinstance(msg, ReadBlocks):
-            return ReadDone(blocks=len(msg.keys))
+            return ReadDone(blocks=len(msg.block_keys))
         assert isinstance(msg, Reserve), msg
         self.reserves.append(msg)
         try:  # nothing staged under msg.adopt any more: nothing adopted

@@ -35,7 +35,7 @@ class Bus:
     async def request(self, subject, msg, timeout):
         self.asked.append(msg)
         assert isinstance(msg, Reserve), msg
-        return Reserved(slots=DE_SLOTS, adopted=len(msg.adopt_keys))
+        return Reserved(slots=DE_SLOTS, adopted=len(msg.adopt_block_keys))
 
     async def publish(self, subject, msg, ctx=None):
         self.heard.append(msg)

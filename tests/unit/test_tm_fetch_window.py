@@ -36,7 +36,7 @@ class Mesh:
         self.layers, self.heard = layers, []
 
     async def request(self, subject, msg, timeout):
-        return ReadDone(blocks=len(msg.keys))
+        return ReadDone(blocks=len(msg.block_keys))
 
     async def publish(self, subject, msg, ctx=None):
         self.heard.append(msg)
