@@ -68,8 +68,8 @@ def parse_nodes(text: str) -> list[tuple[str, str, int]]:
     return out
 
 
-class Group:
-    """The `Host` of every emulated engine of this process."""
+class FleetGroup:
+    """The `EngineHost` of every emulated engine of this process."""
 
     def __init__(self, bus: Bus, args: argparse.Namespace):
         self.bus, self.name = bus, args.name
@@ -247,7 +247,7 @@ async def serve(args: argparse.Namespace) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     bus = await Bus.connect(args.nats_url, f"fleet-{args.name}", wait_s=30.0)
-    group = Group(bus, args)
+    group = FleetGroup(bus, args)
     await group.start(stop)
     await stop.wait()
     await group.leave()

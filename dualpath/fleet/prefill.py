@@ -26,10 +26,10 @@ from shared.messages.storage_gateway import StoreLayout
 from shared.messages.stream import TokenEvent
 from shared.messages.subjects import Subjects
 from shared.messages.work import Ack, DecodeAdmit, PrefillWork
-from shared.sched.policy.intra_pe import PrefillWork as Work, plan_batch
+from shared.sched.policy.intra_pe import ReadyPrefill as Work, plan_batch
 
 
-class Host(Protocol):
+class EngineHost(Protocol):
     """What an emulated engine needs from its emulator process."""
 
     bus: Bus
@@ -59,7 +59,7 @@ class Prompt:
 class PrefillEngine:
     role = "prefill"
 
-    def __init__(self, host: Host, engine: str, node: str, instance: str, kv_blocks: int = 16384):
+    def __init__(self, host: EngineHost, engine: str, node: str, instance: str, kv_blocks: int = 16384):
         self.host, self.engine, self.node, self.instance = host, engine, node, instance
         bs = host.layout.block_size
         self.kv = KVRegion(f"dp-pe-kv-{engine}", kv_blocks, bs, host.layout.n_layers,

@@ -20,7 +20,7 @@ from services.scheduler.config import SchedulerConfig
 from services.scheduler.hits import asker, known_hits, lookup_hits
 from services.scheduler.inflight import InFlight
 from services.scheduler.doors import FrontDoors, strand_event
-from services.scheduler.events import Router
+from services.scheduler.events import OutputRouter
 from services.scheduler.journal import Journal, JournalUnavailable, recover
 from services.scheduler.lifecycle import IllegalTransition, Lifecycle, ReqState
 from services.scheduler.liveness import Watch, stranded, unassigned_past
@@ -42,7 +42,7 @@ from shared.messages.work import Cancel
 from shared.runtime import Service, service_main
 from shared.sched.dispatch import Dispatcher, Job
 from shared.sched.policy import PeThresholds
-from shared.sched.reads import ReadQueues
+from shared.sched.reads import PendingReads
 
 log = logging.getLogger("scheduler")
 tracer = trace.get_tracer("scheduler")
@@ -61,7 +61,7 @@ class SchedulerService(Service):
         self.inflight: dict[str, InFlight] = {}
         self.life = Lifecycle()  # each request's state: the one writer of InFlight.state
         self.kick = asyncio.Event()
-        self.reads = ReadQueues()
+        self.reads = PendingReads()
         self.lines = Lines()  # the dispatcher's engine lines, kept between rounds
         self.oracle = OracleIndex()
         self.http: HttpServer | None = None
@@ -72,8 +72,8 @@ class SchedulerService(Service):
         self.doors = FrontDoors(self) if cfg.front_workers else None  # the front-door worker processes
         self.watch = Watch(cfg.liveness_timeout_s)  # judges silences against the scheduler's own stalls
         self.m = SchedulerMetrics.register(self.metrics)
-        self.router = Router(self.inflight, lambda rec, ev, source: self.resume(rec, ev.error), self._prefill_over,
-                             self.m.loop_errors.labels("output").inc)
+        self.router = OutputRouter(self.inflight, lambda rec, ev, source: self.resume(rec, ev.error),
+                                   self._prefill_over, self.m.loop_errors.labels("output").inc)
         self.metrics_endpoint = self.metrics.endpoint
         self.max_context = self.view.max_context  # (front.Front)
 

@@ -26,14 +26,14 @@ from shared.messages.work import PrefillWork
 from shared.sched.dispatch import EngineLoad
 from shared.sched.ledger import Ledger
 from shared.sched.prefetch import common
-from shared.sched.reads import PathDecision, ReadQueues
+from shared.sched.reads import PathDecision, PendingReads
 from shared.tracing import recording
 
 tracer = trace.get_tracer("scheduler")
 DEFAULT_BLOCK = 64  # block size when no engine has announced a store layout yet
 
 
-def engine_loads(view: MeshView, ledger: Ledger, reads: ReadQueues, role: str, now: float) -> list[EngineLoad]:
+def engine_loads(view: MeshView, ledger: Ledger, reads: PendingReads, role: str, now: float) -> list[EngineLoad]:
     """Every assignable engine of `role` with its tok_e / seq_e from the ledger: O(engines)."""
     load = ledger.pe_load if role == "prefill" else ledger.de_load
     out = []
@@ -57,7 +57,7 @@ class Lines:
         self.changed: set | None = None  # engines whose lines the last `get` refreshed (None: all rebuilt),
         # for the dispatcher's decode pull to keep its group totals (`Dispatcher.pull_decode(changed=)`)
 
-    def get(self, view: MeshView, ledger: Ledger, reads: ReadQueues, now: float) -> tuple[list, list]:
+    def get(self, view: MeshView, ledger: Ledger, reads: PendingReads, now: float) -> tuple[list, list]:
         """(prefill lines, decode lines) with current tok / seq / read_q; the same objects as last
         round unless the assignable engines changed."""
         fresh = any(view.assignable(role, now) is not self.src.get(role) for role in ("prefill", "decode"))
@@ -108,7 +108,7 @@ class Placed:
                 "prefetch_engine": self.work.staged_engine}
 
 
-def place(rec: InFlight, pe: str, de: str, view: MeshView, reads: ReadQueues, reply: str,
+def place(rec: InFlight, pe: str, de: str, view: MeshView, reads: PendingReads, reply: str,
           read_path: str = "auto") -> Placed:
     """Decide the request's read path, hold its reads on the nodes' queues, build its work."""
     pe_node, de_node = view.node_of(pe), view.node_of(de)

@@ -41,7 +41,7 @@ from shared.messages.front import Hint, Reuse
 from shared.messages.storage_gateway import HitQuery, Retain, RetainLevel
 from shared.messages.traffic_manager import PENDING_OWNER, HoldSaves, Prefetch, Prefetched, Release
 from shared.sched.policy.read_path import ReadPath
-from shared.sched.prefetch import Holder, RecentBytes, Staged, StagedIndex, common, hold_until, plan
+from shared.sched.prefetch import Holder, RecentBytes, StagedIndex, StagedSession, common, hold_until, plan
 
 log = logging.getLogger("scheduler.prefetch")
 tracer = trace.get_tracer("scheduler")
@@ -166,8 +166,9 @@ class Prefetcher:
             self.m_blocks.labels("no_room").inc(stored)
             return
         now = time.monotonic()
-        s = Staged(owner, p.engine, p.node, keys[:p.blocks], hold_until(return_at, h.tool_s, self.cfg.prefetch_grace_s,
-                                                                        h.ttl_s), h.session, whole=p.blocks == len(keys))
+        s = StagedSession(owner, p.engine, p.node, keys[:p.blocks],
+                          hold_until(return_at, h.tool_s, self.cfg.prefetch_grace_s, h.ttl_s), h.session,
+                          whole=p.blocks == len(keys))
         self._stage(s)  # claimable at once: an early turn takes what is staged by then
         nbytes = p.blocks * self._block_bytes()
         self.sending[p.engine] += p.blocks
@@ -208,7 +209,7 @@ class Prefetcher:
         except BusError:
             return
         if got.blocks:
-            self._stage(Staged(PENDING_OWNER + rec.wire_id, de, self.view.node_of(de), keys[:got.blocks],
+            self._stage(StagedSession(PENDING_OWNER + rec.wire_id, de, self.view.node_of(de), keys[:got.blocks],
                                time.monotonic() + ttl, session, whole=got.blocks == len(keys), slots=got.slots,
                                pending=True))
             self.m_blocks.labels("pending").inc(got.blocks)
@@ -265,7 +266,7 @@ class Prefetcher:
         return 0
 
     # expiry and release --------------------------------------------------------------------------
-    def _stage(self, s: Staged) -> None:
+    def _stage(self, s: StagedSession) -> None:
         """Index `s`; the sweep, asleep while nothing was staged, starts again so that `s` expires too."""
         self.index.add(s)
         self.added.set()
@@ -279,7 +280,7 @@ class Prefetcher:
             for s in self.index.expired(time.monotonic()):
                 self._release(s, "expired")
 
-    def _release(self, s: Staged, outcome: str) -> None:
+    def _release(self, s: StagedSession, outcome: str) -> None:
         if self.index.by_owner.get(s.owner) is s:
             self.index.remove(s.owner)
         self.m_blocks.labels(outcome).inc(len(s.keys))

@@ -29,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from services.scheduler.config import SchedulerConfig
-from services.scheduler.events import Router
+from services.scheduler.events import OutputRouter
 from services.scheduler.hits import asker, stored_blocks
 from services.scheduler.inflight import InFlight
 from services.scheduler.protocol import ApiError, failure
@@ -62,7 +62,7 @@ class FrontWorker(Service):
         self.inflight: dict[str, InFlight] = {}
         self.http: HttpServer | None = None
         self.reply = self.subjects.at(EP.SCHED_OUT, scheduler=self.instance)
-        self.router = Router(self.inflight, self._retry, self._prefill_over)
+        self.router = OutputRouter(self.inflight, self._retry, self._prefill_over)
         self.m_resumes = self.metrics.counter("front_resumes_total", "Requests this worker resumed elsewhere")
 
     async def start(self) -> None:

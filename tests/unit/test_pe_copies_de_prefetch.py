@@ -38,8 +38,8 @@ from shared.messages.subjects import Subjects
 from shared.messages.traffic_manager import FetchKV, PushDone, PushKV, Release, Reserve, Reserved
 from shared.messages.work import PrefillWork, Sampling, StagedSlots
 from shared.metrics import Metrics
-from shared.sched.prefetch import Staged
-from shared.sched.reads import ReadQueues as SchedReadQueues
+from shared.sched.prefetch import StagedSession
+from shared.sched.reads import PendingReads
 from shared.transport.base import shm_host
 from shared.transport.shm_region import ShmRegion, new_name
 from tests.unit.test_tm_fetch_adopt_gone import Endpoint
@@ -67,9 +67,9 @@ def _view(pe_shm: str, de_shm: str) -> MeshView:
 def _placed(view: MeshView, holder: str, pending: bool = False) -> PrefillWork:
     slots = StagedSlots("buf", "tab", 0, 7, [0, BLOCK, 2 * BLOCK])
     rec = InFlight("r1", list(range(5 * BS + 1)), Sampling(), hit_blocks=HITS, block_keys=KEYS[:5],
-                   mode=LoadMode.DUALPATH, staged=Staged("pf-1", holder, "nB", KEYS[:HITS], 1e9, slots=slots,
+                   mode=LoadMode.DUALPATH, staged=StagedSession("pf-1", holder, "nB", KEYS[:HITS], 1e9, slots=slots,
                                                          pending=pending))
-    return place(rec, "pe0", "de0", view, SchedReadQueues(), "out.s1").work
+    return place(rec, "pe0", "de0", view, PendingReads(), "out.s1").work
 
 
 @pytest.mark.parametrize(("pe_shm", "de_shm", "holder", "pending", "named"), [

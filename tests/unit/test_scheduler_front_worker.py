@@ -1,7 +1,7 @@
 """A front-door worker's judgements on engine output (services/scheduler/events.py, worker.py)."""
 import pytest
 
-from services.scheduler.events import Router
+from services.scheduler.events import OutputRouter
 from services.scheduler.inflight import InFlight
 from services.scheduler.worker import running_without
 from shared.messages.codes import ErrorCode, FinishReason
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.unit
 
 def router(rec: InFlight, resumes: list):
     firsts = []
-    r = Router({rec.req_id: rec}, lambda rec, ev, source: resumes.append((ev.code, source)) or True,
+    r = OutputRouter({rec.req_id: rec}, lambda rec, ev, source: resumes.append((ev.code, source)) or True,
                lambda rec, source: firsts.append(source))
     return r, firsts
 
@@ -61,8 +61,8 @@ def test_a_retryable_failure_goes_to_resume_not_to_the_client():
 def _placed(rec: InFlight):
     from services.scheduler.placement import place
     from services.scheduler.view import MeshView
-    from shared.sched.reads import ReadQueues
-    return place(rec, "p0", "d0", MeshView(), ReadQueues(), rec.reply or "core.out").work
+    from shared.sched.reads import PendingReads
+    return place(rec, "p0", "d0", MeshView(), PendingReads(), rec.reply or "core.out").work
 
 
 def test_a_worker_held_prompt_is_left_out_of_the_work_and_the_work_goes_to_the_worker():

@@ -20,7 +20,7 @@ from shared.messages.subjects import Subjects
 from shared.messages.traffic_manager import Prefetch, Prefetched, Release
 from shared.messages.work import Sampling
 from shared.metrics import Metrics
-from shared.sched.reads import ReadQueues
+from shared.sched.reads import PendingReads
 
 pytestmark = pytest.mark.unit
 LAYOUT = StoreLayout(b"f" * 16, "m", 2, 1, 8, "float32", 64)
@@ -52,7 +52,7 @@ def _prefetcher(**cfg):
     async def hits(q):
         return HitReply(blocks=len(q.block_keys))
 
-    pf = Prefetcher(bus, Subjects("t"), view, ReadQueues(), SchedulerConfig(**cfg), lambda coro, name=None:
+    pf = Prefetcher(bus, Subjects("t"), view, PendingReads(), SchedulerConfig(**cfg), lambda coro, name=None:
                     asyncio.get_running_loop().create_task(coro), hits, Metrics("scheduler"))
     return pf, bus
 
