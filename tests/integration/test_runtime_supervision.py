@@ -120,7 +120,7 @@ def test_a_task_cancelled_before_it_ran_leaves_no_unawaited_coroutine():
     async def scenario() -> None:
         async with asyncio.TaskGroup() as tg:
             svc.tasks = tg
-            svc.spawn(svc._explode(Release("never")), name="explode-never").cancel()
+            svc.spawn(svc._explode(Reserve("never", 1)), name="explode-never").cancel()
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
