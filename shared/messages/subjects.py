@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from shared.messages.typed_subject import BusEndpoint, Subject
 
+_KEEP = 4096  # subjects remembered per mesh (engines x verbs, reply subjects): built once, not per message
+
 
 class Subjects:
     """`Subjects(ns).at(EP.TM_PUSH, engine=e)`: that endpoint's subject in mesh `ns` (the table of
@@ -10,6 +12,13 @@ class Subjects:
 
     def __init__(self, ns: str = "dp"):
         self.ns = ns
+        self._built: dict[tuple, Subject] = {}
 
     def at(self, endpoint: BusEndpoint, **params: str) -> Subject:
-        return endpoint.at(self.ns, **params)
+        key = (endpoint.name, *params.items())
+        subject = self._built.get(key)
+        if subject is None:
+            if len(self._built) >= _KEEP:
+                self._built.clear()
+            subject = self._built[key] = endpoint.at(self.ns, **params)
+        return subject

@@ -12,8 +12,7 @@ from types import UnionType
 from typing import Any
 
 _FIELD = re.compile(r"\{(\w+)\}")
-_BAD_PARAM = re.compile(r"[.*>\s]")  # a parameter is one token: no separator, wildcard or space
-_BAD_NS = re.compile(r"[*>\s]")
+_BAD = re.compile(r"[*>\s]")  # no wildcard, no space (a dotted name spans tokens, as it always did)
 
 
 def _members(tp: Any) -> list[Any]:
@@ -60,7 +59,7 @@ class BusEndpoint:
         self.params = tuple(f for f in _FIELD.findall(pattern) if f != "ns")
         self._types = (_classes(msg), _items(msg))
         self._reply_types = (_classes(reply), _items(reply)) if reply is not None else ((), ())
-        parts = [re.escape(p) if i % 2 == 0 else f"(?P<{p}>{'.+' if p == 'ns' else '[^.]+'})"
+        parts = [re.escape(p) if i % 2 == 0 else f"(?P<{p}>.+?)" if p == "ns" else f"(?P<{p}>.+)"  # ns: shortest
                  for i, p in enumerate(_FIELD.split(pattern))]
         self.regex = re.compile("".join(parts) + r"\Z")
 
@@ -72,11 +71,9 @@ class BusEndpoint:
         if set(params) != set(self.params):
             raise ValueError(f"{self.name}: takes {', '.join(self.params) or 'no parameters'}, got "
                              f"{', '.join(sorted(params)) or 'none'}")
-        for key, value in params.items():
-            if not value or _BAD_PARAM.search(value):
-                raise ValueError(f"{self.name}: {key}={value!r} is not one subject token")
-        if not ns or _BAD_NS.search(ns):
-            raise ValueError(f"{self.name}: namespace {ns!r} holds a wildcard or a space")
+        for key, value in (("ns", ns), *params.items()):
+            if not value or _BAD.search(value):
+                raise ValueError(f"{self.name}: {key}={value!r} is empty, or holds a wildcard or a space")
         return Subject(self.pattern.format(ns=ns, **params), self)
 
     def parse(self, subject: str) -> dict[str, str] | None:

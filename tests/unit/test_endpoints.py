@@ -40,8 +40,8 @@ def _is_message(tp) -> bool:
     return isinstance(tp, type) and (issubclass(tp, msgspec.Struct) or dataclasses.is_dataclass(tp))
 
 
-def _params(ep) -> dict[str, str]:
-    return {p: f"{p}-1" for p in ep.params}
+def _params(ep, form: str = "{}-1") -> dict[str, str]:
+    return {p: form.format(p) for p in ep.params}
 
 
 # --- the table --------------------------------------------------------------------------------------
@@ -61,12 +61,13 @@ def test_every_endpoint_carries_structs_or_unions_of_them(ep):
 
 def test_names_and_patterns_are_unique_and_every_subject_finds_its_own_endpoint():
     assert len({ep.name for ep in ENDPOINTS}) == len({ep.pattern for ep in ENDPOINTS}) == len(ENDPOINTS) >= 35
-    for ns in ("dp", "t1a2b3", "a.b"):  # a namespace may hold dots
+    for ns, form in (("dp", "{}-1"), ("t1a2b3", "{}-1"), ("a.b", "{}-1"), ("dp", "{}.host.x")):  # dots: as ever
         for ep in ENDPOINTS:
-            subject = ep.at(ns, **_params(ep))
+            subject = ep.at(ns, **_params(ep, form))
             assert isinstance(subject, Subject) and subject.endpoint is ep
             assert endpoint_of(str(subject)) is ep, (ns, ep.name, [e.name for e in ENDPOINTS if e.parse(subject)])
-            assert ep.parse(str(subject)) == {"ns": ns, **_params(ep)}
+            assert [e for e in ENDPOINTS if e.parse(subject)] == [ep]  # no other pattern matches it at all
+            assert ep.parse(str(subject)) == {"ns": ns, **_params(ep, form)}
 
 
 def test_the_table_names_every_subject_of_today():
@@ -88,9 +89,14 @@ def test_a_subject_is_built_only_with_its_parameters_each_one_token():
     for bad in ({}, {"engine": "a", "node": "b"}, {"node": "b"}):
         with pytest.raises(ValueError, match="tm.push: takes engine"):
             EP.TM_PUSH.at("ns", **bad)
-    for value in ("", "a.b", "a*", ">", "a b"):
-        with pytest.raises(ValueError, match="not one subject token"):
+    for value in ("", "a*", ">", "a b"):
+        with pytest.raises(ValueError, match="empty, or holds a wildcard or a space"):
             EP.TM_PUSH.at("ns", engine=value)
+    with pytest.raises(ValueError, match="ns=''"):
+        EP.CANCEL.at("")
+    dotted = EP.SCHED_OUT.at("ns", scheduler="host.example")  # a dotted name works as it always did
+    assert endpoint_of(str(dotted)) is EP.SCHED_OUT and forward_subject(dotted) == "ns.scheduler.host.example.out.work"
+    assert endpoint_of(str(EP.TM_READ_PROGRESS.at("ns", engine="pe.0"))) is EP.TM_READ_PROGRESS
     with pytest.raises(ValueError, match="no subject of the mesh"):
         endpoint_of("ns.nowhere")
     with pytest.raises(ValueError, match="no scheduler output subject"):
