@@ -1,7 +1,10 @@
 """The control-plane bus: NATS with msgspec messages and trace context in headers.
 
 Owns the connection of one process (waiting for a server at start-up, up to a limit,
-and reconnecting forever once connected). Handlers get the decoded message and a
+and reconnecting forever once connected). Every subject is an endpoint's of the table
+(shared/messages/endpoints.py): a message of another type than its endpoint's is refused
+(TypeError) before it is sent, a request's reply and a subscription's messages are decoded
+with its types. Handlers get the decoded message and a
 `Delivery` (trace context, reply). A message that does not decode is logged,
 counted in `bad_messages` and dropped; a handler that raises is logged and
 counted in `handler_errors` -- neither ever stops a subscription loop.
@@ -12,7 +15,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable
 
 import msgspec
 import nats
@@ -21,11 +24,21 @@ from nats.aio.msg import Msg
 from opentelemetry import context as otel_context
 
 from shared.messages.codes import ErrorCode
+from shared.messages.endpoints import endpoint_of
+from shared.messages.typed_subject import BusEndpoint
 from shared.tracing import extract_context, inject_headers
 
 log = logging.getLogger("bus")
-T = TypeVar("T")
-_encoder = msgspec.msgpack.Encoder()
+
+
+def _as_str(obj: Any) -> Any:
+    """msgspec encodes no str subclass: a `Subject` carried in a message goes as its text."""
+    if isinstance(obj, str):
+        return str(obj)
+    raise NotImplementedError(f"cannot encode {type(obj).__name__}")
+
+
+_encoder = msgspec.msgpack.Encoder(enc_hook=_as_str)
 _NO_CONTEXT = otel_context.Context()  # what extracting from no headers gives (shared: contexts are immutable)
 
 
@@ -94,10 +107,14 @@ class Delivery:
     headers: dict[str, str]
     ctx: otel_context.Context
     bus: "Bus"
+    endpoint: BusEndpoint
 
     async def respond(self, msg: msgspec.Struct) -> None:
+        """Answer a request (a plain publish has no reply address: nothing is sent); TypeError
+        when `msg` is not the endpoint's reply type."""
+        self.endpoint.check_reply(msg)
         if self.reply:
-            await self.bus.publish(self.reply, msg)
+            await self.bus._send(self.reply, msg)
 
 
 Handler = Callable[[Any, Delivery], Awaitable[None]]
@@ -186,11 +203,25 @@ class Bus:
         return dec
 
     async def publish(self, subject: str, msg: msgspec.Struct, ctx: otel_context.Context | None = None) -> None:
+        """Send `msg` on `subject` (a `Subject`, or the text of one: a reply address); TypeError when
+        its endpoint carries another type, ValueError when it is no subject of the mesh."""
+        endpoint_of(subject).check(msg, subject)
+        await self._send(subject, msg, ctx)
+
+    async def _send(self, subject: str, msg: Any, ctx: otel_context.Context | None = None) -> None:
+        """Send unchecked: a reply to a request's inbox (`Delivery.respond` checked it)."""
         # no trace context: a plain PUB (an empty header block would still be sent and parsed on every delivery)
         await self.nc.publish(subject, _encoder.encode(msg), headers=inject_headers(ctx=ctx) or None)
 
-    async def request(self, subject: str, msg: msgspec.Struct, reply_type: type[T], timeout: float = 5.0,
-                      ctx: otel_context.Context | None = None) -> T:
+    async def request(self, subject: str, msg: msgspec.Struct, timeout: float = 5.0,
+                      ctx: otel_context.Context | None = None) -> Any:
+        """Ask on `subject` and wait `timeout` s for the reply, decoded as its endpoint's reply type;
+        TypeError when the endpoint takes no requests or carries another type than `msg`'s. A
+        connection lost meanwhile fails it at once (the reply died with it)."""
+        ep = endpoint_of(subject)
+        ep.check(msg, subject)
+        if ep.reply is None:
+            raise TypeError(f"endpoint {ep.name} ({subject}) takes no requests: publish on it")
         lost = self.losses.current()
         asked = asyncio.ensure_future(self.nc.request(subject, _encoder.encode(msg), timeout=timeout,
                                                       headers=inject_headers(ctx=ctx) or None))
@@ -208,13 +239,14 @@ class Bus:
         except nats.errors.TimeoutError:
             raise BusError(subject, f"no reply within {timeout}s") from None
         try:
-            return self.decoder(reply_type).decode(reply.data)
+            return self.decoder(ep.reply).decode(reply.data)
         except msgspec.DecodeError as exc:
             raise BusError(subject, f"bad reply: {exc}") from None
 
-    async def subscribe(self, subject: str, tp: Any, handler: Handler, queue: str = ""):
-        """`tp`: the message type (a union too), or a ready Decoder (a family's own)."""
-        dec = tp if isinstance(tp, msgspec.msgpack.Decoder) else self.decoder(tp)
+    async def subscribe(self, subject: str, handler: Handler, queue: str = ""):
+        """Hand `handler` every message on `subject`, decoded as its endpoint's type."""
+        ep = endpoint_of(subject)
+        dec = self.decoder(ep.msg)
 
         async def on_msg(m: Msg) -> None:
             try:
@@ -224,7 +256,8 @@ class Bus:
                 log.warning("dropped bad message on %s: %s", m.subject, exc)
                 return
             headers = dict(m.headers) if m.headers else {}
-            delivery = Delivery(m.subject, m.reply, headers, extract_context(headers) if headers else _NO_CONTEXT, self)
+            delivery = Delivery(m.subject, m.reply, headers, extract_context(headers) if headers else _NO_CONTEXT, self,
+                                ep)
             try:
                 await handler(msg, delivery)
             except Exception:  # noqa: BLE001 - a handler bug must not kill the loop

@@ -40,8 +40,10 @@ from shared.bus import Bus, BusUnavailable
 from shared.config import ConfigError, load_config
 from shared.http import HttpServer, PortInUse
 from shared.logs import setup_logging
+from shared.messages.endpoints import EP
 from shared.messages.registry import Announce
 from shared.messages.subjects import Subjects
+from shared.messages.typed_subject import Subject
 from shared.metrics import Metrics
 from shared.priority import add_niceness
 from shared.service_config import CommonConfig, check_common, config_parser, nats_options
@@ -70,6 +72,11 @@ class Service(ABC):
         self.m_task_failures = self.metrics.counter(
             "task_failures_total", "Background tasks that raised (logged with traceback; the service goes on)",
             ("task",), shared=True)
+
+    @property
+    def heartbeat_subject(self) -> Subject:
+        """Where this process announces itself: the mesh's registry (a front-door worker: its core)."""
+        return self.subjects.at(EP.HEARTBEAT)
 
     @abstractmethod
     async def start(self) -> None:
@@ -165,7 +172,7 @@ async def _heartbeat(svc: Service, stop: asyncio.Event) -> None:
         try:
             msg = svc.announce()
             if beats.due(svc.beat_key(msg)):
-                await svc.bus.publish(svc.subjects.heartbeat, msg)
+                await svc.bus.publish(svc.heartbeat_subject, msg)
         except Exception as exc:  # noqa: BLE001 - reconnecting bus; keep beating
             beats.last = None  # the next beat goes out whatever it holds
             log.warning("heartbeat failed: %s", exc)
@@ -290,7 +297,7 @@ async def _leave(svc: Service) -> None:
         try:
             msg = svc.announce()
             msg.leaving = True
-            await svc.bus.publish(svc.subjects.heartbeat, msg)
+            await svc.bus.publish(svc.heartbeat_subject, msg)
             await svc.bus.nc.flush(timeout=1)
         except Exception:  # noqa: BLE001 - best effort on the way out
             pass

@@ -110,7 +110,7 @@ def check_killed_engine_restarts(stack: Stack, url: str, service: str = "prefill
     info = stack.inspect(cid)
     restarts = info["RestartCount"]
     started = info["State"]["StartedAt"]
-    flight = InFlight(url)
+    flight = StreamInFlight(url)
     t0 = time.monotonic()
     what = kill_engine(stack, cid, service, how)
 
@@ -139,7 +139,7 @@ def check_killed_engine_restarts(stack: Stack, url: str, service: str = "prefill
             f"the stream in flight at the kill: {ended}")
 
 
-class InFlight:
+class StreamInFlight:
     """A streamed completion under way when the kill comes (its first chunk is in): it must end
     — every token, once, or an error event — never hang (`ended`: what it did, CheckFailed else)."""
 

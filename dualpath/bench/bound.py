@@ -34,7 +34,7 @@ from shared.messages.codes import LoadMode
 
 
 @dataclass(frozen=True, slots=True)
-class Capacity:
+class MeshCapacity:
     """What the mesh can do: per-node storage rates, engine counts and compute rates, cores."""
 
     read_bytes_per_s: float | None  # per node (None = uncapped / unknown)
@@ -59,7 +59,7 @@ class ChainTurn(NamedTuple):
     rest_s: float = math.inf  # first token -> last, as measured
 
 
-def reading_nodes(mode: LoadMode, cap: Capacity) -> int:
+def reading_nodes(mode: LoadMode, cap: MeshCapacity) -> int:
     if not LoadMode(mode).moves_kv:
         return 0
     return cap.prefill_nodes + cap.decode_nodes if LoadMode(mode).both_paths else cap.prefill_nodes
@@ -71,7 +71,7 @@ def _per_node(values: dict[str, float], rate: float | None) -> float | None:
     return max(values.values()) / rate if rate else None
 
 
-def lower_bound(mode: LoadMode, used: Usage, chains: list[list[ChainTurn]], cap: Capacity) -> dict:
+def lower_bound(mode: LoadMode, used: Usage, chains: list[list[ChainTurn]], cap: MeshCapacity) -> dict:
     """Terms and the bound (seconds); `chains` is per job its turns in order (tuples in ChainTurn's order)."""
     mode = LoadMode(mode)
     nodes = reading_nodes(mode, cap)
@@ -98,7 +98,7 @@ def lower_bound(mode: LoadMode, used: Usage, chains: list[list[ChainTurn]], cap:
     return {**terms, "bound_s": known[limit] if limit else None, "reading_nodes": nodes, "limit": limit}
 
 
-def _serial(mode: LoadMode, chains, cap: Capacity) -> float | None:
+def _serial(mode: LoadMode, chains, cap: MeshCapacity) -> float | None:
     if not cap.prefill_tps or cap.tpot_s is None:
         return None
     paths = 0 if not mode.moves_kv else (2 if mode == LoadMode.DUALPATH_SPLIT else 1)

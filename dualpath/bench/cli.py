@@ -263,7 +263,7 @@ def _bench(args: argparse.Namespace, url: str, modes: list[LoadMode], extra_pids
     from dualpath.bench import hints as agent_hints
     from dualpath.bench import report
     from dualpath.bench.metrics import Slo, summary
-    from dualpath.bench.runs import Plan, Runner, agents_for_level
+    from dualpath.bench.runs import RunPlan, Runner, agents_for_level
     from dualpath.bench.scrape import Scraper
     from dualpath.bench.workload import jobs, load, token_range, with_hints
 
@@ -299,7 +299,7 @@ def _bench(args: argparse.Namespace, url: str, modes: list[LoadMode], extra_pids
         "block_size": mesh.get("block_size"), "load_average": _loadavg(), "node_roles": report.node_roles(mesh),
         "tool_call_scale": args.tool_calls or None, "metric_percentiles": args.metric_percentiles,
         "goodput": " ".join(args.goodput) or None}, "runs": []}
-    plan = Plan(url, fresh_jobs, slo, cap, not args.no_progress, args.timeout, mesh.get("block_size") or 64,
+    plan = RunPlan(url, fresh_jobs, slo, cap, not args.no_progress, args.timeout, mesh.get("block_size") or 64,
                 extra_pids, tuple(args.hint_runs), bool(args.tool_calls), args.vllm)
     with Scraper(url) as scraper, agent_hints.TMScraper(url) as tms, Runner(plan, scraper, tms) as runner:
         n = base_agents or 0
@@ -393,7 +393,7 @@ def _r(v, digits: int = 1):
 
 def _capacity(args, url: str, mesh: dict, lo: int, hi: int, extra_pids: tuple[int, ...] = ()):
     from dualpath.bench import replay
-    from dualpath.bench.bound import Capacity
+    from dualpath.bench.bound import MeshCapacity
 
     engines = [e for e in mesh.get("engines", []) if e.get("alive", True)]
     p_nodes = {e["node"] for e in engines if e.get("role") == "prefill"}
@@ -414,7 +414,7 @@ def _capacity(args, url: str, mesh: dict, lo: int, hi: int, extra_pids: tuple[in
         block_bytes = max((e.get("kv_block_bytes") or 0 for e in engines), default=0)
         rates.update(probe_mesh(url, lo, hi, mesh.get("max_context") or 0, extra_pids,
                                 block_bytes / (mesh.get("block_size") or 64), rate, rates["prefill_tok_s"]))
-    return Capacity(read_bytes_per_s=rate, prefill_nodes=len(p_nodes) or 1, decode_nodes=len(d_nodes) or 1,
+    return MeshCapacity(read_bytes_per_s=rate, prefill_nodes=len(p_nodes) or 1, decode_nodes=len(d_nodes) or 1,
                     prefill_engines=sum(1 for e in engines if e.get("role") == "prefill") or 1,
                     prefill_tps=tps, tpot_s=tpot, write_bytes_per_s=rate,
                     cores=len(os.sched_getaffinity(0)) if local else 0,

@@ -138,6 +138,7 @@ def _service_urls(mesh) -> list[str]:
     import msgspec
     import nats
 
+    from shared.messages.endpoints import EP
     from shared.messages.registry import Announce
 
     async def collect() -> list[str]:
@@ -151,7 +152,7 @@ def _service_urls(mesh) -> list[str]:
                                                        and a.engine.startswith("p")):
                 found[a.instance] = a.metrics_url
 
-        await nc.subscribe(f"{mesh.spec.namespace}.hb", cb=on)
+        await nc.subscribe(EP.HEARTBEAT.at(mesh.spec.namespace), cb=on)
         await asyncio.sleep(1.5)
         await nc.close()
         return list(found.values())

@@ -24,7 +24,7 @@ import httpx
 import numpy as np
 
 from dualpath.bench import vllm_metrics
-from dualpath.bench.workload import Job
+from dualpath.bench.workload import TraceJob
 from shared.messages.codes import LoadMode
 
 
@@ -73,14 +73,14 @@ class RunResult:
     stopped: str = ""  # why an online run was stopped early ("": it ran to the end)
 
 
-class _Stop(Exception):
+class _StopRun(Exception):
     """Raised inside a run's task group to end every agent at once."""
 
 
 STOP_WINDOW = 8  # turns whose mean TTFT decides an early stop
 
 
-class Progress:
+class ProgressBar:
     """A one-line text bar on stderr, redrawn at most 5 times a second."""
 
     def __init__(self, total: int, label: str, stream=sys.stderr, enabled: bool = True):
@@ -140,8 +140,8 @@ async def one_turn(client: httpx.AsyncClient, url: str, prompt: list[int], gen: 
     return res, ids
 
 
-async def run_job(client: httpx.AsyncClient, url: str, job: Job, t0: float, out: RunResult,
-                  progress: Progress, stop_ttft_s: float = 0.0) -> None:
+async def run_job(client: httpx.AsyncClient, url: str, job: TraceJob, t0: float, out: RunResult,
+                  progress: ProgressBar, stop_ttft_s: float = 0.0) -> None:
     context: list[int] = []
     for i, (append, gen) in enumerate(job.turns):
         tool = job.tool_after(i - 1) if i else 0.0
@@ -156,7 +156,7 @@ async def run_job(client: httpx.AsyncClient, url: str, job: Job, t0: float, out:
             last = [t.ttft for t in out.turns[-STOP_WINDOW:] if t.ttft == t.ttft]
             if last and sum(last) / len(last) > stop_ttft_s:
                 out.stopped = f"mean TTFT of the last {STOP_WINDOW} turns {sum(last) / len(last):.2f} s"
-                raise _Stop()
+                raise _StopRun()
         if res.error:
             progress.step(len(job.turns) - i - 1)
             break
@@ -170,10 +170,10 @@ def poisson_arrivals(n: int, aps: float, seed: int) -> list[float]:
     return np.concatenate(([0.0], np.cumsum(gaps[1:]))).tolist() if n else []
 
 
-async def _drive(url: str, jobs: list[Job], arrivals: list[float], mode: LoadMode, kind: str, aps: float | None,
+async def _drive(url: str, jobs: list[TraceJob], arrivals: list[float], mode: LoadMode, kind: str, aps: float | None,
                  show: bool, timeout: float, stop_ttft_s: float = 0.0) -> RunResult:
     out = RunResult(mode, kind, aps, t0_unix=time.time())
-    progress = Progress(sum(len(j.turns) for j in jobs), f"{kind} {mode}" + (f" @{aps:g}" if aps else ""),
+    progress = ProgressBar(sum(len(j.turns) for j in jobs), f"{kind} {mode}" + (f" @{aps:g}" if aps else ""),
                         enabled=show)
     # idle connections go before the server's 5 s keep-alive does: an agent back from a tool call
     # must not send its turn on a connection the server is closing (httpx.ReadError)
@@ -181,7 +181,7 @@ async def _drive(url: str, jobs: list[Job], arrivals: list[float], mode: LoadMod
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits) as client:
         t0 = time.perf_counter()
 
-        async def start_at(job: Job, at: float) -> None:
+        async def start_at(job: TraceJob, at: float) -> None:
             await asyncio.sleep(max(0.0, at - (time.perf_counter() - t0)))
             await run_job(client, url, job, t0, out, progress, stop_ttft_s)
 
@@ -189,18 +189,18 @@ async def _drive(url: str, jobs: list[Job], arrivals: list[float], mode: LoadMod
             async with asyncio.TaskGroup() as tg:
                 for job, at in zip(jobs, arrivals):
                     tg.create_task(start_at(job, at))
-        except* _Stop:  # every other agent was cancelled (their streams closed: the mesh cancels them)
+        except* _StopRun:  # every other agent was cancelled (their streams closed: the mesh cancels them)
             if show:
                 print(f"\n{kind} {mode} @{aps:g}: stopped, {out.stopped}", file=sys.stderr)
         out.wall_s = time.perf_counter() - t0
     return out
 
 
-def offline(url: str, jobs: list[Job], mode: LoadMode, show: bool = True, timeout: float = 600) -> RunResult:
+def offline(url: str, jobs: list[TraceJob], mode: LoadMode, show: bool = True, timeout: float = 600) -> RunResult:
     return asyncio.run(_drive(url, jobs, [0.0] * len(jobs), mode, "offline", None, show, timeout))
 
 
-def online(url: str, jobs: list[Job], mode: LoadMode, aps: float, seed: int = 0, show: bool = True,
+def online(url: str, jobs: list[TraceJob], mode: LoadMode, aps: float, seed: int = 0, show: bool = True,
            timeout: float = 600, stop_ttft_s: float = 0.0) -> RunResult:
     recorded = all(j.arrival_s is not None for j in jobs)
     arrivals = [j.arrival_s for j in jobs] if recorded else poisson_arrivals(len(jobs), aps, seed)

@@ -23,7 +23,7 @@ import httpx
 
 from dualpath.bench import hints as agent_hints
 from dualpath.bench import replay
-from dualpath.bench.bound import Capacity, ChainTurn, lower_bound
+from dualpath.bench.bound import ChainTurn, MeshCapacity, lower_bound
 from dualpath.bench.metrics import ApsSearch, Slo, spread, summarise
 from dualpath.bench.scrape import Scraper
 from dualpath.bench.usage import snapshot
@@ -32,11 +32,11 @@ from shared.messages.codes import LoadMode
 
 
 @dataclass
-class Plan:
+class RunPlan:
     url: str
     make_jobs: object  # (mode, n_agents) -> jobs of a fresh copy of the workload
     slo: Slo
-    cap: Capacity
+    cap: MeshCapacity
     show: bool
     timeout: float
     block_size: int = 64
@@ -47,7 +47,7 @@ class Plan:
 
 
 class Runner:
-    def __init__(self, plan: Plan, scraper: Scraper, tms=None):
+    def __init__(self, plan: RunPlan, scraper: Scraper, tms=None):
         self.p, self.scraper, self.tms = plan, scraper, tms  # tms: hints.TMScraper (prefetch figures)
         self.http = httpx.Client(timeout=10)
         self.rows: list[dict] = []

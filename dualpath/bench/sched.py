@@ -26,7 +26,7 @@ from services.scheduler.view import MeshView
 from shared.messages.registry import EngineAnnounce, KVRegion, TrafficManagerAnnounce
 from shared.sched.dispatch import Dispatcher, EngineLoad, Job
 from shared.sched.policy import PeThresholds
-from shared.sched.reads import ReadQueues
+from shared.sched.reads import PendingReads
 
 PER_NODE = 8
 
@@ -52,11 +52,11 @@ def mesh(engines: int) -> MeshView:
     return view
 
 
-class Mesh:
+class DispatchMesh:
     """A scheduler's dispatch state with `inflight` requests placed, churned between rounds."""
 
     def __init__(self, engines: int, inflight: int, arrivals: int, recount: bool, kept: bool = False) -> None:
-        self.view, self.reads = mesh(engines), ReadQueues()
+        self.view, self.reads = mesh(engines), PendingReads()
         self.d = Dispatcher(PeThresholds(alpha=1 << 40, beta=1 << 40))
         self.recs: dict[str, Rec] = {}
         self.order: deque[str] = deque()  # placed requests, oldest first
@@ -114,7 +114,7 @@ class Mesh:
 
 def rounds_per_s(engines: int, inflight: int, arrivals: int, seconds: float, recount: bool,
                  kept: bool = False) -> float:
-    m = Mesh(engines, inflight, arrivals, recount, kept)
+    m = DispatchMesh(engines, inflight, arrivals, recount, kept)
     spent, rounds = 0.0, 0
     while spent < seconds or rounds < 3:
         m.churn()

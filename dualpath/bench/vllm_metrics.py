@@ -16,7 +16,7 @@ SECTIONS = (("ttft", "TTFT", "Time to First Token"), ("tpot", "TPOT", "Time per 
             ("itl", "ITL", "Inter-token Latency"), ("e2el", "E2EL", "End-to-end Latency"))
 
 
-class Turn(Protocol):
+class MeasuredTurn(Protocol):
     prompt_tokens: int
     gen_tokens: int
     ttft: float
@@ -83,19 +83,19 @@ def stats(name: str, seconds: Sequence[float], percentiles: Sequence[float]) -> 
     return out
 
 
-def tpot(turn: Turn) -> float:
+def tpot(turn: MeasuredTurn) -> float:
     """(e2el - ttft) / (tokens - 1); nan with one token."""
     n = turn.gen_tokens - 1
     return (turn.e2el - turn.ttft) / n if n > 0 else math.nan
 
 
-def good(turn: Turn, goodput_ms: Iterable[tuple[str, float]]) -> bool:
+def good(turn: MeasuredTurn, goodput_ms: Iterable[tuple[str, float]]) -> bool:
     """The request meets every SLO given (a one-token request's tpot counts as 0, as in vLLM)."""
     got = {"ttft": turn.ttft, "e2el": turn.e2el, "tpot": tpot(turn) if turn.gen_tokens > 1 else 0.0}
     return all(got[key] <= ms / 1000 for key, ms in goodput_ms)
 
 
-def figures(turns: Iterable[Turn], duration_s: float, spec: Spec = Spec()) -> dict:
+def figures(turns: Iterable[MeasuredTurn], duration_s: float, spec: Spec = Spec()) -> dict:
     """The run's vLLM-named figures: counts, throughputs and the four latency distributions."""
     ok = [t for t in turns if not t.error]
     n_in, n_out = sum(t.prompt_tokens for t in ok), sum(t.gen_tokens for t in ok)

@@ -1,6 +1,6 @@
 """What the benchmark replays: traces -> per-mode jobs of token-id turns.
 
-A `Job` is one agent (or one Mooncake request): turns of (append token ids, generated
+A `TraceJob` is one agent (or one Mooncake request): turns of (append token ids, generated
 length). Turn i+1's prompt is turn i's prompt + turn i's generated ids + its own append,
 so the replayer, not this module, fills in the generated ids. Every (mode, job) draws its
 appended tokens from its own seed, so the copies that different modes replay share no
@@ -21,7 +21,7 @@ from shared.messages.codes import LoadMode
 
 
 @dataclass(frozen=True, slots=True)
-class Job:
+class TraceJob:
     id: str
     mode: LoadMode
     turns: tuple[tuple[tuple[int, ...], int], ...]  # (append ids, gen tokens)
@@ -108,7 +108,7 @@ def mode_salt(mode: LoadMode) -> int:
     return zlib.crc32(LoadMode(mode).value.encode())
 
 
-def jobs(w: Workload, mode: LoadMode, lo: int, hi: int, seed: int = 0, max_context: int = 0) -> list[Job]:
+def jobs(w: Workload, mode: LoadMode, lo: int, hi: int, seed: int = 0, max_context: int = 0) -> list[TraceJob]:
     """The jobs one mode replays; turns past `max_context` (prompt + gen) are cut off."""
     salt = mode_salt(mode)
     if w.mooncake:
@@ -129,11 +129,11 @@ def jobs(w: Workload, mode: LoadMode, lo: int, hi: int, seed: int = 0, max_conte
             ctx += a + g
         gaps = ((0.0,) if pre else ()) + tuple(ms / 1000 * w.tool_scale for ms in traj.tool_ms)
         if built:
-            out.append(Job(f"{mode}/{traj.id}#{k}", mode, tuple(built), tool_s=gaps[:len(built) - 1]))
+            out.append(TraceJob(f"{mode}/{traj.id}#{k}", mode, tuple(built), tool_s=gaps[:len(built) - 1]))
     return out
 
 
-def with_hints(js: list[Job], hints: str) -> list[Job]:
+def with_hints(js: list[TraceJob], hints: str) -> list[TraceJob]:
     """`off`: no job hints; `on`: every job; `mixed`: every other one (the rest is unhinted traffic)."""
     if hints not in HINTS:
         raise ValueError(f"hints must be one of {', '.join(HINTS)}, got {hints!r}")
@@ -143,7 +143,7 @@ def with_hints(js: list[Job], hints: str) -> list[Job]:
 HINTS = ("off", "on", "mixed")
 
 
-def _mooncake_jobs(w: Workload, mode: LoadMode, lo: int, hi: int, salt: int, max_context: int) -> list[Job]:
+def _mooncake_jobs(w: Workload, mode: LoadMode, lo: int, hi: int, salt: int, max_context: int) -> list[TraceJob]:
     from dualpath.traces.mooncake import output_length, prompt_tokens
 
     out = []
@@ -154,11 +154,11 @@ def _mooncake_jobs(w: Workload, mode: LoadMode, lo: int, hi: int, salt: int, max
         if max_context and len(prompt) + gen > max_context:
             prompt = prompt[: max(1, max_context - gen)]
         arrival = (r.timestamp_ms - t0) / 1000.0 * w.time_scale
-        out.append(Job(f"{mode}/mc{i}", mode, ((tuple(prompt), gen),), arrival_s=arrival))
+        out.append(TraceJob(f"{mode}/mc{i}", mode, ((tuple(prompt), gen),), arrival_s=arrival))
     return out
 
 
-def expected_hit_tokens(job: Job, block: int) -> int:
+def expected_hit_tokens(job: TraceJob, block: int) -> int:
     """Prompt tokens a perfect store serves from within the job: earlier turns' full blocks."""
     hit, ctx = 0, 0
     for a, g in job.turns:

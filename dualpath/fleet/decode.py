@@ -12,7 +12,7 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass, field
 
-from dualpath.fleet.prefill import Host
+from dualpath.fleet.prefill import EngineHost
 from dualpath.fleet.store import extend_keys, generated_token
 from shared.bus import Delivery
 from shared.messages.codes import ErrorCode, FinishReason
@@ -46,7 +46,7 @@ class Seq:
 class DecodeEngine:
     role = "decode"
 
-    def __init__(self, host: Host, engine: str, node: str, instance: str, max_running: int = 256):
+    def __init__(self, host: EngineHost, engine: str, node: str, instance: str, max_running: int = 256):
         self.host, self.engine, self.node, self.instance = host, engine, node, instance
         bs = host.layout.block_size
         blocks = max(1, host.timing.kv_capacity_tokens() // bs)

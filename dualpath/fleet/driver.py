@@ -32,13 +32,14 @@ import msgspec
 from dualpath.fleet.agents import AgentLoad
 from dualpath.fleet.group import fleet_layout
 from dualpath.fleet.procs import children, children_cpu_s, cpu_s, set_affinity
-from dualpath.fleet.store import StoredKeys
 from dualpath.fleet.timing import FleetTiming
 from dualpath.mesh import nats_server_binary
 from dualpath.traces import generate, trace_stats
 from shared.bus import Bus
 from shared.http import bind_socket
 from shared.kv.hashing import block_hashes
+from shared.messages.endpoints import EP
+from shared.messages.fleet import StoredKeys
 
 PAPER_ENGINES = 1152  # 48P96D: 144 nodes of 8 GPUs, one engine per GPU
 PAPER_APS = 8.8  # agents per second the paper's 48P96D online run admits
@@ -269,7 +270,7 @@ class Fleet:
         async def stored(tokens: list[int]) -> None:
             keys = block_hashes(tokens, layout.block_size, layout.fingerprint)
             for i in range(0, len(keys), 20_000):
-                await bus.publish(f"{self.ns}.fleet.stored", StoredKeys("agents", keys[i:i + 20_000]))
+                await bus.publish(EP.FLEET_STORED.at(self.ns), StoredKeys("agents", keys[i:i + 20_000]))
             await bus.nc.flush()
 
         agents = AgentLoad(self.url, trajs, population, seed=s.seed, stored=stored)
@@ -298,7 +299,7 @@ class Fleet:
         self.groups: list[dict] = []
         try:
             for name in [n for n in self.procs if n.startswith("group")]:
-                await bus.request(f"{self.ns}.fleet.dump.{name}", StoredKeys("driver", []), StoredKeys, timeout=30)
+                await bus.request(EP.FLEET_DUMP.at(self.ns, name=name), StoredKeys("driver", []), timeout=30)
                 doc = msgspec.msgpack.decode((self.dir / f"{name}.msgpack").read_bytes())
                 out.update(doc.pop("work_at"))
                 self.groups.append(doc)

@@ -23,8 +23,9 @@ import time
 
 import numpy as np
 
-from services.scheduler.wire import Done, Forward, PrefillOver, Submit, work_subject
 from shared.bus import Bus, Delivery
+from shared.messages.endpoints import EP
+from shared.messages.front import Done, Forward, PrefillOver, Submit
 from shared.messages.subjects import Subjects
 from shared.messages.work import Sampling
 
@@ -37,8 +38,9 @@ class SyntheticFront:
     def __init__(self, bus: Bus, subjects: Subjects, core: str, trajectories, timing, block: int,
                  rate: float, seed: int = 0):
         self.bus, self.timing, self.block, self.rate = bus, timing, block, rate
-        self.front = subjects.front(core)
-        self.reply = subjects.output(f"{core}-synthetic")
+        self.front = subjects.at(EP.SCHED_FRONT, scheduler=core)
+        self.reply = subjects.at(EP.SCHED_OUT, scheduler=f"{core}-synthetic")
+        self.forwards = subjects.at(EP.SCHED_FORWARD, scheduler=f"{core}-synthetic")
         self.rng = np.random.default_rng([seed, 11])
         self.turns = [(ctx - a - g, a, g) for t in trajectories  # (context before, append, gen) of every turn
                       for ctx, (a, g) in zip(itertools.accumulate(a + g for a, g in t.turns), t.turns)]
@@ -48,7 +50,7 @@ class SyntheticFront:
         self.n = self.finished = 0  # submitted, done
 
     async def start(self) -> None:
-        await self.bus.subscribe(work_subject(self.reply), Forward, self._on_work)
+        await self.bus.subscribe(self.forwards, self._on_work)
 
     def in_flight(self) -> int:
         """Requests submitted and not done (waiting for their placement, or running)."""
@@ -117,7 +119,7 @@ async def core_name(bus: Bus, subjects: Subjects, timeout: float = 30.0) -> str:
     async def on(msg, d: Delivery) -> None:
         if isinstance(msg, SchedulerAnnounce) and not found.done():
             found.set_result(msg.instance)
-    sub = await bus.subscribe(subjects.heartbeat, Announce, on)
+    sub = await bus.subscribe(subjects.at(EP.HEARTBEAT), on)
     try:
         return await asyncio.wait_for(found, timeout)
     finally:

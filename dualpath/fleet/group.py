@@ -26,17 +26,19 @@ import msgspec
 
 from dualpath.fleet.decode import DecodeEngine
 from dualpath.fleet.prefill import PrefillEngine
-from dualpath.fleet.store import StoreIndex, StoredKeys
+from dualpath.fleet.store import StoreIndex
 from dualpath.fleet.timing import FleetTiming
 from dualpath.presets import load_arch
 from shared.beats import Beats, engine_beat_key
 from shared.bus import Bus, Delivery
 from shared.kv.hashing import ModelFingerprint
 from shared.kv.layout import KVKind, KVLayout
+from shared.messages.endpoints import EP
+from shared.messages.fleet import StoredKeys
 from shared.messages.registry import StorageGatewayAnnounce, TrafficManagerAnnounce
 from shared.messages.storage_gateway import HitQuery, HitReply, StoreLayout
 from shared.messages.subjects import Subjects
-from shared.messages.work import Cancel, DecodeAdmit, PrefillWork
+from shared.messages.work import Cancel
 from shared.service_config import CommonConfig
 from shared.transport.base import EndpointDesc
 
@@ -66,8 +68,8 @@ def parse_nodes(text: str) -> list[tuple[str, str, int]]:
     return out
 
 
-class Group:
-    """The `Host` of every emulated engine of this process."""
+class FleetGroup:
+    """The `EngineHost` of every emulated engine of this process."""
 
     def __init__(self, bus: Bus, args: argparse.Namespace):
         self.bus, self.name = bus, args.name
@@ -155,7 +157,7 @@ class Group:
         for announce, key, beats in services:
             msg = announce()
             if beats.due(key(msg)):
-                await self.bus.publish(self.subjects.heartbeat, msg)
+                await self.bus.publish(self.subjects.at(EP.HEARTBEAT), msg)
                 sent += 1
         return sent
 
@@ -163,18 +165,18 @@ class Group:
         for announce, _, _ in self.services:
             msg = announce()
             msg.leaving = True
-            await self.bus.publish(self.subjects.heartbeat, msg)
+            await self.bus.publish(self.subjects.at(EP.HEARTBEAT), msg)
 
     # store and gateways -------------------------------------------------------------------
     async def on_hit(self, q: HitQuery, d: Delivery) -> None:
-        await d.respond(HitReply(blocks=self.store.hit_length(q.keys)))
+        await d.respond(HitReply(blocks=self.store.hit_length(q.block_keys)))
 
     async def on_stored(self, msg: StoredKeys, d: Delivery) -> None:
         if msg.source != self.name:
-            self.store.add(msg.keys, share=False)
+            self.store.add(msg.block_keys, share=False)
 
     async def share_store(self, stop: asyncio.Event) -> None:
-        subject = f"{self.subjects.ns}.fleet.stored"
+        subject = self.subjects.at(EP.FLEET_STORED)
         while not stop.is_set():
             await asyncio.sleep(SHARE_S)
             fresh = self.store.take_fresh()
@@ -203,14 +205,14 @@ class Group:
         s, bus = self.subjects, self.bus
         for eid, eng in self.engines.items():
             if isinstance(eng, PrefillEngine):
-                await bus.subscribe(s.prefill_work(eid), PrefillWork, eng.on_work)
+                await bus.subscribe(s.at(EP.PE_WORK, engine=eid), eng.on_work)
             else:
-                await bus.subscribe(s.decode_admit(eid), DecodeAdmit, eng.on_admit)
+                await bus.subscribe(s.at(EP.DE_ADMIT, engine=eid), eng.on_admit)
             self.spawn(eng.run())
-        await bus.subscribe(s.cancel, Cancel, self.on_cancel)
-        await bus.subscribe(s.sg_any("hit"), HitQuery, self.on_hit, queue="hit")
-        await bus.subscribe(f"{s.ns}.fleet.stored", StoredKeys, self.on_stored)
-        await bus.subscribe(f"{s.ns}.fleet.dump.{self.name}", StoredKeys, self.on_dump)
+        await bus.subscribe(s.at(EP.CANCEL), self.on_cancel)
+        await bus.subscribe(s.at(EP.SG_HIT), self.on_hit, queue="hit")
+        await bus.subscribe(s.at(EP.FLEET_STORED), self.on_stored)
+        await bus.subscribe(s.at(EP.FLEET_DUMP, name=self.name), self.on_dump)
         self.spawn(self.heartbeats(stop))
         self.spawn(self.share_store(stop))
 
@@ -245,7 +247,7 @@ async def serve(args: argparse.Namespace) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     bus = await Bus.connect(args.nats_url, f"fleet-{args.name}", wait_s=30.0)
-    group = Group(bus, args)
+    group = FleetGroup(bus, args)
     await group.start(stop)
     await stop.wait()
     await group.leave()

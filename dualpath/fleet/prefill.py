@@ -20,15 +20,16 @@ from dualpath.fleet.store import StoreIndex, generated_token
 from dualpath.fleet.timing import FleetTiming
 from shared.bus import Bus, BusError, Delivery
 from shared.messages.codes import ErrorCode, FinishReason, LoadMode
+from shared.messages.endpoints import EP
 from shared.messages.registry import EngineAnnounce, KVRegion
 from shared.messages.storage_gateway import StoreLayout
 from shared.messages.stream import TokenEvent
 from shared.messages.subjects import Subjects
 from shared.messages.work import Ack, DecodeAdmit, PrefillWork
-from shared.sched.policy.intra_pe import PrefillWork as Work, plan_batch
+from shared.sched.policy.intra_pe import ReadyPrefill as Work, plan_batch
 
 
-class Host(Protocol):
+class EngineHost(Protocol):
     """What an emulated engine needs from its emulator process."""
 
     bus: Bus
@@ -58,7 +59,7 @@ class Prompt:
 class PrefillEngine:
     role = "prefill"
 
-    def __init__(self, host: Host, engine: str, node: str, instance: str, kv_blocks: int = 16384):
+    def __init__(self, host: EngineHost, engine: str, node: str, instance: str, kv_blocks: int = 16384):
         self.host, self.engine, self.node, self.instance = host, engine, node, instance
         bs = host.layout.block_size
         self.kv = KVRegion(f"dp-pe-kv-{engine}", kv_blocks, bs, host.layout.n_layers,
@@ -155,7 +156,7 @@ class PrefillEngine:
                                 pe_engine=self.engine, prompt=w.prompt, block_keys=w.block_keys,
                                 persisted_blocks=w.hit_blocks, oracle=w.mode == LoadMode.ORACLE)
             try:
-                ack = await bus.request(self.host.subjects.decode_admit(w.de_engine), admit, Ack, timeout=30.0)
+                ack = await bus.request(self.host.subjects.at(EP.DE_ADMIT, engine=w.de_engine), admit, timeout=30.0)
             except BusError as exc:
                 ack = Ack(False, exc.reason, ErrorCode.KV_TRANSFER)
             if not ack.ok and not p.cancelled:

@@ -3,7 +3,7 @@
 A real store is one shared file system: a block a decode engine persists on one node is a hit
 for a gateway on any node. The emulator keeps that index per emulator process and shares new
 keys between processes (`StoredKeys` batches on `{ns}.fleet.stored`, an emulator-only subject
-the scheduler never sees). Emulated decode engines "generate" token ids that are a function of
+the scheduler never sees: shared/messages/fleet.py). Emulated decode engines "generate" token ids that are a function of
 the position and of the context's first token (`generated_token`), so an agent can build its
 next turn's prompt, and so its keys, without asking for token ids back. Pure.
 
@@ -15,18 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-import msgspec
-
 from shared.kv.hashing import chain_hash
 
 TOKEN_LO, TOKEN_SPAN = 100, 40_000  # ordinary token ids of the scheduler's tokenizer (smollm2: 49,152)
-
-
-class StoredKeys(msgspec.Struct, array_like=True):
-    """Keys an emulator process added to the store since its last share."""
-
-    source: str
-    keys: list[bytes]
 
 
 def generated_token(first: int, position: int) -> int:

@@ -34,7 +34,7 @@ class AttnInputs:
 
 
 @dataclass(frozen=True)
-class Layout:
+class AttentionLayout:
     tp: int
     dp: int
     kv_copies: float
@@ -60,7 +60,7 @@ class AttnPlan:
     tp_star: float  # sqrt rule (MLA); the GQA limit n_kv for GQA
     recommended_tp: int
     near_best_tps: tuple[int, ...]  # layouts within 10% of the best weights+KV
-    layouts: tuple[Layout, ...]
+    layouts: tuple[AttentionLayout, ...]
 
 
 def divisors(n: int) -> list[int]:
@@ -77,14 +77,14 @@ def _gqa_allowed(arch: ModelArch, t: int) -> bool:
     return t <= arch.num_kv_heads and arch.num_kv_heads % t == 0
 
 
-def _layout(arch: ModelArch, inp: AttnInputs, t: int, kv_b: float, w: float) -> Layout:
+def _layout(arch: ModelArch, inp: AttnInputs, t: int, kv_b: float, w: float) -> AttentionLayout:
     p = inp.cards // t
     copies = kv_copies(arch, t)
     kv = inp.batch / p * inp.ctx * kv_b * copies / t
     c_all = (inp.cards - 1) / inp.cards
     k = arch.experts_per_token
     note = "" if _gqa_allowed(arch, t) else f"TP > n_kv={arch.num_kv_heads}: KV heads replicated"
-    return Layout(
+    return AttentionLayout(
         tp=t, dp=p, kv_copies=copies, kv_bytes_per_card=kv,
         kv_read_gbs=kv / (inp.tpot_ms / 1e3) / 1e9,
         weight_bytes_per_card=w / t, total_bytes_per_card=w / t + kv,

@@ -57,10 +57,10 @@ def _emit(args: argparse.Namespace, result: Any, text: Callable[[], str]) -> int
 
 def _arch(name: str):
     from dualpath.cli import CliError
-    from dualpath.presets import ConfigError, load_arch
+    from dualpath.presets import ArchConfigError, load_arch
     try:
         return load_arch(name)
-    except ConfigError as exc:
+    except ArchConfigError as exc:
         raise CliError(f"--model {name!r}: {exc.why if exc.key == 'model' else exc}") from exc
 
 

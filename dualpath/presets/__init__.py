@@ -7,7 +7,7 @@ of the paper's evaluation: docs/design.md#published-figures), `qwen2.5-32b`, `ll
 
 Stable API (other tools depend on it; add fields with defaults, never change types):
 
-    from dualpath.presets import load_arch, preset_names, ModelArch, ConfigError
+    from dualpath.presets import load_arch, preset_names, ModelArch, ArchConfigError
     arch = load_arch("ds-v3")              # a preset name ...
     arch = load_arch("path/config.json")   # ... or any Llama/Qwen2/DeepSeek config
     arch.num_layers, arch.hidden, arch.num_heads, arch.num_kv_heads, arch.head_dim,
@@ -34,10 +34,10 @@ import json
 from importlib import resources
 from pathlib import Path
 
-from dualpath.presets.arch import ConfigError, ModelArch, from_config
+from dualpath.presets.arch import ArchConfigError, ModelArch, from_config
 from dualpath.presets.counts import ParamCounts
 
-__all__ = ["ConfigError", "ModelArch", "ParamCounts", "load_arch", "load_config",
+__all__ = ["ArchConfigError", "ModelArch", "ParamCounts", "load_arch", "load_config",
            "preset_names"]
 
 
@@ -56,17 +56,17 @@ def load_config(name_or_path: str) -> tuple[str, dict]:
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
-        raise ConfigError(name_or_path, "model",
+        raise ArchConfigError(name_or_path, "model",
                           f"not a preset ({', '.join(preset_names())}) nor a config.json file")
     try:
         return path.parent.name or path.stem, json.loads(path.read_text())
     except json.JSONDecodeError as exc:
-        raise ConfigError(str(path), "json", str(exc)) from exc
+        raise ArchConfigError(str(path), "json", str(exc)) from exc
 
 
 def load_arch(name_or_path: str) -> ModelArch:
     """The ModelArch of a preset name or a config.json path (see module docstring)."""
     name, cfg = load_config(name_or_path)
     if not isinstance(cfg, dict):
-        raise ConfigError(name, "json", "top level must be an object")
+        raise ArchConfigError(name, "json", "top level must be an object")
     return from_config(cfg, name)

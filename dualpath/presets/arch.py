@@ -16,7 +16,7 @@ from dualpath.presets.counts import ParamCounts
 from dualpath.presets.shapes import Shapes
 
 
-class ConfigError(ValueError):
+class ArchConfigError(ValueError):
     """A config.json that lacks a field the architecture needs, or has a bad value."""
 
     def __init__(self, source: str, key: str, why: str) -> None:
@@ -58,7 +58,7 @@ class ModelArch(Shapes):
 def _get(cfg: dict[str, Any], source: str, key: str, default: Any = None) -> Any:
     value = cfg.get(key, default)
     if value is None:
-        raise ConfigError(source, key, "missing")
+        raise ArchConfigError(source, key, "missing")
     return value
 
 
@@ -68,7 +68,7 @@ def _int(cfg: dict[str, Any], key: str, default: int = 0) -> int:
 
 
 def from_config(cfg: dict[str, Any], name: str) -> ModelArch:
-    """Parse an HF config dict; raises ConfigError naming the first missing key."""
+    """Parse an HF config dict; raises ArchConfigError naming the first missing key."""
     hidden = int(_get(cfg, name, "hidden_size"))
     heads = int(_get(cfg, name, "num_attention_heads"))
     mla = _int(cfg, "kv_lora_rank") > 0
@@ -107,10 +107,10 @@ def from_config(cfg: dict[str, Any], name: str) -> ModelArch:
 def _validate(arch: ModelArch) -> None:
     for field in ("num_layers", "hidden", "num_heads", "num_kv_heads", "vocab", "head_dim"):
         if getattr(arch, field) <= 0:
-            raise ConfigError(arch.name, field, f"must be > 0, got {getattr(arch, field)}")
+            raise ArchConfigError(arch.name, field, f"must be > 0, got {getattr(arch, field)}")
     if arch.num_heads % arch.num_kv_heads:
-        raise ConfigError(arch.name, "num_key_value_heads",
+        raise ArchConfigError(arch.name, "num_key_value_heads",
                           f"{arch.num_kv_heads} does not divide {arch.num_heads} heads")
     if arch.is_moe and (arch.experts_per_token <= 0 or arch.moe_intermediate <= 0):
-        raise ConfigError(arch.name, "num_experts_per_tok/moe_intermediate_size",
+        raise ArchConfigError(arch.name, "num_experts_per_tok/moe_intermediate_size",
                           "MoE config needs both > 0")

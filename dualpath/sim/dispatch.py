@@ -3,7 +3,7 @@
 Owns nothing of the policy: each pull is `shared.sched.dispatch.Dispatcher.assign`, the
 same code the scheduler service runs, fed the same figures the service feeds it (tok_e
 and seq_e from the dispatcher's ledger, free KV from the engine's capacity, read_q from
-the shared `ReadQueues`), and each read-path decision is `ReadQueues.decide`. The
+the shared `PendingReads`), and each read-path decision is `PendingReads.decide`. The
 simulator tells it what the mesh would: a first token (`prefill_done`), a request's end
 (`finished`), a node's reads done (`read_done`). The "rr" variant is the round-robin
 baseline: engines in turn, read paths alternating, no live signals.
@@ -25,7 +25,7 @@ from shared.messages.codes import LoadMode
 from shared.sched.dispatch import Dispatcher, EngineLoad, Job
 from shared.sched.ledger import Id
 from shared.sched.policy import PeThresholds
-from shared.sched.reads import ReadQueues
+from shared.sched.reads import PendingReads
 
 Assigned = Callable[[Req], None]  # called once a request holds both engines (r.pe, r.de set)
 
@@ -34,12 +34,12 @@ class SimDispatch:
     def __init__(self, cluster: Cluster, th: PeThresholds, mode: LoadMode, assign: str,
                  on_assigned: Assigned, block_tokens: int) -> None:
         self.c = cluster
-        self.mode = mode  # dualpath: every hit on the shorter queue; dualpath-split: split (ReadQueues.decide)
+        self.mode = mode  # dualpath: every hit on the shorter queue; dualpath-split: split (PendingReads.decide)
         self.rr = assign == "rr"
         self.on_assigned = on_assigned
         self.block = block_tokens
         self.d = Dispatcher(th)
-        self.reads = ReadQueues()
+        self.reads = PendingReads()
         self.reqs: dict[Id, Req] = {}  # submitted, not yet given both engines
         self.by_eid = cluster.engines
         self.pe_loads = [_line(e) for e in cluster.pes]  # one line per engine, kept current (below)

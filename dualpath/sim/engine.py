@@ -28,7 +28,7 @@ from dualpath.sim.prefetch import SimPrefetch
 from dualpath.sim.prefill import C_H2D, C_PD, C_PERSIST, Prefill, bind_stages, book, stage_end
 from dualpath.sim.resources import transfer
 from dualpath.sim.stored import WriteLag
-from dualpath.sim.workload import Req, Workload, load_workload, make_request
+from dualpath.sim.workload import Req, SimWorkload, load_workload, make_request
 from shared.messages.codes import LoadMode
 from shared.sched.policy import PeThresholds
 
@@ -37,7 +37,7 @@ Handler = Callable[[Any], None]  # an event's handler, called with its argument
 
 
 class Simulation:
-    def __init__(self, cfg: SimConfig, model: SimModel | None = None, workload: Workload | None = None,
+    def __init__(self, cfg: SimConfig, model: SimModel | None = None, workload: SimWorkload | None = None,
                  thresholds: PeThresholds | None = None) -> None:
         self.cfg = cfg
         self.hw = load_hardware(cfg.hardware) if isinstance(cfg.hardware, str) else cfg.hardware
@@ -384,5 +384,5 @@ class Simulation:
             self._arm_tick()
 
 
-def run_sim(cfg: SimConfig, model: SimModel | None = None, workload: Workload | None = None) -> SimResult:
+def run_sim(cfg: SimConfig, model: SimModel | None = None, workload: SimWorkload | None = None) -> SimResult:
     return Simulation(cfg, model, workload).run()

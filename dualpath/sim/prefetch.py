@@ -2,12 +2,12 @@
 
 When a hinted agent's turn ends and a tool call of T s follows (the trace's tool_ms), the
 mesh's own policy (`shared.sched.prefetch.plan`) picks the side whose storage NIC is
-idler (read queues from the shared `ReadQueues`, plus prefetches booked and lately started,
+idler (read queues from the shared `PendingReads`, plus prefetches booked and lately started,
 as the scheduler counts them) and when
 to start (the expected return minus twice the read); the read is booked then on that
 node's SNIC and DRAM links. When the next turn is assigned, its prefetched tokens skip the
 storage read: at once if the prefetch is done, else when it ends (what was booked is what
-the mesh would still be reading); the rest of its hit is read as usual (`ReadQueues.decide`).
+the mesh would still be reading); the rest of its hit is read as usual (`PendingReads.decide`).
 A turn that comes back before its prefetch started cancels it.
 
 Approximation: links are FIFO fluid servers (resources.py), so a real read that arrives

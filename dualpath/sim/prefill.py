@@ -20,7 +20,7 @@ from dualpath.sim.models import SimModel
 from dualpath.sim.resources import Link
 from dualpath.sim.traffic import H2D, LOAD, PD, PERSIST, READ
 from dualpath.sim.workload import Req
-from shared.sched.policy import Chunk, PrefillWork, ReadPath, balanced_quota, plan_batch
+from shared.sched.policy import PlannedChunk, ReadyPrefill, ReadPath, balanced_quota, plan_batch
 
 # Stages compiled from dualpath.sim.traffic, so timing and the traffic table agree: per link
 # of the stage (engine attribute, hit / miss / persist multiplicity), one reservation per
@@ -30,7 +30,7 @@ Row = tuple[str, int, int, int]  # (engine attribute, hit, miss, persist multipl
 LinkRow = tuple[Link, int, int, int]
 
 
-class Stage:
+class StageLinks:
     """One stage's links on each side, as indices into every engine's `rows` (`bind_stages`)."""
 
     __slots__ = ("pe", "de")
@@ -43,7 +43,7 @@ class Stage:
 SIDES: list[tuple[Row, ...]] = []  # SIDES[i]: the rows an engine's rows[i] resolves
 
 
-def _compile(hops: tuple[tuple[str, str, str], ...]) -> Stage:
+def _compile(hops: tuple[tuple[str, str, str], ...]) -> StageLinks:
     merged: dict[tuple[bool, str], list[int]] = {}
     for side, link, kind in hops:
         merged.setdefault((side == "pe", link), [0, 0, 0])[KINDS.index(kind)] += 1
@@ -51,7 +51,7 @@ def _compile(hops: tuple[tuple[str, str, str], ...]) -> Stage:
     for pe_side in (True, False):
         SIDES.append(tuple((attr, c[0], c[1], c[2]) for (is_pe, attr), c in merged.items() if is_pe == pe_side))
         ids.append(len(SIDES) - 1)
-    return Stage(ids[0], ids[1])
+    return StageLinks(ids[0], ids[1])
 
 
 C_READ = {p: _compile(READ[p]) for p in ReadPath}
@@ -67,7 +67,7 @@ def bind_stages(engines: list[Engine]) -> None:
         e.rows = [tuple((getattr(e, attr), ch, cm, cp) for attr, ch, cm, cp in side) for side in SIDES]
 
 
-def book(now: float, st: Stage, r: Req, hit: float, miss: float, persist: float = 0.0) -> float:
+def book(now: float, st: StageLinks, r: Req, hit: float, miss: float, persist: float = 0.0) -> float:
     """Reserve one stage of request `r` (bytes already multiplied out); returns when it ends.
     Each link's reservation depends on that link alone, so the sides' order is immaterial."""
     end = now
@@ -90,7 +90,7 @@ def book(now: float, st: Stage, r: Req, hit: float, miss: float, persist: float 
     return end
 
 
-def stage_end(now: float, table: dict[ReadPath, Stage], r: Req, kvb: float, with_miss: bool = True) -> float:
+def stage_end(now: float, table: dict[ReadPath, StageLinks], r: Req, kvb: float, with_miss: bool = True) -> float:
     """Reserve a per-path stage for both parts of a (possibly split) read."""
     end = now
     miss = r.miss * kvb if with_miss else 0.0
@@ -120,7 +120,7 @@ class Prefill:
     def plan(self, unit: StepUnit, now: float) -> float:
         """Fill unit.batch; returns the step duration (0 when nothing is ready)."""
         m, att, comm = self.m, self.m.attention, self.comm
-        planned: list[tuple[Engine, list[Req], list[Chunk], float]] = []
+        planned: list[tuple[Engine, list[Req], list[PlannedChunk], float]] = []
         busy = False
         for e in unit.engines:
             ready = [r for r in e.queue if r.ready]
@@ -141,7 +141,7 @@ class Prefill:
                 if a > cap:  # cut to the unit's balanced budget: the rest waits for the next step
                     chunks = plan_batch(self._work(ready), att, cap, self.align)
                     planned[i] = (e, ready, chunks, att.batch_time((c.cached, c.bsz) for c in chunks))
-        batch: list[tuple[Engine, list[Req], list[Chunk]]] = []
+        batch: list[tuple[Engine, list[Req], list[PlannedChunk]]] = []
         sent: list[tuple[Engine, float]] = []
         worst = pooled = attn_max = attn_sum = 0.0
         every_cut = True  # the quota cut every GPU's batch (each had more ready work than it)
@@ -185,8 +185,8 @@ class Prefill:
         return step
 
     @staticmethod
-    def _work(ready: list[Req]) -> Iterator[PrefillWork]:
-        return (PrefillWork(r.rid, r.hit + r.done, r.miss - r.done) for r in ready)
+    def _work(ready: list[Req]) -> Iterator[ReadyPrefill]:
+        return (ReadyPrefill(r.rid, r.hit + r.done, r.miss - r.done) for r in ready)
 
 
 class AttnBalance:

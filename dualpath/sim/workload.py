@@ -19,7 +19,7 @@ BLOCK = 64  # default tokens per KV block (SimConfig.block_tokens)
 
 
 @dataclass
-class Workload:
+class SimWorkload:
     base: list[tuple[tuple[int, int], ...]]  # turns of each base trajectory
     agents: list[tuple[int, int]]  # (base index, prepended append or 0)
     starts: list[float]  # start time of each agent
@@ -77,7 +77,7 @@ def make_request(rid: int, agent: int, ctx: int, append: int, gen: int, t: float
 
 def load_workload(trace: str, agents: int, scale: float = 1.0, seed: int = 0,
                   aps: float = 0.0, block: int = BLOCK, tool_scale: float = 0.0,
-                  append_scale: float = 1.0) -> Workload:
+                  append_scale: float = 1.0) -> SimWorkload:
     """Agents for a trace spec; online (aps > 0) start times are Poisson at `aps`/s; with
     `tool_scale` > 0 a tool call between turns (the trace's tool_ms, else generated) times it.
     `append_scale` multiplies every turn's append but the first (the task prompt)."""
@@ -104,13 +104,13 @@ def load_workload(trace: str, agents: int, scale: float = 1.0, seed: int = 0,
         starts = np.cumsum(gaps).tolist()
     else:
         starts = [0.0] * len(specs)
-    return Workload(base, specs, starts, block, tools)
+    return SimWorkload(base, specs, starts, block, tools)
 
 
-def from_turns(trajectories: list[tuple[tuple[int, int], ...]], block: int = BLOCK) -> Workload:
+def from_turns(trajectories: list[tuple[tuple[int, int], ...]], block: int = BLOCK) -> SimWorkload:
     """One agent per trajectory of (append, gen) turns, all starting at t=0 (a bench replay)."""
     base = [tuple(t) for t in trajectories]
-    return Workload(base, [(i, 0) for i in range(len(base))], [0.0] * len(base), block)
+    return SimWorkload(base, [(i, 0) for i in range(len(base))], [0.0] * len(base), block)
 
 
 def _scaled(turns: tuple[tuple[int, int], ...], scale: float) -> tuple[tuple[int, int], ...]:

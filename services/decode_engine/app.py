@@ -25,8 +25,9 @@ from shared.bus import BusError, Delivery, error_code
 from shared.engine.requests import RecentSet, stop_ids
 from shared.engine.service import EngineService
 from shared.messages.codes import ErrorCode, FinishReason
+from shared.messages.endpoints import EP
 from shared.messages.stream import StepEvents, TokenEvent, TokenLogprob
-from shared.messages.traffic_manager import LoadKV, PushDone, Release
+from shared.messages.traffic_manager import LoadKV, Release
 from shared.messages.registry import EngineAnnounce
 from shared.messages.work import Ack, Cancel, DecodeAdmit
 from shared.runtime import service_main
@@ -60,11 +61,11 @@ class DecodeEngineService(EngineService):
     async def start(self) -> None:
         await self.load()
         cfg = self.cfg
-        self.persister = Persister(self.store, cfg.node, self.bus, self.subjects.tm(self.engine, "save"),
+        self.persister = Persister(self.store, cfg.node, self.bus, self.subjects.at(EP.TM_SAVE, engine=self.engine),
                                    cfg.load_timeout_s, self.spawn, self.metrics, release=self._release,
                                    on_failure=self._background_failed)
-        await self.bus.subscribe(self.subjects.decode_admit(self.engine), DecodeAdmit, self._on_admit)
-        await self.bus.subscribe(self.subjects.cancel, Cancel, self._on_cancel)
+        await self.bus.subscribe(self.subjects.at(EP.DE_ADMIT, engine=self.engine), self._on_admit)
+        await self.bus.subscribe(self.subjects.at(EP.CANCEL), self._on_cancel)
         await self.watch_tm()
         self.spawn(self._loop(), name="decode-loop")
 
@@ -105,7 +106,7 @@ class DecodeEngineService(EngineService):
         passed); its TM frees the buffer slots its KV sits in."""
         self.waiting.remove(req)
         self._release(req, DeState.FAILED if error else DeState.CANCELLED, error)  # before the awaits
-        await self.bus.publish(self.subjects.tm(self.engine, "release"), Release(req.req_id))
+        await self.bus.publish(self.subjects.at(EP.TM_RELEASE, engine=self.engine), Release(req.req_id))
         if error:
             await self.publish_error(req, ErrorCode.NO_ENGINE, error, retryable=True)
 
@@ -155,8 +156,8 @@ class DecodeEngineService(EngineService):
         n = len(admit.buf_slots)
         if self.tm_gone is None:
             self.tm_gone = asyncio.get_running_loop().create_future()
-        asked = asyncio.ensure_future(self.bus.request(self.subjects.tm(self.engine, "load"), LoadKV(
-            req.req_id, admit.buf_slots, req.blocks[:n]), PushDone, timeout=self.cfg.load_timeout_s))
+        asked = asyncio.ensure_future(self.bus.request(self.subjects.at(EP.TM_LOAD, engine=self.engine), LoadKV(
+            req.req_id, admit.buf_slots, req.blocks[:n]), timeout=self.cfg.load_timeout_s))
         await asyncio.wait([asked, self.tm_gone], return_when=asyncio.FIRST_COMPLETED)
         if not asked.done():  # the TM that was copying died: no answer will come
             asked.cancel()

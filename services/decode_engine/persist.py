@@ -25,7 +25,7 @@ from shared.bus import Bus, BusError
 from shared.engine.requests import EngineRequest
 from shared.kv.hashing import chain_hash
 from shared.messages.storage_gateway import StoreLayout
-from shared.messages.traffic_manager import SaveCopied, SaveKV
+from shared.messages.traffic_manager import SaveKV
 from shared.messages.work import DecodeAdmit
 from shared.metrics import Metrics
 
@@ -56,7 +56,7 @@ class Persister:
         msg = SaveKV(req.req_id, [], list(admit.block_keys[start:n_full]), self.node, self.layout,
                      slots=list(admit.buf_slots[start:n_full]))
         try:
-            res = await self.bus.request(self.subject, msg, SaveCopied, timeout=self.timeout_s, ctx=req.ctx)
+            res = await self.bus.request(self.subject, msg, timeout=self.timeout_s, ctx=req.ctx)
         except BusError as exc:
             return exc.reason
         self.m_saved.inc(res.copied)
@@ -86,7 +86,7 @@ class Persister:
     async def _request(self, req: EngineRequest, msg: SaveKV, count: bool = True) -> None:
         """`count`: the save reads the request's KV blocks (it keeps them until copied out)."""
         try:
-            res = await self.bus.request(self.subject, msg, SaveCopied, timeout=self.timeout_s, ctx=req.ctx)
+            res = await self.bus.request(self.subject, msg, timeout=self.timeout_s, ctx=req.ctx)
             self.m_saved.inc(res.copied)
             if res.error:
                 log.warning("persist of %s: %s", req.req_id, res.error)

@@ -27,7 +27,7 @@ from services.prefill_engine.fetch import Fetcher, usable_hits
 from services.prefill_engine.handoff import Handoff
 from services.prefill_engine.layers import LoadError
 from services.prefill_engine.life import ENDING, HELD, PeLife, PeState
-from services.prefill_engine.link import Link
+from services.prefill_engine.link import PeLink
 from services.prefill_engine.metrics import PrefillMetrics
 from services.prefill_engine.outcomes import Abandon, Fail, Free, LoadFailed, Outcome, Ready, Send
 from services.prefill_engine.record import PrefillRequest
@@ -35,9 +35,10 @@ from shared.bus import Delivery
 from shared.engine.service import EngineService
 from shared.states import IllegalTransition
 from shared.messages.codes import ErrorCode, FinishReason, LoadMode
+from shared.messages.endpoints import EP
 from shared.messages.registry import EngineAnnounce
 from shared.messages.stream import TokenEvent, TokenLogprob
-from shared.messages.traffic_manager import FetchKV, FetchProgress, LayersComputed, Release, progress_decoder
+from shared.messages.traffic_manager import FetchKV, FetchProgress, LayersComputed, Release
 from shared.messages.work import Cancel, PrefillWork
 from shared.runtime import service_main, task_label
 
@@ -65,15 +66,15 @@ class PrefillEngineService(EngineService):
     async def start(self) -> None:
         await self.load()
         self.parts()
-        await self.bus.subscribe(self.subjects.prefill_work(self.engine), PrefillWork, self._on_work)
-        await self.bus.subscribe(self.subjects.prefill_loaded(self.engine), progress_decoder, self._on_loaded)
-        await self.bus.subscribe(self.subjects.cancel, Cancel, self._on_cancel)
+        await self.bus.subscribe(self.subjects.at(EP.PE_WORK, engine=self.engine), self._on_work)
+        await self.bus.subscribe(self.subjects.at(EP.PE_LOADED, engine=self.engine), self._on_loaded)
+        await self.bus.subscribe(self.subjects.at(EP.CANCEL), self._on_cancel)
         await self.watch_tm()
         self.spawn(self._loop(), name="prefill-loop")
 
     def parts(self) -> None:
         """The stored-KV fetch and the hand-off, over this engine's link to the mesh (the model loaded)."""
-        link = Link(self.bus, self.subjects, self.engine, self.spawn)
+        link = PeLink(self.bus, self.subjects, self.engine, self.spawn)
         self.fetcher = Fetcher(link, self.cfg, self.store, self.kv, self.metrics)
         self.handoff = Handoff(link, self.cfg, self.store, self.loaded.config.eos_ids, self.pm)
 
@@ -202,7 +203,7 @@ class PrefillEngineService(EngineService):
     async def _abandon(self, req: PrefillRequest, code: ErrorCode, error: str) -> None:
         """Fail it (retryable) now; free its blocks once its TM no longer copies into them."""
         await self.fail(req, code, error, retryable=True, release=False)
-        await self.bus.publish(self.subjects.tm(self.engine, "release"), Release(req.req_id))
+        await self.bus.publish(self.subjects.at(EP.TM_RELEASE, engine=self.engine), Release(req.req_id))
         self._drop(req)
 
     # prefill loop ---------------------------------------------------------
@@ -224,7 +225,7 @@ class PrefillEngineService(EngineService):
             "req_id": c.req.req_id, "engine": self.engine, "prompt_tokens": len(c.req.prompt), "cached": c.cached,
             "bsz": c.bsz, "batch_size": len(batch)}) for c in batch]
         # one forward serves the whole batch: its own span, linked to every request it computes
-        step_span = tracer.start_span("prefill_batch", links=[trace.Link(sp.get_span_context()) for sp in spans],
+        step_span = tracer.start_span("prefill_batch", links=[trace.PeLink(sp.get_span_context()) for sp in spans],
                                       attributes={"engine": self.engine, "batch_size": len(batch),
                                                   "tokens": sum(c.bsz for c in batch)})
         pushes = [c.req for c in batch if c.cached + c.bsz >= len(c.req.prompt) and c.req.work.mode.moves_kv]
@@ -320,7 +321,7 @@ class PrefillEngineService(EngineService):
             now = time.perf_counter()
             for r in reqs:
                 r.computed_at = now
-        self.spawn(self.bus.publish(self.subjects.tm(self.engine, "computed"),
+        self.spawn(self.bus.publish(self.subjects.at(EP.TM_COMPUTED, engine=self.engine),
                                     LayersComputed([r.req_id for r in reqs], layer)), name="computed")
 
     async def tm_restarted(self) -> None:

@@ -16,7 +16,7 @@ from services.prefill_engine.record import PrefillRequest
 from shared.engine.kv_memory import KVMemory
 from shared.messages.stream import TokenLogprob
 from shared.sched.policy.intra_pe import AttentionModel, plan_batch
-from shared.sched.policy.intra_pe import PrefillWork as Work
+from shared.sched.policy.intra_pe import ReadyPrefill as Work
 
 
 class Chunk(NamedTuple):

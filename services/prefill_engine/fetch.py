@@ -34,12 +34,13 @@ from services.prefill_engine.batching import attention_model, one_forward
 from services.prefill_engine.config import PrefillEngineConfig
 from services.prefill_engine.layers import LoadProgress
 from services.prefill_engine.life import PeState
-from services.prefill_engine.link import Link
+from services.prefill_engine.link import PeLink
 from services.prefill_engine.outcomes import Abandon, Fail, Free, LoadFailed, Outcome, Ready, Send
 from services.prefill_engine.record import PrefillRequest
 from services.prefill_engine.staged_copy import StagedCopier
 from shared.engine.kv_memory import KVMemory
 from shared.messages.codes import ErrorCode
+from shared.messages.endpoints import EP
 from shared.messages.storage_gateway import StoreLayout
 from shared.messages.traffic_manager import (FetchFailed, FetchKV, FetchProgress, KVWindow, LayersLoaded,
                                              ReadFinished, ReadQueued, Release)
@@ -66,9 +67,9 @@ def stored_blocks(req: PrefillRequest, block_size: int) -> int:
 
 
 class Fetcher:
-    def __init__(self, link: Link, cfg: PrefillEngineConfig, store: StoreLayout, kv: KVMemory, metrics=None):
+    def __init__(self, link: PeLink, cfg: PrefillEngineConfig, store: StoreLayout, kv: KVMemory, metrics=None):
         self.bus, self.subjects, self.engine, self.spawn = link.bus, link.subjects, link.engine, link.spawn
-        self.subject = self.subjects.tm(self.engine, "fetch")  # this engine's TM's fetch
+        self.subject = self.subjects.at(EP.TM_FETCH, engine=self.engine)  # this engine's TM's fetch
         self.copier = StagedCopier(kv)
         self.m_direct = metrics.counter(  # the prefetched blocks copied straight from the TM buffer, or refused there
             "staged_copy_blocks_total", "Prefetched blocks copied straight from a TM buffer on this host (copied), "
@@ -119,7 +120,7 @@ class Fetcher:
         host): copy them from there, no FetchKV (None: the entry went meanwhile, fetch the usual way).
         The holder takes the slots back when told they were used, or, the request's own DE's, its
         push's reservation adopts them as the prompt's first DE-buffer slots (never pushed)."""
-        n, work = len(fetch.keys), req.work
+        n, work = len(fetch.block_keys), req.work
         with tracer.start_as_current_span("kv_staged_copy", context=req.ctx, attributes={
                 "req_id": req.req_id, "blocks": n, "prefetched_blocks": n, "read_at_arrival_blocks": 0,
                 "bytes": n * self.copier.block_nbytes}) as span:
@@ -132,7 +133,7 @@ class Fetcher:
         if work.staged_engine == work.de_engine != self.engine:
             req.adopt, req.adopt_blocks = work.staged_owner, n
         else:
-            self.spawn(self.bus.publish(self.subjects.tm(work.staged_engine, "release"),
+            self.spawn(self.bus.publish(self.subjects.at(EP.TM_RELEASE, engine=work.staged_engine),
                                         Release(work.staged_owner, used=n)), name=f"release-staged-{req.req_id}")
         return self._read_done(req, ReadFinished(req.req_id, n, layers=self.n_layers, staged=n))
 

@@ -28,16 +28,17 @@ from opentelemetry import trace
 from services.prefill_engine.config import PrefillEngineConfig
 from services.prefill_engine.fetch import stored_blocks
 from services.prefill_engine.life import PeState
-from services.prefill_engine.link import Link
+from services.prefill_engine.link import PeLink
 from services.prefill_engine.metrics import PrefillMetrics
 from services.prefill_engine.outcomes import Fail, Free, Outcome
 from services.prefill_engine.record import PrefillRequest
 from shared.bus import BusError, error_code
 from shared.engine.requests import stop_ids
 from shared.messages.codes import ErrorCode, FinishReason, LoadMode
+from shared.messages.endpoints import EP
 from shared.messages.stream import TokenEvent, TokenLogprob
 from shared.messages.storage_gateway import StoreLayout
-from shared.messages.traffic_manager import ForwardAlive, KVWindow, PushDone, PushKV, Release, SaveCopied, SaveKV
+from shared.messages.traffic_manager import ForwardAlive, KVWindow, PushDone, PushKV, Release, SaveKV
 from shared.messages.work import Ack, DecodeAdmit
 
 log = logging.getLogger("prefill_engine.handoff")
@@ -45,7 +46,7 @@ tracer = trace.get_tracer("prefill_engine")
 
 
 class Handoff:
-    def __init__(self, link: Link, cfg: PrefillEngineConfig, store: StoreLayout, eos_ids: tuple[int, ...],
+    def __init__(self, link: PeLink, cfg: PrefillEngineConfig, store: StoreLayout, eos_ids: tuple[int, ...],
                  pm: PrefillMetrics | None = None):
         self.bus, self.subjects, self.engine, self.spawn = link.bus, link.subjects, link.engine, link.spawn
         self.timeout_s, self.node, self.store, self.eos_ids = cfg.handoff_timeout_s, cfg.node, store, eos_ids
@@ -64,7 +65,7 @@ class Handoff:
         msg = PushKV(req.req_id, req.blocks, work.de_engine, len(req.prompt), dst_slots=req.de_slots,
                      skip=req.de_hits, layerwise=True,
                      window=KVWindow(w.hits, list(w.ring), w.layers, w.used) if w else None,
-                     adopt=adopt, adopt_keys=work.block_keys[:req.adopt_blocks] if adopt else [])
+                     adopt=adopt, adopt_block_keys=work.block_keys[:req.adopt_blocks] if adopt else [])
         req.push = self.spawn(self._push(req, msg, 2 * (self.timeout_s + expect_s)), name=f"push-{req.req_id}")
 
     async def keepalive(self, reqs: list[PrefillRequest]) -> None:
@@ -72,7 +73,7 @@ class Handoff:
         the deadline that it is alive (`ForwardAlive`), so a push waiting on a layer,
         and a fetch whose window waits on that push, restart their deadlines however long the
         forward computes or waits for other requests' reads; when the engine dies, they stop."""
-        ids, subject = [r.req_id for r in reqs], self.subjects.tm(self.engine, "alive")
+        ids, subject = [r.req_id for r in reqs], self.subjects.at(EP.TM_ALIVE, engine=self.engine)
         while ids:
             await asyncio.sleep(self.timeout_s / 4)
             await self.bus.publish(subject, ForwardAlive(ids))
@@ -82,7 +83,7 @@ class Handoff:
         TM answers every push (its waits give up once the forward stops moving): `timeout`, which
         grows with the forward's expected time, is for a TM gone."""
         try:
-            req.pushed = await self.bus.request(self.subjects.tm(self.engine, "push"), msg, PushDone,
+            req.pushed = await self.bus.request(self.subjects.at(EP.TM_PUSH, engine=self.engine), msg,
                                                 timeout=timeout, ctx=req.ctx)
         except BusError as exc:
             req.pushed = PushDone(ok=False, error=exc.reason, code=exc.code or ErrorCode.KV_TRANSFER)
@@ -93,7 +94,7 @@ class Handoff:
         if req.push is None:
             return
         if not req.push.done():
-            await self.bus.publish(self.subjects.tm(self.engine, "release"), Release(req.req_id))
+            await self.bus.publish(self.subjects.at(EP.TM_RELEASE, engine=self.engine), Release(req.req_id))
         await asyncio.wait([req.push])
 
     async def run(self, req: PrefillRequest, first: int, lp: TokenLogprob | None) -> AsyncIterator[Outcome]:
@@ -140,7 +141,7 @@ class Handoff:
                 if not _cancelled(req):
                     code = error_code(exc, ErrorCode.KV_TRANSFER if isinstance(exc, BusError) else ErrorCode.INTERNAL)
                     yield Fail(req, code, f"KV hand-off to {work.de_engine} failed: {reason}", release=False)
-                await self.bus.publish(self.subjects.tm(work.de_engine, "release"), Release(req.req_id))
+                await self.bus.publish(self.subjects.at(EP.TM_RELEASE, engine=work.de_engine), Release(req.req_id))
                 await self.persist(req)  # the DE never took it: the prompt is stored from here
             finally:
                 if self.pm is not None:
@@ -150,7 +151,7 @@ class Handoff:
         """The DE buffer slots staged for a request that will not reach that DE: free them."""
         engine, req.de_held = req.de_held, ""
         if engine:
-            self.spawn(self.bus.publish(self.subjects.tm(engine, "release"), Release(req.req_id)),
+            self.spawn(self.bus.publish(self.subjects.at(EP.TM_RELEASE, engine=engine), Release(req.req_id)),
                        name=f"release-de-{req.req_id}")
 
     async def persist(self, req: PrefillRequest) -> None:
@@ -166,7 +167,7 @@ class Handoff:
             return
         msg = SaveKV(req.req_id, req.blocks[start:n_full], list(work.block_keys[start:n_full]), self.node, self.store)
         try:
-            res = await self.bus.request(self.subjects.tm(self.engine, "save"), msg, SaveCopied,
+            res = await self.bus.request(self.subjects.at(EP.TM_SAVE, engine=self.engine), msg,
                                          timeout=self.timeout_s, ctx=req.ctx)
         except BusError as exc:
             log.warning("persisting the prompt of %s failed: %s", req.req_id, exc.reason)
@@ -186,9 +187,9 @@ class Handoff:
                 self.pm.tail.observe(time.perf_counter() - req.computed_at)
         else:
             pushed = await self.bus.request(
-                self.subjects.tm(self.engine, "push"),
+                self.subjects.at(EP.TM_PUSH, engine=self.engine),
                 PushKV(req.req_id, req.blocks, work.de_engine, len(req.prompt), dst_slots=req.de_slots,
-                       skip=req.de_hits), PushDone, timeout=self.timeout_s)
+                       skip=req.de_hits), timeout=self.timeout_s)
         if not pushed.ok:
             raise BusError("push", pushed.error, pushed.code)
         if _cancelled(req):
@@ -196,7 +197,8 @@ class Handoff:
         admit = DecodeAdmit(req.req_id, len(req.prompt), first, req.sampling, req.reply, pushed.slots,
                             pe_engine=self.engine, prompt=req.prompt, block_keys=work.block_keys,
                             persisted_blocks=stored_blocks(req, self.store.block_size), oracle=work.mode == LoadMode.ORACLE)
-        ack = await self.bus.request(self.subjects.decode_admit(work.de_engine), admit, Ack, timeout=self.timeout_s)
+        ack = await self.bus.request(self.subjects.at(EP.DE_ADMIT, engine=work.de_engine), admit,
+                                     timeout=self.timeout_s)
         if not ack.ok:
             raise BusError("admit", ack.error, ack.code)
 

@@ -14,7 +14,7 @@ from shared.messages.subjects import Subjects
 
 
 @dataclass(frozen=True)
-class Link:
+class PeLink:
     bus: Bus
     subjects: Subjects
     engine: str  # this engine's id

@@ -20,8 +20,8 @@ from services.scheduler.config import SchedulerConfig
 from services.scheduler.hits import asker, known_hits, lookup_hits
 from services.scheduler.inflight import InFlight
 from services.scheduler.doors import FrontDoors, strand_event
-from services.scheduler.events import Router
-from services.scheduler.journal import Accepted, Journal, JournalUnavailable, recover
+from services.scheduler.events import OutputRouter
+from services.scheduler.journal import Journal, JournalUnavailable, recover
 from services.scheduler.lifecycle import IllegalTransition, Lifecycle, ReqState
 from services.scheduler.liveness import Watch, stranded, unassigned_past
 from services.scheduler.metrics import SchedulerMetrics
@@ -33,14 +33,16 @@ from shared.bus import Delivery
 from shared.engine.store_layout import prompt_keys
 from shared.http import HttpServer, adopt_socket, bind_socket
 from shared.messages.codes import ErrorCode, FinishReason, LoadMode
-from shared.messages.registry import Announce, SchedulerAnnounce
+from shared.messages.endpoints import EP
+from shared.messages.journal import Accepted
+from shared.messages.registry import SchedulerAnnounce
 from shared.messages.stream import Output, TokenEvent
 from shared.messages.traffic_manager import NodeReadDone
 from shared.messages.work import Cancel
 from shared.runtime import Service, service_main
 from shared.sched.dispatch import Dispatcher, Job
 from shared.sched.policy import PeThresholds
-from shared.sched.reads import ReadQueues
+from shared.sched.reads import PendingReads
 
 log = logging.getLogger("scheduler")
 tracer = trace.get_tracer("scheduler")
@@ -59,7 +61,7 @@ class SchedulerService(Service):
         self.inflight: dict[str, InFlight] = {}
         self.life = Lifecycle()  # each request's state: the one writer of InFlight.state
         self.kick = asyncio.Event()
-        self.reads = ReadQueues()
+        self.reads = PendingReads()
         self.lines = Lines()  # the dispatcher's engine lines, kept between rounds
         self.oracle = OracleIndex()
         self.http: HttpServer | None = None
@@ -70,21 +72,21 @@ class SchedulerService(Service):
         self.doors = FrontDoors(self) if cfg.front_workers else None  # the front-door worker processes
         self.watch = Watch(cfg.liveness_timeout_s)  # judges silences against the scheduler's own stalls
         self.m = SchedulerMetrics.register(self.metrics)
-        self.router = Router(self.inflight, lambda rec, ev, source: self.resume(rec, ev.error), self._prefill_over,
-                             self.m.loop_errors.labels("output").inc)
+        self.router = OutputRouter(self.inflight, lambda rec, ev, source: self.resume(rec, ev.error),
+                                   self._prefill_over, self.m.loop_errors.labels("output").inc)
         self.metrics_endpoint = self.metrics.endpoint
         self.max_context = self.view.max_context  # (front.Front)
 
     @property
     def output_subject(self) -> str:
-        return self.subjects.output(self.instance)
+        return self.subjects.at(EP.SCHED_OUT, scheduler=self.instance)
 
     async def start(self) -> None:
         from services.scheduler.api import build_app
         self.bus.losses.on_reconnect.append(self._reconnected)
-        await self.bus.subscribe(self.subjects.heartbeat, Announce, self._on_announce)
-        await self.bus.subscribe(self.output_subject, Output, self._on_output)
-        await self.bus.subscribe(self.subjects.reads_done, NodeReadDone, self._on_reads_done)
+        await self.bus.subscribe(self.subjects.at(EP.HEARTBEAT), self._on_announce)
+        await self.bus.subscribe(self.output_subject, self._on_output)
+        await self.bus.subscribe(self.subjects.at(EP.READS_DONE), self._on_reads_done)
         if self.cfg.journal:
             journal = Journal(self.bus.nc, self.cfg.namespace)
             try:
@@ -240,7 +242,7 @@ class SchedulerService(Service):
                                                           self.cfg.max_resumes + 1, self.cfg.liveness_timeout_s))
 
     async def _cancel(self, wire_id: str, reason: str) -> None:
-        await self.bus.publish(self.subjects.cancel, Cancel(wire_id, reason))
+        await self.bus.publish(self.subjects.at(EP.CANCEL), Cancel(wire_id, reason))
 
     # bus handlers -------------------------------------------------------------------
     async def _on_announce(self, msg, d: Delivery) -> None:

@@ -27,11 +27,11 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from services.scheduler.inflight import InFlight
 from services.scheduler.lifecycle import ReqState
-from services.scheduler.wire import Answer, Ask, Done, FrontInfo, FrontMsg, PrefillOver, Submit
 from shared.bus import Delivery
 from shared.kv.keyrun import KeyRun
 from shared.messages.codes import ErrorCode, FinishReason
-from shared.messages.registry import Announce
+from shared.messages.endpoints import EP
+from shared.messages.front import Answer, Ask, Done, FrontInfo, PrefillOver, Submit
 from shared.messages.stream import TokenEvent
 
 log = logging.getLogger("scheduler.doors")
@@ -72,9 +72,9 @@ class FrontDoors:
     async def start(self) -> None:
         svc = self.svc
         self.failed = asyncio.get_running_loop().create_future()
-        await svc.bus.subscribe(svc.subjects.front(svc.instance), FrontMsg, self._on_front)
-        await svc.bus.subscribe(svc.subjects.front_ask(svc.instance), Ask, self._on_ask)
-        await svc.bus.subscribe(svc.subjects.front_workers(svc.instance), Announce, self._on_worker)
+        await svc.bus.subscribe(svc.subjects.at(EP.SCHED_FRONT, scheduler=svc.instance), self._on_front)
+        await svc.bus.subscribe(svc.subjects.at(EP.SCHED_ASK, scheduler=svc.instance), self._on_ask)
+        await svc.bus.subscribe(svc.subjects.at(EP.SCHED_WORKERS, scheduler=svc.instance), self._on_worker)
         svc.spawn(self._publish_info(), name="front-info")
         for i in range(svc.cfg.front_workers):
             svc.spawn(self._run_worker(i), name=f"front-worker-{i}")
@@ -122,7 +122,7 @@ class FrontDoors:
                 self.failed.set_result(RuntimeError(f"front-door worker {i} exited with code {code} at start "
                                                     "(its log says why)"))
                 return
-            subject = svc.subjects.output(f"{svc.instance}-w{i}")
+            subject = svc.subjects.at(EP.SCHED_OUT, scheduler=f"{svc.instance}-w{i}")
             lost = [rec for rec in svc.inflight.values() if rec.reply == subject]
             log.error("front-door worker %d exited (code %s) holding %d requests; restarting", i, code, len(lost))
             for rec in lost:
@@ -134,7 +134,7 @@ class FrontDoors:
             await asyncio.sleep(RESTART_S)
 
     async def _publish_info(self) -> None:
-        subject = self.svc.subjects.front_info(self.svc.instance)
+        subject = self.svc.subjects.at(EP.SCHED_INFO, scheduler=self.svc.instance)
         while True:
             await self.svc.bus.publish(subject, self.info())
             await asyncio.sleep(self.svc.cfg.heartbeat_s)

@@ -22,7 +22,7 @@ from shared.messages.stream import Output, TokenEvent
 log = logging.getLogger("scheduler")
 
 
-class Router:
+class OutputRouter:
     def __init__(self, inflight: dict[str, InFlight], resume: Callable[[InFlight, TokenEvent, str], bool],
                  on_first: Callable[[InFlight, str], None], on_error: Callable[[], None] = lambda: None):
         self.inflight, self.resume, self.on_first, self.on_error = inflight, resume, on_first, on_error

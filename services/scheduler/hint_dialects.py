@@ -12,8 +12,9 @@ from dataclasses import dataclass, fields
 from typing import Iterable
 
 from services.scheduler.hint_shapes import CacheControl, KvHints, NvExt, VllmAgentHint
-from services.scheduler.hints import Hint, Reuse, parse_hints
+from services.scheduler.hints import parse_hints
 from services.scheduler.protocol import AgentHints, ApiError, ChatRequest, CompletionRequest, decode_field
+from shared.messages.front import Hint, Reuse
 
 # the fields a request carries hints in, highest precedence first
 ORDER = ("agent_hints", "agent_hint", "kv_hints", "nvext", "session_id", "cache_control")

@@ -14,45 +14,11 @@ retained for the scheduler's default TTL.
 """
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass
-
 from services.scheduler.protocol import AgentHints, ApiError
-
-
-class Reuse(enum.IntEnum):
-    """How likely the session's KV is reused (a level, or a probability bucketed into one)."""
-
-    NONE = 0  # never again: demote its blocks (evicted before unhinted ones), no prefetch
-    LOW = 1  # ordinary LRU: no retention
-    UNSET = 2  # not said: retained when a TTL or a tool call says the session comes back
-    MEDIUM = 3
-    HIGH = 4
+from shared.messages.front import Hint, Reuse
 
 
 LEVELS = {"none": Reuse.NONE, "low": Reuse.LOW, "medium": Reuse.MEDIUM, "high": Reuse.HIGH}
-
-
-@dataclass(frozen=True)
-class Hint:
-    session: str = ""  # "" = no session named (prefetched blocks are still found by their keys)
-    tool_s: float | None = None  # the next turn returns after a tool call of about this long
-    ttl_s: float | None = None  # retention asked for (None: the scheduler's default when retained)
-    reuse: Reuse = Reuse.UNSET
-    release: bool = False
-
-    @property
-    def prefetch(self) -> bool:
-        """Stage the session's stored KV into a buffer for its next turn."""
-        return self.tool_s is not None and not self.release and self.reuse != Reuse.NONE
-
-    def retain_s(self, default_s: float) -> float | None:
-        """Seconds the session's blocks outrank unhinted ones in the store (None: not retained)."""
-        if self.release or self.reuse in (Reuse.NONE, Reuse.LOW):
-            return None
-        if self.ttl_s is not None:
-            return self.ttl_s
-        return default_s if self.tool_s is not None or self.reuse > Reuse.UNSET else None
 
 
 def parse_hints(h: AgentHints | None) -> Hint | None:

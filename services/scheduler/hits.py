@@ -17,6 +17,7 @@ from services.scheduler.oracle import OracleIndex
 from shared.bus import BusError
 from shared.engine.store_layout import prompt_keys
 from shared.messages.codes import LoadMode
+from shared.messages.endpoints import EP
 from shared.messages.storage_gateway import HitQuery, HitReply
 
 tracer = trace.get_tracer("scheduler")
@@ -26,7 +27,7 @@ Ask = Callable[[HitQuery], Awaitable[HitReply]]  # one request to any storage-ga
 def asker(bus, subjects) -> Ask:
     """`Ask` over `bus`: one `HitQuery` to any storage-gateway (a front-door worker's too)."""
     async def ask(query: HitQuery) -> HitReply:
-        return await bus.request(subjects.sg_any("hit"), query, HitReply, timeout=2.0)
+        return await bus.request(subjects.at(EP.SG_HIT), query, timeout=2.0)
     return ask
 
 

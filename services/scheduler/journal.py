@@ -1,7 +1,7 @@
 """The request journal: which requests a scheduler accepted and which it finished, on JetStream.
 
 Owns the stream `DP_<ns>_REQUESTS` (subjects `{ns}.journal.>`, file storage, bounded
-by age and count) and the two record types written to it (alone or batched), and what a
+by age and count), the writing of the two record types (shared/messages/journal.py, alone or batched), and what a
 restarted scheduler does with `unfinished()` (`recover`: cancel each request on
 `{ns}.cancel`; the wiring in app.py counts them failed).
 
@@ -38,30 +38,15 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
 
-from shared.messages.work import Sampling
+from shared.messages.endpoints import EP, journal_subjects
+from shared.messages.journal import Accepted, Entry, Finished
 
 log = logging.getLogger("scheduler.journal")
 
 
-class Accepted(msgspec.Struct, tag="accepted", omit_defaults=True):
-    req_id: str
-    accepted_at: float  # wall clock (time.time()): unlike monotonic time it means something after a restart
-    prompt_tokens: int
-    sampling: Sampling
-    scheduler: str  # instance that owns the request (a restarted scheduler with a stable --instance finds its own)
-    idempotency_key: str = ""  # the client's Idempotency-Key header, when it sent one
-
-
-class Finished(msgspec.Struct, tag="finished", omit_defaults=True):
-    req_id: str
-    status: str  # ok | error | cancelled (the scheduler's requests_total label)
-    tokens: int = 0  # completion tokens delivered
-    finished_at: float = 0.0
-
-
-Entry = Accepted | Finished
 BATCH = 256  # most records one batch message holds (~40 KB)
 LINGER_S = 0.05  # the writer waits this long after a record for more to join it (each write is a round trip)
+RECORDS = {"accepted": EP.JOURNAL_ACCEPTED, "finished": EP.JOURNAL_FINISHED, "batch": EP.JOURNAL_BATCH}
 _encoder = msgspec.json.Encoder()  # JSON: readable with `nats stream view` when debugging a restart
 _decoder = msgspec.json.Decoder(Entry | list[Entry])
 
@@ -114,7 +99,7 @@ class Journal:
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream(timeout=timeout_s)
         self.stream = stream_name(namespace)
-        self.prefix = f"{namespace}.journal"
+        self.ns = namespace
         self.max_age_s, self.max_msgs, self.duplicate_window_s = max_age_s, max_msgs, duplicate_window_s
         self.timeout_s, self.linger_s = timeout_s, linger_s
         self.failures = 0  # records that could not be written (NATS down, stream gone, queue full)
@@ -122,7 +107,7 @@ class Journal:
 
     async def ensure(self) -> None:
         """Create the stream, or bring an existing one to this configuration."""
-        cfg = StreamConfig(name=self.stream, subjects=[self.prefix + ".>"], storage=StorageType.FILE,
+        cfg = StreamConfig(name=self.stream, subjects=[journal_subjects(self.ns)], storage=StorageType.FILE,
                            max_age=self.max_age_s, max_msgs=self.max_msgs,
                            duplicate_window=self.duplicate_window_s)
         server = self.nc.connected_url.netloc if self.nc.connected_url else "?"
@@ -174,8 +159,10 @@ class Journal:
 
     async def _write(self, verb: str, req_id: str, entry: Entry | list[Entry], msg_id: str | None,
                      records: int = 1) -> bool:
+        endpoint = RECORDS[verb]
+        endpoint.check(entry)
         try:
-            await self.js.publish(f"{self.prefix}.{verb}", encode(entry),
+            await self.js.publish(endpoint.at(self.ns), encode(entry),
                                   headers={"Nats-Msg-Id": msg_id} if msg_id else None)
             return True
         except Exception as exc:  # noqa: BLE001 - best effort: a journal write never fails a request
@@ -192,7 +179,7 @@ class Journal:
             cfg.deliver_policy = DeliverPolicy.BY_START_TIME
             cfg.opt_start_time = datetime.datetime.fromtimestamp(since, datetime.timezone.utc)
         try:
-            sub = await self.js.subscribe(self.prefix + ".>", stream=self.stream, ordered_consumer=True,
+            sub = await self.js.subscribe(journal_subjects(self.ns), stream=self.stream, ordered_consumer=True,
                                           config=cfg)
         except (nats.errors.Error, nats.js.errors.Error) as exc:
             raise JournalError(self.stream, f"cannot open a consumer: {type(exc).__name__}: {exc}") from None

@@ -19,20 +19,21 @@ from opentelemetry import trace
 
 from services.scheduler.inflight import InFlight
 from services.scheduler.view import MeshView
-from services.scheduler.wire import Forward, work_subject
 from shared.messages.codes import LoadMode
+from shared.messages.endpoints import EP, forward_subject
+from shared.messages.front import Forward
 from shared.messages.work import PrefillWork
 from shared.sched.dispatch import EngineLoad
 from shared.sched.ledger import Ledger
 from shared.sched.prefetch import common
-from shared.sched.reads import PathDecision, ReadQueues
+from shared.sched.reads import PathDecision, PendingReads
 from shared.tracing import recording
 
 tracer = trace.get_tracer("scheduler")
 DEFAULT_BLOCK = 64  # block size when no engine has announced a store layout yet
 
 
-def engine_loads(view: MeshView, ledger: Ledger, reads: ReadQueues, role: str, now: float) -> list[EngineLoad]:
+def engine_loads(view: MeshView, ledger: Ledger, reads: PendingReads, role: str, now: float) -> list[EngineLoad]:
     """Every assignable engine of `role` with its tok_e / seq_e from the ledger: O(engines)."""
     load = ledger.pe_load if role == "prefill" else ledger.de_load
     out = []
@@ -56,7 +57,7 @@ class Lines:
         self.changed: set | None = None  # engines whose lines the last `get` refreshed (None: all rebuilt),
         # for the dispatcher's decode pull to keep its group totals (`Dispatcher.pull_decode(changed=)`)
 
-    def get(self, view: MeshView, ledger: Ledger, reads: ReadQueues, now: float) -> tuple[list, list]:
+    def get(self, view: MeshView, ledger: Ledger, reads: PendingReads, now: float) -> tuple[list, list]:
         """(prefill lines, decode lines) with current tok / seq / read_q; the same objects as last
         round unless the assignable engines changed."""
         fresh = any(view.assignable(role, now) is not self.src.get(role) for role in ("prefill", "decode"))
@@ -107,7 +108,7 @@ class Placed:
                 "prefetch_engine": self.work.staged_engine}
 
 
-def place(rec: InFlight, pe: str, de: str, view: MeshView, reads: ReadQueues, reply: str,
+def place(rec: InFlight, pe: str, de: str, view: MeshView, reads: PendingReads, reply: str,
           read_path: str = "auto") -> Placed:
     """Decide the request's read path, hold its reads on the nodes' queues, build its work."""
     pe_node, de_node = view.node_of(pe), view.node_of(de)
@@ -136,10 +137,10 @@ def _copyable(view: MeshView, pe: str, staged) -> bool:
 
 def addressed(rec: InFlight, pe: str, work: PrefillWork, subjects) -> tuple[str, msgspec.Struct]:
     """(subject, message) that takes `work` to `pe`: straight there, or through the front-door
-    worker that holds the prompt's ids (wire.Forward)."""
+    worker that holds the prompt's ids (front.Forward)."""
     if rec.remote_prompt:
-        return work_subject(rec.reply), Forward(pe, work)
-    return subjects.prefill_work(pe), work
+        return forward_subject(rec.reply), Forward(pe, work)
+    return subjects.at(EP.PE_WORK, engine=pe), work
 
 
 async def send(bus, rec: InFlight, pe: str, placed: Placed, subjects) -> None:

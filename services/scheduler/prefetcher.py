@@ -32,15 +32,16 @@ from dataclasses import replace
 
 from opentelemetry import trace
 
-from services.scheduler.hints import Hint, Reuse
 from services.scheduler.inflight import InFlight
 from shared.bus import BusError
 from shared.engine.store_layout import prompt_keys
 from shared.messages.codes import LoadMode
+from shared.messages.endpoints import EP
+from shared.messages.front import Hint, Reuse
 from shared.messages.storage_gateway import HitQuery, Retain, RetainLevel
 from shared.messages.traffic_manager import PENDING_OWNER, HoldSaves, Prefetch, Prefetched, Release
 from shared.sched.policy.read_path import ReadPath
-from shared.sched.prefetch import Holder, RecentBytes, Staged, StagedIndex, common, hold_until, plan
+from shared.sched.prefetch import Holder, RecentBytes, StagedIndex, StagedSession, common, hold_until, plan
 
 log = logging.getLogger("scheduler.prefetch")
 tracer = trace.get_tracer("scheduler")
@@ -131,7 +132,7 @@ class Prefetcher:
             if s.claimed_by is None:
                 self._release(s, "released")
         if session and layout is not None:
-            self.spawn(self.bus.publish(self.subjects.sg_any("retain"), Retain(layout, session, release=True)),
+            self.spawn(self.bus.publish(self.subjects.at(EP.SG_RETAIN), Retain(layout, session, release=True)),
                        name=f"release-{session[:32]}")
 
     async def close_session(self, session: str) -> None:
@@ -145,7 +146,7 @@ class Prefetcher:
             ttl, level = h.ttl_s or self.cfg.hint_ttl_s, RetainLevel.DEMOTED
         if ttl:
             msg = Retain(layout, h.session, keys, level, ttl)
-            self.spawn(self.bus.publish(self.subjects.sg_any("retain"), msg), name="retain")
+            self.spawn(self.bus.publish(self.subjects.at(EP.SG_RETAIN), msg), name="retain")
 
     # the prefetch ----------------------------------------------------------------------------------
     async def _prefetch(self, owner: str, h: Hint, keys: list[bytes], layout, return_at: float,
@@ -165,8 +166,9 @@ class Prefetcher:
             self.m_blocks.labels("no_room").inc(stored)
             return
         now = time.monotonic()
-        s = Staged(owner, p.engine, p.node, keys[:p.blocks], hold_until(return_at, h.tool_s, self.cfg.prefetch_grace_s,
-                                                                        h.ttl_s), h.session, whole=p.blocks == len(keys))
+        s = StagedSession(owner, p.engine, p.node, keys[:p.blocks],
+                          hold_until(return_at, h.tool_s, self.cfg.prefetch_grace_s, h.ttl_s), h.session,
+                          whole=p.blocks == len(keys))
         self._stage(s)  # claimable at once: an early turn takes what is staged by then
         nbytes = p.blocks * self._block_bytes()
         self.sending[p.engine] += p.blocks
@@ -177,8 +179,8 @@ class Prefetcher:
                 "stored_blocks": stored, "side": p.side.name.lower(), "reason": p.reason,
                 "due_in_s": round(return_at - now, 3)}) as span:
             try:
-                got = await self.bus.request(self.subjects.tm(p.engine, "prefetch"),
-                                             Prefetch(owner, s.keys, p.node, layout, s.until - now), Prefetched,
+                got = await self.bus.request(self.subjects.at(EP.TM_PREFETCH, engine=p.engine),
+                                             Prefetch(owner, s.keys, p.node, layout, s.until - now),
                                              timeout=max(1.0, s.until - now))
             except BusError as exc:
                 got = Prefetched(error=exc.reason)
@@ -202,12 +204,12 @@ class Prefetcher:
         if not keys:
             return
         try:
-            got = await self.bus.request(self.subjects.tm(de, "hold"), HoldSaves(rec.wire_id, keys, ttl + SWEEP_S),
-                                         Prefetched, timeout=5.0)
+            got = await self.bus.request(self.subjects.at(EP.TM_HOLD, engine=de),
+                                         HoldSaves(rec.wire_id, keys, ttl + SWEEP_S), timeout=5.0)
         except BusError:
             return
         if got.blocks:
-            self._stage(Staged(PENDING_OWNER + rec.wire_id, de, self.view.node_of(de), keys[:got.blocks],
+            self._stage(StagedSession(PENDING_OWNER + rec.wire_id, de, self.view.node_of(de), keys[:got.blocks],
                                time.monotonic() + ttl, session, whole=got.blocks == len(keys), slots=got.slots,
                                pending=True))
             self.m_blocks.labels("pending").inc(got.blocks)
@@ -264,7 +266,7 @@ class Prefetcher:
         return 0
 
     # expiry and release --------------------------------------------------------------------------
-    def _stage(self, s: Staged) -> None:
+    def _stage(self, s: StagedSession) -> None:
         """Index `s`; the sweep, asleep while nothing was staged, starts again so that `s` expires too."""
         self.index.add(s)
         self.added.set()
@@ -278,11 +280,11 @@ class Prefetcher:
             for s in self.index.expired(time.monotonic()):
                 self._release(s, "expired")
 
-    def _release(self, s: Staged, outcome: str) -> None:
+    def _release(self, s: StagedSession, outcome: str) -> None:
         if self.index.by_owner.get(s.owner) is s:
             self.index.remove(s.owner)
         self.m_blocks.labels(outcome).inc(len(s.keys))
-        self.spawn(self.bus.publish(self.subjects.tm(s.engine, "release"), Release(s.owner)),
+        self.spawn(self.bus.publish(self.subjects.at(EP.TM_RELEASE, engine=s.engine), Release(s.owner)),
                    name=f"release-{s.owner}")
         self._note()
 

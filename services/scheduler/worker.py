@@ -29,34 +29,23 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from services.scheduler.config import SchedulerConfig
-from services.scheduler.events import Router
+from services.scheduler.events import OutputRouter
 from services.scheduler.hits import asker, stored_blocks
 from services.scheduler.inflight import InFlight
 from services.scheduler.protocol import ApiError, failure
-from services.scheduler.wire import Answer, Ask, Done, Forward, FrontInfo, PrefillOver, Submit, work_subject
 from shared.bus import BusError, Delivery
 from shared.engine.store_layout import prompt_keys
 from shared.http import HttpServer, adopt_socket
 from shared.messages.codes import ErrorCode, FinishReason, LoadMode
+from shared.messages.endpoints import EP
+from shared.messages.front import Answer, Ask, Done, Forward, FrontInfo, PrefillOver, Submit
 from shared.messages.registry import SchedulerAnnounce
-from shared.messages.stream import Output, TokenEvent
-from shared.messages.subjects import Subjects
+from shared.messages.stream import TokenEvent
+from shared.messages.typed_subject import Subject
 from shared.messages.work import Cancel
 from shared.runtime import Service
 
 log = logging.getLogger("scheduler.worker")
-
-
-class WorkerSubjects(Subjects):
-    """The mesh's subjects, but a worker heartbeats to its core, not into the registry."""
-
-    def __init__(self, ns: str, core: str):
-        super().__init__(ns)
-        self.core = core
-
-    @property
-    def heartbeat(self) -> str:
-        return self.front_workers(self.core)
 
 
 class FrontWorker(Service):
@@ -67,23 +56,22 @@ class FrontWorker(Service):
         from shared.model.tokenizer_build import load_tokenizer
 
         self.core = core
-        self.subjects = WorkerSubjects(cfg.namespace, core)
         self.tokenizer = load_tokenizer(cfg.model)
         self.sock = adopt_socket(fd)
         self.info = FrontInfo()
         self.inflight: dict[str, InFlight] = {}
         self.http: HttpServer | None = None
-        self.reply = self.subjects.output(self.instance)
-        self.router = Router(self.inflight, self._retry, self._prefill_over)
+        self.reply = self.subjects.at(EP.SCHED_OUT, scheduler=self.instance)
+        self.router = OutputRouter(self.inflight, self._retry, self._prefill_over)
         self.m_resumes = self.metrics.counter("front_resumes_total", "Requests this worker resumed elsewhere")
 
     async def start(self) -> None:
         from services.scheduler.api import build_app
         self._ask_hits = asker(self.bus, self.subjects)
         self.bus.losses.on_reconnect.append(self._reconnected)
-        await self.bus.subscribe(self.reply, Output, self._on_output)
-        await self.bus.subscribe(self.subjects.front_info(self.core), FrontInfo, self._on_info)
-        await self.bus.subscribe(work_subject(self.reply), Forward, self._on_work)
+        await self.bus.subscribe(self.reply, self._on_output)
+        await self.bus.subscribe(self.subjects.at(EP.SCHED_INFO, scheduler=self.core), self._on_info)
+        await self.bus.subscribe(self.subjects.at(EP.SCHED_FORWARD, scheduler=self.instance), self._on_work)
         try:
             await self._ask("info")
         except ApiError as exc:  # the core answers soon; its info also arrives every heartbeat
@@ -91,6 +79,11 @@ class FrontWorker(Service):
         self.http = HttpServer(build_app(self), sock=self.sock)
         self.spawn(self.http.serve(), name="api-http")
         self.spawn(self._watch_bus(), name="watch-bus")
+
+    @property
+    def heartbeat_subject(self) -> Subject:
+        """A worker heartbeats to its core, not into the mesh's registry."""
+        return self.subjects.at(EP.SCHED_WORKERS, scheduler=self.core)
 
     def announce(self) -> SchedulerAnnounce:
         return SchedulerAnnounce(instance=self.instance, node=self.cfg.node, metrics_url=self.metrics_url,
@@ -133,7 +126,7 @@ class FrontWorker(Service):
         while True:
             try:
                 if self.bus.nc.is_connected:
-                    a = await self.bus.request(self.subjects.front_ask(self.core), Ask(what, session), Answer,
+                    a = await self.bus.request(self.subjects.at(EP.SCHED_ASK, scheduler=self.core), Ask(what, session),
                                                timeout=max(0.1, deadline - time.monotonic()))
                     break
                 why = "the bus is unreachable"
@@ -171,14 +164,15 @@ class FrontWorker(Service):
     def cancel(self, rec: InFlight, reason: str) -> None:
         if not rec.finished:
             rec.finished = FinishReason.CANCELLED
-        self.spawn_while_serving(self.bus.publish(self.subjects.cancel, Cancel(rec.wire_id, reason)),
+        self.spawn_while_serving(self.bus.publish(self.subjects.at(EP.CANCEL), Cancel(rec.wire_id, reason)),
                                  name=f"cancel-{rec.req_id}")
 
     def finish(self, rec: InFlight, status: str) -> None:
         if self.inflight.pop(rec.req_id, None) is None:
             return
         done = Done(rec.req_id, status, rec.tokens, rec.cached_tokens, rec.ttft, rec.tpot, rec.tiers)
-        self.spawn(self.bus.publish(self.subjects.front(self.core), done), name=f"done-{rec.req_id}")
+        self.spawn(self.bus.publish(self.subjects.at(EP.SCHED_FRONT, scheduler=self.core), done),
+                   name=f"done-{rec.req_id}")
 
     async def _watch_bus(self) -> None:
         """Cut off from the bus past `liveness_timeout_s`, no token and no word from the core can
@@ -206,7 +200,8 @@ class FrontWorker(Service):
         return prompt_keys(layout, tokens) if layout is not None else []  # none yet: the core keys them
 
     async def _submit(self, rec: InFlight, msg: Submit) -> None:
-        await self.bus.publish(self.subjects.front(self.core), msg, ctx=rec.ctx)  # the core's spans join the request's
+        # the core's spans join the request's
+        await self.bus.publish(self.subjects.at(EP.SCHED_FRONT, scheduler=self.core), msg, ctx=rec.ctx)
 
     # engine (and core) output ---------------------------------------------------------------
     async def _on_info(self, msg: FrontInfo, d: Delivery) -> None:
@@ -219,7 +214,8 @@ class FrontWorker(Service):
             return  # answered meanwhile (its Done frees the engines at the core), or an old attempt's
         rec.pe = rec.pe or msg.pe  # placed: a lost connection from now on resumes it
         work = msgspec.structs.replace(msg.work, prompt=rec.work_prompt, block_keys=rec.block_keys)
-        await self.bus.publish(self.subjects.prefill_work(msg.pe), work, ctx=d.ctx)  # under the core's assign span
+        # under the core's assign span
+        await self.bus.publish(self.subjects.at(EP.PE_WORK, engine=msg.pe), work, ctx=d.ctx)
 
     async def _on_output(self, msg, d: Delivery) -> None:
         self.router.route(msg)
@@ -232,14 +228,15 @@ class FrontWorker(Service):
 
     def _prefill_over(self, rec: InFlight, source: str) -> None:
         rec.pe = source
-        self.spawn(self.bus.publish(self.subjects.front(self.core), PrefillOver(rec.req_id, rec.attempt)),
+        self.spawn(self.bus.publish(self.subjects.at(EP.SCHED_FRONT, scheduler=self.core),
+                                    PrefillOver(rec.req_id, rec.attempt)),
                    name=f"first-{rec.req_id}")
 
     def resume(self, rec: InFlight, why: str) -> bool:
         """Run the request again elsewhere, after the tokens already streamed (False: give up)."""
         if rec.finished or rec.attempt >= self.cfg.max_resumes:
             return False
-        self.spawn(self.bus.publish(self.subjects.cancel, Cancel(rec.wire_id, "resumed elsewhere")))
+        self.spawn(self.bus.publish(self.subjects.at(EP.CANCEL), Cancel(rec.wire_id, "resumed elsewhere")))
         remaining = rec.restart()
         log.warning("resuming %s (attempt %d, %d tokens streamed): %s", rec.req_id, rec.attempt, rec.step0, why)
         self.m_resumes.inc()

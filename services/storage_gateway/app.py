@@ -23,6 +23,7 @@ from services.storage_gateway.store import DirectoryStore
 from shared.bus import Delivery
 from shared.engine.store_layout import kv_layout
 from shared.kv.hashing import FINGERPRINT_BYTES, check_key
+from shared.messages.endpoints import EP
 from shared.messages.registry import StorageGatewayAnnounce
 from shared.messages.storage_gateway import (HitQuery, HitReply, LayersRead, ReadBlocks, ReadDone, Retain, StoreLayout,
                                              WriteBlock, WriteDone)
@@ -57,10 +58,10 @@ class StorageGatewayService(Service):
 
     async def start(self) -> None:
         s, node = self.subjects, self.cfg.node
-        await self.bus.subscribe(s.sg(node, "read"), ReadBlocks, self._on_read)
-        await self.bus.subscribe(s.sg(node, "write"), WriteBlock, self._on_write)
-        await self.bus.subscribe(s.sg_any("hit"), HitQuery, self._on_hit, queue="hit")
-        await self.bus.subscribe(s.sg_any("retain"), Retain, self._on_retain)  # every gateway: its own index
+        await self.bus.subscribe(s.at(EP.SG_READ, node=node), self._on_read)
+        await self.bus.subscribe(s.at(EP.SG_WRITE, node=node), self._on_write)
+        await self.bus.subscribe(s.at(EP.SG_HIT), self._on_hit, queue="hit")
+        await self.bus.subscribe(s.at(EP.SG_RETAIN), self._on_retain)  # every gateway: its own index
 
     def announce(self) -> StorageGatewayAnnounce:
         blocks, nbytes = self.read_queue()
@@ -100,7 +101,7 @@ class StorageGatewayService(Service):
     # handlers -------------------------------------------------------------------------
     async def _on_hit(self, q: HitQuery, d: Delivery) -> None:
         try:
-            n = await self.core(q.layout).hit_length_async([check_key(k) for k in q.keys])
+            n = await self.core(q.layout).hit_length_async([check_key(k) for k in q.block_keys])
         except Exception as exc:  # noqa: BLE001 - a bad query is answered, not fatal
             await d.respond(HitReply(error=str(exc)))
             return
@@ -113,7 +114,7 @@ class StorageGatewayService(Service):
     async def _read(self, msg: ReadBlocks, d: Delivery) -> None:
         t0 = time.perf_counter()
         with tracer.start_as_current_span("storage_read", context=d.ctx, attributes={
-                "req_id": msg.req_id, "node": self.cfg.node, "blocks": len(msg.keys), "bulk": msg.bulk}) as span:
+                "req_id": msg.req_id, "node": self.cfg.node, "blocks": len(msg.block_keys), "bulk": msg.bulk}) as span:
             try:
                 core = self.core(msg.layout)
                 if msg.bulk and not await self.lane.wait_turn(msg.start_within_s):
@@ -121,8 +122,9 @@ class StorageGatewayService(Service):
                     return
                 self.m_queue.labels(self.cfg.node).set(self.read_queue()[1])
                 with contextlib.nullcontext() if msg.bulk else self.lane.latency_read():
-                    res = await core.read_blocks([check_key(k) for k in msg.keys], self.buffer(msg.shm), msg.offsets,
-                                                 msg.group_layers, self._reporter(msg) if msg.progress else None)
+                    res = await core.read_blocks([check_key(k) for k in msg.block_keys], self.buffer(msg.shm),
+                                                 msg.offsets, msg.group_layers,
+                                                 self._reporter(msg) if msg.progress else None)
             except Exception as exc:  # noqa: BLE001
                 span.record_exception(exc)
                 await d.respond(ReadDone(error=str(exc)))
@@ -152,23 +154,23 @@ class StorageGatewayService(Service):
                 self.marks[layout] = self.marks.get(layout, 0) - core.store.release(msg.session)
         else:
             try:
-                keys = [check_key(k) for k in msg.keys]
+                keys = [check_key(k) for k in msg.block_keys]
                 self.marks[msg.layout] = self.core(msg.layout).store.retain(keys, msg.level, msg.ttl_s, msg.session)
             except ValueError as exc:  # a bad key or layout: dropped, never fatal
                 log.warning("retention hint dropped: %s", exc)
         self.m_marks.set(sum(self.marks.values()))
 
     async def _on_write(self, msg: WriteBlock, d: Delivery) -> None:
-        self.spawn(self._write(msg, d), name=f"write-{msg.key.hex()[:8]}",
+        self.spawn(self._write(msg, d), name=f"write-{msg.block_key.hex()[:8]}",
                    on_error=lambda exc: d.respond(WriteDone(error=f"{type(exc).__name__}: {exc}")))
 
     async def _write(self, msg: WriteBlock, d: Delivery) -> None:
-        with tracer.start_as_current_span("storage_write", context=d.ctx, attributes={"key": msg.key.hex()}):
+        with tracer.start_as_current_span("storage_write", context=d.ctx, attributes={"key": msg.block_key.hex()}):
             try:
                 core = self.core(msg.layout)
                 size = core.store.layout.payload_bytes
                 view = self.buffer(msg.shm)[msg.offset:msg.offset + size]
-                outcome = await core.write_block(check_key(msg.key), view)
+                outcome = await core.write_block(check_key(msg.block_key), view)
             except Exception as exc:  # noqa: BLE001
                 await d.respond(WriteDone(error=str(exc)))
                 return

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 
 @dataclass(slots=True)
-class Entry:
+class LruEntry:
     size: int  # bytes on disk (header + payload)
     used_at: float  # wall-clock time of the last read/write we know of
 
@@ -27,7 +27,7 @@ class LruIndex:
     """Keys oldest-first; ``total_bytes`` is the sum of their sizes."""
 
     def __init__(self) -> None:
-        self._entries: OrderedDict[bytes, Entry] = OrderedDict()
+        self._entries: OrderedDict[bytes, LruEntry] = OrderedDict()
         self._pins: dict[bytes, int] = {}
         self.total_bytes = 0
 
@@ -37,7 +37,7 @@ class LruIndex:
     def __contains__(self, key: bytes) -> bool:
         return key in self._entries
 
-    def get(self, key: bytes) -> Entry | None:
+    def get(self, key: bytes) -> LruEntry | None:
         return self._entries.get(key)
 
     def touch(self, key: bytes, size: int, used_at: float) -> None:
@@ -45,7 +45,7 @@ class LruIndex:
         old = self._entries.pop(key, None)
         if old is not None:
             self.total_bytes -= old.size
-        self._entries[key] = Entry(size, used_at)
+        self._entries[key] = LruEntry(size, used_at)
         self.total_bytes += size
 
     def remove(self, key: bytes) -> int:
@@ -70,7 +70,7 @@ class LruIndex:
         """A read holds `key` (retention's victim choice skips it, store.py)."""
         return key in self._pins
 
-    def oldest_unpinned(self) -> tuple[bytes, Entry] | None:
+    def oldest_unpinned(self) -> tuple[bytes, LruEntry] | None:
         """The least recently used key that no read holds, if any."""
         for key, entry in self._entries.items():
             if key not in self._pins:

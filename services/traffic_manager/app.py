@@ -33,18 +33,18 @@ from services.traffic_manager.read_queues import ReadQueues
 from services.traffic_manager.secret import mesh_secret
 from services.traffic_manager.slot_grants import GrantsGiven, GrantsHeld
 from services.traffic_manager.store_path import StorePath
-from services.traffic_manager.transfers import Kind, Transfers
+from services.traffic_manager.transfers import TransferKind, Transfers
 from services.traffic_manager.transfers import TransferState as T
 from shared.bus import BusError, Delivery
 from shared.kv.allocator import OutOfSlots
 from shared.kv.staged_table import StagedTable
-from shared.messages.registry import Announce, EngineAnnounce, StorageGatewayAnnounce, KVRegion, TrafficManagerAnnounce
+from shared.messages.endpoints import EP
+from shared.messages.registry import EngineAnnounce, StorageGatewayAnnounce, KVRegion, TrafficManagerAnnounce
 from shared.messages.codes import ErrorCode
 from shared.messages.storage_gateway import LayersRead
-from shared.messages.traffic_manager import (Claim, FetchFailed, FetchKV, ForwardAlive, LayersComputed, LoadKV, Prefetch, PushDone,
+from shared.messages.traffic_manager import (FetchFailed, FetchKV, ForwardAlive, LayersComputed, LoadKV, PushDone,
                                              PushKV, Release, Reserve, Reserved, SaveCopied, SaveKV, Stage, Staged,
                                              TmAttached)
-from shared.messages.work import Cancel
 from shared.runtime import Service, service_main
 from shared.transport.base import EndpointDesc, Op, Peer, TrafficClass, same_process, shm_host
 from shared.transport.shm_region import ShmRegion, new_name
@@ -106,21 +106,21 @@ class TrafficManagerService(Service):
         self.pool.reclaim = self.prefetch.reclaim
         self.spawn(self.prefetch.sweep(), name="prefetch-sweep")
         s, e = self.subjects, cfg.engine
-        await self.bus.subscribe(s.heartbeat, Announce, self._on_announce)
-        await self.bus.subscribe(s.tm(e, "push"), PushKV, self._on_push)
-        await self.bus.subscribe(s.tm(e, "reserve"), Reserve, self._on_reserve)
-        await self.bus.subscribe(s.tm(e, "load"), LoadKV, self._on_load)
-        await self.bus.subscribe(s.tm(e, "release"), Release, self._on_release)
-        await self.bus.subscribe(s.tm(e, "fetch"), FetchKV, self._on_fetch)
-        await self.bus.subscribe(s.tm(e, "save"), SaveKV, self._on_save)
-        await self.bus.subscribe(s.tm(e, "stage"), Stage, self._on_stage)
-        await self.bus.subscribe(s.tm(e, "computed"), LayersComputed, self._on_computed)
-        await self.bus.subscribe(s.tm(e, "alive"), ForwardAlive, self._on_alive)
-        await self.bus.subscribe(parts.progress_subject, LayersRead, self._on_read_progress)
-        await self.bus.subscribe(s.tm(e, "prefetch"), Prefetch, lambda msg, d: self.prefetch.on_prefetch(msg, d))
-        await self.bus.subscribe(s.tm(e, "claim"), Claim, lambda msg, d: self.prefetch.on_claim(msg, d))
+        await self.bus.subscribe(s.at(EP.HEARTBEAT), self._on_announce)
+        await self.bus.subscribe(s.at(EP.TM_PUSH, engine=e), self._on_push)
+        await self.bus.subscribe(s.at(EP.TM_RESERVE, engine=e), self._on_reserve)
+        await self.bus.subscribe(s.at(EP.TM_LOAD, engine=e), self._on_load)
+        await self.bus.subscribe(s.at(EP.TM_RELEASE, engine=e), self._on_release)
+        await self.bus.subscribe(s.at(EP.TM_FETCH, engine=e), self._on_fetch)
+        await self.bus.subscribe(s.at(EP.TM_SAVE, engine=e), self._on_save)
+        await self.bus.subscribe(s.at(EP.TM_STAGE, engine=e), self._on_stage)
+        await self.bus.subscribe(s.at(EP.TM_COMPUTED, engine=e), self._on_computed)
+        await self.bus.subscribe(s.at(EP.TM_ALIVE, engine=e), self._on_alive)
+        await self.bus.subscribe(parts.progress_subject, self._on_read_progress)
+        await self.bus.subscribe(s.at(EP.TM_PREFETCH, engine=e), lambda msg, d: self.prefetch.on_prefetch(msg, d))
+        await self.bus.subscribe(s.at(EP.TM_CLAIM, engine=e), lambda msg, d: self.prefetch.on_claim(msg, d))
         await install_pending(parts, self.prefetch, self.store_path)  # DE turns' saved blocks kept for the next
-        await self.bus.subscribe(s.cancel, Cancel, self._on_release)
+        await self.bus.subscribe(s.at(EP.CANCEL), self._on_release)
 
     def announce(self) -> TrafficManagerAnnounce:
         ep, pf = self.endpoint, self.prefetch  # shm_host: same-host prefill engines may copy its prefetches
@@ -178,7 +178,8 @@ class TrafficManagerService(Service):
             self.prefetch.reset()
         self.pool.attach(layout)
         log.info("attached KV memory %s (%d blocks)", layout.shm_name, layout.num_blocks)
-        self.spawn(self.bus.publish(self.subjects.engine_tm(self.cfg.engine), TmAttached(self.instance, layout.shm_name)),
+        self.spawn(self.bus.publish(self.subjects.at(EP.ENGINE_TM, engine=self.cfg.engine),
+                                    TmAttached(self.instance, layout.shm_name)),
                    name="tm-attached")
 
     async def peer(self, engine: str) -> Peer:
@@ -234,8 +235,8 @@ class TrafficManagerService(Service):
     async def _reserve(self, msg: Reserve, d: Delivery) -> None:
         with tracer.start_as_current_span("kv_reserve", context=d.ctx, attributes={
                 "req_id": msg.req_id, "blocks": msg.n_blocks}), \
-                self.xfers.begin(Kind.RESERVE, msg.req_id, T.RESERVING) as t:
-            adopted = self.prefetch.adopt(msg.adopt, msg.adopt_keys, msg.req_id) if msg.adopt else []
+                self.xfers.begin(TransferKind.RESERVE, msg.req_id, T.RESERVING) as t:
+            adopted = self.prefetch.adopt(msg.adopt, msg.adopt_block_keys, msg.req_id) if msg.adopt else []
             try:
                 slots = await self.pool.allocate_wait(msg.req_id, msg.n_blocks - len(adopted))
             except OutOfSlots as exc:
@@ -261,7 +262,7 @@ class TrafficManagerService(Service):
         t0 = time.perf_counter()
         with tracer.start_as_current_span("kv_h2d", context=d.ctx, attributes={
                 "req_id": msg.req_id, "blocks": len(msg.slots), "bytes": nbytes}) as span, \
-                self.xfers.begin(Kind.LOAD, msg.req_id, T.COPYING) as t:
+                self.xfers.begin(TransferKind.LOAD, msg.req_id, T.COPYING) as t:
             ops = [Op("buf", slot, "kv", b * bn, bn) for slot, b in zip(msg.slots, msg.dst_blocks)]
             try:
                 await self.endpoint.copy_local(ops, TrafficClass.LATENCY, timeout=self.cfg.transfer_timeout_s)
@@ -290,7 +291,7 @@ class TrafficManagerService(Service):
     async def _on_fetch(self, msg: FetchKV, d: Delivery) -> None:
         """The engine waits on the fetch's progress messages: a failure is told there at once."""
         if not self.pool.ready:
-            await self.bus.publish(self.subjects.prefill_loaded(self.cfg.engine),
+            await self.bus.publish(self.subjects.at(EP.PE_LOADED, engine=self.cfg.engine),
                                    FetchFailed(msg.req_id, ErrorCode.NOT_READY, NOT_ATTACHED))
             return
         self.spawn(self.fetch_path.fetch(msg, d), name=f"fetch-{msg.req_id}")

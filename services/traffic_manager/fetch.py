@@ -38,15 +38,16 @@ from opentelemetry import trace
 from services.traffic_manager import staged
 from services.traffic_manager.parts import TMParts
 from services.traffic_manager.progress import ReadTrack
-from services.traffic_manager.transfers import Kind, Transfer
+from services.traffic_manager.transfers import TransferKind, Transfer
 from services.traffic_manager.transfers import TransferState as T
 from shared.bus import BusError, Delivery, error_code
 from shared.kv.allocator import OutOfSlots
 from shared.kv.window import HitWindow, layer_blocks
 from shared.messages.codes import ErrorCode
-from shared.messages.storage_gateway import ReadBlocks, ReadDone
+from shared.messages.endpoints import EP
+from shared.messages.storage_gateway import ReadBlocks
 from shared.messages.traffic_manager import (FetchFailed, FetchKV, LayersLoaded, NodeReadDone, ReadFinished,
-                                             ReadQueued, Reserve, Reserved, Stage, Staged)
+                                             ReadQueued, Reserve, Reserved, Stage)
 from shared.transport.base import Op, TrafficClass
 from shared.transport.errors import TransportError
 from shared.transport.grants import Grant, decode_grant
@@ -94,7 +95,7 @@ class FetchPath:
 
     async def fetch(self, msg: FetchKV, d: Delivery) -> None:
         """Load a request's hit blocks: keys[:k] on the PE path, keys[k:] on the DE path."""
-        n = len(msg.keys)
+        n = len(msg.block_keys)
         k = min(max(msg.pe_blocks, 0), n)
         owner, prog = f"{msg.req_id}/fetch", Progress()
         tracks = {tag: self.p.reads.hold((msg.req_id, tag)) for tag in ("pe", "de")}
@@ -102,7 +103,7 @@ class FetchPath:
         with tracer.start_as_current_span("kv_fetch", context=d.ctx, attributes={
                 "req_id": msg.req_id, "blocks": n, "pe_path_blocks": k, "de_path_blocks": n - k,
                 "pe_node": msg.node, "de_node": msg.de_node}) as span, \
-                self.p.xfers.begin(Kind.FETCH, msg.req_id, T.RESERVING) as prog.xfer:
+                self.p.xfers.begin(TransferKind.FETCH, msg.req_id, T.RESERVING) as prog.xfer:
             try:
                 await self._run(msg, k, owner, prog, span, tracks, local)
             except Exception as exc:  # noqa: BLE001 - answered on the wire; a bug goes on to the supervisor
@@ -174,7 +175,7 @@ class FetchPath:
                      local: list[asyncio.Task]) -> Reads:
         """Hold the slots every read lands in and set the reads going: the prefetched hits claimed (or
         adopted in the DE's buffer), the prompt's DE-buffer slots reserved, then the PE buffer's."""
-        p, n = self.p, len(msg.keys)
+        p, n = self.p, len(msg.block_keys)
         # prefetched: keys[:c] already sit in a buffer (the DE's: adopted into the prompt's slots there)
         res = await self._reserve_remote(msg, adopt=True) if staged.adopts(p, msg) else None
         res = res if res is not None and res.ok else None
@@ -193,7 +194,7 @@ class FetchPath:
         grant = p.held.keep(msg.req_id, msg.de_engine, res.grant) if res is not None else None
         offsets: list[int] = []
         if k > c:
-            offsets = await self._start_local(msg, msg.keys[c:k], owner, pe, local)
+            offsets = await self._start_local(msg, msg.block_keys[c:k], owner, pe, local)
         else:
             pe.finish(0)
         if k < n:
@@ -205,7 +206,7 @@ class FetchPath:
     async def _announce_queue(self, msg: FetchKV, c: int, k: int) -> None:
         """Tell the engine when its read waits behind a storage queue long enough to matter for
         its fetch deadline (`ReadQueued`): deep queues are what a storage-bound node looks like."""
-        p, n, bn = self.p, len(msg.keys), self.p.pool.block_nbytes
+        p, n, bn = self.p, len(msg.block_keys), self.p.pool.block_nbytes
         wait = max(p.queues.queue_wait(msg.node, (k - c) * bn),
                    p.queues.queue_wait(msg.de_node, (n - k) * bn) if k < n else 0.0)
         if wait > 0.25 * p.cfg.transfer_timeout_s:
@@ -228,9 +229,9 @@ class FetchPath:
         p, nbytes = self.p, len(keys) * self.p.pool.block_nbytes
         try:
             with p.queues.read_at(msg.node, nbytes):
-                done = await p.bus.request(p.subjects.sg(msg.node, "read"), ReadBlocks(
+                done = await p.bus.request(p.subjects.at(EP.SG_READ, node=msg.node), ReadBlocks(
                     msg.req_id, msg.layout, keys, p.pool.buffer.name, offsets, group_layers=p.group_layers,
-                    progress=p.progress_subject, tag="pe"), ReadDone, timeout=p.queues.deadline(msg.node, nbytes))
+                    progress=p.progress_subject, tag="pe"), timeout=p.queues.deadline(msg.node, nbytes))
             track.finish(done.blocks, done.error or done.stop_reason)
         except BusError as exc:
             track.finish(0, exc.reason)
@@ -244,23 +245,23 @@ class FetchPath:
         With `adopt`, the blocks prefetched into that buffer become the first of those slots."""
         p = self.p
         ask = Reserve(msg.req_id, msg.prompt_blocks, adopt=msg.staged_owner if adopt else "",
-                      adopt_keys=msg.keys[:msg.staged_blocks] if adopt else [])
+                      adopt_block_keys=msg.block_keys[:msg.staged_blocks] if adopt else [])
         try:
-            return await p.bus.request(p.subjects.tm(msg.de_engine, "reserve"), ask, Reserved,
+            return await p.bus.request(p.subjects.at(EP.TM_RESERVE, engine=msg.de_engine), ask,
                                        timeout=p.cfg.transfer_timeout_s)
         except BusError as exc:
             return Reserved(ok=False, error=exc.reason)
 
     async def _stage_remote(self, msg: FetchKV, k: int, slots: list[int], track: ReadTrack) -> None:
         """DE path: the DE's TM has its gateway read keys[k:] into the reserved slots, reporting here."""
-        p, nbytes = self.p, (len(msg.keys) - k) * self.p.pool.block_nbytes
+        p, nbytes = self.p, (len(msg.block_keys) - k) * self.p.pool.block_nbytes
         try:
             with p.queues.read_at(msg.de_node, nbytes):
                 done = await p.bus.request(
-                    p.subjects.tm(msg.de_engine, "stage"),
-                    Stage(msg.req_id, msg.prompt_blocks, k, msg.keys[k:], msg.de_node, msg.layout, slots=slots,
+                    p.subjects.at(EP.TM_STAGE, engine=msg.de_engine),
+                    Stage(msg.req_id, msg.prompt_blocks, k, msg.block_keys[k:], msg.de_node, msg.layout, slots=slots,
                           group_layers=p.group_layers, progress=p.progress_subject),
-                    Staged, timeout=p.queues.deadline(msg.de_node, nbytes))
+                    timeout=p.queues.deadline(msg.de_node, nbytes))
             track.finish(done.blocks, done.error)
         except BusError as exc:
             track.finish(0, exc.reason)
@@ -268,7 +269,7 @@ class FetchPath:
             await self._reads_done(msg.req_id, msg.de_node)
 
     async def _reads_done(self, req_id: str, node: str) -> None:
-        await self.p.bus.publish(self.p.subjects.reads_done, NodeReadDone(req_id, node))
+        await self.p.bus.publish(self.p.subjects.at(EP.READS_DONE), NodeReadDone(req_id, node))
 
     async def _layers(self, msg: FetchKV, local: list[tuple[int, int]],
                       remote: list[tuple[str, list[tuple[int, int]], Grant | None]], prog: Progress,

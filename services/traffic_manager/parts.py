@@ -23,6 +23,7 @@ from services.traffic_manager.read_queues import ReadQueues
 from services.traffic_manager.slot_grants import GrantsGiven, GrantsHeld
 from services.traffic_manager.transfers import Transfers
 from shared.bus import Bus
+from shared.messages.endpoints import EP
 from shared.messages.subjects import Subjects
 from shared.metrics import Metrics
 from shared.transport.base import Endpoint, Peer
@@ -60,9 +61,9 @@ class TMParts:
     @property
     def progress_subject(self) -> str:
         """Where gateways report this TM's reads in layer groups (`LayersRead`)."""
-        return self.subjects.tm(self.cfg.engine, "read_progress")
+        return self.subjects.at(EP.TM_READ_PROGRESS, engine=self.cfg.engine)
 
     @property
     def loaded_subject(self) -> str:
         """Where this TM's engine hears how its fetches progress (`FetchProgress`)."""
-        return self.subjects.prefill_loaded(self.cfg.engine)
+        return self.subjects.at(EP.PE_LOADED, engine=self.cfg.engine)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from services.traffic_manager.parts import TMParts
 from services.traffic_manager.prefetch import Entry, PrefetchPath
 from shared.bus import Delivery
+from shared.messages.endpoints import EP
 from shared.messages.traffic_manager import PENDING_OWNER, HoldSaves, Prefetched, SaveKV
 
 
@@ -32,7 +33,7 @@ async def install(parts: TMParts, prefetch: PrefetchPath, store_path) -> None:
     store_path.pending = pend = PendingSaves(parts, prefetch, parts.cfg.pending_hold_s)
     store_path.line.reclaim = lambda n: prefetch.reclaim(n, pending_only=True)
     parts.pool.before_free = pend.take
-    await parts.bus.subscribe(parts.subjects.tm(parts.cfg.engine, "hold"), HoldSaves, pend.on_hold)
+    await parts.bus.subscribe(parts.subjects.at(EP.TM_HOLD, engine=parts.cfg.engine), pend.on_hold)
 
 
 def owner_of(req_id: str) -> str:
@@ -79,7 +80,7 @@ class PendingSaves:
             return
         end = start + len(msg.slots)
         if offs[start:end] == list(msg.slots):
-            self.waiting[msg.req_id] = Pieces(held[:end], msg.keys[-1])
+            self.waiting[msg.req_id] = Pieces(held[:end], msg.block_keys[-1])
 
     def take(self, req_id: str) -> None:
         """`req_id`'s slots are being freed (pool.before_free): its prompt's go to its pending entry."""
@@ -98,13 +99,13 @@ class PendingSaves:
         """A generated block was copied into `save_owner`'s slot: it joins the request's entry."""
         owner = owner_of(msg.req_id)
         pc = self._live(owner)
-        if pc is None or len(msg.keys) != 1:
+        if pc is None or len(msg.block_keys) != 1:
             return
         slots = self.p.pool.slots.held(save_owner)
         if len(slots) != 1:
             return
         self.p.pool.slots.transfer(save_owner, owner, slots)
-        pc.gen[msg.keys[0]] = slots[0]
+        pc.gen[msg.block_keys[0]] = slots[0]
         self.m_blocks.labels("kept").inc()
 
     async def on_hold(self, msg: HoldSaves, d: Delivery) -> None:
@@ -113,11 +114,11 @@ class PendingSaves:
         if not self.p.pool.ready or pc is None or e is None or e.keys or e.claimed_until:
             await d.respond(Prefetched(error="nothing kept for it"))
             return
-        n_prompt = len(pc.prompt) if len(msg.keys) >= len(pc.prompt) and \
-            msg.keys[len(pc.prompt) - 1] == pc.last_key else 0
+        n_prompt = len(pc.prompt) if len(msg.block_keys) >= len(pc.prompt) and \
+            msg.block_keys[len(pc.prompt) - 1] == pc.last_key else 0
         slots = list(pc.prompt[:n_prompt])
         if n_prompt == len(pc.prompt):
-            for key in msg.keys[n_prompt:]:
+            for key in msg.block_keys[n_prompt:]:
                 s = pc.gen.get(key)
                 if s is None:
                     break
@@ -127,7 +128,7 @@ class PendingSaves:
             await d.respond(Prefetched(error="the turn's keys do not match what was kept"))
             return
         bn = self.p.pool.block_nbytes
-        e.keys, e.slots = list(msg.keys[:len(slots)]), [s * bn for s in slots]
+        e.keys, e.slots = list(msg.block_keys[:len(slots)]), [s * bn for s in slots]
         e.until = time.monotonic() + msg.ttl_s
         del self.pieces[owner]
         if self.p.cfg.fault_flip_pending_bytes and not self.flipped:  # tests only: wrong bytes served once

@@ -27,10 +27,11 @@ import time
 from dataclasses import dataclass, field
 
 from services.traffic_manager.parts import NOT_ATTACHED, TMParts
-from services.traffic_manager.transfers import Kind
+from services.traffic_manager.transfers import TransferKind
 from services.traffic_manager.transfers import TransferState as T
 from shared.bus import BusError, Delivery
-from shared.messages.storage_gateway import ReadBlocks, ReadDone
+from shared.messages.endpoints import EP
+from shared.messages.storage_gateway import ReadBlocks
 from shared.kv.staged_table import StagedTable
 from shared.messages.traffic_manager import Claim, Claimed, Prefetch, Prefetched, Release
 from shared.messages.work import StagedSlots
@@ -55,8 +56,8 @@ class Entry:
     state: T | None = None  # its transfer state (written by `Transfers` alone)
 
     @property
-    def kind(self) -> Kind:
-        return Kind.KEPT if self.pending else Kind.PREFETCH
+    def kind(self) -> TransferKind:
+        return TransferKind.KEPT if self.pending else TransferKind.PREFETCH
 
     @property
     def req_id(self) -> str:
@@ -97,7 +98,7 @@ class PrefetchPath:
     async def prefetch(self, msg: Prefetch, d: Delivery) -> None:
         p, pool = self.p, self.p.pool
         bn = pool.block_nbytes
-        n = min(len(msg.keys), self.room_bytes() // bn if bn else 0)
+        n = min(len(msg.block_keys), self.room_bytes() // bn if bn else 0)
         why = "released before it was staged" if msg.owner in pool.cancelled else \
             "already staged" if msg.owner in self.entries else "no prefetch room in the buffer" if n <= 0 else ""
         if why:
@@ -136,14 +137,14 @@ class PrefetchPath:
         p, pool = self.p, self.p.pool
         i = len(e.keys)
         end = min(i + self._chunk_blocks(msg.node), len(offsets))  # the slots the budget gave, not every key
-        keys, offs = msg.keys[i:end], offsets[i:end]
+        keys, offs = msg.block_keys[i:end], offsets[i:end]
         nbytes = len(keys) * pool.block_nbytes
         wait = max(0.0, e.until - time.monotonic())  # a chunk that cannot start before the TTL is not read
         with pool.reading(msg.owner), p.queues.read_at(msg.node, nbytes):
             done = await p.bus.request(
-                p.subjects.sg(msg.node, "read"),
+                p.subjects.at(EP.SG_READ, node=msg.node),
                 ReadBlocks(msg.owner, msg.layout, keys, pool.buffer.name, offs, bulk=True, start_within_s=wait),
-                ReadDone, timeout=wait + p.queues.deadline(msg.node, nbytes))
+                timeout=wait + p.queues.deadline(msg.node, nbytes))
         if self.entries.get(msg.owner) is e:  # not dropped meanwhile
             e.keys += keys[:done.blocks]
             e.slots += offs[:done.blocks]
@@ -186,7 +187,7 @@ class PrefetchPath:
     async def on_claim(self, msg: Claim, d: Delivery) -> None:
         """Another traffic-manager claims: the slots and a grant of exactly them (ended when the
         entry's slots are freed: released, lease, adopted)."""
-        slots = self.claim(msg.owner, msg.keys)
+        slots = self.claim(msg.owner, msg.block_keys)
         grant = self.p.given.give(msg.owner, slots, self.p.pool.block_nbytes) if slots else b""
         await d.respond(Claimed(slots=slots, grant=grant))
 

@@ -21,12 +21,13 @@ from opentelemetry import trace
 
 from services.traffic_manager.parts import TMParts
 from services.traffic_manager.progress import LayerState
-from services.traffic_manager.transfers import Kind
+from services.traffic_manager.transfers import TransferKind
 from services.traffic_manager.transfers import TransferState as T
 from shared.bus import BusError, Delivery, error_code
 from shared.kv.window import HitWindow
 from shared.messages.codes import ErrorCode
-from shared.messages.traffic_manager import PushDone, PushKV, Reserve, Reserved
+from shared.messages.endpoints import EP
+from shared.messages.traffic_manager import PushDone, PushKV, Reserve
 from shared.transport.base import Op, TrafficClass
 from shared.transport.grants import Grant, decode_grant
 
@@ -49,7 +50,7 @@ class PushPath:
         with tracer.start_as_current_span("kv_transfer", context=d.ctx, attributes={
                 "req_id": msg.req_id, "dst_engine": msg.dst_engine, "blocks": len(msg.src_blocks),
                 "transport": p.cfg.transport, "layerwise": msg.layerwise}) as span, \
-                p.xfers.begin(Kind.PUSH, msg.req_id, T.COPYING if msg.dst_slots else T.RESERVING) as t:
+                p.xfers.begin(TransferKind.PUSH, msg.req_id, T.COPYING if msg.dst_slots else T.RESERVING) as t:
             try:
                 if not pool.ready:
                     raise BusError("push", NOT_ATTACHED, ErrorCode.NOT_READY)
@@ -94,8 +95,8 @@ class PushPath:
         """The prompt's DE-buffer slots; with `msg.adopt`, the prefetch staged there (which the engine
         copied straight from that buffer) becomes the first of them: (slots, grant, blocks adopted)."""
         p = self.p
-        ask = Reserve(msg.req_id, len(msg.src_blocks), adopt=msg.adopt, adopt_keys=msg.adopt_keys)
-        res = await p.bus.request(p.subjects.tm(msg.dst_engine, "reserve"), ask, Reserved,
+        ask = Reserve(msg.req_id, len(msg.src_blocks), adopt=msg.adopt, adopt_block_keys=msg.adopt_block_keys)
+        res = await p.bus.request(p.subjects.at(EP.TM_RESERVE, engine=msg.dst_engine), ask,
                                   timeout=p.cfg.transfer_timeout_s)
         if not res.ok:
             raise BusError("reserve", res.error, res.code)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from services.traffic_manager.parts import TMParts
 from shared.bus import BusError
+from shared.messages.endpoints import EP
 from shared.messages.traffic_manager import PENDING_OWNER, Claim, Claimed, FetchKV, ReadFinished, Release
 from shared.transport.base import Op, TrafficClass
 from shared.transport.grants import Grant, decode_grant
@@ -33,15 +34,15 @@ def adopts(p: TMParts, msg: FetchKV) -> bool:
 async def claim(p: TMParts, msg: FetchKV) -> tuple[list[int], Grant | None]:
     """Buffer offsets of the leading prefetched blocks still staged for this fetch ([]: none),
     with the holder's grant of them when the holder is another traffic-manager."""
-    n = min(msg.staged_blocks, len(msg.keys))
+    n = min(msg.staged_blocks, len(msg.block_keys))
     if not msg.staged_owner or n <= 0:
         return [], None
-    keys = msg.keys[:n]
+    keys = msg.block_keys[:n]
     if msg.staged_engine == p.cfg.engine:
         return p.claim_local(msg.staged_owner, keys), None
     try:
-        got = await p.bus.request(p.subjects.tm(msg.staged_engine, "claim"), Claim(msg.staged_owner, keys),
-                                  Claimed, timeout=p.cfg.transfer_timeout_s)
+        got = await p.bus.request(p.subjects.at(EP.TM_CLAIM, engine=msg.staged_engine), Claim(msg.staged_owner, keys),
+                                  timeout=p.cfg.transfer_timeout_s)
     except BusError as exc:  # gone: its blocks are read from storage instead
         log.info("prefetched blocks of %s not claimed: %s", msg.req_id, exc.reason)
         return [], None
@@ -55,7 +56,7 @@ async def release(p: TMParts, msg: FetchKV) -> None:
         p.drop_local(msg.staged_owner, "used")
         return
     try:
-        await p.bus.publish(p.subjects.tm(msg.staged_engine, "release"), Release(msg.staged_owner))
+        await p.bus.publish(p.subjects.at(EP.TM_RELEASE, engine=msg.staged_engine), Release(msg.staged_owner))
     except BusError as exc:  # its TTL or claim lease frees them
         log.warning("release of prefetched %s not sent: %s", msg.staged_owner, exc.reason)
 

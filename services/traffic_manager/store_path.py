@@ -20,11 +20,12 @@ from opentelemetry import trace
 
 from services.traffic_manager.parts import TMParts
 from services.traffic_manager.saves import SaveLine
-from services.traffic_manager.transfers import Kind, Transfer
+from services.traffic_manager.transfers import TransferKind, Transfer
 from services.traffic_manager.transfers import TransferState as T
 from shared.bus import BusError, Delivery
 from shared.kv.allocator import OutOfSlots
-from shared.messages.storage_gateway import ReadBlocks, ReadDone, StoreLayout, WriteBlock, WriteDone
+from shared.messages.endpoints import EP
+from shared.messages.storage_gateway import ReadBlocks, ReadDone, StoreLayout, WriteBlock
 from shared.messages.traffic_manager import SaveCopied, SaveKV, Stage, Staged
 from shared.transport.base import Op, TrafficClass
 
@@ -47,8 +48,8 @@ class StorePath:
         p, pool = self.p, self.p.pool
         bn = pool.block_nbytes
         with tracer.start_as_current_span("kv_stage", context=d.ctx, attributes={
-                "req_id": msg.req_id, "blocks": len(msg.keys), "node": msg.node, "path": "de"}) as span, \
-                p.xfers.begin(Kind.STAGE, msg.req_id, T.RESERVING) as t:
+                "req_id": msg.req_id, "blocks": len(msg.block_keys), "node": msg.node, "path": "de"}) as span, \
+                p.xfers.begin(TransferKind.STAGE, msg.req_id, T.RESERVING) as t:
             if msg.slots and not set(msg.slots) <= {s * bn for s in pool.slots.held(msg.req_id)}:
                 # released (cancelled) since they were reserved: they may be someone else's now
                 t.error = T.RELEASED
@@ -63,15 +64,15 @@ class StorePath:
             p.xfers.move(t, T.READING)
             with pool.reading(msg.req_id):
                 try:
-                    offsets = slots[msg.first:msg.first + len(msg.keys)]
-                    nbytes = len(msg.keys) * bn
+                    offsets = slots[msg.first:msg.first + len(msg.block_keys)]
+                    nbytes = len(msg.block_keys) * bn
                     streamed = msg.progress and not p.cfg.fault_flip_de_bytes  # a fault goes in after the checksum
                     with p.queues.read_at(msg.node, nbytes):
                         done = await p.bus.request(
-                            p.subjects.sg(msg.node, "read"),
-                            ReadBlocks(msg.req_id, msg.layout, msg.keys, pool.buffer.name, offsets,
+                            p.subjects.at(EP.SG_READ, node=msg.node),
+                            ReadBlocks(msg.req_id, msg.layout, msg.block_keys, pool.buffer.name, offsets,
                                        group_layers=msg.group_layers if streamed else 0,
-                                       progress=msg.progress if streamed else "", tag="de"), ReadDone,
+                                       progress=msg.progress if streamed else "", tag="de"),
                             timeout=p.queues.deadline(msg.node, nbytes))
                 except BusError as exc:
                     t.error = exc  # answered as a read of no blocks
@@ -88,7 +89,7 @@ class StorePath:
     async def save(self, msg: SaveKV, d: Delivery) -> None:
         """A save's transfer: QUEUED for room -> COPYING out of KV memory -> WRITING to the store (a
         save of buffer slots: WRITING at once); its write task ends it."""
-        t = self.p.xfers.begin(Kind.SAVE, msg.req_id, T.WRITING if msg.slots else T.QUEUED)
+        t = self.p.xfers.begin(TransferKind.SAVE, msg.req_id, T.WRITING if msg.slots else T.QUEUED)
         try:
             await (self._save_slots(msg, d, t) if msg.slots else self._save_blocks(msg, d, t))
         except BaseException as exc:
@@ -97,7 +98,7 @@ class StorePath:
 
     async def _save_blocks(self, msg: SaveKV, d: Delivery, t: Transfer) -> None:
         p, pool = self.p, self.p.pool
-        owner = f"{msg.req_id}/save/{msg.keys[0].hex()[:12] if msg.keys else ''}"
+        owner = f"{msg.req_id}/save/{msg.block_keys[0].hex()[:12] if msg.block_keys else ''}"
         n = len(msg.blocks)
         t0 = time.monotonic()
         offsets = None if n == 0 else await self.line.take(owner, n)
@@ -158,10 +159,10 @@ class StorePath:
         try:
             with tracer.start_as_current_span("persist", context=d.ctx, attributes={
                     "req_id": msg.req_id, "blocks": len(offsets), "node": msg.node}):
-                for key, off in zip(msg.keys, offsets):
+                for key, off in zip(msg.block_keys, offsets):
                     try:
-                        res = await p.bus.request(p.subjects.sg(msg.node, "write"),
-                                                  WriteBlock(msg.layout, key, p.pool.buffer.name, off), WriteDone,
+                        res = await p.bus.request(p.subjects.at(EP.SG_WRITE, node=msg.node),
+                                                  WriteBlock(msg.layout, key, p.pool.buffer.name, off),
                                                   timeout=p.cfg.transfer_timeout_s)
                         self.m_saved.labels(res.outcome or "error").inc()
                     except BusError as exc:

@@ -23,7 +23,7 @@ from shared.transport.errors import TransferTimeout
 log = logging.getLogger("traffic_manager")
 
 
-class Kind(enum.StrEnum):
+class TransferKind(enum.StrEnum):
     FETCH = "fetch"  # stored hit blocks -> buffers -> KV memory (fetch.py)
     PUSH = "push"  # KV memory -> a decode engine's buffer (push.py)
     RESERVE = "reserve"  # buffer slots for a request another TM pushes or stages into
@@ -51,15 +51,15 @@ class TransferState(enum.StrEnum):
 T = TransferState
 TERMINAL = frozenset({T.DONE, T.FAILED, T.RELEASED, T.EXPIRED})
 ENDS = frozenset({T.FAILED, T.RELEASED, T.EXPIRED})  # every live state's ways out
-PATHS: dict[Kind, dict[TransferState, set[TransferState]]] = {
-    Kind.FETCH: {T.RESERVING: {T.READING}, T.READING: {T.COPYING, T.DONE}, T.COPYING: {T.DONE}},
-    Kind.PUSH: {T.RESERVING: {T.COPYING}, T.COPYING: {T.DONE}},
-    Kind.RESERVE: {T.RESERVING: {T.DONE}},
-    Kind.LOAD: {T.COPYING: {T.DONE}},
-    Kind.SAVE: {T.QUEUED: {T.COPYING, T.DONE}, T.COPYING: {T.WRITING}, T.WRITING: {T.DONE}},
-    Kind.STAGE: {T.RESERVING: {T.READING}, T.READING: {T.DONE}},
-    Kind.PREFETCH: {T.READING: {T.STAGED, T.CLAIMED, T.DONE}, T.STAGED: {T.CLAIMED, T.DONE}, T.CLAIMED: {T.DONE}},
-    Kind.KEPT: {T.STAGED: {T.CLAIMED, T.DONE}, T.CLAIMED: {T.DONE}},
+PATHS: dict[TransferKind, dict[TransferState, set[TransferState]]] = {
+    TransferKind.FETCH: {T.RESERVING: {T.READING}, T.READING: {T.COPYING, T.DONE}, T.COPYING: {T.DONE}},
+    TransferKind.PUSH: {T.RESERVING: {T.COPYING}, T.COPYING: {T.DONE}},
+    TransferKind.RESERVE: {T.RESERVING: {T.DONE}},
+    TransferKind.LOAD: {T.COPYING: {T.DONE}},
+    TransferKind.SAVE: {T.QUEUED: {T.COPYING, T.DONE}, T.COPYING: {T.WRITING}, T.WRITING: {T.DONE}},
+    TransferKind.STAGE: {T.RESERVING: {T.READING}, T.READING: {T.DONE}},
+    TransferKind.PREFETCH: {T.READING: {T.STAGED, T.CLAIMED, T.DONE}, T.STAGED: {T.CLAIMED, T.DONE}, T.CLAIMED: {T.DONE}},
+    TransferKind.KEPT: {T.STAGED: {T.CLAIMED, T.DONE}, T.CLAIMED: {T.DONE}},
 }
 LEGAL = {kind: legal_table(paths, ENDS, TERMINAL) for kind, paths in PATHS.items()}
 
@@ -70,7 +70,7 @@ class Transfer:
 
     __slots__ = ("kind", "req_id", "state", "error", "_owner")
 
-    def __init__(self, kind: Kind, req_id: str, owner: "Transfers"):
+    def __init__(self, kind: TransferKind, req_id: str, owner: "Transfers"):
         self.kind, self.req_id, self.state, self.error, self._owner = kind, req_id, None, None, owner
 
     def __enter__(self) -> "Transfer":
@@ -86,8 +86,8 @@ class Transfers:
     transfers end RELEASED when they fail."""
 
     def __init__(self) -> None:
-        self.machines = {k: StateMachine(LEGAL[k], TERMINAL, what=f"{k} of", on_move=_event) for k in Kind}
-        self.ended: Counter[tuple[Kind, TransferState]] = Counter()
+        self.machines = {k: StateMachine(LEGAL[k], TERMINAL, what=f"{k} of", on_move=_event) for k in TransferKind}
+        self.ended: Counter[tuple[TransferKind, TransferState]] = Counter()
         self.released = RecentSet()
 
     def expose(self, metrics: Metrics) -> None:
@@ -97,7 +97,7 @@ class Transfers:
         metrics.live_gauge("illegal_transitions_total", "Transfer state moves refused as illegal (a bug)", (),
                            lambda: [((), sum(m.illegal for m in self.machines.values()))], counter=True)
 
-    def begin(self, kind: Kind, req_id: str, state: TransferState) -> Transfer:
+    def begin(self, kind: TransferKind, req_id: str, state: TransferState) -> Transfer:
         t = Transfer(kind, req_id, self)
         self.machines[kind].enter(t, state)
         return t

@@ -21,6 +21,7 @@ from shared.engine.requests import EngineRequest
 from shared.engine.store_layout import store_layout
 from shared.engine.worker import ModelWorker
 from shared.messages.codes import ErrorCode, FinishReason
+from shared.messages.endpoints import EP
 from shared.messages.registry import EngineAnnounce
 from shared.messages.storage_gateway import StoreLayout
 from shared.messages.stream import TokenEvent
@@ -89,7 +90,7 @@ class EngineService(Service):
                 log.warning("traffic manager restarted (%s -> %s): its copies are gone", before, msg.instance)
                 await self.tm_restarted()
         self.tm_instance = ""
-        await self.bus.subscribe(self.subjects.engine_tm(self.engine), TmAttached, on)
+        await self.bus.subscribe(self.subjects.at(EP.ENGINE_TM, engine=self.engine), on)
 
     async def tm_restarted(self) -> None:
         """The engine's TM is a new process: no copy of the old one will land (each engine frees what waited on one)."""

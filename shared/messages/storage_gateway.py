@@ -3,7 +3,7 @@
 Bytes never ride here: a read names the traffic-manager buffer (a POSIX shm segment)
 and the offsets the gateway writes Full Block payloads into; a write names where the
 payload sits. Example (PE read path):
-  PE TM --ReadBlocks(keys, shm, offsets)--> its node's gateway
+  PE TM --ReadBlocks(block_keys, shm, offsets)--> its node's gateway
   gateway reads each block file straight into the buffer, verifies it -> ReadDone(blocks_ok)
 A read in layer groups (`group_layers`, `progress`) also reports as it goes, on `progress`:
   LayersRead(layers=0, blocks, eta_s) once the files are open and their headers checked, then
@@ -37,18 +37,18 @@ class StoreLayout(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
 
 class HitQuery(msgspec.Struct, omit_defaults=True):
     layout: StoreLayout
-    keys: list[bytes]  # block keys of the prompt's full blocks, in order
+    block_keys: list[bytes]  # the prompt's full blocks', in order
 
 
 class HitReply(msgspec.Struct, omit_defaults=True):
-    blocks: int = 0  # leading keys present in the store
+    blocks: int = 0  # leading block keys present in the store
     error: str = ""
 
 
 class ReadBlocks(msgspec.Struct, omit_defaults=True):
     req_id: str
     layout: StoreLayout
-    keys: list[bytes]
+    block_keys: list[bytes]
     shm: str  # destination buffer segment
     offsets: list[int]  # byte offset in `shm` of each block's payload
     bulk: bool = False  # prefetch (a session's KV during its tool call): waits until no other read is pending
@@ -64,7 +64,7 @@ class LayersRead(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     req_id: str
     tag: str
     layers: int
-    blocks: int  # blocks whose file exists and whose header checked (the rest of the keys: a miss)
+    blocks: int  # blocks whose file exists and whose header checked (the rest of the block keys: a miss)
     eta_s: float = 0.0  # until the read's last byte has crossed the storage NIC
 
 
@@ -79,7 +79,7 @@ class ReadDone(msgspec.Struct, omit_defaults=True):
 
 class WriteBlock(msgspec.Struct, omit_defaults=True):
     layout: StoreLayout
-    key: bytes
+    block_key: bytes
     shm: str
     offset: int
 
@@ -99,12 +99,12 @@ class RetainLevel(enum.IntEnum):
 
 class Retain(msgspec.Struct, omit_defaults=True):
     """A session's eviction hint on stored blocks, to every gateway (each keeps its own eviction
-    index over a shared root): `keys` at `level` for `ttl_s`, or with `release` the end of every
+    index over a shared root): `block_keys` at `level` for `ttl_s`, or with `release` the end of every
     mark `session` set. Keys may be marked before their blocks are persisted."""
 
     layout: StoreLayout
     session: str
-    keys: list[bytes] = []
+    block_keys: list[bytes] = []
     level: RetainLevel = RetainLevel.RETAINED
     ttl_s: float = 0.0
     release: bool = False

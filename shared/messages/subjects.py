@@ -1,66 +1,24 @@
-"""Subject names of every family, in one place. `ns` isolates one mesh (tests use a uuid)."""
+"""The subjects of one mesh: `ns` (tests use a uuid) and its endpoints' subjects, typed."""
 from __future__ import annotations
+
+from shared.messages.typed_subject import BusEndpoint, Subject
+
+_KEEP = 4096  # subjects remembered per mesh (engines x verbs, reply subjects): built once, not per message
 
 
 class Subjects:
+    """`Subjects(ns).at(EP.TM_PUSH, engine=e)`: that endpoint's subject in mesh `ns` (the table of
+    endpoints, their message and reply types: shared/messages/endpoints.py)."""
+
     def __init__(self, ns: str = "dp"):
         self.ns = ns
+        self._built: dict[tuple, Subject] = {}
 
-    # registry
-    @property
-    def heartbeat(self) -> str:
-        return f"{self.ns}.hb"
-
-    # work
-    def prefill_work(self, engine: str) -> str:
-        return f"{self.ns}.prefill_engine.{engine}.work"
-
-    def prefill_loaded(self, engine: str) -> str:
-        return f"{self.ns}.prefill_engine.{engine}.loaded"
-
-    def decode_admit(self, engine: str) -> str:
-        return f"{self.ns}.decode_engine.{engine}.admit"
-
-    def engine_tm(self, engine: str) -> str:
-        """An engine's traffic manager -> the engine: it attached (TmAttached)."""
-        return f"{self.ns}.engine.{engine}.tm"
-
-    @property
-    def cancel(self) -> str:
-        return f"{self.ns}.cancel"
-
-    # stream
-    def output(self, scheduler: str) -> str:
-        return f"{self.ns}.scheduler.{scheduler}.out"
-
-    def front(self, scheduler: str) -> str:
-        """A scheduler's front-door workers -> its dispatch core (requests, prefill over, done)."""
-        return f"{self.ns}.scheduler.{scheduler}.front"
-
-    def front_ask(self, scheduler: str) -> str:
-        """Request/reply: a front-door worker asks its core for /health, /v1/mesh, /metrics."""
-        return f"{self.ns}.scheduler.{scheduler}.ask"
-
-    def front_info(self, scheduler: str) -> str:
-        """The core -> its front-door workers: the model, its context, the store layout (each heartbeat)."""
-        return f"{self.ns}.scheduler.{scheduler}.info"
-
-    def front_workers(self, scheduler: str) -> str:
-        """Where a scheduler's front-door workers heartbeat (not the mesh's registry)."""
-        return f"{self.ns}.scheduler.{scheduler}.workers"
-
-    @property
-    def reads_done(self) -> str:
-        """Where traffic-managers tell the schedulers a node's storage reads of a request are over."""
-        return f"{self.ns}.scheduler.reads_done"
-
-    # traffic-manager control, keyed by the engine the TM serves
-    def tm(self, engine: str, verb: str) -> str:
-        return f"{self.ns}.traffic_manager.{engine}.{verb}"
-
-    # storage-gateway control, keyed by node
-    def sg(self, node: str, verb: str) -> str:
-        return f"{self.ns}.storage_gateway.{node}.{verb}"
-
-    def sg_any(self, verb: str) -> str:
-        return f"{self.ns}.storage_gateway.any.{verb}"
+    def at(self, endpoint: BusEndpoint, **params: str) -> Subject:
+        key = (endpoint.name, *params.items())
+        subject = self._built.get(key)
+        if subject is None:
+            if len(self._built) >= _KEEP:
+                self._built.clear()
+            subject = self._built[key] = endpoint.at(self.ns, **params)
+        return subject

@@ -27,7 +27,7 @@ Save (persistence): engine --SaveKV--> its TM: copy full blocks KV -> buffer (bu
   bounded line for spare slots), reply SaveCopied (the engine may now free those blocks), then
   write them through the gateway. With `slots` the blocks are already in the TM's buffer (a
   prompt the DE received): written from there, those slots held until the write is over.
-Prefetch (agent sessions, during a tool call): scheduler --Prefetch(owner, keys)--> a TM, which
+Prefetch (agent sessions, during a tool call): scheduler --Prefetch(owner, block_keys)--> a TM, which
   stages the stored blocks in spare buffer slots named `owner` (bulk reads, in chunks) and
   replies Prefetched. A later FetchKV naming them (`staged_*`) has its TM --Claim--> the
   holder (reply Claimed: the slots of the leading keys still staged), copies those layer by
@@ -69,7 +69,7 @@ class PushKV(msgspec.Struct, omit_defaults=True):
     layerwise: bool = False  # send each layer as the PE reports it computed (LayersComputed)
     window: KVWindow | None = None  # where the hits' layers are (src_blocks has no entry for them)
     adopt: str = ""  # the reservation adopts the prefetch staged there under this owner (its engine copied it)
-    adopt_keys: list[bytes] = []  # ... as far as it matches these keys (the prompt's leading blocks): not sent
+    adopt_block_keys: list[bytes] = []  # ... as far as it matches these (the prompt's leading block keys): not sent
 
 
 class LayersComputed(msgspec.Struct, array_like=True, gc=False):
@@ -114,7 +114,7 @@ class Reserve(msgspec.Struct, omit_defaults=True):
     req_id: str
     n_blocks: int
     adopt: str = ""  # prefetched blocks staged here under this owner become the request's first slots
-    adopt_keys: list[bytes] = []  # ... as far as they match these keys (the prompt's leading blocks)
+    adopt_block_keys: list[bytes] = []  # ... as far as they match these (the prompt's leading block keys)
 
 
 class Reserved(msgspec.Struct, omit_defaults=True):
@@ -140,18 +140,18 @@ class Release(msgspec.Struct, omit_defaults=True):
 
 class FetchKV(msgspec.Struct, omit_defaults=True):
     req_id: str
-    keys: list[bytes]  # hit block keys, in prompt order
+    block_keys: list[bytes]  # hit block keys, in prompt order
     dst_blocks: list[int]  # KV blocks receiving them, same order
     node: str  # whose storage-gateway reads the PE-path part
     layout: StoreLayout
-    pe_blocks: int  # keys[:pe_blocks] on the PE path, keys[pe_blocks:] on the DE path
+    pe_blocks: int  # block_keys[:pe_blocks] on the PE path, block_keys[pe_blocks:] on the DE path
     de_engine: str = ""  # DE-path: the DE whose TM stages the blocks in its buffer
     de_node: str = ""  # DE-path: the DE's node (its gateway reads)
     prompt_blocks: int = 0  # DE-path: DE-buffer slots to reserve for the whole prompt
     window: KVWindow | None = None  # the hits' layers land in this ring (dst_blocks has no entry for them)
-    staged_engine: str = ""  # prefetched: the engine whose TM buffer holds keys[:staged_blocks] already
+    staged_engine: str = ""  # prefetched: the engine whose TM buffer holds block_keys[:staged_blocks] already
     staged_owner: str = ""  # ... under this owner (claimed, copied, then released)
-    staged_blocks: int = 0  # keys[:staged_blocks] staged; keys[staged_blocks:pe_blocks] on the PE path
+    staged_blocks: int = 0  # block_keys[:staged_blocks] staged; block_keys[staged_blocks:pe_blocks] on the PE path
 
 
 # Fetch progress: per-layer messages are hot, so arrays; the tag (first element) says which.
@@ -201,7 +201,7 @@ class Stage(msgspec.Struct, omit_defaults=True):
     req_id: str
     prompt_blocks: int  # slots to reserve (one per prompt block)
     first: int  # index of the first block read here
-    keys: list[bytes]  # keys of blocks first, first+1, ...
+    block_keys: list[bytes]  # keys of blocks first, first+1, ...
     node: str  # the DE's node (gateway)
     layout: StoreLayout
     slots: list[int] = []  # already reserved for req_id (byte offsets, one per prompt block); empty = reserve here
@@ -211,7 +211,7 @@ class Stage(msgspec.Struct, omit_defaults=True):
 
 class Staged(msgspec.Struct, omit_defaults=True):
     slots: list[int] = []  # buffer offsets, one per prompt block
-    blocks: int = 0  # leading `keys` read and verified
+    blocks: int = 0  # leading `block_keys` read and verified
     error: str = ""
     grant: bytes = b""  # data-plane grant of the prompt's slots (encoded Grant): read staged blocks, write the rest
 
@@ -219,10 +219,10 @@ class Staged(msgspec.Struct, omit_defaults=True):
 class SaveKV(msgspec.Struct, omit_defaults=True):
     req_id: str
     blocks: list[int]  # full KV blocks to persist (empty when `slots` names them)
-    keys: list[bytes]  # their keys
+    block_keys: list[bytes]  # their keys
     node: str  # whose storage-gateway writes
     layout: StoreLayout
-    slots: list[int] = []  # or: buffer offsets (held by req_id) already holding them, one per key
+    slots: list[int] = []  # or: buffer offsets (held by req_id) already holding them, one per block key
 
 
 class SaveCopied(msgspec.Struct, omit_defaults=True):
@@ -231,18 +231,18 @@ class SaveCopied(msgspec.Struct, omit_defaults=True):
 
 
 class Prefetch(msgspec.Struct, omit_defaults=True):
-    """Stage `keys` (a session's stored prefix) in spare slots named `owner`, read by `node`'s gateway
-    in the bulk lane; hold them `ttl_s` unless claimed."""
+    """Stage `block_keys` (a session's stored prefix) in spare slots named `owner`, read by `node`'s
+    gateway in the bulk lane; hold them `ttl_s` unless claimed."""
 
     owner: str
-    keys: list[bytes]
+    block_keys: list[bytes]
     node: str
     layout: StoreLayout
     ttl_s: float
 
 
 class Prefetched(msgspec.Struct, omit_defaults=True):
-    blocks: int = 0  # leading keys staged (the budget, spare room or a miss may cut the tail)
+    blocks: int = 0  # leading block keys staged (the budget, spare room or a miss may cut the tail)
     error: str = ""
     slots: StagedSlots | None = None  # where they sit, for this TM's own engine to copy without a claim
 
@@ -253,20 +253,20 @@ PENDING_OWNER = "pend-"  # a kept turn's entry is named this + req_id: claimed b
 class HoldSaves(msgspec.Struct, omit_defaults=True):
     """A turn ended (the scheduler): `req_id`'s blocks still in this buffer -- saved, maybe not yet
     written -- stay there as a staged entry (owner `pend-<req_id>`) for `ttl_s`, offered to the next
-    turn like a prefetch. `keys`: the turn's block keys (prompt + generated), in order; answered
+    turn like a prefetch. `block_keys`: the turn's (prompt + generated), in order; answered
     with `Prefetched` (the leading keys held)."""
 
     req_id: str
-    keys: list[bytes]
+    block_keys: list[bytes]
     ttl_s: float
 
 
 class Claim(msgspec.Struct, omit_defaults=True):
     owner: str
-    keys: list[bytes]  # what the claimer expects staged, in order
+    block_keys: list[bytes]  # what the claimer expects staged, in order
 
 
 class Claimed(msgspec.Struct, omit_defaults=True):
-    slots: list[int] = []  # buffer offsets of the leading `keys` still staged (empty: nothing usable)
+    slots: list[int] = []  # buffer offsets of the leading `block_keys` still staged (empty: nothing usable)
     error: str = ""
     grant: bytes = b""  # data-plane grant of exactly those slots (encoded Grant): the claimer's one-sided reads

@@ -28,7 +28,7 @@ from shared.model.mla import MLAttention, naive_attention, paged_mla, write_rows
 from shared.model.moe import MoE, SwiGLU
 
 
-class Block(nn.Module):
+class DeepseekBlock(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, device=None) -> None:
         super().__init__()
         d = cfg.hidden_size
@@ -47,7 +47,7 @@ class DeepSeekV3(nn.Module):
             raise ValueError(f"{cfg.name}: DeepSeekV3 needs an MLA config (arch={cfg.arch!r})")
         self.cfg = cfg
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, device=device)
-        self.layers = nn.ModuleList(Block(cfg, i, device) for i in range(cfg.n_layers))
+        self.layers = nn.ModuleList(DeepseekBlock(cfg, i, device) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, device)
         self.lm_head = None if cfg.tie_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False,
                                                               device=device)

@@ -120,7 +120,7 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class Block(nn.Module):
+class LlamaBlock(nn.Module):
     def __init__(self, cfg: ModelConfig, device=None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps, device)
@@ -136,7 +136,7 @@ class Llama(nn.Module):
         self.cfg = cfg
         d = cfg.hidden_size
         self.embed_tokens = Embedding(cfg.vocab_size, d, device=device)
-        self.layers = nn.ModuleList(Block(cfg, device) for _ in range(cfg.n_layers))
+        self.layers = nn.ModuleList(LlamaBlock(cfg, device) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(d, cfg.rms_eps, device)
         self.lm_head = None if cfg.tie_embeddings else Linear(d, cfg.vocab_size, bias=False, device=device)
 

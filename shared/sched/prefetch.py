@@ -125,7 +125,7 @@ def hold_until(return_at: float, tool_s: float, grace_s: float, ttl_s: float | N
 
 
 @dataclass
-class Staged:
+class StagedSession:
     """Blocks staged in one buffer for one session (the traffic-manager's slots are named `owner`)."""
 
     owner: str
@@ -142,11 +142,11 @@ class Staged:
 
 @dataclass
 class StagedIndex:
-    by_owner: dict[str, Staged] = field(default_factory=dict)
+    by_owner: dict[str, StagedSession] = field(default_factory=dict)
     by_key: dict[bytes, list[str]] = field(default_factory=dict)  # every staged key -> the owners staging it
     held: dict[Hashable, int] = field(default_factory=dict)  # engine -> blocks staged in its buffer
 
-    def add(self, s: Staged) -> None:
+    def add(self, s: StagedSession) -> None:
         if not s.keys:
             return
         self.remove(s.owner)
@@ -155,7 +155,7 @@ class StagedIndex:
             self.by_key.setdefault(key, []).append(s.owner)
         self.held[s.engine] = self.held.get(s.engine, 0) + len(s.keys)
 
-    def remove(self, owner: str) -> Staged | None:
+    def remove(self, owner: str) -> StagedSession | None:
         s = self.by_owner.pop(owner, None)
         if s is None:
             return None
@@ -172,7 +172,7 @@ class StagedIndex:
             self.held.pop(s.engine, None)
         return s
 
-    def match(self, keys: list[bytes]) -> Staged | None:
+    def match(self, keys: list[bytes]) -> StagedSession | None:
         """The unclaimed staged entry sharing the longest prefix with `keys` (its leading blocks may
         be all or part of what it staged; `common` says how many). None: nothing staged matches."""
         if not self.by_key:  # nothing staged anywhere: no walk over the prompt's keys
@@ -184,10 +184,10 @@ class StagedIndex:
                     return s
         return None
 
-    def expired(self, now: float) -> list[Staged]:
+    def expired(self, now: float) -> list[StagedSession]:
         return [s for s in self.by_owner.values() if s.claimed_by is None and s.until <= now]
 
-    def of_session(self, session: str) -> list[Staged]:
+    def of_session(self, session: str) -> list[StagedSession]:
         return [s for s in self.by_owner.values() if session and s.session == session]
 
     def check_integrity(self) -> None:

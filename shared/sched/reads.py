@@ -37,7 +37,7 @@ class PathDecision(msgspec.Struct, frozen=True):
 
 
 @dataclass
-class ReadQueues:
+class PendingReads:
     pending: Counter[Id] = field(default_factory=Counter)  # node -> hit tokens assigned, not yet read
     held: dict[Id, dict[Id, int]] = field(default_factory=dict)  # req_id -> {node: tokens}
     touched: set[Id] = field(default_factory=set)  # nodes whose pending count moved since take_touched()

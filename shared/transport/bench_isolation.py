@@ -42,7 +42,7 @@ WINDOWS = 6  # idle / same-link / other-TM windows per round, interleaved
 
 
 @dataclass(frozen=True)
-class Figures:
+class IsolationFigures:
     idle: float  # median seconds
     same_link: float
     other_tm: float
@@ -163,8 +163,8 @@ async def _bulk(backend: str, desc: bytes, size: int, conn: Connection, run: Any
 @dataclass
 class Result:
     backend: str
-    single: Figures
-    layer: Figures
+    single: IsolationFigures
+    layer: IsolationFigures
     bulk_alone: float  # GB/s, no latency work anywhere
     bulk_busy: float  # GB/s of the same-link bulk while latency pulls run
 
@@ -220,7 +220,8 @@ async def _measure(backend: str, desc: bytes, size: int, block: int, nblocks: in
             parent.recv_bytes()
             proc.join(10)
     med = {name: (statistics.median(a), statistics.median(b)) for name, (a, b) in per.items()}
-    return Result(backend, Figures(*(med[n][0] for n in per)), Figures(*(med[n][1] for n in per)), alone, busy)
+    return Result(backend, IsolationFigures(*(med[n][0] for n in per)), IsolationFigures(*(med[n][1] for n in per)),
+                  alone, busy)
 
 
 def isolation(backend: str, size: int, block: int, nblocks: int, samples: int, rounds: int = 3) -> Result:
@@ -243,15 +244,16 @@ def isolation(backend: str, size: int, block: int, nblocks: int, samples: int, r
 
 
 def _median(runs: list[Result]) -> Result:
-    def figs(get: Any) -> Figures:
-        return Figures(*(statistics.median(getattr(get(r), f) for r in runs) for f in ("idle", "same_link", "other_tm")))
+    def figs(get: Any) -> IsolationFigures:
+        return IsolationFigures(*(statistics.median(getattr(get(r), f) for r in runs)
+                                  for f in ("idle", "same_link", "other_tm")))
 
     return Result(runs[0].backend, figs(lambda r: r.single), figs(lambda r: r.layer),
                   statistics.median(r.bulk_alone for r in runs), statistics.median(r.bulk_busy for r in runs))
 
 
 def report(r: Result, block: int, nblocks: int) -> list[str]:
-    def line(what: str, f: Figures) -> str:
+    def line(what: str, f: IsolationFigures) -> str:
         pct = lambda x: f"{(x / f.idle - 1) * 100:+.0f}%"  # noqa: E731
         return (f"  {what:<22} idle {f.idle * 1e6:6.0f} us | bulk same link {f.same_link * 1e6:6.0f} us "
                 f"{pct(f.same_link):>6} | bulk other TM {f.other_tm * 1e6:6.0f} us {pct(f.other_tm):>6}")

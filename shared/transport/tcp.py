@@ -37,7 +37,7 @@ from .local import LocalSide
 from .regions import RegionTable
 from .shm import ShmPeer, shm_reachable
 from .tcp_auth import HANDSHAKE_S, accept, initiate, key_of
-from .tcp_server import Link, ServerConn
+from .tcp_server import FrameLink, ServerConn
 from .tcp_wire import (ACK_ME, BULK_FRAME, HLEN, PUSH_SOCKBUF, FrameSock, Kind, cap_kernel_queue, decode_error,
                        header, vector_frames)
 
@@ -70,7 +70,7 @@ class TcpPeer(Peer):
         # one connection per class (like one QP per class): bulk bytes queued in kernel
         # buffers never sit in front of a latency frame; the endpoint's gate ranks the
         # classes across connections (gate.py), each sender still runs DRR.
-        self.links = [Link(FrameSock(s), lp.weights, self._fail_all, self._gate, c == TrafficClass.BULK)
+        self.links = [FrameLink(FrameSock(s), lp.weights, self._fail_all, self._gate, c == TrafficClass.BULK)
                       for c, s in zip(TrafficClass, socks, strict=True)]
         for link in self.links:
             link.tasks.spawn(self._recv(link.fs), "dp-tcp-recv")

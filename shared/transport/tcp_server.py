@@ -1,6 +1,6 @@
 """The tcp backend's accepting side: one authenticated socket's frames served against the regions.
 
-Owns `Link` (a FrameSock plus its class-scheduled sender, shared by both sides) and
+Owns `FrameLink` (a FrameSock plus its class-scheduled sender, shared by both sides) and
 `ServerConn`, which services the frames a remote initiator sends: WRITE / WRITEV payloads
 land in granted region slices by receives straight into them, READs are answered with
 DATA frames, GRANT binds a handle on this socket; a bulk socket that pushes is read by a
@@ -53,7 +53,7 @@ def _flatten(batch: list[Bufs]) -> Bufs:
     return [b for frame in batch for b in frame]
 
 
-class Link:
+class FrameLink:
     """A FrameSock plus its class-scheduled sender task; shared by both sides."""
 
     def __init__(self, fs: FrameSock, weights: Sequence[int], on_gone: object, gate: LinkGate,
@@ -90,7 +90,7 @@ class ServerConn:
         self._capped = False  # the kernel queue is capped once the conn is seen to carry bulk
         self._arrived = False  # a latency frame arrived and holds the gate until it is served
         self.fs = ReadySock(sock)
-        self.link = Link(self.fs, weights, self._gone, gate)
+        self.link = FrameLink(self.fs, weights, self._gone, gate)
         self.link.tasks.spawn(self._serve(), "dp-tcp-serve")
 
     def _gone(self, exc: BaseException) -> None:

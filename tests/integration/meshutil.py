@@ -13,6 +13,7 @@ import msgspec
 import nats
 
 from dualpath.mesh import Mesh, MeshSpec
+from shared.messages.endpoints import EP
 from shared.messages.registry import Announce, EngineAnnounce
 
 
@@ -46,7 +47,7 @@ class Announcements:
                 self.engines[msg.engine] = msg
                 self.history.append((time.monotonic(), msg.engine, msg.seq, msg.free_blocks))
 
-        await nc.subscribe(f"{self.mesh.spec.namespace}.hb", cb=on)
+        await nc.subscribe(EP.HEARTBEAT.at(self.mesh.spec.namespace), cb=on)
         self._ready.set()
         while not self._stop.is_set():
             await asyncio.sleep(0.05)

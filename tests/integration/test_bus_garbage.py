@@ -1,4 +1,4 @@
-"""Garbage on the bus: every subject family a service subscribes to gets bytes that are not
+"""Garbage on the bus: every subject a service subscribes to gets bytes that are not
 msgpack, msgpack of the wrong schema and truncated real messages, published plainly and as
 requests with a reply inbox. Every service must log, count and drop them
 (`dualpath_bus_bad_messages_total` on its /metrics), stay alive, and the mesh must still
@@ -14,6 +14,7 @@ import msgspec
 import nats
 import pytest
 
+from shared.messages.endpoints import ENDPOINTS, EP
 from shared.messages.registry import EngineAnnounce
 from shared.messages.storage_gateway import ReadBlocks, StoreLayout
 from shared.messages.stream import TokenEvent
@@ -61,15 +62,14 @@ def mesh(tmp_path_factory):
 
 
 def subjects(ns: str, view: dict) -> list[str]:
-    """Every subject family the services subscribe to, for the live engines/nodes/scheduler."""
-    out = [f"{ns}.hb", f"{ns}.cancel", f"{ns}.storage_gateway.any.hit"]
+    """Every subject the services subscribe to, for the live engines/nodes/scheduler (the table's)."""
+    out = [EP.HEARTBEAT.at(ns), EP.CANCEL.at(ns), EP.SG_HIT.at(ns), EP.SG_RETAIN.at(ns), EP.READS_DONE.at(ns)]
     for e in view["engines"]:
-        eng = e["engine"]
-        out += [f"{ns}.prefill_engine.{eng}.work", f"{ns}.prefill_engine.{eng}.loaded", f"{ns}.decode_engine.{eng}.admit"]
-        out += [f"{ns}.traffic_manager.{eng}.{verb}" for verb in ("push", "reserve", "load", "release", "fetch", "save", "stage")]
+        out += [ep.at(ns, engine=e["engine"]) for ep in ENDPOINTS if ep.params == ("engine",)]
     for g in view["gateways"]:
-        out += [f"{ns}.storage_gateway.{g['node']}.read", f"{ns}.storage_gateway.{g['node']}.write"]
-    out += [f"{ns}.scheduler.{s['instance']}.out" for s in view["schedulers"]]
+        out += [ep.at(ns, node=g["node"]) for ep in ENDPOINTS if ep.params == ("node",)]
+    for s in view["schedulers"]:
+        out += [ep.at(ns, scheduler=s["instance"]) for ep in ENDPOINTS if ep.params == ("scheduler",)]
     return out
 
 

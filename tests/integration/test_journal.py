@@ -9,7 +9,8 @@ import uuid
 import nats
 import pytest
 
-from services.scheduler.journal import Accepted, Journal, JournalUnavailable, stream_name
+from services.scheduler.journal import Journal, JournalUnavailable, stream_name
+from shared.messages.journal import Accepted
 from shared.messages.work import Sampling
 from tests.integration.natsutil import NatsServer
 

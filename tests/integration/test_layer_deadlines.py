@@ -14,7 +14,8 @@ import contextlib
 
 import pytest
 
-from shared.messages.traffic_manager import ForwardAlive, LayersComputed, PushDone, PushKV
+from shared.messages.endpoints import EP
+from shared.messages.traffic_manager import ForwardAlive, LayersComputed, PushKV
 from shared.transport.shm_region import ShmRegion, new_name
 from tests.integration.test_tm_failures import BLOCK_NBYTES, DE_ENGINE, ENGINE, NUM_BLOCKS, Mesh, NatsServer
 
@@ -47,18 +48,18 @@ def _run(tmp_path, scenario) -> None:
 
 
 async def _computed(mesh: Mesh, req_id: str, layer: int) -> None:
-    await mesh.bus.publish(mesh.subjects.tm(ENGINE, "computed"), LayersComputed([req_id], layer))
+    await mesh.bus.publish(mesh.subjects.at(EP.TM_COMPUTED, engine=ENGINE), LayersComputed([req_id], layer))
 
 
 async def _alive(mesh: Mesh, req_id: str) -> None:
-    await mesh.bus.publish(mesh.subjects.tm(ENGINE, "alive"), ForwardAlive([req_id]))
+    await mesh.bus.publish(mesh.subjects.at(EP.TM_ALIVE, engine=ENGINE), ForwardAlive([req_id]))
 
 
 def test_a_slow_forward_that_keeps_saying_it_is_alive_is_pushed_whole(tmp_path):
     async def scenario(mesh: Mesh, kv: ShmRegion) -> None:
         kv.buf[:2 * BLOCK_NBYTES] = bytes(range(256)) * (2 * BLOCK_NBYTES // 256)
         push = asyncio.ensure_future(mesh.bus.request(
-            mesh.subjects.tm(ENGINE, "push"), PushKV("slow", [0, 1], DE_ENGINE, 8, layerwise=True), PushDone,
+            mesh.subjects.at(EP.TM_PUSH, engine=ENGINE), PushKV("slow", [0, 1], DE_ENGINE, 8, layerwise=True),
             timeout=120))
         for layer in range(LAYERS):
             # the slow engine itself: each layer takes two deadlines, with a keep-alive every quarter one
@@ -76,7 +77,7 @@ def test_a_slow_forward_that_keeps_saying_it_is_alive_is_pushed_whole(tmp_path):
 def test_an_engine_that_went_silent_has_its_push_failed_a_deadline_later(tmp_path):
     async def scenario(mesh: Mesh, kv: ShmRegion) -> None:
         push = asyncio.ensure_future(mesh.bus.request(
-            mesh.subjects.tm(ENGINE, "push"), PushKV("dead", [0, 1], DE_ENGINE, 8, layerwise=True), PushDone,
+            mesh.subjects.at(EP.TM_PUSH, engine=ENGINE), PushKV("dead", [0, 1], DE_ENGINE, 8, layerwise=True),
             timeout=120))
         await _computed(mesh, "dead", 0)  # then nothing: the engine died
         done = await push

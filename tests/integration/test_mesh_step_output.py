@@ -19,6 +19,7 @@ import nats
 import pytest
 
 from shared.messages import stream
+from shared.messages.endpoints import EP
 from shared.messages.stream import StepEvents, TokenEvent
 from shared.messages.work import Cancel, PrefillWork, Sampling
 from tests.integration.meshutil import tiny_mesh
@@ -83,7 +84,7 @@ async def _scenario(mesh) -> None:
     view = httpx.get(mesh.url + "/v1/mesh", timeout=10).json()
     pe = next(e for e in view["engines"] if e["role"] == "prefill")
     de = next(e for e in view["engines"] if e["role"] == "decode")
-    subj = {"A": f"{ns}.test-out.a", "B": f"{ns}.test-out.b"}
+    subj = {"A": EP.SCHED_OUT.at(ns, scheduler="test-a"), "B": EP.SCHED_OUT.at(ns, scheduler="test-b")}
     nc = await nats.connect(mesh.nats_url)
     try:
         lis = Listener()
@@ -95,8 +96,8 @@ async def _scenario(mesh) -> None:
 
         async def work(req: str, key: str, max_tokens: int) -> None:
             sampling = Sampling(max_tokens=max_tokens, ignore_eos=True)
-            await nc.publish(f"{ns}.prefill_engine.{pe['engine']}.work", stream.encoder.encode(
-                PrefillWork(req, PROMPT, sampling, de["engine"], subj[key])))
+            await nc.publish(EP.PE_WORK.at(ns, engine=pe["engine"]), stream.encoder.encode(
+                PrefillWork(req, PROMPT, sampling, de["engine"], str(subj[key]))))
 
         await work("a0", "A", 48 * 64 - len(PROMPT))  # 48 of the DE's 64 KV blocks: room for a1 and b1
         await until(lambda: any(e.index >= 2 for e in lis.tokens("a0")), "a0 decoding")
@@ -104,7 +105,7 @@ async def _scenario(mesh) -> None:
         await work("b1", "B", 24)
         await until(lambda: lis.finished("a1") and lis.finished("b1"), "a1 and b1 finished")
         assert not lis.finished("a0"), "a0 ended before a1 and b1: the scenario needs it running throughout"
-        await nc.publish(f"{ns}.cancel", stream.encoder.encode(Cancel("a0", "test done")))
+        await nc.publish(EP.CANCEL.at(ns), stream.encoder.encode(Cancel("a0", "test done")))
         await until(lambda: metric(de["metrics_url"], "dualpath_decode_engine_running") == 0, "a0 leaving the batch")
         steps = metric(de["metrics_url"], "dualpath_decode_engine_step_seconds_count") - steps0
         tokens = metric(de["metrics_url"], "dualpath_decode_engine_tokens_total") - tokens0

@@ -19,7 +19,8 @@ import pytest
 
 from shared.bus import Bus
 from shared.messages.codes import ErrorCode, FinishReason, LoadMode
-from shared.messages.registry import Announce, EngineAnnounce
+from shared.messages.endpoints import EP
+from shared.messages.registry import EngineAnnounce
 from shared.messages.stream import TokenEvent
 from shared.messages.subjects import Subjects
 from shared.messages.traffic_manager import FetchFailed, FetchKV, LayersLoaded, ReadFinished
@@ -47,6 +48,7 @@ def _engine(url: str, ns: str, log) -> subprocess.Popen:
 
 async def _scenario(url: str, ns: str) -> dict:
     subjects = Subjects(ns)
+    out = subjects.at(EP.SCHED_OUT, scheduler="lf")
     bus = await Bus.connect(url, "test-tm", wait_s=10)
     fetches: asyncio.Queue[FetchKV] = asyncio.Queue()
     events: asyncio.Queue[TokenEvent] = asyncio.Queue()
@@ -62,24 +64,24 @@ async def _scenario(url: str, ns: str) -> dict:
         if isinstance(msg, EngineAnnounce) and msg.engine == ENGINE and msg.model_id:
             await announced.put(msg)
 
-    await bus.subscribe(subjects.tm(ENGINE, "fetch"), FetchKV, on_fetch)
-    await bus.subscribe("out.lf", TokenEvent, on_event)
-    await bus.subscribe(subjects.heartbeat, Announce, on_announce)
+    await bus.subscribe(subjects.at(EP.TM_FETCH, engine=ENGINE), on_fetch)
+    await bus.subscribe(out, on_event)
+    await bus.subscribe(subjects.at(EP.HEARTBEAT), on_announce)
     try:
         await announced.get()  # the engine is up: model loaded, subscribed
         prompt = list(range(1, 3 * BS + 6))
         keys = [bytes([i]) * 16 for i in range(3)]
-        await bus.publish(subjects.prefill_work(ENGINE), PrefillWork(
-            "lf-1#0", prompt, Sampling(max_tokens=8), "de-nowhere", "out.lf", block_keys=keys, hit_blocks=3,
+        await bus.publish(subjects.at(EP.PE_WORK, engine=ENGINE), PrefillWork(
+            "lf-1#0", prompt, Sampling(max_tokens=8), "de-nowhere", out, block_keys=keys, hit_blocks=3,
             mode=LoadMode.BASIC, pe_blocks=3))
         fetch = await fetches.get()
-        loaded = subjects.prefill_loaded(ENGINE)
+        loaded = subjects.at(EP.PE_LOADED, engine=ENGINE)
         await bus.publish(loaded, ReadFinished(fetch.req_id, 3))  # read done: 3 hits in the buffer
         await bus.publish(loaded, LayersLoaded(fetch.req_id, 0))  # layer 0 in KV memory, then the copy dies
         await bus.publish(loaded, FetchFailed(fetch.req_id, ErrorCode.KV_TRANSFER, "layer copy failed: peer gone"))
         failed = await events.get()
-        await bus.publish(subjects.prefill_work(ENGINE), PrefillWork(
-            "lf-2#0", prompt[:20], Sampling(max_tokens=1), "de-nowhere", "out.lf"))
+        await bus.publish(subjects.at(EP.PE_WORK, engine=ENGINE), PrefillWork(
+            "lf-2#0", prompt[:20], Sampling(max_tokens=1), "de-nowhere", out))
         served = await events.get()
         while (a := await announced.get()).free_blocks != a.total_blocks or a.seq:
             pass  # wait for an announcement with every block free and nothing held
@@ -102,7 +104,8 @@ def test_a_layer_copy_that_dies_fails_the_prefill_at_once_and_the_engine_keeps_s
                 pe.kill()
                 pe.wait()
     fetch, failed, served = got["fetch"], got["failed"], got["served"]
-    assert fetch.req_id == "lf-1#0" and fetch.keys == [bytes([i]) * 16 for i in range(3)] and len(fetch.dst_blocks) == 3
+    assert fetch.req_id == "lf-1#0" and fetch.block_keys == [bytes([i]) * 16 for i in range(3)]
+    assert len(fetch.dst_blocks) == 3
     assert fetch.pe_blocks == 3  # the scheduler's count, passed on: every hit on the PE path
     assert failed.req_id == "lf-1#0" and failed.finish is FinishReason.ERROR and failed.retryable, failed
     assert failed.code is ErrorCode.KV_TRANSFER

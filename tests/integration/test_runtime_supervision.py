@@ -19,7 +19,8 @@ import pytest
 
 from shared.bus import Bus, Delivery
 from shared.messages.registry import StorageGatewayAnnounce
-from shared.messages.traffic_manager import Release, Reserved
+from shared.messages.endpoints import EP
+from shared.messages.traffic_manager import Reserve, Reserved
 from shared.runtime import Service, run_service
 from shared.service_config import CommonConfig
 from tests.integration.natsutil import NatsServer
@@ -32,25 +33,26 @@ class Boom(RuntimeError):
 
 
 class EchoService(Service):
-    """`<ns>.echo` answers at once; `<ns>.boom` spawns a task that raises, answered by its on_error."""
+    """A reserve (the traffic manager's request/reply endpoint) for engine `echo` is answered at once; one for
+    `boom` spawns a task that raises, answered by its on_error."""
 
     name = "echo"
 
     async def start(self) -> None:
-        await self.bus.subscribe(f"{self.subjects.ns}.echo", Release, self._on_echo)
-        await self.bus.subscribe(f"{self.subjects.ns}.boom", Release, self._on_boom)
+        await self.bus.subscribe(self.subjects.at(EP.TM_RESERVE, engine="echo"), self._on_echo)
+        await self.bus.subscribe(self.subjects.at(EP.TM_RESERVE, engine="boom"), self._on_boom)
 
     def announce(self) -> StorageGatewayAnnounce:
         return StorageGatewayAnnounce(instance=self.instance, node=self.cfg.node, metrics_url=self.metrics_url)
 
-    async def _on_echo(self, msg: Release, d: Delivery) -> None:
+    async def _on_echo(self, msg: Reserve, d: Delivery) -> None:
         await d.respond(Reserved(slots=[len(msg.req_id)]))
 
-    async def _on_boom(self, msg: Release, d: Delivery) -> None:
+    async def _on_boom(self, msg: Reserve, d: Delivery) -> None:
         self.spawn(self._explode(msg), name=f"explode-{msg.req_id}",
                    on_error=lambda exc: d.respond(Reserved(ok=False, error=f"{type(exc).__name__}: {exc}")))
 
-    async def _explode(self, msg: Release) -> None:
+    async def _explode(self, msg: Reserve) -> None:
         await asyncio.sleep(0)
         raise Boom(f"task for {msg.req_id} broke")
 
@@ -62,15 +64,13 @@ def failures(metrics_url: str) -> dict[str, float]:
 
 async def _beats(bus: Bus, ns: str, instance: str) -> asyncio.Queue:
     """A queue that receives each heartbeat of `instance` from now on."""
-    from shared.messages.registry import Announce
-
     q: asyncio.Queue = asyncio.Queue()
 
     async def on_hb(msg, d: Delivery) -> None:
         if msg.instance == instance:
             q.put_nowait(msg)
 
-    await bus.subscribe(f"{ns}.hb", Announce, on_hb)
+    await bus.subscribe(EP.HEARTBEAT.at(ns), on_hb)
     return q
 
 
@@ -87,13 +87,14 @@ def test_a_task_that_raises_is_counted_answered_and_the_service_keeps_serving(tm
         try:
             beats = await _beats(bus, ns, svc.instance)
             await beats.get()  # started and heartbeating
-            answers = [await bus.request(f"{ns}.boom", Release(f"r{i}"), Reserved, timeout=60) for i in range(3)]
+            boom = EP.TM_RESERVE.at(ns, engine="boom")
+            answers = [await bus.request(boom, Reserve(f"r{i}", 1), timeout=60) for i in range(3)]
             assert [a.ok for a in answers] == [False] * 3
             assert answers[0].error == "Boom: task for r0 broke"
             assert not life.done(), "the failing task took the service down"
             counted = await asyncio.to_thread(failures, svc.metrics_url)
             assert counted == {"explode": 3.0}  # one label per kind of task, not per request
-            echo = await bus.request(f"{ns}.echo", Release("abcd"), Reserved, timeout=60)
+            echo = await bus.request(EP.TM_RESERVE.at(ns, engine="echo"), Reserve("abcd", 1), timeout=60)
             assert echo.slots == [4]
             while not beats.empty():
                 beats.get_nowait()
@@ -119,7 +120,7 @@ def test_a_task_cancelled_before_it_ran_leaves_no_unawaited_coroutine():
     async def scenario() -> None:
         async with asyncio.TaskGroup() as tg:
             svc.tasks = tg
-            svc.spawn(svc._explode(Release("never")), name="explode-never").cancel()
+            svc.spawn(svc._explode(Reserve("never", 1)), name="explode-never").cancel()
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

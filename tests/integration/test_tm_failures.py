@@ -19,12 +19,12 @@ from services.traffic_manager.app import NOT_ATTACHED, TrafficManagerService
 from services.traffic_manager.config import TrafficManagerConfig
 from shared.bus import Bus, Delivery
 from shared.messages.codes import ErrorCode
+from shared.messages.endpoints import EP
 from shared.messages.registry import Announce, EngineAnnounce, KVRegion, TrafficManagerAnnounce
-from shared.messages.storage_gateway import HitQuery, HitReply, StoreLayout
+from shared.messages.storage_gateway import HitQuery, StoreLayout
 from shared.messages.subjects import Subjects
-from shared.messages.traffic_manager import (FetchFailed, FetchKV, FetchProgress, LayersLoaded, LoadKV, PushDone,
-                                             ReadFinished, Release, Reserve, Reserved, SaveCopied, SaveKV,
-                                             progress_decoder)
+from shared.messages.traffic_manager import (FetchFailed, FetchKV, FetchProgress, LayersLoaded, LoadKV, ReadFinished,
+                                             Release, Reserve, SaveKV)
 from shared.runtime import run_service
 from shared.transport.shm_region import ShmRegion, new_name
 from tests.integration.natsutil import NatsServer
@@ -60,8 +60,8 @@ class Mesh:
 
     async def __aenter__(self) -> "Mesh":
         self.bus = await Bus.connect(self.url, "engine-under-test")
-        await self.bus.subscribe(self.subjects.prefill_loaded(ENGINE), progress_decoder, self._on_loaded)
-        await self.bus.subscribe(self.subjects.heartbeat, Announce, self._on_beat)
+        await self.bus.subscribe(self.subjects.at(EP.PE_LOADED, engine=ENGINE), self._on_loaded)
+        await self.bus.subscribe(self.subjects.at(EP.HEARTBEAT), self._on_beat)
         self.lives = [asyncio.ensure_future(run_service(s, self.stop)) for s in (self.gateway, *self.tms.values())]
         for beats in self.tm_beats.values():
             await beats.get()  # up and heartbeating
@@ -83,7 +83,7 @@ class Mesh:
     async def attach(self, engine: str, kv: ShmRegion) -> None:
         """Announce `kv` as `engine`'s KV memory (the test plays the engine); until its TM says ready."""
         region = KVRegion(kv.name, NUM_BLOCKS, LAYOUT.block_size, LAYOUT.n_layers, BLOCK_NBYTES, LAYER_NBYTES)
-        await self.bus.publish(self.subjects.heartbeat, EngineAnnounce(
+        await self.bus.publish(self.subjects.at(EP.HEARTBEAT), EngineAnnounce(
             instance=f"engine-{engine}", node=NODE, engine=engine, role="prefill", kv=region))
         while not (await self.tm_beats[engine].get()).ready:
             pass
@@ -91,23 +91,23 @@ class Mesh:
     async def until_stored(self, keys: list[bytes]) -> None:
         """Until the gateway reports every key present (the TM's background writes landed)."""
         query = HitQuery(LAYOUT, keys)
-        while (await self.bus.request(self.subjects.sg_any("hit"), query, HitReply)).blocks < len(keys):
+        while (await self.bus.request(self.subjects.at(EP.SG_HIT), query)).blocks < len(keys):
             await asyncio.sleep(0.02)  # a poll of the condition, not a wait for time to pass
 
     async def store_two_blocks(self, kv: ShmRegion) -> list[bytes]:
         """Fill blocks 0 and 1 of `kv`, persist them through the TM's save path; their keys."""
         kv.buf[:2 * BLOCK_NBYTES] = bytes(range(256)) * (2 * BLOCK_NBYTES // 256)
         keys = [uuid.uuid4().bytes, uuid.uuid4().bytes]
-        saved = await self.bus.request(self.subjects.tm(ENGINE, "save"), SaveKV("s", [0, 1], keys, NODE, LAYOUT),
-                                       SaveCopied, timeout=60)
+        saved = await self.bus.request(self.subjects.at(EP.TM_SAVE, engine=ENGINE),
+                                       SaveKV("s", [0, 1], keys, NODE, LAYOUT), timeout=60)
         assert (saved.copied, saved.error) == (2, "")
         await self.until_stored(keys)
         return keys
 
     async def tm_answers(self) -> bool:
         """The traffic-manager still serves: a reservation is granted and released."""
-        res = await self.bus.request(self.subjects.tm(ENGINE, "reserve"), Reserve("probe", 1), Reserved, timeout=60)
-        await self.bus.publish(self.subjects.tm(ENGINE, "release"), Release("probe"))
+        res = await self.bus.request(self.subjects.at(EP.TM_RESERVE, engine=ENGINE), Reserve("probe", 1), timeout=60)
+        await self.bus.publish(self.subjects.at(EP.TM_RELEASE, engine=ENGINE), Release("probe"))
         return res.ok
 
 
@@ -123,10 +123,10 @@ def test_fetch_before_kv_memory_is_attached_is_answered_at_once(tmp_path):
     async def scenario(mesh: Mesh) -> None:
         async with mesh:
             fetch = FetchKV("early", [b"\xab" * 16], [0], NODE, LAYOUT, 1)
-            await mesh.bus.publish(mesh.subjects.tm(ENGINE, "fetch"), fetch)
+            await mesh.bus.publish(mesh.subjects.at(EP.TM_FETCH, engine=ENGINE), fetch)
             msg = await mesh.loaded.get()
             assert msg == FetchFailed("early", ErrorCode.NOT_READY, NOT_ATTACHED)
-            load = await mesh.bus.request(mesh.subjects.tm(ENGINE, "load"), LoadKV("early", [0], [0]), PushDone,
+            load = await mesh.bus.request(mesh.subjects.at(EP.TM_LOAD, engine=ENGINE), LoadKV("early", [0], [0]),
                                           timeout=60)
             assert (load.ok, load.error, load.code) == (False, NOT_ATTACHED, ErrorCode.NOT_READY)
             assert not any(life.done() for life in mesh.lives)
@@ -144,7 +144,8 @@ def test_a_fetch_that_dies_mid_layers_tells_the_engine_which_layers_landed(tmp_p
             await mesh.attach(ENGINE, kv)
             keys = await mesh.store_two_blocks(kv)
 
-            await mesh.bus.publish(mesh.subjects.tm(ENGINE, "fetch"), FetchKV("f", keys[:1], [3], NODE, LAYOUT, 1))
+            await mesh.bus.publish(mesh.subjects.at(EP.TM_FETCH, engine=ENGINE),
+                                   FetchKV("f", keys[:1], [3], NODE, LAYOUT, 1))
             read = await mesh.loaded.get()
             assert read == ReadFinished("f", 1)  # the read itself worked
             msgs = [await mesh.loaded.get()]
@@ -182,7 +183,7 @@ def test_a_de_path_fetch_that_dies_mid_layers_is_answered_too(tmp_path):
                 await mesh.tm_beats[DE_ENGINE].get()
             fetch = FetchKV("d", keys[:1], [3], NODE, LAYOUT, pe_blocks=0, de_engine=DE_ENGINE, de_node=NODE,
                             prompt_blocks=1)
-            await mesh.bus.publish(mesh.subjects.tm(ENGINE, "fetch"), fetch)
+            await mesh.bus.publish(mesh.subjects.at(EP.TM_FETCH, engine=ENGINE), fetch)
             read = await mesh.loaded.get()
             assert isinstance(read, ReadFinished) and (read.blocks, read.de_hits) == (1, [0])
             failed = await mesh.loaded.get()
@@ -215,12 +216,13 @@ def test_an_engine_restarted_with_new_kv_memory_is_attached_and_served(tmp_path)
             keys = await mesh.store_two_blocks(old)
             errors = mesh.tm.bus.handler_errors
             region = KVRegion(new.name, NUM_BLOCKS, LAYOUT.block_size, LAYOUT.n_layers, BLOCK_NBYTES, LAYER_NBYTES)
-            await mesh.bus.publish(mesh.subjects.heartbeat, EngineAnnounce(
+            await mesh.bus.publish(mesh.subjects.at(EP.HEARTBEAT), EngineAnnounce(
                 instance="engine-restarted", node=NODE, engine=ENGINE, role="prefill", kv=region))
             while mesh.tm.pool.layout.shm_name != new.name and mesh.tm.bus.handler_errors == errors:
                 await asyncio.sleep(0.01)  # a poll of the condition: attached, or the handler failed
             assert mesh.tm.bus.handler_errors == errors, "the announcement of the new KV memory failed"
-            await mesh.bus.publish(mesh.subjects.tm(ENGINE, "fetch"), FetchKV("again", keys[:1], [2], NODE, LAYOUT, 1))
+            await mesh.bus.publish(mesh.subjects.at(EP.TM_FETCH, engine=ENGINE),
+                                   FetchKV("again", keys[:1], [2], NODE, LAYOUT, 1))
             msgs = [await mesh.loaded.get()]
             while not (isinstance(msgs[-1], LayersLoaded) and msgs[-1].layer == LAYOUT.n_layers - 1):
                 assert not isinstance(msgs[-1], FetchFailed), msgs[-1]

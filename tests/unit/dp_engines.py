@@ -18,6 +18,7 @@ from services.prefill_engine.record import PrefillRequest
 from shared.engine.store_layout import prompt_keys
 from shared.kv.allocator import SlotAllocator
 from shared.messages.codes import LoadMode
+from shared.messages.endpoints import EP
 from shared.messages.traffic_manager import LayersComputed
 from shared.messages.work import Ack, DecodeAdmit, PrefillWork, Sampling
 from tests.unit.dp_mesh import BS, DE, DE_NODE, HUGE, LAYERS, LAYOUT, PE, PE_NODE, SLOTS, SUBJECTS, Mesh, Tasks
@@ -65,7 +66,7 @@ class Prefill:
         if layerwise:
             self.svc.handoff.start_push(req)
             for layer in range(LAYERS):
-                await self.mesh.publish(SUBJECTS.tm(PE, "computed"), LayersComputed([req.req_id], layer))
+                await self.mesh.publish(SUBJECTS.at(EP.TM_COMPUTED, engine=PE), LayersComputed([req.req_id], layer))
         finish_forward(self.svc, req, first)
         await self.tasks.settle()
         assert req.state is PeState.RELEASED and self.svc.life.illegal == 0 and not self.svc.life.held()
@@ -80,7 +81,7 @@ class Decode:
                                                                 load_timeout_s=HUGE))
         svc.bus = mesh
         svc.loaded = SimpleNamespace(config=SimpleNamespace(max_position=1 << 16, eos_ids=()))
-        svc.persister = Persister(LAYOUT, DE_NODE, mesh, SUBJECTS.tm(DE, "save"), HUGE, tasks, svc.metrics,
+        svc.persister = Persister(LAYOUT, DE_NODE, mesh, SUBJECTS.at(EP.TM_SAVE, engine=DE), HUGE, tasks, svc.metrics,
                                   release=svc._release, on_failure=svc._background_failed)
         mesh.admit = self.admit
 

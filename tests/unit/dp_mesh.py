@@ -187,13 +187,13 @@ class Mesh:
         elif subject == self.tm.loaded_subject and self.on_progress is not None:
             await self.on_progress(msg)
 
-    async def request(self, subject, msg, reply_type, timeout=None, ctx=None):
+    async def request(self, subject, msg, timeout=None, ctx=None):
         self.asked.append((subject, msg))
         engine = subject.split(".")[-2]
         if isinstance(msg, ReadBlocks):
             return await self._read(engine, msg)
         if isinstance(msg, WriteBlock):
-            self.storage.written.append((engine, msg.key))
+            self.storage.written.append((engine, msg.block_key))
             return WriteDone(outcome="written")
         if isinstance(msg, Reserve):
             assert not msg.adopt, "no prefetch staged on the decode side here"
@@ -228,8 +228,8 @@ class Mesh:
         """A gateway's read in layer groups: every layer of the blocks found lands (reported to the
         fetching TM's track), then, once the checksums are checked (`storage.gate`), the reply
         with the blocks that passed."""
-        self.storage.reads.append((node, list(msg.keys)))
-        n = min(self.storage.found.get(msg.tag, len(msg.keys)), len(msg.keys))
+        self.storage.reads.append((node, list(msg.block_keys)))
+        n = min(self.storage.found.get(msg.tag, len(msg.block_keys)), len(msg.block_keys))
         if msg.progress:  # streamed, reported to the fetching TM
             track = self.tm.reads.get((msg.req_id, msg.tag))
             track.opened, track.layers = n, LAYERS  # every layer of the blocks found is in the buffer, unverified
@@ -237,5 +237,6 @@ class Mesh:
         if self.storage.gate is not None:
             await self.storage.gate.wait()
         ok = min(self.storage.passing.get(msg.tag, n), n)
-        error = f"block {ok}: checksum mismatch" if ok < n else f"block {n}: not stored" if n < len(msg.keys) else ""
+        missing = f"block {n}: not stored" if n < len(msg.block_keys) else ""
+        error = f"block {ok}: checksum mismatch" if ok < n else missing
         return ReadDone(blocks=ok, error=error)

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from services.scheduler.hints import Hint, Reuse, parse_hints
+from services.scheduler.hints import parse_hints
 from services.scheduler.protocol import ApiError, ChatRequest, CompletionRequest, decode_body
+from shared.messages.front import Hint, Reuse
 
 pytestmark = pytest.mark.unit
 

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from dualpath.bench.bound import Capacity, ChainTurn, lower_bound
+from dualpath.bench.bound import ChainTurn, MeshCapacity, lower_bound
 from dualpath.bench.metrics import ApsSearch, Slo, meets, percentile, summarise, summary, verdict
 from dualpath.bench.usage import Usage
 from dualpath.bench.replay import RunResult, TurnResult, poisson_arrivals
@@ -83,7 +83,7 @@ def test_poisson_arrivals_have_the_requested_rate():
     assert xs[-1] / (len(xs) - 1) == pytest.approx(0.2, rel=0.06)
 
 
-CAP = Capacity(read_bytes_per_s=1e6, prefill_nodes=1, decode_nodes=2, prefill_engines=1, prefill_tps=1000.0,
+CAP = MeshCapacity(read_bytes_per_s=1e6, prefill_nodes=1, decode_nodes=2, prefill_engines=1, prefill_tps=1000.0,
                tpot_s=0.01, write_bytes_per_s=1e6, cores=2, data_plane_bytes_per_s=1e9)
 
 
@@ -135,7 +135,7 @@ def test_chain_turns_never_count_more_than_the_turn_took():
 
 
 def test_bound_leaves_out_unknown_rates():
-    cap = Capacity(None, 1, 1, 2, 1000.0, None)
+    cap = MeshCapacity(None, 1, 1, 2, 1000.0, None)
     b = lower_bound("dualpath", Usage(prefill_s={"pe": 2.0}), [[(4000, 1, 0.0)]], cap)
     assert b["storage_read_s"] is None and b["serial_s"] is None and b["cpu_s"] is None
     assert b["bound_s"] == pytest.approx(2.0) and b["limit"] == "prefill_s"

@@ -9,7 +9,7 @@ pytestmark = pytest.mark.unit
 
 
 def test_mesh_keeps_its_requests_placed_and_loads_agree_with_the_recount():
-    m = sched.Mesh(engines=16, inflight=300, arrivals=8, recount=False)
+    m = sched.DispatchMesh(engines=16, inflight=300, arrivals=8, recount=False)
     for _ in range(5):
         m.churn()
         m.round()
@@ -29,7 +29,8 @@ def test_prints_a_row_per_cluster_size(capsys):
 
 
 def test_kept_lines_make_the_same_placements_as_fresh_ones():
-    kept, fresh = (sched.Mesh(engines=16, inflight=300, arrivals=8, recount=False, kept=k) for k in (True, False))
+    kept, fresh = (sched.DispatchMesh(engines=16, inflight=300, arrivals=8, recount=False, kept=k)
+                   for k in (True, False))
     for _ in range(10):
         for m in (kept, fresh):
             m.churn()

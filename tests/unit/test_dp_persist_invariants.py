@@ -12,6 +12,7 @@ from collections import Counter
 import pytest
 
 from shared.engine.store_layout import prompt_keys
+from shared.messages.endpoints import EP
 from shared.messages.traffic_manager import SaveKV
 from tests.unit.dp_engines import KEYS, PROMPT, Decode, Prefill, work
 from tests.unit.dp_mesh import BS, DE, DE_NODE, LAYOUT, PE_NODE, SUBJECTS, Mesh, Tasks
@@ -19,7 +20,7 @@ from tests.unit.dp_mesh import BS, DE, DE_NODE, LAYOUT, PE_NODE, SUBJECTS, Mesh,
 pytestmark = pytest.mark.unit
 GUARD_S = 60.0  # a hang fails the test instead of the run (no test here waits for it)
 FIRST = 7  # the prefill engine's token
-DE_SAVE = SUBJECTS.tm(DE, "save")
+DE_SAVE = SUBJECTS.at(EP.TM_SAVE, engine=DE)
 
 
 def _turn(hits: int, pe_blocks: int, how: str = "handed-off", steps: tuple[int, ...] = (),
@@ -97,7 +98,7 @@ def test_decode_keys_each_generated_block_from_the_one_before_and_saves_it_the_s
     n_prompt = len(PROMPT) // BS
     for pos, saves in after:  # after each step: one save per block filled so far, none ahead of it
         want = prompt_keys(LAYOUT, context[:pos])[n_prompt:]
-        assert [m.keys for m in saves] == [[k] for k in want], f"at position {pos}"
+        assert [m.block_keys for m in saves] == [[k] for k in want], f"at position {pos}"
     full = prompt_keys(LAYOUT, context[:seq.pos])
     assert [m.blocks for m in _generated(mesh)] == [[seq.req.blocks[b]] for b in range(n_prompt, len(full))]
     assert seq.keys == full  # what the next block chains on

@@ -11,6 +11,7 @@ from collections import Counter
 import pytest
 
 from services.traffic_manager.progress import LayerState
+from shared.messages.endpoints import EP
 from shared.messages.traffic_manager import LayersComputed, PushDone, PushKV, ReadFinished
 from shared.messages.work import DecodeAdmit
 from tests.unit.dp_engines import Prefill, work
@@ -77,7 +78,7 @@ def test_no_layer_is_pushed_before_the_engine_reported_it_computed():
             for _ in range(50):  # the push's chance to send layer `layer` before it is computed
                 await asyncio.sleep(0)
             marks[layer] = len(mesh.moved)
-            await mesh.publish(SUBJECTS.tm(PE, "computed"), LayersComputed(["r#0"], layer))
+            await mesh.publish(SUBJECTS.at(EP.TM_COMPUTED, engine=PE), LayersComputed(["r#0"], layer))
         await push
         assert isinstance(reply.msg, PushDone) and reply.msg.ok, reply.msg
         assert state.pushed == LAYERS

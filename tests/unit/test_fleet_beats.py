@@ -3,7 +3,7 @@ import asyncio
 
 import pytest
 
-from dualpath.fleet.group import Group, parser
+from dualpath.fleet.group import FleetGroup, parser
 
 pytestmark = pytest.mark.unit
 
@@ -16,11 +16,11 @@ class FakeBus:
         self.sent.append((subject, msg))
 
 
-def _group(quiet: int) -> tuple[Group, FakeBus]:
+def _group(quiet: int) -> tuple[FleetGroup, FakeBus]:
     bus = FakeBus()
     args = parser().parse_args(["--nats-url", "nats://unused", "--nodes", "p0:prefill:2,d0:decode:2",
                                 "--decode-engines", "96", "--quiet-beats", str(quiet)])
-    return Group(bus, args), bus
+    return FleetGroup(bus, args), bus
 
 
 @pytest.mark.parametrize("quiet,per_four", [(0, 4), (1, 2), (3, 1)])

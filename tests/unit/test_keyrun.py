@@ -2,7 +2,7 @@
 import pytest
 
 from shared.kv.keyrun import KeyRun
-from shared.sched.prefetch import Staged, StagedIndex, common
+from shared.sched.prefetch import StagedSession, StagedIndex, common
 
 pytestmark = pytest.mark.unit
 KEYS = [bytes([i]) * 16 for i in range(5)]
@@ -30,5 +30,5 @@ def test_the_cores_prefix_walks_take_a_run_as_they_take_a_list():
     run = KeyRun.pack(KEYS)
     assert common(KEYS[:3], run) == 3 and common(run, KEYS[:2] + [b"z" * 16]) == 2
     index = StagedIndex()
-    index.add(Staged("o", "e0", "n0", KEYS[:3], until=1.0))
+    index.add(StagedSession("o", "e0", "n0", KEYS[:3], until=1.0))
     assert index.match(run) is index.match(KEYS) is not None

@@ -17,7 +17,7 @@ from shared.messages.codes import BENCH_MODES, COMPARED, LoadMode, mode_names, p
 from shared.messages.registry import EngineAnnounce, KVRegion, TrafficManagerAnnounce
 from shared.messages.storage_gateway import StoreLayout
 from shared.messages.work import Sampling
-from shared.sched.reads import ReadQueues
+from shared.sched.reads import PendingReads
 
 pytestmark = pytest.mark.unit
 
@@ -111,7 +111,7 @@ def view() -> MeshView:
 
 
 def placed(mode: LoadMode, pe_queue: int, de_queue: int):
-    reads = ReadQueues()
+    reads = PendingReads()
     reads.pending.update({"nA": pe_queue, "nB": de_queue})
     rec = InFlight("r1", list(range(10 * 16 + 1)), Sampling(), hit_blocks=10, block_keys=[bytes(16)] * 10, mode=mode)
     return place(rec, "pe0", "de0", view(), reads, "out.s1")

@@ -1,6 +1,7 @@
 """Control-plane messages: msgpack round-trips, the tagged Announce union, schema evolution."""
 from __future__ import annotations
 
+import dataclasses
 import enum
 import importlib
 import inspect
@@ -14,6 +15,7 @@ import pytest
 import shared.messages as messages_pkg
 from shared.messages import registry, stream, traffic_manager
 from shared.messages.codes import ErrorCode, FinishReason, LoadMode
+from shared.messages.endpoints import EP
 from shared.messages.registry import Announce, EngineAnnounce, StorageGatewayAnnounce, SchedulerAnnounce, \
     TrafficManagerAnnounce
 from shared.messages.stream import PromptTiers, TokenEvent
@@ -39,6 +41,9 @@ def sample(tp, name: str):
         return [sample(elem, name), sample(elem, name + "2")]
     if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
         return build(tp)
+    if dataclasses.is_dataclass(tp):  # a dataclass a Struct carries (front.Hint)
+        hints = typing.get_type_hints(tp)
+        return tp(**{f.name: sample(hints[f.name], f.name) for f in dataclasses.fields(tp)})
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return list(tp)[-1]  # the defaults are the first member (or None)
     if tp is bool:
@@ -82,6 +87,15 @@ def test_message_families_are_all_found():
     found = {c.__module__.rsplit(".", 1)[-1] for c in STRUCTS}
     assert {"registry", "stream", "traffic_manager", "work"} <= found
     assert len(STRUCTS) >= 15
+
+
+def test_a_block_key_field_has_one_name_at_every_hop():
+    """A list of block keys is `block_keys` (`adopt_block_keys`: the staged prefix to adopt), one key
+    `block_key`: never `keys`/`key`, whichever message carries it."""
+    lists = {f"{c.__name__}.{n}" for c in STRUCTS for n, tp in typing.get_type_hints(c).items() if tp == list[bytes]}
+    assert lists and all(name.endswith("block_keys") for name in lists), lists
+    named = {f"{c.__name__}.{n}" for c in STRUCTS for n in typing.get_type_hints(c) if n in ("keys", "key")}
+    assert not named, named
 
 
 @pytest.mark.parametrize("cls", UNION_MEMBERS, ids=lambda c: c.__name__)
@@ -281,15 +295,15 @@ def test_sampling_seed_null_round_trips_as_none():
 
 def test_subjects_are_prefixed_by_namespace():
     s = Subjects("ns1")
-    assert s.heartbeat == "ns1.hb"
-    assert s.prefill_work("pe0") == "ns1.prefill_engine.pe0.work"
-    assert s.decode_admit("de0") == "ns1.decode_engine.de0.admit"
-    assert s.cancel == "ns1.cancel"
-    assert s.output("sch1") == "ns1.scheduler.sch1.out"
-    assert s.tm("pe0", "push") == "ns1.traffic_manager.pe0.push"
-    assert s.sg("node1", "read") == "ns1.storage_gateway.node1.read"
-    assert s.sg_any("hit") == "ns1.storage_gateway.any.hit"
+    assert s.at(EP.HEARTBEAT) == "ns1.hb"
+    assert s.at(EP.PE_WORK, engine="pe0") == "ns1.prefill_engine.pe0.work"
+    assert s.at(EP.DE_ADMIT, engine="de0") == "ns1.decode_engine.de0.admit"
+    assert s.at(EP.CANCEL) == "ns1.cancel"
+    assert s.at(EP.SCHED_OUT, scheduler="sch1") == "ns1.scheduler.sch1.out"
+    assert s.at(EP.TM_PUSH, engine="pe0") == "ns1.traffic_manager.pe0.push"
+    assert s.at(EP.SG_READ, node="node1") == "ns1.storage_gateway.node1.read"
+    assert s.at(EP.SG_HIT) == "ns1.storage_gateway.any.hit"
 
 
 def test_default_namespace_is_dp():
-    assert Subjects().heartbeat == "dp.hb"
+    assert Subjects().at(EP.HEARTBEAT) == "dp.hb"

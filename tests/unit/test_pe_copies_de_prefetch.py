@@ -15,7 +15,7 @@ import pytest
 
 from services.prefill_engine.config import PrefillEngineConfig
 from services.prefill_engine.handoff import Handoff
-from services.prefill_engine.link import Link
+from services.prefill_engine.link import PeLink
 from services.prefill_engine.record import PrefillRequest
 from services.prefill_engine.staged_copy import StagedCopier
 from services.scheduler.inflight import InFlight
@@ -31,14 +31,16 @@ from services.traffic_manager.transfers import Transfers
 from shared.kv.allocator import SlotAllocator
 from shared.kv.staged_table import StagedTable
 from shared.messages.codes import LoadMode
+from shared.messages.endpoints import EP
 from shared.messages.registry import EngineAnnounce, KVRegion, TrafficManagerAnnounce
 from shared.messages.storage_gateway import StoreLayout
 from shared.messages.stream import PromptTiers
 from shared.messages.subjects import Subjects
 from shared.messages.traffic_manager import FetchKV, PushDone, PushKV, Release, Reserve, Reserved
 from shared.messages.work import PrefillWork, Sampling, StagedSlots
-from shared.sched.prefetch import Staged
-from shared.sched.reads import ReadQueues as SchedReadQueues
+from shared.metrics import Metrics
+from shared.sched.prefetch import StagedSession
+from shared.sched.reads import PendingReads
 from shared.transport.base import shm_host
 from shared.transport.shm_region import ShmRegion, new_name
 from tests.unit.pe_util import bare_prefill, intake
@@ -67,9 +69,9 @@ def _view(pe_shm: str, de_shm: str) -> MeshView:
 def _placed(view: MeshView, holder: str, pending: bool = False) -> PrefillWork:
     slots = StagedSlots("buf", "tab", 0, 7, [0, BLOCK, 2 * BLOCK])
     rec = InFlight("r1", list(range(5 * BS + 1)), Sampling(), hit_blocks=HITS, block_keys=KEYS[:5],
-                   mode=LoadMode.DUALPATH, staged=Staged("pf-1", holder, "nB", KEYS[:HITS], 1e9, slots=slots,
+                   mode=LoadMode.DUALPATH, staged=StagedSession("pf-1", holder, "nB", KEYS[:HITS], 1e9, slots=slots,
                                                          pending=pending))
-    return place(rec, "pe0", "de0", view, SchedReadQueues(), "out.s1").work
+    return place(rec, "pe0", "de0", view, PendingReads(), "out.s1").work
 
 
 @pytest.mark.parametrize(("pe_shm", "de_shm", "holder", "pending", "named"), [
@@ -163,7 +165,7 @@ def test_a_prefetch_copied_from_any_other_buffer_is_released_to_its_holder_as_us
     req, bus, ready, _ = asyncio.run(_start(host, holder))
     assert ready == [req] and req.adopt == ""
     assert [(s, m) for s, m in bus.sent if isinstance(m, Release)] == [
-        (f"t.traffic_manager.{holder}.release", Release("pf-1", used=HITS))]
+        (EP.TM_RELEASE.at("t", engine=holder), Release("pf-1", used=HITS))]
 
 
 def test_a_copy_whose_stamp_went_fetches_the_usual_way(host):
@@ -188,9 +190,9 @@ def test_the_push_reservation_adopts_the_copied_prefetch_and_sends_only_the_rest
         class Mesh:  # the DE's traffic-manager answering Reserve as the service does
             reserves: list[Reserve] = []
 
-            async def request(self, subject, msg, reply_type, timeout):
+            async def request(self, subject, msg, timeout):
                 self.reserves.append(msg)
-                adopted = de.adopt(msg.adopt, msg.adopt_keys, msg.req_id) if msg.adopt else []
+                adopted = de.adopt(msg.adopt, msg.adopt_block_keys, msg.req_id) if msg.adopt else []
                 offsets = adopted + [s * BLOCK for s in await de_pool.allocate_wait(msg.req_id, msg.n_blocks - len(adopted))]
                 return Reserved(slots=offsets, adopted=len(adopted), grant=given.give(msg.req_id, offsets, BLOCK))
 
@@ -209,7 +211,7 @@ def test_the_push_reservation_adopts_the_copied_prefetch_and_sends_only_the_rest
                         None, GrantsHeld(), Registry(ReadTrack), Registry(LayerState))
         reply = Reply()
         reply.ctx = None
-        push = PushKV("r1", [9, 3, 4, 7, 8], "de0", 5 * BS, adopt="pf-1", adopt_keys=KEYS[:HITS])
+        push = PushKV("r1", [9, 3, 4, 7, 8], "de0", 5 * BS, adopt="pf-1", adopt_block_keys=KEYS[:HITS])
         asyncio.run(PushPath(parts, m.histogram("xfer_seconds", "x", ("kind",))).push(push, reply, None))
         assert isinstance(reply.msg, PushDone) and reply.msg.ok, reply.msg
         assert mesh.reserves[0].adopt == "pf-1" and reply.msg.slots[:HITS] == staged  # adopted: the first slots
@@ -226,12 +228,12 @@ def test_the_hand_off_asks_the_push_to_adopt_only_when_no_de_slots_were_reserved
     sent = []
 
     class HBus:
-        async def request(self, subject, msg, reply_type, timeout=5.0, ctx=None):
+        async def request(self, subject, msg, timeout=5.0, ctx=None):
             sent.append(msg)
             return PushDone(ok=False, error="stop here")
 
     async def run(de_slots):
-        h = Handoff(Link(HBus(), Subjects("t"), "pe0", lambda coro, name=None: asyncio.ensure_future(coro)),
+        h = Handoff(PeLink(HBus(), Subjects("t"), "pe0", lambda coro, name=None: asyncio.ensure_future(coro)),
                     PrefillEngineConfig(handoff_timeout_s=5.0, node="nA"), LAYOUT, ())
         work = PrefillWork("r1", list(range(5 * BS + 1)), Sampling(), "de0", "out", block_keys=KEYS[:5])
         req = PrefillRequest("r1", work.prompt, work.sampling, "out", None, work=work, blocks=[9, 3, 4, 7, 8, 1],
@@ -240,8 +242,8 @@ def test_the_hand_off_asks_the_push_to_adopt_only_when_no_de_slots_were_reserved
         await req.push
     asyncio.run(run([]))
     asyncio.run(run([0, BLOCK, 2 * BLOCK, 3 * BLOCK, 4 * BLOCK, 5 * BLOCK]))
-    assert (sent[0].adopt, sent[0].adopt_keys) == ("pf-1", KEYS[:HITS])
-    assert (sent[1].adopt, sent[1].adopt_keys) == ("", [])
+    assert (sent[0].adopt, sent[0].adopt_block_keys) == ("pf-1", KEYS[:HITS])
+    assert (sent[1].adopt, sent[1].adopt_block_keys) == ("", [])
 
 
 def test_the_engine_maps_each_holders_buffer_once_and_closes_one_whose_segment_went(host):

@@ -1,8 +1,8 @@
 """Intra-PE batching: attention-time model, compute quota, chunk binary search (7.5)."""
 import pytest
 
-from shared.sched.policy import AttentionModel, PrefillWork, plan_batch
-from shared.sched.policy.intra_pe import Chunk
+from shared.sched.policy import AttentionModel, ReadyPrefill, plan_batch
+from shared.sched.policy.intra_pe import PlannedChunk
 
 pytestmark = pytest.mark.unit
 M = AttentionModel(per_pair=1e-6, per_token=1e-5)
@@ -20,7 +20,7 @@ def test_capped_pairs_for_sparse_attention():
 
 
 def test_fifo_until_quota_then_a_binary_searched_chunk():
-    work = [PrefillWork(1, 0, 100), PrefillWork(2, 0, 100), PrefillWork(3, 0, 100)]
+    work = [ReadyPrefill(1, 0, 100), ReadyPrefill(2, 0, 100), ReadyPrefill(3, 0, 100)]
     one = M.request_time(0, 100)
     quota = one * 1.5
     out = plan_batch(work, M, quota)
@@ -31,9 +31,9 @@ def test_fifo_until_quota_then_a_binary_searched_chunk():
 
 
 def test_chunks_are_aligned_and_a_huge_first_request_still_progresses():
-    out = plan_batch([PrefillWork(7, 5000, 4096)], M, quota=1e-9, align=64)
+    out = plan_batch([ReadyPrefill(7, 5000, 4096)], M, quota=1e-9, align=64)
     assert [(c.rid, c.cached, c.bsz) for c in out] == [(7, 5000, 64)]
-    out = plan_batch([PrefillWork(7, 0, 4096)], M, quota=M.request_time(0, 1000), align=64)
+    out = plan_batch([ReadyPrefill(7, 0, 4096)], M, quota=M.request_time(0, 1000), align=64)
     assert out[0].bsz % 64 == 0 and M.request_time(0, out[0].bsz) <= M.request_time(0, 1000)
 
 
@@ -43,7 +43,7 @@ def test_lazy_work_is_consumed_only_as_far_as_needed():
     def gen():
         for i in range(100):
             seen.append(i)
-            yield PrefillWork(i, 0, 1000)
+            yield ReadyPrefill(i, 0, 1000)
 
     plan_batch(gen(), M, quota=M.request_time(0, 1000) * 2.5)
     assert len(seen) == 3
@@ -53,47 +53,48 @@ LINEAR = AttentionModel(per_token=1.0)  # one second per new token: exact sums, 
 
 
 def test_a_chunk_that_exactly_fills_the_quota_is_taken():
-    assert [c.bsz for c in plan_batch([PrefillWork(1, 0, 20)], LINEAR, quota=10.0)] == [10]
+    assert [c.bsz for c in plan_batch([ReadyPrefill(1, 0, 20)], LINEAR, quota=10.0)] == [10]
 
 
 def test_the_per_batch_cost_counts_against_the_quota():
     m = AttentionModel(per_token=1.0, per_batch=5.0)
-    assert [c.bsz for c in plan_batch([PrefillWork(1, 0, 20)], m, quota=15.0)] == [10]
+    assert [c.bsz for c in plan_batch([ReadyPrefill(1, 0, 20)], m, quota=15.0)] == [10]
     assert m.batch_time([]) == 0.0 and m.batch_time([(100, 0)]) == 0.0  # no work, no batch cost
 
 
 def test_requests_with_nothing_left_are_skipped_not_batch_ending():
-    out = plan_batch([PrefillWork(1, 50, 0), PrefillWork(2, 0, 10)], LINEAR, quota=100.0)
+    out = plan_batch([ReadyPrefill(1, 50, 0), ReadyPrefill(2, 0, 10)], LINEAR, quota=100.0)
     assert [(c.rid, c.bsz) for c in out] == [(2, 10)]
 
 
 def test_max_tokens_caps_the_batch_across_requests():
-    work = [PrefillWork(1, 0, 30), PrefillWork(2, 0, 30), PrefillWork(3, 0, 30)]
+    work = [ReadyPrefill(1, 0, 30), ReadyPrefill(2, 0, 30), ReadyPrefill(3, 0, 30)]
     out = plan_batch(work, LINEAR, quota=1000.0, max_tokens=50)
     assert [(c.rid, c.bsz) for c in out] == [(1, 30), (2, 20)]
 
 
 def test_a_cut_at_max_tokens_that_exactly_fills_the_quota_is_not_rounded_to_align():
-    work = [PrefillWork(1, 0, 10), PrefillWork(2, 0, 100)]
+    work = [ReadyPrefill(1, 0, 10), ReadyPrefill(2, 0, 100)]
     out = plan_batch(work, LINEAR, quota=60.0, align=64, max_tokens=60)
     assert [(c.rid, c.bsz) for c in out] == [(1, 10), (2, 50)]
 
 
 def test_the_progress_chunk_never_exceeds_remaining_or_max_tokens():
-    assert [c.bsz for c in plan_batch([PrefillWork(1, 0, 10)], LINEAR, quota=1.0, align=64)] == [10]
-    out = plan_batch([PrefillWork(1, 0, 100)], LINEAR, quota=1.0, align=64, max_tokens=8)
+    assert [c.bsz for c in plan_batch([ReadyPrefill(1, 0, 10)], LINEAR, quota=1.0, align=64)] == [10]
+    out = plan_batch([ReadyPrefill(1, 0, 100)], LINEAR, quota=1.0, align=64, max_tokens=8)
     assert [c.bsz for c in out] == [8]
 
 
 def test_a_whole_request_is_never_cut():
     m = AttentionModel(per_token=0.1)
     # fits: taken whole like any other
-    assert plan_batch([PrefillWork(0, 0, 2, whole=True)], m, quota=1.0) == [Chunk(0, 0, 2)]
+    assert plan_batch([ReadyPrefill(0, 0, 2, whole=True)], m, quota=1.0) == [PlannedChunk(0, 0, 2)]
     # does not fit behind another: the batch ends before it
-    assert plan_batch([PrefillWork(0, 0, 5), PrefillWork(1, 64, 8, whole=True)], m, quota=1.0) == [Chunk(0, 0, 5)]
+    planned = plan_batch([ReadyPrefill(0, 0, 5), ReadyPrefill(1, 64, 8, whole=True)], m, quota=1.0)
+    assert planned == [PlannedChunk(0, 0, 5)]
     # first and over the quota (or the token cap): alone and whole
-    assert plan_batch([PrefillWork(0, 64, 30, whole=True), PrefillWork(1, 0, 1)], m, quota=1.0,
-                      max_tokens=16) == [Chunk(0, 64, 30)]
+    assert plan_batch([ReadyPrefill(0, 64, 30, whole=True), ReadyPrefill(1, 0, 1)], m, quota=1.0,
+                      max_tokens=16) == [PlannedChunk(0, 64, 30)]
 
 
 def test_balanced_quota_cuts_the_heavy_gpu_to_the_target():

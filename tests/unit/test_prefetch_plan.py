@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shared.sched.policy.read_path import ReadPath
-from shared.sched.prefetch import Holder, RecentBytes, Staged, StagedIndex, common, hold_until, plan
+from shared.sched.prefetch import Holder, RecentBytes, StagedSession, StagedIndex, common, hold_until, plan
 
 pytestmark = pytest.mark.unit
 MB = 1_000_000
@@ -70,9 +70,9 @@ def test_unclaimed_staged_blocks_wait_past_the_return_but_never_past_the_ttl():
 def test_the_longest_staged_prefix_is_found_claimed_once_and_accounted_per_engine():
     idx = StagedIndex()
     keys = [bytes([i]) * 16 for i in range(10)]
-    idx.add(Staged("a", "e0", "n0", keys[:3], until=5.0))
-    idx.add(Staged("b", "e1", "n1", keys[:6], until=9.0))
-    idx.add(Staged("other", "e1", "n1", [b"z" * 16], until=1.0))
+    idx.add(StagedSession("a", "e0", "n0", keys[:3], until=5.0))
+    idx.add(StagedSession("b", "e1", "n1", keys[:6], until=9.0))
+    idx.add(StagedSession("other", "e1", "n1", [b"z" * 16], until=1.0))
     assert idx.held == {"e0": 3, "e1": 7}
     s = idx.match(keys[:8])
     assert s.owner == "b"
@@ -80,7 +80,7 @@ def test_the_longest_staged_prefix_is_found_claimed_once_and_accounted_per_engin
     assert idx.match(keys[:8]).owner == "a"  # a claimed entry is nobody else's
     assert idx.match([b"q" * 16]) is None and idx.match(keys[1:4]) is None  # a prefix must start at block 0
     fresh = StagedIndex()
-    fresh.add(Staged("c", "e0", "n0", keys[:6], until=5.0))
+    fresh.add(StagedSession("c", "e0", "n0", keys[:6], until=5.0))
     respelled = keys[:4] + [b"r" * 16]  # the next prompt re-spells block 4: blocks 0..3 are still of use
     assert fresh.match(respelled).owner == "c" and common(fresh.by_owner["c"].keys, respelled) == 4
     assert [x.owner for x in idx.expired(6.0)] == ["a", "other"]  # claimed ones never expire here

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from dualpath.presets import ConfigError, load_arch, load_config, preset_names
+from dualpath.presets import ArchConfigError, load_arch, load_config, preset_names
 from dualpath.presets.counts import attended_pairs
 
 pytestmark = pytest.mark.unit
@@ -102,9 +102,9 @@ def test_load_arch_from_path_and_errors(tmp_path):
     assert load_arch(str(path.parent)).hidden == 5120
     del cfg["hidden_size"]
     path.write_text(json.dumps(cfg))
-    with pytest.raises(ConfigError, match="hidden_size"):
+    with pytest.raises(ArchConfigError, match="hidden_size"):
         load_arch(str(path))
-    with pytest.raises(ConfigError, match="no-such-model"):
+    with pytest.raises(ArchConfigError, match="no-such-model"):
         load_arch("no-such-model")
 
 

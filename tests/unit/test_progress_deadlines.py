@@ -19,8 +19,9 @@ import pytest
 from services.prefill_engine.config import PrefillEngineConfig
 from services.prefill_engine.handoff import Handoff
 from services.prefill_engine.layers import LoadError, LoadProgress
-from services.prefill_engine.link import Link
+from services.prefill_engine.link import PeLink
 from services.traffic_manager.progress import LayerState
+from shared.messages.endpoints import EP
 from shared.messages.subjects import Subjects
 from shared.messages.traffic_manager import ForwardAlive
 
@@ -142,7 +143,7 @@ class _Bus:
 def test_a_running_forward_sends_keep_alives_to_its_traffic_manager():
     async def main():
         bus = _Bus()
-        h = Handoff(Link(bus, Subjects("t"), "pe-1", None), PrefillEngineConfig(handoff_timeout_s=0.04, node="n"),
+        h = Handoff(PeLink(bus, Subjects("t"), "pe-1", None), PrefillEngineConfig(handoff_timeout_s=0.04, node="n"),
                     None, ())
 
         class Req:
@@ -154,5 +155,5 @@ def test_a_running_forward_sends_keep_alives_to_its_traffic_manager():
         task.cancel()
         return bus.sent
     sent = asyncio.run(main())
-    assert {s for s, _ in sent} == {Subjects("t").tm("pe-1", "alive")}
+    assert {s for s, _ in sent} == {Subjects("t").at(EP.TM_ALIVE, engine="pe-1")}
     assert all(isinstance(m, ForwardAlive) and m.req_ids == ["r#0"] for _, m in sent)

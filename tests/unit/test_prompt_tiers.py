@@ -11,15 +11,15 @@ import pytest
 
 from services.prefill_engine.config import PrefillEngineConfig
 from services.prefill_engine.handoff import Handoff
-from services.prefill_engine.link import Link
+from services.prefill_engine.link import PeLink
 from services.prefill_engine.metrics import PrefillMetrics
 from services.prefill_engine.outcomes import Free
 from services.prefill_engine.record import PrefillRequest
 from services.scheduler.inflight import InFlight
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.protocol import usage
-from services.scheduler.wire import Done, FrontMsg
 from shared.messages.codes import ErrorCode, FinishReason, LoadMode
+from shared.messages.front import Done, FrontMsg
 from shared.messages.stream import PromptTiers, TokenEvent
 from shared.messages.traffic_manager import FetchFailed, ReadFinished
 from shared.messages.work import PrefillWork, Sampling
@@ -112,7 +112,7 @@ def test_the_first_token_carries_the_split():
     req.tiers = req.prompt_tiers(BS)
 
     async def go():
-        h = Handoff(Link(bus, None, "pe0", lambda coro, name=None: asyncio.ensure_future(coro)),
+        h = Handoff(PeLink(bus, None, "pe0", lambda coro, name=None: asyncio.ensure_future(coro)),
                     PrefillEngineConfig(handoff_timeout_s=600.0, node="n0"), LAYOUT, ())
         said = [o async for o in h.run(req, 7, None)]
         assert said == [Free(req)]  # finished here: nothing to fail

@@ -38,7 +38,7 @@ class _Svc:
 
     def __init__(self, quiet: int, busy: set[int], beats: int):
         self.cfg = SimpleNamespace(heartbeat_s=0.0, quiet_beats=quiet)
-        self.subjects = SimpleNamespace(heartbeat="t.hb")
+        self.heartbeat_subject = "t.hb"
         self.stop = asyncio.Event()
         self.bus = _Bus(self.stop, beats)
         self.busy, self.beats, self.calls = busy, beats, 0

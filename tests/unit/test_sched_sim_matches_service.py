@@ -20,7 +20,7 @@ from services.scheduler.placement import engine_loads
 from services.scheduler.view import MeshView
 from shared.messages.registry import EngineAnnounce, KVRegion, TrafficManagerAnnounce
 from shared.sched.dispatch import Dispatcher, Job
-from shared.sched.reads import ReadQueues
+from shared.sched.reads import PendingReads
 
 pytestmark = pytest.mark.unit
 
@@ -79,7 +79,7 @@ def service_view(sim: Simulation) -> MeshView:
 
 def replay(sim: Simulation, log: list[tuple]) -> tuple[list, list]:
     """The recorded events through the service's code; (pulls, read decisions) it makes."""
-    view, d, reads = service_view(sim), Dispatcher(sim.th), ReadQueues()
+    view, d, reads = service_view(sim), Dispatcher(sim.th), PendingReads()
     pulls, decisions = [], []
     for ev in log:
         kind, rest = ev[0], ev[1:]

@@ -1,10 +1,11 @@
 """A front-door worker's judgements on engine output (services/scheduler/events.py, worker.py)."""
 import pytest
 
-from services.scheduler.events import Router
+from services.scheduler.events import OutputRouter
 from services.scheduler.inflight import InFlight
 from services.scheduler.worker import running_without
 from shared.messages.codes import ErrorCode, FinishReason
+from shared.messages.endpoints import EP
 from shared.messages.stream import StepEvents, TokenEvent
 from shared.messages.work import Sampling
 
@@ -13,7 +14,7 @@ pytestmark = pytest.mark.unit
 
 def router(rec: InFlight, resumes: list):
     firsts = []
-    r = Router({rec.req_id: rec}, lambda rec, ev, source: resumes.append((ev.code, source)) or True,
+    r = OutputRouter({rec.req_id: rec}, lambda rec, ev, source: resumes.append((ev.code, source)) or True,
                lambda rec, source: firsts.append(source))
     return r, firsts
 
@@ -60,13 +61,14 @@ def test_a_retryable_failure_goes_to_resume_not_to_the_client():
 def _placed(rec: InFlight):
     from services.scheduler.placement import place
     from services.scheduler.view import MeshView
-    from shared.sched.reads import ReadQueues
-    return place(rec, "p0", "d0", MeshView(), ReadQueues(), rec.reply or "core.out").work
+    from shared.sched.reads import PendingReads
+    return place(rec, "p0", "d0", MeshView(), PendingReads(), rec.reply or "core.out").work
 
 
 def test_a_worker_held_prompt_is_left_out_of_the_work_and_the_work_goes_to_the_worker():
     from services.scheduler.placement import addressed
-    from services.scheduler.wire import Forward, work_subject
+    from shared.messages.endpoints import forward_subject
+    from shared.messages.front import Forward
     from shared.kv.keyrun import KeyRun
     from shared.messages.subjects import Subjects
 
@@ -78,13 +80,14 @@ def test_a_worker_held_prompt_is_left_out_of_the_work_and_the_work_goes_to_the_w
     work = _placed(held)
     assert work.prompt == [] and work.block_keys == [] and work.req_id == "r#0" and work.reply == held.reply
     subject, msg = addressed(held, "p0", work, subjects)
-    assert subject == work_subject(held.reply) and isinstance(msg, Forward) and (msg.pe, msg.work) == ("p0", work)
+    assert subject == forward_subject(held.reply) and isinstance(msg, Forward) and (msg.pe, msg.work) == ("p0", work)
     held.tokens, held.next_index = [7, 8], 2  # resumed after two tokens (doors.py): still no ids at the core
     held.restart()
     assert held.work_len == 302 and _placed(held).prompt == []
     own = InFlight("s", [1, 2, 3], Sampling(max_tokens=8), block_keys=[b"k" * 16])
     work = _placed(own)
-    assert work.prompt == [1, 2, 3] and work.block_keys == [b"k" * 16] and addressed(own, "p0", work, subjects) == (subjects.prefill_work("p0"), work)
+    assert work.prompt == [1, 2, 3] and work.block_keys == [b"k" * 16]
+    assert addressed(own, "p0", work, subjects) == (subjects.at(EP.PE_WORK, engine="p0"), work)
 
 
 class _Bus:
@@ -99,7 +102,7 @@ def test_the_worker_fills_in_the_prompt_and_the_streamed_tokens_and_drops_stale_
     import asyncio
     from types import SimpleNamespace
 
-    from services.scheduler.wire import Forward
+    from shared.messages.front import Forward
     from services.scheduler.worker import FrontWorker
     from shared.messages.subjects import Subjects
     from shared.messages.work import PrefillWork
@@ -120,7 +123,8 @@ def test_the_worker_fills_in_the_prompt_and_the_streamed_tokens_and_drops_stale_
     assert worker.bus.sent == []
     forward("r#1")
     [(subject, work)] = worker.bus.sent
-    assert subject == Subjects("ns").prefill_work("p1") and work.prompt == [1, 2, 3, 7, 8] and work.req_id == "r#1"
+    assert subject == Subjects("ns").at(EP.PE_WORK, engine="p1")
+    assert work.prompt == [1, 2, 3, 7, 8] and work.req_id == "r#1"
     assert work.block_keys == [b"a" * 16, b"b" * 16]  # filled in here: the core sent none
     rec.finished = FinishReason.CANCELLED
     forward("r#1")
@@ -132,7 +136,7 @@ def test_a_done_that_comes_during_the_hit_lookup_finishes_the_request_once_it_is
     from types import SimpleNamespace
 
     from services.scheduler.doors import FrontDoors
-    from services.scheduler.wire import Done, Submit
+    from shared.messages.front import Done, Submit
 
     async def scenario():
         gateway = asyncio.Event()
@@ -164,7 +168,7 @@ def test_the_worker_asks_the_store_and_submits_its_answer_and_the_core_asks_none
 
     from services.scheduler.hits import known_hits, lookup_hits
     from services.scheduler.oracle import OracleIndex
-    from services.scheduler.wire import FrontInfo, Submit
+    from shared.messages.front import FrontInfo, Submit
     from services.scheduler.worker import FrontWorker
     from shared.kv.keyrun import KeyRun
     from shared.messages.codes import LoadMode
@@ -175,7 +179,7 @@ def test_the_worker_asks_the_store_and_submits_its_answer_and_the_core_asks_none
     asked = []
 
     async def ask(query):
-        asked.append(len(query.keys))
+        asked.append(len(query.block_keys))
         return HitReply(blocks=2)
 
     sent = _Bus()
@@ -208,7 +212,7 @@ def test_the_worker_asks_the_store_and_submits_its_answer_and_the_core_asks_none
     worker.cfg.serve_pending_saves = True  # the core keys prompt + generated for the blocks a DE holds
     asyncio.run(FrontWorker.admit(worker, InFlight("s", list(range(13)), Sampling(max_tokens=4))))
     assert sent.sent[-1][1].prompt == list(range(13))
-    assert Subjects("ns").sg_any("hit")  # (the subject `hits.asker` asks on)
+    assert Subjects("ns").at(EP.SG_HIT)  # (the subject `hits.asker` asks on)
 
 
 def test_a_submit_with_the_stores_answer_is_queued_at_once_and_one_without_waits_for_its_lookup():
@@ -216,7 +220,7 @@ def test_a_submit_with_the_stores_answer_is_queued_at_once_and_one_without_waits
     from types import SimpleNamespace
 
     from services.scheduler.doors import FrontDoors
-    from services.scheduler.wire import Submit
+    from shared.messages.front import Submit
 
     async def scenario():
         queued, tasks = [], []
@@ -247,7 +251,7 @@ def test_an_event_after_a_lost_one_resumes_the_request_instead_of_waiting_for_th
 
 def test_a_gap_that_cannot_be_resumed_fails_the_request_on_the_wire():
     rec = InFlight("r", [1, 2, 3], Sampling(max_tokens=8))
-    r = Router({"r": rec}, lambda rec, ev, source: False, lambda rec, source: None)
+    r = OutputRouter({"r": rec}, lambda rec, ev, source: False, lambda rec, source: None)
     r.route(TokenEvent("r#0", [7], 0, source="p0"))
     r.route(StepEvents([TokenEvent("r#0", [9], 2)], "d0"))
     events = [rec.events.get_nowait() for _ in range(rec.events.qsize())]

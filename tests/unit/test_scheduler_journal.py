@@ -7,8 +7,8 @@ import contextlib
 import msgspec
 import pytest
 
-from services.scheduler.journal import (BATCH, Accepted, Finished, Journal, JournalUnavailable, decode, encode, fold,
-                                        stream_name)
+from services.scheduler.journal import BATCH, Journal, JournalUnavailable, decode, encode, fold, stream_name
+from shared.messages.journal import Accepted, Finished
 from shared.messages.work import Sampling
 
 pytestmark = pytest.mark.unit

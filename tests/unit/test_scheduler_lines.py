@@ -11,7 +11,7 @@ from services.scheduler.placement import Lines, engine_loads
 from services.scheduler.view import MeshView
 from shared.messages.registry import EngineAnnounce, KVRegion, TrafficManagerAnnounce
 from shared.sched.dispatch import Dispatcher, Job
-from shared.sched.reads import PathDecision, ReadQueues
+from shared.sched.reads import PathDecision, PendingReads
 
 pytestmark = pytest.mark.unit
 
@@ -33,7 +33,7 @@ def fresh(view, d, reads, now):
 
 def test_kept_lines_read_as_fresh_ones_through_a_random_run():
     rng = random.Random(7)
-    view, d, reads, lines = MeshView(timeout_s=3.0), Dispatcher(), ReadQueues(), Lines()
+    view, d, reads, lines = MeshView(timeout_s=3.0), Dispatcher(), PendingReads(), Lines()
     engines = [(f"p{i}", "prefill", f"np{i // 2}") for i in range(4)] + [(f"d{i}", "decode", f"nd{i // 2}")
                                                                          for i in range(4)]
     now = 0.0
@@ -70,7 +70,7 @@ def test_kept_lines_read_as_fresh_ones_through_a_random_run():
 
 
 def test_heartbeats_that_change_nothing_keep_the_lines():
-    view, d, reads, lines = MeshView(timeout_s=3.0), Dispatcher(), ReadQueues(), Lines()
+    view, d, reads, lines = MeshView(timeout_s=3.0), Dispatcher(), PendingReads(), Lines()
     for t in range(50):  # ten seconds of heartbeats: past many expiry rescans
         for eid, role in (("p0", "prefill"), ("d0", "decode")):
             announce(view, eid, role, "n0", t * 0.2)
@@ -88,7 +88,7 @@ def test_decode_totals_kept_from_the_lines_changes_decide_as_a_recount():
     view = MeshView(timeout_s=3.0)
     engines = [(f"p{i}", "prefill", f"np{i // 2}") for i in range(4)] + [(f"d{i}", "decode", f"nd{i // 2}")
                                                                          for i in range(8)]
-    worlds = [(Dispatcher(), ReadQueues(), Lines()) for _ in range(2)]  # told / recounting
+    worlds = [(Dispatcher(), PendingReads(), Lines()) for _ in range(2)]  # told / recounting
     now, n, placed, assigned, kept_pulls = 0.0, 0, [], 0, 0
     for step in range(500):
         now += 0.1

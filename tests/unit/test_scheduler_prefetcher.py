@@ -9,18 +9,18 @@ import asyncio
 import pytest
 
 from services.scheduler.config import SchedulerConfig
-from services.scheduler.hints import Hint
 from services.scheduler.inflight import InFlight
 from services.scheduler.prefetcher import Prefetcher
 from services.scheduler.view import MeshView
 from shared.engine.store_layout import prompt_keys
+from shared.messages.front import Hint
 from shared.messages.registry import EngineAnnounce, KVRegion, StorageGatewayAnnounce, TrafficManagerAnnounce
 from shared.messages.storage_gateway import HitReply, Retain, RetainLevel, StoreLayout
 from shared.messages.subjects import Subjects
 from shared.messages.traffic_manager import Prefetch, Prefetched, Release
 from shared.messages.work import Sampling
 from shared.metrics import Metrics
-from shared.sched.reads import ReadQueues
+from shared.sched.reads import PendingReads
 
 pytestmark = pytest.mark.unit
 LAYOUT = StoreLayout(b"f" * 16, "m", 2, 1, 8, "float32", 64)
@@ -34,9 +34,9 @@ class Bus:
     async def publish(self, subject, msg, ctx=None):
         self.sent.append((subject, msg))
 
-    async def request(self, subject, msg, reply_type, timeout):
+    async def request(self, subject, msg, timeout):
         self.sent.append((subject, msg))
-        return Prefetched(blocks=len(msg.keys))
+        return Prefetched(blocks=len(msg.block_keys))
 
 
 def _prefetcher(**cfg):
@@ -50,9 +50,9 @@ def _prefetcher(**cfg):
     bus = Bus()
 
     async def hits(q):
-        return HitReply(blocks=len(q.keys))
+        return HitReply(blocks=len(q.block_keys))
 
-    pf = Prefetcher(bus, Subjects("t"), view, ReadQueues(), SchedulerConfig(**cfg), lambda coro, name=None:
+    pf = Prefetcher(bus, Subjects("t"), view, PendingReads(), SchedulerConfig(**cfg), lambda coro, name=None:
                     asyncio.get_running_loop().create_task(coro), hits, Metrics("scheduler"))
     return pf, bus
 
@@ -84,12 +84,12 @@ def test_a_hinted_turn_is_retained_staged_and_claimed_by_the_next_turn():
         pf.done(_done(first, Hint(session="s", tool_s=0.05)), "ok")
         await _until(lambda: pf.index.by_owner)
         retain = next(m for _, m in bus.sent if isinstance(m, Retain))
-        assert (retain.level, retain.ttl_s, len(retain.keys)) == (RetainLevel.RETAINED, 120.0, 4)
+        assert (retain.level, retain.ttl_s, len(retain.block_keys)) == (RetainLevel.RETAINED, 120.0, 4)
         sent = next(m for _, m in bus.sent if isinstance(m, Prefetch))
-        assert sent.keys == prompt_keys(LAYOUT, first[:-1]) and sent.node == "p0"  # idle queues: prefill side
+        assert sent.block_keys == prompt_keys(LAYOUT, first[:-1]) and sent.node == "p0"  # idle queues: prefill side
         nxt = _turn(first + list(range(1000, 1100)), Hint(session="s"))
         pf.arrive(nxt)
-        assert nxt.staged is not None and nxt.staged.keys == sent.keys and nxt.staged.claimed_by == "r"
+        assert nxt.staged is not None and nxt.staged.keys == sent.block_keys and nxt.staged.claimed_by == "r"
         pf.done(nxt, "ok")  # its fetch released the slots; the scheduler makes sure
         await _until(lambda: any(isinstance(m, Release) and m.req_id == sent.owner for _, m in bus.sent))
         assert not pf.index.by_owner
@@ -192,7 +192,7 @@ def test_a_whole_staged_turn_answers_the_next_turns_hit_lookup_without_a_gateway
 
         async def ask(q):
             asked.append(q)
-            return HitReply(blocks=len(q.keys))
+            return HitReply(blocks=len(q.block_keys))
 
         await lookup_hits(nxt, LAYOUT, OracleIndex(), ask, pf.stored_prefix)
         assert nxt.hit_blocks == 4 and not asked  # the staged turn is the stored prefix: no round trip

@@ -4,13 +4,13 @@ from __future__ import annotations
 import pytest
 
 from services.scheduler.oracle import OracleIndex
-from shared.sched.reads import ReadQueues
+from shared.sched.reads import PendingReads
 
 pytestmark = pytest.mark.unit
 BS = 64
 
 
-def held(rq: ReadQueues, req_id: str, mode: str, blocks: int, pe: str = "nA", de: str = "nB"):
+def held(rq: PendingReads, req_id: str, mode: str, blocks: int, pe: str = "nA", de: str = "nB"):
     """Decide and hold, as the scheduler does on assignment."""
     d = rq.decide(mode, blocks, pe, de, BS)
     rq.hold(req_id, d, pe, de, BS)
@@ -18,14 +18,14 @@ def held(rq: ReadQueues, req_id: str, mode: str, blocks: int, pe: str = "nA", de
 
 
 def test_no_hit_reads_nothing_and_holds_nothing():
-    rq = ReadQueues()
+    rq = PendingReads()
     d = held(rq, "r1", "dualpath", 0)
     assert (d.pe_blocks, d.de_blocks, d.reason) == (0, 0, "no hit")
     assert not rq.pending and not rq.held
 
 
 def test_basic_mode_reads_every_block_on_the_pe_path_however_long_its_queue():
-    rq = ReadQueues()
+    rq = PendingReads()
     held(rq, "busy", "basic", 100)  # 6400 tokens pending on the PE node
     d = rq.decide("basic", 10, "nA", "nB", BS)
     assert (d.pe_blocks, d.de_blocks, d.path) == (10, 0, "pe")
@@ -34,7 +34,7 @@ def test_basic_mode_reads_every_block_on_the_pe_path_however_long_its_queue():
 
 
 def test_dualpath_split_splits_so_both_queues_drain_together():
-    rq = ReadQueues()
+    rq = PendingReads()
     rq.pending["nA"] = 100
     d = rq.decide("dualpath-split", 10, "nA", "nB", BS)
     assert (d.pe_blocks, d.de_blocks, d.path) == (4, 6, "split")
@@ -45,7 +45,7 @@ def test_dualpath_split_splits_so_both_queues_drain_together():
 @pytest.mark.parametrize(("pe_queue", "de_queue", "want"), [(100, 0, (0, 10, "de")), (0, 100, (10, 0, "pe")),
                                                             (0, 0, (10, 0, "pe"))])  # a tie: the PE path
 def test_dualpath_reads_every_hit_on_the_shorter_queues_path_where_split_would_split(pe_queue, de_queue, want):
-    rq = ReadQueues()
+    rq = PendingReads()
     rq.pending.update({"nA": pe_queue, "nB": de_queue})
     d = rq.decide("dualpath", 10, "nA", "nB", BS)
     assert (d.pe_blocks, d.de_blocks, d.path) == want
@@ -55,7 +55,7 @@ def test_dualpath_reads_every_hit_on_the_shorter_queues_path_where_split_would_s
 
 
 def test_dualpath_sends_everything_to_the_shorter_queue_when_the_other_is_far_behind():
-    rq = ReadQueues()
+    rq = PendingReads()
     held(rq, "old", "basic", 20)  # 1280 tokens pending on nA
     d = rq.decide("dualpath", 10, "nA", "nB", BS)
     assert (d.pe_blocks, d.de_blocks, d.path) == (0, 10, "de")
@@ -64,7 +64,7 @@ def test_dualpath_sends_everything_to_the_shorter_queue_when_the_other_is_far_be
 
 
 def test_a_decision_sees_the_reads_held_by_earlier_ones():
-    rq = ReadQueues()
+    rq = PendingReads()
     first = held(rq, "r1", "dualpath-split", 10)
     assert (first.pe_blocks, first.de_blocks) == (5, 5)  # both idle: an even split
     second = rq.decide("dualpath-split", 10, "nA", "nB", BS)
@@ -72,7 +72,7 @@ def test_a_decision_sees_the_reads_held_by_earlier_ones():
 
 
 def test_pe_and_de_on_one_node_read_everything_on_one_path_and_say_why():
-    rq = ReadQueues()
+    rq = PendingReads()
     rq.pending["n0"] = 5000
     d = rq.decide("dualpath", 10, "n0", "n0", BS)
     assert (d.pe_blocks, d.de_blocks, d.path) == (10, 0, "pe")
@@ -80,7 +80,7 @@ def test_pe_and_de_on_one_node_read_everything_on_one_path_and_say_why():
 
 
 def test_reads_on_a_shared_node_are_held_and_released():
-    rq = ReadQueues()
+    rq = PendingReads()
     held(rq, "r1", "dualpath", 10, pe="n0", de="n0")
     assert rq.pending["n0"] == 640
     rq.done("r1")
@@ -88,7 +88,7 @@ def test_reads_on_a_shared_node_are_held_and_released():
 
 
 def test_done_returns_pending_to_zero_and_is_harmless_twice():
-    rq = ReadQueues()
+    rq = PendingReads()
     a = held(rq, "a", "dualpath-split", 10)
     b = held(rq, "b", "dualpath-split", 7)
     assert rq.pending["nA"] == (a.pe_blocks + b.pe_blocks) * BS
@@ -102,7 +102,7 @@ def test_done_returns_pending_to_zero_and_is_harmless_twice():
 
 
 def test_a_one_sided_share_holds_and_releases_only_its_node():
-    rq = ReadQueues()
+    rq = PendingReads()
     rq.pending["nA"] = 10_000  # someone else's reads, not held by a request here
     d = held(rq, "r1", "dualpath", 3)
     assert (d.pe_blocks, d.de_blocks) == (0, 3)
@@ -133,7 +133,7 @@ def test_oracle_index_evicts_the_least_recently_used_key_beyond_its_bound(refres
 
 @pytest.mark.parametrize(("force", "want"), [("pe", (10, 0, "pe")), ("de", (0, 10, "de"))])
 def test_the_read_path_setting_puts_every_hit_on_one_path(force, want):
-    rq = ReadQueues()
+    rq = PendingReads()
     rq.pending["nB"] = 10**6 if force == "de" else 0  # against what the policy would choose
     d = rq.decide("dualpath", 10, "nA", "nB", BS, force=force)
     assert (d.pe_blocks, d.de_blocks, d.path) == want and "read_path setting" in d.reason
@@ -152,7 +152,7 @@ def test_equal_queues_go_to_the_node_given_fewer_tokens_so_bytes_balance():
     """Queues are often both empty: a tie that always chose the PE path sent every such read
     through the prefill node's storage NIC. Ties alternate by tokens given, and the shorter
     queue still wins wherever the queues differ."""
-    rq = ReadQueues()
+    rq = PendingReads()
     paths = []
     for i in range(6):  # each read done before the next comes: both queues empty every time
         d = rq.decide("dualpath", 10, "nA", "nB", BS)

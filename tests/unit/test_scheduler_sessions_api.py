@@ -15,6 +15,7 @@ from starlette.testclient import TestClient
 from services.scheduler.api import _read_body
 from services.scheduler.protocol import ApiError
 from services.scheduler.sessions_api import session_routes
+from shared.messages.subjects import Subjects
 from tests.unit.test_scheduler_prefetcher import _done, _prefetcher, _until
 
 pytestmark = pytest.mark.unit
@@ -61,20 +62,20 @@ def test_close_session_ends_the_named_session_and_a_missing_id_is_a_400():
 
 def test_a_workers_close_goes_to_the_dispatch_core_which_ends_the_session():
     from services.scheduler.doors import FrontDoors
-    from services.scheduler.wire import Answer, Ask
+    from shared.messages.front import Answer, Ask
     from services.scheduler.worker import FrontWorker
 
     asked = []
 
-    async def request(subject, msg, reply_type, timeout):
+    async def request(subject, msg, timeout):
         asked.append((subject, msg))
         return Answer()
 
-    worker = SimpleNamespace(core="c", subjects=SimpleNamespace(front_ask=lambda core: f"{core}.ask"),
+    worker = SimpleNamespace(core="c", subjects=Subjects("t"),
                              bus=SimpleNamespace(nc=SimpleNamespace(is_connected=True), request=request))
     worker._ask = lambda what, session="": FrontWorker._ask(worker, what, session)
     asyncio.run(FrontWorker.end_session(worker, "sess-2"))
-    assert asked == [("c.ask", Ask("close_session", "sess-2"))]
+    assert asked == [("t.scheduler.c.ask", Ask("close_session", "sess-2"))]
 
     core, answers = FakeFront(), []
     doors = FrontDoors(core)
@@ -87,7 +88,7 @@ def test_a_workers_close_goes_to_the_dispatch_core_which_ends_the_session():
 
 
 def test_ending_a_session_releases_its_staging_and_its_retention():
-    from services.scheduler.hints import Hint
+    from shared.messages.front import Hint
     from shared.messages.storage_gateway import Retain
     from shared.messages.traffic_manager import Release
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.messages.endpoints import ENDPOINTS, EP
 from shared.messages.subjects import Subjects
 from shared.metrics import Metrics
 from shared.names import SERVICES, hyphenated
@@ -40,10 +41,12 @@ def test_loggers_and_tracers_of_a_package_are_named_for_it(name):
 
 def test_subjects_carry_the_receiving_services_name():
     s = Subjects("ns")
-    got = {s.prefill_work("e"), s.prefill_loaded("e"), s.decode_admit("e"), s.tm("e", "push"), s.sg("n", "read"),
-           s.sg_any("hit"), s.output("i")}
+    got = {s.at(EP.PE_WORK, engine="e"), s.at(EP.PE_LOADED, engine="e"), s.at(EP.DE_ADMIT, engine="e"),
+           s.at(EP.TM_PUSH, engine="e"), s.at(EP.SG_READ, node="n"), s.at(EP.SG_HIT), s.at(EP.SCHED_OUT, scheduler="i")}
     assert {x.split(".")[1] for x in got} == {"prefill_engine", "decode_engine", "traffic_manager",
                                               "storage_gateway", "scheduler"}
+    families = {ep.pattern.split(".")[1] for ep in ENDPOINTS}  # the rest belong to no service (docs/structures.md)
+    assert families - set(SERVICES) == {"hb", "cancel", "engine", "fleet", "journal"}
 
 
 def test_metrics_are_prefixed_by_the_service_name_and_shared_series_by_none():

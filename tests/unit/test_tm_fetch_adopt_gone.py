@@ -53,9 +53,9 @@ class Mesh:
     def __init__(self, de_pool):
         self.de_pool, self.given, self.heard, self.reserves = de_pool, GrantsGiven(Endpoint()), [], []
 
-    async def request(self, subject, msg, reply_type, timeout):
+    async def request(self, subject, msg, timeout):
         if isinstance(msg, ReadBlocks):
-            return ReadDone(blocks=len(msg.keys))
+            return ReadDone(blocks=len(msg.block_keys))
         assert isinstance(msg, Reserve), msg
         self.reserves.append(msg)
         try:  # nothing staged under msg.adopt any more: nothing adopted

@@ -32,10 +32,10 @@ class Bus:
     def __init__(self):
         self.heard, self.asked = [], []
 
-    async def request(self, subject, msg, reply_type, timeout):
+    async def request(self, subject, msg, timeout):
         self.asked.append(msg)
         assert isinstance(msg, Reserve), msg
-        return Reserved(slots=DE_SLOTS, adopted=len(msg.adopt_keys))
+        return Reserved(slots=DE_SLOTS, adopted=len(msg.adopt_block_keys))
 
     async def publish(self, subject, msg, ctx=None):
         self.heard.append(msg)

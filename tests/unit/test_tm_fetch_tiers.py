@@ -35,13 +35,13 @@ class Mesh:
     def __init__(self, pe_found: int, de_found: int):
         self.pe_found, self.de_found, self.heard = pe_found, de_found, []
 
-    async def request(self, subject, msg, reply_type, timeout):
+    async def request(self, subject, msg, timeout):
         if isinstance(msg, ReadBlocks):
-            return ReadDone(blocks=min(self.pe_found, len(msg.keys)))
+            return ReadDone(blocks=min(self.pe_found, len(msg.block_keys)))
         if isinstance(msg, Reserve):
             return Reserved(slots=[(10 + i) * BN for i in range(msg.n_blocks)])
         assert isinstance(msg, Stage), msg
-        return Staged(slots=msg.slots, blocks=min(self.de_found, len(msg.keys)))
+        return Staged(slots=msg.slots, blocks=min(self.de_found, len(msg.block_keys)))
 
     async def publish(self, subject, msg, ctx=None):
         self.heard.append(msg)

@@ -35,8 +35,8 @@ class Mesh:
     def __init__(self, layers: Registry):
         self.layers, self.heard = layers, []
 
-    async def request(self, subject, msg, reply_type, timeout):
-        return ReadDone(blocks=len(msg.keys))
+    async def request(self, subject, msg, timeout):
+        return ReadDone(blocks=len(msg.block_keys))
 
     async def publish(self, subject, msg, ctx=None):
         self.heard.append(msg)

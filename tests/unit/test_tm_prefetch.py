@@ -35,10 +35,10 @@ class Gateway:
     def __init__(self, stored: int = 1 << 30):
         self.stored, self.reads = stored, []
 
-    async def request(self, subject, msg, reply_type, timeout):
-        self.reads.append((len(msg.keys), msg.bulk, msg.start_within_s > 0))
+    async def request(self, subject, msg, timeout):
+        self.reads.append((len(msg.block_keys), msg.bulk, msg.start_within_s > 0))
         await asyncio.sleep(0)
-        ok = max(0, min(len(msg.keys), self.stored - sum(n for n, *_ in self.reads[:-1])))
+        ok = max(0, min(len(msg.block_keys), self.stored - sum(n for n, *_ in self.reads[:-1])))
         return ReadDone(blocks=ok)
 
 

@@ -12,7 +12,7 @@ import pytest
 from services.traffic_manager.prefetch import PrefetchPath
 from services.traffic_manager.progress import Stalled
 from services.traffic_manager.read_queues import ReadQueues
-from services.traffic_manager.transfers import ENDS, LEGAL, PATHS, TERMINAL, Kind, Transfers, deadline
+from services.traffic_manager.transfers import ENDS, LEGAL, PATHS, TERMINAL, TransferKind, Transfers, deadline
 from services.traffic_manager.transfers import TransferState as T
 from services.traffic_manager.waitline import SlotWaitExpired
 from shared.bus import BusError
@@ -41,7 +41,7 @@ def parts():
     region.unlink()
 
 
-@pytest.mark.parametrize("kind", list(Kind))
+@pytest.mark.parametrize("kind", list(TransferKind))
 def test_every_live_state_of_every_kind_has_a_way_out_and_done_is_reachable(kind):
     legal = LEGAL[kind]
     live = [s for s in legal if s not in TERMINAL]
@@ -71,16 +71,16 @@ def _nats_timeout() -> BusError:
     (BusError("x", "refused"), T.FAILED), (RuntimeError("bug"), T.FAILED), (T.RELEASED, T.RELEASED)])
 def test_an_ending_is_told_apart_by_what_ended_it(exc, state):
     xfers = Transfers()
-    t = xfers.begin(Kind.RESERVE, "r1", T.RESERVING)
+    t = xfers.begin(TransferKind.RESERVE, "r1", T.RESERVING)
     xfers.end(t, exc)
-    assert t.state is state and xfers.ended == Counter({(Kind.RESERVE, state): 1})
+    assert t.state is state and xfers.ended == Counter({(TransferKind.RESERVE, state): 1})
     xfers.end(t, RuntimeError("later"))  # once only
-    assert t.state is state and sum(xfers.machines[Kind.RESERVE].counts.values()) == 0
+    assert t.state is state and sum(xfers.machines[TransferKind.RESERVE].counts.values()) == 0
 
 
 def test_a_released_requests_failure_ends_released_and_a_success_still_done():
     xfers = Transfers()
-    a, b = xfers.begin(Kind.FETCH, "r1", T.RESERVING), xfers.begin(Kind.LOAD, "r1", T.COPYING)
+    a, b = xfers.begin(TransferKind.FETCH, "r1", T.RESERVING), xfers.begin(TransferKind.LOAD, "r1", T.COPYING)
     xfers.release("r1")
     with pytest.raises(RuntimeError), a:
         raise RuntimeError("the request was released")
@@ -92,7 +92,7 @@ def test_a_released_requests_failure_ends_released_and_a_success_still_done():
 def test_an_illegal_move_is_refused_counted_and_the_gauge_shows_live_transfers():
     m, xfers = Metrics("traffic_manager"), Transfers()
     xfers.expose(m)
-    t = xfers.begin(Kind.SAVE, "r1", T.QUEUED)
+    t = xfers.begin(TransferKind.SAVE, "r1", T.QUEUED)
     assert not xfers.move(t, T.WRITING) and t.state is T.QUEUED
     xfers.move(t, T.COPYING)
     text = m.render().decode()
@@ -140,16 +140,16 @@ def test_a_turn_ends_every_transfer_it_began_done(pe_blocks):
     mesh = _turn(pe_blocks)
     assert _live(mesh) == {"pe": {}, "de": {}}
     pe, de = _ended(mesh)["pe"], _ended(mesh)["de"]
-    assert pe[(Kind.FETCH, T.DONE)] == 1 and pe[(Kind.PUSH, T.DONE)] == 1
-    assert de[(Kind.SAVE, T.DONE)] >= 2  # the prompt's missing block (from its slots), generated ones
-    assert (Kind.STAGE, T.DONE) in de if pe_blocks == 0 else (Kind.STAGE, T.DONE) not in de
+    assert pe[(TransferKind.FETCH, T.DONE)] == 1 and pe[(TransferKind.PUSH, T.DONE)] == 1
+    assert de[(TransferKind.SAVE, T.DONE)] >= 2  # the prompt's missing block (from its slots), generated ones
+    assert (TransferKind.STAGE, T.DONE) in de if pe_blocks == 0 else (TransferKind.STAGE, T.DONE) not in de
     assert not [k for k in (*pe, *de) if k[1] is not T.DONE]
 
 
 def test_a_push_whose_peer_is_gone_ends_failed():
     mesh = _turn(3, refuse_writes="connection to de0 lost")
     assert _live(mesh) == {"pe": {}, "de": {}}
-    assert _ended(mesh)["pe"][(Kind.PUSH, T.FAILED)] == 1
+    assert _ended(mesh)["pe"][(TransferKind.PUSH, T.FAILED)] == 1
 
 
 def test_a_push_of_a_released_request_ends_released():
@@ -172,7 +172,7 @@ def test_a_push_of_a_released_request_ends_released():
         finally:
             mesh.close()
     mesh, done = asyncio.run(go())
-    assert not done.ok and _ended(mesh)["pe"] == {(Kind.PUSH, T.RELEASED): 1}
+    assert not done.ok and _ended(mesh)["pe"] == {(TransferKind.PUSH, T.RELEASED): 1}
 
 
 def test_a_prefetch_goes_reading_staged_claimed_done_and_an_unclaimed_one_expires(parts):
@@ -185,5 +185,5 @@ def test_a_prefetch_goes_reading_staged_claimed_done_and_an_unclaimed_one_expire
         "reading": 0, "staged": 1, "claimed": 1}
     pf.drop("s1", "used")
     pf.expire(float("inf"))
-    assert dict(parts.xfers.ended) == {(Kind.PREFETCH, T.DONE): 1, (Kind.PREFETCH, T.EXPIRED): 1}
+    assert dict(parts.xfers.ended) == {(TransferKind.PREFETCH, T.DONE): 1, (TransferKind.PREFETCH, T.EXPIRED): 1}
 

@@ -15,7 +15,7 @@ values (seq_e, tok_e, read_q of the engine's node, free KV memory).
       assignments = assign_prefill(pe_queue, reports, PeThresholds(alpha, beta))
 
   pops the assigned requests from the head of `pe_queue` (Algorithm 1) and returns
-  `[Assignment(rid, engine), ...]` in FIFO order.
+  `[EngineAssignment(rid, engine), ...]` in FIFO order.
 - A DE group pulls::
 
       target = pick_de_group({group: total_tok, ...})          # level 1
@@ -31,22 +31,22 @@ values (seq_e, tok_e, read_q of the engine's node, free KV memory).
 
 - A PE forms a forward batch from its ready requests::
 
-      batch = plan_batch([PrefillWork(rid, cached, remaining), ...], attn_model, quota)
+      batch = plan_batch([ReadyPrefill(rid, cached, remaining), ...], attn_model, quota)
 
-  returns `[Chunk(rid, cached, bsz), ...]`; the last chunk may be partial (chunked
+  returns `[PlannedChunk(rid, cached, bsz), ...]`; the last chunk may be partial (chunked
   prefill, size found by binary search).
 
 Units: tokens for tok_e, read_q, len(r); free memory and a request's `mem` in any one
 unit the caller chooses (the simulator uses tokens of KV).
 """
 from shared.sched.policy.de_assign import assign_decode, pick_de_group, z_threshold
-from shared.sched.policy.intra_pe import AttentionModel, Chunk, PrefillWork, balanced_quota, plan_batch
+from shared.sched.policy.intra_pe import AttentionModel, PlannedChunk, ReadyPrefill, balanced_quota, plan_batch
 from shared.sched.policy.pe_assign import PeThresholds, assign_prefill, classify
 from shared.sched.policy.read_path import ReadPath, choose_path, split_read
-from shared.sched.policy.types import Assignment, EngineClass, EngineReport, Request
+from shared.sched.policy.types import EngineAssignment, EngineClass, EngineReport, Request
 
 __all__ = [
-    "Assignment", "AttentionModel", "Chunk", "EngineClass", "EngineReport", "PeThresholds",
-    "PrefillWork", "ReadPath", "Request", "assign_decode", "assign_prefill", "balanced_quota", "choose_path",
+    "EngineAssignment", "AttentionModel", "PlannedChunk", "EngineClass", "EngineReport", "PeThresholds",
+    "ReadyPrefill", "ReadPath", "Request", "assign_decode", "assign_prefill", "balanced_quota", "choose_path",
     "classify", "pick_de_group", "plan_batch", "split_read", "z_threshold",
 ]

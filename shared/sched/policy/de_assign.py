@@ -17,7 +17,7 @@ from collections import deque
 from itertools import islice
 from typing import Mapping, Sequence
 
-from shared.sched.policy.types import Assignment, EngineReport, Request
+from shared.sched.policy.types import EngineAssignment, EngineReport, Request
 
 Z_FACTOR = 1.05
 LOOKAHEAD = 16  # queue entries scanned past |R| for requests that still fit somewhere
@@ -53,7 +53,7 @@ def assign_decode(
     reports: Sequence[EngineReport],
     factor: float = Z_FACTOR,
     lookahead: int = LOOKAHEAD,
-) -> list[Assignment]:
+) -> list[EngineAssignment]:
     """Level 2 for one DE group; removes the placed requests from `queue`.
 
     Scans from the head; a request that fits no engine keeps its place. The scan ends
@@ -71,7 +71,7 @@ def assign_decode(
     if all(r.mem > roomiest for r in islice(queue, limit)):
         return []  # nothing in the scan window fits anywhere (the scan below would keep them all)
     z = factor * (sum(queue[i].tokens for i in range(n_fit)) + sum(tok)) / len(reports)
-    out: list[Assignment] = []
+    out: list[EngineAssignment] = []
     kept: list[Request] = []
     scanned = 0
     with_room = sum(1 for f in free if f > 0)
@@ -91,7 +91,7 @@ def assign_decode(
         free[i] -= req.mem
         if free[i] + req.mem == roomiest:
             roomiest = max(free)
-        out.append(Assignment(req.rid, reports[i].engine))
+        out.append(EngineAssignment(req.rid, reports[i].engine))
     queue.extendleft(reversed(kept))
     return out
 

@@ -60,7 +60,7 @@ def _capped_pairs(cached: int, bsz: int, cap: int) -> int:
     return below * cached + below * (below + 1) // 2 + (bsz - below) * cap
 
 
-class PrefillWork(msgspec.Struct, frozen=True):
+class ReadyPrefill(msgspec.Struct, frozen=True):
     """A ready request on a PE: `cached` tokens have KV (hit + computed), `remaining` to go."""
 
     rid: int
@@ -69,7 +69,7 @@ class PrefillWork(msgspec.Struct, frozen=True):
     whole: bool = False  # never chunked (its hits are held a few layers at a time): whole, or not in this batch
 
 
-class Chunk(msgspec.Struct, frozen=True):
+class PlannedChunk(msgspec.Struct, frozen=True):
     """Compute `bsz` tokens of request `rid` after its `cached` tokens in this batch."""
 
     rid: int
@@ -78,12 +78,12 @@ class Chunk(msgspec.Struct, frozen=True):
 
 
 def plan_batch(
-    work: Iterable[PrefillWork],
+    work: Iterable[ReadyPrefill],
     model: AttentionModel,
     quota: float,
     align: int = 1,
     max_tokens: int = 0,
-) -> list[Chunk]:
+) -> list[PlannedChunk]:
     """Chunks for one forward batch; empty only when `work` has nothing to compute.
 
     `work` may be a lazy iterable: it is consumed only until the quota is full.
@@ -95,7 +95,7 @@ def plan_batch(
     first chunk included. A `whole` request is never cut: it ends the batch before it when
     it does not fit, and goes alone (over the quota) when it is first.
     """
-    out: list[Chunk] = []
+    out: list[PlannedChunk] = []
     used = model.per_batch
     budget_tokens = max_tokens if max_tokens > 0 else -1
     for w in work:
@@ -104,19 +104,19 @@ def plan_batch(
         want = w.remaining if budget_tokens < 0 else min(w.remaining, budget_tokens)
         cost = model.request_time(w.cached, want)
         if used + cost <= quota and want == w.remaining:
-            out.append(Chunk(w.rid, w.cached, want))
+            out.append(PlannedChunk(w.rid, w.cached, want))
             used += cost
             budget_tokens = budget_tokens - want if budget_tokens >= 0 else -1
             continue
         if w.whole:
             if not out:
-                out.append(Chunk(w.rid, w.cached, w.remaining))
+                out.append(PlannedChunk(w.rid, w.cached, w.remaining))
             break
         bsz = _largest_fit(model, w.cached, want, quota - used, align)
         if bsz <= 0 and not out:
             bsz = min(align, want)  # want honours max_tokens too
         if bsz > 0:
-            out.append(Chunk(w.rid, w.cached, bsz))
+            out.append(PlannedChunk(w.rid, w.cached, bsz))
         break
     return out
 

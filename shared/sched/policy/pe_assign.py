@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
 
-from shared.sched.policy.types import Assignment, EngineClass, EngineReport, Request
+from shared.sched.policy.types import EngineAssignment, EngineClass, EngineReport, Request
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +38,7 @@ def classify(report: EngineReport, tokens: int, th: PeThresholds) -> EngineClass
 
 def assign_prefill(
     queue: deque[Request], reports: Sequence[EngineReport], th: PeThresholds
-) -> list[Assignment]:
+) -> list[EngineAssignment]:
     """Hand out requests from the head of `queue` to the pulling group's engines.
 
     Pops every assigned request from `queue`; the rest stay in order. Each request goes
@@ -55,12 +55,12 @@ def assign_prefill(
             pressured.append((rep.tokens, i))
     heapq.heapify(ideal)
     heapq.heapify(pressured)
-    out: list[Assignment] = []
+    out: list[EngineAssignment] = []
     while queue and (ideal or pressured):
         heap = ideal if ideal else pressured
         tokens, i = heapq.heappop(heap)
         req = queue.popleft()
-        out.append(Assignment(req.rid, reports[i].engine))
+        out.append(EngineAssignment(req.rid, reports[i].engine))
         tokens += req.tokens
         if tokens <= th.beta:  # read_q is fixed during a pull, so the class is too
             heapq.heappush(heap, (tokens, i))

@@ -37,7 +37,7 @@ class EngineReport(msgspec.Struct, frozen=True):
     free_mem: int = 0  # free KV memory (DE only), in the caller's unit
 
 
-class Assignment(msgspec.Struct, frozen=True):
+class EngineAssignment(msgspec.Struct, frozen=True):
     """Request `rid` goes to engine `engine`."""
 
     rid: int

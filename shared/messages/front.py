@@ -10,24 +10,59 @@ request's messages arrive in order):
 - `PrefillOver`: the attempt's first token reached the worker (its prefill engine is free);
 - `Done`: the client got its last event (status, the generated ids, the latencies, the tiers).
 A worker-held prompt never passes the core either: the core addresses each attempt's work to
-the worker (`Forward` on `work_subject(reply)`: the prefill engine and its `PrefillWork`
+the worker (`Forward` on its `scheduler.forward` subject: the prefill engine and its `PrefillWork`
 without the prompt), which fills the prompt in and publishes it to the engine. The engines'
 tokens never pass the core: they go to the worker's own output subject. The
 core reaches a worker's requests on that subject too, with plain `TokenEvent`s (a failure,
 or a retryable `engine_failed` naming the engine that went silent: the worker resumes).
 `Ask` / `Answer` carry /health, /v1/mesh, /metrics and /close_session; `FrontInfo` (also published every
 heartbeat on `{ns}.scheduler.<core>.info`) is what a worker needs to validate and key a
-request: the model, its context, the store layout.
+request: the model, its context, the store layout. `Hint` is an agent's hints as the worker checked
+them (services/scheduler/hints.py parses them), carried on `Submit`.
 """
 from __future__ import annotations
 
+import enum
+from dataclasses import dataclass
+
 import msgspec
 
-from services.scheduler.hints import Hint
 from shared.messages.codes import LoadMode
 from shared.messages.storage_gateway import StoreLayout
 from shared.messages.stream import PromptTiers
 from shared.messages.work import PrefillWork, Sampling
+
+
+class Reuse(enum.IntEnum):
+    """How likely the session's KV is reused (a level, or a probability bucketed into one)."""
+
+    NONE = 0  # never again: demote its blocks (evicted before unhinted ones), no prefetch
+    LOW = 1  # ordinary LRU: no retention
+    UNSET = 2  # not said: retained when a TTL or a tool call says the session comes back
+    MEDIUM = 3
+    HIGH = 4
+
+
+@dataclass(frozen=True)
+class Hint:
+    session: str = ""  # "" = no session named (prefetched blocks are still found by their keys)
+    tool_s: float | None = None  # the next turn returns after a tool call of about this long
+    ttl_s: float | None = None  # retention asked for (None: the scheduler's default when retained)
+    reuse: Reuse = Reuse.UNSET
+    release: bool = False
+
+    @property
+    def prefetch(self) -> bool:
+        """Stage the session's stored KV into a buffer for its next turn."""
+        return self.tool_s is not None and not self.release and self.reuse != Reuse.NONE
+
+    def retain_s(self, default_s: float) -> float | None:
+        """Seconds the session's blocks outrank unhinted ones in the store (None: not retained)."""
+        if self.release or self.reuse in (Reuse.NONE, Reuse.LOW):
+            return None
+        if self.ttl_s is not None:
+            return self.ttl_s
+        return default_s if self.tool_s is not None or self.reuse > Reuse.UNSET else None
 
 
 class Submit(msgspec.Struct, tag="submit", omit_defaults=True, gc=False):
@@ -69,11 +104,6 @@ class Forward(msgspec.Struct, gc=False):
     """The core -> a worker: an attempt's work for `pe`, its prompt for the worker to fill in."""
     pe: str
     work: PrefillWork
-
-
-def work_subject(reply: str) -> str:
-    """Where the worker whose output subject is `reply` takes `Forward`s."""
-    return reply + ".work"
 
 
 class FrontInfo(msgspec.Struct, omit_defaults=True):
