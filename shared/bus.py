@@ -214,10 +214,11 @@ class Bus:
         await self.nc.publish(subject, _encoder.encode(msg), headers=inject_headers(ctx=ctx) or None)
 
     async def request(self, subject: str, msg: msgspec.Struct, timeout: float = 5.0,
-                      ctx: otel_context.Context | None = None) -> Any:
+                      ctx: otel_context.Context | None = None, abort: asyncio.Future | None = None) -> Any:
         """Ask on `subject` and wait `timeout` s for the reply, decoded as its endpoint's reply type;
         TypeError when the endpoint takes no requests or carries another type than `msg`'s. A
-        connection lost meanwhile fails it at once (the reply died with it)."""
+        connection lost meanwhile fails it at once (the reply died with it), and so does `abort`
+        resolving (the responder is known gone: e.g. its process restarted)."""
         ep = endpoint_of(subject)
         ep.check(msg, subject)
         if ep.reply is None:
@@ -226,12 +227,14 @@ class Bus:
         asked = asyncio.ensure_future(self.nc.request(subject, _encoder.encode(msg), timeout=timeout,
                                                       headers=inject_headers(ctx=ctx) or None))
         try:
-            await asyncio.wait([asked, lost], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([asked, lost] + ([abort] if abort is not None else []),
+                               return_when=asyncio.FIRST_COMPLETED)
         finally:
             if not asked.done():
                 asked.cancel()
         if not asked.done() or asked.cancelled():
-            raise BusError(subject, "the connection to NATS was lost before the reply")
+            raise BusError(subject, "the responder went away before its reply" if abort is not None and abort.done()
+                           else "the connection to NATS was lost before the reply")
         try:
             reply = asked.result()
         except nats.errors.NoRespondersError:

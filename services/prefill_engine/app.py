@@ -225,7 +225,7 @@ class PrefillEngineService(EngineService):
             "req_id": c.req.req_id, "engine": self.engine, "prompt_tokens": len(c.req.prompt), "cached": c.cached,
             "bsz": c.bsz, "batch_size": len(batch)}) for c in batch]
         # one forward serves the whole batch: its own span, linked to every request it computes
-        step_span = tracer.start_span("prefill_batch", links=[trace.PeLink(sp.get_span_context()) for sp in spans],
+        step_span = tracer.start_span("prefill_batch", links=[trace.Link(sp.get_span_context()) for sp in spans],
                                       attributes={"engine": self.engine, "batch_size": len(batch),
                                                   "tokens": sum(c.bsz for c in batch)})
         pushes = [c.req for c in batch if c.cached + c.bsz >= len(c.req.prompt) and c.req.work.mode.moves_kv]

@@ -23,7 +23,7 @@ from opentelemetry import trace
 
 from services.traffic_manager.config import TrafficManagerConfig
 from services.traffic_manager.fetch import FetchPath
-from services.traffic_manager.parts import NOT_ATTACHED, TMParts
+from services.traffic_manager.parts import NOT_ATTACHED, PeersGone, TMParts
 from services.traffic_manager.pending import install as install_pending
 from services.traffic_manager.pool import BufferPool
 from services.traffic_manager.prefetch import PrefetchPath
@@ -96,11 +96,13 @@ class TrafficManagerService(Service):
         await self.endpoint.start()
         log.info("data plane: %s transport (%s)", self.endpoint.backend, self.endpoint.why)
         self.endpoint.register("buf", self.pool.buffer.buf, shm_name=self.pool.buffer.name)  # reached via grants
+        self.peers_gone = PeersGone()
         self.given = GrantsGiven(self.endpoint)
         parts = TMParts(cfg, self.bus, self.subjects, self.metrics, self.pool, self.endpoint, self.peer, self.queues,
                         self.m_bytes, self.spawn, self.given, self.held, self.reads, self.layers,
                         claim_local=lambda o, k: self.prefetch.claim(o, k),
-                        drop_local=lambda o, why: self.prefetch.drop(o, why), xfers=self.xfers)
+                        drop_local=lambda o, why: self.prefetch.drop(o, why), xfers=self.xfers,
+                        peers_gone=self.peers_gone)
         self.fetch_path, self.store_path, self.push_path = FetchPath(parts), StorePath(parts), PushPath(parts, self.m_xfer)
         self.prefetch = PrefetchPath(parts, cfg.prefetch_chunk_blocks, cfg.prefetch_share, StagedTable.create())
         self.pool.reclaim = self.prefetch.reclaim
@@ -152,19 +154,16 @@ class TrafficManagerService(Service):
         elif isinstance(msg, EngineAnnounce) and msg.engine == self.cfg.engine and msg.kv is not None:
             self._attach(msg.kv)
         elif isinstance(msg, TrafficManagerAnnounce) and msg.engine != self.cfg.engine and msg.endpoint:
-            if msg.leaving:
-                self.remote.pop(msg.engine, None)
-                peer = self.peers.pop(msg.engine, None)
-                if peer:
-                    await peer.close()
-                return
-            desc = _desc_decoder.decode(msg.endpoint)
-            old, self.remote[msg.engine] = self.remote.get(msg.engine), desc
-            if msg.engine in self.peers:
-                if old is not None and same_process(old, desc):
-                    self.peers[msg.engine].refresh(desc)
-                else:  # that TM restarted: the old connection reaches a process that is gone
-                    self.spawn(self.peers.pop(msg.engine).close(), name=f"close-peer-{msg.engine}")
+            desc = None if msg.leaving else _desc_decoder.decode(msg.endpoint)
+            old = self.remote.pop(msg.engine, None) if desc is None else self.remote.get(msg.engine)
+            if desc is not None:
+                self.remote[msg.engine] = desc
+            if old is not None and (desc is None or not same_process(old, desc)):  # it left, or restarted:
+                self.peers_gone.gone(msg.engine)  # requests to the old process end now, and its connection
+                if (peer := self.peers.pop(msg.engine, None)) is not None:
+                    self.spawn(peer.close(), name=f"close-peer-{msg.engine}")
+            elif desc is not None and msg.engine in self.peers:
+                self.peers[msg.engine].refresh(desc)
 
     def _attach(self, layout: KVRegion) -> None:
         if self.pool.layout is not None and self.pool.layout.shm_name == layout.shm_name:

@@ -248,7 +248,7 @@ class FetchPath:
                       adopt_block_keys=msg.block_keys[:msg.staged_blocks] if adopt else [])
         try:
             return await p.bus.request(p.subjects.at(EP.TM_RESERVE, engine=msg.de_engine), ask,
-                                       timeout=p.cfg.transfer_timeout_s)
+                                       timeout=p.cfg.transfer_timeout_s, abort=p.peers_gone.future(msg.de_engine))
         except BusError as exc:
             return Reserved(ok=False, error=exc.reason)
 
@@ -261,7 +261,7 @@ class FetchPath:
                     p.subjects.at(EP.TM_STAGE, engine=msg.de_engine),
                     Stage(msg.req_id, msg.prompt_blocks, k, msg.block_keys[k:], msg.de_node, msg.layout, slots=slots,
                           group_layers=p.group_layers, progress=p.progress_subject),
-                    timeout=p.queues.deadline(msg.de_node, nbytes))
+                    timeout=p.queues.deadline(msg.de_node, nbytes), abort=p.peers_gone.future(msg.de_engine))
             track.finish(done.blocks, done.error)
         except BusError as exc:
             track.finish(0, exc.reason)

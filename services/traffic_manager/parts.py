@@ -28,7 +28,26 @@ from shared.messages.subjects import Subjects
 from shared.metrics import Metrics
 from shared.transport.base import Endpoint, Peer
 
-NOT_ATTACHED = "engine KV memory not attached yet"  # what a request before the engine announced is told
+NOT_ATTACHED = "engine KV memory not attached yet"
+
+
+class PeersGone:
+    """A future per other engine's TM that resolves when that TM is known gone (it restarted or
+    left): a request to it races this, so its lost reply fails the request at once."""
+
+    def __init__(self) -> None:
+        self._now: dict[str, asyncio.Future] = {}
+
+    def future(self, engine: str) -> asyncio.Future:
+        fut = self._now.get(engine)
+        if fut is None or fut.done():
+            fut = self._now[engine] = asyncio.get_running_loop().create_future()
+        return fut
+
+    def gone(self, engine: str) -> None:
+        fut = self._now.pop(engine, None)
+        if fut is not None and not fut.done():
+            fut.set_result(None)  # what a request before the engine announced is told
 
 
 @dataclass(frozen=True)
@@ -50,6 +69,7 @@ class TMParts:
     claim_local: Callable[[str, list[bytes]], list[int]] = lambda owner, keys: []  # prefetched slots here
     drop_local: Callable[[str, str], bool] = lambda owner, why: False  # ... released (prefetch.py)
     xfers: Transfers = field(default_factory=Transfers)  # every transfer's state (transfers.py)
+    peers_gone: PeersGone = field(default_factory=PeersGone)  # other TMs known gone: their requests end
 
     @property
     def group_layers(self) -> int:

@@ -97,7 +97,7 @@ class PushPath:
         p = self.p
         ask = Reserve(msg.req_id, len(msg.src_blocks), adopt=msg.adopt, adopt_block_keys=msg.adopt_block_keys)
         res = await p.bus.request(p.subjects.at(EP.TM_RESERVE, engine=msg.dst_engine), ask,
-                                  timeout=p.cfg.transfer_timeout_s)
+                                  timeout=p.cfg.transfer_timeout_s, abort=p.peers_gone.future(msg.dst_engine))
         if not res.ok:
             raise BusError("reserve", res.error, res.code)
         p.m_bytes.labels("prefetch_used").inc(res.adopted * p.pool.block_nbytes)

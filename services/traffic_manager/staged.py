@@ -42,7 +42,7 @@ async def claim(p: TMParts, msg: FetchKV) -> tuple[list[int], Grant | None]:
         return p.claim_local(msg.staged_owner, keys), None
     try:
         got = await p.bus.request(p.subjects.at(EP.TM_CLAIM, engine=msg.staged_engine), Claim(msg.staged_owner, keys),
-                                  timeout=p.cfg.transfer_timeout_s)
+                                  timeout=p.cfg.transfer_timeout_s, abort=p.peers_gone.future(msg.staged_engine))
     except BusError as exc:  # gone: its blocks are read from storage instead
         log.info("prefetched blocks of %s not claimed: %s", msg.req_id, exc.reason)
         return [], None

@@ -187,7 +187,7 @@ class Mesh:
         elif subject == self.tm.loaded_subject and self.on_progress is not None:
             await self.on_progress(msg)
 
-    async def request(self, subject, msg, timeout=None, ctx=None):
+    async def request(self, subject, msg, timeout=None, ctx=None, abort=None):
         self.asked.append((subject, msg))
         engine = subject.split(".")[-2]
         if isinstance(msg, ReadBlocks):

@@ -47,7 +47,7 @@ class Bus:
             raise self.fail_with
         self.sent.append((subject, msg))
 
-    async def request(self, subject, msg, timeout=5.0, ctx=None):
+    async def request(self, subject, msg, timeout=5.0, ctx=None, abort=None):
         if self.fail_with:
             raise self.fail_with
         raise AssertionError("no reply scripted")

@@ -190,7 +190,7 @@ def test_the_push_reservation_adopts_the_copied_prefetch_and_sends_only_the_rest
         class Mesh:  # the DE's traffic-manager answering Reserve as the service does
             reserves: list[Reserve] = []
 
-            async def request(self, subject, msg, timeout):
+            async def request(self, subject, msg, timeout, abort=None):
                 self.reserves.append(msg)
                 adopted = de.adopt(msg.adopt, msg.adopt_block_keys, msg.req_id) if msg.adopt else []
                 offsets = adopted + [s * BLOCK for s in await de_pool.allocate_wait(msg.req_id, msg.n_blocks - len(adopted))]
@@ -228,7 +228,7 @@ def test_the_hand_off_asks_the_push_to_adopt_only_when_no_de_slots_were_reserved
     sent = []
 
     class HBus:
-        async def request(self, subject, msg, timeout=5.0, ctx=None):
+        async def request(self, subject, msg, timeout=5.0, ctx=None, abort=None):
             sent.append(msg)
             return PushDone(ok=False, error="stop here")
 

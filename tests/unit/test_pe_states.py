@@ -143,7 +143,7 @@ class Bus:
     async def publish(self, subject, msg, ctx=None):
         self.sent.append((subject, msg))
 
-    async def request(self, subject, msg, timeout=5.0, ctx=None):
+    async def request(self, subject, msg, timeout=5.0, ctx=None, abort=None):
         self.sent.append((subject, msg))
         if isinstance(msg, PushKV):
             await self.gate.wait()

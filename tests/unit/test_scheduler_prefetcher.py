@@ -34,7 +34,7 @@ class Bus:
     async def publish(self, subject, msg, ctx=None):
         self.sent.append((subject, msg))
 
-    async def request(self, subject, msg, timeout):
+    async def request(self, subject, msg, timeout, abort=None):
         self.sent.append((subject, msg))
         return Prefetched(blocks=len(msg.block_keys))
 

@@ -53,7 +53,7 @@ class Mesh:
     def __init__(self, de_pool):
         self.de_pool, self.given, self.heard, self.reserves = de_pool, GrantsGiven(Endpoint()), [], []
 
-    async def request(self, subject, msg, timeout):
+    async def request(self, subject, msg, timeout, abort=None):
         if isinstance(msg, ReadBlocks):
             return ReadDone(blocks=len(msg.block_keys))
         assert isinstance(msg, Reserve), msg

@@ -32,7 +32,7 @@ class Bus:
     def __init__(self):
         self.heard, self.asked = [], []
 
-    async def request(self, subject, msg, timeout):
+    async def request(self, subject, msg, timeout, abort=None):
         self.asked.append(msg)
         assert isinstance(msg, Reserve), msg
         return Reserved(slots=DE_SLOTS, adopted=len(msg.adopt_block_keys))

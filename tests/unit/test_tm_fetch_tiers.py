@@ -35,7 +35,7 @@ class Mesh:
     def __init__(self, pe_found: int, de_found: int):
         self.pe_found, self.de_found, self.heard = pe_found, de_found, []
 
-    async def request(self, subject, msg, timeout):
+    async def request(self, subject, msg, timeout, abort=None):
         if isinstance(msg, ReadBlocks):
             return ReadDone(blocks=min(self.pe_found, len(msg.block_keys)))
         if isinstance(msg, Reserve):

@@ -35,7 +35,7 @@ class Mesh:
     def __init__(self, layers: Registry):
         self.layers, self.heard = layers, []
 
-    async def request(self, subject, msg, timeout):
+    async def request(self, subject, msg, timeout, abort=None):
         return ReadDone(blocks=len(msg.block_keys))
 
     async def publish(self, subject, msg, ctx=None):

@@ -35,7 +35,7 @@ class Gateway:
     def __init__(self, stored: int = 1 << 30):
         self.stored, self.reads = stored, []
 
-    async def request(self, subject, msg, timeout):
+    async def request(self, subject, msg, timeout, abort=None):
         self.reads.append((len(msg.block_keys), msg.bulk, msg.start_within_s > 0))
         await asyncio.sleep(0)
         ok = max(0, min(len(msg.block_keys), self.stored - sum(n for n, *_ in self.reads[:-1])))
