@@ -60,7 +60,10 @@ def _stream(url: str, body: dict, out: Ending, leave: threading.Event, timeout: 
     try:
         with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True, "stream_options": {
                 "include_usage": True}}, timeout=timeout) as r:
-            for line in r.iter_lines():
+            if r.status_code != 200:  # answered at once, with an error body
+                r.read()
+                out.how = f"error: {r.status_code} {r.json().get('error', {}).get('message', '')}"
+            for line in r.iter_lines() if r.status_code == 200 else ():
                 if leave.is_set():
                     out.how = "left"
                     break
@@ -73,6 +76,8 @@ def _stream(url: str, body: dict, out: Ending, leave: threading.Event, timeout: 
                     out.stamps.append(time.monotonic())
                 elif "token_ids" in chunk:
                     out.tokens, out.how = chunk["token_ids"], "done"
+        if out.how == "hung":  # the stream closed cleanly without its last chunk
+            out.how = "lost connection (no last chunk)"
     except httpx.TimeoutException:
         out.how = "hung"
     except httpx.TransportError as exc:
