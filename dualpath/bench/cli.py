@@ -331,6 +331,8 @@ def _bench(args: argparse.Namespace, url: str, modes: list[LoadMode], extra_pids
 
 def _output(doc: dict, args: argparse.Namespace) -> int:
     """The report (markdown, its files, the JSON) with the run's conditions; the exit code."""
+    from dualpath.bench import report
+
     if getattr(args, "conditions", None) is not None:
         doc["conditions"] = args.conditions.measure().report()
     doc = report.clean(doc)
