@@ -53,3 +53,13 @@ def finish_forward(svc: PrefillEngineService, req: PrefillRequest, first: int | 
 def errors(sent: list[tuple[str, object]]) -> list[TokenEvent]:
     """The error events among what a stand-in bus heard."""
     return [m for _, m in sent if isinstance(m, TokenEvent) and m.finish is FinishReason.ERROR]
+
+
+def run(test):
+    """`test(task_group)` in a fresh event loop; tasks it left running are cancelled at its end."""
+    async def go():
+        async with asyncio.TaskGroup() as tg:
+            await test(tg)
+            for t in asyncio.all_tasks() - {asyncio.current_task()}:
+                t.cancel()  # a test that left a deadline asleep still ends (its assertions say so)
+    asyncio.run(go())

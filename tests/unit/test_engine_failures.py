@@ -25,7 +25,7 @@ from shared.messages.stream import TokenEvent
 from shared.messages.traffic_manager import FetchFailed, FetchKV, LayersLoaded, ReadFinished, ReadQueued
 from shared.messages.work import DecodeAdmit, PrefillWork, Sampling
 from shared.metrics import Metrics
-from tests.unit.pe_util import bare_prefill, intake
+from tests.unit.pe_util import bare_prefill, intake, run
 
 pytestmark = pytest.mark.unit
 HUGE = 600.0  # every deadline: a test that finishes did not wait for one
@@ -94,15 +94,6 @@ class Engine:
     async def progress(self, msg) -> None:
         """A report from its traffic manager."""
         await self.svc._on_loaded(msg, None)
-
-
-def run(test):
-    async def go():
-        async with asyncio.TaskGroup() as tg:
-            await test(tg)
-            for t in asyncio.all_tasks() - {asyncio.current_task()}:
-                t.cancel()  # a test that left a deadline asleep still ends (its assertions say so)
-    asyncio.run(go())
 
 
 def test_a_read_that_reports_cancels_its_deadline_task():

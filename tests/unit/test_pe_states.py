@@ -19,12 +19,12 @@ from services.prefill_engine.config import PrefillEngineConfig
 from services.prefill_engine.life import ENDING, HELD, LEGAL, PeLife, PeState
 from services.prefill_engine.metrics import PrefillMetrics
 from services.prefill_engine.record import PrefillRequest
-from shared.states import IllegalTransition
 from shared.messages.codes import ErrorCode, LoadMode
 from shared.messages.traffic_manager import LayersLoaded, PushDone, PushKV, ReadFinished, SaveCopied, SaveKV
 from shared.messages.work import Ack, Cancel, DecodeAdmit, PrefillWork, Sampling
 from shared.metrics import Metrics
-from tests.unit.pe_util import bare_prefill, errors, finish_forward, intake
+from tests.unit.state_util import assert_illegal
+from tests.unit.pe_util import bare_prefill, errors, finish_forward, intake, run
 from tests.unit.test_engine_failures import BS, KV, LAYOUT
 
 pytestmark = pytest.mark.unit
@@ -71,14 +71,7 @@ def test_an_illegal_move_raises_is_counted_in_the_metric_and_changes_nothing(pat
     m = Metrics("prefill_engine")
     life, r = PeLife("pe0", PrefillMetrics(m, "pe0")), _req()
     life.enter(r, P.WAITING_BLOCKS)
-    *ok, bad = path
-    for s in ok:
-        life.move(r, s)
-    before, counts = r.state, dict(life.counts)
-    with pytest.raises(IllegalTransition) as e:
-        life.move(r, bad)
-    assert (e.value.req_id, e.value.src, e.value.dst) == ("r", before, bad)
-    assert r.state == before and dict(life.counts) == counts and life.illegal == 1
+    assert_illegal(life, r, path)
     assert m.registry.get_sample_value("dualpath_prefill_engine_illegal_transitions_total") == 1
 
 
@@ -168,15 +161,6 @@ def work(rid: str = "r1", hits: int = 3) -> PrefillWork:
     prompt = list(range(hits * BS + 5))
     return PrefillWork(rid, prompt, Sampling(), "de0", "out", block_keys=[bytes([i]) * 16 for i in range(hits)],
                        hit_blocks=hits, mode=LoadMode.BASIC, pe_blocks=hits)
-
-
-def run(test):
-    async def go():
-        async with asyncio.TaskGroup() as tg:
-            await test(tg)
-            for t in asyncio.all_tasks() - {asyncio.current_task()}:
-                t.cancel()  # a test that left a deadline asleep still ends (its assertions say so)
-    asyncio.run(go())
 
 
 async def settle():

@@ -25,7 +25,8 @@ from shared.messages.traffic_manager import FetchFailed, ReadFinished
 from shared.messages.work import PrefillWork, Sampling
 from shared.metrics import Metrics
 from shared.tiers import NAMES, as_dict, clip, total
-from tests.unit.test_engine_failures import BS, LAYOUT, Bus, Engine, run
+from tests.unit.pe_util import run
+from tests.unit.test_engine_failures import BS, LAYOUT, Bus, Engine
 
 pytestmark = pytest.mark.unit
 

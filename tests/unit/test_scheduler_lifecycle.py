@@ -6,6 +6,7 @@ import pytest
 from services.scheduler.inflight import InFlight
 from services.scheduler.lifecycle import LEGAL, TERMINAL, IllegalTransition, Lifecycle, ReqState
 from shared.messages.work import Sampling
+from tests.unit.state_util import assert_illegal
 
 pytestmark = pytest.mark.unit
 
@@ -52,14 +53,7 @@ def test_every_live_state_has_a_way_out_for_each_ending(status, state):
 def test_an_illegal_move_raises_with_its_fields_is_counted_and_changes_nothing(path):
     life, r = Lifecycle(), rec()
     life.enter(r)
-    *ok, bad = path
-    for s in ok:
-        life.move(r, s)
-    before, counts = r.state, dict(life.counts)
-    with pytest.raises(IllegalTransition) as e:
-        life.move(r, bad)
-    assert (e.value.req_id, e.value.src, e.value.dst) == ("r", before, bad)
-    assert life.illegal == 1 and r.state == before and dict(life.counts) == counts
+    assert_illegal(life, r, path)
 
 
 def test_a_finished_request_cannot_move_again():
