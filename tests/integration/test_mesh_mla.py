@@ -24,7 +24,7 @@ import pytest
 import xxhash
 
 from tests.integration.exactness import TOLERANCE, ask, assert_exact, block_file, logprob_diff, wait_stored
-from tests.integration.meshutil import Announcements, tiny_mesh
+from tests.integration.meshutil import Announcements, tiny_mesh, wait_until
 from tests.integration.test_mesh_dualpath import Probe
 
 pytestmark = pytest.mark.integration
@@ -125,11 +125,15 @@ def _as_gqa(path: Path) -> None:
 def test_a_stored_block_of_another_layout_is_a_miss_and_stays_exact(mesh, mla_reference):
     prompt = _turn1(mesh, mla_reference, "gqa-block")
     victim = block_file(mesh.store_root, mla_reference, prompt, 3)
+    good = victim.read_bytes()
     _as_gqa(victim)
+    bad = victim.read_bytes()
     body = ask(mesh.url, prompt, 24, dualpath_mode="basic")
     assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == 3 * 64  # the chain stops at it
     assert_exact(body, mla_reference, prompt, what="mla, a GQA-layout 4th block")
-    assert not victim.exists(), "the block of another layout was not removed"
+    # the block of another layout is removed, and the prompt's block computed in its place is stored anew
+    wait_until(lambda: victim.exists() and victim.read_bytes() != bad, "the 4th block stored again")
+    assert victim.read_bytes()[80:96] == good[80:96]  # an MLA block again (its header's layout fields)
 
 
 def test_a_resumed_request_stays_exact(mesh, mla_reference):

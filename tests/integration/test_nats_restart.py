@@ -103,9 +103,12 @@ def test_a_request_whose_connection_drops_fails_at_once_not_at_its_timeout(tmp_p
     import asyncio
 
     from shared.bus import Bus, BusError
-    from shared.messages.work import Ack, Cancel
+    from shared.messages.endpoints import EP
+    from shared.messages.subjects import Subjects
+    from shared.messages.traffic_manager import Reserve
 
     server = NatsServer(tmp_path).start()
+    subject = Subjects("t").at(EP.TM_RESERVE, engine="silent")
 
     async def scenario() -> str:
         taken = asyncio.Event()
@@ -115,11 +118,11 @@ def test_a_request_whose_connection_drops_fails_at_once_not_at_its_timeout(tmp_p
         async def take(msg, d) -> None:
             taken.set()  # and never respond
 
-        await responder.subscribe("t.silent", Cancel, take)
-        asking = asyncio.ensure_future(caller.request("t.silent", Cancel("r"), Ack, timeout=600))
-        await taken.wait()
-        server.kill()
         try:
+            await responder.subscribe(subject, take)
+            asking = asyncio.ensure_future(caller.request(subject, Reserve("r", 1), timeout=600))
+            await taken.wait()
+            server.kill()
             await asking
         except BusError as exc:
             return exc.reason

@@ -25,7 +25,8 @@ def _fake_docker(bin_dir: Path, plugin: bool) -> None:
 
 def _dry_run(bin_dir: Path, *argv: str) -> str:
     """The last command `make -n` would run (the install recipe comes first on a fresh checkout)."""
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "ARGS")}
+    env["PATH"] = f"{bin_dir}:{os.environ['PATH']}"  # (a `make test ARGS=...` around the suite passes nothing on)
     done = subprocess.run(["make", "--no-print-directory", "-n", *argv], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
