@@ -138,7 +138,8 @@ def test_an_admitted_request_past_its_deadline_fails_retryable_and_frees_its_tm_
         try:
             req = request()
             svc._hold(req)
-            await asyncio.sleep(0.1)
+            while not any(isinstance(m, TokenEvent) for _, m in svc.bus.sent):
+                await asyncio.sleep(0.005)  # a poll: its admission deadline has to pass
             events = [m for _, m in svc.bus.sent if isinstance(m, TokenEvent)]
             assert Release("d1") in [m for _, m in svc.bus.sent]
             assert len(events) == 1 and events[0].finish is FinishReason.ERROR and events[0].retryable

@@ -163,6 +163,12 @@ def work(rid: str = "r1", hits: int = 3) -> PrefillWork:
                        hit_blocks=hits, mode=LoadMode.BASIC, pe_blocks=hits)
 
 
+async def until(pred) -> None:
+    """Poll `pred()` until it holds (a deadline of the engine's has to pass first)."""
+    while not pred():
+        await asyncio.sleep(0.005)
+
+
 async def settle():
     for _ in range(20):
         await asyncio.sleep(0)
@@ -237,11 +243,11 @@ def test_a_read_that_never_reports_fails_at_its_deadline_and_is_freed_one_deadli
     async def go(tg):
         svc = engine(tg, timeout=0.05)
         req = await intake(svc, work())
-        await asyncio.sleep(0.07)
+        await until(lambda: errors(svc.bus.sent))  # answered at its deadline
         assert req.state is P.FAILED and req.blocks  # answered; a late copy may still land: not freed yet
         (ev,) = errors(svc.bus.sent)
         assert ev.code is ErrorCode.STORAGE and ev.retryable
-        await asyncio.sleep(0.07)
+        await until(lambda: req.state is P.RELEASED)
         ended(svc, req, errors_sent=1)
     run(go)
 
