@@ -22,7 +22,7 @@ from services.traffic_manager.progress import Registry
 from services.traffic_manager.read_queues import ReadQueues
 from services.traffic_manager.slot_grants import GrantsGiven, GrantsHeld
 from services.traffic_manager.transfers import Transfers
-from shared.bus import Bus
+from shared.bus import Bus, Losses
 from shared.messages.endpoints import EP
 from shared.messages.subjects import Subjects
 from shared.metrics import Metrics
@@ -32,22 +32,19 @@ NOT_ATTACHED = "engine KV memory not attached yet"
 
 
 class PeersGone:
-    """A future per other engine's TM that resolves when that TM is known gone (it restarted or
-    left): a request to it races this, so its lost reply fails the request at once."""
+    """Per other engine's TM, the `Losses` of its process: resolved when that TM is known gone (it
+    restarted or left), so a request to it fails at once instead of waiting out its reply."""
 
     def __init__(self) -> None:
-        self._now: dict[str, asyncio.Future] = {}
+        self._by_engine: dict[str, Losses] = {}
 
     def future(self, engine: str) -> asyncio.Future:
-        fut = self._now.get(engine)
-        if fut is None or fut.done():
-            fut = self._now[engine] = asyncio.get_running_loop().create_future()
-        return fut
+        return self._by_engine.setdefault(engine, Losses()).current()
 
     def gone(self, engine: str) -> None:
-        fut = self._now.pop(engine, None)
-        if fut is not None and not fut.done():
-            fut.set_result(None)  # what a request before the engine announced is told
+        losses = self._by_engine.pop(engine, None)
+        if losses is not None:
+            losses.lost()
 
 
 @dataclass(frozen=True)
