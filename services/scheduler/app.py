@@ -313,20 +313,24 @@ class SchedulerService(Service):
     def _strand(self, engines: list[str], what: str) -> None:
         """Resume (or fail) the requests in flight that the lost `engines` leave stranded."""
         for rec, engine in stranded(list(self.inflight.values()), engines):
-            why = f"engine {engine} {what}"
-            if rec.reply:  # a front-door worker's: it has the tokens, it resumes
-                rec.events.put_nowait(strand_event(rec, engine, why))
-            elif not self.resume(rec, why):
-                rec.fail(ErrorCode.ENGINE_FAILED, why)
-                self.spawn(self._cancel(rec.wire_id, why))
+            self._attempt_lost(rec, engine, f"engine {engine} {what}")
+
+    def _attempt_lost(self, rec: InFlight, engine: str, why: str) -> None:
+        """`rec`'s attempt cannot go on: its front-door worker resumes it (it has the tokens), or this
+        process does, or fails it and frees the engines."""
+        if rec.reply:
+            rec.events.put_nowait(strand_event(rec, engine, why))
+        elif not self.resume(rec, why):
+            rec.fail(ErrorCode.ENGINE_FAILED, why)
+            self.spawn(self._cancel(rec.wire_id, why))
 
     def _reconnected(self) -> None:
         """Back on NATS after losing it: engine events sent meanwhile may be lost (a server that
-        died took them), so every placed request of this process resumes after what it has."""
+        died took them), so every placed request of this process resumes after what it has (a
+        front-door worker's own reconnect resumes its requests)."""
         for rec in list(self.inflight.values()):
-            if not rec.reply and rec.state in (ReqState.PREFILLING, ReqState.DECODING) and \
-                    not self.resume(rec, "the connection to NATS was lost"):
-                rec.fail(ErrorCode.ENGINE_FAILED, "the connection to NATS was lost")
+            if not rec.reply and rec.state in (ReqState.PREFILLING, ReqState.DECODING):
+                self._attempt_lost(rec, "", "the connection to NATS was lost")
 
     def _stalled(self, now: float) -> None:
         """Placed requests that heard nothing from their engines for `stall_timeout_s`: resumed."""
@@ -334,11 +338,7 @@ class SchedulerService(Service):
         for rec in list(self.inflight.values()) if limit > 0 else ():
             if rec.state in (ReqState.PREFILLING, ReqState.DECODING) and \
                     now - max(rec.last_at, rec.assigned_at) > limit:
-                why = f"no event from its engines for {limit:g} s"
-                if rec.reply:
-                    rec.events.put_nowait(strand_event(rec, rec.de or rec.pe, why))
-                elif not self.resume(rec, why):
-                    rec.fail(ErrorCode.ENGINE_FAILED, why)
+                self._attempt_lost(rec, rec.de or rec.pe, f"no event from its engines for {limit:g} s")
 
     async def _check_liveness(self) -> None:
         """Resume (or fail) the requests of engines that went silent; expire unassigned requests."""
