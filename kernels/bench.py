@@ -100,12 +100,17 @@ def paged_timings(batches: list[int], repeats: int) -> list[tuple[int, int, floa
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--quick", action="store_true",
                     help="3 timing repeats instead of 10 (about 15 s on 2 cores, a third of the full run)")
     ap.add_argument("--split", type=int, default=decode.DEFAULT_SPLIT, help="split-KV decode: keys per split")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     print("max abs error vs fp64 oracle (H=16, Hkv=4, T=1000, D=64, 4 queries, causal)")

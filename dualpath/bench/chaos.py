@@ -279,12 +279,17 @@ def row(c: Cell) -> str:
             f"{'ok' if c.next_ok else 'FAILED'}  {'pass' if c.passed else 'FAIL'}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m dualpath.bench.chaos", description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--kinds", default=",".join(KINDS), help=f"process kinds to fault, of {', '.join(KINDS)}")
     ap.add_argument("--json", default="", help="write the cells here")
     ap.add_argument("--log-dir", default="", help="keep the mesh's logs here")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
     bad = [k for k in kinds if k not in KINDS]

@@ -97,7 +97,7 @@ def devices() -> list[tuple[str, str]]:
     return [("cpu", ""), ("cuda", cuda)]
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m dualpath.bench.device", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="tiny-mla", help="model spec (tiny, tiny-mla, smollm2, a .gguf, an HF directory)")
     ap.add_argument("--prompt-tokens", type=int, default=1024)
@@ -105,6 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=8, help="decode steps per timed run")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     a = ap.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)

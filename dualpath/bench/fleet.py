@@ -58,7 +58,7 @@ def table(rows: list[dict], columns=COLUMNS) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dualpath.bench.fleet", description=__doc__.split("\n\n")[0])
     p.add_argument("--engines", type=int, nargs="+", default=[96, 384, 1152], help="fleet sizes (multiples of 24)")
     p.add_argument("--load", type=float, default=0.05, help="fraction of the paper's per-engine agent load")
@@ -80,6 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--core-cpu", type=int, default=-1, metavar="CPU",
                    help="pin the scheduler's dispatch core to CPU and every other process of the run (NATS, "
                         "emulators, front-door workers, this driver) to the other CPUs (default: no pinning)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     extra = {}
     for item in args.set:

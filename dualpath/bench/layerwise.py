@@ -66,10 +66,7 @@ def _compute_only(model: str, prompt: list[int], hit: int) -> float:
     return statistics.median(times)
 
 
-def main(argv: list[str] | None = None) -> int:
-    from dualpath.mesh import Mesh, MeshSpec
-    from shared.model.tokenizer_build import load_tokenizer
-
+def build_parser() -> argparse.ArgumentParser:
     from dualpath.cli import HelpFormatter
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
@@ -77,6 +74,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=1024, help="prompt length of each turn")
     ap.add_argument("--snic-gbps", type=float, default=0.0, help="emulated storage NIC cap per node, Gbit/s; 0 = none")
     ap.add_argument("--repeat", type=int, default=3, help="turn pairs measured (the median is printed)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    from dualpath.mesh import Mesh, MeshSpec
+    from shared.model.tokenizer_build import load_tokenizer
+
+    ap = build_parser()
     args = ap.parse_args(argv)
     tok = load_tokenizer(args.model)
     extra = {"storage_gateway": {"snic-read-gbps": str(args.snic_gbps)}} if args.snic_gbps else {}

@@ -243,9 +243,8 @@ def _n(v: int | None) -> str:
     return "unchecked" if v is None else str(v)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     from dualpath.cli import HelpFormatter
-    from dualpath.netns.fabric import probe
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     ap.add_argument("--agents", type=int, default=4, help="agents in closed loops")
@@ -254,6 +253,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--link-gbps", type=float, default=1.0, help="each node's link rate (tc)")
     ap.add_argument("--no-token-check", action="store_true", help="skip recomputing the streams by the reference")
     ap.add_argument("--json", default="", help="also write the results to this JSON file")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    from dualpath.netns.fabric import probe
+
+    ap = build_parser()
     a = ap.parse_args(argv)
     faults = [f.strip() for f in a.faults.split(",") if f.strip()]
     bad = [f for f in faults if f not in FAULTS]

@@ -256,7 +256,7 @@ def through_mesh(model: str, n_prompt: int, n_decode: int, repeat: int, n_batch:
     return out, own, rss
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     from dualpath.cli import HelpFormatter
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
@@ -266,6 +266,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-decode", type=int, default=128, help="tokens generated per stream in the batch runs")
     ap.add_argument("--repeat", type=int, default=3, help="runs per figure (the median is printed)")
     ap.add_argument("--json", default="", help="also write the figures to this JSON file")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.batch_decode < 2:
         ap.error(f"--batch-decode must be at least 2 (got {args.batch_decode})")

@@ -132,7 +132,7 @@ def table(perts: list[Perturbation], diffs: list[float], tol: float = TOLERANCE)
     return Table(rows)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m dualpath.bench.sensitivity", description=__doc__.split("\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--model", default="tiny", help="model spec (tiny, smollm2, a .gguf, an HF directory)")
@@ -142,6 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=len(PROMPTS), help=f"prompts used (at most {len(PROMPTS)})")
     ap.add_argument("--sample", type=int, default=0, help="perturbations per prompt, drawn at random (0 = all)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     from shared.model.loader import load_model
 

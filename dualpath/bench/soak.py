@@ -226,7 +226,7 @@ def _pcts(xs: list[float]) -> dict:
     return {"n": len(xs), "p50_s": statistics.median(xs), "p99_s": xs[min(len(xs) - 1, int(0.99 * len(xs)))]}
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     from dualpath.cli import HelpFormatter
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
@@ -235,6 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fault-every", type=float, default=20.0, help="seconds between faults")
     ap.add_argument("--warmup", type=float, default=20.0, help="seconds of load before the first fault")
     ap.add_argument("--json", default="", help="also write the results to this JSON file")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     a = ap.parse_args(argv)
     res = run(a.minutes, a.agents, a.fault_every, a.warmup)
     print(f"{'fault (SIGKILL, restart 2 s later)':36}{'in flight':>10}{'completed':>10}{'failed ok':>10}"

@@ -22,13 +22,18 @@ TARGET_2P4D_S = 10.0  # 2P4D, 2000 agents
 TARGET_48P96D_S = 300.0  # 48P96D, 48K agents: 24x the agents, so about 24x the requests
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--agents", type=int, default=2000)
     p.add_argument("--scale", type=float, default=1.0, help="shrink trajectory lengths")
     p.add_argument("--mode", default="dualpath")
     p.add_argument("--topology", default="2P4D", help="<P>P<D>D")
     p.add_argument("--pure", action="store_true", help="pure Python even when a fresh compiled build exists")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     a = p.parse_args(argv)
     build = "pure Python (--pure)" if a.pure else fast.activate()
     from dualpath.sim.engine import run_sim

@@ -281,12 +281,17 @@ def report(figs: Figures, n_blocks: int, threads: int, rounds: int, where: Path)
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", help="directory to test (default: a temp dir)")
     parser.add_argument("--mib", type=int, default=256, help="data size in MiB")
     parser.add_argument("--threads", type=int, default=4, help="gateway I/O threads")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
     for name in ("mib", "threads", "rounds"):
         if getattr(args, name) < 1:

@@ -68,7 +68,7 @@ def lines(fig: dict) -> list[str]:
     return out + (fig["floor"]["lines"] if "floor" in fig else [])
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     from dualpath.cli import HelpFormatter
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
@@ -81,6 +81,11 @@ def main() -> None:
     ap.add_argument("--tp-rounds", type=int, default=5, help="throughput: rounds of every variant; figures are medians")
     ap.add_argument("--no-throughput", action="store_true", help="skip the throughput figures")
     ap.add_argument("--floor", action="store_true", help="also time the pulls with no transport code beside bulk")
+    return ap
+
+
+def main() -> None:
+    ap = build_parser()
     args = ap.parse_args()
     np.random.seed(0)
     fig = figures(args.mib, args.block_kib << 10, args.layer_blocks, args.samples, args.rounds,
