@@ -158,7 +158,7 @@ def field_docs(cls: type) -> dict[str, str]:
     """Field name -> the `# comment` after its declaration, over the class and its bases (subclass wins),
     plus the values an Enum setting takes (from the type: docs never list them by hand).
 
-    The comment is each setting's documentation: `--help` and docs/configuration.md show it."""
+    The comment is each setting's documentation: `--help` and docs/reference/settings.md show it."""
     out = _comments(cls)
     hints = typing.get_type_hints(cls)
     for name, tp in hints.items():

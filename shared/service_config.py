@@ -93,7 +93,7 @@ def config_parser(prog: str, cfg_cls: type) -> argparse.ArgumentParser:
     each shows its meaning, the built-in default and the environment variable."""
     parser = argparse.ArgumentParser(
         prog=prog, description="Settings come from flags > DUALPATH_<SETTING> environment > the TOML file "
-                               "(--config) > the defaults shown; see docs/configuration.md.")
+                               "(--config) > the defaults shown; see docs/reference/configuration.md.")
     parser.add_argument("--config", help="TOML settings file ([common] + a table per service); "
                                          "default: $DUALPATH_CONFIG, else none")
     docs = field_docs(cfg_cls)

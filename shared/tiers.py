@@ -2,7 +2,7 @@
 
 A prefill engine reports a `PromptTiers` per attempt (its prompt: the request's, plus the tokens
 earlier attempts streamed); `clip` keeps the request's own prompt tokens, in prompt order, so
-the five always sum to `usage.prompt_tokens` (docs/configuration.md#prompt-token-tiers).
+the five always sum to `usage.prompt_tokens` (docs/reference/metrics.md#prompt-token-tiers).
 """
 from __future__ import annotations
 

@@ -378,7 +378,7 @@ def _settings(items: list[str]) -> list[tuple[str, str, str]]:
         fields = {f.name for f in dataclasses.fields(getattr(importlib.import_module(module), cls))}
         key = m[2].replace("-", "_")
         if key not in fields:
-            raise CliError(f"--set {item!r}: {service} has no setting {key!r} (see docs/configuration.md)")
+            raise CliError(f"--set {item!r}: {service} has no setting {key!r} (see docs/reference/settings.md)")
         out.append((service, key.replace("_", "-"), m[3]))
     return out
 

@@ -1,7 +1,7 @@
 """The bench's prompt-token tiers: each run's prompt tokens by where their KV came from.
 
 Summed from every successful turn's `usage.prompt_tokens_details.dualpath_tiers` (computed,
-engine, buffer, storage_pe, storage_de: docs/configuration.md#prompt-token-tiers); a mode's
+engine, buffer, storage_pe, storage_de: docs/reference/metrics.md#prompt-token-tiers); a mode's
 hits land on its own tiers (basic: storage_pe; oracle: engine). Pure: dicts in, lines out.
 """
 from __future__ import annotations

@@ -212,7 +212,7 @@ def new_id(prefix: str) -> str:
 
 def usage(prompt: int, completion: int, cached: int, tiers: PromptTiers | None = None) -> dict:
     """OpenAI's usage object; `tiers` (where the prompt's KV came from) as `dualpath_tiers` beside
-    `cached_tokens` (docs/configuration.md#prompt-token-tiers), absent when no engine said."""
+    `cached_tokens` (docs/reference/metrics.md#prompt-token-tiers), absent when no engine said."""
     details: dict = {"cached_tokens": cached}
     if tiers is not None:
         details["dualpath_tiers"] = as_dict(tiers)
