@@ -92,10 +92,10 @@ def definitions() -> list[Series]:
 
 
 def generated() -> str:
-    lines = []
+    lines, found = [], definitions()
     for owner in (EVERY, *SERVICES):
         rows = [(code(s.name), s.kind, ", ".join(code(x) for x in s.labels), cell(s.help))
-                for s in definitions() if s.owner == owner]
+                for s in found if s.owner == owner]
         title = EVERY if owner == EVERY else f"{code(owner)} (`dualpath_{owner}_*`)"
         lines += [f"### {title}", "", *table(("series", "type", "labels", "help"), rows)]
     return "\n".join(lines).rstrip() + "\n"

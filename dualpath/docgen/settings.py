@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import json
 import typing
 
@@ -60,8 +61,14 @@ def own_fields(section: str) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(cls) if f.name not in common]
 
 
+@functools.cache
+def _docs(cls: type) -> dict[str, str]:
+    return field_docs(cls)
+
+
 def describe(cls: type, name: str) -> str:
-    return field_docs(cls).get(name, "")
+    """A setting's meaning: the `# comment` after its declaration."""
+    return _docs(cls).get(name, "")
 
 
 def toml_value(value: object) -> str:
