@@ -7,7 +7,7 @@ ARGS   ?=
 # WITH_APT=0: never run apt-get (then no python3-pyverbs: the verbs backend is off unless installed otherwise)
 WITH_APT ?= 1
 
-.PHONY: install run test test-unit test-integration gpu-check bench clean compose-check sim-fast \
+.PHONY: install run test test-unit test-integration gpu-check bench clean compose-check sim-fast docs \
 	compose compose-build compose-up compose-down compose-logs
 
 install: $(STAMP)
@@ -40,6 +40,13 @@ MYPY_VERSION ?= 2.4.1
 sim-fast: install
 	-@$(PY) -m pip install -q 'mypy==$(MYPY_VERSION)' || echo "sim-fast: pip install mypy failed; the simulator stays pure Python"
 	-@$(PY) -m dualpath.sim.fast
+
+# The generated reference pages (docs/reference/: settings, cli, metrics, structures; and
+# deploy/compose/dualpath.toml) and the state tables of the request lifecycle, rewritten from the
+# code; tests/unit/test_reference_docs.py fails while one is stale. A few seconds.
+docs: install
+	$(PY) -m dualpath.docgen --write
+	@if [ -f dualpath/lifecycle_doc.py ]; then $(PY) -m dualpath.lifecycle_doc --write; fi
 
 # The whole mesh on one machine: embedded nats-server, directory store, default model.
 run: install

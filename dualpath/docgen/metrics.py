@@ -1,9 +1,8 @@
 """docs/reference/metrics.md: every Prometheus series the services export, read from their definitions.
 
-Each `counter`/`gauge`/`histogram`/`live_gauge` call and metric family under services/ and
-shared/ is read with `ast` (nothing runs), owned by the service whose package holds it
-(shared/engine: both engines; `shared=True` and shared/ families: every service). The page's
-prose above MARK is hand-written and kept; the tables below it are generated.
+Each `counter`/`gauge`/`histogram`/`live_gauge` call and metric family under services/ and shared/
+is read with `ast`, owned by the service whose package holds it (shared/engine: both engines;
+`shared=True` and families: every service). The prose above MARK is hand-written and kept.
 """
 from __future__ import annotations
 
