@@ -18,7 +18,8 @@ TOOLS = (  # `python -m` modules users run, each with a side-effect-free build_p
 )
 INTRO = [
     "Every command also takes `-h`/`--help`, which prints the same. A default left blank is none (a",
-    "switch is off, a value unset: the help says what that means).",
+    "switch is off, a value unset: the help says what that means); \"one required\": give one flag of",
+    "those so marked in that command.",
     "",
 ]
 SERVICE_NOTE = ("Each service's flags are its settings, one per setting (`--kv-blocks`, ...): see "
@@ -64,12 +65,14 @@ def help_text(action: argparse.Action, prog: str) -> str:
 
 
 def flag_rows(parser: argparse.ArgumentParser) -> list[tuple[str, str, str]]:
+    """(flag, default, help) of each argument; one of a required group's says so."""
     rows = []
+    either = {id(a) for g in parser._mutually_exclusive_groups if g.required for a in g._group_actions}
     for a in parser._actions:
         if isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)) or a.help is argparse.SUPPRESS:
             continue
         name = ", ".join(code(o) for o in a.option_strings) or code((a.metavar or a.dest).upper())
-        rows.append((name, default(a), help_text(a, parser.prog)))
+        rows.append((name, "one required" if id(a) in either else default(a), help_text(a, parser.prog)))
     return rows
 
 
