@@ -1,10 +1,4 @@
-"""`python -m kernels.bench`: kernel error vs an fp64 oracle per dtype, and split-KV
-decode time vs single-pass attention at 4K/16K/64K context, and a ragged decode batch read
-straight from a paged cache (kernels.paged_decode) vs one padded SDPA call over the gathered,
-padded batch (how the engine attended before), on this machine.
-
-Prints three tables; `--quick` uses fewer repeats. Owns no kernel code.
-"""
+"""`python -m kernels.bench`: kernel errors per dtype, split-KV and paged decode timings."""
 from __future__ import annotations
 
 import argparse
@@ -79,8 +73,7 @@ def padded_sdpa(q: torch.Tensor, layer_kv: torch.Tensor, tables: torch.Tensor, l
 
 
 def paged_timings(batches: list[int], repeats: int) -> list[tuple[int, int, float, float, float]]:
-    """(batch, summed context, padded-SDPA ms, paged_decode ms, max abs diff) for one layer of a
-    SmolLM2-shaped cache (H=9, Hkv=3, D=64, 64-token blocks), contexts uniform in [300, 2000]."""
+    """(batch, summed context, padded-SDPA ms, paged_decode ms, max abs diff) for one layer."""
     rows = []
     for b in batches:
         rnd = random.Random(b)

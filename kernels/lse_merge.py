@@ -1,12 +1,6 @@
 """N-way merge of partial attention results by their log-sum-exp.
 
-Each shard i attended to a disjoint part of the keys and returned (out_i, lse_i).
-Softmax over the union of keys is recovered exactly:
-    lse = logsumexp_i(lse_i);   out = sum_i exp(lse_i - lse) * out_i.
-An empty shard (lse_i = -inf) gets weight 0; if every shard is empty the result is
-out = 0, lse = -inf. Shapes: out_i (..., Dv), lse_i (...), any leading dims.
-This is the combine step of split-KV flash-decoding, of DCP across cards and of each
-ring-attention step.
+An empty shard (lse = -inf) weighs 0; all empty gives out = 0, lse = -inf.
 """
 from __future__ import annotations
 
@@ -17,7 +11,7 @@ from torch import Tensor
 
 
 def reference(outs: Sequence[Tensor], lses: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
-    """Merge N partials: outs[i] (..., Dv), lses[i] (...) -> (out (..., Dv), lse (...))."""
+    """outs[i] (..., Dv), lses[i] (...) -> (out (..., Dv), lse (...))."""
     if not outs or len(outs) != len(lses):
         raise ValueError(f"need matching non-empty lists, got {len(outs)} outs, {len(lses)} lses")
     acc = torch.promote_types(outs[0].dtype, torch.float32)
@@ -36,5 +30,4 @@ def merge_stacked(o: Tensor, ls: Tensor, out_dtype: torch.dtype | None = None) -
 
 
 def merge(outs: Sequence[Tensor], lses: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
-    """Entry point; the merge is a few elementwise ops, so the reference is the kernel."""
     return reference(outs, lses)
