@@ -18,7 +18,6 @@ def _rand(shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator) -> t
 
 
 def errors(dtype: torch.dtype) -> dict[str, float]:
-    """Max abs error of each op against fp64 single-pass attention on the same inputs."""
     g = torch.Generator().manual_seed(0)
     h, hkv, t, d = 16, 4, 1000, 64
     q, k, v = (_rand(s, dtype, g) for s in ((4, h, d), (t, hkv, d), (t, hkv, d)))
@@ -63,7 +62,6 @@ def timings(contexts: list[int], repeats: int, split: int) -> list[tuple[int, fl
 
 
 def padded_sdpa(q: torch.Tensor, layer_kv: torch.Tensor, tables: torch.Tensor, lens: list[int]) -> torch.Tensor:
-    """The baseline: every sequence gathered and padded to the longest, one masked GQA SDPA call."""
     b, bs = q.shape[0], layer_kv.shape[2]
     k = gather_blocks(layer_kv, 0, tables.reshape(-1)).view(b, -1, *layer_kv.shape[-2:]).transpose(1, 2)
     v = gather_blocks(layer_kv, 1, tables.reshape(-1)).view(b, -1, *layer_kv.shape[-2:]).transpose(1, 2)

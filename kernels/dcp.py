@@ -1,7 +1,4 @@
-"""Decode context parallelism (DCP): KV sharded along the sequence, merged by LSE.
-
-Position p lives on shard p mod N at slot p // N; shards are simulated in one process.
-"""
+"""Decode context parallelism (DCP): KV sharded along the sequence, merged by LSE."""
 from __future__ import annotations
 
 import torch

@@ -1,7 +1,4 @@
-"""Split-KV decode attention for one sequence (flash-decoding on CPU tensors).
-
-Query i of Tq sits at position T - Tq + i of the T keys.
-"""
+"""Split-KV decode attention for one sequence (flash-decoding on CPU tensors)."""
 from __future__ import annotations
 
 import math
@@ -68,7 +65,6 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float | None = N
 def decode_attention_batch(q: Tensor, ks: list[Tensor], vs: list[Tensor], *,
                            scale: float | None = None,
                            split_size: int = DEFAULT_SPLIT) -> Tensor:
-    """q (B, H, D) -> (B, H, Dv) over sequences of different lengths."""
     if not (q.shape[0] == len(ks) == len(vs)):
         raise ValueError(f"batch {q.shape[0]} queries but {len(ks)} k and {len(vs)} v")
     return torch.stack([decode_attention(q[i], ks[i], vs[i], scale=scale, split_size=split_size)

@@ -1,7 +1,4 @@
-"""N-way merge of partial attention results by their log-sum-exp.
-
-An empty shard (lse = -inf) weighs 0; all empty gives out = 0, lse = -inf.
-"""
+"""N-way merge of partial attention results by their log-sum-exp."""
 from __future__ import annotations
 
 from typing import Sequence

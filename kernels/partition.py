@@ -1,7 +1,4 @@
-"""Causal sequence partitions for context parallelism, and their per-rank work.
-
-Schemes: contiguous, zigzag (rank r holds chunks r and 2N-1-r of 2N), interleave (p mod N).
-"""
+"""Causal sequence partitions for context parallelism, and their per-rank work."""
 from __future__ import annotations
 
 import torch
@@ -27,7 +24,6 @@ def positions(seq: int, n: int, scheme: str, device=None) -> list[Tensor]:
 
 
 def causal_work(seq: int, n: int, scheme: str) -> list[int]:
-    """Visible (query, key) pairs per rank under a causal mask."""
     return [int((p + 1).sum()) for p in positions(seq, n, scheme)]
 
 

@@ -1,7 +1,4 @@
-"""Ulysses context parallelism: switch the split from sequence to heads and back.
-
-Needs H % N == 0; KV heads are replicated to H when Hkv % N != 0.
-"""
+"""Ulysses context parallelism: switch the split from sequence to heads and back."""
 from __future__ import annotations
 
 import torch

@@ -39,7 +39,6 @@ class Conditions:
     _c0: float = field(default_factory=lambda: _cpu(), repr=False)
 
     def measure(self) -> "Conditions":
-        """Fill the fields with the run so far."""
         self.wall_s, self.cpu_s, self.load_end = time.monotonic() - self._t0, _cpu() - self._c0, _load()
         own = self.cpu_s / self.wall_s if self.wall_s > 0 else 0.0
         self.others_load = round(max(0.0, (self.load_end[0] if self.load_end else 0.0) - own), 2)

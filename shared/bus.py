@@ -71,7 +71,6 @@ class _Waiting:
 
 
 async def _abandon(nc: Client) -> None:
-    """Close a client whose initial connect was given up or cancelled (never raises)."""
     try:
         await asyncio.shield(nc.close())
     except BaseException:  # noqa: BLE001 - nothing to save on this path
@@ -87,7 +86,6 @@ class BusError(RuntimeError):
 
 
 def error_code(exc: BaseException, default: ErrorCode) -> ErrorCode:
-    """The code a reply named, else `default` for this path."""
     return exc.code if isinstance(exc, BusError) and exc.code is not None else default
 
 
@@ -194,7 +192,6 @@ class Bus:
         await self._send(subject, msg, ctx)
 
     async def _send(self, subject: str, msg: Any, ctx: otel_context.Context | None = None) -> None:
-        """Send unchecked: a reply to a request's inbox (`Delivery.respond` checked it)."""
         # no trace context: a plain PUB (an empty header block would still be sent and parsed on every delivery)
         await self.nc.publish(subject, _encoder.encode(msg), headers=inject_headers(ctx=ctx) or None)
 

@@ -1,7 +1,6 @@
 """Settings: one frozen dataclass per service, filled from defaults < TOML < env < CLI.
 
-Env overrides are `DUALPATH_<FIELD>`; TOML holds `[common]` and one table per service. Only
-entry points call `load_config`; a bad setting fails at start naming the key.
+Env overrides are `DUALPATH_<FIELD>`; only entry points call `load_config`.
 """
 from __future__ import annotations
 
@@ -31,7 +30,6 @@ class ConfigError(ValueError):
 
 
 def _base_type(tp: Any) -> tuple[Any, bool]:
-    """(inner type, optional?) for `X | None`."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -64,7 +62,6 @@ def _as_given(raw: Any, tp: Any) -> Any:
 
 
 def _coerce(key: str, raw: Any, tp: Any) -> Any:
-    """`raw` as type `tp`; ConfigError naming `key` and `raw` if it cannot be."""
     try:
         return msgspec.convert(_as_given(raw, tp), type=tp, strict=False)
     except msgspec.ValidationError as exc:
@@ -73,13 +70,11 @@ def _coerce(key: str, raw: Any, tp: Any) -> Any:
 
 
 def choices(tp: Any) -> tuple[str, ...]:
-    """The values of an Enum (or optional Enum) setting type, else ()."""
     inner, _ = _base_type(tp)
     return tuple(str(m.value) for m in inner) if isinstance(inner, type) and issubclass(inner, enum.Enum) else ()
 
 
 def read_toml(path: str | Path | None, section: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(`[common]` table, the service's own table) of a settings file."""
     if not path:
         return {}, {}
     try:
@@ -168,6 +163,5 @@ def _comments(cls: type) -> dict[str, str]:
 
 
 def require(cond: bool, key: str, value: object, reason: str) -> None:
-    """Raise ConfigError naming `key` unless `cond` holds (for `validate()` methods)."""
     if not cond:
         raise ConfigError(key, value, reason)

@@ -1,7 +1,6 @@
 """Collections at a steady pace, so a service in steady state never pauses long for one.
 
-`pace` collects the young generation every `INTERVAL_S`, so each pass scans only what one
-interval made; the oldest threshold is raised to `OLD_PASSES`, so full passes are rare.
+Young passes every `INTERVAL_S`, so each scans one interval's objects; full passes are rare.
 """
 from __future__ import annotations
 

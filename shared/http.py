@@ -93,10 +93,8 @@ class HttpServer:
             self.sock.close()
 
     def stop(self) -> None:
-        """Ask the server to shut down (from its own event loop)."""
         self.server.should_exit = True
         self.server.wake()
 
     def close(self) -> None:
-        """Release the socket of a server that never served."""
         self.sock.close()

@@ -1,7 +1,6 @@
 """The one name of each service, and the few places that spell it differently.
 
-The package's name (`prefill_engine`) names its settings, subjects, metrics and tracer;
-host names, the command line and compose write it with hyphens.
+The package's name everywhere; host names, the command line and compose use hyphens.
 """
 from __future__ import annotations
 

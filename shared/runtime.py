@@ -1,8 +1,6 @@
 """The common life of a service process: config -> uvloop -> lifespan -> signals -> drain.
 
-Owns the entry point, logging, tracing, the bus, `/metrics`, heartbeats and the one TaskGroup
-of every task. SIGTERM/SIGINT stop it at any point; on any exit short of SIGKILL the shm
-segments it created are unlinked.
+On any exit short of SIGKILL the shm segments the process created are unlinked.
 """
 from __future__ import annotations
 
@@ -81,7 +79,6 @@ class Service(ABC):
         """Stop intake and release resources; tasks are cancelled afterwards."""
 
     def routes(self) -> list[Route]:
-        """Extra HTTP routes on the metrics server."""
         return []
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str | None = None, *, label: str = "",
@@ -257,7 +254,6 @@ async def run_service(svc: Service, stop: asyncio.Event | None = None) -> None:
 
 
 async def _release(svc: Service) -> None:
-    """svc.stop() on a path that must go on whatever it raises."""
     try:
         await svc.stop()
     except Exception:  # noqa: BLE001

@@ -1,7 +1,6 @@
 """OpenTelemetry set-up and trace-context propagation through NATS headers.
 
-Spans are exported over OTLP/HTTP when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, else not
-recorded; either way each has a trace id that travels (`traceparent`) and is logged.
+Without an OTLP exporter spans are not recorded, yet each trace id travels and is logged.
 """
 from __future__ import annotations
 

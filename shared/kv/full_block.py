@@ -1,7 +1,6 @@
 """The Full Block on-disk format: a 4 KiB header, then the payload layer after layer.
 
-Header bytes: docs/kv-format.md. A block of another layout than the reader's is refused
-(`LayoutMismatch`) even when its size matches. No file I/O, naming or eviction here.
+Header bytes: docs/kv-format.md. No file I/O, naming or eviction here.
 """
 
 from __future__ import annotations
@@ -119,7 +118,6 @@ def layer_block_range(layout: KVLayout, layer: int) -> tuple[int, int]:
 def encode_header(
     key: bytes, fingerprint: bytes, layout: KVLayout, checksum: int
 ) -> bytearray:
-    """The `HEADER_SIZE` header bytes of one block (checksum = of its payload)."""
     buf = bytearray(HEADER_SIZE)
     _FIELDS.pack_into(
         buf, 0, MAGIC, FORMAT_VERSION, layout.dtype_code, HEADER_SIZE,

@@ -126,12 +126,10 @@ def block_hashes(
 
 
 def key_hex(key: bytes) -> str:
-    """Lowercase hex of a key: its file name stem."""
     return key.hex()
 
 
 def key_from_hex(text: str) -> bytes:
-    """Inverse of `key_hex`; `ValueError` on a malformed name."""
     return check_key(bytes.fromhex(text))
 
 

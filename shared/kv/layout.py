@@ -1,7 +1,6 @@
 """The shape of one KV block: its kind (GQA K/V or MLA latent), dims, dtype and Layer Block offsets.
 
-Layer l of a block is bytes [l * layer_bytes, (l + 1) * layer_bytes) of its Full Block
-payload, so no layout conversion is ever needed. No torch: dtypes are named by string.
+No torch here: dtypes are named by string and sized from a table.
 """
 
 from __future__ import annotations
@@ -121,7 +120,6 @@ class KVLayout:
         return self.n_layers * self.layer_bytes
 
     def layer_block_range(self, layer: int) -> tuple[int, int]:
-        """(offset, length) of layer `layer`'s Layer Block within the payload."""
         if not 0 <= layer < self.n_layers:
             raise IndexError(f"layer {layer} out of range [0, {self.n_layers})")
         return layer * self.layer_bytes, self.layer_bytes

@@ -1,7 +1,4 @@
-"""The payload checksum of a Full Block (format version 3): xxh3_64 over its 1 MiB segments' digests.
-
-Segments hash independently, so two threads may each hash a part and `join` their hashers.
-"""
+"""The payload checksum of a Full Block (format version 3): xxh3_64 over its 1 MiB segments' digests."""
 from __future__ import annotations
 
 import struct
@@ -62,7 +59,6 @@ class SegmentHasher:
         self.fed += n
 
     def digests(self) -> bytes:
-        """Every segment's le64 digest so far, the open (short) one last."""
         return bytes(self._sums) + (_LE64.pack(self._open.intdigest()) if self._open is not None else b"")
 
     def intdigest(self) -> int:

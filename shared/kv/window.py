@@ -21,7 +21,6 @@ class HitWindow:
 
     @property
     def in_ring(self) -> int:
-        """Leading blocks read through the ring."""
         return self.hits if self.used is None else self.used
 
     def __post_init__(self) -> None:
@@ -32,7 +31,6 @@ class HitWindow:
 
     @staticmethod
     def of(w, n_layers: int) -> "HitWindow | None":
-        """From a message's `KVWindow`, or None for none."""
         return None if w is None else HitWindow(w.hits, tuple(w.ring), w.layers, n_layers, w.used)
 
     @staticmethod

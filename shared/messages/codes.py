@@ -1,7 +1,4 @@
-"""The closed vocabularies of the wire, each defined once: load modes, finish reasons, error codes.
-
-Every other list of load modes is derived from `LoadMode`.
-"""
+"""The closed vocabularies of the wire, each defined once: load modes, finish reasons, error codes."""
 from __future__ import annotations
 
 from enum import StrEnum

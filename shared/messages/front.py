@@ -1,8 +1,4 @@
-"""Messages between the scheduler's front-door workers and its dispatch core.
-
-Worker -> core on one subject, so a request's messages arrive in order; the prompt's ids
-and the engines' tokens stay with the worker.
-"""
+"""Messages between the scheduler's front-door workers and its dispatch core."""
 from __future__ import annotations
 
 import enum
@@ -36,7 +32,6 @@ class Hint:
 
     @property
     def prefetch(self) -> bool:
-        """Stage the session's stored KV into a buffer for its next turn."""
         return self.tool_s is not None and not self.release and self.reuse != Reuse.NONE
 
     def retain_s(self, default_s: float) -> float | None:

@@ -1,7 +1,4 @@
-"""Announcements: every service publishes one on `{ns}.hb` at start and then as a heartbeat.
-
-The scheduler knows the live processes only from these (no static peer list).
-"""
+"""Announcements: every service publishes one on `{ns}.hb` at start and then as a heartbeat."""
 from __future__ import annotations
 
 import msgspec

@@ -1,8 +1,4 @@
-"""Storage-gateway control messages (`{ns}.storage_gateway.<node>.<verb>`).
-
-Bytes never ride here: a read names the traffic-manager's shm buffer and the offsets the
-gateway writes payloads into.
-"""
+"""Storage-gateway control messages (`{ns}.storage_gateway.<node>.<verb>`); bytes never ride here."""
 from __future__ import annotations
 
 import enum

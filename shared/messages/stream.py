@@ -1,8 +1,4 @@
-"""Engine output back to the scheduler (`{ns}.scheduler.<scheduler>.out`): hot path, so compact.
-
-`TokenEvent` (an array) is one request's event; `StepEvents` (a map) is one decode step's
-tokens for every request that answers to that subject.
-"""
+"""Engine output back to the scheduler (`{ns}.scheduler.<scheduler>.out`): hot path, so compact."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,7 +1,4 @@
-"""A typed subject: one endpoint of the mesh (its pattern, message type, reply type) and its subjects.
-
-A `Subject` is a str that remembers its endpoint, so the bus checks and decodes by its types.
-"""
+"""A typed subject: one endpoint of the mesh (its pattern, message type, reply type) and its subjects."""
 from __future__ import annotations
 
 import re
@@ -21,7 +18,6 @@ def _members(tp: Any) -> list[Any]:
 
 
 def _classes(tp: Any) -> tuple[type, ...]:
-    """What `isinstance` checks a message of type `tp` against (`list` for a batch)."""
     return tuple(typing.get_origin(m) or m for m in _members(tp))
 
 

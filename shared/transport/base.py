@@ -122,7 +122,7 @@ class Peer(abc.ABC):
         ...
 
     def refresh(self, remote: EndpointDesc) -> None:
-        """Take a newer announcement of the same remote (regions registered after connect)."""
+        ...
 
     @abc.abstractmethod
     async def close(self) -> None:
@@ -170,4 +170,4 @@ class Endpoint(abc.ABC):
 
     @abc.abstractmethod
     async def close(self) -> None:
-        """Stop serving; peers connected to us see PeerGone."""
+        ...

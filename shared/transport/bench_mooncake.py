@@ -1,8 +1,4 @@
-"""`python -m shared.transport.bench_mooncake`: Mooncake's transfer engine beside our tcp backend.
-
-Not a dependency: run it from a throwaway venv that has `mooncake-transfer-engine-non-cuda`
-and sees ours (a .pth line naming our site-packages).
-"""
+"""`python -m shared.transport.bench_mooncake`: Mooncake's transfer engine beside our tcp backend."""
 
 from __future__ import annotations
 

@@ -136,8 +136,6 @@ class Rig:
 
 
 class Tally:
-    """Wall and CPU seconds of each variant, one entry a round (CPU: this process, every thread)."""
-
     def __init__(self) -> None:
         self.times: dict[str, list[float]] = {}
         self.cpu: dict[str, list[float]] = {}

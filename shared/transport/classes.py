@@ -54,7 +54,6 @@ class DrrScheduler(Generic[T]):
         self._count += 1
 
     def push_front(self, cls: int, item: T, nbytes: int) -> None:
-        """Put a preempted item's remainder back at the head of its FIFO."""
         self._queues[cls].appendleft((item, nbytes))
         self._count += 1
 

@@ -36,7 +36,6 @@ def copy_pair(dst: View, src: View) -> None:
 
 
 def group(pairs: Sequence[Pair], size: int = ITEM) -> list[list[Pair]]:
-    """The pairs, in order, as items of at most `size` bytes (a longer pair is cut into several)."""
     out: list[list[Pair]] = []
     cur: list[Pair] = []
     n = 0

@@ -1,7 +1,4 @@
-"""`python -m shared.transport.pyverbs_link`: make the system's pyverbs importable from the venv.
-
-Links Debian's `pyverbs` package alone, and only when built for this interpreter's ABI.
-"""
+"""`python -m shared.transport.pyverbs_link`: make the system's pyverbs importable from the venv."""
 
 from __future__ import annotations
 

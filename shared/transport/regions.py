@@ -45,7 +45,6 @@ class RegionTable:
         return desc
 
     def descs(self) -> list[RegionDesc]:
-        """Every region, local ones included."""
         return [d for d, _ in self._by_name.values()]
 
     def remote_descs(self) -> list[RegionDesc]:

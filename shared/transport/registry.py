@@ -1,7 +1,4 @@
-"""Backends by name: `create_endpoint("shm" | "tcp" | "verbs" | "auto", ...)`.
-
-"auto": verbs with an RDMA device, else tcp; a same-host peer of shm regions gets the shm path.
-"""
+"""Backends by name: `create_endpoint("shm" | "tcp" | "verbs" | "auto", ...)`."""
 
 from __future__ import annotations
 
@@ -51,7 +48,7 @@ def _auto_tcp(reason: str) -> str:
 
 
 def choose(backend: str) -> tuple[str, str]:
-    """The backend `backend` resolves to on this host, and why (for start-up logs)."""
+    """What `backend` resolves to here, and why: "auto" is verbs with an RDMA device, else tcp."""
     if backend != "auto":
         return backend, "requested"
     from .verbs import probe  # imports pyverbs only if it is installed

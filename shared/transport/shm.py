@@ -120,8 +120,6 @@ class ShmPeer(Peer):
 
 
 class ShmEndpoint(LocalSide, Endpoint):
-    """Same-host-only endpoint; register regions with `shm_name` to make them reachable."""
-
     backend = "shm"
 
     def __init__(self, node: str, weights: Sequence[int] = DEFAULT_WEIGHTS, timeout: float | None = None) -> None:

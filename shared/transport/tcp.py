@@ -1,8 +1,4 @@
-"""The tcp backend: one asyncio server per endpoint; per peer, one socket per traffic class.
-
-Every socket proves the mesh secret before its first frame (tcp_auth.py), and a frame reaches
-only what a live grant bound on its socket covers.
-"""
+"""The tcp backend: one asyncio server per endpoint; per peer, one socket per traffic class."""
 
 from __future__ import annotations
 

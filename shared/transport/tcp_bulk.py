@@ -1,8 +1,4 @@
-"""The tcp server's bulk receive half on its own thread.
-
-Frames land straight in granted region slices with the GIL released; the answers go to the
-loop in one wakeup, and the loop's LinkGate still admits each bulk payload.
-"""
+"""The tcp server's bulk receive half on its own thread."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""The tcp initiator's bulk sender: a thread that owns the bulk socket's sends.
-
-FIFO frames, many per `sendmsg`; while latency work is open on the endpoint, at most
-BULK_CHUNK bytes per gate turn.
-"""
+"""The tcp initiator's bulk sender: a thread that owns the bulk socket's sends."""
 
 from __future__ import annotations
 

@@ -200,7 +200,6 @@ class FrameSock:
         return bytes(out)
 
     async def skip(self, length: int) -> None:
-        """Discard `length` payload bytes (refused or orphaned frames)."""
         scratch = memoryview(bytearray(min(length, STAGING) or 1))
         while length:
             n = min(length, len(scratch))
@@ -337,7 +336,6 @@ def table_bytes(k: int) -> int:
 
 
 def head_bufs(bufs: list[bytes | memoryview], limit: int) -> list[bytes | memoryview]:
-    """The first `limit` bytes of a buffer list (the last buffer cut)."""
     out: list[bytes | memoryview] = []
     for b in bufs:
         if limit <= 0 or len(out) >= IOV_MAX:

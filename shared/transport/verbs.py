@@ -64,8 +64,6 @@ def buffer_address(buf: memoryview) -> int:
 
 
 class _Device:
-    """Context, PD and one CQ per class on one port."""
-
     def __init__(self, name: str, port_num: int, gid_index: int) -> None:
         from pyverbs.cq import CQ
         from pyverbs.device import Context
