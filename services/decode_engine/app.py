@@ -304,8 +304,7 @@ class DecodeEngineService(EngineService):
             self._release(req, DeState.FAILED, error)
 
     def _release(self, req: DecodeRequest, ending: DeState | None = None, why: str = "") -> None:
-        """`req` ends in `ending` (None: the pending one); its blocks are freed once its saves copied
-        them."""
+        """`req` ends in `ending` (None: the pending one); its blocks are freed once its saves copied them."""
         if req.state in TERMINAL:
             return  # released before; its id (and its blocks' owner name) may belong to a newer record
         ending = ending or req.ending or DeState.DONE

@@ -140,8 +140,7 @@ class PrefillEngineService(EngineService):
                     self._release(req)
 
     async def _drive(self, step: AsyncIterator[Outcome]) -> None:
-        """Carry out each outcome of a running fetch or hand-off step as it comes; the step is closed
-        here."""
+        """Carry out each outcome of a running fetch or hand-off step as it comes; the step is closed here."""
         async with contextlib.aclosing(step) as outcomes:
             async for o in outcomes:
                 await self.do((o,))
@@ -178,8 +177,7 @@ class PrefillEngineService(EngineService):
             self.wake.set()
 
     async def _load_failed(self, req: PrefillRequest, code: ErrorCode, error: str) -> None:
-        """Its stored KV will not arrive: a forward computing it fails it (LoadError), else it fails
-        now."""
+        """Its stored KV will not arrive: a forward computing it fails it (LoadError), else it fails now."""
         if req.state in HELD or req.state is P.RELEASED:
             return
         if req.state in ENDING:

@@ -96,8 +96,7 @@ class Handoff:
         yield Free(req)
 
     async def _end_here(self, req: PrefillRequest) -> None:
-        """Finished here or cancelled: its push ends, its DE slots are freed, the prompt is stored from
-        here."""
+        """Finished here or cancelled: its push ends, its DE slots are freed, the prompt is stored from here."""
         if _cancelled(req):
             await self.abort_push(req)
         elif req.push is not None:

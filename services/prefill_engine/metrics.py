@@ -1,5 +1,4 @@
-"""The prefill engine's own Prometheus series (prompts, tokens, forwards, hand-offs, queue, states,
-tiers)."""
+"""The prefill engine's own Prometheus series (prompts, tokens, forwards, hand-offs, queue, states, tiers)."""
 from __future__ import annotations
 
 from shared.messages.stream import PromptTiers

@@ -58,8 +58,7 @@ class StagedCopier:
         return table.valid(grant.record, grant.stamp)  # after the copy: nothing freed the slots meanwhile
 
     def _map(self, grant: StagedSlots) -> bool:
-        """Map the buffer and table the grant names; close mappings whose segment is gone, and the
-        oldest."""
+        """Map the buffer and table the grant names; close mappings whose segment is gone, and the oldest."""
         try:
             for name, maps, attach in ((grant.table, self.tables, StagedTable.attach),
                                        (grant.buffer, self.buffers, ShmRegion.attach)):

@@ -314,8 +314,7 @@ class SchedulerService(Service):
             self.spawn(self._cancel(rec.wire_id, why))
 
     def _reconnected(self) -> None:
-        """Back on NATS: events sent meanwhile may be lost, so every placed request of this process
-        resumes."""
+        """Back on NATS: events sent meanwhile may be lost, so every placed request of this process resumes."""
         for rec in list(self.inflight.values()):
             if not rec.reply and rec.state in (ReqState.PREFILLING, ReqState.DECODING):
                 self._attempt_lost(rec, "", "the connection to NATS was lost")

@@ -9,8 +9,7 @@ from services.scheduler.inflight import InFlight
 
 
 def strands(rec: InFlight, engine: str) -> bool:
-    """`rec` cannot go on without `engine` (a PE that died after its DE streamed tokens strands
-    nothing)."""
+    """`rec` cannot go on without `engine` (a PE that died after its DE streamed tokens strands nothing)."""
     if engine not in (rec.pe, rec.de) or rec.finished:
         return False
     return not (engine == rec.pe and rec.de != engine and rec.next_index > rec.step0 + 1)

@@ -128,8 +128,7 @@ def addressed(rec: InFlight, pe: str, work: PrefillWork, subjects) -> tuple[str,
 
 
 async def send(bus, rec: InFlight, pe: str, placed: Placed, subjects) -> None:
-    """Publish a placement's work under its `assign` span (or with the request's context when
-    unrecorded)."""
+    """Publish a placement's work under its `assign` span (or with the request's context when unrecorded)."""
     if not recording():
         return await bus.publish(*addressed(rec, pe, placed.work, subjects), ctx=rec.ctx)
     with tracer.start_as_current_span("assign", context=rec.ctx, attributes=placed.span_attributes(rec)):

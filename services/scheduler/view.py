@@ -87,8 +87,7 @@ class MeshView:
         return seen is not None and now - seen.at <= self.timeout_s
 
     def assignable(self, role: str, now: float) -> list[EngineAnnounce]:
-        """Live, ready engines of `role` by id; the same list object while nothing changed (do not
-        mutate)."""
+        """Live, ready engines of `role` by id; the same list object while nothing changed (do not mutate)."""
         got = self._cache.get(role)
         if got is not None and got[0] == self.version and now <= got[1]:
             return got[2]

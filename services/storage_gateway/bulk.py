@@ -34,8 +34,7 @@ class BulkLane:
                 self._event().set()
 
     async def wait_turn(self, within_s: float = 0.0) -> bool:
-        """True once no latency read is pending; False when that took longer than `within_s` (0: no
-        limit)."""
+        """True once no latency read is pending; False when that took longer than `within_s` (0: no limit)."""
         self.waiting += 1
         try:
             if within_s > 0:

@@ -85,8 +85,7 @@ def fsync_dir(path: str) -> None:
 
 
 def unlink_if_same(path: str, st: os.stat_result) -> bool:
-    """Unlink ``path`` only if it is still the file ``st`` describes (another gateway may have replaced
-    it)."""
+    """Unlink ``path`` only if it is still the file ``st`` describes (another gateway may have replaced it)."""
     try:
         now = os.stat(path)
         if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):

@@ -66,8 +66,7 @@ class Retention:
         self._swept = len(self._marks)
 
     def victim(self, oldest_first: Iterable[bytes], pinned: Callable[[bytes], bool], now: float) -> bytes | None:
-        """The next block to evict in LRU order, skipping pinned ones; stops at the first ordinary
-        block."""
+        """The next block to evict in LRU order, skipping pinned ones; stops at the first ordinary block."""
         normal = retained = None
         for k in oldest_first:
             if pinned(k):

@@ -160,8 +160,7 @@ class DirectoryStore(StoreReads):
 
     # ----- capacity ---------------------------------------------------------
     def _evict_locked(self, incoming: int) -> bool:
-        """Evict LRU unpinned blocks until ``incoming`` more bytes fit; a newer mtime earns a second
-        chance."""
+        """Evict LRU unpinned blocks until ``incoming`` more bytes fit; a newer mtime earns a second chance."""
         if self.capacity_bytes is None:
             return True
         while self._index.total_bytes + self._reserved + incoming > self.capacity_bytes:

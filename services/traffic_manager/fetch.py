@@ -177,8 +177,7 @@ class FetchPath:
         return Reads(n, k, c, adopted, held, held_grant, de_slots, grant, offsets)
 
     async def _announce_queue(self, msg: FetchKV, c: int, k: int) -> None:
-        """Tell the engine when its read waits behind a storage queue long enough to matter
-        (`ReadQueued`)."""
+        """Tell the engine when its read waits behind a storage queue long enough to matter (`ReadQueued`)."""
         p, n, bn = self.p, len(msg.block_keys), self.p.pool.block_nbytes
         wait = max(p.queues.queue_wait(msg.node, (k - c) * bn),
                    p.queues.queue_wait(msg.de_node, (n - k) * bn) if k < n else 0.0)

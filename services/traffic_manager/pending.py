@@ -55,8 +55,7 @@ class PendingSaves:
         return pc
 
     def keep_prompt(self, msg: SaveKV) -> None:
-        """The DE claims its prompt's save: those blocks go to the request's entry once it lets its
-        slots go."""
+        """The DE claims its prompt's save: those blocks go to the request's entry once it lets its slots go."""
         pool = self.p.pool
         if not msg.slots or owner_of(msg.req_id) in self.prefetch.entries:
             return

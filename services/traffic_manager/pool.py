@@ -57,8 +57,7 @@ class BufferPool:
         self.m_free.set(self.free_bytes())
 
     async def allocate_wait(self, owner: str, n: int) -> list[int]:
-        """`n` slots, waiting in line up to the transfer deadline; prefetched blocks give theirs up
-        first."""
+        """`n` slots, waiting in line up to the transfer deadline; prefetched blocks give theirs up first."""
         short = n - self.line.spare()
         if short > 0 and self.reclaim is not None:
             self.reclaim(short)

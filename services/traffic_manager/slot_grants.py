@@ -19,8 +19,7 @@ class GrantsGiven:
         self._grants: dict[str, Grant] = {}
 
     def give(self, req_id: str, offsets: list[int], block_nbytes: int) -> bytes:
-        """The encoded grant of `offsets` for `req_id`: the same one for the same slots, else a fresh
-        one."""
+        """The encoded grant of `offsets` for `req_id`: the same one for the same slots, else a fresh one."""
         key = tuple(offsets)
         have = self._by_req.get(req_id)
         if have is not None and have[0] == key:

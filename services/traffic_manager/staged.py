@@ -24,8 +24,7 @@ def adopts(p: TMParts, msg: FetchKV) -> bool:
 
 
 async def claim(p: TMParts, msg: FetchKV) -> tuple[list[int], Grant | None]:
-    """Buffer offsets of the leading blocks still staged for this fetch, with the holder's grant if
-    remote."""
+    """Buffer offsets of the leading blocks still staged for this fetch, with the holder's grant if remote."""
     n = min(msg.staged_blocks, len(msg.block_keys))
     if not msg.staged_owner or n <= 0:
         return [], None

@@ -141,8 +141,7 @@ class StorePath:
         self.p.spawn(self._write(msg, list(msg.slots), d, done, t), name=f"save-{msg.req_id}", label="persist")
 
     async def _write(self, msg: SaveKV, offsets: list[int], d: Delivery, done, t: Transfer) -> None:
-        """Buffer to store, a block at a time; then `done` frees the slots (a failed write is only
-        logged)."""
+        """Buffer to store, a block at a time; then `done` frees the slots (a failed write is only logged)."""
         p = self.p
         try:
             with tracer.start_as_current_span("persist", context=d.ctx, attributes={
