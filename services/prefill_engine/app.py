@@ -70,7 +70,6 @@ class PrefillEngineService(EngineService):
         self.handoff = Handoff(link, self.cfg, self.store, self.loaded.config.eos_ids, self.pm)
 
     def announce(self) -> EngineAnnounce:
-        """The engine's announcement; the requests it holds counted from their states."""
         return msgspec.structs.replace(super().announce(), seq=self.life.held())
 
     async def stop(self) -> None:
@@ -307,8 +306,7 @@ class PrefillEngineService(EngineService):
                                     LayersComputed([r.req_id for r in reqs], layer)), name="computed")
 
     async def tm_restarted(self) -> None:
-        """The old TM's reads, copies and pushes never land: what waits on one fails (retryable) or is
-        freed now."""
+        """The old TM's transfers never land: what waits on one fails (retryable) or is freed now."""
         for req in list(self.held.values()):
             if req.copies_done(self.loaded.config.n_layers) and (req.push is None or req.push.done()):
                 continue

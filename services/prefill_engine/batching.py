@@ -48,7 +48,6 @@ def pick(queue: list[PrefillRequest], allocate: Callable[[PrefillRequest], bool]
 
 
 def written_blocks(batch: list[Chunk], block_size: int) -> list[int]:
-    """The KV blocks a forward of `batch` writes."""
     return sorted({b for c in batch for b in c.req.blocks[c.cached // block_size:-(-(c.cached + c.bsz) // block_size)]})
 
 

@@ -1,8 +1,7 @@
 """Stored-KV loading for the prefill engine: a request's storage read, its deadline and its reports.
 
-Hits prefetched into a buffer this engine maps are copied directly (staged_copy.py). A failure
-before the read finished is a miss; after it, it fails the load. Never holds the engine: each
-step returns what should happen to the request (outcomes.py)."""
+A failure before the read finished is a miss; after it, it fails the load. Never holds the
+engine: each step returns what should happen to the request (outcomes.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -39,8 +38,7 @@ def usable_hits(work: PrefillWork, block_size: int) -> int:
 
 
 def stored_blocks(req: PrefillRequest, block_size: int) -> int:
-    """The prompt's leading blocks the store holds: the scheduler's count when the read found every
-    block asked for, else what it found."""
+    """The prompt's leading blocks the store holds: the scheduler's count if the read found them all."""
     found = req.hit_tokens // block_size
     work = req.work
     if work is None or found < usable_hits(work, block_size):
@@ -96,8 +94,8 @@ class Fetcher:
                        window=KVWindow(w.hits, list(w.ring), w.layers) if w else None)
 
     def _direct(self, req: PrefillRequest, fetch: FetchKV) -> list[Outcome] | None:
-        """Copy hits from a TM buffer this engine maps; None when the entry went meanwhile (fetch as usual).
-        The holder takes the slots back when told they were used, or its push adopts them."""
+        """Copy hits from a TM buffer this engine maps; None when the entry went meanwhile (fetch as
+        usual)."""
         n, work = len(fetch.block_keys), req.work
         with tracer.start_as_current_span("kv_staged_copy", context=req.ctx, attributes={
                 "req_id": req.req_id, "blocks": n, "prefetched_blocks": n, "read_at_arrival_blocks": 0,
@@ -127,8 +125,8 @@ class Fetcher:
                 yield Fail(req, ErrorCode.STORAGE, f"storage read not sent: {exc}")
 
     async def deadline(self, req: PrefillRequest) -> AsyncIterator[Outcome]:
-        """A read that never reports fails the request (retryable); its blocks are freed one deadline later,
-        when no copy can still write into them."""
+        """A read that never reports fails the request (retryable); its blocks are freed a deadline
+        later."""
         while (left := req.deadline - time.monotonic()) > 0:
             await asyncio.sleep(left)
         if not req.read_pending:
@@ -173,7 +171,6 @@ class Fetcher:
         return [LoadFailed(req, msg.code, f"stored KV load failed: {msg.error}")]
 
     def _read_done(self, req: PrefillRequest, msg: ReadFinished) -> list[Outcome]:
-        """`msg.blocks` leading hits were found; the request is ready when its read is about to end."""
         req.load.reading = False
         req.cancel_timer()
         req.hit_tokens = msg.blocks * self.cfg.block_size

@@ -1,7 +1,7 @@
 """The prefill engine's hand-off: the first token out, then the prompt's KV to a decode engine.
 
-A failed push or admit fails the request as retryable. A prompt no decode engine takes is saved
-from here before its blocks are freed: every prompt is stored. Never holds the engine itself."""
+A failed push or admit fails the request as retryable; a prompt no decode engine takes is stored
+from here. Never holds the engine itself."""
 from __future__ import annotations
 
 import asyncio
@@ -40,8 +40,7 @@ class Handoff:
 
     # layerwise push ------------------------------------------------------------------------
     def start_push(self, req: PrefillRequest, expect_s: float = 0.0) -> None:
-        """The final forward is about to start (about `expect_s` of compute): its TM pushes layers as
-        computed."""
+        """The final forward is about to start (about `expect_s`): its TM pushes layers as computed."""
         work = req.work
         if work is None or work.mode == LoadMode.ORACLE or req.push is not None:
             return
@@ -55,8 +54,7 @@ class Handoff:
         req.push = self.spawn(self._push(req, msg, 2 * (self.timeout_s + expect_s)), name=f"push-{req.req_id}")
 
     async def keepalive(self, reqs: list[PrefillRequest]) -> None:
-        """While their forward runs: tell this engine's TM every quarter deadline that it is alive, so
-        pushes and windowed fetches waiting on it keep their deadlines."""
+        """While their forward runs: keep this engine's TM's waits on it alive (`ForwardAlive`)."""
         ids, subject = [r.req_id for r in reqs], self.subjects.at(EP.TM_ALIVE, engine=self.engine)
         while ids:
             await asyncio.sleep(self.timeout_s / 4)
@@ -79,8 +77,7 @@ class Handoff:
         await asyncio.wait([req.push])
 
     async def run(self, req: PrefillRequest, first: int, lp: TokenLogprob | None) -> AsyncIterator[Outcome]:
-        """The first token out, then the KV to the DE and its admission, or the prompt's end here;
-        yields `Free` last."""
+        """The first token, then the hand-off to the DE or the prompt's end here; yields `Free` last."""
         sp = req.sampling
         done = first in stop_ids(sp, self.eos_ids)
         finish = FinishReason.STOP if done else (FinishReason.LENGTH if sp.max_tokens <= 1 else None)

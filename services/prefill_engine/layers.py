@@ -1,8 +1,7 @@
 """Layerwise prefill: the model thread waits for layer l of the stored KV before computing layer l.
 
-`LoadProgress` is fed from the event loop and read from the model thread. A wait fails only once
-its load made no progress for the timeout. With a device cache the gate also moves each layer up
-and down on the copy stream."""
+A wait fails only once its load made no progress for the timeout. With a device cache the gate
+also moves each layer up and down on the copy stream."""
 from __future__ import annotations
 
 import threading
@@ -49,7 +48,6 @@ class LoadProgress:
             self.moved = max(self.moved, time.monotonic() + eta_s)
 
     def layer_blocks(self, layer: int, n_layers: int) -> list[int]:
-        """Blocks where `layer` of the loaded hits lands."""
         return layer_blocks(self.blocks, layer, n_layers, self.window)
 
     def fail(self, reason: str, code: ErrorCode = ErrorCode.STORAGE) -> None:

@@ -40,8 +40,7 @@ class StagedCopier:
         return self.kv.layout().block_nbytes
 
     def copy(self, grant: StagedSlots, dst_blocks: list[int]) -> bool:
-        """Copy the leading staged blocks into `dst_blocks`; False: not usable, the copy is to be
-        overwritten."""
+        """Copy the leading staged blocks into `dst_blocks`; False: not usable (overwrite the copy)."""
         n = len(dst_blocks)
         if n > len(grant.slots) or not self._map(grant):
             return False
