@@ -160,8 +160,8 @@ class ClientLeft(Exception):
 
 
 async def _collect(events: AsyncIterator[Event], request: Request):
-    """(texts, finish, failure, logprobs) of a non-streamed request; if its client leaves first, the
-    events are closed (cancelling the request) and ClientLeft raised."""
+    """(texts, finish, failure, logprobs) of a non-streamed request; ClientLeft (and cancelled) if its
+    client left."""
     async def read():
         text, finish, failed, reported = [], None, None, []
         async for delta, fin, err, lps in events:
@@ -233,8 +233,7 @@ async def _events(svc: Front, rec: InFlight, stops: list[str], span) -> AsyncIte
 
 
 def _usage_chunk(opts: StreamOptions | None, rec: InFlight, rid: str, mid: str, chat: bool, token_ids: bool):
-    """With `stream_options.include_usage`: a callable making the last chunk (usage, and the ids with
-    return_token_ids)."""
+    """With `stream_options.include_usage`: a callable making the last chunk, with the usage."""
     if opts is None or not opts.include_usage:
         return None
 

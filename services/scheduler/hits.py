@@ -28,8 +28,7 @@ def asker(bus, subjects) -> Ask:
 def known_hits(rec: InFlight, layout, oracle: OracleIndex,
                known: Callable[[list[bytes]], int] | None = None,
                buffered: Callable[[list[bytes]], int] | None = None) -> bool:
-    """Set `rec.block_keys` and `rec.hit_blocks` where no gateway need be asked; False: ask one.
-    `known`/`buffered`: leading keys known stored, or held in a buffer."""
+    """Set `rec.block_keys` and `rec.hit_blocks` where no gateway need be asked; False: ask one."""
     if layout is None:
         return True
     if not rec.block_keys and not rec.remote_prompt:  # a front-door worker keyed it already (or has the ids)

@@ -80,8 +80,7 @@ class InFlight:
 
     @property
     def work_prompt(self) -> list[int]:
-        """The prompt plus every token already streamed (the prompt itself on a first attempt: do not
-        mutate)."""
+        """The prompt plus every token already streamed (the prompt itself at first: do not mutate)."""
         return self.prompt + self.tokens[: self.step0] if self.step0 else self.prompt
 
     @property

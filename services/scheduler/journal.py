@@ -117,8 +117,7 @@ class Journal:
             log.warning("journal queue full: %s %s not recorded", item[0], item[1])
 
     async def run(self) -> None:
-        """The writer: queued records in order, one alone or several as one batch message; runs until
-        cancelled."""
+        """The writer: queued records in order, alone or batched; runs until cancelled."""
         while True:
             items = [await self.queue.get()]
             if self.linger_s > 0:

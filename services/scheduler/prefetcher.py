@@ -204,8 +204,8 @@ class Prefetcher:
         return stored
 
     def _plan(self, blocks: int, return_at: float, mode: LoadMode, keep: ReadPath | None = None):
-        """The same path policy as a hit's read; `keep`: the side planned when the turn ended, which a
-        prefill-side plan keeps while that side has room."""
+        """The same path policy as a hit's read; a prefill-side plan (`keep`) stays while that side has
+        room."""
         bb = self._block_bytes()
         force = self.cfg.read_path if LoadMode(mode).both_paths else "pe"
         holders, now, prefer = self._holders(bb), time.monotonic(), self.cfg.prefetch_prefer_pe

@@ -153,7 +153,6 @@ class MeshView:
                     "queued": queued, "running": running}
 
     def snapshot(self, now: float, mode: LoadMode) -> dict:
-        """Every live process, its role, node and metrics URL, ready for JSON."""
         def rows(table: dict) -> list[dict]:
             out = []
             for seen in table.values():

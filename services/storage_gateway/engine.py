@@ -78,8 +78,8 @@ class GatewayCore:
         self, keys: Sequence[bytes], dest: memoryview, offsets: Sequence[int], group_layers: int = 0,
         report: Callable[[int, int, float], Awaitable[None]] | None = None,
     ) -> ReadResult:
-        """Full Block payloads of ``keys`` into ``dest`` at ``offsets``, in layer groups with
-        ``group_layers``."""
+        """Full Block payloads of ``keys`` into ``dest`` at ``offsets`` (layer groups:
+        ``group_layers``)."""
         self._bind_loop()
         view = bytes_view(dest)
         size = self.store.layout.payload_bytes
@@ -123,8 +123,7 @@ class GatewayCore:
             raise
 
     def _inline_ok(self, count: int, size: int) -> bool:
-        """The loop reads a request itself when it is one stripe, at most ``inline_bytes``, with no
-        stripe running."""
+        """The loop reads a request itself: one stripe, at most ``inline_bytes``, no stripe running."""
         return (count * size <= self._inline_bytes and not self._running and not self._slots.locked()
                 and self.stripes_for(count, size) == 1)
 
@@ -225,7 +224,6 @@ class GatewayCore:
         self.store.check_integrity()
 
     def close(self) -> None:
-        """Stop the pools after their running work."""
         self._reads.close()
         self._write_pool.shutdown(wait=True)
 

@@ -46,8 +46,7 @@ def _pread_some(fd: int, bufs: list[memoryview], offset: int) -> int:
 
 
 def pread_cached(fd: int, buf: memoryview, offset: int) -> int | None:
-    """Fill ``buf`` with what the page cache holds, never waiting for the disk: the bytes read, or None
-    where there is no such read (``RWF_NOWAIT``)."""
+    """What the page cache holds at ``offset`` into ``buf``, never waiting; None: no ``RWF_NOWAIT``."""
     if not (_RWF_NOWAIT and _HAS_PREADV):
         return None
     try:

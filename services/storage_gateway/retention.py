@@ -29,8 +29,8 @@ class Retention:
         return len(self._marks)
 
     def mark(self, keys: Iterable[bytes], level: Level, ttl_s: float, session: str, now: float) -> int:
-        """Mark `keys` for `ttl_s`; a retained mark is never lowered by another session. Returns the
-        marks held."""
+        """Mark `keys` for `ttl_s` (another session never lowers a retained mark); returns the marks
+        held."""
         until = now + ttl_s
         for key in keys:
             old = self._marks.get(key)

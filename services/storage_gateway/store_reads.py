@@ -21,13 +21,11 @@ class StoreReads:
 
     # ----- whole reads -----------------------------------------------------------
     def read_into(self, key: bytes, dest: memoryview) -> int:
-        """Block ``key``'s payload into ``dest``; returns its bytes. Raises ``BlockMissing`` /
-        ``BlockCorrupt``."""
+        """Block ``key``'s payload into ``dest``; its bytes, or ``BlockMissing`` / ``BlockCorrupt``."""
         return self._read_whole(key, dest, False)
 
     def read_cached_into(self, key: bytes, dest: memoryview) -> int:
-        """``read_into`` from the page cache only: ``NotCached`` (nothing counted) at the first byte not
-        cached."""
+        """``read_into`` from the page cache only: ``NotCached`` (nothing counted) at a byte not cached."""
         if not self._reader.nowait_reads:
             raise NotCached
         return self._read_whole(key, dest, True)
@@ -120,8 +118,8 @@ class StoreReads:
             raise
 
     def end_blocks(self, opened: Sequence[OpenBlock], upto: int) -> tuple[int, str | None]:
-        """Verify the first ``upto`` checksums, count and touch the good ones, close, unpin: (good, why
-        not more)."""
+        """Verify the first ``upto`` checksums, keep the good, close, unpin: (good blocks, why not
+        more)."""
         good, why = 0, None
         try:
             for ob in opened[:upto]:

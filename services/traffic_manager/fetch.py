@@ -146,8 +146,7 @@ class FetchPath:
 
     async def _start(self, msg: FetchKV, k: int, owner: str, pe: ReadTrack, de: ReadTrack,
                      local: list[asyncio.Task]) -> Reads:
-        """Hold the slots every read lands in (prefetched, then DE buffer, then PE buffer) and start the
-        reads."""
+        """Hold every read's slots (prefetched, then DE buffer, then PE buffer) and start the reads."""
         p, n = self.p, len(msg.block_keys)
         # prefetched: keys[:c] already sit in a buffer (the DE's: adopted into the prompt's slots there)
         res = await self._reserve_remote(msg, adopt=True) if staged.adopts(p, msg) else None

@@ -16,7 +16,7 @@ from shared.messages.traffic_manager import PENDING_OWNER, HoldSaves, Prefetched
 
 
 async def install(parts: TMParts, prefetch: PrefetchPath, store_path) -> None:
-    """Keep DE turns' saved blocks (`pending_hold_s` > 0); a save short of room takes theirs, never a
+    """Keep DE turns' saved blocks (`pending_hold_s` > 0); a save short of room takes theirs, not a
     prefetch's."""
     if parts.cfg.pending_hold_s <= 0:
         return

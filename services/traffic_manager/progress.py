@@ -30,8 +30,7 @@ class Waitable:
         self.changed.set()
 
     async def until(self, ready: Callable[[], bool], timeout: float, what: str) -> None:
-        """Wait until `ready()`; Stalled once nothing moved for `timeout` (since the wait began or the last
-        `note`), RuntimeError when failed."""
+        """Wait until `ready()`; Stalled once nothing moved for `timeout`, RuntimeError when failed."""
         start = time.monotonic()
         while not ready():
             if self.error:
