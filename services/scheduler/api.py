@@ -1,4 +1,4 @@
-"""HTTP handlers of the front door: /v1/models, /v1/completions, /v1/chat/completions, /health, /metrics.
+"""HTTP handlers of the front door: the OpenAI-style endpoints, /health, /v1/mesh, /metrics, /openapi.json.
 
 A client that leaves cancels its request everywhere, so both engines free its KV."""
 from __future__ import annotations
