@@ -64,7 +64,8 @@ class FleetTiming:
         return self.model.kv_capacity_tokens()
 
     def pe_thresholds(self, hit_ratio: float, alpha_s: float = 3.0, beta_s: float = 5.0) -> tuple[int, int]:
-        """Algorithm 1's (alpha, beta): tokens a node reads in `alpha_s`; prompt tokens a PE handles in `beta_s`."""
+        """Algorithm 1's (alpha, beta): tokens a node reads in `alpha_s`, prompt tokens
+        (hits included) a PE handles in `beta_s`."""
         alpha = int(self.hw.snic_bw / self.model.kv_bytes * alpha_s)
         per_new = self.model.prefill_tokens_per_s(16384, 512)
         return alpha, int(per_new / max(1.0 - hit_ratio, 0.01) * beta_s)
