@@ -181,8 +181,7 @@ class Mesh:
         return procs
 
     def start(self, timeout: float = 180.0, progress: Callable[[str], None] | None = None) -> "Mesh":
-        """Returns once a completion would succeed: the scheduler serves, a prefill and a decode engine
-        are assignable. `progress` gets what is ready so far."""
+        """Returns once a completion would succeed; `progress` gets what is ready so far."""
         try:
             self.bind_http()
             if self.spec.model == "smollm2":

@@ -148,8 +148,7 @@ def _checked(args: argparse.Namespace) -> dict[str, str]:
 
 
 def warm_up(url: str, requests: int, say: Callable[[str], None], timeout: float = 300.0) -> list[str]:
-    """`requests` small completions at once (one per engine), so first-use costs come before serving.
-    Returns the failures (said, not fatal)."""
+    """`requests` small completions at once (one per engine) before serving; returns failures (not fatal)."""
     say(f"warming up the engines ({requests} small chat completion{'s' if requests > 1 else ''}) ...")
     t0, errors = time.monotonic(), []
     threads = [threading.Thread(target=_complete, args=(url, timeout, errors), daemon=True) for _ in range(requests)]

@@ -17,7 +17,6 @@ from stack import Stack
 
 
 def check_scaled_engines_work(stack: Stack, url: str, tag: str) -> str:
-    """With two replicas of each engine service, both of each receive work."""
     pes, des = stack.ids("prefill-engine"), stack.ids("decode-engine")
     _expect(len(pes) == 2 and len(des) == 2, "scale", f"prefill {len(pes)}, decode {len(des)} replicas")
 
@@ -97,7 +96,6 @@ def kill_engine(stack: Stack, cid: str, service: str, how: str) -> str:
 
 def check_killed_engine_restarts(stack: Stack, url: str, service: str = "prefill-engine",
                                  how: str = "process") -> str:
-    """A killed engine container is restarted by its restart policy and the stack serves again."""
     cid = stack.ids(service)[0]
     info = stack.inspect(cid)
     restarts = info["RestartCount"]

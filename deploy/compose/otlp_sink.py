@@ -22,7 +22,6 @@ def _value(v):
 
 
 def spans_of(req: ExportTraceServiceRequest) -> list[dict]:
-    """One JSON-able dict per span of an export request."""
     out = []
     for rs in req.resource_spans:
         service = next((a.value.string_value for a in rs.resource.attributes if a.key == "service.name"), "")

@@ -61,16 +61,14 @@ def _workload(url: str, lo: int, hi: int, mode: LoadMode, agents: int, turns: in
 
 def per_byte(kv_cpu_s: float, oracle_cpu_s: float, storage_bytes: float, idle_cpu: float = 0.0,
              extra_wall_s: float = 0.0, recompute_cpu_s: float = 0.0) -> float:
-    """CPU seconds per storage byte: the KV run's CPU beyond the oracle run's, the idle mesh's over
-    `extra_wall_s` and `recompute_cpu_s` (0 when nothing moved)."""
+    """CPU s per storage byte: the KV run's beyond the oracle's, the idle mesh's and `recompute_cpu_s`."""
     extra = kv_cpu_s - oracle_cpu_s - idle_cpu * max(0.0, extra_wall_s) - max(0.0, recompute_cpu_s)
     return max(0.0, extra) / storage_bytes if storage_bytes > 0 else 0.0
 
 
 def first_tokens(max_context: int, turns: int, gen: int, agents: int, bytes_per_token: float = 0.0,
                  storage_bytes_per_s: float | None = None, budget_s: float = BUDGET_S) -> int:
-    """The probe's first prompt: at most half the context (128-1,024 tokens) and, behind a capped
-    storage NIC, short enough to move about `budget_s` of bytes (two blocks at least)."""
+    """The probe's first prompt: 128-1,024 tokens, within half the context and ~`budget_s` at a capped NIC."""
     first = min(1024, max(128, (max_context or 2048) // 2 - turns * (64 + gen)))
     if bytes_per_token > 0 and storage_bytes_per_s:
         fit = storage_bytes_per_s * budget_s / (agents * turns * bytes_per_token)

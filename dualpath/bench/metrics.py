@@ -104,8 +104,7 @@ def summarise(run, slo: Slo, vllm: vllm_metrics.Spec = vllm_metrics.Spec()) -> d
 
 
 class ApsSearch:
-    """The highest APS that holds the SLO: grow by `factor` until a level fails, then bisect to
-    `precision`. Stepwise (`next` / `record`); `next` is None once done, `best` 0.0 if `start` fails."""
+    """The highest APS that holds the SLO: grow by `factor` until a level fails, then bisect."""
 
     def __init__(self, start: float, factor: float = 2.0, precision: float = 0.1, max_levels: int = 12):
         self.good, self.bad, self.aps, self.factor = 0.0, math.inf, start, factor

@@ -98,8 +98,7 @@ BATCHES = (8, 32)  # batch sizes of the batch decode runs
 
 
 def _stream(url: str, prompt: list[int], n: int, enough=None) -> tuple[float, list[float]]:
-    """(time to the first chunk, every chunk's arrival) of one streamed completion; stops reading
-    (cancelling it) once `enough(times)` is true."""
+    """(time to the first chunk, every chunk's arrival); stops reading (cancels) once `enough(times)`."""
     body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True, "stream": True}
     t0 = time.perf_counter()
     times: list[float] = []

@@ -117,8 +117,7 @@ async def core_name(bus: Bus, subjects: Subjects, timeout: float = 30.0) -> str:
 
 
 async def drive_core(fleet, rate: float | None = None) -> dict:
-    """One run of `fleet` driven by a synthetic front door at `rate` requests/s (None: the spec's load):
-    warm-up, then the measured window; returns the core's figures."""
+    """One run of `fleet` driven at `rate` requests/s (None: its spec's load); the core's figures."""
     from dualpath.fleet.driver import PER_NODE, hist_quantile, histogram, paper_rate, percentile
     from dualpath.traces import trace_stats
     from dualpath.fleet.group import fleet_layout

@@ -48,8 +48,7 @@ class StoreIndex:
 
 
 def extend_keys(keys: Sequence[bytes], tokens: Sequence[int], block: int, fingerprint: bytes) -> list[bytes]:
-    """Keys of the full blocks of `tokens`, continuing a context whose first blocks `keys` name
-    (chained from its last key, else from the fingerprint)."""
+    """Keys of the full blocks of `tokens`, chained on from `keys` (else from the fingerprint)."""
     out, parent = [], keys[-1] if keys else fingerprint
     for i in range(len(tokens) // block):
         parent = chain_hash(parent, tokens[i * block:(i + 1) * block])

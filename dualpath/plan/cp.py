@@ -74,7 +74,6 @@ def _range_work(a: int, b: int) -> int:
 
 
 def causal_work(seq: int, cards: int, scheme: str) -> tuple[int, ...]:
-    """Per-card causal work for a partition scheme of `seq` tokens over `cards`."""
     if scheme == "contiguous":
         cuts = [seq * r // cards for r in range(cards + 1)]
         return tuple(_range_work(cuts[r], cuts[r + 1]) for r in range(cards))

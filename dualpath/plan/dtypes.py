@@ -35,7 +35,6 @@ def attention_weight_bytes(arch: ModelArch, dtype: str) -> float:
 
 
 def part_bytes(p: ParamCounts, dtype: str) -> dict[str, float]:
-    """Weight bytes by part for a checkpoint stored in `dtype`."""
     lin, raw = linear_bytes(dtype), unquantised_bytes(dtype)
     return {
         "attention": p.attention * lin,

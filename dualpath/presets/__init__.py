@@ -17,7 +17,6 @@ __all__ = ["ArchConfigError", "ModelArch", "ParamCounts", "load_arch", "load_con
 
 
 def preset_names() -> list[str]:
-    """Names of the shipped presets (file stems), sorted."""
     files = resources.files(__name__).iterdir()
     return sorted(f.name[:-5] for f in files if f.name.endswith(".json"))
 
@@ -40,7 +39,6 @@ def load_config(name_or_path: str) -> tuple[str, dict]:
 
 
 def load_arch(name_or_path: str) -> ModelArch:
-    """The ModelArch of a preset name or a config.json path."""
     name, cfg = load_config(name_or_path)
     if not isinstance(cfg, dict):
         raise ArchConfigError(name, "json", "top level must be an object")

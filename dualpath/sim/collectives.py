@@ -16,8 +16,7 @@ ALLREDUCE_BYTES = 2.0  # BF16
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    """How one side's engines split the model: an EP domain of `ep_nodes` nodes of `gpus` GPUs,
-    attention TP `attn_tp` (1 = attention DP)."""
+    """One side's split: EP domains of `ep_nodes` nodes of `gpus` GPUs, attention TP `attn_tp` (1 = DP)."""
 
     ep_nodes: int
     gpus: int

@@ -105,8 +105,7 @@ class SimDispatch:
 
     # pulls ------------------------------------------------------------------------------
     def tick(self, k: int = 0) -> None:
-        """Grid point k: prefill group k % n pulls, and at k % n == 0 the decode groups; a pull that
-        places something makes the others stale."""
+        """Grid point k: prefill group k % n pulls (decode groups too at k % n == 0); others become stale."""
         g = k % len(self.pulled)
         if self.pulled[g] != self.version and not self.rr:
             if self.d.queue:  # (with none waiting for a PE the pull places nothing: lines refresh later)

@@ -102,8 +102,7 @@ def activate() -> str:
 
 
 def build(mypyc: list[str] | None = None) -> Path:
-    """Compile MODULES with mypyc into build/sim-fast (RuntimeError with mypyc's output on failure),
-    from a copy of the sources, kept only if the sources did not change meanwhile."""
+    """Compile MODULES with mypyc from a copy of the sources into build/sim-fast (RuntimeError on failure)."""
     cmd = mypyc or [sys.executable, "-m", "mypyc"]
     ext = sysconfig.get_config_var("EXT_SUFFIX")
     before = digest()

@@ -116,7 +116,6 @@ def read_trajectories(path: str | Path) -> list[Trajectory]:
 
 
 def write_trajectories(path: str | Path, trajs: Iterable[Trajectory]) -> int:
-    """Write one line per trajectory; returns how many were written."""
     n = 0
     with open(path, "w", encoding="utf-8") as fh:
         for t in trajs:

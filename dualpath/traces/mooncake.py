@@ -39,7 +39,6 @@ def parse_line(text: str, path: str = "<string>", line: int = 1) -> MooncakeRequ
 
 
 def read_mooncake(path: str | Path) -> list[MooncakeRequest]:
-    """Every request of a Mooncake JSONL file, in file order (blank lines skipped)."""
     return read_jsonl(path, parse_line, "requests")
 
 
@@ -50,8 +49,7 @@ def block_size_for(scale: float, align: int = 64) -> int:
 
 def prompt_tokens(req: MooncakeRequest, index: int, lo: int, hi: int, salt: int = 0,
                   scale: float = 1.0) -> list[int]:
-    """The request's prompt: hash id h -> a fixed block of ids in [lo, hi) (seeded by salt, h); tokens
-    past the hash ids' cover are unique to the request."""
+    """The request's prompt: hash id h -> fixed ids in [lo, hi) (seeded by salt, h); the rest its own."""
     block = block_size_for(scale) if scale != 1.0 else MOONCAKE_BLOCK
     length = max(1, round(req.input_length * block / MOONCAKE_BLOCK))
     out: list[int] = []
