@@ -101,7 +101,7 @@ def _one(p: TracePreset, seed: int, index: int, scale: float) -> Trajectory:
 
 
 def expand_agents(n_base: int, n_agents: int, seed: int = 0) -> list[tuple[int, int]]:
-    """Agents as (base trajectory index, first-round append); copies past the base set start with random tokens."""
+    """Agents as (base trajectory index, first-round append); copies past the base set get random tokens."""
     if n_base < 1 or n_agents < 0:
         raise ValueError("need n_base >= 1 and n_agents >= 0")
     rng = np.random.default_rng([seed, 1 << 20])
