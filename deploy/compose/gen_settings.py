@@ -1,13 +1,7 @@
 """Regenerate the settings reference from the config dataclasses (the only source of truth).
 
-Writes `deploy/compose/dualpath.toml` (every setting at its default, with the field's
-comment) and the tables between the `<!-- settings:begin -->` / `<!-- settings:end -->`
-markers of `docs/configuration.md`. Run from the repository root:
-
-    .venv/bin/python deploy/compose/gen_settings.py          # rewrite both files
-    .venv/bin/python deploy/compose/gen_settings.py --check  # exit 1 if either is stale
-
-Imports only the config modules (no torch, no nats).
+Writes deploy/compose/dualpath.toml and the tables between the settings markers of the
+configuration page; `--check` exits 1 when either is stale. Imports only the config modules.
 """
 from __future__ import annotations
 

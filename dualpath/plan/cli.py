@@ -1,9 +1,4 @@
-"""`dualpath plan ...`: argparse wiring for the planner (no calculations here).
-
-`register(subparsers)` adds `plan` with subcommands pd, attention, moe, capacity, cp,
-pp; each prints a table, or with `--json` the result as JSON. Calculation modules are
-imported inside the handlers so `dualpath --help` stays fast.
-"""
+"""`dualpath plan ...`: argparse wiring for the planner (no calculations here)."""
 from __future__ import annotations
 
 import argparse

@@ -1,12 +1,6 @@
 """`dualpath sim`: run the cluster simulator, the paper reproduction, or the P/D window.
 
-    dualpath sim --model ds-v3.2-660b --hardware h800 --topology 2P4D --trace gen:64k \
-        --agents 2000 --offline --modes basic,dualpath,oracle --json out.json
-    dualpath sim --reproduce [--quick] [--full]      # the published figures beside simulated ones
-    dualpath sim --ablation [--quick]                # Basic -> +layerwise -> +dual path -> +scheduler
-    dualpath sim --pd-window [--hardware dgx-h100]
-
-Heavy imports (numpy, the simulator) happen inside `run`, so `dualpath --help` stays fast.
+Heavy imports happen inside `run`, so `dualpath --help` stays fast.
 """
 from __future__ import annotations
 
