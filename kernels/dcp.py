@@ -1,6 +1,6 @@
 """Decode context parallelism (DCP): KV sharded along the sequence, merged by LSE.
 
-Owns the sharding rule and the per-shard compute + merge of docs/parallelism.md (decode
+Owns the sharding rule and the per-shard compute + merge of docs/concepts/parallelism.md (decode
 context parallelism): position p lives on shard p mod N at slot p // N, so a new token
 lands on a known shard without rebalancing. Each shard attends the full Q over its local KV
 (causal by absolute position) and returns (out, lse); the LSE merge gives exactly

@@ -4,8 +4,7 @@ search, medians over repeats.
 Pure: takes TurnResult-like values, returns dicts and floats. A turn meets the SLO when
 its TTFT <= slo.ttft_s and its TPOT <= slo.tpot_s (a one-token turn has no TPOT and is
 judged by TTFT alone); a failed turn never meets it (`slo_attainment`: the share that do).
-A load level *holds* the SLO the way the paper judges a run (docs/design.md, "Online
-capacity"): after its warm-up (the first `warmup` share of its turns by start time), the
+A load level *holds* the SLO the way the paper judges a run (docs/guides/bench.md): after its warm-up (the first `warmup` share of its turns by start time), the
 mean TTFT is within slo.ttft_s and the mean TPOT within slo.tpot_s, no turn failed, and the
 run was not stopped for a TTFT past the limit (`verdict` names the term that failed).
 """

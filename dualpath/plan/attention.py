@@ -1,4 +1,4 @@
-"""Attention TP x DP layouts of P cards (docs/parallelism.md#attention-tp-or-dp).
+"""Attention TP x DP layouts of P cards (docs/concepts/parallelism.md#attention-tp-or-dp).
 
 For attention TP = t and DP = p (t*p = P), per card: KV copies (MLA: t, one latent per
 TP rank; GQA: t / min(t, n_kv), KV heads are split until they run out), KV bytes =

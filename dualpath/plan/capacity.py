@@ -1,4 +1,4 @@
-"""Usable HBM per card and the batch it holds (docs/parallelism.md#memory-capacity-and-batch).
+"""Usable HBM per card and the batch it holds (docs/concepts/parallelism.md#memory-capacity-and-batch).
 
 usable = HBM - weights on the card - graph/comm/scratch buffers - margin;
 B_memory = usable / (state + KV bytes per request on this card);

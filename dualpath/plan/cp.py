@@ -1,4 +1,4 @@
-"""Context parallelism for long prefill and DCP for decode (docs/parallelism.md).
+"""Context parallelism for long prefill and DCP for decode (docs/concepts/parallelism.md).
 
 Per card per layer, N = CP degree, c = (N-1)/N, in elements of the hidden state:
   Ring (pass-KV)       comm 2c*T*d        activation T*d/N   no head limit

@@ -1,6 +1,6 @@
 """Bytes per element for the dtype names the planner accepts, and weight bytes.
 
-Low-bit weights count their scales and unquantised parts (docs/parallelism.md,
+Low-bit weights count their scales and unquantised parts (docs/concepts/parallelism.md,
 memory capacity): FP8 checkpoints (DeepSeek-style) keep 128x128 block scales in FP32 for
 every quantised matrix, and store embeddings, lm_head, norms and the router in BF16.
 """

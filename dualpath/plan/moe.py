@@ -1,4 +1,4 @@
-"""MoE-TP vs MoE-EP over one domain of P cards (docs/parallelism.md#moe-tp-or-ep).
+"""MoE-TP vs MoE-EP over one domain of P cards (docs/concepts/parallelism.md#moe-tp-or-ep).
 
 Symbols: B global batch (tokens per step), k experts per token, E routed experts,
 N the expert intermediate size. MoE-TP splits every expert's N by P; MoE-EP keeps

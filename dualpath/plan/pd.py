@@ -1,4 +1,4 @@
-"""The bottleneck-free P/D ratio window (docs/design.md#the-pd-ratio-window).
+"""The bottleneck-free P/D ratio window (docs/concepts/design.md#the-pd-ratio-window).
 
 A node has g GPUs, each with a CNIC of bandwidth B; the node's SNICs total B*s; M is
 a node's DRAM bandwidth. Loads below are fractions of each link's capacity for a

@@ -1,4 +1,4 @@
-"""Pipeline parallelism: stage layer split and prefill chunk split (docs/parallelism.md#pipeline-parallelism).
+"""Pipeline parallelism: stage layer split and prefill chunk split (docs/concepts/parallelism.md#pipeline-parallelism).
 
 Owns two splits in time units: layers over stages (the slowest stage, tail included, made
 as fast as integer layer counts allow) and a causal prefill's tokens over chunks (equal,

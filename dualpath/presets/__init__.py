@@ -2,7 +2,7 @@
 
 Shipped presets (package data, one small JSON each): `ds-v3`, `ds-v3.2-660b`
 (V3 plus the V3.2 sparse-attention indexer fields), `ds-27b` (the down-scaled DeepSeek
-of the paper's evaluation: docs/design.md#published-figures), `qwen2.5-32b`, `llama-3-70b`,
+of the paper's evaluation: docs/concepts/design.md#published-figures), `qwen2.5-32b`, `llama-3-70b`,
 `smollm2-135m`.
 
 Stable API (other tools depend on it; add fields with defaults, never change types):

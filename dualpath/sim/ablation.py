@@ -7,7 +7,7 @@ Four offline runs of DS-660B 2P4D on the 64K trace (`quick` shrinks them):
   + dual-path loading  both read paths, chosen in turn (still round-robin engines)
   + scheduler          the policy: Algorithm 1, the two DE levels, the shorter read queue
 Each row is its JCT change from Basic beside the published one (-17.21%, -38.19%,
--45.62%). The simulator's own reasons for a gap are in docs/design.md#published-figures.
+-45.62%). The simulator's own reasons for a gap are in docs/results/sim.md.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The model's own traffic on the compute NICs: EP dispatch / combine and attention TP all-reduce, per token.
 
-Volumes are the planner's (docs/parallelism.md, `dualpath.plan.attention`): per card and
+Volumes are the planner's (docs/concepts/parallelism.md, `dualpath.plan.attention`): per card and
 layer the MoE all-to-all moves 2*k*c*B_local*d elements (dispatch + combine) and attention
 TP over t cards 2*c_t*B_local*d. Here they are per token (B_local = 1), in bytes (dispatch
 in FP8 with one 4-byte scale per 128 values, combine and all-reduce in BF16), and only the

@@ -1,6 +1,6 @@
 """The online run's SLO judge and stop rule: TTFT and TPOT per window, checked as the run goes.
 
-The paper's rule (docs/design.md#published-figures): agents arrive by a Poisson process;
+The paper's rule (docs/concepts/design.md#published-figures): agents arrive by a Poisson process;
 a run ends when TTFT exceeds its SLO (4 s), or at steady state, when the TTFT of a 150 s
 window is within 5% of the TTFT of the window 30 minutes before. We judge every window
 at its end:

@@ -1,7 +1,7 @@
 """`dualpath sim --reproduce`: the paper's published figures beside simulated ones, each gap explained.
 
-The published figures and what the simulator leaves out are in docs/design.md
-("Published figures"). Every row prints the published value, the simulated one and the
+The published figures are in docs/concepts/design.md#published-figures; how the simulator
+compares with them is in docs/results/sim.md. Every row prints the published value, the simulated one and the
 gap; a row off by more than 15% (`*`) carries its reason, with the arithmetic, from the
 runs' own figures (reasons.py). Experiments (`quick` shrinks them: a quarter of the
 trajectory length, a fifth of the agents, the online lag scaled alike; `full` adds

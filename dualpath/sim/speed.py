@@ -8,7 +8,7 @@ other work on shared cores counts little), microseconds per request and events p
 second, and which build ran: the compiled core (`make sim-fast`, dualpath/sim/fast.py) when
 a fresh one exists, else pure Python (`--pure` forces it); then the 2P4D target (2000 agents in 10 s) as the cost per request it allows, and
 what 48P96D with 48K agents would take at the measured cost per request (the cost per
-request barely grows with the cluster; docs/design.md#the-simulator-against-the-paper).
+request barely grows with the cluster; docs/results/sim.md).
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ snic_r, snic_w, dram (a node's DRAM, reads + writes), cnic_r, cnic_w (the engine
 CNIC: "read" = bytes the NIC reads from host or device memory and sends, "write" =
 bytes it writes into memory). Bytes kind: "hit", "miss" or "persist".
 
-With all-hit traffic this reproduces the per-link sums of docs/design.md#the-pd-ratio-window:
+With all-hit traffic this reproduces the per-link sums of docs/concepts/design.md#the-pd-ratio-window:
 PE CNIC read 2*Tp, PE CNIC write Tp+Tc, DE CNIC read Tp+2Tc, DE CNIC write 2Tp+Tc,
 DE DRAM 2Tp+3Tc (per PE-DE pair; Tp on the PE path, Tc on the DE path).
 """

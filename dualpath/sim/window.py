@@ -1,4 +1,4 @@
-"""The P/D-ratio window (docs/design.md#the-pd-ratio-window), numerically, from the simulator's traffic table.
+"""The P/D-ratio window (docs/concepts/design.md#the-pd-ratio-window), numerically, from the simulator's traffic table.
 
 Under the section's assumptions (every SNIC reads at its full rate, reads of PE nodes
 take the PE path and of DE nodes the DE path, traffic spread evenly over engines), sum

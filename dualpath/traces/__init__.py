@@ -1,4 +1,4 @@
-"""Agent trajectories: the JSONL format and a generator calibrated to the published trace table (docs/design.md#agent-traces).
+"""Agent trajectories: the JSONL format and a generator calibrated to the published trace table (docs/concepts/design.md#agent-traces).
 
 A trajectory is a list of turns (append tokens A_i, generated tokens G_i); the prompt of
 turn i+1 is A1,G1,...,Ai,Gi,A(i+1). Shared by `dualpath sim` and `dualpath bench`.

@@ -1,6 +1,6 @@
-"""The node's read queue (``read_q`` in docs/design.md): storage reads accepted but not
+"""The node's read queue (``read_q`` in docs/concepts/design.md): storage reads accepted but not
 finished, in blocks and bytes. Engines report it when they pull work and the
-scheduler sends a read down the path whose queue is shorter (docs/design.md#read-path-choice).
+scheduler sends a read down the path whose queue is shorter (docs/concepts/design.md#read-path-choice).
 
 Pure accounting, no I/O and no asyncio: ``enqueue`` when a read request is
 accepted, ``dequeue`` as each block finishes (read, failed or skipped), and

@@ -7,7 +7,7 @@ layout, the halves of each token's latent row for an MLA one). The header is pad
 4 KiB so the payload starts page-aligned (O_DIRECT-able) and can be read straight into a
 buffer slice with one ``preadv`` of two iovecs.
 
-Header (little-endian; byte table in ``docs/kv-format.md``)::
+Header (little-endian; byte table in ``docs/concepts/kv-format.md``)::
 
     0    8  magic  b"DPKVBLK\\0"       48  4  n_layers        64  8  payload_length
     8    2  format version (3)        52  4  block_size      72  8  payload checksum

@@ -3,7 +3,7 @@
 State: one global FIFO of requests waiting for a prefill engine; a global DE pool; one
 private queue per decode-engine group; the `Ledger` of what every placed request puts
 on its engines. Every dispatch round emulates a synchronous pull of every engine group
-(docs/design.md#engine-groups-and-pulls): PE groups take from the FIFO by Algorithm 1
+(docs/concepts/design.md#engine-groups-and-pulls): PE groups take from the FIFO by Algorithm 1
 (`assign_prefill`); requests holding a PE enter the DE pool, which goes to the DE group
 with the smallest total tokens (`pick_de_group`); each DE group then places its private
 queue by the two-level rule (`assign_decode`). A request is dispatched once it has both.

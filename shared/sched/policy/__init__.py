@@ -1,4 +1,4 @@
-"""Scheduling policy as pure code (explained in docs/design.md#scheduling).
+"""Scheduling policy as pure code (explained in docs/concepts/design.md#scheduling).
 
 Values in, decisions out: no I/O, no clocks, no nats / torch / asyncio. The scheduler
 service, the engines and the cluster simulator (`dualpath.sim`) all call these

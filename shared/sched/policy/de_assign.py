@@ -1,4 +1,4 @@
-"""Decode-engine assignment in two levels (docs/design.md#decode-engine-assignment).
+"""Decode-engine assignment in two levels (docs/concepts/design.md#decode-engine-assignment).
 
 Level 1 (`pick_de_group`): the global pool, drained when any DE group pulls, goes to
 the DE group with the smallest total tok. Level 2 (`assign_decode`): inside the pulling

@@ -1,4 +1,4 @@
-"""Intra-PE batching under a compute quota (docs/design.md#batching-inside-a-prefill-engine).
+"""Intra-PE batching under a compute quota (docs/concepts/design.md#batching-inside-a-prefill-engine).
 
 Owns the attention-time model over (cached, bsz) pairs and the batch planner: take a
 PE's ready requests in FIFO order while the estimated attention time of the batch stays

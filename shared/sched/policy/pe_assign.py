@@ -1,4 +1,4 @@
-"""Prefill-engine assignment: Algorithm 1 of the paper (docs/design.md#prefill-engine-assignment-algorithm-1).
+"""Prefill-engine assignment: Algorithm 1 of the paper (docs/concepts/design.md#prefill-engine-assignment-algorithm-1).
 
 Owns the classification of a pulling PE group's engines and the FIFO hand-out of the
 global queue's head. Does not choose the read path (read_path.py) or batch (intra_pe.py).

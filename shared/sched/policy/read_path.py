@@ -1,4 +1,4 @@
-"""Read-path choice for a request's hit KV (docs/design.md#read-path-choice) and the split-read variant.
+"""Read-path choice for a request's hit KV (docs/concepts/design.md#read-path-choice) and the split-read variant.
 
 `choose_path`: the path whose node has the shorter storage read queue; a tie (queues are
 often both empty) goes to the node that has been given fewer tokens to read, so bytes balance

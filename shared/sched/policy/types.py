@@ -27,7 +27,7 @@ class Request(msgspec.Struct, frozen=True):
 
 
 class EngineReport(msgspec.Struct, frozen=True):
-    """One engine's line in a group pull (docs/design.md#engine-groups-and-pulls)."""
+    """One engine's line in a group pull (docs/concepts/design.md#engine-groups-and-pulls)."""
 
     engine: int  # engine id, unique across the cluster
     node: int  # node id (engines of one node are always in the same group)
