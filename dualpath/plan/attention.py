@@ -1,4 +1,4 @@
-"""Attention TP x DP layouts of P cards (docs/parallelism.md#attention-tp-or-dp).
+"""Attention TP x DP layouts of P cards (docs/concepts/parallelism.md#attention-tp-or-dp).
 
 Per card: KV copies and bytes, attention weights W/t and the layout-change traffic; MLA's
 memory is least at t* = sqrt(W * P / KV_total).

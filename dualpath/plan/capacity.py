@@ -1,4 +1,4 @@
-"""Usable HBM per card and the batch it holds (docs/parallelism.md#memory-capacity-and-batch).
+"""Usable HBM per card and the batch it holds (docs/concepts/parallelism.md#memory-capacity-and-batch).
 
 usable = HBM - weights - buffers - margin; B_memory = usable / (state + KV per request);
 B_run = min(B_memory, B_SLO, available concurrency).

@@ -1,4 +1,4 @@
-"""Context parallelism for long prefill and DCP for decode (docs/parallelism.md).
+"""Context parallelism for long prefill and DCP for decode (docs/concepts/parallelism.md).
 
 Ring, Ulysses and split + all-gather: per-card traffic, activation and head limits; causal
 balance of contiguous, zigzag and interleaved chunks.

@@ -1,4 +1,4 @@
-"""MoE-TP vs MoE-EP over one domain of P cards (docs/parallelism.md#moe-tp-or-ep).
+"""MoE-TP vs MoE-EP over one domain of P cards (docs/concepts/parallelism.md#moe-tp-or-ep).
 
 Traffic ratio r = k / P, tile fill, experts hit u(B) = E * (1 - exp(-B*k/E)), rows per
 expert and activation per card.

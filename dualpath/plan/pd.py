@@ -1,4 +1,4 @@
-"""The bottleneck-free P/D ratio window (docs/design.md#the-pd-ratio-window).
+"""The bottleneck-free P/D ratio window (docs/concepts/design.md#the-pd-ratio-window).
 
 Each link's load (PE and DE CNIC read and write, DE DRAM) as a share of its capacity at
 P/D = x with every SNIC saturated; each gives a bound on x.

@@ -1,4 +1,4 @@
-"""Pipeline parallelism: stage layer split and prefill chunk split (docs/parallelism.md#pipeline-parallelism).
+"""Pipeline parallelism: stage layer split and prefill chunk split (docs/concepts/parallelism.md#pipeline-parallelism).
 
 Two splits in time units: layers over stages (slowest stage, tail included, made fastest) and a
 causal prefill's tokens over chunks (equal, sqrt and equal-time).

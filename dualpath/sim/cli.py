@@ -55,7 +55,7 @@ def register(subparsers) -> None:
     p.add_argument("--json", dest="json_path", help="write {config, runs: [...]} here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--reproduce", action="store_true",
-                   help="the paper's published figures beside simulated ones (docs/design.md#published-figures); "
+                   help="the paper's published figures beside simulated ones (docs/concepts/design.md#published-figures); "
                         "--quick shrinks every run (tens of minutes on 2 shared cores), the default size is far longer")
     p.add_argument("--ablation", action="store_true",
                    help="the paper's ablation: JCT change as each technique is added, beside the published one")
@@ -64,7 +64,7 @@ def register(subparsers) -> None:
     p.add_argument("--no-online", action="store_true",
                    help="with --reproduce: skip the online capacity search (its costliest part)")
     p.add_argument("--pd-window", action="store_true",
-                   help="P/D window sweep per hardware preset (docs/design.md#the-pd-ratio-window)")
+                   help="P/D window sweep per hardware preset (docs/concepts/design.md#the-pd-ratio-window)")
     p.set_defaults(func=run)
 
 

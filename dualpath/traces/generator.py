@@ -49,7 +49,7 @@ PRESETS = {
     "48k": TracePreset("48k", 49152, 108.5, 0.68, 0.867, 0.17, 0.268),
     "64k": TracePreset("64k", 65536, 161, 0.72, 0.854, 0.16, 0.300),
 }
-PUBLISHED = {  # turns, append, gen, total, context (docs/design.md#agent-traces)
+PUBLISHED = {  # turns, append, gen, total, context (docs/concepts/design.md#agent-traces)
     "32k": (60, 608, 148, 28639, 17183),
     "48k": (106, 474, 172, 42607, 25120),
     "64k": (157, 429, 176, 55958, 32721),

@@ -1,6 +1,6 @@
 """The Full Block on-disk format: a 4 KiB header, then the payload layer after layer.
 
-Header bytes: docs/kv-format.md. No file I/O, naming or eviction here.
+Header bytes: docs/concepts/kv-format.md. No file I/O, naming or eviction here.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Traffic-manager control (`{ns}.traffic_manager.<engine>.<verb>`). Bytes never ride here.
 
-Push, load, release, fetch, save and prefetch as exchanged: docs/request-lifecycle.md.
+Push, load, release, fetch, save and prefetch as exchanged: docs/concepts/request-lifecycle.md.
 """
 from __future__ import annotations
 

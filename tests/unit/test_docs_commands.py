@@ -25,7 +25,7 @@ import pytest
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 FENCE = re.compile(r"```(sh|bash|shell)\n(.*?)```", re.S)
 INLINE = re.compile(r"(?<!`)`((?:\.venv/bin/[a-z]|make |dualpath |python -m )[^`]*)`(?!`)")
 DURATION = re.compile(r"\d+(\.\d+)?\s*(s|sec|seconds?|min|minutes?|h|hours?)\b|\b(a|one) (minute|second)|seconds\b|"
@@ -292,7 +292,7 @@ def test_readme_commands_that_take_a_while_say_how_long(page, line, cmd, comment
 TOPS = ("dualpath", "services", "shared", "kernels", "tests", "deploy")
 SOURCES = [p for top in TOPS for p in (ROOT / top).rglob("*")
            if p.suffix in (".py", ".md", ".toml", ".yml", ".sh", ".json") and p.is_file()] + PAGES + [ROOT / "Makefile"]
-DOC_REF = re.compile(r"docs/([a-z0-9_-]+\.md)(#[a-z0-9-]+)?")
+DOC_REF = re.compile(r"docs/((?:[a-z0-9_-]+/)*[a-z0-9_-]+\.md)(#[a-z0-9-]+)?")
 OUTSIDE = re.compile(r"\.\./shared|\bspec/[a-z]+\.md|\bspec (section|§|\d)|\bspec §|[Ss]pec section \d|"
                      r"\bspec \d\.\d|in the spec\b|\bDESIGN\.md\b|\bhandbook\b")
 
