@@ -1,10 +1,7 @@
 """The `dualpath` command: one argparse tree; each tool registers its own subcommand.
 
-Each tool module exposes `register(subparsers)` which adds its parser and sets
-`func=<callable(args) -> int>`. Tool modules are imported only when listed here,
-and each keeps its heavy imports inside its `func`, so `dualpath --help` stays fast.
-Every parser in the tree formats its help with `HelpFormatter`: each flag's default
-is shown after its help text.
+A tool module's `register(subparsers)` sets `func`; heavy imports stay inside `func`,
+so `dualpath --help` stays fast.
 """
 from __future__ import annotations
 
@@ -27,8 +24,7 @@ class CliError(Exception):
 
 
 class HelpFormatter(argparse.HelpFormatter):
-    """Appends `(default: X)` to a flag's help unless the help already mentions its default or
-    there is none worth showing (None, False, an empty string: the help says what absence means)."""
+    """Appends `(default: X)` to a flag's help unless the help names it or X is None, False or empty."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""

@@ -1,20 +1,8 @@
 """Start and stop a whole mesh on one machine: a nats-server and every service process.
 
-Used by `dualpath up`, by the benchmark's `--up` and by integration tests. Topology:
-`prefill` prefill nodes and `decode` decode nodes; each node runs one storage-gateway
-and, per engine, one engine process and one traffic-manager process.
-
-Ports are taken without a race: the launcher binds the scheduler's HTTP socket itself
-(a taken `port` fails here, at once, with `PortInUse`) and hands the listening socket
-to the scheduler process (`--http-fd`; a restarted scheduler gets the same one); the
-embedded nats-server binds any free port itself (`-p -1`) and reports it in a ports file;
-a restarted nats-server binds that port again, so every service reconnects to the URL it knows.
-`restart()` starts a process again in place; `dualpath/supervisor.py` decides when.
-Logs go to `log_dir`; a temporary one is removed by `stop()` unless something failed
-(then `MeshError` names it and it stays for reading).
-With `netns=True` every node (gateway, engines, traffic managers), the scheduler and NATS
-run in network namespaces of their own, joined by kernel-shaped links (dualpath/netns/):
-listeners bind each host's address, and `stop()` deletes the namespaces again.
+Each node runs a storage-gateway and, per engine, an engine and a traffic manager. The launcher
+binds the scheduler's HTTP socket and hands it over (`--http-fd`), so ports are taken without a
+race; `restart()` restarts a process in place, dualpath/supervisor.py decides when.
 """
 from __future__ import annotations
 
@@ -38,8 +26,7 @@ from shared.http import PortInUse, bind_socket
 
 
 class MeshError(RuntimeError):
-    """The mesh could not start or a process died: `process` names it, `log` is its log file,
-    `log_tail` its last lines. `str()` is one line; the tail is for `--debug` and tests."""
+    """`process` names what failed, `log` is its log file, `log_tail` its last lines; `str()` is one line."""
 
     def __init__(self, message: str, process: str = "", log: str = "", log_tail: str = ""):
         super().__init__(f"{message} (log: {log})" if log else message)
@@ -194,9 +181,7 @@ class Mesh:
         return procs
 
     def start(self, timeout: float = 180.0, progress: Callable[[str], None] | None = None) -> "Mesh":
-        """Start everything and return once a completion would succeed: the scheduler serves and
-        at least one prefill and one decode engine are assignable. `progress` gets a line now and
-        then while it waits (what is ready so far)."""
+        """Returns once a completion would succeed; `progress` gets what is ready so far."""
         try:
             self.bind_http()
             if self.spec.model == "smollm2":
@@ -266,8 +251,7 @@ class Mesh:
         proc.popen.wait(10)
 
     def restart(self, proc: Proc, note: str = "restarted") -> Proc:
-        """Start the same process again, in place (same `Proc`, name, flags and log file; `note` is
-        written to the log first): a crashed service coming back. A running one is killed first."""
+        """Start the same `Proc` again in place (same flags and log file, `note` logged first)."""
         if proc.popen.poll() is None:
             self.kill(proc)
         proc.popen = self._popen(proc.argv, proc.log, proc.pass_fds, note)
@@ -275,8 +259,7 @@ class Mesh:
         return proc
 
     def stop(self, timeout: float = 15.0) -> None:
-        """SIGTERM every service (NATS last), then SIGKILL what is still running; then release the
-        HTTP socket and remove a temporary log directory unless something failed."""
+        """SIGTERM every service (NATS last), then SIGKILL; a temporary log directory stays on failure."""
         services = [p for p in self.procs if p.name != "nats" and p.popen.poll() is None]
         for p in services:
             p.popen.send_signal(signal.SIGTERM)

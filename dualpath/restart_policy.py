@@ -1,15 +1,7 @@
 """When `dualpath up` restarts a process that died: the compose file's `restart: always`.
 
-Pure policy: values in, a delay out; no processes, no clocks. `dualpath/supervisor.py` applies
-it to the mesh's processes.
-
-`always`, as Docker applies it, restarts a container whatever its exit code (0
-included) unless it was stopped on purpose, with a delay that doubles after every restart
-and falls back to the first one once the container has stayed up for 10 s. The same here,
-with a first delay of 0.5 s (Docker: 0.1 s) and a cap of 10 s (Docker: 60 s), so a laptop mesh
-comes back quickly and a crash loop still costs little. Example, a process that dies at once
-every time: restarts after 0.5, 1, 2, 4, 8, 10, 10, ... s; one that then stays up 10 s and
-dies again waits 0.5 s.
+Pure policy, as Docker's: any exit code, a delay that doubles per restart and resets after
+10 s up; here it starts at 0.5 s and is capped at 10 s (Docker: 0.1 s and 60 s).
 """
 from __future__ import annotations
 
@@ -30,8 +22,8 @@ class RestartPolicy:
             raise ValueError(f"restart delay factor must be >= 1, got {self.factor}")
 
     def next_delay(self, previous_s: float | None, uptime_s: float) -> float:
-        """Seconds to wait before restarting a process that just exited after `uptime_s` seconds up;
-        `previous_s` is the delay before its last restart (None: it was never restarted)."""
+        """Seconds before restarting a process that exited after `uptime_s` up; `previous_s`: the last
+        delay (None: never restarted)."""
         if previous_s is None or uptime_s >= self.steady_s:
             return self.first_s
         return min(self.cap_s, previous_s * self.factor)

@@ -1,8 +1,4 @@
-"""`dualpath service <name> [settings]`: run one service on its own (bare-metal scaling).
-
-`dualpath service --help` lists the services; `dualpath service <name> --help` lists
-that service's settings (every one a flag, with its default and environment variable).
-"""
+"""`dualpath service <name> [settings]`: run one service on its own (bare-metal scaling)."""
 from __future__ import annotations
 
 import argparse

@@ -1,16 +1,7 @@
-"""Keep a started mesh's processes running: a process that exits is started again after a backoff.
+"""Restart a started mesh's processes that exit, after a backoff.
 
-Owns the restart bookkeeping of `dualpath up` once it serves: which process exited, when it
-is due again, how often it was restarted. The delays come from `RestartPolicy` (the compose
-file's `restart: always`); starting the process again is `Mesh.restart` (same name,
-same flags, same log file; the scheduler gets the same listening socket, nats-server the
-same port). A process killed on purpose through `Mesh.kill` is left alone.
-
-Single-threaded: the caller calls `tick()` every fraction of a second (up's serve loop), and
-every line goes to `say`. One exit, two lines:
-
-    decode-d1-e0 exited with code -9 (SIGKILL) after 42.0 s up; restart 1 in 0.5 s (log: .../decode-d1-e0.log)
-    decode-d1-e0 restarted (pid 4242, restart 1)
+Owns `dualpath up`'s restart bookkeeping: delays from `RestartPolicy`, restarts by `Mesh.restart`.
+A process killed on purpose (`Mesh.kill`) is left alone. Single-threaded: the caller calls `tick()`.
 """
 from __future__ import annotations
 
@@ -54,7 +45,7 @@ class Supervisor:
                 self._start(proc, track, now)
 
     def restarts(self) -> dict[str, int]:
-        """Restarts so far, per process name (only those restarted at least once)."""
+        """Restarts so far per process name (only those restarted at least once)."""
         return {name: t.restarts for name, t in self.tracks.items() if t.restarts}
 
     def _exited(self, proc: "Proc", track: _Track, now: float, how: str) -> None:

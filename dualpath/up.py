@@ -1,9 +1,7 @@
 """`dualpath up`: the whole mesh on this machine with embedded defaults, until Ctrl-C.
 
-Prints the serving line once a completion would succeed and a small chat completion per engine
-has warmed the engines up; until then, what it waits for. A taken port or a process that dies
-during start-up is one line naming it, exit code 1. Once serving, a process that dies is
-restarted with a backoff (`dualpath/supervisor.py`); Ctrl-C or SIGTERM stops every process.
+Prints the serving line once the engines are warmed up; a start-up failure is one line, exit 1.
+Once serving, a dead process is restarted (dualpath/supervisor.py); Ctrl-C or SIGTERM stops all.
 """
 from __future__ import annotations
 
@@ -112,8 +110,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _checked(args: argparse.Namespace) -> dict[str, str]:
-    """The flags checked before anything starts (CliError names the bad one); returns the
-    engines' device setting ({} on the CPU)."""
+    """Check the flags before anything starts (CliError names the bad one); returns the device setting."""
     from dualpath.cli import CliError
 
     for name in ("prefill", "decode", "engines_per_node", "kv_blocks"):
@@ -151,9 +148,7 @@ def _checked(args: argparse.Namespace) -> dict[str, str]:
 
 
 def warm_up(url: str, requests: int, say: Callable[[str], None], timeout: float = 300.0) -> list[str]:
-    """`requests` small chat completions at once (one per engine, as the scheduler spreads them), so the
-    engines' first forwards, the data plane's first connections and the chat template's first use
-    are paid before the serving line, not by the first clients. Returns the failures, said, not fatal."""
+    """`requests` small completions at once (one per engine) before serving; returns failures (not fatal)."""
     say(f"warming up the engines ({requests} small chat completion{'s' if requests > 1 else ''}) ...")
     t0, errors = time.monotonic(), []
     threads = [threading.Thread(target=_complete, args=(url, timeout, errors), daemon=True) for _ in range(requests)]
@@ -180,8 +175,7 @@ def _complete(url: str, timeout: float, errors: list[str]) -> None:
 
 
 def _api_key() -> str | None:
-    """One of the API keys the scheduler requires (its `api_keys`, from DUALPATH_CONFIG or the
-    environment it inherits from here), or None when it requires none."""
+    """One API key the scheduler requires (DUALPATH_CONFIG or the environment), or None."""
     from services.scheduler.config import SchedulerConfig
     from shared.config import ConfigError, load_config
 
@@ -193,8 +187,7 @@ def _api_key() -> str | None:
 
 
 class _Stop:
-    """Ctrl-C / SIGTERM: during start-up they interrupt it (KeyboardInterrupt); once serving they end
-    the serve loop; while stopping they are ignored, so every child is still stopped and reaped."""
+    """Ctrl-C / SIGTERM: interrupts start-up, ends the serve loop, is ignored while stopping."""
 
     def __init__(self):
         self.event = threading.Event()

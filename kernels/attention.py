@@ -1,13 +1,7 @@
 """Attention that also returns the log-sum-exp (LSE) of each query's scores.
 
-Owns the one attention primitive every split/merge scheme builds on: a shard of KV
-yields (out, lse) and shards combine exactly by `kernels.lse_merge`. Supports GQA
-(q has H heads, k/v have Hkv, H % Hkv == 0), causal masks by absolute positions
-(so non-contiguous shards mask correctly) and empty shards (no visible key:
-out = 0, lse = -inf). Math runs in fp32 (fp64 for fp64 inputs); out comes back in q's dtype.
-
-Layout: q (B, H, Tq, D), k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv).
-Causal default: queries are the last Tq of the Tk positions (bottom-right aligned).
+GQA, causal by absolute positions, empty shards give out = 0, lse = -inf. Layout:
+q (B, H, Tq, D), k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv); causal queries are the last Tq.
 """
 from __future__ import annotations
 
@@ -36,9 +30,7 @@ def _mask(qp: Tensor, kp: Tensor) -> Tensor:
 def reference(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
               scale: float | None = None, q_pos: Tensor | None = None,
               k_pos: Tensor | None = None, fp32_out: bool = False) -> tuple[Tensor, Tensor]:
-    """Plain-torch attention: returns out (B, H, Tq, Dv) and lse (B, H, Tq) fp32.
-    q_pos/k_pos: absolute positions, (T,) or per batch row (B, T); fp32_out keeps the
-    output in fp32 (for callers that merge partials)."""
+    """Returns out (B, H, Tq, Dv) and lse (B, H, Tq) fp32; q_pos/k_pos: (T,) or (B, T)."""
     b, h, tq, d = q.shape
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     acc = torch.promote_types(q.dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
@@ -62,7 +54,5 @@ def reference(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
 def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
               scale: float | None = None, q_pos: Tensor | None = None,
               k_pos: Tensor | None = None, fp32_out: bool = False) -> tuple[Tensor, Tensor]:
-    """Entry point. No fused kernel ships yet, so every device runs the reference
-    (plain torch works on CUDA tensors too); a Triton path would dispatch here."""
     return reference(q, k, v, causal=causal, scale=scale, q_pos=q_pos, k_pos=k_pos,
                      fp32_out=fp32_out)

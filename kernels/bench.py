@@ -1,10 +1,4 @@
-"""`python -m kernels.bench`: kernel error vs an fp64 oracle per dtype, and split-KV
-decode time vs single-pass attention at 4K/16K/64K context, and a ragged decode batch read
-straight from a paged cache (kernels.paged_decode) vs one padded SDPA call over the gathered,
-padded batch (how the engine attended before), on this machine.
-
-Prints three tables; `--quick` uses fewer repeats. Owns no kernel code.
-"""
+"""`python -m kernels.bench`: kernel errors per dtype, split-KV and paged decode timings."""
 from __future__ import annotations
 
 import argparse
@@ -24,7 +18,6 @@ def _rand(shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator) -> t
 
 
 def errors(dtype: torch.dtype) -> dict[str, float]:
-    """Max abs error of each op against fp64 single-pass attention on the same inputs."""
     g = torch.Generator().manual_seed(0)
     h, hkv, t, d = 16, 4, 1000, 64
     q, k, v = (_rand(s, dtype, g) for s in ((4, h, d), (t, hkv, d), (t, hkv, d)))
@@ -69,7 +62,6 @@ def timings(contexts: list[int], repeats: int, split: int) -> list[tuple[int, fl
 
 
 def padded_sdpa(q: torch.Tensor, layer_kv: torch.Tensor, tables: torch.Tensor, lens: list[int]) -> torch.Tensor:
-    """The baseline: every sequence gathered and padded to the longest, one masked GQA SDPA call."""
     b, bs = q.shape[0], layer_kv.shape[2]
     k = gather_blocks(layer_kv, 0, tables.reshape(-1)).view(b, -1, *layer_kv.shape[-2:]).transpose(1, 2)
     v = gather_blocks(layer_kv, 1, tables.reshape(-1)).view(b, -1, *layer_kv.shape[-2:]).transpose(1, 2)
@@ -79,8 +71,7 @@ def padded_sdpa(q: torch.Tensor, layer_kv: torch.Tensor, tables: torch.Tensor, l
 
 
 def paged_timings(batches: list[int], repeats: int) -> list[tuple[int, int, float, float, float]]:
-    """(batch, summed context, padded-SDPA ms, paged_decode ms, max abs diff) for one layer of a
-    SmolLM2-shaped cache (H=9, Hkv=3, D=64, 64-token blocks), contexts uniform in [300, 2000]."""
+    """(batch, summed context, padded-SDPA ms, paged_decode ms, max abs diff) for one layer."""
     rows = []
     for b in batches:
         rnd = random.Random(b)

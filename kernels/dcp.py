@@ -1,14 +1,4 @@
-"""Decode context parallelism (DCP): KV sharded along the sequence, merged by LSE.
-
-Owns the sharding rule and the per-shard compute + merge of docs/parallelism.md (decode
-context parallelism): position p lives on shard p mod N at slot p // N, so a new token
-lands on a known shard without rebalancing. Each shard attends the full Q over its local KV
-(causal by absolute position) and returns (out, lse); the LSE merge gives exactly
-the unsharded attention. A shard with no visible key (T < N) contributes nothing.
-Shards are simulated in one process (the merge is what crosses cards).
-
-Shapes: q (Tq, H, D); k (T, Hkv, D); v (T, Hkv, Dv); shard r holds k[r::N].
-"""
+"""Decode context parallelism (DCP): KV sharded along the sequence, merged by LSE."""
 from __future__ import annotations
 
 import torch
@@ -20,25 +10,22 @@ from kernels.lse_merge import merge_stacked
 
 
 def shard_positions(seq: int, n: int, device=None) -> list[Tensor]:
-    """Positions on each of the n shards (on `device`): shard r holds r, r+n, r+2n, ..."""
     if n < 1:
         raise ValueError(f"DCP degree must be >= 1, got {n}")
     return [torch.arange(seq, device=device)[r::n] for r in range(n)]
 
 
 def shard(x: Tensor, n: int) -> list[Tensor]:
-    """(T, ...) -> n shards; shard r = x[r::n] (slot i holds position r + i*n)."""
     return [x[r::n] for r in range(n)]
 
 
 def home(position: int, n: int) -> tuple[int, int]:
-    """(shard, slot) of a token position."""
     return position % n, position // n
 
 
 def shard_partial(q: Tensor, k_shard: Tensor, v_shard: Tensor, rank: int, n: int, seq: int,
                   *, scale: float | None = None) -> tuple[Tensor, Tensor]:
-    """One card's step: full q (Tq, H, D) over its shard -> (out (H, Tq, Dv) fp32, lse (H, Tq))."""
+    """One card's step: q (Tq, H, D) over its shard -> (out (H, Tq, Dv) fp32, lse (H, Tq))."""
     k_pos = torch.arange(seq, device=q.device)[rank::n]  # (T_r,); empty when rank >= seq
     q_pos = torch.arange(seq - q.shape[0], seq, device=q.device)  # (Tq,)
     out, lse = attn.attention(q.transpose(0, 1)[None], k_shard.transpose(0, 1)[None],

@@ -1,16 +1,4 @@
-"""Split-KV decode attention for one sequence (flash-decoding on CPU tensors).
-
-Owns the decode-engine entry point `decode_attention`: the sequence's KV is cut into
-splits of `split_size` tokens (strided views of the cache, no copy), each split is attended and
-returns (out, lse), and the splits merge exactly by LSE. Equal to the
-single-pass `reference` (the test oracle) up to float rounding.
-
-Shapes (token-major, as a paged KV cache stores them):
-  q (Tq, H, D)      the Tq newest tokens' queries (Tq = 1 for plain decode)
-  k (T, Hkv, D)     the sequence's keys, T >= Tq, including the new tokens
-  v (T, Hkv, Dv)
-  out (Tq, H, Dv)   query i sits at position T - Tq + i and sees keys 0..T-Tq+i
-"""
+"""Split-KV decode attention for one sequence (flash-decoding on CPU tensors)."""
 from __future__ import annotations
 
 import math
@@ -34,7 +22,6 @@ def _check(q: Tensor, k: Tensor, v: Tensor) -> None:
 
 
 def reference(q: Tensor, k: Tensor, v: Tensor, *, scale: float | None = None) -> Tensor:
-    """Single-pass causal attention over the whole KV: (Tq, H, Dv)."""
     _check(q, k, v)
     out, _ = attn.reference(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
                             v.transpose(0, 1)[None], causal=True, scale=scale)
@@ -43,7 +30,7 @@ def reference(q: Tensor, k: Tensor, v: Tensor, *, scale: float | None = None) ->
 
 def split_kv(q: Tensor, k: Tensor, v: Tensor, *, split_size: int = DEFAULT_SPLIT,
              scale: float | None = None) -> tuple[Tensor, Tensor]:
-    """Split-KV attention: (out (Tq, H, Dv), lse (Tq, H) fp32)."""
+    """(out (Tq, H, Dv), lse (Tq, H) fp32)."""
     _check(q, k, v)
     if split_size < 1:
         raise ValueError(f"split_size must be >= 1, got {split_size}")
@@ -65,8 +52,7 @@ def split_kv(q: Tensor, k: Tensor, v: Tensor, *, split_size: int = DEFAULT_SPLIT
 
 def decode_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float | None = None,
                      split_size: int = DEFAULT_SPLIT) -> Tensor:
-    """Engine entry point: attention of one sequence's new queries over its KV.
-    q (Tq, H, D) or (H, D); k (T, Hkv, D); v (T, Hkv, Dv) -> (Tq, H, Dv) or (H, Dv)."""
+    """q (Tq, H, D) or (H, D); k (T, Hkv, D); v (T, Hkv, Dv) -> (Tq, H, Dv) or (H, Dv)."""
     single = q.dim() == 2
     q3 = q[None] if single else q
     if k.shape[0] <= split_size:
@@ -79,7 +65,6 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float | None = N
 def decode_attention_batch(q: Tensor, ks: list[Tensor], vs: list[Tensor], *,
                            scale: float | None = None,
                            split_size: int = DEFAULT_SPLIT) -> Tensor:
-    """A decode batch of B sequences of different lengths: q (B, H, D) -> (B, H, Dv)."""
     if not (q.shape[0] == len(ks) == len(vs)):
         raise ValueError(f"batch {q.shape[0]} queries but {len(ks)} k and {len(vs)} v")
     return torch.stack([decode_attention(q[i], ks[i], vs[i], scale=scale, split_size=split_size)

@@ -1,13 +1,4 @@
-"""N-way merge of partial attention results by their log-sum-exp.
-
-Each shard i attended to a disjoint part of the keys and returned (out_i, lse_i).
-Softmax over the union of keys is recovered exactly:
-    lse = logsumexp_i(lse_i);   out = sum_i exp(lse_i - lse) * out_i.
-An empty shard (lse_i = -inf) gets weight 0; if every shard is empty the result is
-out = 0, lse = -inf. Shapes: out_i (..., Dv), lse_i (...), any leading dims.
-This is the combine step of split-KV flash-decoding, of DCP across cards and of each
-ring-attention step.
-"""
+"""N-way merge of partial attention results by their log-sum-exp."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -17,7 +8,7 @@ from torch import Tensor
 
 
 def reference(outs: Sequence[Tensor], lses: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
-    """Merge N partials: outs[i] (..., Dv), lses[i] (...) -> (out (..., Dv), lse (...))."""
+    """outs[i] (..., Dv), lses[i] (...) -> (out (..., Dv), lse (...))."""
     if not outs or len(outs) != len(lses):
         raise ValueError(f"need matching non-empty lists, got {len(outs)} outs, {len(lses)} lses")
     acc = torch.promote_types(outs[0].dtype, torch.float32)
@@ -36,5 +27,4 @@ def merge_stacked(o: Tensor, ls: Tensor, out_dtype: torch.dtype | None = None) -
 
 
 def merge(outs: Sequence[Tensor], lses: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
-    """Entry point; the merge is a few elementwise ops, so the reference is the kernel."""
     return reference(outs, lses)

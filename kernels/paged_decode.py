@@ -1,25 +1,7 @@
 """Decode attention straight from a paged KV cache: one new token per sequence, ragged contexts.
 
-Owns `paged_decode(q, layer_kv, tables, lens)`, the decode engine's per-layer attention for
-contexts short enough for one pass (long ones go through `kernels.decode`'s split-KV path).
-
-Why not one padded SDPA call: a decode batch mixes contexts of a few hundred and a few
-thousand tokens. Padding every sequence to the longest one copies (and attends) up to several
-times the real context, and SDPA's GQA path on CPU expands K/V per query head. Here the
-blocks of every sequence are gathered once, unpadded, with one `index_select` for K and one
-for V (the only copy: each block's slab is contiguous in the cache), and each sequence's
-query heads are grouped by their KV head, so the scores are a (Hkv, H/Hkv, D) x (D, T)
-product over views of the gathered K/V: no padding, no per-head expansion.
-
-Shapes:
-  q        (B, H, D)                         the new token of each sequence
-  layer_kv (num_blocks, 2, bs, Hkv, D)       one layer of the cache (K = [:, 0], V = [:, 1])
-  tables   (B, max_blocks) long              block tables (rows may be padded past `lens`)
-  lens     list of B ints                    context length of each sequence, new token included
-  out      (B, H, D)
-
-`reference` is the plain-torch oracle: each sequence's KV gathered position by position and
-attended by `kernels.decode.reference` (explicit softmax).
+q (B, H, D); layer_kv (num_blocks, 2, bs, Hkv, D); tables (B, max_blocks); lens: each
+context's length, new token included -> (B, H, D). Blocks gathered once, unpadded.
 """
 from __future__ import annotations
 
@@ -45,18 +27,13 @@ def _check(q: Tensor, layer_kv: Tensor, tables: Tensor, lens: list[int]) -> None
 
 
 def gather_blocks(layer_kv: Tensor, kv: int, blocks: Tensor) -> Tensor:
-    """K (kv=0) or V (kv=1) of `blocks` (1-D long), copied out: (len(blocks) * bs, Hkv, D).
-
-    `index_select` copies each block's contiguous slab; advanced indexing on the same strided
-    view is several times slower.
-    """
-    slabs = layer_kv[:, kv].index_select(0, blocks)  # (n, bs, Hkv, D)
+    """K (kv=0) or V (kv=1) of `blocks` (1-D long), copied out: (len(blocks) * bs, Hkv, D)."""
+    slabs = layer_kv[:, kv].index_select(0, blocks)  # (n, bs, Hkv, D); far faster than fancy indexing
     return slabs.reshape(-1, *slabs.shape[-2:])
 
 
 def paged_decode(q: Tensor, layer_kv: Tensor, tables: Tensor, lens: list[int], *,
                  scale: float | None = None) -> Tensor:
-    """Attention of each sequence's new token over its paged context: (B, H, D)."""
     _check(q, layer_kv, tables, lens)
     b, h, d = q.shape
     bs, hkv = layer_kv.shape[2], layer_kv.shape[3]
@@ -78,7 +55,6 @@ def paged_decode(q: Tensor, layer_kv: Tensor, tables: Tensor, lens: list[int], *
 
 def reference(q: Tensor, layer_kv: Tensor, tables: Tensor, lens: list[int], *,
               scale: float | None = None) -> Tensor:
-    """Plain torch: positions gathered one by one, explicit softmax per sequence."""
     _check(q, layer_kv, tables, lens)
     bs = layer_kv.shape[2]
     outs = []

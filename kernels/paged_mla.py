@@ -1,29 +1,7 @@
 """Absorbed MLA decode straight from the paged latent cache: one new token per sequence, ragged contexts.
 
-Owns `paged_mla_decode(q, layer_kv, tables, lens, values=..., scale=...)`, the decode
-engine's per-layer MLA attention (DeepSeek-V2/V3) in the absorbed form: the query has been
-projected into the latent space (q_nope W_UK, then the roped q_pe), so every head attends
-over the same cached rows, an MQA with one shared "head" of the row's width, and the
-output is in the latent space too (the caller applies W_UV).
-
-A cached row per token per layer is W values: the latent c_kv (its first `values`), the
-shared rope key, then (V3.2) the indexer key, which attention does not read. The two-plane
-cache keeps a row's first W/2 values in plane 0 and the rest in plane 1 at the token's slot
-(shared/model/kv_geometry.py). The blocks of every sequence are gathered once, unpadded, by
-one `index_select` over both planes (each block's slab is contiguous), and the halves are
-joined; each sequence's scores are one (H, R) x (R, T) product over its rows.
-
-Shapes:
-  q        (B, H, R)                     R = kv_lora_rank + qk_rope_head_dim <= W
-  layer_kv (num_blocks, 2, bs, 1, W/2)   one layer of the cache
-  tables   (B, max_blocks) long          block tables (rows may be padded past `lens`)
-  lens     list of B ints                context length of each sequence, new token included
-  masks    None, or B bool tensors (lens[i],): the context tokens query i may attend
-           (V3.2's top-k selection); None attends to all
-  out      (B, H, values)                in q's dtype
-
-`reference` is the plain-torch oracle: each sequence's rows read position by position,
-explicit softmax.
+q (B, H, R) is already latent: all heads attend the same cached rows (out stays latent).
+layer_kv (num_blocks, 2, bs, 1, W/2); masks: None or B bool (lens[i],) -> (B, H, values).
 """
 from __future__ import annotations
 
@@ -55,7 +33,6 @@ def gather_rows(layer_kv: Tensor, blocks: Tensor) -> Tensor:
 
 def paged_mla_decode(q: Tensor, layer_kv: Tensor, tables: Tensor, lens: list[int], *, values: int,
                      scale: float, masks: list[Tensor] | None = None) -> Tensor:
-    """Absorbed attention of each sequence's new token over its paged latent rows: (B, H, values)."""
     _check(q, layer_kv, tables, lens, values, masks)
     bs, r = layer_kv.shape[2], q.shape[-1]
     n_blocks = [-(-t // bs) for t in lens]
@@ -74,7 +51,6 @@ def paged_mla_decode(q: Tensor, layer_kv: Tensor, tables: Tensor, lens: list[int
 
 def reference(q: Tensor, layer_kv: Tensor, tables: Tensor, lens: list[int], *, values: int, scale: float,
               masks: list[Tensor] | None = None) -> Tensor:
-    """Plain torch: rows looked up position by position, explicit softmax per sequence."""
     _check(q, layer_kv, tables, lens, values, masks)
     bs, r = layer_kv.shape[2], q.shape[-1]
     outs = []

@@ -1,11 +1,4 @@
-"""Causal sequence partitions for context parallelism, and their per-rank work.
-
-Owns which token positions each of N ranks holds:
-  contiguous  rank r holds [r*T/N, (r+1)*T/N)        (last rank ~2x the mean work)
-  zigzag      T cut into 2N chunks; rank r holds chunks r and 2N-1-r
-  interleave  rank r holds positions p with p mod N == r (as DCP stores KV)
-Causal work of a rank = sum over its queries of (position + 1) visible keys.
-"""
+"""Causal sequence partitions for context parallelism, and their per-rank work."""
 from __future__ import annotations
 
 import torch
@@ -31,7 +24,6 @@ def positions(seq: int, n: int, scheme: str, device=None) -> list[Tensor]:
 
 
 def causal_work(seq: int, n: int, scheme: str) -> list[int]:
-    """Visible (query, key) pairs per rank under a causal mask."""
     return [int((p + 1).sum()) for p in positions(seq, n, scheme)]
 
 
@@ -41,12 +33,10 @@ def imbalance(work: list[int]) -> float:
 
 
 def split(x: Tensor, pos: list[Tensor], dim: int) -> list[Tensor]:
-    """x's slices along `dim` for each rank's positions."""
     return [x.index_select(dim, p.to(x.device)) for p in pos]
 
 
 def unsplit(parts: list[Tensor], pos: list[Tensor], dim: int) -> Tensor:
-    """Inverse of split: scatter each rank's slice back to its positions."""
     total = sum(int(p.numel()) for p in pos)
     shape = list(parts[0].shape)
     shape[dim] = total

@@ -1,14 +1,6 @@
 """Ring attention (pass-KV context parallelism) with online softmax.
 
-Owns the ring schedule: N ranks each hold the queries and KV of their positions
-(any partition from `kernels.partition`); in step s rank r attends its queries to the
-KV that started on rank (r - s) mod N, merges the partial into its running
-(out, lse) by LSE (online softmax), and passes the KV on. After N steps every rank
-has exact causal attention for its queries. `ring_attention` simulates the ranks in
-one process; `ring_attention_dist` runs one rank per torch.distributed process (gloo
-or nccl), overlapping the next send/recv with the current step's compute.
-
-Shapes per rank: q (B, H, T_r, D), k (B, Hkv, T_r, D), v (B, Hkv, T_r, Dv), pos (T_r,).
+Per rank: q (B, H, T_r, D), k (B, Hkv, T_r, D), v (B, Hkv, T_r, Dv), pos (T_r,).
 """
 from __future__ import annotations
 
@@ -78,5 +70,4 @@ def ring_attention_dist(q: Tensor, k: Tensor, v: Tensor, pos: Tensor, *, causal:
 
 def reference(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
               scale: float | None = None) -> tuple[Tensor, Tensor]:
-    """Unsharded attention over the whole sequence (B, H, T, *): the oracle."""
     return attn.reference(q, k, v, causal=causal, scale=scale)

@@ -1,13 +1,4 @@
-"""Ulysses context parallelism: switch the split from sequence to heads and back.
-
-Owns the layout switch (the all-to-all, simulated over a list of rank tensors): before
-attention every rank holds all heads of its T_r tokens; after `seq_to_head` rank j holds
-heads [j*H/N, (j+1)*H/N) of the whole sequence (rank shards concatenated in rank order),
-so attention runs locally per head group; `head_to_seq` switches back. Needs H % N == 0
-(for k/v: Hkv % N == 0, else KV heads are replicated to H first).
-
-Shapes: sequence layout (B, H, T_r, D) per rank; head layout (B, H/N, T, D) per rank.
-"""
+"""Ulysses context parallelism: switch the split from sequence to heads and back."""
 from __future__ import annotations
 
 import torch
@@ -17,7 +8,7 @@ from kernels import attention as attn
 
 
 def seq_to_head(parts: list[Tensor]) -> list[Tensor]:
-    """All-to-all: N x (B, H, T_r, D) -> N x (B, H/N, sum T_r, D)."""
+    """N x (B, H, T_r, D) -> N x (B, H/N, sum T_r, D)."""
     n, h = len(parts), parts[0].shape[1]
     if h % n:
         raise ValueError(f"Ulysses needs heads % ranks == 0, got H={h}, N={n}")
@@ -26,21 +17,19 @@ def seq_to_head(parts: list[Tensor]) -> list[Tensor]:
 
 
 def head_to_seq(parts: list[Tensor], lengths: list[int]) -> list[Tensor]:
-    """Inverse all-to-all: N x (B, H/N, T, D) -> N x (B, H, T_r, D)."""
+    """N x (B, H/N, T, D) -> N x (B, H, T_r, D)."""
     n = len(parts)
     pieces = [p.split(lengths, dim=2) for p in parts]  # [src head group][dst] (B, H/N, T_dst, D)
     return [torch.cat([pieces[src][dst] for src in range(n)], dim=1) for dst in range(n)]
 
 
 def _kv_heads_for(x: Tensor, heads: int, n: int) -> Tensor:
-    """Replicate KV heads to H when Hkv is not divisible by the Ulysses degree."""
     hkv = x.shape[1]
     return x if hkv % n == 0 else x.repeat_interleave(heads // hkv, dim=1)
 
 
 def ulysses_attention(qs: list[Tensor], ks: list[Tensor], vs: list[Tensor], pos: list[Tensor], *,
                       causal: bool = True, scale: float | None = None) -> list[Tensor]:
-    """Attention for sequence-sharded q/k/v via two layout switches; out per rank."""
     n, h = len(qs), qs[0].shape[1]
     ks = [_kv_heads_for(k, h, n) for k in ks]
     vs = [_kv_heads_for(v, h, n) for v in vs]
@@ -53,5 +42,4 @@ def ulysses_attention(qs: list[Tensor], ks: list[Tensor], vs: list[Tensor], pos:
 
 def reference(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
               scale: float | None = None) -> Tensor:
-    """Unsharded attention (B, H, T, *): the oracle."""
     return attn.reference(q, k, v, causal=causal, scale=scale)[0]

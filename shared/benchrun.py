@@ -1,9 +1,4 @@
-"""A benchmark's run conditions: one benchmark at a time on this machine, and the load it ran under.
-
-Owns the machine-wide lock every benchmark takes (`BenchBusy` names who holds it) and the
-report of load average at start and end and CPU seconds beside wall time, flagged when the
-machine was busy with more than its own work. Never measures the benchmark's own figures.
-"""
+"""A benchmark's run conditions: one benchmark at a time on this machine, and the load it ran under."""
 from __future__ import annotations
 
 import fcntl
@@ -18,7 +13,7 @@ from typing import Iterator
 
 
 def lock_path() -> Path:
-    """The machine-wide lock file (DUALPATH_BENCH_LOCK; the test suite points it at its own)."""
+    """The machine-wide lock file (DUALPATH_BENCH_LOCK overrides it)."""
     return Path(os.environ.get("DUALPATH_BENCH_LOCK", "/tmp/dualpath-bench.lock"))
 
 QUIET_LOAD = 1.5  # a figure taken at a load average above this is not a figure
@@ -44,7 +39,6 @@ class Conditions:
     _c0: float = field(default_factory=lambda: _cpu(), repr=False)
 
     def measure(self) -> "Conditions":
-        """Fill the fields with the run so far (a report written before the run's end takes this)."""
         self.wall_s, self.cpu_s, self.load_end = time.monotonic() - self._t0, _cpu() - self._c0, _load()
         own = self.cpu_s / self.wall_s if self.wall_s > 0 else 0.0
         self.others_load = round(max(0.0, (self.load_end[0] if self.load_end else 0.0) - own), 2)
@@ -83,8 +77,7 @@ def judge(c: Conditions) -> str:
 
 @contextmanager
 def bench_run(name: str, say=None) -> Iterator[Conditions]:
-    """Hold the machine-wide benchmark lock while the block runs (BenchBusy if another benchmark
-    holds it) and fill the `Conditions` it yields at the end; `say` gets its line."""
+    """Hold the machine-wide lock while the block runs (BenchBusy if taken); fills the yielded `Conditions` at the end."""
     lock = lock_path()
     lock.touch(exist_ok=True)
     with open(lock, "r+") as f:

@@ -1,13 +1,7 @@
 """The control-plane bus: NATS with msgspec messages and trace context in headers.
 
-Owns the connection of one process (waiting for a server at start-up, up to a limit,
-and reconnecting forever once connected). Every subject is an endpoint's of the table
-(shared/messages/endpoints.py): a message of another type than its endpoint's is refused
-(TypeError) before it is sent, a request's reply and a subscription's messages are decoded
-with its types. Handlers get the decoded message and a
-`Delivery` (trace context, reply). A message that does not decode is logged,
-counted in `bad_messages` and dropped; a handler that raises is logged and
-counted in `handler_errors` -- neither ever stops a subscription loop.
+Messages are checked and decoded by their endpoint's types (shared/messages/endpoints.py). A
+message that does not decode, or a handler that raises, is logged and counted, never fatal.
 """
 from __future__ import annotations
 
@@ -56,8 +50,6 @@ class BusUnavailable(RuntimeError):
 
 
 class _Waiting:
-    """What the initial connect has seen: for the one "waiting for NATS" line and the final error."""
-
     def __init__(self, url: str, wait_s: float):
         self.url, self.wait_s = url, wait_s
         self.active, self.attempts, self.last = True, 0, ""
@@ -79,7 +71,6 @@ class _Waiting:
 
 
 async def _abandon(nc: Client) -> None:
-    """Close a client whose initial connect was given up or cancelled (never raises)."""
     try:
         await asyncio.shield(nc.close())
     except BaseException:  # noqa: BLE001 - nothing to save on this path
@@ -87,8 +78,7 @@ async def _abandon(nc: Client) -> None:
 
 
 class BusError(RuntimeError):
-    """A control-plane call that failed: `subject` it went to, `reason`, and the `code` a reply
-    gave (None: no reply, or none said why)."""
+    """A control-plane call that failed: `subject`, `reason`, and the `code` a reply gave (None: none)."""
 
     def __init__(self, subject: str, reason: str, code: ErrorCode | None = None):
         super().__init__(f"{subject}: {reason}")
@@ -96,7 +86,6 @@ class BusError(RuntimeError):
 
 
 def error_code(exc: BaseException, default: ErrorCode) -> ErrorCode:
-    """The code to answer a failure with: the one a reply named, else `default` for this path."""
     return exc.code if isinstance(exc, BusError) and exc.code is not None else default
 
 
@@ -110,8 +99,7 @@ class Delivery:
     endpoint: BusEndpoint
 
     async def respond(self, msg: msgspec.Struct) -> None:
-        """Answer a request (a plain publish has no reply address: nothing is sent); TypeError
-        when `msg` is not the endpoint's reply type."""
+        """Answer a request (nothing is sent without a reply address); TypeError for a wrong reply type."""
         self.endpoint.check_reply(msg)
         if self.reply:
             await self.bus._send(self.reply, msg)
@@ -149,12 +137,8 @@ class Bus:
 
     @classmethod
     async def connect(cls, url: str, name: str, *, wait_s: float = 60.0, **opts: Any) -> "Bus":
-        """Connect, waiting up to `wait_s` seconds (0 = forever) for a server of `url` to accept.
-
-        While none does, one warning says what it waits for and how often it retries (then one
-        line every REMIND_S); past `wait_s` it raises BusUnavailable with the last error. Once
-        connected, a lost server is retried forever every RETRY_S: subscriptions are restored
-        by nats-py on reconnect and publishes made meanwhile are buffered and sent then."""
+        """Connect, waiting up to `wait_s` s (0 = forever) for a server, else BusUnavailable. Once
+        connected, a lost server is retried forever and publishes meanwhile are buffered."""
         nc = Client()
         waiting = _Waiting(url, wait_s)
         losses = Losses()
@@ -203,22 +187,18 @@ class Bus:
         return dec
 
     async def publish(self, subject: str, msg: msgspec.Struct, ctx: otel_context.Context | None = None) -> None:
-        """Send `msg` on `subject` (a `Subject`, or the text of one: a reply address); TypeError when
-        its endpoint carries another type, ValueError when it is no subject of the mesh."""
+        """TypeError when `subject`'s endpoint carries another type, ValueError when it is no subject."""
         endpoint_of(subject).check(msg, subject)
         await self._send(subject, msg, ctx)
 
     async def _send(self, subject: str, msg: Any, ctx: otel_context.Context | None = None) -> None:
-        """Send unchecked: a reply to a request's inbox (`Delivery.respond` checked it)."""
         # no trace context: a plain PUB (an empty header block would still be sent and parsed on every delivery)
         await self.nc.publish(subject, _encoder.encode(msg), headers=inject_headers(ctx=ctx) or None)
 
     async def request(self, subject: str, msg: msgspec.Struct, timeout: float = 5.0,
                       ctx: otel_context.Context | None = None, abort: asyncio.Future | None = None) -> Any:
-        """Ask on `subject` and wait `timeout` s for the reply, decoded as its endpoint's reply type;
-        TypeError when the endpoint takes no requests or carries another type than `msg`'s. A
-        connection lost meanwhile fails it at once (the reply died with it), and so does `abort`
-        resolving (the responder is known gone: e.g. its process restarted)."""
+        """The reply, decoded as the endpoint's reply type. Fails at once when the connection is lost
+        or `abort` resolves (the responder is known gone), else after `timeout` s."""
         ep = endpoint_of(subject)
         ep.check(msg, subject)
         if ep.reply is None:
@@ -247,7 +227,6 @@ class Bus:
             raise BusError(subject, f"bad reply: {exc}") from None
 
     async def subscribe(self, subject: str, handler: Handler, queue: str = ""):
-        """Hand `handler` every message on `subject`, decoded as its endpoint's type."""
         ep = endpoint_of(subject)
         dec = self.decoder(ep.msg)
 

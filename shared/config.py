@@ -1,14 +1,6 @@
 """Settings: one frozen dataclass per service, filled from defaults < TOML < env < CLI.
 
-Owns the loading rules only; each service declares its own dataclass in its
-`config.py`. Every field has a default that serves the local run. Environment
-overrides use one prefix: `DUALPATH_<FIELD>` (upper case), e.g. `DUALPATH_NATS_URL`.
-A TOML file may hold a `[common]` table and one table per service name
-(`[scheduler]`, `[prefill_engine]`, ...); given the class of the settings every service
-has (`common=`), a `[common]` key outside it is an error too. Each value is converted
-by msgspec (lax mode: "8080" -> 8080) once the spellings it does not know (on/off,
-none, comma-separated lists) are settled. A bad setting fails at start naming the key.
-Only entry points call `load_config`; everything below receives the frozen object.
+Env overrides are `DUALPATH_<FIELD>`; only entry points call `load_config`.
 """
 from __future__ import annotations
 
@@ -38,7 +30,6 @@ class ConfigError(ValueError):
 
 
 def _base_type(tp: Any) -> tuple[Any, bool]:
-    """(inner type, optional?) for `X | None`."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -51,11 +42,7 @@ _BOOLS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false":
 
 
 def _as_given(raw: Any, tp: Any) -> Any:
-    """`raw` (TOML value or env/CLI text) in the shape msgspec.convert takes for `tp`.
-
-    Settles only what text cannot say in JSON terms: none spellings of an optional, the
-    on/off/yes/no booleans, surrounding blanks, a number for a text setting, and a
-    comma-separated list for a tuple; converting and rejecting is msgspec's job."""
+    """`raw` in the shape msgspec.convert takes for `tp`: none spellings, on/off, comma lists settled."""
     inner, optional = _base_type(tp)
     if optional and (raw is None or (isinstance(raw, str) and raw.strip().lower() in _NONE)):
         return None
@@ -75,7 +62,6 @@ def _as_given(raw: Any, tp: Any) -> Any:
 
 
 def _coerce(key: str, raw: Any, tp: Any) -> Any:
-    """`raw` converted to the setting's type `tp`; ConfigError naming `key` and `raw` if it cannot be."""
     try:
         return msgspec.convert(_as_given(raw, tp), type=tp, strict=False)
     except msgspec.ValidationError as exc:
@@ -84,13 +70,11 @@ def _coerce(key: str, raw: Any, tp: Any) -> Any:
 
 
 def choices(tp: Any) -> tuple[str, ...]:
-    """The values a setting of type `tp` takes when it is an Enum (or an optional one), else ()."""
     inner, _ = _base_type(tp)
     return tuple(str(m.value) for m in inner) if isinstance(inner, type) and issubclass(inner, enum.Enum) else ()
 
 
 def read_toml(path: str | Path | None, section: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(`[common]` table, the service's own table) of a settings file."""
     if not path:
         return {}, {}
     try:
@@ -113,11 +97,8 @@ def load_config(
     overrides: Mapping[str, Any] | None = None,
     common: type | None = None,
 ) -> T:
-    """Build `cls` from defaults < TOML(file) < env < overrides (CLI), validating each key.
-
-    `common`: the settings class every service shares; a `[common]` key that is not one of
-    its fields fails (it would silently do nothing for some service). Without it, `[common]`
-    keys that `cls` lacks are skipped."""
+    """With `common`, a `[common]` key that is none of its fields fails; without, keys `cls` lacks
+    are skipped."""
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     hints = typing.get_type_hints(cls)
     values: dict[str, Any] = {}
@@ -155,10 +136,8 @@ _FIELD = re.compile(r"^\s+(\w+)\s*:[^=#]*=[^#]*?(?:#\s*(.*))?$")
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """Field name -> the `# comment` after its declaration, over the class and its bases (subclass wins),
-    plus the values an Enum setting takes (from the type: docs never list them by hand).
-
-    The comment is each setting's documentation: `--help` and docs/reference/settings.md show it."""
+    """Field name -> the `# comment` after its declaration (subclass wins) and an Enum's values:
+    the help text of each setting."""
     out = _comments(cls)
     hints = typing.get_type_hints(cls)
     for name, tp in hints.items():
@@ -184,6 +163,5 @@ def _comments(cls: type) -> dict[str, str]:
 
 
 def require(cond: bool, key: str, value: object, reason: str) -> None:
-    """Raise ConfigError naming `key` unless `cond` holds (used by `validate()` methods)."""
     if not cond:
         raise ConfigError(key, value, reason)

@@ -1,9 +1,4 @@
-"""A uvicorn server on a pre-bound socket, so port 0 works and the real port is known.
-
-Owns binding a listener (or adopting one a parent process bound and passed down, so a
-launcher can pick the port without a race) and serving an ASGI app on it. A port that
-is taken fails at bind time with `PortInUse`, naming the address and the setting to change.
-"""
+"""A uvicorn server on a pre-bound socket, so port 0 works and the real port is known."""
 from __future__ import annotations
 
 import asyncio
@@ -27,7 +22,7 @@ class PortInUse(OSError):
 
 
 def bind_socket(host: str, port: int, setting: str = "") -> socket.socket:
-    """A listening TCP socket on host:port (0 = any free port); PortInUse when the port is taken."""
+    """A listening socket on host:port (0 = any free port); PortInUse when the port is taken."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -53,9 +48,7 @@ def adopt_socket(fd: int) -> socket.socket:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, woken once a second instead of ten times: its tick only refreshes the
-    Date header (once a second anyway) and looks for `should_exit`, and an idle service paid a
-    loop wake-up every 0.1 s for it. `stop()` wakes it at once (no second of wait to shut down)."""
+    """uvicorn's server ticking once a second, not ten times; `stop()` wakes it at once."""
 
     TICK_S = 1.0
 
@@ -74,9 +67,7 @@ class _Server(uvicorn.Server):
 
 
 class HttpServer:
-    """Serves an ASGI app; `url` is known as soon as it is constructed.
-
-    Binds `host:port` itself, or serves on `sock` when one is given (already listening)."""
+    """Serves an ASGI app on `host:port`, or on `sock` (already listening); `url` is known at once."""
 
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0, *, sock: socket.socket | None = None,
                  setting: str = "", limit_concurrency: int | None = None):
@@ -102,10 +93,8 @@ class HttpServer:
             self.sock.close()
 
     def stop(self) -> None:
-        """Ask the server to shut down (from its own event loop)."""
         self.server.should_exit = True
         self.server.wake()
 
     def close(self) -> None:
-        """Release the socket of a server that never served (start-up stopped early)."""
         self.sock.close()

@@ -1,10 +1,4 @@
-"""Prometheus metrics: one registry per service process, served at `/metrics`.
-
-Names: `dualpath_<service>_<what>` (`dualpath_decode_engine_tokens_total`), the service's
-one name (shared/names.py); series the runtime gives every service alike carry no service
-part (`dualpath_task_failures_total`: the scrape's job/instance labels tell services apart).
-Conventional suffixes: `*_seconds` histograms, `*_total` counters, plain gauges.
-"""
+"""Prometheus metrics: one registry per service process, served at `/metrics`."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
@@ -18,8 +12,7 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 
 
 class Metrics:
-    """A registry with helpers that name every series `dualpath_<service>_<name>`
-    (`shared=True`: `dualpath_<name>`, for the runtime's own series)."""
+    """Names every series `dualpath_<service>_<name>` (`shared=True`: `dualpath_<name>`)."""
 
     def __init__(self, service: str):
         self.service = service
@@ -40,8 +33,7 @@ class Metrics:
 
     def live_gauge(self, name: str, doc: str, labels: tuple[str, ...],
                    read: Callable[[], Iterable[tuple[tuple[str, ...], float]]], *, counter: bool = False) -> None:
-        """A series read at scrape time from `read()` ((label values, value) pairs): counts kept
-        elsewhere (a state machine's) cost nothing per change and cannot disagree with it."""
+        """A series read from `read()` ((label values, value) pairs) at scrape time."""
         self.registry.register(_Read(self.full_name(name), doc, labels, read, counter))
 
     def render(self) -> bytes:

@@ -1,20 +1,6 @@
 """The common life of a service process: config -> uvloop -> lifespan -> signals -> drain.
 
-Owns: the process entry point (flags and settings from shared/service_config.py), logging and tracing set-up, the bus connection (and its drop
-counters on `/metrics`), the `/metrics` server, the heartbeat loop (an unchanged announcement goes
-out only as a keepalive, `Beats`), and the one TaskGroup
-that owns every task of the service. Tasks are supervised (`Service.spawn`): one that raises
-is logged, counted and answered through its `on_error`; the service goes on serving.
-
-Start-up, in order: every setting is checked (exit 2 naming the key); logging is set up
-and the `nice` setting applied to every thread (shared/priority.py); the `/metrics`
-port is bound (a taken port fails now, not after the wait for NATS); NATS is awaited
-for up to `nats_wait_s`, saying so once; then `service.start()`. SIGTERM and SIGINT stop
-the process at every one of these points: before the event loop they raise `Stopped`,
-after it they set the stop Event that the NATS wait and `start()` are raced against.
-Shutdown: stop Event -> announce `leaving` -> service.stop() -> cancel tasks -> drain
-the bus -> flush spans; whatever the exit (short of SIGKILL), the shared-memory segments
-this process created are unlinked. A second stop signal exits at once.
+On any exit short of SIGKILL the shm segments the process created are unlinked.
 """
 from __future__ import annotations
 
@@ -75,7 +61,6 @@ class Service(ABC):
 
     @property
     def heartbeat_subject(self) -> Subject:
-        """Where this process announces itself: the mesh's registry (a front-door worker: its core)."""
         return self.subjects.at(EP.HEARTBEAT)
 
     @abstractmethod
@@ -87,27 +72,19 @@ class Service(ABC):
         """The current announcement (sent at start and every heartbeat)."""
 
     def beat_key(self, msg: Announce) -> object:
-        """What of an announcement counts as a change (`Beats`): all of it, unless a service
-        leaves out a figure that moves every step and nobody acts on between keepalives."""
+        """What of an announcement counts as a change (`Beats`); default: all of it."""
         return msg
 
     async def stop(self) -> None:
         """Stop intake and release resources; tasks are cancelled afterwards."""
 
     def routes(self) -> list[Route]:
-        """Extra HTTP routes on the metrics server (the scheduler serves its API elsewhere)."""
         return []
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str | None = None, *, label: str = "",
               on_error: OnError | None = None) -> asyncio.Task:
-        """Run `coro` as an owned, supervised task of the service's TaskGroup.
-
-        An exception escaping it never reaches the TaskGroup (which would cancel every task
-        and stop the process): it is logged with its traceback, counted in
-        `dualpath_task_failures_total{task=label}`, and handed to `on_error` (sync or async)
-        so the caller can fail or resume the request the task served. `label` defaults to
-        the coroutine's function name (`_fetch_deadline` -> `fetch-deadline`): `name` may
-        carry a per-request suffix, the label must not."""
+        """Run `coro` as an owned task; an exception escaping it is logged, counted under `label`
+        (default: the function's name; never per request) and handed to `on_error`, never the TaskGroup."""
         assert self.tasks is not None, "spawn() before start"
         label = label or task_label(coro)
         task = self.tasks.create_task(self._supervise(coro, name or label, label, on_error), name=name)
@@ -117,8 +94,7 @@ class Service(ABC):
         return task
 
     def spawn_while_serving(self, coro: Coroutine[Any, Any, Any], name: str | None = None) -> asyncio.Task | None:
-        """`spawn`, or nothing once the service has stopped (its TaskGroup is over): for work a
-        handler still running at shutdown asks for, which the stop makes moot."""
+        """`spawn`, or nothing once the service has stopped."""
         try:
             return self.spawn(coro, name)
         except RuntimeError:  # the TaskGroup is finished
@@ -153,8 +129,7 @@ async def _answer(on_error: OnError, exc: Exception, name: str) -> None:
 
 
 class BusCounters:
-    """A Prometheus collector reading the bus's own counters at scrape time (the bus stays
-    metrics-free): messages dropped undecoded, and handlers that raised."""
+    """Reads the bus's drop counters at scrape time (the bus stays metrics-free)."""
 
     def __init__(self, bus: Bus):
         self.bus = bus
@@ -183,21 +158,17 @@ async def _heartbeat(svc: Service, stop: asyncio.Event) -> None:
 
 
 class Stopped(KeyboardInterrupt):
-    """SIGTERM or SIGINT before the event loop took the signals over (start-up or exit)."""
+    """SIGTERM or SIGINT before the event loop took the signals over."""
 
 
 class StartFailed(RuntimeError):
-    """Building the service or its `start()` raised: `service` names it, `cause` is what it raised."""
-
     def __init__(self, service: str, cause: BaseException):
         super().__init__(f"{service} failed to start: {type(cause).__name__}: {cause}")
         self.service, self.cause = service, cause
 
 
 async def _unless_stopped(work: Awaitable[T], stop: asyncio.Event) -> tuple[bool, T | None]:
-    """Run `work` until it finishes (True, its result) or `stop` is set first (False, None; it is cancelled).
-
-    Both tasks are owned here: each is awaited or cancelled before this returns."""
+    """(True, `work`'s result), or (False, None) when `stop` is set first (`work` is cancelled)."""
     task = asyncio.ensure_future(work)
     stopped = asyncio.ensure_future(stop.wait())
     try:
@@ -233,8 +204,8 @@ def _take_signals(stop: asyncio.Event) -> None:
 
 
 async def run_service(svc: Service, stop: asyncio.Event | None = None) -> None:
-    """The life of `svc` until `stop` (or SIGTERM/SIGINT). Raises PortInUse, BusUnavailable or
-    StartFailed when it cannot start; resources of a half-started service are released first."""
+    """Raises PortInUse, BusUnavailable or StartFailed when it cannot start; resources of a
+    half-started service are released first."""
     stop = stop or asyncio.Event()
     _take_signals(stop)
     cfg = svc.cfg
@@ -283,7 +254,6 @@ async def run_service(svc: Service, stop: asyncio.Event | None = None) -> None:
 
 
 async def _release(svc: Service) -> None:
-    """svc.stop() on a path that must go on whatever it raises (shutdown, a half-started service)."""
     try:
         await svc.stop()
     except Exception:  # noqa: BLE001
@@ -312,10 +282,7 @@ def _install_stop_signals() -> None:
 
 
 def service_main(section: str, cfg_cls: type, factory: Callable[[Any], Service], argv: list[str] | None = None) -> int:
-    """Entry point used by `python -m services.<name>` and `dualpath service <name>`.
-
-    Exit codes: 0 stopped by a signal or asked to; 1 could not start (one line on stderr
-    says why: a port in use, no NATS, start() failed); 2 a bad setting."""
+    """Exit codes: 0 stopped, 1 could not start (one line on stderr says why), 2 a bad setting."""
     name = section  # the service's one name (shared/names.py): settings table, tracer, logs
     _install_stop_signals()
     try:

@@ -1,9 +1,4 @@
-"""The settings every service shares: their dataclass, their checks, NATS connect options, the CLI.
-
-Every service config extends `CommonConfig`; `config_parser` turns any config dataclass into
-flags (each setting's comment as its help); `check_common` validates the shared settings
-before anything binds or connects; `nats_options` maps the credential settings to nats-py.
-"""
+"""The settings every service shares: their dataclass, their checks, NATS connect options, the CLI."""
 from __future__ import annotations
 
 import argparse
@@ -66,7 +61,7 @@ def nats_options(cfg: CommonConfig) -> dict[str, Any]:
 
 
 def check_common(cfg: CommonConfig) -> None:
-    """The settings every service has, checked before anything is bound or connected."""
+    """Checked before anything is bound or connected."""
     for url in cfg.nats_url.split(","):
         parts = urlsplit(url.strip() if "://" in url else f"nats://{url.strip()}")
         try:
@@ -87,10 +82,7 @@ def check_common(cfg: CommonConfig) -> None:
 
 
 def config_parser(prog: str, cfg_cls: type) -> argparse.ArgumentParser:
-    """Every config field becomes a flag: `--nats-url`, `--node`, `--kv-blocks`, ...
-
-    Flags default to None (so TOML and environment values below them win); the help of
-    each shows its meaning, the built-in default and the environment variable."""
+    """Every config field as a flag (`--nats-url`), default None so TOML and env values win."""
     parser = argparse.ArgumentParser(
         prog=prog, description="Settings come from flags > DUALPATH_<SETTING> environment > the TOML file "
                                "(--config) > the defaults shown; see docs/reference/configuration.md.")

@@ -1,9 +1,6 @@
 """A state machine over an enum: its legal moves, `StateMachine.move` their only writer, live counts by state.
 
-Shared by the scheduler's requests, the decode engine's requests and the traffic manager's
-transfers. An illegal move raises `IllegalTransition`, is counted and changes nothing; a terminal
-state takes the record out of the counts; `on_move` (the owner's: a trace event) hears each move.
-Pure: no I/O, no clock. Example: services/scheduler/lifecycle.py.
+An illegal move raises `IllegalTransition`, is counted and changes nothing. Pure: no I/O, no clock.
 """
 from __future__ import annotations
 
@@ -24,15 +21,13 @@ class IllegalTransition(Exception):
 
 
 def legal_table(paths: Mapping[E, Iterable[E]], ends: Iterable[E], terminal: Iterable[E]) -> dict[E, frozenset[E]]:
-    """Each live state's moves: its own (`paths`) and every one of `ends` (the ways out every live
-    state has: failure, cancel, deadline); terminal states have none."""
+    """Each live state's moves: its own (`paths`) and every one of `ends`; terminal states have none."""
     ends = frozenset(ends)
     return {**{s: frozenset(nxt) | ends for s, nxt in paths.items()}, **{s: frozenset() for s in terminal}}
 
 
 class StateMachine(Generic[E]):
-    """Records by state: `enter` puts one in a state, `move` changes it (and only these write
-    `rec.state`). `counts` holds the live (non-terminal) states only."""
+    """Only `enter` and `move` write `rec.state`; `counts` holds the live (non-terminal) states only."""
 
     def __init__(self, legal: Mapping[E, frozenset[E]], terminal: frozenset[E], what: str = "request",
                  on_move: OnMove | None = None):
@@ -65,7 +60,6 @@ class StateMachine(Generic[E]):
         return sum(self.counts[s] for s in states)
 
     def live(self) -> dict[str, int]:
-        """Count of each non-terminal state (what /health and the metrics show)."""
         return {str(s): self.counts[s] for s in self.legal if s not in self.terminal}
 
 

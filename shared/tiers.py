@@ -1,9 +1,4 @@
-"""Prompt-token tiers: where a request's prompt KV came from, cut to a length, shown to clients.
-
-A prefill engine reports a `PromptTiers` per attempt (its prompt: the request's, plus the tokens
-earlier attempts streamed); `clip` keeps the request's own prompt tokens, in prompt order, so
-the five always sum to `usage.prompt_tokens` (docs/reference/metrics.md#prompt-token-tiers).
-"""
+"""Prompt-token tiers: where a request's prompt KV came from, cut to a length, shown to clients."""
 from __future__ import annotations
 
 from shared.messages.stream import PromptTiers
@@ -13,7 +8,6 @@ PROMPT_ORDER = ("engine", "buffer", "storage_pe", "storage_de", "computed")  # h
 
 
 def total(t: PromptTiers) -> int:
-    """The prompt tokens the tiers cover."""
     return sum(getattr(t, name) for name in NAMES)
 
 

@@ -1,11 +1,6 @@
 """OpenTelemetry set-up and trace-context propagation through NATS headers.
 
-Owns the tracer provider of one process. Spans are exported over OTLP/HTTP when
-`OTEL_EXPORTER_OTLP_ENDPOINT` is set (e.g. a Jaeger all-in-one at :4318), sampled as
-`OTEL_TRACES_SAMPLER` says (every span by default); with no exporter they are not recorded
-(unless `OTEL_TRACES_SAMPLER` asks for it): each still has a valid trace id, which travels
-and is logged, but its attributes and events cost nothing. Context travels as W3C
-`traceparent` in NATS headers.
+Without an OTLP exporter spans are not recorded, yet each trace id travels and is logged.
 """
 from __future__ import annotations
 
@@ -42,13 +37,11 @@ def setup_tracing(service: str, instance: str, exporter: SpanExporter | None = N
 
 
 def recording() -> bool:
-    """Whether this process's spans are recorded (an exporter, or a sampler asked for): where not,
-    a hot path may skip building a span and pass its parent's context on instead."""
+    """Whether spans are recorded; where not, a hot path may skip building one."""
     return _provider is None or _provider.sampler is not ALWAYS_OFF
 
 
 def shutdown_tracing() -> None:
-    """Flush pending spans (called from every service's shutdown path)."""
     if _provider is not None:
         _provider.force_flush(timeout_millis=3000)
         _provider.shutdown()
@@ -59,7 +52,6 @@ def tracer(name: str) -> trace.Tracer:
 
 
 def inject_headers(headers: dict[str, str] | None = None, ctx: otel_context.Context | None = None) -> dict[str, str]:
-    """Headers carrying the current (or given) trace context."""
     headers = dict(headers or {})
     propagate.inject(headers, context=ctx)
     return headers

@@ -1,26 +1,9 @@
 #!/usr/bin/env python
 """Build the compose stack's images, run the stack, check it, tear it down: `make compose-check`.
 
-One command, start to end, on one Docker host:
-  1. a Docker daemon: the running one, else the installed dockerd, started here (and
-     stopped again at the end);
-  2. the images: from the upstream base when it can be pulled, else offline
-     (debootstrap + docker import for the base, pip download into the wheelhouse; see
-     images.py), with `docker compose build`;
-  3. the stack, docker-compose.yml + docker-compose.local.yml (an OTLP receiver in
-     Jaeger's place, NATS from the dualpath image), under its own project name, with
-     NATS credentials on and its ports published on 127.0.0.1 ports Docker picks;
-  4. the checks of checks.py and lifecycle.py, then `--scale prefill-engine=2
-     --scale decode-engine=2` and the scaled checks;
-  5. `docker compose down -v`: containers, networks and volumes, also when a step
-     failed (then the services' last log lines are printed first). Images stay: they
-     are the next run's cache.
-Prints one line per check and the figures (image sizes, build time, up -> healthy,
-completion latency; with --compare-up side by side with `dualpath up`, requests
-alternating), and writes them as JSON with --figures FILE. Exit code 0: every check
-passed; 1: one failed; 2: it could not run (no Docker, no compose).
-
-usage: check.py [--fresh] [--offline] [--compare-up] [--figures FILE] [--project NAME]
+Uses the running Docker daemon or starts dockerd; builds from the upstream base or offline
+(images.py); runs checks.py and lifecycle.py, then scaled; `docker compose down -v` whatever
+happened. Exit code 0: all passed; 1: a check failed; 2: it could not run.
 """
 from __future__ import annotations
 
@@ -129,9 +112,7 @@ class Run:
         stack.wait_healthy(600, expect=SERVICES_AT_SCALE_1 + 2)
 
     def measure_latency(self, url: str) -> None:
-        """A completion's latency through compose; with --compare-up, side by side with
-        `dualpath up` on this host (requests alternate between the two, so both see the
-        same background load)."""
+        """A completion's latency through compose; with --compare-up, alternating with `dualpath up` here."""
         self.figures["load_avg_1m"] = round(os.getloadavg()[0], 1)
         if not self.args.compare_up:
             self.figures["compose_latency"] = checks.latency(url)

@@ -1,12 +1,7 @@
-"""What `make compose-check` asserts against a running compose stack (deploy/compose/check.py).
+"""What `make compose-check` asserts against a running compose stack.
 
-Each check takes the Stack and the scheduler's published URL, talks to the stack the
-way a user would (HTTP on the published port, `docker exec`) and raises
-CheckFailed naming what it saw when the stack misbehaves; on success it returns a short
-line for the report. Owns the assertions about requests, store, traces, metrics and
-NATS, and the helpers every check uses; those about containers' lives (killed, scaled,
-stopped) are lifecycle.py's; starting and tearing down the stack are check.py's; the
-compose calls are stack.py's.
+Each check takes the Stack and the published URL, acts as a user would and returns a report
+line, or raises CheckFailed with what it saw. Containers' lives are lifecycle.py's.
 """
 from __future__ import annotations
 
@@ -201,8 +196,7 @@ def check_traces(stack: Stack, url: str, otlp_url: str, tag: str) -> str:
         return httpx.get(otlp_url + "/spans", timeout=30).json()
 
     def traced(rid: str):
-        """The request's trace once it is whole: every wanted service, every parent exported
-        (services export in batches, and a parent span is exported when it ends)."""
+        """The request's trace once whole: every wanted service, every parent span exported."""
         got = spans()
         roots = [s for s in got if s["attributes"].get("req_id") == rid and not s["parent_id"]]
         if not roots:
@@ -251,8 +245,7 @@ asyncio.run(main(sys.argv[1]))
 
 
 def check_nats_credentials(stack: Stack, url: str, user: str, password: str, namespace: str = "dp") -> str:
-    """NATS refuses a client without (or with wrong) credentials; with them, the mesh's
-    JetStream KV bucket holds the data-plane secret the traffic managers made."""
+    """NATS refuses a client without the right credentials; with them, its KV bucket holds the secret."""
     cid = stack.ids("scheduler")[0]
     seen: dict[str, str] = {}
     env = stack.inspect(cid)["Config"]["Env"]
@@ -281,8 +274,7 @@ def latency(url: str, n: int = 5, max_tokens: int = 16) -> dict[str, float]:
 
 
 def latency_side_by_side(urls: dict[str, str], n: int = 7, max_tokens: int = 16) -> dict[str, dict]:
-    """The same greedy completion, `n` times per target, the targets taking turns (their
-    order alternating every round), after one warm-up each: name -> median and min seconds."""
+    """`n` greedy completions per target, targets taking turns after a warm-up: name -> median, min s."""
     prompt = "Write one sentence about the sea."
     names = list(urls)
     for name in names:

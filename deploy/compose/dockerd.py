@@ -1,8 +1,6 @@
 """A Docker daemon for the compose check: use the running one, else start the installed `dockerd`.
 
-Owns only the daemon's life: `ensure()` returns a handle; when it started dockerd itself
-(log under the given directory), `stop()` ends that process again (by its pid, SIGTERM,
-then waits). It never installs anything: `check.py` decides about apt.
+`stop()` ends only a dockerd started here; nothing is ever installed.
 """
 from __future__ import annotations
 

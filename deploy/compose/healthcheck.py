@@ -1,9 +1,7 @@
 #!/usr/bin/env python
 """Container health check: GET http://<address>:<port><path> for each port; 0 when all say 200.
 
-usage: dualpath-healthcheck [--path /metrics] PORT [PORT ...]
-Address: $DUALPATH_HOST when set to a concrete address, else this container's own
-address (what the entry scripts bind to), falling back to 127.0.0.1.
+Address: $DUALPATH_HOST when concrete, else this container's own address, else 127.0.0.1.
 """
 from __future__ import annotations
 

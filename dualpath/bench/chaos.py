@@ -1,10 +1,7 @@
 """The fault-and-cancel matrix: each process kind killed or frozen, and clients that leave, in each phase.
 
-    .venv/bin/python -m dualpath.bench.chaos [--repeats 3] [--kinds decode,tm-d] [--json PATH]
-
-A tiny mesh under `dualpath up`'s supervisor; per cell a streamed and a non-streamed request.
-A cell passes when both end (every token once, equal to the reference, or an error), nothing
-is left held, and the next request is served; it prints outcome, time to detect and to resume.
+A cell passes when its streamed and non-streamed requests both end (every token once, or an
+error), nothing stays held and the next request is served.
 """
 from __future__ import annotations
 
@@ -118,7 +115,7 @@ def _post(conn: http.client.HTTPConnection, body: dict, out: Ending) -> None:
 
 
 def _acted(url: str) -> float | None:
-    """The scheduler's resumes plus its failed requests (a change: it acted on a fault); None: no answer."""
+    """The scheduler's resumes plus failed requests (a change means it acted on a fault); None: no answer."""
     try:
         text = httpx.get(url + "/metrics", timeout=2).text
     except httpx.HTTPError:

@@ -1,17 +1,8 @@
 """`dualpath bench`: replay agent traces against a mesh; offline JCT or online SLO capacity.
 
-    dualpath bench --trace gen:32k --agents 4 --scale 0.05 --offline --modes basic,dualpath
-    dualpath bench --up --model tiny --snic-gbit 0.2 --trace gen:32k --search-aps --report out/
-    dualpath bench --up --model tiny --trace gen:32k --offline --tool-calls 1 --hints off,on,mixed \
-        --modes dualpath,oracle
-
-Modes run one after another on the same mesh, each in its own time window (so bytes
-read per node are attributable to one mode), in a rotating order across load levels so
-slow drift of the machine hits every mode alike; their token contents differ, so no mode
-reuses another's stored KV. With `--up` the mesh's store and logs live in one temporary
-directory, removed at the end; the logs stay (path printed) when the run failed, or go
-where `--log-dir` says. Wiring only: the order of runs is runs.py's, measurement replay.py's
-and usage.py's, numbers metrics.py's and bound.py's, output report.py's.
+Modes run one after another on one mesh, in their own time windows and rotating order, each on
+fresh token contents. Wiring only: runs.py orders the runs, replay.py and usage.py measure,
+metrics.py and bound.py compute, report.py writes.
 """
 from __future__ import annotations
 
@@ -197,9 +188,8 @@ def _snic_flag(args: argparse.Namespace) -> None:
 
 
 class _Interrupts:
-    """SIGTERM and SIGINT (also when started with SIGINT ignored, as a background job is) raise
-    KeyboardInterrupt once, so the mesh this bench started is stopped rather than orphaned; while
-    stopping they are ignored."""
+    """SIGTERM and SIGINT (even if SIGINT was ignored at start) raise KeyboardInterrupt once, so the
+    mesh this bench started is stopped; while stopping they are ignored."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -281,7 +271,7 @@ def _bench(args: argparse.Namespace, url: str, modes: list[LoadMode], extra_pids
     lengths: dict[str, list] = {}  # mode -> the (append, gen) turns of each job it replayed (for the prediction)
 
     def fresh_jobs(mode: LoadMode, n_agents: int, hints: str = "off") -> list:
-        """This run's copy of the workload: new token contents each run, so no run hits another's KV."""
+        """This run's copy of the workload, on new token contents so no run hits another's KV."""
         runs_done[0] += 1
         src = replace(wl, agents=wl.agents[:n_agents]) if n_agents and wl.agents else wl  # build only what runs
         js = _cap_turns(jobs(src, mode, lo, hi, nonce + runs_done[0], mesh.get("max_context") or 0), args.max_turns)

@@ -1,13 +1,7 @@
 """Prefill and decode timings of one model on each compute device present, and the KV copy path.
 
-    .venv/bin/python -m dualpath.bench.device [--model tiny-mla] [--prompt-tokens 1024] [--batch 16]
-
-For each device (the CPU, then CUDA when torch sees it): one prefill forward of
-`--prompt-tokens` tokens, then `--steps` decode steps of `--batch` sequences of that context,
-through the same `forward` and paged cache the engines use (medians of `--repeat`). On CUDA
-also the engine's KV copy path (shared/engine/kv_device.py): a whole prompt's blocks up from
-the pinned host region, one layer of them, and its blocks back down. `make gpu-check` runs
-this after the gpu test tier. A device that is absent is one line saying why.
+Per device (the CPU, then CUDA) through the engines' own forward and paged cache; on CUDA also
+the KV copy between the pinned host region and the device. An absent device is one line saying why.
 """
 from __future__ import annotations
 

@@ -1,17 +1,7 @@
 """Fleet benchmark: one real scheduler and a real NATS around thousands of emulated engines.
 
-    .venv/bin/python -m dualpath.bench.fleet [--engines 96 384 1152] [--load 0.05] [--measure-s 30]
-
-For each fleet size (a third prefill engines, eight engines a node, as the paper's 48P96D) it
-starts a fresh fleet (dualpath/fleet/driver.py), drives agents at `--load` times the paper's
-per-engine agent load (8.8 agents/s on 1,152 engines; each agent runs all its turns, so the
-steady-state request rate is that times the trace's mean turns), and prints one row: requests
-assigned per second, time from arrival to assignment (p50/p99, from the client's send to the
-prefill engine's receipt; and inside the scheduler), scheduler CPU per request and in cores (also
-with heartbeats only, measured for `--idle-s` before the load, and per request net of that), the
-front-door workers' CPU apart from the dispatch core's (`--front-workers`, default 1), bus
-messages per second (all of NATS, and the scheduler's own in/out), the CPU the emulators, NATS
-and the agents used, and the load average, since all share this machine's cores.
+Per fleet size one row: assignments per second, arrival-to-assignment latency, scheduler CPU
+per request, bus messages per second and the other processes' CPU.
 """
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""The bench's agent-hint figures: TTFT of turns after a tool call, hinted vs unhinted vs oracle,
-and what prefetching cost (buffer occupancy, bulk reads, prefetched vs read-at-arrival blocks).
+"""The bench's agent-hint figures: TTFT after a tool call, hinted vs unhinted vs oracle.
 
-A run replays the trace with tool calls (`--tool-calls`) and one hint policy (`--hints off,on,
-mixed`: no agent hints, every agent, every other agent). Only turns that follow a tool call
-count here: they are the ones a prefetch can serve (a first turn has nothing stored). A
-`TMScraper` samples every traffic-manager's and gateway's /metrics during the run: staged
-prefetch bytes (peak = buffer occupancy), prefetched blocks used, bulk-lane bytes. The ratios
-the issue asks for: hinted TTFT / oracle TTFT (p50, p99; goal <= 1.2), and the mixed run's
-unhinted TTFT / the hints-off run's (goal <= 1.05). Pure summaries plus one polling thread.
+Only turns that follow a tool call count (only they can be prefetched). `TMScraper` samples the
+traffic managers' and gateways' prefetch counters during the run.
 """
 from __future__ import annotations
 
@@ -43,8 +37,7 @@ def turn_figures(run) -> dict:
 
 
 def ratios(runs: list[dict]) -> dict:
-    """hinted / oracle and mixed-run unhinted / hints-off unhinted TTFT, p50 and p99: each taken within
-    one repeat (runs side by side), the median over repeats."""
+    """Hinted / oracle and mixed-run unhinted / hints-off TTFT, p50 and p99: per repeat, then the median."""
     each = ratios_each(runs)
     return {k: statistics.median(v) for k, v in each.items()}
 

@@ -1,23 +1,8 @@
 """The probe of the KV path's CPU: mesh CPU seconds per byte its storage NICs move, oracle subtracted.
 
-The rate probe (`replay.probe_rates`) runs in oracle mode and moves no KV, so it cannot see
-what the KV path costs the host's cores: the storage gateways' reads and writes, the traffic
-managers' copies, the engines' side of the pulls and pushes. On a mesh whose processes share
-one machine that CPU comes out of the cores the engines compute on (dualpath/sim/hostcpu.py).
-`probe_kv_cpu` replays the same small workload twice, each time on fresh tokens: a few
-agents whose later turns hit their earlier ones, once in oracle mode (no KV moved) and once
-in `dualpath-split` (stored blocks read on both nodes' paths, pulled, pushed and persisted);
-it reads every mesh process's CPU seconds (/proc, `usage.snapshot`) and the storage bytes
-read and written (the gateways' counters) around each, and, over a second before them, what
-the idle mesh uses (heartbeats, polling) per second. The KV path's CPU per byte is the CPU
-the KV run used beyond the oracle run's, less the idle mesh's for the KV run's longer wall
-time, over the storage bytes it moved. The oracle run also gives what the mesh's processes
-other than its engines (front door, scheduler, bus, gateways, traffic managers) keep busy
-while agents run: their CPU seconds over its wall time, in cores (`background_cores`).
-CPU seconds, unlike wall time, hardly move with the machine's other load.
-Behind a slow storage NIC the workload is sized to its cap: its prompts shrink (not below
-two blocks) so that what it reads and writes takes about `BUDGET_S` at the cap (a large
-model's blocks behind a 0.05 Gbit/s NIC would otherwise take minutes per mode).
+The same small workload runs in oracle mode (no KV moved) and in `dualpath-split`; the KV path's
+CPU is the difference, less the idle mesh's, over the storage bytes moved. The oracle run also
+gives the non-engine processes' busy cores (`background_cores`).
 """
 from __future__ import annotations
 
@@ -53,8 +38,7 @@ def _settled(snap: Callable[[], Usage]) -> Usage:
 
 def _workload(url: str, lo: int, hi: int, mode: LoadMode, agents: int, turns: int, first: int,
               append: int, gen: int, seed: int) -> int:
-    """`agents` closed-loop agents at once: a fresh `first`-token prompt, then `append` more a turn;
-    returns the prompt tokens the mesh computed (not served from stored KV)."""
+    """`agents` closed-loop agents at once; returns the prompt tokens the mesh computed (not from KV)."""
     computed = [0]
 
     async def agent(client: httpx.AsyncClient, k: int) -> None:
@@ -77,18 +61,14 @@ def _workload(url: str, lo: int, hi: int, mode: LoadMode, agents: int, turns: in
 
 def per_byte(kv_cpu_s: float, oracle_cpu_s: float, storage_bytes: float, idle_cpu: float = 0.0,
              extra_wall_s: float = 0.0, recompute_cpu_s: float = 0.0) -> float:
-    """CPU seconds per storage byte of the KV path: the KV run's CPU beyond the oracle run's, beyond
-    the idle mesh's `idle_cpu` (CPU s per s) over its `extra_wall_s`, and beyond `recompute_cpu_s`,
-    the prefill of prompt tokens it computed where the oracle's hits were free (0 when nothing moved)."""
+    """CPU s per storage byte: the KV run's beyond the oracle's, the idle mesh's and `recompute_cpu_s`."""
     extra = kv_cpu_s - oracle_cpu_s - idle_cpu * max(0.0, extra_wall_s) - max(0.0, recompute_cpu_s)
     return max(0.0, extra) / storage_bytes if storage_bytes > 0 else 0.0
 
 
 def first_tokens(max_context: int, turns: int, gen: int, agents: int, bytes_per_token: float = 0.0,
                  storage_bytes_per_s: float | None = None, budget_s: float = BUDGET_S) -> int:
-    """The probe's first prompt: half the context at most (128-1,024 tokens), and, behind a
-    capped storage NIC, short enough that the agents' turns move about `budget_s` of bytes
-    at the cap (each turn reads or writes about its prompt once), two blocks of 64 at least."""
+    """The probe's first prompt: 128-1,024 tokens, within half the context and ~`budget_s` at a capped NIC."""
     first = min(1024, max(128, (max_context or 2048) // 2 - turns * (64 + gen)))
     if bytes_per_token > 0 and storage_bytes_per_s:
         fit = storage_bytes_per_s * budget_s / (agents * turns * bytes_per_token)
@@ -99,11 +79,8 @@ def first_tokens(max_context: int, turns: int, gen: int, agents: int, bytes_per_
 def probe_kv_cpu(url: str, lo: int, hi: int, snap: Callable[[], Usage], max_context: int = 0,
                  agents: int = 4, turns: int = 3, gen: int = 8, bytes_per_token: float = 0.0,
                  storage_bytes_per_s: float | None = None, prefill_tok_s: float = 0.0) -> dict:
-    """{"kv_cpu_s_per_byte": ..., and the figures behind it}; an empty dict when this host's
-    CPU cannot be read (a remote mesh). With `prefill_tok_s` (the rate probe's, one engine
-    thread: CPU seconds per token), the prompt tokens the KV run computed beyond the oracle's
-    (turns that arrived before their earlier turn's blocks were written) are not charged to
-    the KV path: their prefill is the engine's, and the simulator models those misses itself."""
+    """{"kv_cpu_s_per_byte": ..., and the figures behind it}; {} when this host's CPU cannot be read.
+    With `prefill_tok_s`, prompt tokens recomputed beyond the oracle's are not charged to the KV path."""
     first = first_tokens(max_context, turns, gen, agents, bytes_per_token, storage_bytes_per_s)
     seed = int(time.time() * 1e6) % (1 << 31)
     t0, idle0 = time.perf_counter(), snap()
@@ -145,7 +122,7 @@ def probe_kv_cpu(url: str, lo: int, hi: int, snap: Callable[[], Usage], max_cont
 def probe_mesh(url: str, lo: int, hi: int, max_context: int = 0, extra_pids: tuple[int, ...] = (),
                bytes_per_token: float = 0.0, storage_bytes_per_s: float | None = None,
                prefill_tok_s: float = 0.0) -> dict:
-    """`probe_kv_cpu` of the mesh at `url`, its processes' CPU read on this host (plus `extra_pids`: NATS)."""
+    """`probe_kv_cpu` of the mesh at `url`, CPU read on this host (plus `extra_pids`: NATS)."""
     with httpx.Client() as client:
         return probe_kv_cpu(url, lo, hi, lambda: snapshot(client, url, extra_pids), max_context,
                             bytes_per_token=bytes_per_token, storage_bytes_per_s=storage_bytes_per_s,

@@ -1,13 +1,7 @@
 """Stored KV through the mesh: a 90%-hit prompt against recomputing it, and the layerwise overlap.
 
-    .venv/bin/python -m dualpath.bench.layerwise [--model smollm2] [--prompt-tokens 1024] [--snic-gbps 0]
-
-Turn 1 stores a prompt's blocks; turn 2 re-sends 90% of it plus new tokens. Prints,
-from the services' own metrics: the storage read time, the layer-by-layer copy into KV
-memory, the prefill step (which waits for each layer before computing it), the compute
-time of the miss tokens alone (measured in this process), and TTFT with the store
-against the same prompt with nothing stored (medians of --repeat). About 75 s with
-smollm2 on 2 cores; progress on stderr; the store is a temporary directory, removed.
+Turn 1 stores a prompt; turn 2 re-sends 90% of it plus new tokens. Prints the read, layer copy,
+prefill and miss-only compute times, and TTFT with and without the store.
 """
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""Numbers from turn results: percentiles, JCT, hit ratio, SLO attainment and verdict, the APS
-search, medians over repeats.
+"""Numbers from turn results: percentiles, JCT, hit ratio, SLO verdict, the APS search, medians.
 
-Pure: takes TurnResult-like values, returns dicts and floats. A turn meets the SLO when
-its TTFT <= slo.ttft_s and its TPOT <= slo.tpot_s (a one-token turn has no TPOT and is
-judged by TTFT alone); a failed turn never meets it (`slo_attainment`: the share that do).
-A load level *holds* the SLO the way the paper judges a run (docs/design.md, "Online
-capacity"): after its warm-up (the first `warmup` share of its turns by start time), the
-mean TTFT is within slo.ttft_s and the mean TPOT within slo.tpot_s, no turn failed, and the
-run was not stopped for a TTFT past the limit (`verdict` names the term that failed).
+A level holds the SLO when, after warm-up, mean TTFT and TPOT are within it, no turn failed and
+the run was not stopped. Pure: TurnResult-like values in, dicts and floats out.
 """
 from __future__ import annotations
 
@@ -82,8 +76,7 @@ def meets(turn, slo: Slo) -> bool:
 
 
 def summarise(run, slo: Slo, vllm: vllm_metrics.Spec = vllm_metrics.Spec()) -> dict:
-    """The per-run numbers of the JSON report (times in seconds), and beside them the same run's
-    figures under `vllm bench serve`'s keys (vllm_metrics.py; times in ms)."""
+    """The per-run numbers of the JSON report (seconds), with the same figures under vLLM's keys (ms)."""
     ok = [t for t in run.turns if not t.error]
     prompt = sum(t.prompt_tokens for t in ok)
     out = {
@@ -111,12 +104,7 @@ def summarise(run, slo: Slo, vllm: vllm_metrics.Spec = vllm_metrics.Spec()) -> d
 
 
 class ApsSearch:
-    """The highest APS that holds the SLO: grow by `factor` until a level fails, then bisect
-    geometrically until the failing level is within `precision` of the holding one (or
-    `max_levels` were run). Stepwise (`next` / `record`) so the CLI can interleave several
-    modes' searches level by level; `next` is None once done; `best` is 0.0 when even
-    `start` fails (then the search shrinks by `factor`).
-    """
+    """The highest APS that holds the SLO: grow by `factor` until a level fails, then bisect."""
 
     def __init__(self, start: float, factor: float = 2.0, precision: float = 0.1, max_levels: int = 12):
         self.good, self.bad, self.aps, self.factor = 0.0, math.inf, start, factor
@@ -160,11 +148,8 @@ def run_name(r: dict) -> str:
 
 
 def summary(rows: list[dict]) -> dict:
-    """Offline medians over repeats, with their spread: per mode (JCT, bound, JCT/bound, every bound
-    term, hit ratio, storage bytes read per node max/avg) and between modes (dual modes' speed-up
-    over basic beside the ratio of their bounds; their JCT over the oracle's), each pairing runs of
-    the same repeat; and how far the modes' hit ratios lie apart. A run with an agent-hint policy
-    other than off is its own line ("dualpath (hints on)"), left out of the ratios."""
+    """Offline medians over repeats with their spread, per mode and between modes (speed-up over basic,
+    JCT over oracle), pairing runs of one repeat; a run with hints other than off is its own line."""
     off = [r for r in rows if r["kind"] == "offline"]
     by: dict[str, list[dict]] = {}
     for r in off:

@@ -1,24 +1,8 @@
 """Network faults under load: a mesh whose hosts are namespaces, while links fail and recover.
 
-    .venv/bin/python -m dualpath.bench.netfaults [--agents 4] [--faults cut,loss,delay,partition] [--json PATH]
-
-Agents run closed loops (soak.py's) against a 2P2D tiny mesh, every node on its own
-tc-shaped link (dualpath/netns/, root only). One fault at a time, each after a calm spell:
-  cut        a prefill node's link drops every packet for 10 s, then is restored
-  loss       5% of the packets to and from a decode node's link are dropped, for 15 s
-  delay      +50 ms on every packet a prefill node sends, for 15 s
-  partition  the NATS host is cut off from every other host for 5 s
-Per fault: requests that ran during it (in flight at its start or started before it
-ended, and their outcomes however late), completed, failed cleanly (an error on the
-wire), lost (no answer within the client timeout: must be 0), duplicated tokens (tokens
-of completed streams that are not the single-process reference's greedy tokens for the
-same prompt ids: a token streamed twice, a stale one, one too many or too few; must be
-0), and
-the recovery time: from the fault's end until every engine is assignable again and a
-fresh request completes. Load and faults take about 3 minutes; then each stream that ran
-during a fault is recomputed by the reference, a few seconds per stream on 2 busy cores
-(about 100 streams: up to 20 minutes; `--no-token-check` skips it, the table first
-printed without it).
+Closed-loop agents on a 2P2D tiny mesh; faults one at a time (cut, loss, delay, partition).
+Per fault: completed, failed cleanly, lost (must be 0), tokens unlike the single-process
+reference (must be 0) and recovery time. Needs root.
 """
 from __future__ import annotations
 
@@ -88,7 +72,7 @@ class Agents(Soak):
         return text if ok else None
 
     def _stream(self, client: httpx.Client, ids: list[int], n: int) -> tuple[bool, bool, str, list[int], int]:
-        """(completed, failed cleanly, text, the completion's token ids, tokens streamed) of one request."""
+        """(completed, failed cleanly, text, token ids, tokens streamed) of one request."""
         body = {"prompt": ids, "max_tokens": n, "temperature": 0, "ignore_eos": True, "stream": True,
                 "logprobs": 0, "return_token_ids": True, "stream_options": {"include_usage": True}}
         ok, clean, text, got, streamed = False, False, [], [], 0

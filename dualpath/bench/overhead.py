@@ -1,37 +1,8 @@
 """The mesh's overhead: TTFT and decode tokens/s through the mesh beside the same model in one process.
 
-    .venv/bin/python -m dualpath.bench.overhead [--model smollm2] [--prompt-tokens 1000] [--decode 48]
-
-Prints TTFT for one prompt, decode tokens/s at batch 1, 8 and 32, the ratios (mesh / one
-process), and the peak resident memory (VmHWM) of every service process. Medians of
---repeat runs; each run uses a fresh prompt so no stored KV is reused. Progress goes to
-stderr as each phase starts; the whole run takes about ten minutes with smollm2 on 2 cores.
-
-Batch-B decode through the mesh is the rate while all B streams run: chunks that arrive
-between the last stream's first token and the first stream's last token. (The prefill
-engine hands the B prompts over one after another, so before that window the decode batch
-is still filling, and the prefills compete for the CPU; the whole-window rate, ramp
-included, is printed beside it.) Each batch stream reads until it has --batch-decode
-tokens inside that window (then leaves); one process decodes that many steps.
-
-Wall-clock rates on a shared machine move with what else runs there, and the two sides run
-minutes apart. So decode is also billed in CPU: milliseconds of CPU per decoded token, the
-one process's own (its decode loop) against the mesh's decode side (the decode engine, and
-the rest: scheduler, gateways, traffic managers, NATS and this client, which reads the
-streams), counted from /proc over the whole batch run ("ramp incl.": steps before the batch
-is full cost more per token, so it errs against the mesh) and over the window while all
-streams run ("all running": the counters read when the last stream's first chunk and the
-first stream's last chunk arrive), the one process's condition.
-
-CPU per token also moves with load (the model streams its weights from memory every step, and
-other processes share the memory bus and caches), so each one-process figure is taken right
-after the mesh's matching phase, in this process while the mesh idles, not minutes apart.
-
-Same work on both sides: when the window opens, the streams that started first already hold
-longer contexts (prompt plus the tokens they decoded while the others were handed over), and
-a decode step's attention grows with context. So the one process decodes batch B twice: every
-sequence from the batch prompt (flat), and from the contexts the mesh's sequences had when
-its window opened ("window's contexts", the like-for-like figure).
+Decode is also billed in CPU ms per token (from /proc), and each one-process figure is taken
+right after the mesh's matching phase, so both see the same machine load. Batch decode is
+counted only while all streams run; the one process also decodes from the mesh's contexts.
 """
 from __future__ import annotations
 
@@ -64,9 +35,7 @@ def _prompt(tok, n: int) -> list[int]:
 
 
 class OneProcess:
-    """The same model decoding in this process (one torch thread, like each engine): the bare loop,
-    forward then argmax, with no service around it. Each figure is taken right after the mesh's
-    matching phase, so both sides see the same load on the machine."""
+    """The same model decoding in this process (one torch thread, like an engine), no service around it."""
 
     def __init__(self, model: str, n_prompt: int, n_decode: int, n_batch: int) -> None:
         import torch
@@ -114,8 +83,7 @@ class OneProcess:
         return {"decode_tps_b1": tps, "decode_cpu_ms_b1": self.cpu_ms}
 
     def batch(self, batch: int, steps: int, contexts: list[int]) -> dict:
-        """Batch `batch` from the batch prompt (flat), then from `contexts`: the context length of
-        each mesh sequence when its window opened (its prompt and the tokens it had by then)."""
+        """Batch `batch` from the batch prompt (flat), then from `contexts` (the mesh's at its window)."""
         say(f"one process: decode at batch {batch}, {steps} tokens, flat and from the window's contexts")
         tps = self.run([BATCH_PROMPT] * batch, steps)[1]
         out = {f"decode_tps_b{batch}": tps, f"decode_cpu_ms_b{batch}": self.cpu_ms}
@@ -130,8 +98,7 @@ BATCHES = (8, 32)  # batch sizes of the batch decode runs
 
 
 def _stream(url: str, prompt: list[int], n: int, enough=None) -> tuple[float, list[float]]:
-    """(time to the first chunk, arrival time of every chunk) of one streamed completion; it
-    stops reading (the client leaves: the request is cancelled) once `enough(times)` is true."""
+    """(time to the first chunk, every chunk's arrival); stops reading (cancels) once `enough(times)`."""
     body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True, "stream": True}
     t0 = time.perf_counter()
     times: list[float] = []
@@ -145,20 +112,13 @@ def _stream(url: str, prompt: list[int], n: int, enough=None) -> tuple[float, li
 
 
 def window_contexts(runs: list[list[float]], start: float, prompt: int) -> list[int]:
-    """Each stream's context length when the window opened at `start` (sorted): its prompt and
-    the tokens it had by then, less the newest (its KV is not in the cache yet). `runs`: every
-    stream's chunk arrival times, one token a chunk, the first from the prefill."""
+    """Each stream's context length when the window opened at `start` (sorted), less its newest token."""
     return sorted(prompt + sum(1 for x in t if x <= start) - 1 for t in runs)
 
 
 def _batch_rates(url: str, tok, batch: int, n: int, cpu: _MeshCpu | None = None) -> tuple:
-    """Decode chunks/s of `batch` concurrent streams: while all of them run, and over the whole
-    window (from the first first chunk to the last last chunk, tokens after each first). Each
-    stream may generate 4n tokens and reads until it has n chunks after the last first chunk,
-    so however long the prompts take to hand over, all `batch` decode together for n steps.
-    With `cpu`, the mesh's CPU counters are also read when all streams run (the last first
-    chunk) and when the first stream has its n: (start, end) snapshots, returned with the
-    chunks between them; last, each stream's context length when that window opened."""
+    """Decode chunks/s of `batch` concurrent streams: while all run, and over the whole window. With
+    `cpu`, also the mesh's CPU snapshots at the all-running window's edges and the chunks between them."""
     firsts: list[float] = []
     lock = threading.Lock()
     marks: dict[str, dict[str, float]] = {}
@@ -193,8 +153,7 @@ def _batch_rates(url: str, tok, batch: int, n: int, cpu: _MeshCpu | None = None)
 
 
 class _MeshCpu:
-    """CPU seconds of the mesh's decode side since construction: the decode engines, the rest
-    (every other process but the prefill side's) and this client, which reads the streams."""
+    """CPU seconds since construction: the decode engines, other non-prefill processes, this client."""
 
     def __init__(self, mesh) -> None:
         self.pids = {p.name: p.popen.pid for p in mesh.procs if not p.name.startswith(("prefill-", "tm-p", "gateway-p"))}

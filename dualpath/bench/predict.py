@@ -1,15 +1,7 @@
 """The simulator's prediction of an offline bench run: each mode's JCT from the rates the bench probed.
 
-Gathers what `dualpath.sim.calibrate` needs from the run (the probed rates, the storage
-NIC cap, the data plane's bandwidth, the KV bytes per block the gateways reported, the
-engines' KV blocks, the scheduler's alpha / beta) and the turn lengths each mode
-replayed, runs the simulator once per offline mode, and puts `predicted_jct_s` and
-`measured_over_predicted` on each offline row. With the KV path's CPU and the rest of the
-mesh's CPU probed (dualpath/bench/kvcpu.py) the prediction shares this host's cores among
-them and the engines (dualpath/sim/hostcpu.py), and the row also carries
-`predicted_no_sharing_jct_s`, the prediction with every engine and the KV path on cores
-of their own. Without a probe (`--no-probe`) or a
-KV block size there is nothing to predict from, and the rows say so (None).
+Puts `predicted_jct_s` and `measured_over_predicted` on each offline row (None when nothing was
+probed); with the CPU probe, also `predicted_no_sharing_jct_s` (engines on cores of their own).
 """
 from __future__ import annotations
 
@@ -30,8 +22,7 @@ def thresholds(settings: list[tuple[str, str, str]]) -> tuple[int, int]:
 
 
 def data_plane_bytes_s(doc: dict) -> float:
-    """The data plane's bandwidth the run measured (`--data-plane`): the shm backend with
-    scattered destinations (layer blocks into free slots, as in the mesh), else the default."""
+    """The data plane's bandwidth `--data-plane` measured (shm, scattered destinations), else the default."""
     tput = (doc.get("data_plane") or {}).get("throughput") or {}
     return tput.get("shm_scattered_gb_s", DEFAULT_DATA_PLANE / 1e9) * 1e9
 

@@ -17,10 +17,7 @@ def status_mb(pid: int, field: str = "VmRSS") -> float:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds process `pid` has used, all threads (0.0 when it is gone).
-
-    Unlike wall time, this hardly moves with what else runs on the machine: a loaded host
-    slows a process down but does not bill it for the waiting."""
+    """User + system CPU seconds of process `pid`, all threads (0.0 when it is gone)."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
             fields = fh.read().rsplit(")", 1)[1].split()

@@ -1,15 +1,7 @@
 """Drivers that replay jobs against a mesh over HTTP (asyncio + httpx, streaming SSE).
 
-One turn = one streamed `POST /v1/completions` with `ignore_eos` and the traced length;
-its last chunk (`stream_options.include_usage` + `return_token_ids`) carries the cached
-tokens, where the prompt's KV came from (`dualpath_tiers`) and the generated ids that the next turn's prompt appends; every content chunk's arrival
-is kept (`TurnResult.stamps`: TTFT, TPOT, ITL and E2EL come from them). A job is a closed loop:
-turn i+1 starts when turn i ends.
-- offline: every job starts at t=0; JCT = last turn end.
-- online: job k starts at its Poisson arrival (rate `aps`) or its recorded arrival (Mooncake);
-  a run is stopped early, as the paper ends one, once its TTFT is past the limit (`stop_ttft_s`:
-  the mean TTFT of the last 8 turns), and says so in `RunResult.stopped`.
-Owns the HTTP client side and the progress bar; the numbers are summarised in metrics.py.
+One turn is one streamed completion; a job is a closed loop of turns. Offline, every job starts
+at t=0; online, at its arrival, and a run stops once its TTFT is past the limit.
 """
 from __future__ import annotations
 
@@ -52,7 +44,6 @@ class TurnResult:
 
     @property
     def itl(self) -> list[float]:
-        """Every gap between consecutive content chunks."""
         return [b - a for a, b in zip(self.stamps, self.stamps[1:])]
 
     @property
@@ -102,8 +93,7 @@ class ProgressBar:
 async def one_turn(client: httpx.AsyncClient, url: str, prompt: list[int], gen: int, mode: LoadMode,
                    t0: float, hints: dict | None = None, stamps_out: list[float] | None = None
                    ) -> tuple[TurnResult, list[int]]:
-    """Stream one completion; returns its timings and the generated token ids (each token's
-    arrival time, perf_counter, appended to `stamps_out` when given)."""
+    """Stream one completion; returns its timings and generated ids (arrival times into `stamps_out`)."""
     body = {"prompt": prompt, "max_tokens": gen, "temperature": 0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}, "return_token_ids": True, "dualpath_mode": mode}
     if hints:
@@ -208,11 +198,8 @@ def online(url: str, jobs: list[TraceJob], mode: LoadMode, aps: float, seed: int
 
 
 def together_step(stamps: list[list[float]], prompt: int) -> tuple[float, float] | None:
-    """(seconds per step, mean context tokens) of streams decoding side by side, from their
-    tokens' arrival times: only the window in which every stream was decoding counts (from the
-    last stream's first token to the first stream's last), so a stream that decoded alone
-    while the others were still in prefill does not pull the step down. None when the window
-    holds fewer than 3 tokens of some stream."""
+    """(seconds per step, mean context) of streams decoding side by side, counted only while all decode;
+    None when that window holds fewer than 3 tokens of some stream."""
     lo, hi = max(s[0] for s in stamps), min(s[-1] for s in stamps)
     steps, ctx = [], []
     for s in stamps:
@@ -226,15 +213,8 @@ def together_step(stamps: list[list[float]], prompt: int) -> tuple[float, float]
 
 def probe_rates(url: str, lo: int, hi: int, n_prompt: int = 256, n_gen: int = 16, batch: int = 4,
                 repeat: int = 2, long_ctx: int = 0, max_gen: int = 512) -> dict:
-    """One engine's rates, separated from the fixed costs (best of `repeat` fresh prompts each):
-    prefill tokens/s and fixed seconds per turn from TTFT at n_prompt / 4 and n_prompt tokens,
-    decode seconds per step alone and added per further sequence (`batch` streams at once),
-    and, with `long_ctx`, added per context token: `batch` streams behind `long_ctx`-token prompts
-    against `batch` behind short ones, so the difference is `batch` times one stream's (a single
-    stream's is a few microseconds on steps of milliseconds, lost in the noise). A batch's step
-    is timed only while all its streams decode (`together_step`); the long streams' prefills
-    finish apart, so they decode enough tokens to outlast that (up to `max_gen` and `long_ctx`:
-    the bench passes half the context a sequence may have; best of 2)."""
+    """One engine's rates, best of `repeat` fresh prompts: prefill tokens/s and fixed seconds per turn,
+    decode seconds per step and per further sequence, and with `long_ctx` per context token."""
     n_small = max(8, n_prompt // 4)
 
     async def ttft_tpot(client, n: int, k: int, gen: int = n_gen, reps: int = repeat) -> tuple[float, float, float]:

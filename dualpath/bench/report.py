@@ -1,11 +1,7 @@
 """The benchmark's outputs: a markdown report, the JSON document and PNG plots.
 
-JSON: {"trace": ..., "config": {...}, "runs": [one object per run (mode, load level, repeat); beside
-our figures, vLLM's keys for the same run (vllm_metrics.py)],
-"summary": medians over repeats (metrics.summary), "search": {mode: capacity, levels} (online
-search only)}. Plots (matplotlib, Agg backend):
-jct_by_mode.png (offline), ttft_tpot_vs_aps.png (online), storage_read_bytes.png (bytes
-read per node, its role named, over time: one panel per mode, one y axis). Owns formatting only.
+Plots: JCT by mode (offline), TTFT/TPOT against APS (online), bytes read per node over time.
+Owns formatting only.
 """
 from __future__ import annotations
 
@@ -270,8 +266,7 @@ def _online_figure(online: list[dict], plt):
 
 
 def storage_figure(doc: dict, plt):
-    """MB read per node over time, one panel per mode (its last run), all on one y axis so the modes
-    compare by eye; each node named with its role ("p0 (prefill)"). None when no run has a series."""
+    """MB read per node over time, one panel per mode, one y axis; None when no run has a series."""
     last = {r["mode"]: r for r in doc["runs"] if r.get("storage_series")}
     if not last:
         return None
@@ -295,8 +290,7 @@ def node_roles(mesh: dict) -> dict[str, str]:
 
 
 def node_label(node: str, roles: dict[str, str]) -> str:
-    """"p0 (prefill)": the node and its role, from `roles` or, for reports without them, from the
-    name `dualpath up` and the compose file give (p0, d1, prefill, decode); else the name alone."""
+    """"p0 (prefill)": the node and its role from `roles`, else guessed from the name; else the name alone."""
     role = roles.get(node) or next((r for r in ("prefill", "decode") if node == r or re.fullmatch(
         rf"{r[0]}\d+", node)), None)
     return f"{node} ({role})" if role and role != node else node

@@ -1,17 +1,7 @@
-"""One bench invocation's runs: each mode offline, `repeat` times, or each mode's online capacity
-search, level by level; every run's row with what it used (usage.py) and, offline, its bound.
+"""One bench invocation's runs: each mode offline `repeat` times, or each mode's online capacity search.
 
-Offline: repeat r runs every mode once, in an order rotated by r (slow drift of the machine
-hits every mode alike); each run replays fresh token contents (no run reuses another's KV).
-Online search: a level runs `repeat` times for each mode still searching (orders rotated);
-the level holds for a mode when the median of its repeats' steady mean TTFT and TPOT are
-within the SLO and none of them failed a turn or was stopped; the search then narrows by
-bisection (metrics.ApsSearch) to the precision asked. Each level replays at least
-`min_turns` turns and arrivals over `min_seconds` (more agents than `--agents` when a level
-needs them). Offline and at a
-fixed APS every agent-hint policy asked for runs once per mode and repeat (hints.py figures
-in its row; the search runs hints off). Owns the order of
-runs and their rows; the numbers are metrics.py's and bound.py's, the output report.py's.
+Orders are rotated per repeat; a search level holds when its repeats' medians are within the SLO,
+then bisects (metrics.ApsSearch). Owns run order and rows; numbers are metrics.py's and bound.py's.
 """
 from __future__ import annotations
 
@@ -161,7 +151,7 @@ def agents_for_turns(min_turns: int, agents: int, turns_per_agent: int) -> int:
 
 
 def agents_for_level(aps: float, min_seconds: float, min_turns: int, agents: int, turns_per_agent: int) -> int:
-    """Agents a level at `aps` replays: enough for `min_turns` turns and for arrivals spanning
-    `min_seconds` (aps x min_seconds agents), and never fewer than `agents`."""
+    """Agents a level at `aps` replays: enough for `min_turns` turns and `min_seconds` of arrivals,
+    at least `agents`."""
     return max(agents_for_turns(min_turns, agents, turns_per_agent), math.ceil(aps * min_seconds - 1e-9))
 

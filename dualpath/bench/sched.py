@@ -1,18 +1,7 @@
 """Scheduler micro-bench: dispatch rounds per second by cluster size, with requests in flight.
 
-    .venv/bin/python -m dualpath.bench.sched [--engines 8 64 512] [--inflight 10000] [--seconds 2]
-
-A round is the scheduler's own: the engine loads of every assignable engine of a
-`MeshView` (`placement.engine_loads`, read from the dispatcher's ledger), then one
-`Dispatcher.assign`. Between rounds the mesh moves on: `--arrivals` requests arrive,
-as many of the oldest finish, and the ones placed last round get their first token,
-so `--inflight` requests stay placed on the engines (half prefill, half decode, eight
-engines a node). The "kept" column keeps the engine lines between rounds as the scheduler
-does (`placement.Lines`: only what the ledger and read queues touched is refreshed); the
-"ledger" column builds them afresh each round (`engine_loads`, O(engines)); the "recount"
-column rebuilds them the former way, scanning every request in flight for every engine.
-Rounds are timed in CPU time (`process_time`), so a busy machine slows them less.
-No NATS, no model: the cost of the decision alone.
+A round is the scheduler's: engine loads, then one `Dispatcher.assign`; requests churn between
+rounds. Timed in CPU time; no NATS, no model.
 """
 from __future__ import annotations
 

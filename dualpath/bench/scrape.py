@@ -1,10 +1,4 @@
-"""Storage bytes read per node over time, scraped from every storage-gateway's /metrics.
-
-A `Scraper` polls `dualpath_storage_gateway_read_bytes_total{node=...}` and
-`dualpath_storage_gateway_blocks_total{outcome="read"}` of each gateway listed by `GET /v1/mesh`
-in a background thread; `window(t0, t1)` gives the bytes each node read between two
-moments and the KV bytes per block (for the lower bound). Owns nothing else.
-"""
+"""Storage bytes read per node over time, scraped from every storage-gateway's /metrics."""
 from __future__ import annotations
 
 import re
@@ -30,12 +24,8 @@ def parse_metrics(text: str) -> tuple[dict[str, float], float]:
 
 
 class Poller:
-    """A thread that polls a mesh's /metrics pages every `period_s` while the block runs.
-
-    Subclasses say which pages (`discover`, once, from /v1/mesh) and what one poll keeps
-    (`scrape_once`); a poll is also taken on entry and on exit. Every poll costs the polled
-    service a /metrics render (4-6 ms of CPU on the shared cores, in every mode alike), so the
-    bench polls twice a second; a run's byte counts come from polls at its edges, not the period."""
+    """Polls a mesh's /metrics pages every `period_s` in a thread, and on entry and exit; subclasses
+    name the pages (`discover`) and what a poll keeps (`scrape_once`)."""
 
     def __init__(self, url: str, period_s: float, name: str):
         self.url, self.period = url, period_s

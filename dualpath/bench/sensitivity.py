@@ -1,15 +1,7 @@
-"""Can an exactness test see one wrong KV block? Perturb the stored KV, watch the logprobs.
+"""Can an exactness test see one wrong KV block?
 
-`python -m dualpath.bench.sensitivity --model tiny` (seconds) or `--model smollm2 --sample 96`
-(a few minutes on a CPU). For each prompt of 8+ blocks: compute the prompt's KV once; then,
-for every single-block perturbation (one block, one layer, K or V; zeroed, swapped with the
-next block, or noised by 1% of its RMS), decode the unperturbed run's next N greedy tokens
-teacher-forced and take the largest |log-probability difference| against the unperturbed run.
-A perturbation counts as *detected* when that difference exceeds the exactness tolerance the
-mesh tests use. The model tier asserts >= 95% detected for `tiny`
-(tests/model/test_tiny_sensitivity.py); this prints the table for any model.
-
-All perturbed copies of one prompt decode together as one batch (each its own blocks).
+Perturbs one block of the stored KV at a time (zeroed, swapped or noised) and takes the largest
+logprob difference over a teacher-forced decode; detected when past the mesh tests' tolerance.
 """
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
 """Soak under faults: agents in closed loops near capacity while processes are killed and restarted.
 
-    .venv/bin/python -m dualpath.bench.soak [--minutes 3] [--agents 6] [--fault-every 20] [--json PATH]
-
-Every request must end as completed or as a clean error (an HTTP 4xx/5xx with a JSON
-body, or an SSE error event) within the client timeout; anything else is LOST. Prints
-the fault table (fault, requests in flight, completed, failed cleanly, lost, recovery
-time), each long-lived service's own memory (RssAnon) after warm-up vs at the end, and TTFT
-p50/p99 in the first vs the last window. Takes about a minute more than --minutes;
-each fault is reported on stderr as it is injected.
+Every request must complete or fail cleanly within the client timeout; anything else is LOST.
 """
 from __future__ import annotations
 
@@ -170,8 +163,7 @@ def torn_blocks(store: Path) -> list[str]:
 
 
 def run(minutes: float, agents: int, fault_every: float, warmup: float, min_faults: int = 0) -> dict:
-    """Soak for `minutes`, a fault every `fault_every` s, and at least `min_faults` faults however
-    long their recoveries take (a test that needs every kind of fault asks for len(FAULTS))."""
+    """Soak for `minutes`, a fault every `fault_every` s, and at least `min_faults` faults."""
     deadline = "4"  # transfer deadlines (the defaults are 30 s): a dead peer is given up on quickly
     extra = {"scheduler": {"liveness-timeout-s": "2", "assign-timeout-s": "20"},
              "prefill_engine": {"handoff-timeout-s": deadline}, "decode_engine": {"load-timeout-s": deadline},

@@ -1,8 +1,6 @@
 """The bench's prompt-token tiers: each run's prompt tokens by where their KV came from.
 
-Summed from every successful turn's `usage.prompt_tokens_details.dualpath_tiers` (computed,
-engine, buffer, storage_pe, storage_de: docs/reference/metrics.md#prompt-token-tiers); a mode's
-hits land on its own tiers (basic: storage_pe; oracle: engine). Pure: dicts in, lines out.
+Summed from every successful turn's `dualpath_tiers`. Pure: dicts in, lines out.
 """
 from __future__ import annotations
 
@@ -10,8 +8,7 @@ from shared.tiers import NAMES
 
 
 def sums(turns) -> dict[str, int]:
-    """Per-tier sums over `turns` (TurnResult-like, with `tiers`), plus `turns_without_tiers`:
-    turns whose usage had no split (an engine that does not say), left out of the sums."""
+    """Per-tier sums over `turns`, plus `turns_without_tiers` (left out of the sums)."""
     out = {name: 0 for name in NAMES}
     without = 0
     for t in turns:

@@ -1,12 +1,7 @@
 """What one bench run used, read from the mesh's own counters: the terms of its lower bound.
 
-`snapshot(mesh)` reads, at one moment, every announced process's counters (`GET /v1/mesh` lists
-them with their /metrics URLs and pids): per node the storage bytes read and written
-(`storage_gateway_{read,write}_bytes_total`), per prefill engine its compute seconds (forward
-time not spent waiting for stored KV), per decode engine its step seconds, the data-plane
-bytes every traffic-manager moved between engines (PD push, DE-path pulls), and, for the
-processes on this host, their CPU seconds (/proc/<pid>/stat). `used(a, b)` is what happened
-between two snapshots. Owns the parsing; knows nothing about bounds.
+`snapshot(mesh)` reads every announced process's counters at one moment; `used(a, b)` is what
+happened between two snapshots. Owns the parsing; knows nothing about bounds.
 """
 from __future__ import annotations
 

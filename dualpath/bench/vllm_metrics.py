@@ -1,8 +1,7 @@
-"""A run's figures under `vllm bench serve`'s JSON keys and definitions. A request is a turn
-that did not fail; ttft, e2el: its start to its first, last content chunk; tpot: (e2el - ttft) /
-(tokens - 1), one-token requests left out (goodput takes them as 0); itl: every gap between
-consecutive chunks, pooled. In ms: numpy mean, median, std, percentiles (0 with no values, as
-vLLM gives). Goodput: requests/s meeting every SLO given. Pure."""
+"""A run's figures under `vllm bench serve`'s JSON keys and definitions.
+
+A request is a turn that did not fail; times in ms as vLLM gives them. Pure.
+"""
 from __future__ import annotations
 
 import math

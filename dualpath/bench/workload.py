@@ -1,12 +1,7 @@
 """What the benchmark replays: traces -> per-mode jobs of token-id turns.
 
-A `TraceJob` is one agent (or one Mooncake request): turns of (append token ids, generated
-length). Turn i+1's prompt is turn i's prompt + turn i's generated ids + its own append,
-so the replayer, not this module, fills in the generated ids. Every (mode, job) draws its
-appended tokens from its own seed, so the copies that different modes replay share no
-stored prefix; a Mooncake request maps hash ids to blocks salted by the mode, which keeps
-sharing within a mode and none across modes. Owns trace loading (`--trace` specs) and
-token content; knows nothing about HTTP.
+Each (mode, job) draws its tokens from its own seed, so modes share no stored prefix; the
+replayer fills in generated ids. Owns trace loading and token content, not HTTP.
 """
 from __future__ import annotations
 
@@ -72,9 +67,8 @@ def token_range(model: str, vocab_size: int) -> tuple[int, int]:
 
 def load(spec: str, agents: int | None, scale: float, seed: int = 0, time_scale: float = 1.0,
          tool_scale: float = 0.0) -> Workload:
-    """`gen:32k` | `gen:48k` | `gen:64k` | `mooncake:PATH` | PATH (trajectory JSONL). With `tool_scale`
-    > 0 every gap between turns is a tool call: the file's own `tool_ms` where it has them, else
-    generated ones (dualpath.traces.with_tool_calls), times `tool_scale`."""
+    """`gen:32k` | `gen:48k` | `gen:64k` | `mooncake:PATH` | PATH (trajectory JSONL); with `tool_scale`
+    > 0 every gap between turns is a tool call."""
     if spec.startswith("mooncake:"):
         from dualpath.traces.mooncake import read_mooncake
 
@@ -103,8 +97,7 @@ def _scaled(t: Trajectory, scale: float) -> Trajectory:
 
 
 def mode_salt(mode: LoadMode) -> int:
-    """The seed salt of one mode's token content: CRC-32 of its name, so it is the same in every
-    process and does not move when modes are added or reordered."""
+    """The seed salt of one mode's token content: CRC-32 of its name (stable across processes and orders)."""
     return zlib.crc32(LoadMode(mode).value.encode())
 
 

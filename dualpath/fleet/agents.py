@@ -1,13 +1,7 @@
 """The agent load of the fleet benchmark: agents replaying trajectories over HTTP, one turn at a time.
 
-Owns the client side: `population` agent slots, each replaying trajectories of the trace
-generator (dualpath.traces) turn after turn against the scheduler's `/v1/completions` (token-id
-prompts, `max_tokens` = the turn's generated length, `ignore_eos`), as the paper's online agents
-do. Turn i+1's prompt is turn i's prompt, the tokens the fleet generated for it (known without
-asking: `store.generated_token`) and the turn's append, so a turn hits what the last one stored.
-Warm start: each slot's first agent begins at a random turn (its context a miss), so the request
-rate is the steady state's from the first seconds rather than after a whole trajectory; later
-agents begin at turn 0 (its earlier turns are put in the store first, as if they had run). A prompt's JSON is kept as bytes and extended, never rebuilt.
+Each turn's prompt extends the last (the fleet's generated tokens are known without asking),
+so it hits what the last one stored. Slots warm-start at a random turn, so the rate is steady at once.
 """
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """An emulated decode engine: admissions, the running batch and its steps, timed by the compute model.
 
-Owns one engine's intake (`DecodeAdmit` on `de.<id>.admit`, answered with an `Ack` as the real
-engine does), admission by free KV memory (prompt + tokens to generate, FIFO), the KV load's
-time, and the continuous batch: every step waits `FleetTiming.decode_step_s` for the batch and
-publishes one `StepEvents` per output subject with one token per sequence, as the real engine
-does. A finished sequence's blocks go to the store index (what the real engine persists).
+Speaks the real engine's protocol (`DecodeAdmit` in, `StepEvents` out); a finished sequence's
+blocks go to the store index.
 """
 from __future__ import annotations
 

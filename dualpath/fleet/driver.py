@@ -1,14 +1,7 @@
 """The fleet benchmark's driver: NATS, the real scheduler, emulator processes, agents, measurement.
 
-Owns one run at one fleet size: an embedded nats-server (JetStream on, as `dualpath up` runs it,
-and its monitoring port for message counts), the real scheduler as its own process
-(`python -m services.scheduler`, its listening socket bound here), the emulator processes
-(dualpath.fleet.group, nodes dealt round-robin), and the agents (agents.py) in this process.
-After `warmup_s` of load it snapshots, after `measure_s` more it snapshots again; the figures
-are the differences: assignments per second, arrival-to-assignment time (the client's send to
-the emulated prefill engine's receipt, both on this machine's monotonic clock; and the
-scheduler's own histogram), CPU of every process from /proc/<pid>/stat, bus messages from the
-server's /varz and the scheduler connection's /connz.
+Owns one run at one fleet size; its figures are the differences between snapshots taken after
+`warmup_s` and after `measure_s` more (/proc, the scheduler's metrics, NATS's /varz and /connz).
 """
 from __future__ import annotations
 
@@ -125,8 +118,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def paper_rate(spec: FleetSpec, stats) -> tuple[float, float]:
-    """(agents/s, requests/s) at `spec.load` x the paper's per-engine agent load; in steady state
-    every agent that arrives runs all its turns (`stats`: the trace's)."""
+    """(agents/s, requests/s) at `spec.load` x the paper's per-engine agent load (`stats`: the trace's)."""
     aps = PAPER_APS * spec.engines / PAPER_ENGINES * spec.load
     return aps, aps * stats.turns
 
@@ -198,9 +190,7 @@ class Fleet:
             self.pin(s.core_cpu)
 
     def pin(self, cpu: int) -> None:
-        """The dispatch core alone on `cpu`; NATS, the emulators, the front-door workers and this
-        driver (the agents or the synthetic front door) on the other CPUs: the core as a deployment
-        would run it, on a core of its own."""
+        """The dispatch core alone on `cpu`; NATS, the emulators, the workers and this driver elsewhere."""
         self.affinity = os.sched_getaffinity(0)
         rest = self.affinity - {cpu}
         core = self.procs["scheduler"].pid

@@ -1,16 +1,7 @@
 """A synthetic front door: a front-door worker's messages to the dispatch core, at any rate, no HTTP.
 
-Owns driving the real dispatch core as its front-door workers do (services/scheduler/wire.py)
-without their own cost (HTTP, JSON, tokenizing, the token relay) or any engine's work, so the
-core can be driven at the paper's request rate on a machine that could not run the agents or
-workers for it: `Submit`s at Poisson arrival times with the trace's prompt lengths, one block key
-per full block and the store's count of them (as a worker sends it after its hit lookup); for
-each `Forward` the core sends back, the attempt's `PrefillOver` once its read and prefill would
-be over and its `Done` (every generated id) once its turn would be, timed by the simulator's
-compute model (`FleetTiming`), so the core holds as many requests in flight as the paper's
-cluster at that rate. Sends are paced in ticks of `TICK_S` (arrivals due in a tick go
-together, as they reach a real core). Measured here: each request's time from its `Submit` to
-its `Forward` (the core's queueing and dispatch round, two bus hops).
+Sends `Submit`s at Poisson arrivals and answers each `Forward` with `PrefillOver` and `Done`
+timed by `FleetTiming`, so the core holds the paper's load; measures Submit-to-Forward time.
 """
 from __future__ import annotations
 
@@ -111,8 +102,7 @@ class SyntheticFront:
 
 
 async def core_name(bus: Bus, subjects: Subjects, timeout: float = 30.0) -> str:
-    """The dispatch core's instance: the scheduler announcing into the registry (its workers
-    announce to it, not there)."""
+    """The dispatch core's instance: the scheduler announcing into the registry (not its workers)."""
     from shared.messages.registry import Announce, SchedulerAnnounce
     found: asyncio.Future = asyncio.get_running_loop().create_future()
 
@@ -127,9 +117,7 @@ async def core_name(bus: Bus, subjects: Subjects, timeout: float = 30.0) -> str:
 
 
 async def drive_core(fleet, rate: float | None = None) -> dict:
-    """One run of `fleet` (started, its scheduler with front-door workers) driven by a synthetic
-    front door at `rate` requests/s (None: its spec's load of the paper's): warm-up, then the
-    measured window; the core's figures."""
+    """One run of `fleet` driven at `rate` requests/s (None: its spec's load); the core's figures."""
     from dualpath.fleet.driver import PER_NODE, hist_quantile, histogram, paper_rate, percentile
     from dualpath.traces import trace_stats
     from dualpath.fleet.group import fleet_layout

@@ -1,17 +1,7 @@
 """One emulator process: many emulated engines, their traffic-managers' and gateways' announcements.
 
-Owns one asyncio loop and one NATS connection for every node it is given (`--nodes
-p0:prefill:8,d0:decode:8`): per node a storage-gateway, per engine an engine and its
-traffic-manager, each announcing on `{ns}.hb` every `heartbeat_s` with its own phase, as the
-real services do (none is merged; an unchanged one goes out as a keepalive every
-`--quiet-beats` + 1 beats, by the services' own `Beats` rule); the gateways answer hit queries on
-`{ns}.storage_gateway.any.hit` (queue group `hit`, as the real ones) from the store index; the
-engines (prefill.py, decode.py) serve their subjects. Emulator-only subjects: `{ns}.fleet.stored`
-(store keys shared between processes) and `{ns}.fleet.dump.<name>` (write what was measured to
-`--out` and answer). Stops on SIGTERM, announcing `leaving` for everything it ran.
-
-    python -m dualpath.fleet.group --nats-url nats://127.0.0.1:4222 --namespace dp --name g0 \
-        --nodes p0:prefill:8,d0:decode:8 --decode-engines 8 --out /tmp/fleet
+One asyncio loop and one NATS connection for every node given; each service announces as the real
+one does, gateways answer hit queries, engines serve their subjects. Stops on SIGTERM.
 """
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
 """An emulated prefill engine: the real engine's bus protocol, its compute replaced by waiting.
 
-Owns one engine's intake (`PrefillWork` on `pe.<id>.work`), its FIFO of ready prompts, its
-forwards (planned by the real intra-PE policy under the compute quota, timed by `FleetTiming`),
-the first token on the request's output subject, and the hand-off: the KV transfer's time, then
-a real `DecodeAdmit` request to the decode engine (which may live in another emulator process).
-Hit KV is "read" through the node's storage queue (`Host.read_done_at`). What the scheduler sees
-is what a real prefill engine sends; the traffic-manager and gateway messages between engines
-are left out (the scheduler never sees them).
+Forwards are planned by the real intra-PE policy and timed by `FleetTiming`; the hand-off is a
+real `DecodeAdmit`. Messages the scheduler never sees are left out.
 """
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""The fleet run's processes as /proc sees them: CPU seconds of a process and its children,
-and the CPUs a process's threads may run on (`--core-cpu`).
+"""The fleet run's processes as /proc sees them: CPU seconds and CPU affinity.
 
-Owns: `cpu_s`, `children`, `children_cpu_s`, `set_affinity`. Reads and sets; starts nothing.
+Reads and sets; starts nothing.
 """
 from __future__ import annotations
 

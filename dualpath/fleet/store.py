@@ -1,15 +1,7 @@
 """The emulated store: which block keys are stored, and the tokens emulated engines generate.
 
-A real store is one shared file system: a block a decode engine persists on one node is a hit
-for a gateway on any node. The emulator keeps that index per emulator process and shares new
-keys between processes (`StoredKeys` batches on `{ns}.fleet.stored`, an emulator-only subject
-the scheduler never sees: shared/messages/fleet.py). Emulated decode engines "generate" token ids that are a function of
-the position and of the context's first token (`generated_token`), so an agent can build its
-next turn's prompt, and so its keys, without asking for token ids back. Pure.
-
-Example: a prompt of 130 tokens (block 64: keys k0, k1) finishes after 20 generated tokens:
-`extend_keys([k0, k1], tokens 128..149)` keys no more (block 2 is not full); after 60 it keys
-block 2, and the store then answers 3 leading hits for a next turn that starts with those 188.
+Each emulator process keeps the index and shares new keys (`StoredKeys`); generated ids are a
+function of position and the context's first token, so agents build next prompts unasked. Pure.
 """
 from __future__ import annotations
 
@@ -56,9 +48,7 @@ class StoreIndex:
 
 
 def extend_keys(keys: Sequence[bytes], tokens: Sequence[int], block: int, fingerprint: bytes) -> list[bytes]:
-    """Keys of the full blocks of `tokens`, which continue a context whose first blocks `keys` name
-    (chained from its last key; from the fingerprint when there is none): what a real decode
-    engine persists as blocks fill."""
+    """Keys of the full blocks of `tokens`, chained on from `keys` (else from the fingerprint)."""
     out, parent = [], keys[-1] if keys else fingerprint
     for i in range(len(tokens) // block):
         parent = chain_hash(parent, tokens[i * block:(i + 1) * block])

@@ -1,14 +1,6 @@
-"""Engine timings for the fleet emulator, from the simulator's compute model (dualpath.sim.models).
+"""Engine timings for the fleet emulator, from the simulator's compute model.
 
-Owns the few numbers an emulated engine waits for: a prefill forward (the policy's attention
-model plus the linear layers per new token), a storage read of hit KV through a node's storage
-NIC, the PD transfer of a prompt's KV over one compute NIC, the decode step of a batch (HBM-bound
-over weights and KV, plus the step overhead), and a decode engine's KV capacity. Pure: the
-callers sleep.
-
-Example (DeepSeek-V3.2 660B on H800 nodes, 768 decode GPUs): a turn with 32,000 cached and 429
-new tokens prefills in ~67 ms; reading its 1.4 GB of hit KV takes ~31 ms of a node's SNIC; a
-decode step of 16 sequences of 33K context takes ~23 ms (EP domains of 4 nodes).
+Prefill forward, storage read, PD transfer, decode step and KV capacity. Pure: the callers sleep.
 """
 from __future__ import annotations
 
@@ -57,7 +49,7 @@ class FleetTiming:
         return tokens * self.model.kv_bytes / self.hw.cnic_bw * self.scale
 
     def decode_step_s(self, batch: int, ctx_sum: int, capped_sum: int) -> float:
-        """Compute, or the step's collectives over one compute NIC when they take longer (as the simulator)."""
+        """Compute, or the step's collectives over one compute NIC when they take longer."""
         if batch == 0:
             return 0.0
         compute = self.model.decode_compute_s(batch, ctx_sum, capped_sum)
@@ -72,8 +64,8 @@ class FleetTiming:
         return self.model.kv_capacity_tokens()
 
     def pe_thresholds(self, hit_ratio: float, alpha_s: float = 3.0, beta_s: float = 5.0) -> tuple[int, int]:
-        """Algorithm 1's (alpha, beta) as the simulator sets them: alpha = tokens a node reads from
-        storage in `alpha_s`; beta = prompt tokens (hits included) one PE handles in `beta_s`."""
+        """Algorithm 1's (alpha, beta): tokens a node reads in `alpha_s`, prompt tokens
+        (hits included) a PE handles in `beta_s`."""
         alpha = int(self.hw.snic_bw / self.model.kv_bytes * alpha_s)
         per_new = self.model.prefill_tokens_per_s(16384, 512)
         return alpha, int(per_new / max(1.0 - hit_ratio, 0.01) * beta_s)

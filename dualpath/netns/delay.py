@@ -1,17 +1,7 @@
 """`python -m dualpath.netns.delay --queue N --ms D`: hold each queued packet D ms, then pass it.
 
-Owns the link-delay emulation for kernels without `netem` (this machine's has tbf and
-htb but no netem): an iptables NFQUEUE rule (links.py) parks each packet leaving a
-host's link in the kernel; this process, run inside that host's namespace, hears only
-its metadata over netfilter netlink (copy mode META: the bytes never leave the kernel)
-and accepts packets in arrival order once they are D ms old, with one batch verdict for
-every packet that came due. The rule is `--queue-bypass` and the queue fail-open, so
-should this process die the link passes packets undelayed instead of blackholing.
-
-Netlink protocol (nfnetlink_queue, all numbers big-endian inside the payloads):
-    -> CONFIG  cmd BIND (pf AF_INET), params (copy META), flags FAIL_OPEN|GSO, maxlen
-    <- PACKET  hdr(packet_id, hw_proto, hook) ...     (one per queued packet)
-    -> VERDICT_BATCH  verdict ACCEPT, id = highest packet id that is D ms old
+For kernels without `netem`: an NFQUEUE rule (links.py) parks packets in the kernel, and this
+process accepts them over netfilter netlink once D ms old. The queue fails open.
 """
 from __future__ import annotations
 

@@ -1,20 +1,7 @@
 """Hosts on one machine: network namespaces joined by veth links to a bridge, made and torn down.
 
-Owns the namespaces, links and addresses of one emulated network (`Fabric`), the probe
-that says whether one can be made here (`probe`), and the reaper of fabrics whose
-creating process died (`reap_orphans`). Link shaping and faults are links.py's.
-
-Layout of the fabric `dpn-4242-0` (creator pid 4242, its first fabric), subnet
-198.18.7.0/24 (RFC 2544's benchmarking range; the switch namespace has no link to the
-machine's own network, so no packet of a fabric can leave it):
-    dpn-4242-0-sw      the switch: bridge br0, ports p1, p2, ... and p0 (the uplink)
-    dpn-4242-0-<host>  one per host: eth0 = 198.18.7.<i> (veth to port p<i>), lo
-    this namespace     uplink dpn4242k0 = 198.18.7.254 (veth to p0): tests and
-                       `dualpath up` reach every host's listeners from here
-Every name starts with `dpn-<pid>-`: `reap_orphans()` deletes the namespaces of dead
-creators (deleting a namespace deletes its veths, so the uplink goes too) after killing
-what still runs inside them. Subnets are picked under a lock file, so concurrent runs
-on one machine never share one.
+Owns one emulated network's namespaces, links and addresses (`Fabric`), `probe` and `reap_orphans`;
+shaping and faults are links.py's. Names start with `dpn-<pid>-`; subnets never leave the switch.
 """
 from __future__ import annotations
 
@@ -117,7 +104,7 @@ def leftovers(pid: int | None = None) -> list[str]:
 
 
 class Fabric:
-    """One emulated network (see module docstring). `add_host` as many times as needed; `close()`."""
+    """One emulated network: `add_host` as many times as needed, then `close()`."""
 
     def __init__(self) -> None:
         global _count

@@ -1,21 +1,7 @@
 """What a fabric's links do to packets: a kernel rate limit, a delay, loss, a cut.
 
-Owns the `tc`, `nft` and `iptables` state of one fabric's links (`Links`). Each rule is
-the kernel's, applied to real TCP between hosts:
-- rate: `tc tbf` on both ends of a host's link (host eth0 egress, its switch port's
-  egress = the host's ingress), so a host sends and receives at most `gbps`;
-- delay: `delay_ms` added to every packet a host sends (like `netem delay` on its eth0;
-  this kernel has no netem, so an NFQUEUE rule parks the packets in the kernel and
-  delay.py releases them in order once they are old enough);
-- loss: `nft` in the switch drops each packet to or from the host's port with
-  probability `loss_pct` (both directions);
-- cut: the switch drops every packet to or from the port (the cable is pulled; nothing
-  tells the endpoints, TCP retransmits until `restore`).
-The switch's rules are rewritten whole from `self.state` on each change, so they are
-always exactly what the state says.
-
-Example: `links.shape(h, gbps=10, delay_ms=0)` at start; `links.cut(h)` ... 10 s ...
-`links.restore(h)`; `links.set_loss(h, 5)`; `links.set_delay(h, 50)`; `links.clear(h)`.
+Owns the `tc`, `nft` and `iptables` state of one fabric's links (`Links`); the switch's rules are
+rewritten whole from `self.state` on each change.
 """
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
 """Entering a network namespace: a command line prefix for processes, setns for this thread.
 
-Owns the two ways code gets into a namespace made by `fabric.py`: a child process is
-started under `ip netns exec <ns>` (`exec_argv`; the pid stays the child's own), and a
-socket this process needs inside a namespace (the scheduler's listener the launcher
-binds) is created while the calling thread is switched into it (`entered`, setns(2) on
-the thread only; it switches back before returning, so no await may run inside).
-
-Example: `with entered("dp-4242-sched"): sock = bind_socket("198.18.3.2", 0, "port")` ->
-a listener in that namespace; `exec_argv("dp-4242-p0", ["python", "-m", "services.x"])`
--> ["ip", "netns", "exec", "dp-4242-p0", "python", "-m", "services.x"].
+`entered` switches only the calling thread and back before returning, so no await may run inside.
 """
 from __future__ import annotations
 

@@ -1,16 +1,7 @@
 """Where a mesh's processes run when hosts are network namespaces (`MeshSpec(netns=True)`).
 
-Owns `MeshNet`: one fabric (fabric.py) with a host for NATS, one for the scheduler and
-one per node (its gateway, engines and traffic managers), each node's link shaped to
-the compute-NIC rate and latency the spec names (links.py). The launcher (mesh.py) asks
-it where a process goes: `argv` prefixes the command with `ip netns exec`, `ip` is the
-address its listeners bind and announce, `entered` binds a socket in a host's namespace.
-Traffic managers on different nodes then see different `host_id`s (the network
-namespace is part of it), so KV between nodes moves over real TCP at the kernel's rate.
-
-Example: `net = MeshNet(gbps=10, latency_ms=0.5)`; `net.node("p0")` -> Host p0 at
-198.18.7.3, its link 10 Gbit/s both ways, +0.5 ms on what it sends;
-`net.argv("p0", [python, "-m", "services.traffic_manager", ...])`; `net.close()`.
+`MeshNet`: one fabric with a host for NATS, one for the scheduler and one per node, each link
+shaped to the spec's rate and latency; the launcher asks it for `argv`, `ip` and `entered`.
 """
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""Attention TP x DP layouts of P cards (docs/parallelism.md#attention-tp-or-dp).
+"""Attention TP x DP layouts of P cards (docs/concepts/parallelism.md#attention-tp-or-dp).
 
-For attention TP = t and DP = p (t*p = P), per card: KV copies (MLA: t, one latent per
-TP rank; GQA: t / min(t, n_kv), KV heads are split until they run out), KV bytes =
-(B/p) * ctx * kv_b * copies / t, the attention projection weights W/t, and the
-layout-change traffic around attention (reduce-scatter to the MoE layout and the
-all-gather back): 2 * c_t * (B/p) * d, c_t = (t-1)/t. Attention compute per card is
-B/P in every layout, and the MoE all-to-all (dispatch + combine, 2 * k * c * B/P * d
-per card) is the same in all of them.
-Memory rule (MLA): per card W/t + KV_total*t/P is least at t* = sqrt(W * P / KV_total).
+Per card: KV copies and bytes, attention weights W/t and the layout-change traffic; MLA's
+memory is least at t* = sqrt(W * P / KV_total).
 """
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
-"""Usable HBM per card and the batch it holds (docs/parallelism.md#memory-capacity-and-batch).
+"""Usable HBM per card and the batch it holds (docs/concepts/parallelism.md#memory-capacity-and-batch).
 
-usable = HBM - weights on the card - graph/comm/scratch buffers - margin;
-B_memory = usable / (state + KV bytes per request on this card);
+usable = HBM - weights - buffers - margin; B_memory = usable / (state + KV per request);
 B_run = min(B_memory, B_SLO, available concurrency).
-Weights on a card: routed experts / EP (EP = the whole domain), every other part
-/ attention TP (embeddings, norms and router replicated); FP8 scales and the BF16
-parts are counted (see dtypes). A request's KV on a card is ctx * kv_b * copies / t
-(MLA keeps one latent copy per TP rank), plus V3.2 indexer keys.
 """
 from __future__ import annotations
 

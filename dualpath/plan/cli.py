@@ -1,9 +1,4 @@
-"""`dualpath plan ...`: argparse wiring for the planner (no calculations here).
-
-`register(subparsers)` adds `plan` with subcommands pd, attention, moe, capacity, cp,
-pp; each prints a table, or with `--json` the result as JSON. Calculation modules are
-imported inside the handlers so `dualpath --help` stays fast.
-"""
+"""`dualpath plan ...`: argparse wiring for the planner (no calculations here)."""
 from __future__ import annotations
 
 import argparse
@@ -146,7 +141,7 @@ def _add(sub: Any, name: str, fn: Callable, help_: str) -> argparse.ArgumentPars
 
 
 def _register_pd_attention(sub: Any) -> None:
-    p = _add(sub, "pd", cmd_pd, "safe P/D node-ratio window (docs/design.md#the-pd-ratio-window)")
+    p = _add(sub, "pd", cmd_pd, "safe P/D node-ratio window (docs/concepts/design.md#the-pd-ratio-window)")
     p.add_argument("--gpus-per-node", type=pos_int, required=True, help="g: GPUs (engines) per node")
     p.add_argument("--snic", type=pos_float, required=True,
                    help="s: a node's total SNIC bandwidth in units of one CNIC's bandwidth")
@@ -154,7 +149,7 @@ def _register_pd_attention(sub: Any) -> None:
     p.add_argument("--dram-gbs", type=pos_float, required=True, help="M: DRAM GB/s per node")
     p.add_argument("--ratio", type=pos_float, help="also show each link's load at this P/D")
     p = _add(sub, "attention", cmd_attention, "attention TP x DP layouts of P cards "
-                                              "(docs/parallelism.md#attention-tp-or-dp)")
+                                              "(docs/concepts/parallelism.md#attention-tp-or-dp)")
     _model_args(p)
     p.add_argument("--cards", type=pos_int, required=True, help="P: cards in the attention domain")
     p.add_argument("--batch", type=pos_int, required=True, help="B: global decode batch")
@@ -165,7 +160,7 @@ def _register_pd_attention(sub: Any) -> None:
 
 
 def _register_moe_capacity(sub: Any) -> None:
-    p = _add(sub, "moe", cmd_moe, "MoE-TP vs MoE-EP over one domain (docs/parallelism.md#moe-tp-or-ep)")
+    p = _add(sub, "moe", cmd_moe, "MoE-TP vs MoE-EP over one domain (docs/concepts/parallelism.md#moe-tp-or-ep)")
     _model_args(p)
     p.add_argument("--ep", type=pos_int, required=True, help="P_EP: the MoE domain size")
     p.add_argument("--batch", type=pos_int, required=True, help="B: tokens per step in the domain")
@@ -173,7 +168,7 @@ def _register_moe_capacity(sub: Any) -> None:
     p.add_argument("--block-m", type=pos_int, default=128, help="GEMM tile height BM")
     p.add_argument("--weight-dtype", choices=DTYPES, default="fp8", help="weight element type")
     p = _add(sub, "capacity", cmd_capacity, "usable HBM per card and B_memory "
-                                            "(docs/parallelism.md#memory-capacity-and-batch)")
+                                            "(docs/concepts/parallelism.md#memory-capacity-and-batch)")
     _model_args(p)
     p.add_argument("--cards", type=pos_int, required=True, help="P (also the EP size)")
     p.add_argument("--hbm", type=pos_float, required=True, help="HBM per card, GB")
@@ -190,14 +185,14 @@ def _register_moe_capacity(sub: Any) -> None:
 
 def _register_cp_pp(sub: Any) -> None:
     p = _add(sub, "cp", cmd_cp, "context parallelism routes and DCP limits "
-                                "(docs/parallelism.md#context-parallelism-for-long-prefill)")
+                                "(docs/concepts/parallelism.md#context-parallelism-for-long-prefill)")
     _model_args(p)
     p.add_argument("--cards", type=pos_int, required=True, help="N: CP degree")
     p.add_argument("--seq", type=pos_int, required=True, help="T: prefill length")
     p.add_argument("--tp", type=int, default=0, help="decode TP group for DCP (default N)")
     p.add_argument("--batch", type=pos_int, default=1, help="decode batch for DCP traffic")
     p = _add(sub, "pp", cmd_pp, "pipeline stage split and prefill chunk split "
-                                "(docs/parallelism.md#pipeline-parallelism)")
+                                "(docs/concepts/parallelism.md#pipeline-parallelism)")
     p.add_argument("--layers", type=pos_int, required=True, help="L: model layers")
     p.add_argument("--stages", type=pos_int, required=True, help="p: pipeline stages")
     p.add_argument("--tail", type=float, default=0.0, help="beta: last-stage tail in stages")
@@ -209,7 +204,7 @@ def _register_cp_pp(sub: Any) -> None:
 def register(subparsers: Any) -> None:
     plan = subparsers.add_parser("plan", help="parallelism planner (P/D window, TP/DP/EP/CP/PP)",
                                  description="Parallelism planner: the method is explained in "
-                                             "docs/parallelism.md, the P/D window in docs/design.md")
+                                             "docs/concepts/parallelism.md, the P/D window in docs/concepts/design.md")
     sub = plan.add_subparsers(dest="plan_command", metavar="WHAT")
     sub.required = True
     _register_pd_attention(sub)

@@ -1,12 +1,7 @@
-"""Context parallelism for long prefill and DCP for decode (docs/parallelism.md).
+"""Context parallelism for long prefill and DCP for decode (docs/concepts/parallelism.md).
 
-Per card per layer, N = CP degree, c = (N-1)/N, in elements of the hidden state:
-  Ring (pass-KV)       comm 2c*T*d        activation T*d/N   no head limit
-  Ulysses              comm 4c*T*d/N      activation T*d/N   N <= H, H % N == 0, not MLA
-  split + all-gather   comm c*T*d         activation T*d     no head limit
-Causal balance: contiguous chunks leave the last card ~2x the mean; zigzag (chunk j
-and 2N-1-j) and interleave (token p on card p mod N) are balanced.
-DCP: position p on card p mod N; degree limit GQA N <= TP/n_kv, MLA N <= TP.
+Ring, Ulysses and split + all-gather: per-card traffic, activation and head limits; causal
+balance of contiguous, zigzag and interleaved chunks.
 """
 from __future__ import annotations
 
@@ -79,7 +74,6 @@ def _range_work(a: int, b: int) -> int:
 
 
 def causal_work(seq: int, cards: int, scheme: str) -> tuple[int, ...]:
-    """Per-card causal work for a partition scheme of `seq` tokens over `cards`."""
     if scheme == "contiguous":
         cuts = [seq * r // cards for r in range(cards + 1)]
         return tuple(_range_work(cuts[r], cuts[r + 1]) for r in range(cards))

@@ -1,8 +1,6 @@
 """Bytes per element for the dtype names the planner accepts, and weight bytes.
 
-Low-bit weights count their scales and unquantised parts (docs/parallelism.md,
-memory capacity): FP8 checkpoints (DeepSeek-style) keep 128x128 block scales in FP32 for
-every quantised matrix, and store embeddings, lm_head, norms and the router in BF16.
+FP8 checkpoints count their 128x128 FP32 block scales and the parts kept in BF16.
 """
 from __future__ import annotations
 
@@ -37,7 +35,6 @@ def attention_weight_bytes(arch: ModelArch, dtype: str) -> float:
 
 
 def part_bytes(p: ParamCounts, dtype: str) -> dict[str, float]:
-    """Weight bytes by part for a checkpoint stored in `dtype`."""
     lin, raw = linear_bytes(dtype), unquantised_bytes(dtype)
     return {
         "attention": p.attention * lin,

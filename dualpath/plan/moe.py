@@ -1,13 +1,7 @@
-"""MoE-TP vs MoE-EP over one domain of P cards (docs/parallelism.md#moe-tp-or-ep).
+"""MoE-TP vs MoE-EP over one domain of P cards (docs/concepts/parallelism.md#moe-tp-or-ep).
 
-Symbols: B global batch (tokens per step), k experts per token, E routed experts,
-N the expert intermediate size. MoE-TP splits every expert's N by P; MoE-EP keeps
-whole experts, E/P per card.
-  r = k / P                    EP all-to-all bytes / TP all-gather + reduce-scatter
-  tile fill (N direction)      N/P against the GEMM tile width BN (TP), N (EP)
-  u(B) = E * (1 - exp(-B*k/E)) expected distinct experts hit by B tokens
-  M_e = B*k/E                  rows per expert (= B_local * P * k / E)
-  activation per card          [B*k, d] under TP, [B*k/P, d] under EP
+Traffic ratio r = k / P, tile fill, experts hit u(B) = E * (1 - exp(-B*k/E)), rows per
+expert and activation per card.
 """
 from __future__ import annotations
 

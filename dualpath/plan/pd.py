@@ -1,13 +1,7 @@
-"""The bottleneck-free P/D ratio window (docs/design.md#the-pd-ratio-window).
+"""The bottleneck-free P/D ratio window (docs/concepts/design.md#the-pd-ratio-window).
 
-A node has g GPUs, each with a CNIC of bandwidth B; the node's SNICs total B*s; M is
-a node's DRAM bandwidth. Loads below are fractions of each link's capacity for a
-prefill:decode node ratio x = P/D, with every SNIC saturated:
-  PE CNIC read   2s/g                   (needs 2s <= g, independent of x)
-  PE CNIC write  (s/g)(1 + 1/x)         -> x >= s/(g-s)
-  DE CNIC read   (s/g)(x + 2)           -> x <= (g-2s)/s
-  DE CNIC write  (s/g)(2x + 1)          -> x <= (g-s)/(2s)
-  DE DRAM        (B*s/M)(2x + 3)        -> x <= (M/(B*s) - 3)/2
+Each link's load (PE and DE CNIC read and write, DE DRAM) as a share of its capacity at
+P/D = x with every SNIC saturated; each gives a bound on x.
 """
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
-"""Pipeline parallelism: stage layer split and prefill chunk split (docs/parallelism.md#pipeline-parallelism).
+"""Pipeline parallelism: stage layer split and prefill chunk split (docs/concepts/parallelism.md#pipeline-parallelism).
 
-Owns two splits in time units: layers over stages (the slowest stage, tail included, made
-as fast as integer layer counts allow) and a causal prefill's tokens over chunks (equal,
-sqrt and equal-time boundaries). It prices nothing beyond these two cost models.
+Two splits in time units: layers over stages (slowest stage, tail included, made fastest) and a
+causal prefill's tokens over chunks (equal, sqrt and equal-time).
 """
 from __future__ import annotations
 
@@ -55,11 +54,7 @@ def _spread(total: int, stages: int) -> list[int]:
 def min_max_split(layers: int, extra: Sequence[float]) -> tuple[int, ...]:
     """Layer counts n_i >= 1 summing to `layers` that minimise max_i(n_i + extra_i).
 
-    Layers cost one unit each, so any count vector is a contiguous assignment. Greedy is
-    exact here: each added layer goes to the stage whose time after it is least, so the
-    added times are the smallest layers-p of the merged sequences {k + extra_i : k >= 2},
-    and no split can have a smaller largest one. Ties follow `_preference`.
-    """
+    Greedy is exact: each added layer goes to the stage least loaded after it; ties follow `_preference`."""
     stages = len(extra)
     if stages < 1 or layers < stages:
         raise ValueError(f"need 1 <= stages <= layers, got stages={stages} layers={layers}")
@@ -75,11 +70,8 @@ def min_max_split(layers: int, extra: Sequence[float]) -> tuple[int, ...]:
 
 
 def stage_split(layers: int, stages: int, tail: float = 0.0) -> StageSplit:
-    """The split of `layers` over `stages` whose slowest stage is fastest.
-
-    A layer costs 1; the last stage also carries a speculative-decoding tail worth `tail`
-    stages (tail * L/p), so it gets fewer layers. Compared with the even split.
-    """
+    """The split of `layers` over `stages` whose slowest stage is fastest; the last stage also carries
+    a speculative-decoding tail worth `tail` stages. Compared with the even split."""
     if stages < 1 or layers < stages:
         raise ValueError(f"need 1 <= stages <= layers, got stages={stages} layers={layers}")
     if not 0 <= tail < 1:
@@ -92,8 +84,8 @@ def stage_split(layers: int, stages: int, tail: float = 0.0) -> StageSplit:
 
 
 def _chunk_times(bounds: list[int], seq: int, share: float) -> tuple[float, ...]:
-    """Chunk [s, e) of a causal prefill of T tokens in m chunks, attention share a:
-    (1-a)*len/(T/m) + a*(e^2 - s^2)/(T^2/m); equal chunks give (1-a) + a*(2k+1)/m."""
+    """Times of chunks [s, e) of a causal prefill of T tokens in m chunks, attention share a:
+    (1-a)*len/(T/m) + a*(e^2 - s^2)/(T^2/m)."""
     m = len(bounds) - 1
     return tuple((1 - share) * (e - s) * m / seq + share * (e * e - s * s) * m / (seq * seq)
                  for s, e in zip(bounds, bounds[1:]))

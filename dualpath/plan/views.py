@@ -1,7 +1,4 @@
-"""Text views of planner results: one function per subcommand, result -> str.
-
-Owns wording and layout only; every number comes from the calculation modules.
-"""
+"""Text views of planner results: one function per subcommand, result -> str; wording only."""
 from __future__ import annotations
 
 from dualpath.plan.attention import AttnPlan

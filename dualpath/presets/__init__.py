@@ -1,32 +1,7 @@
 """Model presets: Hugging Face config.json files and the ModelArch parsed from them.
 
-Shipped presets (package data, one small JSON each): `ds-v3`, `ds-v3.2-660b`
-(V3 plus the V3.2 sparse-attention indexer fields), `ds-27b` (the down-scaled DeepSeek
-of the paper's evaluation: docs/design.md#published-figures), `qwen2.5-32b`, `llama-3-70b`,
-`smollm2-135m`.
-
-Stable API (other tools depend on it; add fields with defaults, never change types):
-
-    from dualpath.presets import load_arch, preset_names, ModelArch, ArchConfigError
-    arch = load_arch("ds-v3")              # a preset name ...
-    arch = load_arch("path/config.json")   # ... or any Llama/Qwen2/DeepSeek config
-    arch.num_layers, arch.hidden, arch.num_heads, arch.num_kv_heads, arch.head_dim,
-    arch.vocab, arch.intermediate, arch.tie_embeddings
-    arch.n_routed_experts, arch.n_shared_experts, arch.experts_per_token,
-    arch.moe_intermediate, arch.first_dense_layers, arch.moe_layer_freq
-    arch.q_lora_rank, arch.kv_lora_rank, arch.qk_nope_head_dim, arch.qk_rope_head_dim,
-    arch.v_head_dim, arch.index_n_heads, arch.index_head_dim, arch.index_topk
-    arch.is_mla, arch.is_moe, arch.is_sparse, arch.num_moe_layers, arch.num_dense_layers
-    arch.params() -> ParamCounts(attention, dense_mlp, routed_experts, shared_experts,
-                                 router, embeddings, norms, active_per_token; .total)
-    arch.attention_params_per_layer() -> int
-    arch.kv_bytes_per_token(dtype_bytes)   # MLA: L*(kv_lora+rope); GQA: L*2*n_kv*hd
-    arch.index_bytes_per_token(dtype_bytes)  # V3.2 indexer keys (0 otherwise)
-    arch.prefill_flops_per_token()         # linear part, 2 * active non-embedding
-    arch.attention_flops(cached, new)      # causal, all layers (sparse-aware)
-
-Counts are elements, computed from the config's shapes; a multi-token-prediction
-layer (num_nextn_predict_layers) is not counted. Owns no hardware assumptions.
+Stable API (add fields with defaults, never change types): `load_arch(name or path)`,
+`preset_names()`, `ModelArch`, `ArchConfigError`. Counts are elements; no hardware assumptions.
 """
 from __future__ import annotations
 
@@ -42,7 +17,6 @@ __all__ = ["ArchConfigError", "ModelArch", "ParamCounts", "load_arch", "load_con
 
 
 def preset_names() -> list[str]:
-    """Names of the shipped presets (file stems), sorted."""
     files = resources.files(__name__).iterdir()
     return sorted(f.name[:-5] for f in files if f.name.endswith(".json"))
 
@@ -65,7 +39,6 @@ def load_config(name_or_path: str) -> tuple[str, dict]:
 
 
 def load_arch(name_or_path: str) -> ModelArch:
-    """The ModelArch of a preset name or a config.json path (see module docstring)."""
     name, cfg = load_config(name_or_path)
     if not isinstance(cfg, dict):
         raise ArchConfigError(name, "json", "top level must be an object")

@@ -1,9 +1,7 @@
 """ModelArch: the shapes of one model, parsed from a Hugging Face config.json.
 
-Owns the parsing of Llama / Qwen2 / DeepSeek-V2/V3/V3.2-style configs into one frozen
-ModelArch (the Shapes of shapes.py plus the numbers every planner asks: parameter
-counts, KV bytes per token, FLOPs, computed by counts.py). It does not own any hardware
-or parallelism assumption: those live in `dualpath.plan`.
+Llama / Qwen2 / DeepSeek-V2/V3/V3.2-style configs; the counts come from counts.py. No hardware
+or parallelism assumptions (those are `dualpath.plan`'s).
 """
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
 """Parameter and FLOP counts derived from a model's Shapes (pure arithmetic).
 
-Owns: which weight matrices each architecture has and how big they are, and the
-FLOPs of a prefill (linear part per token; attention part for (cached, new) tokens).
-Counts are elements; the planner turns them into bytes for a weight dtype.
-MLA attention FLOPs use the prefill (non-absorbed, MHA-like) form: q.k over
-qk_nope + qk_rope dims, p.v over v_head_dim, per head.
+Counts are elements; MLA attention FLOPs use the prefill (non-absorbed) form.
 """
 from __future__ import annotations
 
@@ -89,8 +85,7 @@ def param_counts(a: Shapes) -> ParamCounts:
 
 
 def linear_flops_per_token(a: Shapes) -> float:
-    """2 FLOPs per active weight, excluding the embedding lookup and the lm_head
-    (a prefill computes logits only for its last token) and the norms."""
+    """2 FLOPs per active weight, without the embedding lookup, the lm_head and the norms."""
     p = param_counts(a)
     return 2.0 * (p.active_per_token - p.embeddings - p.norms)
 
@@ -104,8 +99,7 @@ def _sum_min(lo: int, hi: int, cap: int) -> int:
 
 
 def attended_pairs(cached: int, new: int, topk: int = 0) -> int:
-    """(query, key) pairs of `new` causal queries after `cached` tokens.
-    Query i (1-based position cached+i) sees cached+i keys, at most topk if sparse."""
+    """(query, key) pairs of `new` causal queries after `cached` tokens, each at most `topk` if sparse."""
     if cached < 0 or new < 0:
         raise ValueError(f"cached and new must be >= 0, got ({cached}, {new})")
     if new == 0:
@@ -116,8 +110,8 @@ def attended_pairs(cached: int, new: int, topk: int = 0) -> int:
 
 
 def attention_flops(a: Shapes, cached: int, new: int) -> float:
-    """q.k + p.v FLOPs (2 per multiply-add) over all layers and heads; with a V3.2
-    indexer, main attention sees at most index_topk keys and the indexer scores all."""
+    """q.k + p.v FLOPs over all layers and heads; with a V3.2 indexer, main attention sees at most
+    index_topk keys and the indexer scores all."""
     per_pair = 2.0 * a.num_heads * (a.qk_head_dim + (a.v_head_dim or a.head_dim))
     flops = attended_pairs(cached, new, a.index_topk) * per_pair
     if a.index_n_heads:

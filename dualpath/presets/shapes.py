@@ -1,8 +1,6 @@
 """Shapes: the fields of one model's architecture and the facts derived from them alone.
 
-Owns the frozen record (layer, head, expert, MLA and indexer sizes) and its shape
-properties (MLA or GQA, MoE layer counts, per-head and per-token cache widths). Counting
-parameters and FLOPs is counts.py's job; parsing a config.json is arch.py's.
+Counting is counts.py's; parsing a config.json is arch.py's.
 """
 from __future__ import annotations
 
@@ -75,7 +73,5 @@ class Shapes:
 
     @property
     def kv_cache_dim(self) -> int:
-        """Elements cached per token per layer: latent + rope (MLA) or 2*n_kv*head_dim.
-
-        The engines' cache sizes itself by the same function (shared/model/kv_geometry.py)."""
+        """Elements cached per token per layer: latent + rope (MLA) or 2*n_kv*head_dim (the engines' too)."""
         return kv_values_per_token_layer(self.num_kv_heads, self.head_dim, self.kv_lora_rank, self.qk_rope_head_dim)

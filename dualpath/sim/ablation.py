@@ -1,13 +1,7 @@
 """`dualpath sim --ablation`: the paper's ablation, one technique added at a time, as JCT change.
 
-Four offline runs of DS-660B 2P4D on the 64K trace (`quick` shrinks them):
-  Basic                PE path only, whole stored prompt in HBM before compute, round-robin
-                       engines (no read-queue-aware scheduling)
-  + layerwise prefill  stored KV loaded layer by layer under the compute
-  + dual-path loading  both read paths, chosen in turn (still round-robin engines)
-  + scheduler          the policy: Algorithm 1, the two DE levels, the shorter read queue
-Each row is its JCT change from Basic beside the published one (-17.21%, -38.19%,
--45.62%). The simulator's own reasons for a gap are in docs/design.md#published-figures.
+Basic, then + layerwise prefill, + dual-path loading, + the scheduler; each row beside the
+published change.
 """
 from __future__ import annotations
 

@@ -1,22 +1,7 @@
 """The simulator fitted to a running mesh: its probed rates in, each mode's predicted offline JCT out.
 
-`dualpath bench` probes the mesh it measures (`MeshRates`): one prefill engine's rate and
-fixed cost per turn (two prompt lengths), one decode engine's step time alone and with
-several sequences, the emulated storage NIC's cap, the data plane's bandwidth, the KV
-bytes a token stores, each engine's KV blocks, the scheduler's alpha / beta, and the KV
-path's CPU per storage byte (dualpath/bench/kvcpu.py: the rate probes run in oracle mode
-and move no KV). From those `predict` builds a cluster of the mesh's shape (one engine per
-node, as `dualpath up` runs them) with no EP lock-step and no model collectives, replays
-the same turn lengths the bench replayed (one agent per bench job, all starting at t=0),
-and returns each mode's JCT. The mesh's processes share this machine's cores, so a node's
-storage path (its gateway's reads and writes, its traffic manager's copies) takes its CPU
-from the node's engine (`SimConfig.kv_cpu_s_per_byte`, dualpath/sim/hostcpu.py), where a
-real cluster has the SNIC's DMA and spare cores for it; `shared_cores=False` predicts
-without that. Behind a capped storage NIC a turn's blocks are still being written when the
-next turn comes, and the mesh computes again what is not stored yet: the prediction hits
-only what is written by then (`SimConfig.write_lag`, dualpath/sim/stored.py). What it
-cannot know: the engines' contention with each other and with whatever else runs on the
-machine (the probes time each engine alone).
+`predict` builds a cluster of the mesh's shape from `MeshRates` and replays the bench's turn
+lengths. It cannot know the engines' contention with each other or with other work.
 """
 from __future__ import annotations
 
@@ -60,10 +45,8 @@ def mesh_hardware(r: MeshRates) -> Hardware:
 
 
 def mesh_model(r: MeshRates, overhead_in_forward: float = 1.0) -> SimModel:
-    """The mesh's engines as a SimModel: a prefill forward costs `overhead_in_forward` of the
-    turn's fixed cost plus its tokens at the probed rate (the quota's attention model carries
-    both, so batching shares the fixed part); a decode step a + b * (batch - 1) at the probe's
-    context, plus c per context token beyond it (a, b and c as probed)."""
+    """The mesh's engines as a SimModel: a prefill forward costs `overhead_in_forward` of the fixed
+    cost plus its tokens at the probed rate; a decode step a + b * (batch - 1) + c per extra context token."""
     kvb = max(1, round(r.kv_bytes_per_token))
     ctx_s = r.decode_per_ctx_s * r.decode_probe_ctx  # the probed steps' own share of per-context cost
     per_seq = max(0.0, r.decode_per_seq_s - ctx_s)
@@ -83,10 +66,8 @@ FORWARD_SHARE = 1.0  # of a turn's fixed cost, the share spent in the prefill en
 def predict(r: MeshRates, trajectories: list[list[tuple[int, int]]], modes: list[str],
             forward_share: float = FORWARD_SHARE, shared_cores: bool = True,
             write_lag: bool = True) -> dict[str, float]:
-    """Predicted offline JCT (s) of each mode for these jobs' (append, gen) turns; the rest of
-    a turn's fixed cost (front door, messages) passes between turns. With `shared_cores` the
-    KV path's probed CPU is taken from each node's engine (dualpath/sim/hostcpu.py); with
-    `write_lag` a turn hits only the blocks already written (dualpath/sim/stored.py)."""
+    """Predicted offline JCT (s) of each mode for these jobs' (append, gen) turns; `shared_cores`
+    charges the KV path's CPU to the engines, `write_lag` hits only blocks already written."""
     from dualpath.sim.engine import Simulation
     from dualpath.sim.workload import from_turns
 

@@ -1,12 +1,6 @@
 """`dualpath sim`: run the cluster simulator, the paper reproduction, or the P/D window.
 
-    dualpath sim --model ds-v3.2-660b --hardware h800 --topology 2P4D --trace gen:64k \
-        --agents 2000 --offline --modes basic,dualpath,oracle --json out.json
-    dualpath sim --reproduce [--quick] [--full]      # the published figures beside simulated ones
-    dualpath sim --ablation [--quick]                # Basic -> +layerwise -> +dual path -> +scheduler
-    dualpath sim --pd-window [--hardware dgx-h100]
-
-Heavy imports (numpy, the simulator) happen inside `run`, so `dualpath --help` stays fast.
+Heavy imports happen inside `run`, so `dualpath --help` stays fast.
 """
 from __future__ import annotations
 
@@ -61,7 +55,7 @@ def register(subparsers) -> None:
     p.add_argument("--json", dest="json_path", help="write {config, runs: [...]} here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--reproduce", action="store_true",
-                   help="the paper's published figures beside simulated ones (docs/design.md#published-figures); "
+                   help="the paper's published figures beside simulated ones (docs/concepts/design.md#published-figures); "
                         "--quick shrinks every run (tens of minutes on 2 shared cores), the default size is far longer")
     p.add_argument("--ablation", action="store_true",
                    help="the paper's ablation: JCT change as each technique is added, beside the published one")
@@ -70,7 +64,7 @@ def register(subparsers) -> None:
     p.add_argument("--no-online", action="store_true",
                    help="with --reproduce: skip the online capacity search (its costliest part)")
     p.add_argument("--pd-window", action="store_true",
-                   help="P/D window sweep per hardware preset (docs/design.md#the-pd-ratio-window)")
+                   help="P/D window sweep per hardware preset (docs/concepts/design.md#the-pd-ratio-window)")
     p.set_defaults(func=run)
 
 

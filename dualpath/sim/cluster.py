@@ -1,8 +1,6 @@
 """The simulated cluster: nodes, engines, groups, their links, and the requests they hold.
 
-Owns topology, links and KV capacity; the load figures the scheduler sees (tok_e, seq_e,
-read_q) are the shared dispatcher's (dispatch.py), the decode batch state lives in
-decode.py, the prefill step logic in prefill.py.
+Owns topology, links and KV capacity; load figures are dispatch.py's, batches decode.py's and prefill.py's.
 """
 from __future__ import annotations
 
@@ -52,8 +50,7 @@ class Node:
 
 
 class Engine:
-    """A PE or DE (one GPU) with its CNIC; its node's links are reachable from it too
-    (`snic_r`, `snic_w`, `dram`), so a transfer names every hop as an engine attribute."""
+    """A PE or DE (one GPU) with its CNIC; its node's links (`snic_r`, `snic_w`, `dram`) hang on it too."""
 
     __slots__ = ("eid", "node", "group", "unit", "queue", "cap", "snic_r", "snic_w", "dram",
                  "cnic_r", "cnic_w", "attn_s", "decode", "rows")
@@ -85,8 +82,7 @@ class Group:
 
 
 class StepUnit:
-    """Engines that run forward steps together: a prefill EP domain's PEs under attention
-    DP + EP (MoE), or a single PE otherwise."""
+    """Engines that run forward steps together: a prefill EP domain's PEs, or a single PE."""
 
     __slots__ = ("engines", "busy", "busy_s", "batch", "step_s", "t_start", "lanes")
 

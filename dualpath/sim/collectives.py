@@ -1,21 +1,7 @@
 """The model's own traffic on the compute NICs: EP dispatch / combine and attention TP all-reduce, per token.
 
-Volumes are the planner's (docs/parallelism.md, `dualpath.plan.attention`): per card and
-layer the MoE all-to-all moves 2*k*c*B_local*d elements (dispatch + combine) and attention
-TP over t cards 2*c_t*B_local*d. Here they are per token (B_local = 1), in bytes (dispatch
-in FP8 with one 4-byte scale per 128 values, combine and all-reduce in BF16), and only the
-share that leaves the node crosses a CNIC (inside a node it rides NVLink):
-- decode (DeepEP's low-latency kernels send per expert): k * (n-1)/n copies of a token
-  for an EP domain of n nodes;
-- prefill (DeepEP's normal kernels send a token once per remote node and forward it over
-  NVLink there): the expected number of other nodes its k experts touch,
-  (n-1) * (1 - (1 - 1/n)^k) (the planner's u(B) rule for one token, per node);
-- attention TP: the part of a TP group beyond one node, max(0, t - g) / t.
-A GPU sends and receives the same volume in expectation, so both directions of its CNIC
-carry it. Dense models (attention DP only) have none.
-
-Example: DS-V3.2 660B, d = 7168, k = 8, 58 MoE layers, decode EP over 4 nodes:
-8 * 3/4 * 7168 * (1.03 + 2) * 58 = 7.6 MB per token per forward on each CNIC direction.
+Volumes are the planner's, per token; only the share that leaves the node crosses a CNIC,
+in both directions. Dense models (attention DP only) have none.
 """
 from __future__ import annotations
 
@@ -30,8 +16,7 @@ ALLREDUCE_BYTES = 2.0  # BF16
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    """How one side's engines split the model: an EP domain of `ep_nodes` nodes of
-    `gpus` GPUs, attention TP `attn_tp` (1 = attention DP, the paper's layout)."""
+    """One side's split: EP domains of `ep_nodes` nodes of `gpus` GPUs, attention TP `attn_tp` (1 = DP)."""
 
     ep_nodes: int
     gpus: int

@@ -63,7 +63,7 @@ class SimConfig:
     # a turn hits only the blocks of earlier turns already written through the storage NIC when
     # it arrives (dualpath/sim/stored.py); False: every earlier full block, at once
     write_lag: bool = False
-    # online stop rule (docs/design.md#published-figures): SLO, windows, steady state
+    # online stop rule (docs/concepts/design.md#published-figures): SLO, windows, steady state
     slo_ttft_s: float = 4.0
     slo_tpot_s: float = 0.050
     window_s: float = 150.0  # TTFT / TPOT are judged over windows of this length

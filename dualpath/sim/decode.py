@@ -1,15 +1,7 @@
 """A decode engine's running batch, advanced in aggregate (no per-token events).
 
-All running requests decode one token per step; the step time depends on the batch
-(weights + KV read from HBM). Between batch changes the engine advances a fractional
-step counter at 1/step_s; a request that joined at step j with n tokens to go finishes
-at step j + n. So each request costs two events (join, finish), not one per token.
-The summed context is exact: sum_i(prompt_i + 1 - j_i) + batch * steps. A stall (`stall`)
-holds the counter still for a while: the engine's core did other work.
-
-A step lasts max(compute, collectives) (two micro-batches overlap them): the EP all-to-all
-of `batch` tokens crosses the engine's CNIC in the model's lane, which from then on runs
-at that utilisation (resources.py), so KV on the same CNIC gets the rest.
+A fractional step counter advances at 1/step_s, so a request costs two events (join, finish).
+A step lasts max(compute, collectives); `stall` holds the counter still.
 """
 from __future__ import annotations
 
@@ -53,8 +45,7 @@ class DecodeState(Generic[R]):
         self.t_last = now
 
     def stall(self, now: float, secs: float) -> None:
-        """The running batch makes no progress for `secs` from `now` (its engine's core is taken
-        by other work: dualpath/sim/hostcpu.py); the caller reschedules its next finish."""
+        """The running batch makes no progress for `secs` from `now`; the caller reschedules its finish."""
         self.advance(now)
         if self.n and secs > 0:
             self.batch_s += self.n * secs
@@ -121,7 +112,6 @@ class DecodeState(Generic[R]):
         self.step_s = step
 
     def next_finish(self) -> float:
-        """Time of the next departure (inf when idle)."""
         if not self.heap:
             return float("inf")
         return self.t_last + max(0.0, self.heap[0][0] - self.steps) * self.step_s

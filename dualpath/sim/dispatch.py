@@ -1,18 +1,7 @@
 """The simulator's side of the shared `Dispatcher`: engine loads in, engine pairs out, on simulated time.
 
-Owns nothing of the policy: each pull is `shared.sched.dispatch.Dispatcher.assign`, the
-same code the scheduler service runs, fed the same figures the service feeds it (tok_e
-and seq_e from the dispatcher's ledger, free KV from the engine's capacity, read_q from
-the shared `PendingReads`), and each read-path decision is `PendingReads.decide`. The
-simulator tells it what the mesh would: a first token (`prefill_done`), a request's end
-(`finished`), a node's reads done (`read_done`). The "rr" variant is the round-robin
-baseline: engines in turn, read paths alternating, no live signals.
-
-Prefill groups pull in turn, each at its own phase of the pull period (as engine groups
-pulling on their own timers do), so that each takes what arrived since the previous
-group's pull; a round in which every group pulled at once would hand the whole queue to
-whichever group came first. The decode groups pull once a period (`Dispatcher.pull_decode`:
-the pool to the group with the fewest tokens, then each group places what fits).
+Owns nothing of the policy: pulls are `Dispatcher.assign`, fed what the scheduler service
+feeds it. Prefill groups pull in turn, each at its own phase; the decode groups once a period.
 """
 from __future__ import annotations
 
@@ -116,9 +105,7 @@ class SimDispatch:
 
     # pulls ------------------------------------------------------------------------------
     def tick(self, k: int = 0) -> None:
-        """Grid point k: prefill group k % n pulls; at k % n == 0 the decode groups pull too.
-        A pull that places something changes what the others read (they become stale); the
-        puller itself is left at a fixed point."""
+        """Grid point k: prefill group k % n pulls (decode groups too at k % n == 0); others become stale."""
         g = k % len(self.pulled)
         if self.pulled[g] != self.version and not self.rr:
             if self.d.queue:  # (with none waiting for a PE the pull places nothing: lines refresh later)
@@ -159,8 +146,7 @@ class SimDispatch:
         self.touched_nodes.clear()
 
     def _refresh_de(self) -> list[int]:
-        """The decode lines whose ledger figures moved since the last decode pull, refreshed (only
-        the decode pull reads them); returns their engines, for the dispatcher's kept totals."""
+        """Refresh the decode lines whose ledger figures moved since the last pull; returns their engines."""
         changed = [e for e in self.touched_de if e in self.de_line]
         self.d.ledger.fill([self.de_line[e] for e in changed], "decode")
         self.touched_de.clear()
@@ -190,8 +176,7 @@ class SimDispatch:
 
     # read paths -------------------------------------------------------------------------
     def split_hit(self, r: Req) -> tuple[int, int]:
-        """(hit tokens on the PE path, on the DE path) once both engines are known; the reads
-        are held on the nodes' queues until `read_done`."""
+        """(hit tokens on the PE path, on the DE path); reads wait on the nodes' queues until `read_done`."""
         if r.hit == 0:
             return 0, 0
         force = "auto"  # the mode's own rule

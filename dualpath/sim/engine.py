@@ -1,11 +1,7 @@
 """The event loop: requests flow queue -> assign -> read -> prefill -> PD -> decode.
 
-Events are (time, seq, handler, arg) in one heap. Per request: arrival, storage read
-completion(s), DE join, DE finish (plus a load event without layerwise prefill); prefill
-steps are shared by a step unit's batch and scheduler pulls by all groups. Links are
-fluid FIFO servers (resources.py), so queues cost no events. Offline: all agents start at
-t=0, JCT = last agent's end. Online: agents start by a Poisson process and the run stops
-by the paper's rule (online.py), at `duration_s` at the latest.
+Events are (time, seq, handler, arg) in one heap; links are fluid servers, so queues cost no
+events. Offline, all agents start at t=0; online, by a Poisson process until the stop rule.
 """
 from __future__ import annotations
 
@@ -141,8 +137,7 @@ class Simulation:
             self.push(self.now + self.cfg.window_s, self._judge, None)
 
     def _arm_tick(self) -> None:
-        """The next pull: prefill group k % n pulls at the k-th point of a grid of pull_s / n (the
-        decode groups at k % n == 0, once a period); points whose pull would do nothing pass."""
+        """The next pull on a grid of pull_s / n (prefill group k % n; decode groups at k % n == 0)."""
         if not self.tick_armed:
             self.tick_armed = True
             n = self.sched.n_groups
@@ -174,7 +169,6 @@ class Simulation:
         self._arm_tick()
 
     def _on_assigned(self, r: Req) -> None:
-        """The dispatcher gave the request both engines (as the scheduler's PrefillWork does)."""
         assert r.pe is not None and r.de is not None
         r.pe.queue.append(r)
         if self.oracle:
@@ -298,8 +292,7 @@ class Simulation:
             self._pool_update()
 
     def _persist(self, r: Req, first: int, end: int) -> None:
-        """Tokens [first, end) of `r`'s conversation (whole blocks) written through its decode
-        node's storage NIC from now, landing in order (dualpath/sim/stored.py)."""
+        """Tokens [first, end) of `r` written through its decode node's storage NIC from now."""
         assert self.lag is not None and r.de is not None
         if end <= first:
             return

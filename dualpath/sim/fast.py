@@ -1,20 +1,7 @@
 """The simulator's compiled core: its hot modules built with mypyc, and loaded only while fresh.
 
-    make sim-fast                          # pip-installs mypy, then: python -m dualpath.sim.fast
-    .venv/bin/python -m dualpath.sim.fast [--check]
-
-`build()` compiles MODULES (the event loop, links, prefill and decode timing, the shared
-dispatcher and policy) with mypyc from the repository's own sources and keeps the
-extensions under build/sim-fast/, beside a manifest naming the sources' digest and the
-interpreter. `activate()` (called by `dualpath sim` and `dualpath.sim.speed` before they
-import the simulator) puts a finder in front of the import system that serves those
-modules from the build, but only when the build matches the sources byte for byte and
-this interpreter, and none of them is imported yet; otherwise nothing changes and the
-simulator runs as pure Python. It also stays pure with DUALPATH_SIM_BUILD=pure (a profiler
-sees no compiled function) and inside a pytest run (tests patch simulator objects, which
-compiled classes forbid; tests/unit/test_sim_fast.py checks the compiled build in a child
-process). Either way `BUILD` says which ran and why. The compiled code is the same code: the
-golden figures (tests/unit/test_sim_golden.py) hold on both.
+`build()` compiles MODULES into build/sim-fast/; `activate()` serves them only when the build
+matches the sources and interpreter, and never inside pytest or with DUALPATH_SIM_BUILD=pure.
 """
 from __future__ import annotations
 
@@ -115,11 +102,7 @@ def activate() -> str:
 
 
 def build(mypyc: list[str] | None = None) -> Path:
-    """Compile MODULES with mypyc into build/sim-fast (RuntimeError with mypyc's output on failure).
-
-    It compiles a copy of the sources (build/sim-fast.src), so no extension ever sits beside a
-    source file (where it would shadow later edits), and keeps the result only if the sources
-    did not change meanwhile."""
+    """Compile MODULES with mypyc from a copy of the sources into build/sim-fast (RuntimeError on failure)."""
     cmd = mypyc or [sys.executable, "-m", "mypyc"]
     ext = sysconfig.get_config_var("EXT_SUFFIX")
     before = digest()

@@ -1,7 +1,6 @@
-"""Node hardware presets: GPUs, NICs, DRAM, HBM (the g, B, s, M of docs/design.md#the-pd-ratio-window).
+"""Node hardware presets: GPUs, NICs, DRAM, HBM (the g, B, s, M of the P/D ratio window).
 
-Bandwidths are stored in bytes/s. `link_eff` is the fraction of a NIC's line rate that
-bulk transfers achieve; it applies to SNICs and CNICs alike.
+Bandwidths in bytes/s; `link_eff` is the share of a NIC's line rate bulk transfers reach.
 """
 from __future__ import annotations
 
@@ -41,7 +40,7 @@ class Hardware:
 
     @property
     def s(self) -> float:
-        """Node SNIC bandwidth in units of one CNIC (s in docs/design.md)."""
+        """Node SNIC bandwidth in units of one CNIC."""
         return self.snics * self.snic_gbps / self.cnic_gbps
 
 

@@ -1,21 +1,7 @@
 """The KV path's CPU taken from a node's engine: a mesh whose storage path shares its host's cores.
 
-On a real cluster a node's storage path (storage NIC reads and writes, the copies they
-cause) runs on the SNIC's DMA and on cores the engines do not use, which is what the
-simulator models by default. A mesh on one small host has no such cores: its storage
-gateways and traffic managers take their CPU from the cores the engines compute on. With
-`SimConfig.kv_cpu_s_per_byte` = c > 0, every byte a node's storage NIC has moved (read or
-written, `moved`) costs c seconds of that node's engine: a prefill step stretches by c times
-the bytes its node moved while it ran, a running decode batch stands still for c times the
-bytes moved since its last event. Bytes moved while the node's engine is idle cost nothing
-(the cores were free). The probe behind c: dualpath/bench/kvcpu.py.
-
-The engines share the host's cores with each other and with the rest of the mesh too:
-with `SimConfig.host_cores` = H > 0 (every engine on one host) and the rest of the mesh's
-processes keeping `background_cores` = b busy, while E engines compute at once each runs
-at H / (E + b) of its own speed when that is below 1 (`HostPool.slow` is the inverse): a
-prefill step planned then lasts that much longer, a decode batch steps that much slower
-until the count changes.
+With `kv_cpu_s_per_byte` = c, each byte a node's storage NIC moves costs its busy engine c
+seconds; with `host_cores` = H, E busy engines and b background cores each run at H / (E + b).
 """
 from __future__ import annotations
 

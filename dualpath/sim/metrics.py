@@ -1,10 +1,6 @@
-"""Results of a run: JCT, latency distributions (TTFT, TTST, TPOT), the online verdict, link traffic and balance.
+"""Results of a run: JCT, latency distributions (TTFT, TTST, TPOT), the online verdict, link traffic.
 
-Owns SimResult (the JSON shape of one run) and how it is computed from a finished
-Simulation; knows nothing about how the run was driven. The CNIC lanes (resources.py)
-report, per role, the model traffic carried and how much each lane was slowed:
-`kv_slowdown` (KV transfer time over what an idle link would take) and
-`model_slowdown` (model bursts beside KV over alone: at most 1 / 0.99).
+Owns SimResult (one run's JSON shape) and its computation from a finished Simulation.
 """
 from __future__ import annotations
 
@@ -119,7 +115,7 @@ def _after_tool(sim) -> dict[str, float]:
 
 
 def _quota_tokens(sim) -> int:
-    """About how many new tokens of a request 32K tokens into its context fill the compute quota."""
+    """About how many new tokens of a request 32K into its context fill the compute quota."""
     one = sim.model.attention.request_time(32768, 1)
     return int(sim.cfg.quota_s / one) if one > 0 else 0
 

@@ -1,19 +1,7 @@
 """Compute and memory model of one engine for a model preset on a node type.
 
-Derives the work from the architecture (`dualpath.presets.load_arch`): KV bytes per
-token, linear FLOPs per token, attention FLOPs per (query, key) pair, weight bytes, and
-turns it into time with the rate each kind of work reaches on an H800 (`Rates`: the
-published figures of the kernels the paper's system is built on, FlashMLA, DeepGEMM and
-DeepEP, each cited; the few without a public figure say so). Kernels reach their figures
-in isolation; what the same engines deliver end to end in production is lower, and
-`end_to_end` measures by how much (DeepSeek's published per-node throughput of its V3
-service against this model of V3): `Rates.prefill_e2e` applies it, off by default since
-that figure is a day's average and so only a lower bound. The prefill forward is
-linear GEMMs + attention (the policy's `AttentionModel`); a decode step is a roofline per
-kernel (GEMMs: FLOPs or weight reads, attention: FLOPs or KV reads) plus a fixed
-overhead, beside the EP all-to-all it overlaps with (two micro-batches, as DeepSeek's
-engines run it); the all-to-all's bytes cross the CNICs (collectives.py, resources.py).
-A model measured on a running mesh fits the same fields (`dualpath.sim.calibrate`).
+Work comes from the architecture, time from the rates each kind of work reaches (`Rates`).
+Prefill is linear GEMMs + attention; a decode step a roofline per kernel plus a fixed overhead.
 """
 from __future__ import annotations
 
@@ -30,7 +18,7 @@ G = 1e9
 
 @dataclass(frozen=True, slots=True)
 class Rates:
-    """Achieved rates on one H800 SXM5 (TFLOPS, GB/s); 1979 / 989 TFLOPS FP8 / BF16 dense peak."""
+    """Achieved rates on one H800 SXM5 (TFLOPS, GB/s)."""
 
     # FP8 GEMMs in prefill: DeepGEMM README (H800): MoE grouped contiguous layout
     # 1099-1297 TFLOPS, normal GEMMs at M=4096 990-1358 TFLOPS.
@@ -123,8 +111,7 @@ class SimModel:
         return int(free // self.kv_bytes)
 
     def decode_compute_s(self, batch: int, ctx_sum: float, capped_sum: float) -> float:
-        """One decode step's compute of a batch holding `ctx_sum` context tokens in total
-        (`capped_sum`: the same, each request capped at top-k); without its collectives."""
+        """One decode step's compute for `ctx_sum` context tokens (`capped_sum`: each capped at top-k)."""
         if batch == 0:
             return 0.0
         main = capped_sum if self.topk else 0.0
@@ -155,8 +142,7 @@ def end_to_end(r: Rates, hw: Hardware) -> tuple[float, float]:
 
 def build_model(name: str, hw: Hardware, pe: Layout | None = None, de: Layout | None = None,
                 rates: Rates | None = None) -> SimModel:
-    """SimModel for a preset name or config path on hardware `hw`; `pe` / `de` are the prefill
-    and decode layouts (EP domain sizes; default: one node each)."""
+    """SimModel for a preset name or config path on `hw`; `pe` / `de`: the prefill and decode layouts."""
     r = rates or Rates()
     fp, fd = end_to_end(r, hw) if r.prefill_e2e or r.decode_e2e else (1.0, 1.0)
     fp, fd = (fp if r.prefill_e2e else 1.0), (fd if r.decode_e2e else 1.0)

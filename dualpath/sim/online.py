@@ -1,18 +1,7 @@
 """The online run's SLO judge and stop rule: TTFT and TPOT per window, checked as the run goes.
 
-The paper's rule (docs/design.md#published-figures): agents arrive by a Poisson process;
-a run ends when TTFT exceeds its SLO (4 s), or at steady state, when the TTFT of a 150 s
-window is within 5% of the TTFT of the window 30 minutes before. We judge every window
-at its end:
-- its TTFT is the mean over the requests that arrived in it (a request still waiting for
-  its first token counts with its wait so far), its TPOT the mean over the requests that
-  finished in it;
-- TTFT over `slo_ttft_s` or TPOT over `slo_tpot_s` -> stop: the rate fails;
-- once a window `steady_lag_s` earlier exists, a TTFT within `steady_tol` of that
-  window's -> stop: steady, the rate meets the SLO;
-- at `max_s` (a cap for runs that neither fail nor settle) -> stop: judged by the last
-  window (which must have had arrivals).
-The judge keeps per-window sums, so a check costs O(1) whatever the number of requests.
+A window over the SLO stops the run as failed; one within `steady_tol` of the window
+`steady_lag_s` earlier stops it as steady; `max_s` caps it. O(1) per check.
 """
 from __future__ import annotations
 

@@ -1,19 +1,7 @@
-"""Prefetch during tool calls in the simulator: a hinted agent's stored KV read into a buffer while its tool call runs.
+"""Prefetch during tool calls in the simulator: a hinted agent's stored KV read while its tool call runs.
 
-When a hinted agent's turn ends and a tool call of T s follows (the trace's tool_ms), the
-mesh's own policy (`shared.sched.prefetch.plan`) picks the side whose storage NIC is
-idler (read queues from the shared `PendingReads`, plus prefetches booked and lately started,
-as the scheduler counts them) and when
-to start (the expected return minus twice the read); the read is booked then on that
-node's SNIC and DRAM links. When the next turn is assigned, its prefetched tokens skip the
-storage read: at once if the prefetch is done, else when it ends (what was booked is what
-the mesh would still be reading); the rest of its hit is read as usual (`PendingReads.decide`).
-A turn that comes back before its prefetch started cancels it.
-
-Approximation: links are FIFO fluid servers (resources.py), so a real read that arrives
-while a prefetch holds the SNIC queues behind it, where the mesh's bulk lane lets the real
-read go first; the simulator is pessimistic for unhinted traffic by at most one prefetch's
-bytes per link. Buffer room is not modelled (every prefetch fits).
+The mesh's own policy picks the side and the start; the next turn's prefetched tokens skip the
+read. Links are FIFO, so unhinted reads may queue behind a prefetch; buffer room is not modelled.
 """
 from __future__ import annotations
 

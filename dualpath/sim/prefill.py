@@ -1,15 +1,7 @@
 """Prefill forward steps of a step unit, planned by the policy's intra-PE batcher.
 
-A step: every engine of the unit plans a batch from its ready requests (FIFO, compute
-quota, chunked prefill by binary search: `policy.plan_batch`); its compute lasts
-  max_e(attention_e + non-pooled GEMMs_e) + pooled expert GEMMs / engines
-(attention DP waits for the slowest GPU before the EP stage), and the step lasts the
-longer of that and its EP all-to-all (two micro-batches overlap them; its bytes cross
-each engine's CNIC in the model's lane), but never less than the layerwise load of the
-hit KV of the requests starting in it (load overlaps compute). Without layerwise
-prefill (`whole_first`) that load comes first: the step lasts load + compute.
-A request that finishes its prefill streams its KV to the DE during the step (PD
-transfer), then the DE copies it into HBM.
+A step lasts the longer of its compute and its EP all-to-all, but never less than the
+layerwise load of its hit KV (`whole_first`: load, then compute).
 """
 from __future__ import annotations
 
@@ -68,8 +60,7 @@ def bind_stages(engines: list[Engine]) -> None:
 
 
 def book(now: float, st: StageLinks, r: Req, hit: float, miss: float, persist: float = 0.0) -> float:
-    """Reserve one stage of request `r` (bytes already multiplied out); returns when it ends.
-    Each link's reservation depends on that link alone, so the sides' order is immaterial."""
+    """Reserve one stage of request `r` (bytes multiplied out); returns when it ends."""
     end = now
     pe, de = r.pe, r.de
     assert pe is not None and de is not None
@@ -190,9 +181,7 @@ class Prefill:
 
 
 class AttnBalance:
-    """Attention time max/avg across a step unit's GPUs, per forward step in which every GPU had
-    work, kept apart for the steps in which the quota cut every GPU's batch (the batcher's own
-    balance) and the rest (some GPU held less ready work than the quota and took all of it)."""
+    """Attention time max/avg across a step unit's GPUs per step, quota-cut steps kept apart from the rest."""
 
     __slots__ = ("steps", "ratio_sum", "cut_steps", "cut_ratio_sum", "mean_sum", "wait_s", "step_s")
 

@@ -1,11 +1,4 @@
-"""Why a reproduced figure differs from the published one: each reason's arithmetic, from the runs' own figures.
-
-`dualpath sim --reproduce` prints these under the table for every row whose gap exceeds
-15%. Each is a sentence built from what the runs measured (JCT, bytes read per node, link
-and GPU utilisation, TTFT), so the reader can check it: e.g. for the offline speedup, the
-time basic needs to read its bytes through the prefill nodes' storage NICs against the
-JCT it got, and what the published ratio would require.
-"""
+"""Why a reproduced figure differs from the published one, with the arithmetic from the runs' figures."""
 from __future__ import annotations
 
 from dualpath.sim.config import SimConfig

@@ -1,20 +1,7 @@
 """`dualpath sim --reproduce`: the paper's published figures beside simulated ones, each gap explained.
 
-The published figures and what the simulator leaves out are in docs/design.md
-("Published figures"). Every row prints the published value, the simulated one and the
-gap; a row off by more than 15% (`*`) carries its reason, with the arithmetic, from the
-runs' own figures (reasons.py). Experiments (`quick` shrinks them: a quarter of the
-trajectory length, a fifth of the agents, the online lag scaled alike; `full` adds
-48P96D with 48K agents):
-  A offline JCT, DS-660B 2P4D, 64K trace: basic / dualpath / oracle / sglang; over appends
-  B SNIC read traffic max/avg (round-robin vs the policy); attention time max/avg, with the
-    paper's batcher and with the balancing one (`--attn-balance`)
-  C P/D sweep, DS-27B: equal total storage bandwidth (P+D fixed) => similar JCT
-  D online capacity at the SLO, by the paper's stop rule (online.py): DS-27B 1P1D, DS-660B 2P4D
-  E scale: 2P4D vs a 24x larger cluster with 24x the agents
-  F the ablation (ablation.py)
-Prints one line per simulator run as it ends (with its wall time), then the table;
-writes JSON with --json.
+Experiments: A offline JCT, B read and attention balance, C P/D sweep, D online capacity,
+E scale, F the ablation. A row off by more than 15% carries its reason (reasons.py).
 """
 from __future__ import annotations
 
@@ -50,8 +37,7 @@ def _run(cfg: SimConfig, log: list) -> SimResult:
 
 
 def capacity(cfg: SimConfig, log: list, guess: float, iters: int) -> tuple[float, SimResult | None]:
-    """Largest APS meeting the SLO by the stop rule: double or halve from `guess` until a
-    passing and a failing rate bracket it, then `iters` geometric bisections."""
+    """Largest APS meeting the SLO by the stop rule: bracket from `guess`, then `iters` bisections."""
     ok, bad, best = 0.0, None, None
     aps = guess
     for _ in range(12):

@@ -1,17 +1,7 @@
 """Links as fluid FIFO servers with two traffic lanes: the cheap bandwidth model behind every transfer.
 
-A Link has a bandwidth and a virtual clock `free_at`. Reserving n bytes of KV at time t
-starts at max(t, free_at) and holds the link for n / (the KV lane's bandwidth) seconds,
-so a saturated link's backlog grows and its throughput is capped, in O(1) per transfer.
-A transfer over several links (a pipelined, chunked copy) ends when its slowest hop ends.
-
-Compute NICs also carry the model's own collectives (EP dispatch / combine, attention TP
-all-reduce), arbitrated as the paper's InfiniBand virtual lanes: the model's lane has 99%
-of the weight, KV the rest. The model's traffic is set as a utilisation `hi` (its bytes
-over the step that sends them, `set_model`); while it lasts, KV gets what is left,
-bw * max(1 - hi, 1%), and the model's own bursts lose at most the KV lane's 1% (they take
-1 / 0.99 as long when KV is queued on the link). Both effects are counted: `kv_slowdown`
-(KV time over KV time on an idle link) and `model_slowdown`.
+A reservation starts at max(now, free_at) and lasts bytes / lane bandwidth, O(1) per transfer.
+The model lane has 99% of the weight, KV the rest (`kv_slowdown`, `model_slowdown` count both).
 """
 from __future__ import annotations
 
@@ -61,8 +51,7 @@ class Link:
         self.lo = max(1.0 - hi, LO_SHARE)
 
     def model_burst(self, now: float, nbytes: float) -> float:
-        """Seconds a burst of `nbytes` of model traffic takes from `now`: at the full rate, or
-        at the model lane's 99% while KV is queued here."""
+        """Seconds a burst of model traffic takes from `now`: full rate, or 99% while KV is queued here."""
         alone = nbytes / self.bw
         took = alone / (1.0 - LO_SHARE) if self.free_at > now else alone
         self.hi_ideal += alone
@@ -73,7 +62,6 @@ class Link:
         return self.busy / span if span > 0 else 0.0
 
     def finish(self, now: float) -> None:
-        """Close the model lane's books at the end of a run."""
         self.set_model(now, 0.0)
 
 

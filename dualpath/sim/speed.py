@@ -1,15 +1,4 @@
-"""How fast the simulator runs: CPU seconds per run and per request, beside the speed targets.
-
-    .venv/bin/python -m dualpath.sim.speed [--agents 2000] [--scale 1.0] [--mode dualpath] [--pure]
-        [--topology 2P4D]
-
-Runs DS-660B 2P4D (or `--topology`, to see how the cost per request grows) on the 64K trace offline and prints its CPU time (process time, so
-other work on shared cores counts little), microseconds per request and events per
-second, and which build ran: the compiled core (`make sim-fast`, dualpath/sim/fast.py) when
-a fresh one exists, else pure Python (`--pure` forces it); then the 2P4D target (2000 agents in 10 s) as the cost per request it allows, and
-what 48P96D with 48K agents would take at the measured cost per request (the cost per
-request barely grows with the cluster; docs/design.md#the-simulator-against-the-paper).
-"""
+"""How fast the simulator runs: CPU seconds per run and per request, beside the speed targets."""
 from __future__ import annotations
 
 import argparse

@@ -1,16 +1,7 @@
-"""What an agent's next turn can hit while the store's writes lag behind: the prefix of its
-blocks already written when the turn arrives.
+"""What an agent's next turn can hit while the store's writes lag: the prefix already written.
 
-A finished turn's new full blocks (its prompt's misses, then what it generated) are written
-through its decode node's storage NIC. Behind a slow NIC the next turn can arrive before
-they are all down; the store then holds only a prefix of the conversation (a chain of
-block keys stops at its first missing block), the rest of the prompt is a miss and is
-computed again. `WriteLag` keeps, per agent, the writes still in flight as spans of
-tokens landing at an even pace between the write's start and end on the NIC (a FIFO link
-carries them in order), and answers the stored prefix at a given time. Without it the
-simulator counts every earlier full block as stored the moment its turn ends.
-
-Owns: `WriteLag`. Does not own the booking of the writes on the links (`engine.py`).
+`WriteLag` keeps each agent's writes in flight as token spans landing evenly over the write;
+booking them on links is engine.py's.
 """
 from __future__ import annotations
 

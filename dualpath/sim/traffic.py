@@ -1,15 +1,7 @@
 """Which links a byte of KV crosses, stage by stage, on each read path.
 
-One table shared by the simulator (to reserve links) and the P/D-window analysis (to
-sum demands), so the two cannot disagree. Each stage lists (side, link, bytes kind):
-side "pe" / "de" is the node or engine of the request's PE or DE; link is one of
-snic_r, snic_w, dram (a node's DRAM, reads + writes), cnic_r, cnic_w (the engine's
-CNIC: "read" = bytes the NIC reads from host or device memory and sends, "write" =
-bytes it writes into memory). Bytes kind: "hit", "miss" or "persist".
-
-With all-hit traffic this reproduces the per-link sums of docs/design.md#the-pd-ratio-window:
-PE CNIC read 2*Tp, PE CNIC write Tp+Tc, DE CNIC read Tp+2Tc, DE CNIC write 2Tp+Tc,
-DE DRAM 2Tp+3Tc (per PE-DE pair; Tp on the PE path, Tc on the DE path).
+One table for the simulator and the P/D-window analysis, so they cannot disagree. A stage is
+(side "pe"/"de", link, bytes kind "hit"/"miss"/"persist").
 """
 from __future__ import annotations
 

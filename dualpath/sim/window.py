@@ -1,10 +1,6 @@
-"""The P/D-ratio window (docs/design.md#the-pd-ratio-window), numerically, from the simulator's traffic table.
+"""The P/D-ratio window, numerically, from the simulator's traffic table.
 
-Under the section's assumptions (every SNIC reads at its full rate, reads of PE nodes
-take the PE path and of DE nodes the DE path, traffic spread evenly over engines), sum
-each link's demand from `dualpath.sim.traffic` and divide by its capacity. The ratio
-where a link's utilisation crosses 1 is found by bisection and set beside the closed
-form; the sweep shows which link saturates first outside the window.
+Each link's demand over its capacity; the ratio where it crosses 1 is bisected and set beside the closed form.
 """
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """What the simulated agents do: trajectories, agent copies, arrivals, requests.
 
-Owns turning a trace spec ("gen:64k", "gen:32k:500", or a JSONL path) into agents, and
-turning an agent's next turn into a simulated request with its hit / miss split (hits
-are whole blocks of earlier turns of the same agent, as in the paper; 64 tokens a block
-unless the run says otherwise).
+Hits are whole blocks of the same agent's earlier turns.
 """
 from __future__ import annotations
 
@@ -66,8 +63,7 @@ class SimWorkload:
 
 def make_request(rid: int, agent: int, ctx: int, append: int, gen: int, t: float, block: int = BLOCK,
                  stored: int = -1) -> Req:
-    """The request of a turn whose earlier turns total `ctx` tokens; `stored` >= 0: only that
-    many of them are in the store yet (dualpath/sim/stored.py), the rest is computed again."""
+    """The request of a turn after `ctx` earlier tokens; `stored` >= 0: only that many are stored yet."""
     prompt = ctx + append
     hit = min((ctx // block) * block, prompt - 1)  # the last prompt token is always computed
     if 0 <= stored < hit:
@@ -78,9 +74,8 @@ def make_request(rid: int, agent: int, ctx: int, append: int, gen: int, t: float
 def load_workload(trace: str, agents: int, scale: float = 1.0, seed: int = 0,
                   aps: float = 0.0, block: int = BLOCK, tool_scale: float = 0.0,
                   append_scale: float = 1.0) -> SimWorkload:
-    """Agents for a trace spec; online (aps > 0) start times are Poisson at `aps`/s; with
-    `tool_scale` > 0 a tool call between turns (the trace's tool_ms, else generated) times it.
-    `append_scale` multiplies every turn's append but the first (the task prompt)."""
+    """Agents for a trace spec; online (aps > 0) Poisson starts; `tool_scale` > 0 adds tool calls between
+    turns; `append_scale` scales every append but the first."""
     if trace.startswith("gen:"):
         parts = trace.split(":")
         name = parts[1].lower()

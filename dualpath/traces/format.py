@@ -2,12 +2,7 @@
 
     {"id": "t0", "turns": [[608, 148], [430, 160], ...], "tool_ms": [2300, ...]}
 
-`turns` is a non-empty list of [append, gen] pairs of token counts (append >= 1 in the
-first turn, >= 0 after; gen >= 1). Optional "id"; optional "tool_ms": the tool call that
-runs between turn i and turn i+1, in milliseconds (one per gap: len(turns) - 1 values, each
-0 .. a day); other keys (e.g. "max_len", the trace's cap) are kept as meta. Owns parsing, validation (a msgspec Struct with
-constraints; errors name the file, line and field) and writing; knows nothing about
-how trajectories are generated or replayed.
+Owns parsing, validation (errors name file, line and field) and writing.
 """
 from __future__ import annotations
 
@@ -39,7 +34,7 @@ class Trajectory:
     tool_ms: tuple[int, ...] = ()  # the tool call after turn i (before turn i+1); () = none recorded
 
     def tool_s(self, i: int) -> float:
-        """Seconds the tool call after turn `i` runs (0 after the last turn, or when none is recorded)."""
+        """Seconds the tool call after turn `i` runs (0 after the last turn or when none is recorded)."""
         return self.tool_ms[i] / 1000 if i < len(self.tool_ms) else 0.0
 
     @property
@@ -117,12 +112,10 @@ def read_jsonl(path: str | Path, parse, what: str) -> list:
 
 
 def read_trajectories(path: str | Path) -> list[Trajectory]:
-    """All trajectories of a JSONL file (blank lines skipped)."""
     return read_jsonl(path, parse_line, "trajectories")
 
 
 def write_trajectories(path: str | Path, trajs: Iterable[Trajectory]) -> int:
-    """Write one line per trajectory; returns how many were written."""
     n = 0
     with open(path, "w", encoding="utf-8") as fh:
         for t in trajs:

@@ -1,21 +1,7 @@
-"""Seeded generator of agent trajectories calibrated to the published table (docs/design.md#agent-traces).
+"""Seeded generator of agent trajectories calibrated to the published trace table.
 
-Model of one trajectory (all draws from numpy's PCG64 seeded by (seed, index), so a
-trajectory does not depend on how many others are generated):
-- turns n ~ LogNormal with the table's mean (sigma ~0.7), clipped to [2, 4 x mean];
-- final length T = max_len x Beta (mean = table total / max_len), so T <= max_len;
-- the first turn (system prompt + task) takes a share w1 ~ Normal(first_share, 0.05)
-  of T; the other turns split the rest with Gamma(1) weights;
-- each turn's generated share ~ Beta around `gen_share`; the rest is the append.
-Because long trajectories have short turns, the table's per-turn means (averaged per
-trajectory) exceed total/turns; sigma and the shares are fitted so that all five
-columns (turns, append, gen, total, context) land within a few percent (see
-tests/unit/test_traces_generator.py).
-`scale` multiplies every length (turn counts unchanged), which keeps the hit ratio.
-With `tools`, each gap between turns gets a tool call: LogNormal with a median of
-TOOL_MEDIAN_S and sigma TOOL_SIGMA (a few seconds typically, a long tail of test runs and
-builds), clipped to TOOL_CLIP_S, from a stream of its own, so the turns are the same with or
-without them.
+Every draw is seeded by (seed, index), so a trajectory does not depend on how many are made;
+`scale` multiplies every length; tool calls come from a stream of their own.
 """
 from __future__ import annotations
 
@@ -63,7 +49,7 @@ PRESETS = {
     "48k": TracePreset("48k", 49152, 108.5, 0.68, 0.867, 0.17, 0.268),
     "64k": TracePreset("64k", 65536, 161, 0.72, 0.854, 0.16, 0.300),
 }
-PUBLISHED = {  # turns, append, gen, total, context (docs/design.md#agent-traces)
+PUBLISHED = {  # turns, append, gen, total, context (docs/concepts/design.md#agent-traces)
     "32k": (60, 608, 148, 28639, 17183),
     "48k": (106, 474, 172, 42607, 25120),
     "64k": (157, 429, 176, 55958, 32721),
@@ -72,8 +58,7 @@ PUBLISHED = {  # turns, append, gen, total, context (docs/design.md#agent-traces
 
 def generate(preset: str | TracePreset, n: int = 500, seed: int = 0, scale: float = 1.0,
              tools: bool = False) -> list[Trajectory]:
-    """`n` trajectories of a preset ("32k", "48k", "64k"), lengths multiplied by `scale`; with
-    `tools`, a tool-call duration in every gap between turns (`with_tool_calls`)."""
+    """`n` trajectories of a preset ("32k", "48k", "64k"), lengths times `scale`; `tools` adds tool calls."""
     p = PRESETS[preset] if isinstance(preset, str) else preset
     if not 0 < scale <= 1 or n < 1:
         raise ValueError(f"need n >= 1 and 0 < scale <= 1, got n={n}, scale={scale}")
@@ -83,8 +68,7 @@ def generate(preset: str | TracePreset, n: int = 500, seed: int = 0, scale: floa
 
 def with_tool_calls(trajs: list[Trajectory], seed: int = 0, median_s: float = TOOL_MEDIAN_S,
                     sigma: float = TOOL_SIGMA, keep: bool = True) -> list[Trajectory]:
-    """Each trajectory with a tool call in every gap between its turns, drawn per (seed, index);
-    `keep`: trajectories that record their own durations keep them."""
+    """Each trajectory with a tool call in every gap between turns; `keep`: recorded durations stay."""
     if median_s <= 0 or sigma < 0:
         raise ValueError(f"need median_s > 0 and sigma >= 0, got {median_s}, {sigma}")
     out = []
@@ -117,12 +101,7 @@ def _one(p: TracePreset, seed: int, index: int, scale: float) -> Trajectory:
 
 
 def expand_agents(n_base: int, n_agents: int, seed: int = 0) -> list[tuple[int, int]]:
-    """Agents as (base trajectory index, synthetic first-round append; 0 = none).
-
-    The first n_base agents replay the base set as is; more agents sample a base
-    trajectory and prepend a round of random tokens with gen = 1, so copies share no
-    prefix (as the paper did). The prepended append is 16..127 tokens.
-    """
+    """Agents as (base trajectory index, first-round append); copies past the base set get random tokens."""
     if n_base < 1 or n_agents < 0:
         raise ValueError("need n_base >= 1 and n_agents >= 0")
     rng = np.random.default_rng([seed, 1 << 20])

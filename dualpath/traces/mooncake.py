@@ -1,13 +1,7 @@
 """Importer of the public Mooncake trace format: one request per JSONL line.
 
-    {"timestamp": 27482, "input_length": 6955, "output_length": 52, "hash_ids": [46, 47, ...]}
-
-`timestamp` is the arrival in ms; `hash_ids` names the prompt's 512-token blocks in order
-(equal ids = equal content; the last block may be partial). `prompt_tokens` maps each
-hash id to a deterministic block of token ids, so two requests whose hash_ids share a
-prefix share exactly that token prefix. Owns parsing (a msgspec Struct with constraints;
-errors name the file, line and field) and the id -> tokens mapping; knows nothing about
-replaying.
+`hash_ids` name the prompt's blocks; `prompt_tokens` maps each to a fixed block of token ids,
+so requests sharing a hash-id prefix share exactly that token prefix.
 """
 from __future__ import annotations
 
@@ -45,7 +39,6 @@ def parse_line(text: str, path: str = "<string>", line: int = 1) -> MooncakeRequ
 
 
 def read_mooncake(path: str | Path) -> list[MooncakeRequest]:
-    """Every request of a Mooncake JSONL file, in file order (blank lines skipped)."""
     return read_jsonl(path, parse_line, "requests")
 
 
@@ -56,12 +49,7 @@ def block_size_for(scale: float, align: int = 64) -> int:
 
 def prompt_tokens(req: MooncakeRequest, index: int, lo: int, hi: int, salt: int = 0,
                   scale: float = 1.0) -> list[int]:
-    """The request's prompt: hash id h -> a fixed block of ids in [lo, hi) (seeded by salt, h).
-
-    With `scale` < 1 each hash id stands for fewer tokens (block_size_for) and the
-    input length shrinks alike. Tokens beyond the hash ids' cover (rare) are unique to
-    the request (seeded by its index), so they never fake a shared prefix.
-    """
+    """The request's prompt: hash id h -> fixed ids in [lo, hi) (seeded by salt, h); the rest its own."""
     block = block_size_for(scale) if scale != 1.0 else MOONCAKE_BLOCK
     length = max(1, round(req.input_length * block / MOONCAKE_BLOCK))
     out: list[int] = []

@@ -1,13 +1,6 @@
 """Decode-engine wiring: admission of handed-off prompts and the continuous-batching loop.
 
-Sequence for one request:
-  `de.<id>.admit` DecodeAdmit (KV already in this engine's TM buffer) -> Ack
-  -> waits for free KV blocks (FIFO) -> TM `load` copies buffer -> KV memory, frees buffer
-  -> joins the running batch; every step: one token per sequence, published as one StepEvents
-     per output subject (every request of that scheduler in the batch); a sequence leaves on
-     stop / length / cancel / a failure of its background work, and frees its blocks.
-A failed load (the TM's error, a deadline, anything it raises) fails only that request.
-"""
+A failed load fails only its request; a decode step never waits on a save."""
 from __future__ import annotations
 
 import asyncio
@@ -102,8 +95,7 @@ class DecodeEngineService(EngineService):
                                      name=f"admit-deadline-{req.req_id}")
 
     async def _drop_waiting(self, req: DecodeRequest, error: str = "") -> None:
-        """An ADMITTED request leaves the line (cancelled, or failed with `error`, retryable: its deadline
-        passed); its TM frees the buffer slots its KV sits in."""
+        """An ADMITTED request leaves the line, cancelled or failed (retryable) with `error`."""
         self.waiting.remove(req)
         self._release(req, DeState.FAILED if error else DeState.CANCELLED, error)  # before the awaits
         await self.bus.publish(self.subjects.at(EP.TM_RELEASE, engine=self.engine), Release(req.req_id))
@@ -206,7 +198,6 @@ class DecodeEngineService(EngineService):
         self.wake.set()
 
     def _background_failed(self, req: DecodeRequest, error: str) -> None:
-        """Background work of a running request failed: the loop ends it with `error`."""
         if self.held.get(req.req_id) is req and req.state is DeState.RUNNING:
             req.failed = error
             self._stop(req, DeState.FAILED, error)
@@ -234,7 +225,6 @@ class DecodeEngineService(EngineService):
             await self._step()
 
     async def _leave(self, seq: RunningSeq) -> None:
-        """A cancelled or failed sequence leaves the batch (a failed one with its error event)."""
         self.running.remove(seq)
         failed = seq.req.ending is DeState.FAILED
         if seq.span is not None:
@@ -269,7 +259,6 @@ class DecodeEngineService(EngineService):
             await self.bus.publish(reply, StepEvents(events, self.engine))
 
     def _advance(self, seq: RunningSeq, tok: int, lp: TokenLogprob | None, batch_size: int, t0: float) -> TokenEvent:
-        """One step's token for `seq`: its event; the sequence leaves when it finished."""
         index = seq.index
         seq.req.generated.append(tok)
         seq.pos += 1
@@ -291,8 +280,7 @@ class DecodeEngineService(EngineService):
         return TokenEvent(seq.req.req_id, [tok], index, finish=reason, logprobs=[lp] if lp is not None else [])
 
     def _forward(self, batch: list[RunningSeq]) -> tuple[list[int], list[TokenLogprob | None]]:
-        """Model thread: one token for every running sequence (and its log-probabilities, for the
-        sequences whose request asked for them)."""
+        """Model thread: one token per running sequence, with log-probabilities where asked."""
         import torch
 
         from shared.engine.sampling import next_tokens
@@ -316,8 +304,7 @@ class DecodeEngineService(EngineService):
             self._release(req, DeState.FAILED, error)
 
     def _release(self, req: DecodeRequest, ending: DeState | None = None, why: str = "") -> None:
-        """`req` ends in `ending` (None: the one it was stopping or persisting for): its blocks are freed,
-        or once its saves are copied out of them (PERSISTING meanwhile)."""
+        """`req` ends in `ending` (None: the pending one); its blocks are freed once its saves copied them."""
         if req.state in TERMINAL:
             return  # released before; its id (and its blocks' owner name) may belong to a newer record
         ending = ending or req.ending or DeState.DONE

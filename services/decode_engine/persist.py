@@ -1,18 +1,8 @@
 """Persistence from the decode side: every full block is saved the moment it fills.
 
-Prompt blocks the store did not have (the PE computed them) are saved on admission, before
-it is acknowledged, straight from the DE buffer they arrived in (`claim_prompt`: whatever
-ends the request later, a cancel while it waits for KV memory included, they are on their
-way; a cancel that overtook the admission makes the admission fail, and the PE saves them); each
-generated block when decoding completes it, copied out of KV memory. Saving is
-background work of the traffic-manager (bulk class) and never stalls a decode step; the
-engine keeps a request's KV blocks until the TM has copied them out (`busy`), so a block
-is never reused while its bytes are on their way to the store. A save the TM refuses
-or times out is logged and counted by the TM (persistence is best effort); an unexpected
-error is logged with its traceback, counted, and ends that request with an error
-(`on_failure`).
-Receives the bus and callbacks into the engine, never the engine itself.
-"""
+Prompt blocks the store lacks are saved from the DE buffer on admission, generated ones from KV
+memory; the engine keeps a block until the TM copied it out. Never stalls a decode step, and
+never holds the engine itself (only the bus and callbacks)."""
 from __future__ import annotations
 
 import asyncio
@@ -44,11 +34,8 @@ class Persister:
         self.m_failed = metrics.counter("persist_failures_total", "Saves that failed unexpectedly")
 
     async def claim_prompt(self, req: EngineRequest, admit: DecodeAdmit) -> str:
-        """On admission, before it is acknowledged: the prompt's full blocks the store lacks, written
-        from the DE buffer slots they arrived in (the TM holds those slots until written, whatever
-        ends the request). Returns why it could not ("": claimed, or nothing to save): the slots were
-        released already (a cancel overtook the admission) -- then the PE, still holding the prompt,
-        persists it."""
+        """On admission: save the prompt's missing blocks from the buffer slots they arrived in. Returns
+        why it could not ("" when claimed or nothing to save); then the PE persists the prompt."""
         n_full = min(admit.prompt_len // self.layout.block_size, len(admit.block_keys), len(admit.buf_slots))
         start = min(admit.persisted_blocks, n_full)
         if start >= n_full:
@@ -84,7 +71,7 @@ class Persister:
         self.spawn(self._request(req, msg), name=f"persist-{req.req_id}")
 
     async def _request(self, req: EngineRequest, msg: SaveKV, count: bool = True) -> None:
-        """`count`: the save reads the request's KV blocks (it keeps them until copied out)."""
+        """`count`: the save reads the request's KV blocks, so they are kept until copied out."""
         try:
             res = await self.bus.request(self.subject, msg, timeout=self.timeout_s, ctx=req.ctx)
             self.m_saved.inc(res.copied)

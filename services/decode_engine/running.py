@@ -1,9 +1,6 @@
 """The running batch of a decode engine: sequences, their positions, and when they finish.
 
-Pure: no torch, no I/O. Progress is a counter (`pos`: tokens whose KV is in the
-cache), not a phase flag; a request's phase is its `state` (states.py). A sequence joins
-after its prompt KV is in KV memory and leaves when it stops, hits its length, or is cancelled.
-"""
+Pure: no torch, no I/O."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -16,8 +13,6 @@ from shared.messages.work import DecodeAdmit
 
 @dataclass(eq=False)
 class DecodeRequest(EngineRequest):
-    """One record per request a decode engine holds."""
-
     admit: DecodeAdmit | None = None  # the hand-off (buffer slots, prompt keys); None once loaded
     failed: str = ""  # why its background work failed (the error it ends with, unless cancelled)
     state: Any = None  # its `states.DeState` (written by `DeLife` alone)

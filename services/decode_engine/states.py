@@ -1,10 +1,6 @@
 """A request's state at a decode engine: one enum, the legal moves, and `DeLife.move`, their only writer.
 
-Owns the counts the announcement (`seq`) and the metrics read, and the request's trace event per
-move. Every live state has a way out on failure and on cancel (STOPPING waits for the load or step
-under way), and a deadline: admission `admit_wait_s`, loading `load_timeout_s` (or its TM's
-restart), running its length, persisting the save deadline. An illegal move is counted and logged.
-"""
+Every live state has a way out on failure, on cancel, and by a deadline."""
 from __future__ import annotations
 
 import enum
@@ -42,8 +38,7 @@ LEGAL = legal_table({
 
 
 class DeLife(StateMachine[DeState]):
-    """The decode engine's requests by state; `try_move` is the engine's way in (an illegal move is
-    a bug: logged and counted, never fatal). Exposes `requests{state}` on the engine's metrics."""
+    """The decode engine's requests by state; an illegal move is logged and counted, never fatal."""
 
     def __init__(self, metrics: Metrics):
         super().__init__(LEGAL, TERMINAL, on_move=_event)

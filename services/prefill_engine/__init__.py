@@ -1,1 +1,1 @@
-"""Prefill engine: computes prompt KV (only the miss part when blocks are stored) and hands it to a decode engine."""
+"""Prefill engine: computes a prompt's missing KV and hands the prompt to a decode engine."""

@@ -1,14 +1,6 @@
 """Prefill-engine wiring: NATS intake, the prefill loop, cancellation and release.
 
-Sequence for one request:
-  `pe.<id>.work` PrefillWork -> [hits: KV blocks, storage read, layers (fetch.py)] -> queued
-  (FIFO) -> batch forward in the model thread (batching.py) -> first token sampled and
-  published on the request's output subject -> KV pushed to a decode engine and admitted
-  there (handoff.py) -> blocks freed.
-Each request is one `PrefillRequest` record (record.py) in `held`; where it is, its state, moves
-by `PeLife.move` (life.py) alone, here, as the fetch and the hand-off say (outcomes.py); `_release`
-drops it.
-"""
+A request's state moves here alone (`PeLife.move`), as the fetch and the hand-off say (outcomes.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -73,13 +65,11 @@ class PrefillEngineService(EngineService):
         self.spawn(self._loop(), name="prefill-loop")
 
     def parts(self) -> None:
-        """The stored-KV fetch and the hand-off, over this engine's link to the mesh (the model loaded)."""
         link = PeLink(self.bus, self.subjects, self.engine, self.spawn)
         self.fetcher = Fetcher(link, self.cfg, self.store, self.kv, self.metrics)
         self.handoff = Handoff(link, self.cfg, self.store, self.loaded.config.eos_ids, self.pm)
 
     def announce(self) -> EngineAnnounce:
-        """The engine's announcement; the requests it holds counted from their states."""
         return msgspec.structs.replace(super().announce(), seq=self.life.held())
 
     async def stop(self) -> None:
@@ -119,8 +109,7 @@ class PrefillEngineService(EngineService):
             self._cancel(req)
 
     def _cancel(self, req: PrefillRequest) -> None:
-        """The client left: a forward or hand-off running it ends it; with its storage read in flight it is
-        freed when the read ends (or at its deadline); else now, or once its last layer copy lands."""
+        """The client left: end it now, or once no forward, hand-off, read or layer copy still holds it."""
         state = req.state
         if state in ENDING:
             return
@@ -134,7 +123,6 @@ class PrefillEngineService(EngineService):
 
     # what the fetch and the hand-off say ------------------------------------
     async def do(self, outcomes: Iterable[Outcome]) -> None:
-        """Carry out, in order, what the fetch or the hand-off said should happen (outcomes.py)."""
         for o in outcomes:
             match o:
                 case Ready(req, eta_s):
@@ -151,8 +139,7 @@ class PrefillEngineService(EngineService):
                     self._release(req)
 
     async def _drive(self, step: AsyncIterator[Outcome]) -> None:
-        """A running step of the fetch or the hand-off: each outcome done as it comes (the step closed
-        here, in this task, whatever ends it)."""
+        """Carry out each outcome of a running fetch or hand-off step as it comes; the step is closed here."""
         async with contextlib.aclosing(step) as outcomes:
             async for o in outcomes:
                 await self.do((o,))
@@ -161,14 +148,12 @@ class PrefillEngineService(EngineService):
         return self.spawn(self._drive(step), name=name, label=task_label(step), **kw)
 
     def _send(self, req: PrefillRequest, fetch: FetchKV) -> None:
-        """Its KV blocks are allocated: its storage read goes out, and its deadline starts."""
         self.move(req, P.READING, "KV blocks allocated: storage read sent")
         req.timer = self._run(self.fetcher.deadline(req), f"fetch-deadline-{req.req_id}")
         self._run(self.fetcher.send(req, fetch), f"fetch-{req.req_id}")
 
     def _ready(self, req: PrefillRequest, eta_s: float) -> None:
-        """Its stored KV is read (or it is a miss after all): it is queued when its read is about to end,
-        so that its own compute overlaps the tail of its read."""
+        """Queue it when its read is about to end, so its own compute overlaps the read's tail."""
         if req.state not in (P.WAITING_BLOCKS, P.READING):
             if req.state is P.CANCELLED:
                 self._drop(req)  # its client left while it was read: freed once its copies land
@@ -191,8 +176,7 @@ class PrefillEngineService(EngineService):
             self.wake.set()
 
     async def _load_failed(self, req: PrefillRequest, code: ErrorCode, error: str) -> None:
-        """Its stored KV will not arrive: a forward computing it fails it (LoadError); else fail it now
-        (one that was ending already is freed: nothing targets its blocks any more)."""
+        """Its stored KV will not arrive: a forward computing it fails it (LoadError), else it fails now."""
         if req.state in HELD or req.state is P.RELEASED:
             return
         if req.state in ENDING:
@@ -255,9 +239,8 @@ class PrefillEngineService(EngineService):
             self._after_step(c, span, tok)
 
     async def _step_failed(self, batch: list[Chunk], spans: list, exc: Exception) -> None:
-        """A load that failed fails its own request, and those whose KV was already on its way to the
-        DE or whose hits live in a window (retryable: resumed elsewhere); the others compute again in
-        the next forward. Any other error fails the whole batch. Pushes end before blocks are freed."""
+        """A failed load fails its own request and those that cannot compute again (retryable); the others
+        go back to the queue. Any other error fails the batch. Pushes end before blocks are freed."""
         load = isinstance(exc, LoadError)
         if not load:
             log.exception("prefill step failed", exc_info=exc)
@@ -297,7 +280,6 @@ class PrefillEngineService(EngineService):
                   on_error=lambda exc: self.fail(r, ErrorCode.INTERNAL, f"KV hand-off failed: {exc}", retryable=True))
 
     def _forward_over(self, req: PrefillRequest, why: str) -> None:
-        """Its forward is over without its first token: queued again, or, its client gone, dropped."""
         if req.state is P.COMPUTING:
             self.move(req, P.READY, why)
         elif req.state is P.CANCELLING:
@@ -307,7 +289,6 @@ class PrefillEngineService(EngineService):
 
     # helpers ----------------------------------------------------------------
     def move(self, req: PrefillRequest, to: PeState, why: str = "") -> bool:
-        """`req` to state `to` (PeLife.move); an illegal move is logged and counted, and changes nothing."""
         try:
             self.life.move(req, to, why)
         except IllegalTransition as exc:
@@ -325,9 +306,7 @@ class PrefillEngineService(EngineService):
                                     LayersComputed([r.req_id for r in reqs], layer)), name="computed")
 
     async def tm_restarted(self) -> None:
-        """No read, layer copy or push of the old TM lands now: what waited on one fails (retryable)
-        or, ending already, is released at once, not at its deadline; a forward or hand-off holding
-        one ends it (its push is cancelled, its load failed)."""
+        """The old TM's transfers never land: what waits on one fails (retryable) or is freed now."""
         for req in list(self.held.values()):
             if req.copies_done(self.loaded.config.n_layers) and (req.push is None or req.push.done()):
                 continue
@@ -344,22 +323,20 @@ class PrefillEngineService(EngineService):
         return (len(req.prompt) - req.hit_tokens) * self.s_per_token
 
     def _allocate(self, req: PrefillRequest) -> bool:
-        """KV blocks for a request that loads nothing (a miss, or the oracle's hits taken as present)."""
+        """KV blocks for a request that loads nothing (a miss, or the oracle's hits)."""
         cfg, hits = self.cfg, req.hit_tokens // self.cfg.block_size
         window = cfg.hit_window_layers if hits and one_forward(cfg, self.attn_model, req.hit_tokens,
                                                                len(req.prompt)) else 0
         return memory.allocate(self.kv, req, hits, window, self.loaded.config.n_layers)
 
     def _unqueue(self, req: PrefillRequest) -> None:
-        """It leaves the compute queue and the wait for KV blocks."""
         self.queue = [r for r in self.queue if r is not req]
         if self.fetcher is not None:
             self.fetcher.drop(req)
 
     async def fail(self, req: PrefillRequest, code: ErrorCode, error: str, retryable: bool = False,
                    release: bool = True) -> None:
-        """Answer it with an error (FAILED, unless it was ending already); release it now, or (`release`
-        False) whoever holds it releases it later."""
+        """Answer it with an error; release it now, or (`release` False) its holder releases it later."""
         if req.state not in ENDING:
             self.move(req, P.FAILED, f"{code}: {error}")
         self._unqueue(req)
@@ -371,7 +348,7 @@ class PrefillEngineService(EngineService):
                 self._release(req)
 
     def _drop(self, req: PrefillRequest) -> None:
-        """Cancelled: release now, or when its last layer copy lands (or one deadline later, if it never does)."""
+        """Cancelled: release now, or once its last layer copy lands (at most one deadline later)."""
         if req.copies_done(self.loaded.config.n_layers):
             self._release(req)
             return

@@ -1,11 +1,6 @@
 """Prefill batching: which chunks the next forward computes, and that forward itself.
 
-`pick` plans under the compute quota (the intra-PE policy, shared/sched/policy/
-intra_pe.py) over the FIFO queue, giving KV blocks to the head first; `forward` runs in
-the model thread: one batched forward of the chunks, gated layer by layer on the stored
-KV still being loaded (layers.py), reporting each layer computed (the hand-off pushes it
-meanwhile), and the first token of every prompt it finishes.
-"""
+`pick` runs on the event loop, `forward` in the model thread."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -29,7 +24,6 @@ First = tuple[int, TokenLogprob | None]  # a finished prompt's first token (and 
 
 
 def attention_model(cfg) -> AttentionModel:
-    """The intra-PE policy's attention-time model, from the engine's profiled settings."""
     return AttentionModel(per_pair=cfg.attn_per_pair_s, per_token=cfg.attn_per_token_s, per_batch=cfg.attn_per_batch_s)
 
 
@@ -41,9 +35,8 @@ def one_forward(cfg, attn: AttentionModel, cached: int, prompt_len: int) -> bool
 
 def pick(queue: list[PrefillRequest], allocate: Callable[[PrefillRequest], bool], attn: AttentionModel,
          quota_s: float, max_tokens: int) -> list[Chunk]:
-    """The next forward's chunks. FIFO: KV memory for the head first (`allocate`); stop at the first
-    that does not fit. Empty when the head cannot get KV memory (wait for hand-offs to free blocks).
-    A request whose hits live in a window is computed whole (it cannot come back for more)."""
+    """The next forward's chunks, FIFO, KV memory for the head first; empty when the head gets none.
+    A request whose hits live in a window is computed whole."""
     ready = []
     for r in queue:
         if not r.blocks and not allocate(r):
@@ -55,14 +48,13 @@ def pick(queue: list[PrefillRequest], allocate: Callable[[PrefillRequest], bool]
 
 
 def written_blocks(batch: list[Chunk], block_size: int) -> list[int]:
-    """The KV blocks a forward of `batch` writes: those holding positions [cached, cached + bsz) of each chunk."""
     return sorted({b for c in batch for b in c.req.blocks[c.cached // block_size:-(-(c.cached + c.bsz) // block_size)]})
 
 
 def forward(model, kv: KVMemory, batch: list[Chunk], layer_timeout_s: float,
             on_computed: Callable[[int], None] | None = None) -> tuple[list[First | None], float]:
-    """Model thread: one batched forward; per chunk, the first token if it finished its prompt, and the
-    seconds it waited for stored KV. `on_computed(l)`: layer l is over (its push may start)."""
+    """Model thread: one batched forward; per chunk, its first token if it finished its prompt, and the
+    seconds it waited for stored KV. `on_computed(l)`: layer l is over."""
     import torch
 
     from shared.engine.sampling import next_tokens

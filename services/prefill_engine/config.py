@@ -10,7 +10,7 @@ from shared.engine.config import EngineConfig
 @dataclass(frozen=True)
 class PrefillEngineConfig(EngineConfig):
     max_batch_tokens: int = 4096  # prompt tokens computed in one forward (hard cap)
-    compute_quota_s: float = 4.0  # estimated attention time per forward; a longer prompt is chunked (docs/design.md)
+    compute_quota_s: float = 4.0  # estimated attention time per forward; a longer prompt is chunked (docs/concepts/design.md#batching-inside-a-prefill-engine)
     attn_per_token_s: float = 2.0e-3  # attention-time model: seconds per new token (profiled on this CPU)
     attn_per_pair_s: float = 2.0e-8  # ... per (new token, attended token) pair
     attn_per_batch_s: float = 1.0e-3  # ... once per forward

@@ -1,25 +1,7 @@
-"""Stored-KV loading for the prefill engine: the storage read of a request's hit blocks,
-its deadline, and the fetch progress reports that feed the request's `LoadProgress`.
+"""Stored-KV loading for the prefill engine: a request's storage read, its deadline and its reports.
 
-Sequence for one request with hits (the traffic-manager's side: shared/messages/traffic_manager.py):
-  KV blocks allocated (its hits in a window when it fits one forward: memory.py) -> FetchKV to
-  this engine's TM -> [ReadQueued: the deadline waits for the storage queue] -> ReadFinished:
-  `blocks` hits found (0: a miss after all), their layers in within `eta_s` -> the request joins
-  the prefill queue `eta_s` minus its own compute time later -> LayersLoaded(l) as layers land,
-  while the model thread computes layer l as soon as it is in KV memory.
-Every hit prefetched into this engine's own TM buffer, with the assignment saying where
-(`PrefillWork.staged_slots`): no FetchKV. The engine copies them from that buffer itself
-(staged_copy.py), checks their stamp, and goes on exactly as after `ReadFinished(layers=n)`;
-its TM hears afterwards that they were used (`Release(used=n)`, off the critical path). A stamp
-gone (the entry was dropped meanwhile) discards the copy: the usual FetchKV follows.
-A failure is answered at once: `FetchFailed` before the read finished is a miss (the prompt
-is computed); after it (a layer copy died) it fails the `LoadProgress`, so a forward waiting
-on it raises now, and a request not in a forward is failed (retryable) right away. A read
-that never reports fails at its deadline.
-Owns the requests waiting for KV blocks; receives the engine's link to the mesh and its KV
-memory, never the engine itself: each step returns (or, running, yields) what should happen to
-the request (outcomes.py), and the engine does it.
-"""
+A failure before the read finished is a miss; after it, it fails the load. Never holds the
+engine: each step returns what should happen to the request (outcomes.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -56,9 +38,7 @@ def usable_hits(work: PrefillWork, block_size: int) -> int:
 
 
 def stored_blocks(req: PrefillRequest, block_size: int) -> int:
-    """The prompt's leading blocks the store holds: the scheduler's count when the read found every
-    block it was asked for (those past the last-token cap are stored too), else what it found (the
-    rest were computed here, and are persisted once, by whichever side ends the request)."""
+    """The prompt's leading blocks the store holds: the scheduler's count if the read found them all."""
     found = req.hit_tokens // block_size
     work = req.work
     if work is None or found < usable_hits(work, block_size):
@@ -79,8 +59,7 @@ class Fetcher:
         self.waiting: list[PrefillRequest] = []  # hit requests waiting for KV blocks (FIFO)
 
     def start(self) -> list[Outcome]:
-        """FIFO: give waiting hit requests their KV blocks and their FetchKV (to send: `Send`), or copy
-        hits prefetched into a buffer this engine maps straight away (`Ready`)."""
+        """FIFO: KV blocks and a storage read (`Send`) for waiting requests, or a direct copy (`Ready`)."""
         kv, cfg, out = self.kv, self.cfg, []
         while self.waiting:
             req = self.waiting[0]
@@ -107,7 +86,6 @@ class Fetcher:
         return out
 
     def _fetch_kv(self, req: PrefillRequest, n: int) -> FetchKV:
-        """The storage read of its `n` leading hits into its KV blocks (or its window's ring)."""
         work, w = req.work, req.window
         return FetchKV(req.req_id, work.block_keys[:n], req.blocks[:n], work.read_node or self.cfg.node,
                        self.store, min(work.pe_blocks, n), de_engine=work.de_engine, de_node=work.de_node,
@@ -116,10 +94,8 @@ class Fetcher:
                        window=KVWindow(w.hits, list(w.ring), w.layers) if w else None)
 
     def _direct(self, req: PrefillRequest, fetch: FetchKV) -> list[Outcome] | None:
-        """Every hit sits in a TM buffer this engine maps (its own TM's; the DE's or another's on this
-        host): copy them from there, no FetchKV (None: the entry went meanwhile, fetch the usual way).
-        The holder takes the slots back when told they were used, or, the request's own DE's, its
-        push's reservation adopts them as the prompt's first DE-buffer slots (never pushed)."""
+        """Copy hits from a TM buffer this engine maps; None when the entry went meanwhile (fetch as
+        usual)."""
         n, work = len(fetch.block_keys), req.work
         with tracer.start_as_current_span("kv_staged_copy", context=req.ctx, attributes={
                 "req_id": req.req_id, "blocks": n, "prefetched_blocks": n, "read_at_arrival_blocks": 0,
@@ -138,7 +114,7 @@ class Fetcher:
         return self._read_done(req, ReadFinished(req.req_id, n, layers=self.n_layers, staged=n))
 
     async def send(self, req: PrefillRequest, fetch: FetchKV) -> AsyncIterator[Outcome]:
-        """Ask this engine's TM for the read; one that cannot be sent fails now, not at the deadline."""
+        """One that cannot be sent fails now, not at the deadline."""
         try:
             await self.bus.publish(self.subject, fetch, ctx=req.ctx)
         except Exception as exc:  # noqa: BLE001 - the read was never asked for: fail it now, not at the deadline
@@ -149,9 +125,8 @@ class Fetcher:
                 yield Fail(req, ErrorCode.STORAGE, f"storage read not sent: {exc}")
 
     async def deadline(self, req: PrefillRequest) -> AsyncIterator[Outcome]:
-        """Every transfer has a deadline: a storage read that never reports (its traffic-manager died)
-        fails the request as retryable; its blocks are freed one more deadline later, when no copy
-        of that fetch can still be writing into them. Cancelled as soon as the read reports."""
+        """A read that never reports fails the request (retryable); its blocks are freed a deadline
+        later."""
         while (left := req.deadline - time.monotonic()) > 0:
             await asyncio.sleep(left)
         if not req.read_pending:
@@ -165,7 +140,6 @@ class Fetcher:
         yield Free(req)
 
     def on_progress(self, req: PrefillRequest, msg: FetchProgress) -> list[Outcome]:
-        """A report of its read (or its layers) from this engine's TM: what follows from it."""
         if req.load is None or req.load.error:
             return []
         match msg:
@@ -197,10 +171,6 @@ class Fetcher:
         return [LoadFailed(req, msg.code, f"stored KV load failed: {msg.error}")]
 
     def _read_done(self, req: PrefillRequest, msg: ReadFinished) -> list[Outcome]:
-        """The storage read reported: `msg.blocks` leading hits were found; their layers land within
-        `msg.eta_s` and are copied into KV memory layer by layer as they do (a short read only means
-        fewer hits). The request is ready to compute when its read is about to end: its own
-        compute then overlaps the tail of its own read, without holding up a forward much earlier."""
         req.load.reading = False
         req.cancel_timer()
         req.hit_tokens = msg.blocks * self.cfg.block_size
@@ -219,5 +189,4 @@ class Fetcher:
         return [Ready(req, msg.eta_s)]
 
     def drop(self, req: PrefillRequest) -> None:
-        """A cancelled request leaves the wait for KV blocks."""
         self.waiting = [r for r in self.waiting if r is not req]

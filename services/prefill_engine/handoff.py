@@ -1,21 +1,7 @@
 """The prefill engine's hand-off: the first token out, then the prompt's KV to a decode engine.
 
-Sequence for one prompt:
-  its final forward starts -> PushKV(layerwise) to this engine's TM (`start_push`): layer l of
-  its KV goes to the DE's buffer while layer l + 1 computes (the forward reports each layer)
-  -> the forward ends: TokenEvent(first token) on the request's output subject -> PushDone
-  (the last layer has landed) -> DecodeAdmit to the DE -> Ack -> the DE owns the request; its
-  blocks here are freed. A prompt that finished at its first token waits for its push too
-  (its blocks are being read), then frees the DE-buffer slots. A forward that failed ends its
-  pushes (`abort_push`: Release to this TM) before its blocks are freed.
-A failed push or admit fails the request as retryable (its scheduler resumes it) and frees
-the DE-buffer slots it held. A prompt the decode engine never takes (its only token came
-from the prefill: max_tokens 1, an end-of-sequence token; cancelled; a failed hand-off) is
-persisted from here instead: its full blocks the store lacks go to this engine's TM
-(`SaveKV`, this node's gateway writes them) before its KV blocks are freed -- every
-prompt is stored, whatever ends it. Receives the engine's link to the mesh, never the engine
-itself: `run` yields what should happen to the request (outcomes.py) as it comes, the engine does it.
-"""
+A failed push or admit fails the request as retryable; a prompt no decode engine takes is stored
+from here. Never holds the engine itself."""
 from __future__ import annotations
 
 import asyncio
@@ -54,8 +40,7 @@ class Handoff:
 
     # layerwise push ------------------------------------------------------------------------
     def start_push(self, req: PrefillRequest, expect_s: float = 0.0) -> None:
-        """The prompt's final forward is about to start (computing for about `expect_s`, at the measured
-        rate): its TM sends each layer on as it is computed."""
+        """The final forward is about to start (about `expect_s`): its TM pushes layers as computed."""
         work = req.work
         if work is None or work.mode == LoadMode.ORACLE or req.push is not None:
             return
@@ -69,19 +54,14 @@ class Handoff:
         req.push = self.spawn(self._push(req, msg, 2 * (self.timeout_s + expect_s)), name=f"push-{req.req_id}")
 
     async def keepalive(self, reqs: list[PrefillRequest]) -> None:
-        """While their forward runs (cancelled when it ends): this engine's TM hears every quarter of
-        the deadline that it is alive (`ForwardAlive`), so a push waiting on a layer,
-        and a fetch whose window waits on that push, restart their deadlines however long the
-        forward computes or waits for other requests' reads; when the engine dies, they stop."""
+        """While their forward runs: keep this engine's TM's waits on it alive (`ForwardAlive`)."""
         ids, subject = [r.req_id for r in reqs], self.subjects.at(EP.TM_ALIVE, engine=self.engine)
         while ids:
             await asyncio.sleep(self.timeout_s / 4)
             await self.bus.publish(subject, ForwardAlive(ids))
 
     async def _push(self, req: PrefillRequest, msg: PushKV, timeout: float) -> None:
-        """The push's outcome into `req.pushed`; never raises (a bus failure is a failed PushDone). The
-        TM answers every push (its waits give up once the forward stops moving): `timeout`, which
-        grows with the forward's expected time, is for a TM gone."""
+        """The push's outcome into `req.pushed`; never raises (a bus failure is a failed PushDone)."""
         try:
             req.pushed = await self.bus.request(self.subjects.at(EP.TM_PUSH, engine=self.engine), msg,
                                                 timeout=timeout, ctx=req.ctx)
@@ -89,8 +69,7 @@ class Handoff:
             req.pushed = PushDone(ok=False, error=exc.reason, code=exc.code or ErrorCode.KV_TRANSFER)
 
     async def abort_push(self, req: PrefillRequest) -> None:
-        """End the request's push (its forward failed, or it was cancelled) and wait until its TM
-        no longer reads its blocks."""
+        """End the request's push and wait until its TM no longer reads its blocks."""
         if req.push is None:
             return
         if not req.push.done():
@@ -98,8 +77,7 @@ class Handoff:
         await asyncio.wait([req.push])
 
     async def run(self, req: PrefillRequest, first: int, lp: TokenLogprob | None) -> AsyncIterator[Outcome]:
-        """The first token out, then the KV to the DE and its admission there; or, the prompt ending here
-        (one token, its end of sequence, cancelled), its end here. Ends by yielding `Free`."""
+        """The first token, then the hand-off to the DE or the prompt's end here; yields `Free` last."""
         sp = req.sampling
         done = first in stop_ids(sp, self.eos_ids)
         finish = FinishReason.STOP if done else (FinishReason.LENGTH if sp.max_tokens <= 1 else None)
@@ -115,8 +93,7 @@ class Handoff:
         yield Free(req)
 
     async def _end_here(self, req: PrefillRequest) -> None:
-        """Finished here (e.g. one token) or cancelled: its push ends, its DE never loads the slots
-        staged for it, and the prompt is stored from here."""
+        """Finished here or cancelled: its push ends, its DE slots are freed, the prompt is stored from here."""
         if _cancelled(req):
             await self.abort_push(req)
         elif req.push is not None:
@@ -125,8 +102,7 @@ class Handoff:
         await self.persist(req)
 
     async def _hand_over(self, req: PrefillRequest, first: int) -> AsyncIterator[Outcome]:
-        """Push and admit; a failure fails the request (retryable), frees the DE-buffer slots it held,
-        and stores the prompt from here (the DE never took it)."""
+        """Push and admit; a failure fails the request (retryable) and stores the prompt from here."""
         t0 = time.perf_counter()
         work = req.work
         with tracer.start_as_current_span("pd_handoff", context=req.ctx,
@@ -148,15 +124,13 @@ class Handoff:
                     self.pm.handoff.observe(time.perf_counter() - t0)
 
     def drop_de_slots(self, req: PrefillRequest) -> None:
-        """The DE buffer slots staged for a request that will not reach that DE: free them."""
         engine, req.de_held = req.de_held, ""
         if engine:
             self.spawn(self.bus.publish(self.subjects.at(EP.TM_RELEASE, engine=engine), Release(req.req_id)),
                        name=f"release-de-{req.req_id}")
 
     async def persist(self, req: PrefillRequest) -> None:
-        """Save the prompt's full blocks the store lacks from this engine's KV memory (its TM copies
-        them out, then this node's gateway writes them); returns once they are copied out."""
+        """Save the prompt's blocks the store lacks; returns once its TM copied them out."""
         work = req.work
         if work is None or work.mode == LoadMode.ORACLE or req.computed is None:
             return
@@ -204,5 +178,4 @@ class Handoff:
 
 
 def _cancelled(req: PrefillRequest) -> bool:
-    """Its client left while it was being handed off (checked anew after every wait)."""
     return req.state is PeState.CANCELLING

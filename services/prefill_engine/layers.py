@@ -1,29 +1,7 @@
 """Layerwise prefill: the model thread waits for layer l of the stored KV before computing layer l.
 
-`LoadProgress` is fed from the event loop (`LayersLoaded` messages from the
-traffic-manager) and read from the model thread; `LayerGate` is the LayerHooks
-object passed to `forward`, blocking in `before_layer(l)` until every request of the
-batch that loads stored KV has layer l in KV memory. A wait gives up only once its load
-made no progress for the timeout (a layer landed, or the read's expected end, restarts it):
-a slow machine or a long storage queue fails nothing, a traffic-manager gone silent does.
-
-With the cache on a device apart from the host KV region (shared/engine/kv_device.py) the
-gate is also the GPU form of itself: `before_layer(l)` sends every layer that has landed
-in the host region up on the copy stream (one event per layer) and makes the compute
-stream wait for layer l's event, so the CPU blocks only until the TM wrote layer l and
-the GPU only until its copy is done; `after_layer(l)` sends layer l of the blocks this
-forward writes down to the host region, and `finish` waits for those copies before the
-TM may push them. With one cache for both (CPU) every copy is nothing.
-
-The gate also reports each layer that is over (`on_computed(l)`, from the model thread, when
-layer l + 1 starts; the last one at `finish`): its new KV is in the host region and its
-attention no longer reads its hits, so the traffic-manager pushes the layer to the decode
-engine while the next computes, and may reuse a hit window's slots. With a device cache a
-layer is reported once its copy down has completed (polled at each later layer, the rest at
-`finish`), never before.
-Hits in a window (shared/kv/window.py) land in the window's ring: a layer goes up from there,
-after the compute of the layer whose slots it reuses.
-"""
+A wait fails only once its load made no progress for the timeout. With a device cache the gate
+also moves each layer up and down on the copy stream."""
 from __future__ import annotations
 
 import threading
@@ -65,13 +43,11 @@ class LoadProgress:
             self._cond.notify_all()
 
     def expect(self, eta_s: float) -> None:
-        """The read reported: its last layer crosses the storage NIC within `eta_s` (no waiter gives
-        up before that)."""
+        """The read's last layer lands within `eta_s`; no waiter gives up before that."""
         with self._cond:
             self.moved = max(self.moved, time.monotonic() + eta_s)
 
     def layer_blocks(self, layer: int, n_layers: int) -> list[int]:
-        """Layer Block numbers where `layer` of the loaded hits lands (in a model of `n_layers`)."""
         return layer_blocks(self.blocks, layer, n_layers, self.window)
 
     def fail(self, reason: str, code: ErrorCode = ErrorCode.STORAGE) -> None:
@@ -80,8 +56,7 @@ class LoadProgress:
             self._cond.notify_all()
 
     def wait(self, layer: int, timeout: float) -> None:
-        """Until layer `layer` is in KV memory; a LoadError once nothing moved for `timeout` seconds
-        (from the wait's start, the last layer landed or the read's expected end, the latest)."""
+        """Until layer `layer` is in KV memory; LoadError once nothing moved for `timeout` seconds."""
         t0, start = time.perf_counter(), time.monotonic()
         with self._cond:
             while not (self.layers > layer or self.error):
@@ -97,9 +72,8 @@ class LoadProgress:
 
 
 class LayerGate:
-    """LayerHooks for one forward: each loading request's layer in KV memory before it is computed,
-    and (device cache) each layer's new KV of `written` blocks sent down once written; every
-    layer whose new KV is in the host region reported to `on_computed` (model thread)."""
+    """LayerHooks for one forward: each loading request's layer is in KV memory before it is computed;
+    each layer whose new KV is in the host region is reported to `on_computed` (model thread)."""
 
     def __init__(self, loads: list[LoadProgress], timeout: float, copies=None, written: list[int] = (),
                  on_computed: Callable[[int], None] | None = None):
@@ -138,7 +112,7 @@ class LayerGate:
             self.downs[layer] = self.copies.download(self.written, layer)
 
     def _done(self, layer: int) -> None:
-        """Layer `layer` is over, its attention included (it no longer reads its hits' slots)."""
+        """Layer `layer` is over; its attention no longer reads its hits' slots."""
         if self.on_computed is not None:
             self.pending.append((layer, self.downs.pop(layer, None)))
             self._report(wait=False)

@@ -1,10 +1,6 @@
 """Where a request is in the prefill engine: one enum, the legal moves, and `PeLife.move`, their only writer.
 
-Its stored KV's progress is apart (`LoadProgress`, layers.py): READY or COMPUTING while later
-layers still land. Every live state has a way out on failure and deadline (FAILED) and on cancel
-(CANCELLED; CANCELLING while a forward or its hand-off runs it, which ends it). Owns the counts the
-announcement and metrics read, and a span per request whose events are its moves; an illegal move raises.
-"""
+Every live state has a way out on failure, deadline and cancel; an illegal move raises."""
 from __future__ import annotations
 
 import enum
@@ -53,15 +49,13 @@ TERMINAL = frozenset(s for s, out in LEGAL.items() if not out)
 
 
 def _event(req, src, state: PeState, why: str) -> None:
-    """The move as an event on the request's own span (none when it is not recording)."""
     span = getattr(req, "span", None)
     if span is not None and span.is_recording():
         span.add_event("state", {"req_id": req.req_id, "state": str(state), "why": why})
 
 
 class PeLife(StateMachine[PeState]):
-    """The requests an engine holds, by state. `enter` starts a request's span (its moves are its
-    events), a move to RELEASED ends it; the metrics follow every move."""
+    """The requests an engine holds, by state; each request's span records its moves as events."""
 
     def __init__(self, engine: str = "", pm: PrefillMetrics | None = None):
         super().__init__(LEGAL, TERMINAL, on_move=_event)
@@ -90,7 +84,7 @@ class PeLife(StateMachine[PeState]):
         return sum(self.counts.values())
 
     def waiting(self) -> int:
-        """Requests waiting for prefill: for KV blocks, or queued to compute (`queue_length`)."""
+        """Requests waiting for KV blocks or queued to compute (`queue_length`)."""
         return self.total(WAITING)
 
     def _note(self, *states: PeState) -> None:

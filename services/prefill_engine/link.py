@@ -1,8 +1,6 @@
 """How the prefill engine's collaborators (fetch, hand-off) reach the mesh: bus, subject names, engine id, spawn.
 
-`spawn` runs work whose end decides nothing about the request (a publish, a push whose outcome
-lands in its record); work that does decide is returned to the engine instead (outcomes.py).
-"""
+`spawn` is only for work whose end decides nothing about the request."""
 from __future__ import annotations
 
 import asyncio

@@ -1,14 +1,6 @@
 """KV memory of one prompt on the prefill engine: whole blocks, or its stored hits in a window.
 
-A prompt with `hits` stored blocks whose missing part is computed in one forward may keep
-its hits a few layers at a time (`hit_window_layers`, shared/kv/window.py): the hits then
-take `ceil(hits * window / n_layers)` blocks (the ring) instead of `hits`, and the rest of
-the prompt its own blocks. Example: 30 layers, window 4, 60 hits + 10 blocks computed: 8 + 10
-blocks instead of 70. A prompt that will be chunked, or a window as wide as the model, takes
-whole blocks. After a short read (fewer hits than the ring was cut for) the blocks that
-turned out a miss get blocks of their own (`fill_short_read`). Owns the allocation only;
-the blocks are freed with the request (`KVMemory.alloc.release`).
-"""
+Owns the allocation only; the blocks are freed with the request."""
 from __future__ import annotations
 
 import dataclasses
@@ -40,8 +32,7 @@ def allocate(kv: KVMemory, req: PrefillRequest, hits: int, window_layers: int, n
 
 
 def fill_short_read(kv: KVMemory, req: PrefillRequest, found: int) -> bool:
-    """Only `found` of the window's hits were read: blocks of their own for the others (they are
-    computed now). False when KV memory has no room for them."""
+    """A short read: blocks of their own for the hits not found; False when KV memory has no room."""
     w = req.window
     if w is None or found >= w.hits:
         return True

@@ -1,8 +1,4 @@
-"""The prefill engine's own Prometheus series (prompts, tokens, forwards, hand-offs, queue, states, tiers).
-
-`prompt_tier_tokens_total{engine, tier}` counts every prefilled prompt's tokens by where their
-KV came from (shared/tiers.py); each tier's series exists from the start, at 0.
-"""
+"""The prefill engine's own Prometheus series (prompts, tokens, forwards, hand-offs, queue, states, tiers)."""
 from __future__ import annotations
 
 from shared.messages.stream import PromptTiers
@@ -29,7 +25,7 @@ class PrefillMetrics:
         self.tiers = {name: tiers.labels(engine, name) for name in NAMES}  # tier -> this engine's series
 
     def prefilled(self, tiers: PromptTiers) -> None:
-        """One prompt's prefill is over (its first token sampled): count it and its tokens by tier."""
+        """One prompt's prefill is over: count it and its tokens by tier."""
         self.requests.inc()
         for name, child in self.tiers.items():
             child.inc(getattr(tiers, name))

@@ -1,10 +1,6 @@
 """One record per request a prefill engine holds: the work, its state, its stored-KV load, its progress.
 
-Pure state (no I/O, no torch). Where it is: `state` (life.py, its only writer). Progress is
-counters: `hit_tokens` (prompt tokens served from the store; `prompt_tiers` says from where)
-and `computed` (prompt tokens whose KV is in KV memory). Releasing a request drops this one
-record; `cancel_timer` ends the deadline task.
-"""
+Pure state: no I/O, no torch."""
 from __future__ import annotations
 
 import asyncio
@@ -49,8 +45,7 @@ class PrefillRequest(EngineRequest):
         return self.hit_tokens if self.computed is None else self.computed
 
     def prompt_tiers(self, block_size: int) -> PromptTiers:
-        """Its prompt's tokens by where their KV came from: the oracle's hits were taken as already in
-        KV memory; otherwise staged hits, then the PE path's, then the DE path's; the rest computed."""
+        """Its prompt's tokens by where their KV came from (shared/tiers.py)."""
         n = len(self.prompt)
         hit = min(self.hit_tokens, n)
         if self.work is not None and self.work.mode == LoadMode.ORACLE:
@@ -61,7 +56,7 @@ class PrefillRequest(EngineRequest):
 
     @property
     def read_pending(self) -> bool:
-        """Its storage read is in flight: the traffic manager has not reported it (nor was it given up)."""
+        """Its storage read is in flight: not reported, nor given up."""
         return self.load is not None and self.load.reading
 
     def copies_done(self, n_layers: int) -> bool:

@@ -1,18 +1,7 @@
-"""The prefill engine's direct copy of blocks prefetched into a traffic-manager's buffer on its host: no message on the way.
+"""The prefill engine's direct copy of blocks prefetched into a TM buffer on its host.
 
-When a session's stored prefix was staged during its tool call in the buffer of this engine's
-own traffic-manager, or of another on its host that shares its memory (the request's decode
-engine's, say: the buffer is POSIX shared memory), the assignment carries where
-(`StagedSlots`: the buffer's and the stamp table's names, the entry's record and stamp, its
-slots). The engine maps both once, copies each block's bytes (every layer of a block is one
-contiguous span, in the buffer as in KV memory; consecutive slots to consecutive blocks go in
-one copy), then checks the stamp (shared/kv/staged_table.py): still there, the bytes are the
-staged blocks'; gone (the entry was dropped: TTL, release, buffer pressure, adoption, a restart),
-the copy is discarded and the caller fetches the usual way. Owns the mappings (one per buffer
-and table, the last MAPPED of each kept; one whose segment is gone is closed), not the entry:
-the traffic-manager frees it when told it was used (`Release(used=n)`, sent by the caller) or
-adopts it (the request's DE's, at the push's reservation).
-"""
+The copy is kept only if the entry's stamp is still there afterwards. Owns the mappings, never
+the entry: the traffic manager frees or adopts it."""
 from __future__ import annotations
 
 import logging
@@ -51,8 +40,7 @@ class StagedCopier:
         return self.kv.layout().block_nbytes
 
     def copy(self, grant: StagedSlots, dst_blocks: list[int]) -> bool:
-        """Copy the leading `len(dst_blocks)` staged blocks into those KV blocks; False: not usable
-        (the entry is gone, or its buffer cannot be mapped): what was copied is to be overwritten."""
+        """Copy the leading staged blocks into `dst_blocks`; False: not usable (overwrite the copy)."""
         n = len(dst_blocks)
         if n > len(grant.slots) or not self._map(grant):
             return False
@@ -69,9 +57,7 @@ class StagedCopier:
         return table.valid(grant.record, grant.stamp)  # after the copy: nothing freed the slots meanwhile
 
     def _map(self, grant: StagedSlots) -> bool:
-        """Map the buffer and the table the grant names, unless mapped already; a mapping whose segment
-        is gone (its traffic-manager restarted with new names, or left) is closed then, and the
-        oldest beyond MAPPED."""
+        """Map the buffer and table the grant names; close mappings whose segment is gone, and the oldest."""
         try:
             for name, maps, attach in ((grant.table, self.tables, StagedTable.attach),
                                        (grant.buffer, self.buffers, ShmRegion.attach)):

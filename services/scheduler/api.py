@@ -1,11 +1,6 @@
-"""HTTP handlers of the front door: /v1/models, /v1/completions, /v1/chat/completions,
-/health, /metrics, /openapi.json (and SGLang's session endpoints, sessions_api.py).
+"""HTTP handlers of the front door: the OpenAI-style endpoints, /health, /v1/mesh, /metrics, /openapi.json.
 
-A request: read the body (413 past the limit) -> validate (4xx JSON) -> tokenize ->
-submit to the scheduler -> stream server-sent events or answer once. The stream races
-"next event" against "client left"; when the client leaves, the request is cancelled
-everywhere so both engines free its KV.
-"""
+A client that leaves cancels its request everywhere, so both engines free its KV."""
 from __future__ import annotations
 
 import asyncio
@@ -54,7 +49,6 @@ def build_app(svc: Front) -> Starlette:
         return JSONResponse(body, status_code=200 if ok else 503)
 
     async def mesh(request: Request) -> Response:
-        """The live mesh as the scheduler sees it: every announced process and where its metrics are."""
         return JSONResponse(await svc.mesh())
 
     async def completions(request: Request) -> Response:
@@ -166,8 +160,8 @@ class ClientLeft(Exception):
 
 
 async def _collect(events: AsyncIterator[Event], request: Request):
-    """(texts, finish, failure, logprobs) of a non-streamed request, raced against its client
-    leaving: then the events are closed (which cancels the request) and ClientLeft raised."""
+    """(texts, finish, failure, logprobs) of a non-streamed request; ClientLeft (and cancelled) if its
+    client left."""
     async def read():
         text, finish, failed, reported = [], None, None, []
         async for delta, fin, err, lps in events:
@@ -189,14 +183,13 @@ async def _collect(events: AsyncIterator[Event], request: Request):
 
 
 async def _disconnected(request: Request) -> None:
-    """Returns when the client has gone (its body is already read: the next ASGI message is the disconnect)."""
+    """Returns when the client has gone (its body is read: the next ASGI message is the disconnect)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
 
 
 async def _events(svc: Front, rec: InFlight, stops: list[str], span) -> AsyncIterator[Event]:
-    """(text delta, finish reason or None, failure, logprobs to report) per engine event; cancels the
-    request if abandoned. Logprobs follow the text as logprobs.py describes."""
+    """(text delta, finish, failure, logprobs) per engine event; cancels the request if abandoned."""
     from shared.model.tokenizer import IncrementalDecoder
 
     decoder = IncrementalDecoder(svc.tokenizer)
@@ -240,9 +233,7 @@ async def _events(svc: Front, rec: InFlight, stops: list[str], span) -> AsyncIte
 
 
 def _usage_chunk(opts: StreamOptions | None, rec: InFlight, rid: str, mid: str, chat: bool, token_ids: bool):
-    """With `stream_options: {"include_usage": true}` (OpenAI's convention): a callable making the
-    last chunk — empty choices, the usage (with cached_tokens) and, with return_token_ids, the ids.
-    (The options come from the decoded request: the raw body may hold bytes that are not UTF-8.)"""
+    """With `stream_options.include_usage`: a callable making the last chunk, with the usage."""
     if opts is None or not opts.include_usage:
         return None
 

@@ -1,12 +1,7 @@
 """Scheduler wiring: the HTTP front door, the bus, the mesh view, dispatch and liveness.
 
-Owns the lifecycle of every accepted request until its last event reaches the client.
-Policy lives in `dispatch` (and `policy/`); a round's inputs and outputs in `placement`;
-agent sessions (hints, prefetch) in `prefetcher`; protocol in `protocol`; HTTP handlers
-in `api`, which sees this service only as a `Front`. With `front_workers` > 0 this process
-is the dispatch core only: the handlers, tokens and resumes run in worker processes (doors.py,
-worker.py) and the requests here are theirs, reached through their output subjects.
-"""
+Owns every accepted request until its last event reaches the client; the policy is `dispatch`'s.
+With `front_workers` > 0 it is the dispatch core only (doors.py, worker.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -148,7 +143,7 @@ class SchedulerService(Service):
         self.submit(rec)
 
     def admit_now(self, rec: InFlight) -> bool:
-        """Queue `rec` now if its hits need no gateway round trip (`known_hits`); False: `admit` it."""
+        """Queue `rec` now if its hits need no gateway round trip; False: `admit` it."""
         if ok := known_hits(rec, self.view.store_layout(), self.oracle, *self.prefetcher.sources(rec.mode)):
             self.prefetcher.arrive(rec)
             self.submit(rec)
@@ -169,15 +164,13 @@ class SchedulerService(Service):
         self.kick.set()
 
     def cancel(self, rec: InFlight, reason: str) -> None:
-        """The client left (or a stop string matched): free the request everywhere (the message
-        goes out from a task of the service's, whatever happens to the caller)."""
+        """Free the request everywhere, from a task of the service's (the caller may be cancelled)."""
         self.dispatcher.remove(rec.req_id)
         if not rec.finished:
             rec.finished = FinishReason.CANCELLED
         self.spawn_while_serving(self._cancel(rec.wire_id, reason), name=f"cancel-{rec.req_id}")
 
     def resume(self, rec: InFlight, why: str) -> bool:
-        """Run the request again elsewhere, after the tokens already streamed (False: give up)."""
         if rec.finished or rec.attempt >= self.cfg.max_resumes:
             return False
         self.spawn(self._cancel(rec.wire_id, "resumed elsewhere"))
@@ -206,7 +199,6 @@ class SchedulerService(Service):
             self.kick.set()
 
     def move(self, rec: InFlight, dst: ReqState, why: str = "") -> bool:
-        """`rec` to state `dst` (Lifecycle.move); an illegal move is logged and counted, never fatal."""
         try:
             self.life.move(rec, dst, why)
         except IllegalTransition as exc:
@@ -256,18 +248,17 @@ class SchedulerService(Service):
             self._strand(engines, "restarted")
 
     async def _on_output(self, msg: Output, d: Delivery) -> None:
-        """Engine output for the requests of the in-process front door (events.Router)."""
         self.router.route(msg)
 
     async def _on_reads_done(self, msg: NodeReadDone, d: Delivery) -> None:
-        """A node's reads for a request are over: its read_q (bytes queued or in flight) drops them."""
+        """A node's reads for a request are over: its read_q drops them."""
         rec = self.inflight.get(msg.req_id.partition("#")[0])
         if rec is not None and msg.req_id == rec.wire_id:  # not an old attempt's
             self.reads.read_done(rec.req_id, msg.node)
             self.kick.set()
 
     def _prefill_over(self, rec: InFlight, source: str = "") -> None:
-        """An attempt's first token: its reads are done, its PE is free (a heartbeat does not kick)."""
+        """An attempt's first token: its reads are done, its PE is free."""
         if rec.state == ReqState.PREFILLING:
             self.move(rec, ReqState.DECODING, f"first token from {source}" if source else "first token")
         self.reads.done(rec.req_id)
@@ -290,7 +281,7 @@ class SchedulerService(Service):
         self.kick.clear()
 
     async def _assign(self) -> None:
-        """One round (none while nothing waits): the engine lines (refreshed where something moved), placements."""
+        """One dispatch round, none while nothing waits."""
         if not self.dispatcher.waiting():  # a freed engine, a finished request: nothing to place
             return self.m.running.set(self.life.running())
         self.m.rounds.inc()
@@ -311,13 +302,11 @@ class SchedulerService(Service):
         self.m.running.set(self.life.running())
 
     def _strand(self, engines: list[str], what: str) -> None:
-        """Resume (or fail) the requests in flight that the lost `engines` leave stranded."""
         for rec, engine in stranded(list(self.inflight.values()), engines):
             self._attempt_lost(rec, engine, f"engine {engine} {what}")
 
     def _attempt_lost(self, rec: InFlight, engine: str, why: str) -> None:
-        """`rec`'s attempt cannot go on: its front-door worker resumes it (it has the tokens), or this
-        process does, or fails it and frees the engines."""
+        """`rec`'s attempt cannot go on: its worker resumes it, or this process does, or fails it."""
         if rec.reply:
             rec.events.put_nowait(strand_event(rec, engine, why))
         elif not self.resume(rec, why):
@@ -325,9 +314,7 @@ class SchedulerService(Service):
             self.spawn(self._cancel(rec.wire_id, why))
 
     def _reconnected(self) -> None:
-        """Back on NATS after losing it: engine events sent meanwhile may be lost (a server that
-        died took them), so every placed request of this process resumes after what it has (a
-        front-door worker's own reconnect resumes its requests)."""
+        """Back on NATS: events sent meanwhile may be lost, so every placed request of this process resumes."""
         for rec in list(self.inflight.values()):
             if not rec.reply and rec.state in (ReqState.PREFILLING, ReqState.DECODING):
                 self._attempt_lost(rec, "", "the connection to NATS was lost")

@@ -1,9 +1,6 @@
 """API keys on the HTTP front door (when configured): `Authorization: Bearer <key>`.
 
-A pure ASGI middleware: requests without a valid key get 401 with a JSON error body;
-keys are compared in constant time (hmac.compare_digest) against every configured key;
-paths in `open_paths` (/health and /openapi.json by default) stay open. The key itself is never logged.
-"""
+Keys are compared in constant time and never logged; `open_paths` stay open."""
 from __future__ import annotations
 
 import hmac

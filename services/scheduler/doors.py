@@ -1,18 +1,7 @@
 """The dispatch core's side of the front-door workers: their processes and their messages.
 
-Owns, when the scheduler runs with `front_workers` = N > 0: the N worker processes
-(`services.scheduler.worker`, each handed the service's listening socket and its settings;
-one that exits is restarted and the requests it held are forgotten), and what the core does
-with their messages (wire.py): a `Submit` becomes an `InFlight` queued for dispatch exactly
-as one the core's own HTTP handlers accepted (hit lookup, prefetch claim, journal; in a task of
-its own, the request's later messages held until it is queued, so no Submit waits for another's
-gateway answer); a
-resumed attempt re-queues it after the tokens the client has; `PrefillOver` frees the
-prefill engine; `Done` finishes it. The core reaches a worker's request through `Relay`,
-which stands in for the request's event queue: what the core would have queued (a failure,
-a shutdown) is published to the worker's output subject instead. It also answers the
-workers' /health, /v1/mesh, /metrics and /close_session, and publishes `FrontInfo` every heartbeat.
-"""
+A worker's `Submit` becomes an `InFlight` queued exactly as one of the core's own handlers; the
+core reaches it through `Relay`. A worker that exits is restarted and its requests forgotten."""
 from __future__ import annotations
 
 import asyncio
@@ -53,8 +42,7 @@ class Relay:
 
 
 def strand_event(rec: InFlight, engine: str, why: str) -> TokenEvent:
-    """What tells a worker that an engine holding its request went silent: it resumes the
-    request (or fails it, or ignores it when only the done prefill engine is gone)."""
+    """What tells a worker that an engine holding its request went silent."""
     return TokenEvent(rec.req_id, [], finish=FinishReason.ERROR, error=why, source=engine, retryable=True,
                       code=ErrorCode.ENGINE_FAILED)
 
@@ -219,8 +207,7 @@ class FrontDoors:
         svc.spawn(svc._requeue(rec, remaining), name=f"resume-{rec.req_id}")
 
     async def _admit(self, rec: InFlight) -> None:
-        """Its hit lookup and queueing, off the subject's loop (the next messages need not wait for
-        a gateway's answer); what came for it meanwhile (its Done: the client left) follows."""
+        """Its hit lookup and queueing in a task of its own; messages that came for it meanwhile follow."""
         try:
             await self.svc.admit(rec)
         finally:

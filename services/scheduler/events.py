@@ -1,13 +1,7 @@
 """Engine output routed to the requests it names: the one path both front doors share.
 
-Owns how a message on an output subject (a `TokenEvent`, or a decode step's `StepEvents`)
-reaches the requests in flight: each entry found by its wire id (`<req>#<attempt>`; an old
-attempt's is dropped), a retryable failure handed to the caller's `resume`, the rest
-renumbered after the tokens earlier attempts streamed, de-duplicated (`InFlight.accept`)
-and queued for the client. The caller learns when an attempt's prefill is over (its first
-token) through `on_first`. Used by the scheduler's in-process front door (app.py) and by
-each front-door worker (worker.py).
-"""
+An old attempt's output is dropped, a retryable failure goes to `resume`, and the rest is
+renumbered after earlier attempts' tokens and de-duplicated."""
 from __future__ import annotations
 
 import logging

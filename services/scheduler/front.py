@@ -1,11 +1,6 @@
 """What the HTTP front door may ask of the scheduler: the `Front` protocol.
 
-Owns the narrow contract between the handlers (`api`) and the service (`app`): model
-identity, a health and a mesh report, admitting a request, cancelling it, finishing it,
-ending an agent session.
-The handlers never see the view, the dispatcher or the table of requests in flight, and
-this module imports neither side, so `api` and `app` do not import each other.
-"""
+Imports neither side, so `api` and `app` never import each other."""
 from __future__ import annotations
 
 from typing import Any, Protocol
@@ -41,12 +36,10 @@ class Front(Protocol):
         """Look up the prompt's stored blocks, then queue the request for an engine pair."""
 
     def cancel(self, rec: InFlight, reason: str) -> None:
-        """The client left (or a stop string matched): free the request everywhere (sent from a
-        task the service owns: the caller may be a handler being cancelled)."""
+        """Free the request everywhere, from a task the service owns (the caller may be cancelled)."""
 
     def finish(self, rec: InFlight, status: str) -> None:
         """The client got its last event: count it and forget the request."""
 
     async def end_session(self, session: str) -> None:
-        """The agent session is over (SGLang's close_session): its retention ends, what was staged
-        for it goes back."""
+        """The agent session is over: its retention ends, what was staged for it goes back."""

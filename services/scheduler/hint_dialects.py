@@ -1,10 +1,6 @@
 """Every agent-hint dialect a request may use, translated into the scheduler's one `Hint`.
 
-Each dialect says some of five things (session, expected return, retention TTL, reuse,
-release); where several dialects in one request say the same thing, the first in `ORDER`
-decides. Every dialect present is checked even when overridden: a bad value is a 400 naming
-the field in its own dialect. docs/agent-hints.md has the table. Pure.
-"""
+Where dialects disagree the first in `ORDER` decides; every dialect present is checked. Pure."""
 from __future__ import annotations
 
 import re
@@ -28,8 +24,6 @@ _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?")
 
 @dataclass(frozen=True)
 class Said:
-    """What one dialect says; None where it says nothing."""
-
     session: str | None = None
     tool_s: float | None = None  # the next turn is due back after this long: prefetch (0: stage at once)
     ttl_s: float | None = None  # retention
@@ -49,7 +43,6 @@ def request_hint(req: CompletionRequest | ChatRequest) -> Hint | None:
 
 
 def merge(said: Iterable[Said]) -> Said:
-    """Field by field, the first that says something."""
     out: dict = {}
     for s in said:
         for f in fields(Said):
@@ -77,7 +70,7 @@ def ours(h: AgentHints | None) -> Said | None:
 
 
 def is_mooncake(h: AgentHints) -> bool:
-    """No key only ours has: Mooncake's `agent_hints` are `reuse_hint` and `cache_ttl_ms` (both ours too)."""
+    """No key only ours has: Mooncake's `agent_hints` keys are ours too."""
     return not (h.release or any(v is not None for v in (h.session_id, h.workflow_id, h.agent_id, h.step_id,
                                                           h.parent_step_id, h.expected_tool_duration_ms)))
 
@@ -101,7 +94,7 @@ def vllm(h: VllmAgentHint | None, where: str) -> Said | None:
 
 
 def kv_hints(k: KvHints | None) -> Said | None:
-    """The envelope's `agent_hint` actions, a later one overriding an earlier one; other actions are ignored."""
+    """The envelope's `agent_hint` actions, a later one overriding an earlier one."""
     if k is None:
         return None
     said = []
@@ -123,7 +116,7 @@ def dynamo(n: NvExt | None) -> Said | None:
 
 
 def sglang(session_id: str | None) -> Said | None:
-    """A session's KV is kept until the session closes (POST /close_session) or the default TTL passes."""
+    """A session's KV is kept until the session closes or the default TTL passes."""
     return Said(session=session_id, reuse=Reuse.HIGH) if session_id else None
 
 
@@ -132,7 +125,7 @@ def anthropic(c: CacheControl | None) -> Said | None:
 
 
 def duration_s(value: str | float | None, where: str) -> float:
-    """Seconds of a TTL: "5m", "300s", "1h", "1500ms", or a number of seconds (None: 5 minutes)."""
+    """Seconds of a TTL: "5m", "300s", "1h", "1500ms" or a number (None: 5 minutes)."""
     if value is None:
         return EPHEMERAL_S
     m = _DURATION.fullmatch(value.strip()) if isinstance(value, str) else None

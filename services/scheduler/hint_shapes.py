@@ -1,10 +1,6 @@
 """The request shapes of the agent-hint dialects the front door takes besides its own `agent_hints`.
 
-Pure msgspec Structs, decoded with the request body (protocol.py), so a value of the wrong
-type is a 400 whose `param` is the field's path in the client's own dialect (e.g.
-`nvext.cache_control.ttl`). Unknown fields are ignored. What each field means here is
-hint_dialects.py's job; docs/agent-hints.md has the table.
-"""
+A wrong type is a 400 naming the field in the client's own dialect. Pure msgspec Structs."""
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal

@@ -1,17 +1,7 @@
 """An agent's hints about its conversation, checked and normalised into the scheduler's `Hint`.
 
-Owns the meaning of the `agent_hints` fields a client sends (protocol.AgentHints): which
-session a turn belongs to (`session_id`, else `workflow_id`/`agent_id`), whether its next
-turn follows a tool call (`expected_tool_duration_ms`: prefetch), how long its stored KV
-should outlast unhinted KV in the store (`cache_ttl_ms`, `reuse_hint`: retention), and
-`release` (the session is over). Values the types cannot check (a reuse hint that is
-neither a level nor a probability) are a 400 naming the field. Pure; hints never reach
-the engines, so they cannot change a generated token.
-
-Example: {"session_id": "s1", "expected_tool_duration_ms": 2500} -> Hint(session="s1",
-tool_s=2.5, ttl_s=None, reuse=Reuse.UNSET): prefetch about 2.5 s after the turn ends,
-retained for the scheduler's default TTL.
-"""
+A bad value is a 400 naming the field. Hints never reach the engines, so they cannot change a
+generated token. Pure."""
 from __future__ import annotations
 
 from services.scheduler.protocol import AgentHints, ApiError

@@ -1,11 +1,6 @@
 """How much of a prompt is stored: key its full blocks; a worker's count, the prefetcher's, or a gateway's answer.
 
-Owns the hit lookup done when a request arrives (and again when it is resumed): the
-prompt's block keys under the engines' store layout, then either the oracle's own index
-(oracle mode: no store is touched), what a front-door worker already asked the store
-(`InFlight.stored_blocks`: the dispatch core then makes no round trip), or one `HitQuery` to
-any storage-gateway. No gateway answering means every block is a miss, never an error.
-"""
+No gateway answering means every block is a miss, never an error."""
 from __future__ import annotations
 
 from typing import Awaitable, Callable
@@ -25,7 +20,6 @@ Ask = Callable[[HitQuery], Awaitable[HitReply]]  # one request to any storage-ga
 
 
 def asker(bus, subjects) -> Ask:
-    """`Ask` over `bus`: one `HitQuery` to any storage-gateway (a front-door worker's too)."""
     async def ask(query: HitQuery) -> HitReply:
         return await bus.request(subjects.at(EP.SG_HIT), query, timeout=2.0)
     return ask
@@ -34,10 +28,7 @@ def asker(bus, subjects) -> Ask:
 def known_hits(rec: InFlight, layout, oracle: OracleIndex,
                known: Callable[[list[bytes]], int] | None = None,
                buffered: Callable[[list[bytes]], int] | None = None) -> bool:
-    """Set `rec.block_keys` and `rec.hit_blocks` where no gateway need be asked now; False: ask one
-    (`lookup_hits`). `known(keys)`: leading keys known stored without a lookup (a session's
-    prefetched turn), 0: ask. `buffered(keys)`: leading keys a buffer holds (a finished turn's
-    blocks its DE kept, written or not): hits whatever the store says."""
+    """Set `rec.block_keys` and `rec.hit_blocks` where no gateway need be asked; False: ask one."""
     if layout is None:
         return True
     if not rec.block_keys and not rec.remote_prompt:  # a front-door worker keyed it already (or has the ids)
@@ -59,8 +50,7 @@ def known_hits(rec: InFlight, layout, oracle: OracleIndex,
 async def lookup_hits(rec: InFlight, layout, oracle: OracleIndex, ask: Ask,
                       known: Callable[[list[bytes]], int] | None = None,
                       buffered: Callable[[list[bytes]], int] | None = None) -> None:
-    """Set `rec.block_keys` and `rec.hit_blocks` (the leading keys present in the store), asking a
-    gateway where `known_hits` cannot tell."""
+    """Set `rec.block_keys` and `rec.hit_blocks`, asking a gateway where `known_hits` cannot tell."""
     if known_hits(rec, layout, oracle, known, buffered):
         return
     rec.hit_blocks = await stored_blocks(rec.block_keys, layout, ask, rec.ctx, rec.req_id)
@@ -69,7 +59,7 @@ async def lookup_hits(rec: InFlight, layout, oracle: OracleIndex, ask: Ask,
 
 
 async def stored_blocks(keys: list[bytes], layout, ask: Ask, ctx, req_id: str) -> int:
-    """The leading `keys` a storage-gateway says are stored (0: none answered), in a `hit_lookup` span."""
+    """The leading `keys` a gateway says are stored (0: none answered)."""
     with tracer.start_as_current_span("hit_lookup", context=ctx,
                                       attributes={"req_id": req_id, "blocks": len(keys)}) as span:
         try:

@@ -1,9 +1,6 @@
 """Requests the scheduler has accepted and not yet answered: their events and timings.
 
-Events from engines arrive on the scheduler's output subject and are routed here by
-request id; duplicates (an index already seen) are dropped so the client never sees a
-token twice. No I/O: the HTTP layer reads `events`.
-"""
+A client never sees a token twice. No I/O."""
 from __future__ import annotations
 
 import asyncio
@@ -83,8 +80,7 @@ class InFlight:
 
     @property
     def work_prompt(self) -> list[int]:
-        """What the current attempt prefills: the prompt plus every token already streamed (the
-        prompt itself, not a copy, on a first attempt: do not mutate it)."""
+        """The prompt plus every token already streamed (the prompt itself at first: do not mutate)."""
         return self.prompt + self.tokens[: self.step0] if self.step0 else self.prompt
 
     @property
@@ -93,7 +89,6 @@ class InFlight:
 
     @property
     def work_len(self) -> int:
-        """The length of `work_prompt` (also where the ids stayed with a front-door worker)."""
         return self.prompt_len + self.step0
 
     def work_sampling(self) -> Sampling:

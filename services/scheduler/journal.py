@@ -1,28 +1,7 @@
 """The request journal: which requests a scheduler accepted and which it finished, on JetStream.
 
-Owns the stream `DP_<ns>_REQUESTS` (subjects `{ns}.journal.>`, file storage, bounded
-by age and count), the writing of the two record types (shared/messages/journal.py, alone or batched), and what a
-restarted scheduler does with `unfinished()` (`recover`: cancel each request on
-`{ns}.cancel`; the wiring in app.py counts them failed).
-
-One request's sequence:
-  accept  -> `{ns}.journal.accepted`  Accepted(req_id, ...)   Nats-Msg-Id = req_id
-  answer  -> `{ns}.journal.finished`  Finished(req_id, ...)   Nats-Msg-Id = req_id + ":finished"
-  restart -> unfinished() = accepted minus finished (a set fold, so the order in which
-             the two records land does not matter), read with an ordered consumer.
-A retry of the same req_id within the duplicate window is stored once (server-side
-deduplication by Nats-Msg-Id).
-  batch   -> `{ns}.journal.batch`     [Accepted | Finished, ...]   records queued together
-             (the writer's backlog, or those noted within LINGER_S, in order) as one message:
-             one JetStream round trip for them all, so the journal keeps up with any request
-             rate at a few µs of CPU a record; read back as their records.
-
-Writing is best-effort: `accepted`/`finished` never raise for a NATS failure (they log,
-count `failures` and return False). On the request path use `note_accepted`/`note_finished`
-instead: they only queue the record (never block, never raise) for the one writer task
-`run()`, which the service owns; a full queue drops the record and counts a failure. Only `ensure()` raises: `JournalUnavailable` when the server
-has no JetStream, which the caller logs before running without a journal.
-"""
+A restarted scheduler cancels what it accepted and never finished. Writing is best effort and
+never blocks the request path; only `ensure()` raises."""
 from __future__ import annotations
 
 import asyncio
@@ -60,7 +39,7 @@ def decode(data: bytes) -> Entry | list[Entry]:
 
 
 def fold(entries) -> list[Accepted]:
-    """Accepted minus finished, in acceptance order. A `Finished` may precede its `Accepted`."""
+    """Accepted minus finished, in acceptance order; a `Finished` may precede its `Accepted`."""
     accepted: dict[str, Accepted] = {}
     finished: set[str] = set()
     for e in entries:
@@ -72,7 +51,6 @@ def fold(entries) -> list[Accepted]:
 
 
 def stream_name(namespace: str) -> str:
-    """`DP_<ns>_REQUESTS`; characters a stream name may not hold (. * > space /) become `_`."""
     return f"DP_{re.sub(r'[^A-Za-z0-9_-]', '_', namespace)}_REQUESTS"
 
 
@@ -85,8 +63,6 @@ class JournalUnavailable(RuntimeError):
 
 
 class JournalError(RuntimeError):
-    """Reading the journal failed part-way: `stream` and `reason`."""
-
     def __init__(self, stream: str, reason: str):
         super().__init__(f"{stream}: {reason}")
         self.stream, self.reason = stream, reason
@@ -106,7 +82,6 @@ class Journal:
         self.queue: asyncio.Queue[tuple[str, str, Entry, str]] = asyncio.Queue(maxsize=10_000)
 
     async def ensure(self) -> None:
-        """Create the stream, or bring an existing one to this configuration."""
         cfg = StreamConfig(name=self.stream, subjects=[journal_subjects(self.ns)], storage=StorageType.FILE,
                            max_age=self.max_age_s, max_msgs=self.max_msgs,
                            duplicate_window=self.duplicate_window_s)
@@ -142,9 +117,7 @@ class Journal:
             log.warning("journal queue full: %s %s not recorded", item[0], item[1])
 
     async def run(self) -> None:
-        """The writer: records from `note_*`, in order; one alone as itself (with its dedup id),
-        those queued meanwhile or within `linger_s` of the first (up to BATCH) as one batch
-        message. Runs until cancelled."""
+        """The writer: queued records in order, alone or batched; runs until cancelled."""
         while True:
             items = [await self.queue.get()]
             if self.linger_s > 0:
@@ -171,9 +144,8 @@ class Journal:
             return False
 
     async def unfinished(self, since: float | None = None, scheduler: str | None = None) -> list[Accepted]:
-        """Requests accepted (at or after `since`, wall clock; by `scheduler` if given) with no
-        `finished` record yet. Several schedulers share one stream: with more than one, give each a
-        stable `--instance` and pass it here, or a restarted one would cancel its live peers' work."""
+        """Requests accepted (since `since`, by `scheduler`) with no `finished` record. Schedulers sharing
+        a stream need stable instances, or a restarted one cancels its peers' work."""
         cfg = ConsumerConfig(deliver_policy=DeliverPolicy.ALL, inactive_threshold=30.0)
         if since is not None:
             cfg.deliver_policy = DeliverPolicy.BY_START_TIME
@@ -210,10 +182,8 @@ class Journal:
 
 async def cancel_lost(journal: Journal, live: set[str], cancel: Callable[[str, str], Awaitable[None]],
                       attempts: int) -> int:
-    """Requests an earlier life of this scheduler accepted and never answered (their clients are
-    gone): cancel every attempt on the engines (wire ids `req_id#attempt`; frees their KV) and
-    journal them finished so the next restart does not redo them. Requests of the `live` peer
-    schedulers are theirs. Returns how many; raises JournalError when the journal is unreadable."""
+    """Cancel every attempt of the requests an earlier life accepted and never answered, and journal
+    them finished; the `live` peers' are theirs. Raises JournalError when unreadable."""
     lost = [a for a in await journal.unfinished() if a.scheduler not in live]
     for acc in lost:
         for attempt in range(attempts):
@@ -224,8 +194,7 @@ async def cancel_lost(journal: Journal, live: set[str], cancel: Callable[[str, s
 
 async def recover(journal: Journal, live: Callable[[], set[str]], cancel: Callable[[str, str], Awaitable[None]],
                   attempts: int, wait_s: float) -> int:
-    """`cancel_lost` once `wait_s` has passed (live peer schedulers heard first: theirs are not
-    ours); logs what it did and returns how many were cancelled (0 when the journal is unreadable)."""
+    """`cancel_lost` once `wait_s` has passed; returns how many (0 when the journal is unreadable)."""
     await asyncio.sleep(wait_s)
     try:
         n = await cancel_lost(journal, live(), cancel, attempts)

@@ -1,9 +1,6 @@
 """A request's state at the scheduler: one enum, the legal moves, and `Lifecycle.move`, their only writer.
 
-Owns the counts that /health and the metrics read (so the two cannot disagree) and the
-request's trace events for each move. Never does I/O; an illegal move raises and is counted
-(the machine itself is shared/states.py's).
-"""
+/health and the metrics read the same counts, so they cannot disagree. No I/O."""
 from __future__ import annotations
 
 import enum
@@ -40,8 +37,7 @@ STATUS_STATE = {"ok": ReqState.DONE, "error": ReqState.FAILED, "cancelled": ReqS
 
 
 class Lifecycle(StateMachine[ReqState]):
-    """Live requests by state. `enter` puts one in QUEUED; `move` changes it (and only it writes
-    `rec.state`); a terminal move takes it out of the counts."""
+    """Live requests by state; a terminal move takes one out of the counts."""
 
     def __init__(self) -> None:
         super().__init__(LEGAL, TERMINAL, on_move=_event)

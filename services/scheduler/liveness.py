@@ -1,10 +1,6 @@
 """Which engines the scheduler declares dead, and which requests it must act on then.
 
-Owns the liveness loop's judgements: which silent engines are dead rather than unheard
-because the scheduler itself stalled (`Watch`), the requests in flight a dead engine leaves
-stranded (to resume elsewhere, or fail), and those no engine took in time (to fail). Pure:
-the caller passes the clock and acts.
-"""
+Pure: the caller passes the clock and acts."""
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -13,17 +9,14 @@ from services.scheduler.inflight import InFlight
 
 
 def strands(rec: InFlight, engine: str) -> bool:
-    """Whether `rec`, unfinished, cannot go on without `engine`. A request whose prefill engine
-    died after its decode engine produced tokens is not stranded by it."""
+    """`rec` cannot go on without `engine` (a PE that died after its DE streamed tokens strands nothing)."""
     if engine not in (rec.pe, rec.de) or rec.finished:
         return False
     return not (engine == rec.pe and rec.de != engine and rec.next_index > rec.step0 + 1)
 
 
 def stranded(recs: Iterable[InFlight], engines: list[str]) -> list[tuple[InFlight, str]]:
-    """The requests that the dead `engines` leave stranded, each once, with the first of
-    `engines` (in their order) that strands it. One pass over `recs` however many engines
-    died together (a host, an emulator process of hundreds: not a pass per engine)."""
+    """The requests the dead `engines` strand, each once, with the first engine that strands it."""
     dead = set(engines)
     if not dead:
         return []
@@ -37,23 +30,12 @@ def stranded(recs: Iterable[InFlight], engines: list[str]) -> list[tuple[InFligh
 
 
 def unassigned_past(recs: Iterable[InFlight], now: float, timeout_s: float) -> list[InFlight]:
-    """Requests that have waited for an engine pair longer than `timeout_s`."""
     return [rec for rec in recs if not rec.pe and now - rec.queued_at > timeout_s]
 
 
 class Watch:
-    """Which silent engines are dead, judged against the scheduler's own stalls.
-
-    An engine silent past `timeout_s` is dead, unless the silence says more about the
-    scheduler (or the bus) than about the engine:
-    - this check itself came late (the liveness loop ticks far more often than `timeout_s`;
-      one more than timeout/2 after the last means this process stalled, and the heartbeats
-      that arrived meanwhile wait unread in its socket): nobody is declared this time;
-    - no engine has been heard at all for `timeout_s` (a fleet-wide silence: the scheduler
-      or the bus, not every engine), or more than half the known engines fell silent (a
-      stalled emulator process, a stalled host): only engines silent past `hold` x timeout
-      are declared, so a stall shorter than that costs no request a resume.
-    Pure: the caller passes the clock, the silences (view.silences) and calls `heard`."""
+    """Which silent engines are dead, judged against the scheduler's own stalls: none when this check
+    came late, and only the long silent when the whole fleet or most of it went quiet."""
 
     def __init__(self, timeout_s: float, hold: float = 2.0):
         self.timeout_s, self.hold = timeout_s, hold
@@ -65,8 +47,7 @@ class Watch:
         self.last_heard = now
 
     def judge(self, now: float, silent: dict[str, float], known: int) -> list[str]:
-        """The engines of `silent` (engine -> seconds silent) to declare dead now, sorted;
-        `known`: engines the view holds (silent ones included)."""
+        """The engines of `silent` (engine -> seconds) to declare dead now, sorted."""
         lag = 0.0 if self.last_tick is None else now - self.last_tick
         self.last_tick, self.reason = now, ""
         if not silent:

@@ -1,31 +1,8 @@
 """Log-probabilities in the answer: which tokens a chunk reports, and their JSON shapes.
 
-Owns how the per-token log-probabilities that engines send (`TokenEvent.logprobs`)
-follow the text through detokenization and stop matching, and how they are written
-for `/v1/completions` and `/v1/chat/completions`. No I/O.
-
-How logprobs follow the text. Tokens become text in *pieces*: a token that completes
-no character (half of a UTF-8 character, a skipped special token) adds "" and joins
-the next token that does; a piece is those tokens and the text they produced, at
-[start, end) of the completion text. A chunk reports the tokens of every piece whose
-text the client has now received in full, so a token is reported once, in the chunk
-that carries the end of its text (or in the last chunk). Text the stop matcher holds
-back holds its tokens back with it. At a stop sequence the text is cut at the match:
-the tokens of the pieces that start before the cut are reported (a piece the cut runs
-through counts), the tokens that only spell the stop sequence (or come after it) are
-not. So every reported token has some of its text in the returned text, and
-`text_offset` (the start of the token's piece, in characters of the completion text,
-counted across the whole stream) always points into it.
-
-Shapes (values are the model's raw distribution, before temperature and top_p):
-- completions: {"tokens": [str], "token_logprobs": [float], "top_logprobs": [{str: float}],
-  "text_offset": [int]}; each top_logprobs dict holds the N most likely tokens (N =
-  the request's `logprobs`), so with logprobs=0 every dict is empty. Two ids with the
-  same text share one key (the more likely one's value).
-- chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token",
-  "logprob", "bytes"}]}]}, with top_logprobs=N entries (none when 0 or absent).
-A token alone that is not valid UTF-8 is shown as `bytes:\\x..` (token_text.py).
-"""
+A token is reported once, in the chunk that carries the end of its text; tokens that only spell
+a stop sequence are never reported, so `text_offset` always points into the returned text.
+Values are the model's raw distribution. No I/O."""
 from __future__ import annotations
 
 from collections import deque
@@ -71,15 +48,14 @@ class LogprobTrack:
         return "".join(out)
 
     def finish(self, decoder: IncrementalDecoder) -> str:
-        """The decoder's held-back rest; closes the last piece (possibly empty: e.g. an end-of-sequence id)."""
+        """The decoder's held-back rest; closes the last piece (maybe empty)."""
         tail = decoder.finish()
         if self.open or tail:
             self._close(len(tail))
         return tail
 
     def release(self, emitted: int, stopped: bool = False) -> list[Reported]:
-        """Tokens to report now that the client has `emitted` characters; `stopped`: the text was cut
-        at a stop sequence there (nothing after it will ever be reported)."""
+        """Tokens to report now the client has `emitted` characters; `stopped`: cut at a stop there."""
         out: list[Reported] = []
         while self.closed and (self.closed[0][1] <= emitted or (stopped and self.closed[0][0] < emitted)):
             start, _, toks = self.closed.popleft()

@@ -55,7 +55,6 @@ class SchedulerMetrics:
         )
 
     def set_engines(self, prefill: int, decode: int) -> None:
-        """The assignable engines of each role (every dispatch round)."""
         self.engines.labels("prefill").set(prefill)
         self.engines.labels("decode").set(decode)
 

@@ -1,11 +1,6 @@
 """The OpenAPI 3.1 description of the front door, served at `GET /openapi.json`.
 
-Owns the document only: paths, responses, the error schema and the shapes of a
-choice's `logprobs` (written by logprobs.py). Request body schemas are generated from
-the msgspec Structs in `protocol` (`msgspec.json.schema_components`), so the
-description cannot drift from what the handlers decode. Validation rules the types
-cannot express (ranges, the context check) live in `protocol.check_sampling`.
-"""
+Request schemas come from the msgspec Structs in `protocol`, so the description cannot drift."""
 from __future__ import annotations
 
 from functools import lru_cache
@@ -98,7 +93,6 @@ def _generate(body: str, summary: str, logprobs: str) -> dict:
 
 
 def _session(body: str, summary: str, answer: dict) -> dict:
-    """SGLang's session endpoints (sessions_api.py)."""
     return {"post": {
         "summary": summary,
         "requestBody": {"required": body == "CloseSession", "content": {"application/json": {"schema": _ref(body)}}},
@@ -115,7 +109,7 @@ def _get(summary: str, *errors: int, open_: bool = False) -> dict:
 
 @lru_cache(maxsize=1)
 def openapi_document() -> dict:
-    """The whole document (built once; the types do not change while the process runs)."""
+    """The whole document, built once."""
     _, components = msgspec.json.schema_components((CompletionRequest, ChatRequest, OpenSession, CloseSession),
                                                    ref_template=REF)
     components["Error"] = ERROR_SCHEMA

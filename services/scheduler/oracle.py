@@ -1,16 +1,12 @@
 """The oracle mode's index of what would be stored: block keys of finished requests, bounded, LRU.
 
-The oracle mode moves no KV and touches no store; its hits come from this index of the
-blocks decode would have persisted. Pure: no I/O.
-"""
+Pure: no I/O."""
 from __future__ import annotations
 
 from collections import OrderedDict
 
 
 class OracleIndex:
-    """Block keys the oracle mode treats as stored (no store is touched): bounded, LRU."""
-
     def __init__(self, max_keys: int = 1_000_000):
         self.max_keys = max_keys
         self._keys: OrderedDict[str, None] = OrderedDict()

@@ -1,15 +1,7 @@
 """One dispatch round's inputs and outputs: engine loads in, prefill work messages out.
 
-Owns turning the mesh view plus the dispatcher's ledger into the `EngineLoad` lines a
-round needs, and turning one assignment into its read-path decision and `PrefillWork` (the
-blocks prefetched for it during a tool call are named there and left out of the read-path
-decision). `Lines` keeps the lines between rounds: rebuilt only when the view's assignable list
-changes (an engine joins, leaves, goes silent), otherwise refreshed only for the engines whose
-ledger counters and the nodes whose read queues moved since the last round, so a round costs
-what changed, not the fleet's size; the dispatcher then reuses its grouped roster of the same
-lines. (`engine_loads` builds them afresh: O(engines).) Pure but for `send`, which publishes
-one placement's work (under its `assign` span); the caller passes the clock.
-"""
+`Lines` refreshes only what moved since the last round, so a round costs what changed, not the
+fleet's size. Pure but for `send`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,7 +26,7 @@ DEFAULT_BLOCK = 64  # block size when no engine has announced a store layout yet
 
 
 def engine_loads(view: MeshView, ledger: Ledger, reads: PendingReads, role: str, now: float) -> list[EngineLoad]:
-    """Every assignable engine of `role` with its tok_e / seq_e from the ledger: O(engines)."""
+    """Every assignable engine of `role` with its load from the ledger: O(engines)."""
     load = ledger.pe_load if role == "prefill" else ledger.de_load
     out = []
     for eng in view.assignable(role, now):
@@ -45,8 +37,6 @@ def engine_loads(view: MeshView, ledger: Ledger, reads: PendingReads, role: str,
 
 
 class Lines:
-    """The `EngineLoad` lines of both roles, kept up to date between dispatch rounds."""
-
     def __init__(self) -> None:
         self.src: dict[str, list] = {}  # role -> the view's assignable list the lines were built from
         self.lines: dict[str, list[EngineLoad]] = {"prefill": [], "decode": []}
@@ -58,8 +48,7 @@ class Lines:
         # for the dispatcher's decode pull to keep its group totals (`Dispatcher.pull_decode(changed=)`)
 
     def get(self, view: MeshView, ledger: Ledger, reads: PendingReads, now: float) -> tuple[list, list]:
-        """(prefill lines, decode lines) with current tok / seq / read_q; the same objects as last
-        round unless the assignable engines changed."""
+        """(prefill lines, decode lines), the same objects as last round unless the engines changed."""
         fresh = any(view.assignable(role, now) is not self.src.get(role) for role in ("prefill", "decode"))
         if fresh:  # rare (an engine joined, left, went silent): both roles afresh
             for role in ("prefill", "decode"):
@@ -92,8 +81,6 @@ class Lines:
 
 @dataclass(frozen=True)
 class Placed:
-    """What a round sends for one assigned request, and why its reads go where they go."""
-
     work: PrefillWork
     path: PathDecision
     prefetched: int = 0  # leading hit blocks already in a buffer (prefetched during a tool call)
@@ -129,23 +116,19 @@ def place(rec: InFlight, pe: str, de: str, view: MeshView, reads: PendingReads, 
 
 
 def _copyable(view: MeshView, pe: str, staged) -> bool:
-    """The PE copies the staged blocks itself (`PrefillWork.staged_slots`): staged in its own TM's
-    buffer, or a prefetch in another's it can map (same host, shared memory): a decode-side
-    prefetch then costs the turn no claim or adoption round trip (its push adopts the blocks)."""
+    """The PE copies the staged blocks itself: in its own TM's buffer, or in one on its host."""
     return staged.slots is not None and (staged.engine == pe or not staged.pending and view.maps_buffer(pe, staged.engine))
 
 
 def addressed(rec: InFlight, pe: str, work: PrefillWork, subjects) -> tuple[str, msgspec.Struct]:
-    """(subject, message) that takes `work` to `pe`: straight there, or through the front-door
-    worker that holds the prompt's ids (front.Forward)."""
+    """(subject, message) taking `work` to `pe`, directly or through the front-door worker."""
     if rec.remote_prompt:
         return forward_subject(rec.reply), Forward(pe, work)
     return subjects.at(EP.PE_WORK, engine=pe), work
 
 
 async def send(bus, rec: InFlight, pe: str, placed: Placed, subjects) -> None:
-    """Publish a placement's work under its `assign` span; where spans are not recorded, none is
-    built and the request's own context goes with the work (its trace id still travels)."""
+    """Publish a placement's work under its `assign` span (or with the request's context when unrecorded)."""
     if not recording():
         return await bus.publish(*addressed(rec, pe, placed.work, subjects), ctx=rec.ctx)
     with tracer.start_as_current_span("assign", context=rec.ctx, attributes=placed.span_attributes(rec)):

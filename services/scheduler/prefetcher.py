@@ -1,26 +1,8 @@
 """Agent sessions at the scheduler: retention hints to the store, prefetch during tool calls, release.
 
-Owns what the scheduler does with a finished turn's `Hint` and with an arriving turn:
-  turn done  -> `Retain` its stored blocks (prompt + generated) on every gateway, or demote
-                them (reuse none), or end the session's retention (`release`); with a tool
-                call, plan a prefetch: sleep until `shared.sched.prefetch.plan` says to start
-                (the expected return minus `margin` x the read), ask a gateway how much of it
-                is stored by now, pick the holder (the idlest storage NIC, prefill or decode
-                side, within the buffers' announced prefetch room) and send `Prefetch`;
-  turn arrives -> the longest staged prefix of its prompt is claimed for it (`rec.staged`:
-                the placement sends its buffer's name with the work, the PE's TM copies it
-                instead of reading storage); a prefetch not started yet is cancelled (the
-                turn reads at arrival); one in flight is claimed for what it staged so far;
-  turn done, no prefetch -> `HoldSaves` to its DE's traffic-manager (`serve_pending_saves`): the
-                blocks it saved and has not freed yet (maybe not yet written) stay there a
-                short while and are indexed like a prefetch: the next turn's hits, served
-                from that buffer (`buffered` counts them with the store's hits);
-  expiry     -> unclaimed staged blocks are released at their TTL (the expected return
-                plus a grace); the traffic-manager also drops them on its own TTL or when a
-                real reservation needs the room.
-Receives its collaborators (bus, subjects, view, read queues, settings, spawn, the hit query);
-the policy is `shared.sched.prefetch`.
-"""
+A turn's end sets retention and plans a prefetch; an arriving turn claims what was staged, or
+cancels a prefetch not started. Unclaimed blocks go back at their TTL. The policy is
+`shared.sched.prefetch`."""
 from __future__ import annotations
 
 import asyncio
@@ -82,21 +64,17 @@ class Prefetcher:
                 self._release(other, "diverged")
 
     def stored_prefix(self, keys: list[bytes]) -> int:
-        """Leading `keys` known to be stored without asking a gateway (0: ask one): a whole turn
-        staged for a session whose next prompt extends it. The blocks past it are the new turn's
-        own; one that another session stored on that very chain is computed, not loaded."""
+        """Leading `keys` known stored without asking a gateway (0: ask): a session's staged turn."""
         s = self.index.match(keys)
         if s is None or s.pending or not s.whole or common(s.keys, keys) < len(s.keys):
             return 0
         return len(s.keys)
 
     def sources(self, mode: LoadMode) -> tuple:
-        """(known, buffered) for a request's hit lookup (hits.known_hits): what is known without a gateway."""
         return (self.stored_prefix if mode.moves_kv else None), self.buffered
 
     def buffered(self, keys: list[bytes]) -> int:
-        """Leading `keys` a finished turn's DE keeps in its buffer (written or not): hits served from
-        there, counted with the store's (an older turn's entry may be shorter than what is stored)."""
+        """Leading `keys` a finished turn's DE keeps in its buffer: hits, counted with the store's."""
         s = self.index.match(keys)
         return common(s.keys, keys) if s is not None and s.pending else 0
 
@@ -126,8 +104,7 @@ class Prefetcher:
                                                 name=f"prefetch-{owner}")
 
     def end_session(self, session: str, layout) -> None:
-        """`release` (or POST /close_session): the session is over: its retention ends, what was staged
-        for it goes back."""
+        """The session is over: its retention ends, what was staged for it goes back."""
         for s in self.index.of_session(session):
             if s.claimed_by is None:
                 self._release(s, "released")
@@ -136,7 +113,6 @@ class Prefetcher:
                        name=f"release-{session[:32]}")
 
     async def close_session(self, session: str) -> None:
-        """POST /close_session (front.Front.end_session): as a turn's `release`."""
         self.end_session(session, self.view.store_layout())
 
     def _retain(self, h: Hint, keys: list[bytes], layout) -> None:
@@ -199,7 +175,6 @@ class Prefetcher:
         self._note()
 
     async def _hold(self, rec: InFlight, keys: list[bytes], session: str) -> None:
-        """Have the turn's DE keep what it saved of it for the next turn; index what it kept."""
         ttl, de = self.cfg.pending_ttl_s, rec.de
         if not keys:
             return
@@ -216,8 +191,7 @@ class Prefetcher:
             self._note()
 
     async def _stored(self, keys: list[bytes], layout, return_at: float) -> int:
-        """How many of `keys` are stored: the turn's last blocks are persisted in the background, so
-        a short wait (never past the expected return) lets the prefetch take them too."""
+        """How many of `keys` are stored, after a short wait for the turn's last saves."""
         stored = 0
         for _ in range(PERSIST_POLLS):
             try:
@@ -230,10 +204,8 @@ class Prefetcher:
         return stored
 
     def _plan(self, blocks: int, return_at: float, mode: LoadMode, keep: ReadPath | None = None):
-        """The same path policy as a hit's read: basic reads on the PE path only, so it stages there.
-        `keep`: the side planned when the turn ended. Asked again when the read starts (by design
-        about one read's lead before the session is due), the prefill side's fit would be a coin
-        toss: a prefill-side plan stays there while that side has room."""
+        """The same path policy as a hit's read; a prefill-side plan (`keep`) stays while that side has
+        room."""
         bb = self._block_bytes()
         force = self.cfg.read_path if LoadMode(mode).both_paths else "pe"
         holders, now, prefer = self._holders(bb), time.monotonic(), self.cfg.prefetch_prefer_pe
@@ -267,7 +239,7 @@ class Prefetcher:
 
     # expiry and release --------------------------------------------------------------------------
     def _stage(self, s: StagedSession) -> None:
-        """Index `s`; the sweep, asleep while nothing was staged, starts again so that `s` expires too."""
+        """Index `s` and restart the expiry sweep."""
         self.index.add(s)
         self.added.set()
 

@@ -1,11 +1,6 @@
 """The OpenAI-style HTTP protocol: request bodies, validation, errors, response bodies.
 
-Owns what a client may send and what it gets back; no I/O. Validation failures are
-`ApiError`s (status, message, param) rendered as `{"error": {...}}` JSON with a 4xx; a
-request the mesh failed is answered by `failure(code, message)`, its status from the
-`ErrorCode` the engine (or the scheduler) gave: no_engine and shutting_down 503,
-prompt_too_long 400, anything else 500.
-"""
+A validation failure is an `ApiError` (4xx JSON). No I/O."""
 from __future__ import annotations
 
 import re
@@ -44,8 +39,7 @@ _KINDS = {503: "service_unavailable", 400: "invalid_request_error"}
 
 
 def failure(code: ErrorCode | None, message: str) -> ApiError:
-    """The answer to a request the mesh failed: the status follows from the code alone (None, from
-    an engine that sent none, is a 500)."""
+    """The answer to a request the mesh failed; its status follows from the code (None: 500)."""
     status = HTTP_STATUS.get(code, 500) if code is not None else 500
     return ApiError(status, message, kind=_KINDS.get(status, "engine_error"), code=code or ErrorCode.INTERNAL)
 
@@ -60,9 +54,7 @@ class StreamOptions(msgspec.Struct, kw_only=True):
 
 
 class AgentHints(msgspec.Struct, kw_only=True):
-    """What an agent knows about the conversation's future (the public agent-aware KV cache RFCs'
-    `agent_hints` shape); every field optional, unknown ones ignored, none of them changes the
-    generated tokens (hints.py turns them into the scheduler's `Hint`)."""
+    """What an agent knows about the conversation's future; unknown fields ignored, tokens unchanged."""
 
     session_id: HintId | None = None  # the conversation; without it, workflow_id/agent_id name it
     workflow_id: HintId | None = None
@@ -138,8 +130,7 @@ def decode_body(raw: bytes, tp: type) -> msgspec.Struct:
 
 
 def decode_field(value: object, tp: type, where: str):
-    """A part of the body whose type another field decides, converted to `tp`: ApiError(400) whose
-    param is `where` plus the path inside it."""
+    """A part of the body whose type another field decides, as `tp`; ApiError(400) naming `where`."""
     try:
         return msgspec.convert(value, tp)
     except msgspec.ValidationError as exc:
@@ -169,8 +160,7 @@ def stop_list(stop: str | list[str] | None) -> list[str]:
 
 
 def check_sampling(req: _Common, max_tokens: int | None, prompt_len: int, context: int) -> int:
-    """Validate sampling fields against the model; returns the effective max_tokens. Without one,
-    as OpenAI: a chat completion may run to the end of the context, a completion gets 16 tokens."""
+    """Validate sampling against the model; returns the effective max_tokens (OpenAI's defaults)."""
     if req.n != 1:
         raise ApiError(400, "only n=1 is supported", "n")
     if req.temperature < 0:
@@ -195,8 +185,7 @@ def check_sampling(req: _Common, max_tokens: int | None, prompt_len: int, contex
 
 
 def logprob_count(req: _Common) -> int | None:
-    """The alternatives each generated token reports (Sampling.logprobs); None = no log-probabilities.
-    (The 0..MAX_LOGPROBS range is part of the field types, checked when the body is decoded.)"""
+    """The alternatives each generated token reports; None: no log-probabilities."""
     if isinstance(req, ChatRequest):
         if not req.logprobs:
             if req.top_logprobs is not None:
@@ -211,8 +200,7 @@ def new_id(prefix: str) -> str:
 
 
 def usage(prompt: int, completion: int, cached: int, tiers: PromptTiers | None = None) -> dict:
-    """OpenAI's usage object; `tiers` (where the prompt's KV came from) as `dualpath_tiers` beside
-    `cached_tokens` (docs/reference/metrics.md#prompt-token-tiers), absent when no engine said."""
+    """OpenAI's usage object, with `dualpath_tiers` beside `cached_tokens` when an engine said."""
     details: dict = {"cached_tokens": cached}
     if tiers is not None:
         details["dualpath_tiers"] = as_dict(tiers)
@@ -222,7 +210,6 @@ def usage(prompt: int, completion: int, cached: int, tiers: PromptTiers | None =
 
 def completion_body(rid: str, model: str, chat: bool, text: str, finish: FinishReason | None, use: dict | None,
                     logprobs: dict | None = None) -> dict:
-    """The whole answer; `logprobs` is the choice's log-probability object (logprobs.py), None when not asked."""
     now = int(time.time())
     if chat:
         choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
@@ -238,7 +225,6 @@ def completion_body(rid: str, model: str, chat: bool, text: str, finish: FinishR
 
 def chunk_body(rid: str, model: str, chat: bool, text: str, finish: FinishReason | None, first: bool,
                logprobs: dict | None = None) -> dict:
-    """One server-sent event; `logprobs` covers the tokens whose text this chunk carries (logprobs.py)."""
     now = int(time.time())
     if chat:
         delta = {"content": text}

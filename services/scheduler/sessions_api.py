@@ -1,10 +1,6 @@
 """SGLang's session endpoints on the front door: POST /open_session and POST /close_session.
 
-A client written for SGLang's session API opens a session (the answer is its id, a JSON
-string: the one it sent, or a new one), names it as the requests' top-level `session_id`
-(retained as hint_dialects.py says) and closes it: the session's retention ends and what
-was staged for it goes back (`Front.end_session`, as an `agent_hints.release` would).
-"""
+Closing a session ends its retention as an `agent_hints.release` would."""
 from __future__ import annotations
 
 import uuid

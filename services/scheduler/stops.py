@@ -1,8 +1,6 @@
 """Stop sequences over a text stream: hold back text that could be the start of a stop.
 
-`feed(delta)` returns (text safe to emit, matched?). On a match, the text up to the
-stop sequence is emitted and the stop itself is not (OpenAI semantics).
-"""
+The stop sequence itself is never emitted (OpenAI semantics)."""
 from __future__ import annotations
 
 

@@ -1,18 +1,7 @@
 """The scheduler's view of the live mesh, built only from announcements (no static list).
 
-An engine is assignable while it and its traffic-manager have announced within
-`timeout_s`, its TM is attached to its KV memory, and neither said it is leaving.
-Pure: the caller passes the clock.
-
-Heartbeats are most of what arrives (two per engine every 0.5 s: 4,600 a second from 1,152
-engines), and one changes nothing the dispatcher uses unless a process joins or leaves, comes
-back after going silent, or changes role, group, node, KV size or readiness: only then does
-`update` return True and bump `version`. The assignable list is cached: the same list object
-is returned until `version` moves or the earliest-expiring engine in it could have gone silent
-(`now` past its last announcement + `timeout_s`), then rescanned; a rescan that finds the same
-engines (all still heartbeating) refills the same list object. So a dispatch round costs no scan
-of the engines while nothing changed, and the answer is still exact at every `now`.
-"""
+An engine is assignable while it and its TM announce, its TM is attached and neither is leaving.
+A heartbeat that changes nothing costs a dispatch round nothing. Pure: the caller passes the clock."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -79,8 +68,7 @@ class MeshView:
         return None, ""
 
     def suspect(self, engines: list[str], now: float) -> None:
-        """An attempt on `engines` failed: none of them is assigned again until its engine and its
-        TM have both announced after `now` (a dead TM never does; a live pair does within a beat)."""
+        """None of `engines` is assigned again until its engine and its TM both announced after `now`."""
         for e in engines:
             if e:
                 self.suspects[e] = now
@@ -91,7 +79,7 @@ class MeshView:
         return e is not None and tm is not None and e.at > t and tm.at > t
 
     def take_restarted(self) -> list[str]:
-        """The engines seen restarting since the last call (each once, in order); the caller strands their requests."""
+        """The engines seen restarting since the last call, each once."""
         out, self.restarted = list(dict.fromkeys(self.restarted)), []
         return out
 
@@ -99,7 +87,7 @@ class MeshView:
         return seen is not None and now - seen.at <= self.timeout_s
 
     def assignable(self, role: str, now: float) -> list[EngineAnnounce]:
-        """Live, ready engines of `role` by id; the same list object while nothing changed (do not mutate it)."""
+        """Live, ready engines of `role` by id; the same list object while nothing changed (do not mutate)."""
         got = self._cache.get(role)
         if got is not None and got[0] == self.version and now <= got[1]:
             return got[2]
@@ -118,12 +106,10 @@ class MeshView:
         return out
 
     def dead_engines(self, now: float) -> list[str]:
-        """Engines (or their TMs) that stopped heartbeating; the caller fails their requests."""
         return sorted(self.silences(now))
 
     def silences(self, now: float) -> dict[str, float]:
-        """Engine -> seconds since it (or its TM, whichever is older) last announced, for those
-        silent past `timeout_s` (liveness.Watch decides which of them are dead)."""
+        """Engine -> seconds since it or its TM last announced, for those silent past `timeout_s`."""
         out = {eid: now - seen.at for eid, seen in self.engines.items() if not self.alive(seen, now)}
         for eid, seen in self.tms.items():
             if eid in self.engines and not self.alive(seen, now):
@@ -143,7 +129,6 @@ class MeshView:
         return min(ctx) if ctx else 0
 
     def store_layout(self):
-        """The store layout the engines announce (all engines of a mesh serve one model)."""
         for seen in self.engines.values():
             if seen.msg.store is not None:
                 return seen.msg.store
@@ -154,22 +139,20 @@ class MeshView:
         return seen.msg.node if seen else ""
 
     def maps_buffer(self, engine: str, holder: str) -> bool:
-        """Whether `engine` may map `holder`'s traffic-manager buffer directly: its own, or one on the
-        same host whose endpoint lets same-host processes share its memory (`shm_host`)."""
+        """`engine` may map `holder`'s TM buffer directly: its own, or one sharing memory on its host."""
         if engine == holder:
             return True
         a, b = self.tms.get(engine), self.tms.get(holder)
         return a is not None and b is not None and bool(a.msg.shm_host) and a.msg.shm_host == b.msg.shm_host
 
     def health(self, now: float, queued: int, running: int) -> tuple[bool, dict]:
-        """(serving: at least one assignable engine of each role, the /health body)."""
+        """(at least one assignable engine of each role, the /health body)."""
         pes, des = self.assignable("prefill", now), self.assignable("decode", now)
         ok = bool(pes and des)
         return ok, {"status": "ok" if ok else "degraded", "prefill_engines": len(pes), "decode_engines": len(des),
                     "queued": queued, "running": running}
 
     def snapshot(self, now: float, mode: LoadMode) -> dict:
-        """JSON-ready view: every live process, its role, node and metrics URL (for tools)."""
         def rows(table: dict) -> list[dict]:
             out = []
             for seen in table.values():
@@ -198,7 +181,7 @@ def _engine(msg: EngineAnnounce) -> str:
 
 
 def _lines(msg: Announce) -> tuple:
-    """What a dispatch round takes from an announcement (loads come from the ledger, not from here)."""
+    """What a dispatch round takes from an announcement (loads come from the ledger)."""
     if isinstance(msg, EngineAnnounce):
         return msg.role, msg.group, msg.node, msg.total_blocks, msg.kv.block_size if msg.kv else None
     if isinstance(msg, TrafficManagerAnnounce):

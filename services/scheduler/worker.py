@@ -1,17 +1,7 @@
 """A front-door worker of the scheduler service: HTTP in, tokenize, key, ask the store, stream tokens out.
 
-Owns the client's side of a request when the scheduler runs `front_workers` processes (its
-dispatch core spawns them, doors.py): the HTTP handlers (api.py, unchanged) on the service's
-listening socket (inherited; the kernel spreads connections over the workers), tokenizing,
-the prompt's block keys and how many of them are stored (its `HitQuery`, off the core), the
-engines' tokens — which arrive on this worker's own output subject, never at the core —
-detokenizing, stops, log-probabilities, cancel on disconnect,
-and resuming a request whose engine failed or went silent (a new attempt after the tokens
-already streamed, submitted to the core again). The core gets three compact messages a
-request (wire.py): `Submit`, `PrefillOver`, `Done`; the prompt's ids stay here, filled into
-each attempt's work when the core has placed it (`Forward`). Run as `python -m
-services.scheduler.worker --core INSTANCE --index N --fd FD`, its settings as JSON on stdin.
-"""
+The dispatch core spawns it; engines' tokens come to the worker's own subject, never the core, and
+the prompt's ids stay here. It resumes its own requests."""
 from __future__ import annotations
 
 import argparse
@@ -120,8 +110,7 @@ class FrontWorker(Service):
         await self._ask("close_session", session)  # the core holds the sessions' staging and retention
 
     async def _ask(self, what: str, session: str = "") -> Answer:
-        """The dispatch core's answer; a 503 (ApiError) when none comes within ~3 s (a bus that
-        is reconnecting, a core not subscribed again yet, are waited for)."""
+        """The dispatch core's answer; a 503 (ApiError) when none comes within ~3 s."""
         deadline = time.monotonic() + 3.0
         while True:
             try:
@@ -175,8 +164,7 @@ class FrontWorker(Service):
                    name=f"done-{rec.req_id}")
 
     async def _watch_bus(self) -> None:
-        """Cut off from the bus past `liveness_timeout_s`, no token and no word from the core can
-        reach this worker's requests: each ends with an error event now, not a hang."""
+        """Cut off from the bus past `liveness_timeout_s`: every request ends with an error now."""
         cut_since = None
         while True:
             await asyncio.sleep(min(0.5, self.cfg.liveness_timeout_s / 3))
@@ -190,7 +178,7 @@ class FrontWorker(Service):
                     rec.fail(ErrorCode.ENGINE_FAILED, "the mesh stopped responding: the bus is unreachable")
 
     def _reconnected(self) -> None:
-        """Back on NATS: events sent to this worker meanwhile may be lost; its requests resume after what they have."""
+        """Back on NATS: events sent meanwhile may be lost; its requests resume."""
         for rec in list(self.inflight.values()):
             if rec.pe and not rec.finished and not self.resume(rec, "the connection to NATS was lost"):
                 rec.fail(ErrorCode.ENGINE_FAILED, "the connection to NATS was lost")
@@ -208,7 +196,6 @@ class FrontWorker(Service):
         self.info = msg
 
     async def _on_work(self, msg: Forward, d: Delivery) -> None:
-        """The core placed an attempt: its work, with the prompt (and the tokens streamed), to the engine."""
         rec = self.inflight.get(msg.work.req_id.partition("#")[0])
         if rec is None or rec.finished or msg.work.req_id != rec.wire_id:
             return  # answered meanwhile (its Done frees the engines at the core), or an old attempt's
@@ -221,7 +208,7 @@ class FrontWorker(Service):
         self.router.route(msg)
 
     def _retry(self, rec: InFlight, ev: TokenEvent, source: str) -> bool:
-        """A retryable failure: resume the request (True: handled, nothing for the client)."""
+        """A retryable failure: resume the request (True: nothing for the client)."""
         if ev.code == ErrorCode.ENGINE_FAILED and running_without(rec, source):
             return True  # its prefill engine went silent after the decode engine took over
         return self.resume(rec, ev.error)
@@ -233,7 +220,6 @@ class FrontWorker(Service):
                    name=f"first-{rec.req_id}")
 
     def resume(self, rec: InFlight, why: str) -> bool:
-        """Run the request again elsewhere, after the tokens already streamed (False: give up)."""
         if rec.finished or rec.attempt >= self.cfg.max_resumes:
             return False
         self.spawn(self.bus.publish(self.subjects.at(EP.CANCEL), Cancel(rec.wire_id, "resumed elsewhere")))
@@ -253,14 +239,12 @@ class FrontWorker(Service):
 
 
 def running_without(rec: InFlight, engine: str) -> bool:
-    """`engine`, gone silent, was the attempt's prefill engine and its decode engine already
-    streams tokens: the request goes on without it (liveness.strands' rule, judged here,
-    where the tokens are)."""
+    """`engine` was the attempt's PE and its DE already streams tokens: the request goes on."""
     return bool(engine) and engine == rec.pe and rec.de not in ("", engine) and rec.next_index > rec.step0 + 1
 
 
 def _die_with_parent() -> None:
-    """SIGTERM when the dispatch core that spawned this worker dies (Linux prctl PR_SET_PDEATHSIG)."""
+    """SIGTERM when the dispatch core that spawned this worker dies (Linux)."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
     except (OSError, AttributeError):

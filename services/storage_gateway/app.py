@@ -1,11 +1,7 @@
 """Storage-gateway wiring: the node's storage NIC over NATS.
 
-Owns every storage read and write of its node: hit queries, Full Block reads
-straight into a traffic-manager's shared-memory buffer (prefetches in the bulk lane,
-after the latency reads), background writes from it, agents' retention hints.
-One store namespace per model fingerprint; one read and one write token bucket for
-the whole node (the emulated SNIC), shared by all of them.
-"""
+Owns every storage read and write of its node; one read and one write token bucket (the emulated
+SNIC) for the whole node."""
 from __future__ import annotations
 
 import contextlib
@@ -142,7 +138,7 @@ class StorageGatewayService(Service):
         await d.respond(ReadDone(blocks=res.blocks, bytes=res.bytes, seconds=dt, stop_reason=res.stop_reason or ""))
 
     def _reporter(self, msg: ReadBlocks):
-        """Where a read in layer groups reports each group as it lands (the fetching traffic-manager)."""
+        """Where a read in layer groups reports each group as it lands (the fetching TM)."""
         async def report(layers: int, blocks: int, eta_s: float) -> None:
             self.m_queue.labels(self.cfg.node).set(self.read_queue()[1])
             await self.bus.publish(msg.progress, LayersRead(msg.req_id, msg.tag, layers, blocks, round(eta_s, 4)))

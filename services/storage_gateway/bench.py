@@ -2,38 +2,8 @@
 
     python -m services.storage_gateway.bench [--dir PATH] [--mib 256] [--threads 4] [--rounds 5]
 
-Writes ``--mib`` of Full Blocks (Llama-8B-like: 32 layers x 8 KV heads x 128 dims, bf16,
-64 tokens = 8 MiB a block) through a ``DirectoryStore``, and one raw file of those block
-files concatenated. Every figure counts the file bytes read (header included). Rounds
-interleave the lines (each round times every line once); a figure is the best round, the
-median in brackets, a ratio also the median of its per-round ratios (same load).
-
-Every buffer read into is page-aligned shared memory, as the traffic manager's
-``ShmRegion`` in the mesh: on AMD cores the kernel's page-cache copy into a destination
-16 bytes off a page boundary (where ``malloc`` puts a big numpy array) runs at a third
-of its aligned speed, so an unaligned buffer would measure the allocator.
-
-- warm, reused buffer: ``dd bs=4M`` reads into one buffer it reuses; the gateway reads one
-  block per request into one reused 8 MiB slot: the same job plus header checks and
-  checksums (dd checks nothing), the like-for-like ratio. As the service runs, the event
-  loop copies and hashes the near half of such a block itself while a lane thread does the
-  far half (``hash_lanes.py``); the next lines read it all on the reading thread, and hand
-  every read to a read thread (two wake-ups a request).
-- warm, one request into a ``--mib`` buffer: the real use (distinct slots of a
-  traffic manager's buffer), spread over free I/O threads. A buffer that big does not
-  fit in CPU caches: one core's kernel copy into it runs far below ``dd``'s figure, so
-  it is shown next to its own ceilings: a plain ``preadv`` of the same files into the
-  same buffer on one thread (no checks) and ``memcpy`` into it.
-- CPU: the warm lines billed in CPU per GB too (this process and its children: dd),
-  which load moves far less than wall time: the cost of the checks and hops.
-- cold: the files about to be read dropped from the page cache first (fsync +
-  posix_fadvise(DONTNEED), which works for clean pages without root), then dd and
-  the gateway as above; plus dd with ``iflag=direct`` (no page cache at all) where
-  allowed. Each round starts by reading every file once, untimed, so its warm lines
-  never see the previous round's dropped pages.
-
-Owns: the bench only; it is not imported by the service.
-"""
+A figure is the best round, the median in brackets. Buffers are page-aligned shared memory, as in
+the mesh. Not imported by the service."""
 
 from __future__ import annotations
 
@@ -96,8 +66,7 @@ def _timed(fn: Callable[[], object], nbytes: int) -> float:
 
 
 def _gateway(core: GatewayCore, keys: list[bytes], buf: np.ndarray, per_request: int) -> float:
-    """Rate of reading ``keys`` in requests of ``per_request`` blocks; slots wrap
-    around ``buf`` (a one-slot buffer is reused by every request)."""
+    """Rate of reading ``keys`` in requests of ``per_request`` blocks; slots wrap around ``buf``."""
     slots = len(buf) // LAYOUT.payload_bytes
     view = memoryview(buf)
 
@@ -147,8 +116,6 @@ def _memcpy(dst: np.ndarray) -> float:
 
 
 class Figures:
-    """Samples per line, in the order the lines were first measured."""
-
     def __init__(self) -> None:
         self.samples: dict[str, list[float]] = {}
         self.cpu: dict[str, list[float]] = {}  # CPU seconds per GB, for the lines measured with `bill`
@@ -158,8 +125,7 @@ class Figures:
             self.samples.setdefault(name, []).append(rate)
 
     def bill(self, name: str, measure: Callable[[], float | None], nbytes: int) -> None:
-        """`add(name, measure())`, also keeping the CPU it took per GB (this process's, every
-        thread, plus any child's: dd): what a loaded machine moves far less than wall time."""
+        """`add(name, measure())`, also keeping its CPU per GB (this process's and its children's)."""
         t0, c0 = time.process_time(), _children_cpu()
         rate = measure()
         used = time.process_time() - t0 + _children_cpu() - c0

@@ -1,20 +1,7 @@
 """One block file of the directory store: its atomic write and its verified read.
 
-Write: header+payload to a unique temp file next to the target (``O_EXCL``), optional
-fsync, ``os.replace`` onto the final name: readers see a whole file or none.
-Read: one ``preadv`` of two iovecs -- header into a scratch, the payload's first chunk
-straight into the caller's slice -- then the rest chunk by chunk into the same slice (no
-intermediate copy): cached bytes in big reads that never wait for the disk
-(``RWF_NOWAIT``), the others in small blocking reads; header fields verified, the payload
-checksum computed in place as each chunk lands. With a lane to spare (``hash_lanes.py``), a
-block's far half is read and hashed on another core at the same time. A fault raises ``FullBlockError``.
-Read in parts (``OpenBlock``: a read in layer groups): the header is checked when the file is
-opened, each part of the payload lands (in payload order) and feeds the checksum, and the
-checksum is checked after the last part.
-
-Owns: the file-level protocols and chunk sizes, ``NotCached``. Does not own naming, the LRU index,
-capacity, pins or counters (``store.py``), nor the format itself (``shared/kv``).
-"""
+A reader sees a whole file or none; a fault raises ``FullBlockError``. Owns neither naming,
+capacity nor counters (store.py), nor the format (shared/kv)."""
 from __future__ import annotations
 
 import os
@@ -49,7 +36,6 @@ COLD_CHUNK = 256 * 1024
 
 def write_file(path: str, key: bytes, fingerprint: bytes, layout: KVLayout, payload: memoryview,
                *, fsync: bool) -> None:
-    """Write one block file at `path` atomically (its directory exists)."""
     parent = os.path.dirname(path)
     tmp = os.path.join(parent, f".{key.hex()}.{os.getpid()}.{uuid.uuid4().hex}{TEMP_SUFFIX}")
     header = encode_header(key, fingerprint, layout, payload_checksum(payload))
@@ -96,9 +82,8 @@ class BlockReader:
         self.nowait_reads = True  # until the file system refuses RWF_NOWAIT
 
     def read_fd(self, fd: int, st: os.stat_result, key: bytes, dest: memoryview, cached_only: bool = False) -> None:
-        """Header and a small first chunk in one ``preadv``; then what the page
-        cache holds in big non-blocking reads, the rest in small blocking ones.
-        ``cached_only``: every read non-blocking, ``NotCached`` at the first byte not cached."""
+        """Header and first chunk in one ``preadv``, then cached bytes in big non-blocking reads, the rest
+        in small blocking ones. ``cached_only``: ``NotCached`` at the first byte not cached."""
         if st.st_size != self.file_bytes:
             raise SizeMismatch(self.file_bytes, st.st_size, what="file")
         header = bytearray(HEADER_SIZE)
@@ -128,8 +113,7 @@ class BlockReader:
 
     def _fill(self, fd: int, dest: memoryview, off: int, end: int, cached_only: bool, hasher,
               landed: int = 0) -> None:
-        """``dest[off:end]`` from the payload at ``off`` (its first ``landed`` bytes are there
-        already), each piece fed to ``hasher`` as it lands, in payload order."""
+        """``dest[off:end]`` from the payload, each piece fed to ``hasher`` as it lands, in order."""
         if landed:
             hasher.update(dest[off : off + landed])
             off += landed
@@ -145,7 +129,6 @@ class BlockReader:
             off += got
 
     def open_fd(self, fd: int, st: os.stat_result, key: bytes) -> OpenBlock:
-        """Check the size and header of an open block file; its payload is read in parts next."""
         if st.st_size != self.file_bytes:
             raise SizeMismatch(self.file_bytes, st.st_size, what="file")
         header = bytearray(HEADER_SIZE)
@@ -169,7 +152,6 @@ class BlockReader:
         ob.read += end
 
     def verify(self, ob: OpenBlock) -> None:
-        """The whole payload has been read: its checksum must match the header's."""
         if ob.read != self.layout.payload_bytes:
             raise SizeMismatch(self.layout.payload_bytes, ob.read, what="payload read")
         check_checksum(ob.header, ob.hasher.intdigest())
@@ -216,8 +198,7 @@ def unlink_quiet(path: str) -> None:
 def check_slots(
     dest_len: int, size: int, keys: Sequence[bytes], offsets: Sequence[int]
 ) -> None:
-    """Every slot inside ``dest`` and no two overlapping (stripes write them from
-    different threads: a shared byte would fail a good block's checksum); ValueError if not."""
+    """Every slot inside ``dest`` and no two overlapping (stripes write them from several threads)."""
     if len(keys) != len(offsets):
         raise ValueError(f"{len(keys)} keys but {len(offsets)} offsets")
     for off in offsets:

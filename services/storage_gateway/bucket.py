@@ -1,20 +1,7 @@
 """Token bucket that emulates a storage NIC's bandwidth (one for reads, one for writes).
 
-The core is pure and clock-injectable: ``reserve(n, now)`` takes ``n`` tokens
-(bytes) — letting the balance go negative — and returns how long the caller must
-wait before its bytes may move. Reservations are therefore served first come,
-first served without a lock, and the long-run rate never exceeds ``rate``.
-``acquire`` is the asyncio wrapper: it splits a request into chunks of at most
-``burst`` bytes, reserves each after the previous one's wait, and refunds a chunk
-whose wait was cancelled.
-
-Example (rate 100 B/s, burst 50 B, t = 0, full bucket): ``reserve(50, 0) -> 0``;
-``reserve(50, 0) -> 0.5`` (balance -50); at t = 0.5 the balance is back to 0.
-
-``rate=None`` means unlimited (production: the emulation is off).
-
-Owns: ``TokenBucket``, ``gbps_to_bytes``.
-"""
+``reserve`` may go into debt and returns the wait, so callers are served FIFO without a lock;
+``rate=None`` is unlimited."""
 
 from __future__ import annotations
 
@@ -24,7 +11,6 @@ from collections.abc import Callable
 
 
 def gbps_to_bytes(gbps: float) -> float:
-    """Link speed in Gbit/s -> bytes per second."""
     return gbps * 1e9 / 8
 
 
@@ -74,8 +60,7 @@ class TokenBucket:
         return max(0.0, (min(nbytes, self.burst) - self._tokens) / self.rate)
 
     def try_acquire(self, nbytes: int, now: float | None = None) -> bool:
-        """Take ``nbytes`` if available now; never goes into debt. More than
-        ``burst`` can never be taken at once (``acquire`` splits instead)."""
+        """Take ``nbytes`` if available now, never into debt (at most ``burst``)."""
         if self.rate is None:
             return True
         if nbytes > self.burst or self.time_to_ready(nbytes, now) > 0.0:
@@ -92,7 +77,6 @@ class TokenBucket:
         return max(0.0, -self._tokens / self.rate)
 
     def refund(self, nbytes: int) -> None:
-        """Give back a reservation whose bytes never moved."""
         if self.rate is not None:
             self._tokens = min(float(self.burst), self._tokens + nbytes)
 

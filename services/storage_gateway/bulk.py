@@ -1,13 +1,6 @@
 """The node's bulk read lane: prefetch reads go only while no latency read is pending.
 
-Owns the count of latency reads (a prefill waits on them) accepted and not finished on
-this node, and the wait of a bulk read (`ReadBlocks.bulk`: a session's KV staged during
-its tool call) until that count is zero. The storage NIC's bucket is FIFO by arrival, so
-a bulk read that started delays a later latency read by its own bytes at most: the
-traffic-manager sends prefetches in chunks of a few blocks, each a read of its own that
-waits here again. Example: latency read L1 pending, bulk B1 waits; L1 ends, B1 starts;
-L2 arrives and waits behind B1's bytes only; B2 (the next chunk) waits until L2 ends.
-"""
+A bulk read that started delays a later latency read by its own bytes at most."""
 from __future__ import annotations
 
 import asyncio
@@ -41,8 +34,7 @@ class BulkLane:
                 self._event().set()
 
     async def wait_turn(self, within_s: float = 0.0) -> bool:
-        """True once no latency read is pending (at once when none is); False when that took
-        longer than `within_s` (0: wait as long as it takes)."""
+        """True once no latency read is pending; False when that took longer than `within_s` (0: no limit)."""
         self.waiting += 1
         try:
             if within_s > 0:

@@ -1,22 +1,7 @@
-"""One request's read chain: its blocks in order into their slots, stopping at the first miss,
-on read threads (stripes) or, when the page cache holds it, on the event loop.
+"""One request's read chain: its blocks in order into their slots, stopping at the first miss.
 
-A chain of keys ``[k0, k1, k2]`` starts with ``stop = 3``; a block that is missing, corrupt or
-unreadable (an OSError) at index 1 sets ``stop = 1`` with its key and reason, and no stripe
-starts a block past it. Stripe ``s`` of ``k`` reads blocks ``s, s+k, ...`` (``read_chain``).
-
-The loop's share (``read_cached``): a request small enough for one stripe, with no stripe of
-another running (nobody is overtaken), is read by the loop itself from the page cache, each
-chunk a non-blocking read (``RWF_NOWAIT``), checked and hashed as on a thread; the first
-block with a byte not cached ends the loop's share (nothing of it counts) and the threads read
-from there. So a warm one-block read costs no thread hand-off at all (two wake-ups, 0.06 ms
-idle and 0.35 ms median on two loaded cores, against ~0.5 ms of copying 8 MiB), and the loop
-is held for at most one such request's copy (``inline_bytes``). Its open and fstat run on the
-loop too: cached with the data on a local file system; on a file system without
-``RWF_NOWAIT`` nothing is read on the loop.
-
-Owns: ``Chain``, ``read_chain``, ``read_cached``. Does not own threads or slots (``engine.py``).
-"""
+Read on I/O threads (stripes) or, when the page cache holds it, on the event loop. Owns neither
+threads nor slots (engine.py)."""
 from __future__ import annotations
 
 import threading
@@ -29,8 +14,7 @@ from services.storage_gateway.errors import BlockUnavailable
 
 @dataclass(slots=True)
 class Chain:
-    """Where a read chain stopped: blocks at or after ``stop`` are a miss. Shared by
-    the stripes of one request, each on its own thread; ``stop`` only decreases."""
+    """Where a read chain stopped: blocks at or after ``stop`` are a miss; ``stop`` only decreases."""
 
     stop: int
     key: bytes | None = None
@@ -44,7 +28,6 @@ class Chain:
                 self.stop, self.key, self.reason = i, key, reason
 
     def wants(self, i: int) -> bool:
-        """Block ``i`` may still count (a stale read only costs one wasted block)."""
         return i < self.stop and not self.cancelled
 
 
@@ -67,16 +50,14 @@ def _read_one(read, keys: Sequence[bytes], slots: Sequence[memoryview], chain: C
 
 def read_chain(store, keys: Sequence[bytes], slots: Sequence[memoryview], chain: Chain,
                first: int = 0, step: int = 1) -> None:
-    """I/O thread: read blocks ``first, first+step, ...`` in order into their slots; stop at
-    the first that fails or once the chain stopped before it."""
+    """I/O thread: blocks ``first, first+step, ...`` in order; stop at the first that fails."""
     for i in range(first, len(keys), step):
         if not chain.wants(i) or not _read_one(store.read_into, keys, slots, chain, i):
             return
 
 
 def read_cached(store, keys: Sequence[bytes], slots: Sequence[memoryview], chain: Chain) -> int:
-    """On the loop: the leading blocks the page cache holds whole, read and verified (a miss
-    stops the chain as on a thread); returns the index the threads go on from."""
+    """On the loop: the leading blocks the page cache holds whole; returns where the threads go on."""
     for i in range(len(keys)):
         try:
             if not _read_one(store.read_cached_into, keys, slots, chain, i):

@@ -1,34 +1,8 @@
-"""The gateway's I/O engine: rate-limited, threaded block reads and writes over a
-store, with the node's read queue. asyncio API, no NATS (``app.py`` wires it).
+"""The gateway's I/O engine: rate-limited, threaded block reads and writes over a store.
 
-One ``read_blocks`` call, keys ``[k0, k1, k2, k3]`` at ``offsets`` in ``dest``:
-enqueue 4 blocks on the read queue; reserve their bytes from the read bucket (the
-emulated SNIC) on arrival, so requests are paced FIFO, and wait once; then take one
-I/O slot, plus any others free right now (say one more: 2 stripes), and read the
-blocks on the read threads (``io_threads.py``: one batch, one wake-up), stripe 0 taking
-k0, k2 and stripe 1 k1, k3, each with ``store.read_into`` straight into
-``dest[off:off+payload]``. Spread over free threads a request copies on several cores at
-once (one core's page-cache copy into a big buffer is far below the disk's or DRAM's speed);
-under load it keeps to one thread, one hop. Stripes of a few MiB at least are worth a thread
-hop (``stripe_min_bytes``). A request of one stripe's worth, at most ``inline_bytes``, with
-no stripe running, is read by the loop itself while the page cache holds it (``chain.py``).
-With ``group_layers`` a read lands in layer groups instead (``grouped.py``), reporting each.
-
-If ``k1`` is missing or corrupt the chain stops there: the result says 1 block, and no
-stripe starts a block past the stop. Every block before the stop was read and verified.
-The blocks are dequeued when the request finishes, whatever the outcome. Cancelling the
-call stops each stripe after its current block and waits for them, so ``dest`` is quiet
-when the cancellation surfaces.
-
-Writes (decode persisting filled blocks) are background: each takes write-bucket bytes
-(the SNIC is full duplex) and runs on its own small pool, so reads never queue behind
-writes. With ``max_write_defer_s`` > 0 (a shared disk) a write first waits, at most that
-long, until the read queue is empty.
-
-Owns: ``GatewayCore``, ``ReadResult``.
-Does not own: files (``store.py``), rate (``bucket.py``), counts (``read_queue.py``), reads in
-layer groups (``grouped.py``), the chain of one request (``chain.py``).
-"""
+asyncio API, no NATS. A read stops at the first missing or corrupt block; a cancelled read waits
+for its stripes, so ``dest`` is quiet when the cancellation surfaces. Writes run in the
+background on their own pool: reads never queue behind them."""
 
 from __future__ import annotations
 
@@ -90,8 +64,7 @@ class GatewayCore:
         self._queue = ReadQueue()
 
     def _bind_loop(self) -> None:
-        """asyncio primitives belong to one loop; a core reused from a new loop
-        (tests, benches calling ``asyncio.run`` repeatedly) gets fresh ones."""
+        """asyncio primitives belong to one loop; a core reused from a new loop gets fresh ones."""
         loop = asyncio.get_running_loop()
         if loop is self._loop:
             return
@@ -105,8 +78,8 @@ class GatewayCore:
         self, keys: Sequence[bytes], dest: memoryview, offsets: Sequence[int], group_layers: int = 0,
         report: Callable[[int, int, float], Awaitable[None]] | None = None,
     ) -> ReadResult:
-        """Read Full Block payloads of ``keys`` into ``dest`` at ``offsets``; with ``group_layers``
-        (fewer than the model's layers) in groups of that many layers, each one ``report``ed."""
+        """Full Block payloads of ``keys`` into ``dest`` at ``offsets`` (layer groups:
+        ``group_layers``)."""
         self._bind_loop()
         view = bytes_view(dest)
         size = self.store.layout.payload_bytes
@@ -139,8 +112,7 @@ class GatewayCore:
         )
 
     async def _take_read_bytes(self, nbytes: int) -> None:
-        """The request's bytes from the read bucket, reserved on arrival (so FIFO across
-        requests) with one wait: the emulated SNIC is paced per request, not per block."""
+        """The request's bytes from the read bucket with one wait: the SNIC is paced per request, FIFO."""
         delay = self._read_bucket.reserve(nbytes)
         if delay <= 0:
             return
@@ -151,23 +123,20 @@ class GatewayCore:
             raise
 
     def _inline_ok(self, count: int, size: int) -> bool:
-        """The loop reads a request itself (``chain.read_cached``) when one stripe would, it is at
-        most ``inline_bytes`` and no stripe runs (none waits for a slot: nobody is overtaken)."""
+        """The loop reads a request itself: one stripe, at most ``inline_bytes``, no stripe running."""
         return (count * size <= self._inline_bytes and not self._running and not self._slots.locked()
                 and self.stripes_for(count, size) == 1)
 
     async def _read_striped(
         self, keys: Sequence[bytes], slots: Sequence[memoryview], chain: Chain, start: int = 0
     ) -> None:
-        """Blocks ``start..`` on one I/O slot plus those free now; stripe ``s`` of ``k`` takes
-        blocks ``start+s, start+s+k, ...`` so every stripe works near the chain's front."""
+        """Stripe ``s`` of ``k`` takes blocks ``start+s, start+s+k, ...``: every stripe near the front."""
         want = self.stripes_for(len(keys) - start, self.store.layout.payload_bytes)
         await self.striped(want, lambda s, k: self._read_chain(keys, slots, chain, start + s, k),
                            on_cancel=lambda: setattr(chain, "cancelled", True))
 
     async def _take_slots(self, want: int) -> int:
-        """One I/O slot (waiting FIFO for it), then up to ``want - 1`` more only
-        if they are free without waiting (never ahead of a queued request)."""
+        """One I/O slot (FIFO), then up to ``want - 1`` more only if free now."""
         await self._slots.acquire()
         taken = 1
         while taken < want and not self._slots.locked():
@@ -179,7 +148,6 @@ class GatewayCore:
         self, keys: Sequence[bytes], slots: Sequence[memoryview], chain: Chain,
         first: int = 0, step: int = 1,
     ) -> None:
-        """I/O thread: ``chain.read_chain`` of this store."""
         read_chain(self.store, keys, slots, chain, first, step)
 
     def _note_idle(self) -> None:
@@ -198,14 +166,12 @@ class GatewayCore:
         return await self._reads.call(fn, *args)
 
     def stripes_for(self, count: int, nbytes_each: int) -> int:
-        """Threads worth using for `count` parts of `nbytes_each` bytes."""
         return max(1, min(count, self._io_threads, -(-count * nbytes_each // self._stripe_min_bytes)))
 
     async def striped(self, want: int, stripe: Callable[[int, int], None],
                       on_cancel: Callable[[], None] = lambda: None) -> None:
-        """``stripe(s, k)`` for s < k on one I/O slot plus those free now (k of them, up to ``want``).
-        Cancelled: ``on_cancel()`` (stripes may stop early), then every stripe is waited for (they
-        may be writing into a caller's buffer). A stripe's error is re-raised after all finished."""
+        """``stripe(s, k)`` for s < k on free I/O slots. Cancelled: ``on_cancel()``, then every stripe is
+        waited for. A stripe's error is re-raised after all finished."""
         taken = await self._take_slots(want)
         self._running += taken
         try:
@@ -227,10 +193,7 @@ class GatewayCore:
 
     # ----- writes -----------------------------------------------------------
     async def write_block(self, key: bytes, payload: memoryview) -> WriteOutcome:
-        """Persist one Full Block payload in the background (reads go first).
-
-        ``payload`` must stay unchanged until this returns.
-        """
+        """Persist one Full Block payload in the background; ``payload`` must stay unchanged until then."""
         self._bind_loop()
         await self._yield_to_reads()
         if not await _in_thread(self._write_pool, self.store.contains, key):
@@ -251,7 +214,6 @@ class GatewayCore:
         return self.store.longest_prefix(keys)
 
     async def hit_length_async(self, keys: Sequence[bytes]) -> int:
-        """``hit_length`` off the event loop (for slow shared mounts)."""
         return await self._reads.call(self.store.longest_prefix, keys)
 
     def queue_snapshot(self) -> ReadQueueSnapshot:
@@ -262,14 +224,12 @@ class GatewayCore:
         self.store.check_integrity()
 
     def close(self) -> None:
-        """Stop the pools after their running work (call once, off the hot path)."""
         self._reads.close()
         self._write_pool.shutdown(wait=True)
 
 
 async def _in_thread(pool: ThreadPoolExecutor, fn: Callable[..., T], *args: object) -> T:
-    """Run ``fn`` on ``pool``; if cancelled, wait for the thread before re-raising
-    (it may be writing into a caller's buffer)."""
+    """Run ``fn`` on ``pool``; if cancelled, wait for the thread before re-raising."""
     fut = asyncio.get_running_loop().run_in_executor(pool, fn, *args)
     try:
         return await asyncio.shield(fut)

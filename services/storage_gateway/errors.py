@@ -1,8 +1,4 @@
-"""Typed errors a storage read can end with; both mean "treat as a miss".
-
-Owns: ``BlockUnavailable`` and its two cases. A caller that catches
-``BlockUnavailable`` stops its block chain there and computes the rest.
-"""
+"""Typed errors a storage read can end with; both mean "treat as a miss"."""
 
 from __future__ import annotations
 
@@ -24,5 +20,4 @@ class BlockMissing(BlockUnavailable):
 
 
 class BlockCorrupt(BlockUnavailable):
-    """The file failed verification (truncated, bad header, bad checksum, wrong
-    model); it has been deleted and counted."""
+    """The file failed verification; it has been deleted and counted."""

@@ -1,10 +1,7 @@
-"""Low-level POSIX file helpers for the directory store: vectored I/O that copes
-with short reads/writes (network file systems return them), directory fsync, and
-an unlink that only removes the exact file (inode) that was inspected.
+"""Low-level POSIX file helpers for the directory store.
 
-Owns: ``preadv_exact``, ``pread_cached``, ``writev_all``, ``fsync_dir``,
-``unlink_if_same``.
-"""
+Vectored I/O that copes with short reads and writes, directory fsync, and an unlink of only the
+exact file (inode) inspected."""
 
 from __future__ import annotations
 
@@ -17,7 +14,6 @@ _NO_NOWAIT = (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS)
 
 
 def _advance(bufs: list[memoryview], n: int) -> list[memoryview]:
-    """Drop the first ``n`` bytes from a list of buffers."""
     out: list[memoryview] = []
     for buf in bufs:
         if n >= len(buf):
@@ -29,10 +25,7 @@ def _advance(bufs: list[memoryview], n: int) -> list[memoryview]:
 
 
 def preadv_exact(fd: int, bufs: list[memoryview], offset: int = 0) -> int:
-    """Fill ``bufs`` in order from ``fd`` at ``offset``, straight into them.
-
-    Returns the bytes read; less than the buffers' total only at end of file.
-    """
+    """Fill ``bufs`` in order from ``fd`` at ``offset``; fewer bytes only at end of file."""
     want = sum(len(b) for b in bufs)
     done = 0
     while done < want:
@@ -53,10 +46,7 @@ def _pread_some(fd: int, bufs: list[memoryview], offset: int) -> int:
 
 
 def pread_cached(fd: int, buf: memoryview, offset: int) -> int | None:
-    """Fill ``buf`` from ``fd`` at ``offset`` with what the page cache holds there,
-    never waiting for the disk: the bytes read (0 if the first byte is not cached,
-    fewer than asked if a later one is not), or None where the platform or file
-    system has no such read (``RWF_NOWAIT``)."""
+    """What the page cache holds at ``offset`` into ``buf``, never waiting; None: no ``RWF_NOWAIT``."""
     if not (_RWF_NOWAIT and _HAS_PREADV):
         return None
     try:
@@ -70,7 +60,6 @@ def pread_cached(fd: int, buf: memoryview, offset: int) -> int | None:
 
 
 def writev_all(fd: int, bufs: list[memoryview]) -> int:
-    """Write every byte of ``bufs`` in order (looping on short writes)."""
     total = sum(len(b) for b in bufs)
     done = 0
     while bufs:
@@ -95,11 +84,7 @@ def fsync_dir(path: str) -> None:
 
 
 def unlink_if_same(path: str, st: os.stat_result) -> bool:
-    """Unlink ``path`` only if it is still the file ``st`` describes.
-
-    Another gateway may have replaced a bad block with a good one meanwhile; that
-    replacement must survive.
-    """
+    """Unlink ``path`` only if it is still the file ``st`` describes (another gateway may have replaced it)."""
     try:
         now = os.stat(path)
         if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):

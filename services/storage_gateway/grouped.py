@@ -1,25 +1,7 @@
-"""One storage read in layer groups: a request's blocks land group of layers by group of layers,
-so the prefill engine computes layer l as soon as its group is in the buffer, not after the
-whole blocks.
+"""One storage read in layer groups: a request's blocks land a group of layers at a time.
 
-A Full Block is its layers end to end, so layers [lo, hi) of a block are one contiguous range
-of its file. Sequence for keys [k0, k1], groups of 2 layers of a 4-layer model:
-
-    reserve the request's bytes on the emulated storage NIC (its place in the FIFO, once)
-    open k0, k1: sizes and headers checked    -> report(0 layers, 2 blocks, eta of the last byte)
-    at the time layers 0-1 of both have crossed the NIC: read them   -> report(2, 2, eta)
-    at the time layers 2-3 have crossed: read them                   -> report(4, 2, 0)
-    verify both checksums (fed as the parts landed); close, unpin    -> (2 blocks, no stop)
-
-A block missing at open ends the chain there (fewer blocks reported from the first report on);
-a checksum that fails at the end makes the result shorter than what was reported -- the
-reader must then treat every layer of the blocks past it as wrong (the traffic-manager fails
-the load before its last layer: the engine never finishes a forward on them). The node's
-read queue shrinks as each group lands: it counts bytes queued or in flight only.
-
-Owns: ``GroupedRead``. Does not own: files (``store_reads.py``), the rate (``bucket.py``),
-threads and I/O slots (``engine.py``).
-"""
+The checksums are verified only after the last group: a failure shortens the result after the
+fact, and the reader must treat the blocks past it as wrong."""
 from __future__ import annotations
 
 import asyncio
@@ -81,7 +63,7 @@ class GroupedRead:
             await asyncio.sleep(wait)
 
     async def _read_group(self, opened: list[OpenBlock], lo: int, hi: int) -> None:
-        """Layers [lo, hi) of every open block into its slot, striped over the I/O threads free now."""
+        """Layers [lo, hi) of every open block into its slot, striped over the free I/O threads."""
         if not opened:
             return
         a, b = lo * self.layer_bytes, hi * self.layer_bytes

@@ -1,20 +1,7 @@
-"""A second core for one block's read: a pool of lane threads, each reading and hashing the
-far half of a block while the reading thread reads and hashes the near half.
+"""A second core for one block's read: lane threads that read and hash a block's far half.
 
-A warm block read is two passes over every byte: the kernel's page-cache copy into the
-slot, then xxh3 over it. On one thread that is copy + hash (8 MiB blocks: ~80 ms/GB copy,
-~35 ms/GB hash here), about 0.7x of what `dd` reads into a buffer it reuses. A block's
-checksum is over 1 MiB segments (``shared/kv/segment_sum.py``), so its two halves are
-independent: the lane copies and hashes one into a hasher of its own while the reading
-thread does the other, and the reader joins the digests. (Handing finished chunks of one
-sequential hash to another thread, tried first, ran 4-10 GB/s from run to run: each chunk
-was a wake-up, and the copy waited on the hash whenever the lane slept.) A read leases one
-lane for its whole length; lanes are made on demand, one per read running at once, and kept.
-
-Owns: ``HashLanes`` (a pool), ``HashLane`` (one thread), ``shared_lanes`` (the process's
-pool: every store's reads share it, as they share the cores). Does not own the
-reads nor the checksum format (``block_file.py``, ``shared/kv``).
-"""
+The reading thread does the near half; a lane is leased for a whole read and ends drained.
+Owns neither the reads nor the checksum format."""
 from __future__ import annotations
 
 import os
@@ -32,8 +19,6 @@ _POOLS: weakref.WeakSet[HashLanes] = weakref.WeakSet()
 
 
 class HashLane:
-    """One thread: ``run`` queues a call, ``drain`` waits for every queued call to end."""
-
     def __init__(self, name: str) -> None:
         self._jobs: SimpleQueue[Callable[[], object] | None] = SimpleQueue()
         self._done: SimpleQueue[BaseException | None] = SimpleQueue()
@@ -46,7 +31,7 @@ class HashLane:
         self._jobs.put(call)
 
     def drain(self) -> None:
-        """Every queued call has ended (the first error among them is raised, after all ended)."""
+        """Every queued call has ended; the first error among them is raised."""
         error: BaseException | None = None
         while self._pending:
             got = self._done.get()
@@ -71,15 +56,8 @@ class HashLane:
 
 
 class HashLanes:
-    """Lanes leased one per read; a lease always ends drained (the lane no longer writes the read's buffer).
-
-    `cores`: a read gets a lane only while a core is left for its lane thread, i.e. while the
-    reads in progress (this one included) and the lanes already hashing number fewer than
-    `cores`; otherwise `lease` yields None and the read hashes on its own thread. Reads that
-    run at once (a request's blocks striped over I/O threads) already fill the cores, and a
-    lane beside each only adds hand-offs: on two cores, four reads of 8 MiB blocks into one
-    buffer ran 1.35x faster on their own threads than each beside a lane.
-    None: a lane for every read."""
+    """Lanes leased one per read, only while a core is left for the lane (`cores`; None: always);
+    otherwise `lease` yields None and the read hashes on its own thread."""
 
     def __init__(self, name: str = "sg-hash", cores: int | None = None) -> None:
         self._name = name
@@ -92,7 +70,7 @@ class HashLanes:
         _POOLS.add(self)
 
     def _forget(self) -> None:
-        """In a forked child: the parent's lane threads do not exist here; new ones are made."""
+        """In a forked child: the parent's lane threads do not exist here."""
         self._free, self._all, self._lock = [], [], threading.Lock()
         self._reading = self._hashing = 0
 

@@ -1,15 +1,6 @@
-"""The gateway's read threads: persistent threads fed by one ``SimpleQueue``, each batch of
-calls settling one asyncio future with one ``call_soon_threadsafe``.
+"""The gateway's read threads, fed by one queue; a batch of calls settles one future.
 
-A request's stripes are one batch: ``run_batch(loop, [s0, s1])`` puts both calls on the
-queue and returns a future; the threads take them in arrival order (a thread that finishes
-takes the next call at once, without the loop in between) and the last call of the batch to
-end wakes the loop once, with every call's error or None. So a read costs the loop one put
-per stripe and one wake-up, however many stripes, against ``run_in_executor``'s concurrent
-future, its asyncio twin and one wake-up per stripe (~0.1-0.2 ms a request under load).
-
-Owns: ``IoThreads``. Does not own what the calls do (``engine.py``, ``grouped.py``).
-"""
+A batch costs the event loop one put per call and one wake-up."""
 from __future__ import annotations
 
 import asyncio
@@ -47,8 +38,6 @@ def _settle(fut: asyncio.Future, errors: list[BaseException | None]) -> None:
 
 
 class IoThreads:
-    """``n`` daemon threads running batches of calls; ``close`` waits for the queued ones."""
-
     def __init__(self, n: int, name: str) -> None:
         self._queue: SimpleQueue[Any] = SimpleQueue()
         self._threads = [threading.Thread(target=self._work, name=f"{name}_{i}", daemon=True) for i in range(n)]
@@ -67,7 +56,7 @@ class IoThreads:
                 batch.done(i, exc)
 
     def run_batch(self, loop: asyncio.AbstractEventLoop, calls: Sequence[Callable[[], None]]) -> asyncio.Future:
-        """Queue ``calls``; the future's result is their errors (None each that returned), once all ended."""
+        """Queue ``calls``; the future's result is their errors (None each that returned)."""
         if self._closed:
             raise RuntimeError("IoThreads closed")
         fut = loop.create_future()
@@ -78,8 +67,7 @@ class IoThreads:
         return fut
 
     async def call(self, fn: Callable[..., Any], *args: object) -> Any:
-        """``fn(*args)`` on a thread; if cancelled, waits for it before re-raising (it may be
-        writing into a caller's buffer)."""
+        """``fn(*args)`` on a thread; if cancelled, waits for it before re-raising."""
         out: list[Any] = []
         fut = self.run_batch(asyncio.get_running_loop(), [lambda: out.append(fn(*args))])
         try:
@@ -92,7 +80,7 @@ class IoThreads:
         return out[0]
 
     def close(self) -> None:
-        """Stop after the calls already queued (call once, off the hot path)."""
+        """Stop after the calls already queued."""
         if self._closed:
             return
         self._closed = True

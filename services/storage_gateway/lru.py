@@ -1,14 +1,6 @@
 """The in-process recency index of a directory store: sizes, recency, pins.
 
-Pure bookkeeping (no I/O, no locking — ``DirectoryStore`` holds its lock around every
-call). Recency comes from reads and writes; ``oldest_unpinned`` names the next
-eviction candidate, skipping blocks pinned by an in-flight read (the store asks its
-retention marks instead, ``retention.py``, which walk ``iter_oldest_first``). Several gateways
-sharing one root each keep their own index; the store reconciles with file mtimes.
-
-Owns: ``LruIndex`` and its invariant check.
-Does not own: files, capacity policy or mtimes (``store.py``).
-"""
+Pure bookkeeping: no I/O, no locking (the store holds its lock around every call)."""
 
 from __future__ import annotations
 
@@ -41,7 +33,6 @@ class LruIndex:
         return self._entries.get(key)
 
     def touch(self, key: bytes, size: int, used_at: float) -> None:
-        """Record a use: insert or update, and make ``key`` the most recent."""
         old = self._entries.pop(key, None)
         if old is not None:
             self.total_bytes -= old.size
@@ -67,11 +58,9 @@ class LruIndex:
             del self._pins[key]
 
     def is_pinned(self, key: bytes) -> bool:
-        """A read holds `key` (retention's victim choice skips it, store.py)."""
         return key in self._pins
 
     def oldest_unpinned(self) -> tuple[bytes, LruEntry] | None:
-        """The least recently used key that no read holds, if any."""
         for key, entry in self._entries.items():
             if key not in self._pins:
                 return key, entry
@@ -81,7 +70,7 @@ class LruIndex:
         return list(self._entries)
 
     def iter_oldest_first(self) -> Iterator[bytes]:
-        """Keys least recently used first, without a copy (no change to the index while iterating)."""
+        """Keys least recently used first, without a copy (do not change the index meanwhile)."""
         return iter(self._entries)
 
     def check_integrity(self) -> None:

@@ -1,13 +1,6 @@
-"""The node's read queue (``read_q`` in docs/design.md): storage reads accepted but not
-finished, in blocks and bytes. Engines report it when they pull work and the
-scheduler sends a read down the path whose queue is shorter (docs/design.md#read-path-choice).
+"""The node's read queue: storage reads accepted but not finished, in blocks and bytes.
 
-Pure accounting, no I/O and no asyncio: ``enqueue`` when a read request is
-accepted, ``dequeue`` as each block finishes (read, failed or skipped), and
-``snapshot`` for reporting.
-
-Owns: ``ReadQueue``, ``ReadQueueSnapshot``.
-"""
+Pure accounting: no I/O, no asyncio."""
 
 from __future__ import annotations
 
@@ -50,7 +43,6 @@ class ReadQueue:
         return self.pending_blocks == 0
 
     def enqueue(self, blocks: int, nbytes: int) -> None:
-        """A read request of ``blocks`` blocks / ``nbytes`` bytes was accepted."""
         if self._busy_since is None and blocks > 0:
             self._busy_since = self._clock()
         self.pending_requests += 1
@@ -73,7 +65,6 @@ class ReadQueue:
             self._busy_since = None
 
     def finish_request(self) -> None:
-        """The request's last block was dequeued."""
         if self.pending_requests <= 0:
             raise ValueError("finish_request with no request pending")
         self.pending_requests -= 1

@@ -1,18 +1,7 @@
 """Retention marks on stored blocks: which are evicted first, which last, from agents' hints.
 
-Owns the marks one store keeps (``Retention``) and the eviction order they give
-(``victim``): a block a session demoted (``reuse_hint: none``) goes before any other, then
-ordinary blocks by LRU, and blocks a hinted session retains (``cache_ttl_ms``,
-``reuse_hint``, a tool call in progress) only when nothing else is left — so a retained
-session's KV outlives unhinted KV until its TTL passes, and the capacity limit still
-holds (a retained block is evicted rather than a write refused). ``release`` ends a
-session's marks at once. Marks expire on their own; a key may be marked before its block
-is written (decode persists in the background). Pure bookkeeping: the store holds its lock
-around every call; no I/O.
-
-Example: A and B are ordinary, R is retained until t=100, D demoted, LRU order R, A, D, B:
-at t=50 the victims come in the order D, A, B, R; at t=150 (R's mark expired) R, A, B.
-"""
+Demoted blocks go first, then ordinary ones by LRU, retained ones last; the capacity limit still
+holds. Marks expire on their own. Pure bookkeeping under the store's lock."""
 
 from __future__ import annotations
 
@@ -40,8 +29,8 @@ class Retention:
         return len(self._marks)
 
     def mark(self, keys: Iterable[bytes], level: Level, ttl_s: float, session: str, now: float) -> int:
-        """Mark `keys` for `ttl_s` from `now`; a retained mark is never lowered by another session's
-        demotion. Returns the marks held."""
+        """Mark `keys` for `ttl_s` (another session never lowers a retained mark); returns the marks
+        held."""
         until = now + ttl_s
         for key in keys:
             old = self._marks.get(key)
@@ -53,7 +42,6 @@ class Retention:
         return len(self._marks)
 
     def release(self, session: str) -> int:
-        """End every mark `session` set; returns how many."""
         keys = self._sessions.pop(session, set())
         n = 0
         for key in keys:
@@ -78,9 +66,7 @@ class Retention:
         self._swept = len(self._marks)
 
     def victim(self, oldest_first: Iterable[bytes], pinned: Callable[[bytes], bool], now: float) -> bytes | None:
-        """The next block to evict among `oldest_first` (LRU order), skipping pinned ones. The scan
-        stops at the first ordinary block (at the first demoted one while any is marked), so its
-        cost is the retained blocks ahead of it, not the index."""
+        """The next block to evict in LRU order, skipping pinned ones; stops at the first ordinary block."""
         normal = retained = None
         for k in oldest_first:
             if pinned(k):

@@ -1,9 +1,6 @@
 """Start-up scan of a store directory: which blocks exist, how big, how recent.
 
-Owns: ``scan_blocks`` and the file-name conventions (``SUFFIX``, ``TEMP_SUFFIX``).
-Stale temp files (a writer died mid-write) are removed; fresh ones belong to
-writers in flight (maybe on another host) and are left alone.
-"""
+Removes only stale temp files: fresh ones belong to writers in flight."""
 
 from __future__ import annotations
 
@@ -49,7 +46,6 @@ def _key_of(name: str) -> bytes | None:
 
 
 def _files_under(top: str) -> Iterator[os.DirEntry[str]]:
-    """Files two fan-out levels below ``top``."""
     for d1 in _subdirs(top):
         for d2 in _subdirs(d1.path):
             with os.scandir(d2.path) as it:
@@ -65,7 +61,6 @@ def _subdirs(path: str) -> list[os.DirEntry[str]]:
 
 
 def _remove_if_stale(entry: os.DirEntry[str], now: float, stale_s: float) -> None:
-    """A temp file this old belongs to a writer that died; others are in flight."""
     try:
         if now - entry.stat().st_mtime > stale_s:
             os.unlink(entry.path)

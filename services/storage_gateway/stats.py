@@ -1,8 +1,4 @@
-"""Counters of one directory store and their reportable snapshot.
-
-Owns: ``StoreCounters`` (mutable, updated under the store's lock) and ``StoreStats``
-(an immutable msgspec snapshot, safe to put on the wire).
-"""
+"""Counters of one directory store and their reportable snapshot."""
 
 from __future__ import annotations
 

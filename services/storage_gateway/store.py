@@ -1,25 +1,7 @@
-"""The directory store: Full Blocks as files under one root (local disk or any
-shared POSIX mount — 3FS FUSE, CephFS, Lustre, NFS; many gateways may share a root).
+"""The directory store: Full Blocks as files under one root, which many gateways may share.
 
-Layout: ``<root>/kv-<fingerprint hex>/<k[0:2]>/<k[2:4]>/<key hex>.kvb``; each file
-is a Full Block (``shared/kv/full_block.py``). One model's blocks live under their
-own fingerprint directory; keys are salted by the fingerprint anyway.
-
-Protocol of one write: ``exists? -> skip``; reserve space (evict LRU, unpinned);
-write the file atomically (temp file + ``os.replace``, ``block_file.py``). Concurrent
-writers of the same block each rename a complete file with identical content; the last
-rename wins.
-
-Reads (``store_reads.py``) pin, open and verify; any fault deletes that exact file and is a
-miss, never wrong output. Eviction unlinks; on POSIX a reader holding the file open keeps
-reading the old inode intact, so eviction by another gateway never corrupts a read in flight.
-Eviction order: LRU unpinned, as agents' retention marks rank it (``retention.py``).
-
-Owns: ``DirectoryStore``, ``WriteOutcome``.
-Does not own: the read protocols (``store_reads.py``), the file-level write and verified
-read (``block_file.py``), the LRU bookkeeping (``lru.py``), the marks (``retention.py``),
-the format (``shared/kv``), rate limiting or threads (``engine.py``).
-"""
+A write is atomic and skips existing blocks. A read fault deletes that exact file and is a miss,
+never wrong output; eviction never corrupts a read in flight."""
 
 from __future__ import annotations
 
@@ -49,7 +31,7 @@ class WriteOutcome(enum.IntEnum):
 
 
 class DirectoryStore(StoreReads):
-    """Full Blocks of one model under ``root``; thread-safe (call from a pool). Reads: ``StoreReads``."""
+    """Full Blocks of one model under ``root``; thread-safe. Reads: ``StoreReads``."""
 
     def __init__(
         self,
@@ -122,18 +104,16 @@ class DirectoryStore(StoreReads):
 
     # ----- retention (agents' hints) -----------------------------------------
     def retain(self, keys: Sequence[bytes], level: Level, ttl_s: float, session: str) -> int:
-        """Evict ``keys`` after (RETAINED) or before (DEMOTED) ordinary blocks for ``ttl_s``; returns the marks held."""
+        """Evict ``keys`` after (RETAINED) or before (DEMOTED) ordinary blocks for ``ttl_s``."""
         with self._lock:
             return self._retention.mark(keys, level, ttl_s, session, self._clock())
 
     def release(self, session: str) -> int:
-        """End ``session``'s retention now; returns the marks dropped."""
         with self._lock:
             return self._retention.release(session)
 
     # ----- write ------------------------------------------------------------
     def write(self, key: bytes, payload: memoryview | bytes) -> WriteOutcome:
-        """Store one Full Block payload atomically; existing blocks are skipped."""
         payload = bytes_view(payload)
         if len(payload) != self.layout.payload_bytes:
             raise SizeMismatch(self.layout.payload_bytes, len(payload))
@@ -180,11 +160,7 @@ class DirectoryStore(StoreReads):
 
     # ----- capacity ---------------------------------------------------------
     def _evict_locked(self, incoming: int) -> bool:
-        """Evict LRU unpinned blocks until ``incoming`` more bytes fit.
-
-        Before evicting a victim, its mtime is checked: another gateway that read
-        it more recently (and touched it) earns it a second chance.
-        """
+        """Evict LRU unpinned blocks until ``incoming`` more bytes fit; a newer mtime earns a second chance."""
         if self.capacity_bytes is None:
             return True
         while self._index.total_bytes + self._reserved + incoming > self.capacity_bytes:
@@ -204,14 +180,12 @@ class DirectoryStore(StoreReads):
         return True
 
     def evict_to(self, capacity_bytes: int | None) -> None:
-        """Change the capacity and evict down to it now."""
         with self._lock:
             self.capacity_bytes = capacity_bytes
             self._evict_locked(0)
 
     # ----- start-up scan ----------------------------------------------------
     def _scan(self, stale_temp_s: float) -> None:
-        """Rebuild the LRU index from the files under the root, oldest mtime first."""
         found = scan_blocks(self.dir, self._clock(), stale_temp_s)
         with self._lock:
             for mtime, key, size in found:
@@ -223,7 +197,6 @@ class DirectoryStore(StoreReads):
             return self._counters.snapshot(len(self._index), self._index.total_bytes, self.capacity_bytes)
 
     def resident_keys(self) -> list[bytes]:
-        """Keys in this store's index, least recently used first."""
         with self._lock:
             return self._index.keys_oldest_first()
 

@@ -1,17 +1,7 @@
 """Reading the directory store's blocks: whole, or in parts (a read in layer groups).
 
-Protocol of one read (``read_into``; ``read_cached_into``: from the page cache only): pin; open; fstat; the verified read of ``block_file.py`` (size,
-header fields and payload checksum, straight into the caller's slice); touch mtime
-(throttled); unpin. Protocol of a read in parts: ``open_blocks`` pins and opens the leading
-keys whose file exists and whose header checks (stopping at the first that does not); the
-caller reads each block's payload in order (``BlockReader.read_part``); ``end_blocks``
-verifies the checksums, counts and touches the good ones, closes the files and unpins.
-Any fault deletes that exact file (inode-checked), is counted, and is a miss (``BlockCorrupt``;
-no file: ``BlockMissing``), never wrong output.
-
-Owns: ``StoreReads``, the read half of ``DirectoryStore`` (a mixin: it uses the store's
-lock, LRU index, counters and reader).
-"""
+Any fault deletes that exact file, is counted, and is a miss, never wrong output. A mixin of
+``DirectoryStore``: it uses the store's lock, index, counters and reader."""
 
 from __future__ import annotations
 
@@ -27,20 +17,15 @@ from shared.kv.full_block import FullBlockError
 class StoreReads:
     @property
     def reader(self):
-        """The ``BlockReader`` of this store's blocks (reads in parts use it)."""
         return self._reader
 
     # ----- whole reads -----------------------------------------------------------
     def read_into(self, key: bytes, dest: memoryview) -> int:
-        """Read block ``key``'s payload straight into ``dest[:payload_bytes]``.
-
-        Returns the payload bytes. Raises ``BlockMissing`` / ``BlockCorrupt``.
-        """
+        """Block ``key``'s payload into ``dest``; its bytes, or ``BlockMissing`` / ``BlockCorrupt``."""
         return self._read_whole(key, dest, False)
 
     def read_cached_into(self, key: bytes, dest: memoryview) -> int:
-        """``read_into`` from the page cache only, never waiting for the disk: ``NotCached``
-        (nothing counted) at the first byte not cached, or where the file system cannot tell."""
+        """``read_into`` from the page cache only: ``NotCached`` (nothing counted) at a byte not cached."""
         if not self._reader.nowait_reads:
             raise NotCached
         return self._read_whole(key, dest, True)
@@ -103,8 +88,8 @@ class StoreReads:
 
     # ----- reads in parts ---------------------------------------------------
     def open_blocks(self, keys: Sequence[bytes]) -> tuple[list[OpenBlock], bytes | None, str | None]:
-        """Pin and open the leading ``keys`` whose file exists and whose header checks: (the open
-        blocks, the first key that did not, why). Every block must then go to ``end_blocks``."""
+        """Pin and open the leading ``keys`` whose header checks: (open blocks, first key that did not,
+        why). Every block must then go to ``end_blocks``."""
         opened: list[OpenBlock] = []
         self.pin(keys)
         try:
@@ -133,8 +118,8 @@ class StoreReads:
             raise
 
     def end_blocks(self, opened: Sequence[OpenBlock], upto: int) -> tuple[int, str | None]:
-        """Verify the first ``upto`` blocks' checksums (their payloads read in full), count and touch
-        those before the first bad one, discard it, close every file, unpin: (good blocks, why not more)."""
+        """Verify the first ``upto`` checksums, keep the good, close, unpin: (good blocks, why not
+        more)."""
         good, why = 0, None
         try:
             for ob in opened[:upto]:

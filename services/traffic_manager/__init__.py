@@ -1,1 +1,1 @@
-"""Traffic manager: one per engine (its compute NIC); every byte into or out of the engine's KV memory moves through it."""
+"""Traffic manager: one per engine; every byte into or out of the engine's KV memory moves through it."""

@@ -1,17 +1,8 @@
 """Traffic-manager wiring: control over NATS, bytes over the data plane.
 
-Owns the engine's DRAM buffer (slots of one KV block each, `pool.py`), the data-plane
-endpoint with regions "buf" (the buffer) and "kv" (the engine's KV memory, attached once
-the engine announces it), and connections to other traffic-managers. The storage paths
-(`fetch.py`, `store_path.py`, `prefetch.py`, `pending.py`) receive their collaborators (`parts.py`).
-
-Push (PE side, `push.py`): PushKV -> Reserve at the DE's TM -> write blocks (or each layer as the
-engine reports it computed: LayersComputed) kv -> remote buf -> PushDone.
-Reserve (DE side): allocate buffer slots for a request. Load: buffer slots -> KV blocks (H2D), free them.
-Every request is answered, also when it fails: before KV memory is attached, when its
-task raises (the task's `on_error` replies), and a fetch with `FetchFailed(code, error)`.
-A failed reply names its `ErrorCode` (not_ready, buffer_full, kv_transfer; internal for a bug).
-"""
+Owns the engine's DRAM buffer, the data-plane endpoint and the connections to other traffic
+managers; the storage paths get their collaborators from parts.py. Every request is answered,
+also when it fails, with the failure's `ErrorCode`."""
 from __future__ import annotations
 
 import logging
@@ -182,7 +173,7 @@ class TrafficManagerService(Service):
                    name="tm-attached")
 
     async def peer(self, engine: str) -> Peer:
-        """A data-plane connection to `engine`'s traffic-manager (made on first use)."""
+        """A data-plane connection to `engine`'s traffic manager, made on first use."""
         peer = self.peers.get(engine)
         if peer is None:
             desc = self.remote.get(engine)

@@ -1,31 +1,8 @@
-"""The traffic-manager's fetch: a request's stored hit blocks into KV memory, layer by layer, as they
-are read from storage.
+"""The traffic-manager's fetch: a request's stored hit blocks into KV memory, layer by layer.
 
-PE path: buffer slots <- this node's gateway reads Full Blocks (storage NIC). DE path: the
-DE's traffic-manager stages the rest in its buffer (its node's gateway reads them; the
-prompt's DE-buffer slots are reserved first). Blocks prefetched during the session's tool
-call (`staged_*`, staged.py) are claimed from whichever buffer holds them, not read again
-(in the request's DE's buffer they are adopted as its first DE-buffer slots: read like
-DE-path hits, never pushed back); a short claim leaves the rest to the PE path. Reads go in
-layer groups (`read_layer_groups`): each gateway reports here (`LayersRead`) when the files
-are open -- the engine hears `ReadFinished(blocks, eta_s)` then, long before the bytes are
-in -- and as each group lands. Each layer l, once every read has it: Layer Blocks buffer ->
-KV memory (local copy; one-sided reads from the DE's or a prefetch holder's buffer) and
-`LayersLoaded(l)`, so the engine computes layer l while later layers cross the storage NIC.
-The last layer is copied only once every read verified its checksums: a corrupt block fails
-the load (`FetchFailed`) before a forward can finish on it. A node's read over, the
-schedulers hear `NodeReadDone`. With a hit window (`FetchKV.window`) layer l of the hits
-lands in the window's ring, and layer l + window waits until layer l was pushed on
-(progress.py). When every hit was prefetched (into this buffer, the DE's, or another holder's)
-and no window is asked for, all layers go in one copy before `ReadFinished(layers=n)`, no
-`LayersLoaded` follows.
-
-Every failure is answered on the wire, never by the engine's timeout: whatever ends a fetch
-early (a transfer past its deadline, a peer gone, the bus, a bug) publishes
-`FetchFailed(code, error)`. Before `ReadFinished` the engine takes it as a miss (it computes
-the prompt); after, it fails the prefill waiting on the next layer at once. A transport or
-bus error is expected (logged, `kv_transfer`); anything else (`internal`) is re-raised.
-"""
+Hits come prefetched, read by this node's gateway (PE path) or staged in the DE's buffer (DE
+path); layer l goes into KV memory once every read has it, the last only after every checksum
+passed. Every failure is answered on the wire (`FetchFailed`), never left to the engine's timeout."""
 from __future__ import annotations
 
 import asyncio
@@ -64,8 +41,6 @@ EXPECTED = (TransportError, BusError)  # failures of the path, not of this code
 
 @dataclass
 class Progress:
-    """How far one fetch got: what its failure message reports."""
-
     read: bool = False  # the storage read reported (ReadFinished sent)
     layers: int = 0  # layers 0..layers-1 are in KV memory
     xfer: Transfer | None = None  # the fetch's transfer (its state: transfers.py)
@@ -73,9 +48,8 @@ class Progress:
 
 @dataclass
 class Reads:
-    """Where a fetch's hits come from, once its slots are held and its reads under way (`_start`):
-    keys[:c] prefetched (claimed `held` under `held_grant`, or the first `adopted` DE-buffer slots),
-    keys[c:k] read on the PE path into `offsets`, keys[k:n] on the DE path into `de_slots`."""
+    """Where a fetch's hits come from: keys[:c] prefetched (`held` or `adopted`), keys[c:k] on the PE
+    path into `offsets`, keys[k:n] on the DE path into `de_slots`."""
 
     n: int
     k: int
@@ -122,7 +96,6 @@ class FetchPath:
                     await staged.release(self.p, msg)
 
     async def failed(self, msg: FetchKV, prog: Progress, exc: Exception) -> None:
-        """Tell the engine the fetch ended early, and how far it got."""
         why = exc.reason if isinstance(exc, BusError) else f"{type(exc).__name__}: {exc}"
         code = error_code(exc, ErrorCode.KV_TRANSFER if isinstance(exc, EXPECTED) else ErrorCode.INTERNAL)
         log.warning("fetch %s failed (read %s, %d layers in place): %s: %s", msg.req_id,
@@ -173,8 +146,7 @@ class FetchPath:
 
     async def _start(self, msg: FetchKV, k: int, owner: str, pe: ReadTrack, de: ReadTrack,
                      local: list[asyncio.Task]) -> Reads:
-        """Hold the slots every read lands in and set the reads going: the prefetched hits claimed (or
-        adopted in the DE's buffer), the prompt's DE-buffer slots reserved, then the PE buffer's."""
+        """Hold every read's slots (prefetched, then DE buffer, then PE buffer) and start the reads."""
         p, n = self.p, len(msg.block_keys)
         # prefetched: keys[:c] already sit in a buffer (the DE's: adopted into the prompt's slots there)
         res = await self._reserve_remote(msg, adopt=True) if staged.adopts(p, msg) else None
@@ -204,8 +176,7 @@ class FetchPath:
         return Reads(n, k, c, adopted, held, held_grant, de_slots, grant, offsets)
 
     async def _announce_queue(self, msg: FetchKV, c: int, k: int) -> None:
-        """Tell the engine when its read waits behind a storage queue long enough to matter for
-        its fetch deadline (`ReadQueued`): deep queues are what a storage-bound node looks like."""
+        """Tell the engine when its read waits behind a storage queue long enough to matter (`ReadQueued`)."""
         p, n, bn = self.p, len(msg.block_keys), self.p.pool.block_nbytes
         wait = max(p.queues.queue_wait(msg.node, (k - c) * bn),
                    p.queues.queue_wait(msg.de_node, (n - k) * bn) if k < n else 0.0)
@@ -214,7 +185,6 @@ class FetchPath:
 
     async def _start_local(self, msg: FetchKV, keys: list[bytes], owner: str, track: ReadTrack,
                            local: list[asyncio.Task]) -> list[int]:
-        """PE path: buffer slots, then this node's gateway reads `keys` into them (in the background)."""
         p = self.p
         try:
             slots = await p.pool.allocate_wait(owner, len(keys))
@@ -239,10 +209,8 @@ class FetchPath:
             await self._reads_done(msg.req_id, msg.node)
 
     async def _reserve_remote(self, msg: FetchKV, adopt: bool = False) -> Reserved:
-        """A fetch with DE-path blocks first holds the prompt's DE-buffer slots, and only then takes
-        PE-buffer slots: one order for the two buffers, so no two fetches each hold one and wait for
-        the other (with both buffers full that hold-and-wait stalled every split until its deadline).
-        With `adopt`, the blocks prefetched into that buffer become the first of those slots."""
+        """The prompt's DE-buffer slots are held before any PE-buffer slot: one order for the two buffers, so
+        two fetches never each hold one and wait for the other. With `adopt`, prefetched blocks come first."""
         p = self.p
         ask = Reserve(msg.req_id, msg.prompt_blocks, adopt=msg.staged_owner if adopt else "",
                       adopt_block_keys=msg.block_keys[:msg.staged_blocks] if adopt else [])
@@ -253,7 +221,7 @@ class FetchPath:
             return Reserved(ok=False, error=exc.reason)
 
     async def _stage_remote(self, msg: FetchKV, k: int, slots: list[int], track: ReadTrack) -> None:
-        """DE path: the DE's TM has its gateway read keys[k:] into the reserved slots, reporting here."""
+        """DE path: the DE's TM has its gateway read keys[k:] into the reserved slots."""
         p, nbytes = self.p, (len(msg.block_keys) - k) * self.p.pool.block_nbytes
         try:
             with p.queues.read_at(msg.de_node, nbytes):
@@ -274,10 +242,8 @@ class FetchPath:
     async def _layers(self, msg: FetchKV, local: list[tuple[int, int]],
                       remote: list[tuple[str, list[tuple[int, int]], Grant | None]], prog: Progress,
                       reads: tuple[tuple[ReadTrack, int], ...], timeout: float) -> None:
-        """Layer after layer, once read: this buffer's blocks by local copy, other buffers' (the DE's,
-        a prefetch holder's) by one-sided reads under the grant each gave; pairs are (buffer offset,
-        hit index). Every copy of a layer settles before a failure of any is raised (nothing of
-        this fetch is still moving when the engine hears of it)."""
+        """Layer after layer, once read, into KV memory: local copies and one-sided reads of other buffers.
+        Every copy of a layer settles before any failure is raised."""
         p, lay = self.p, self.p.pool.layout
         lb, n_layers, xfer = lay.layer_block_nbytes, lay.n_layers, p.cfg.transfer_timeout_s
         window = HitWindow.of(msg.window, n_layers)
@@ -321,8 +287,7 @@ class FetchPath:
 
 
 async def _landed(layer: int, n_layers: int, reads: tuple[tuple[ReadTrack, int], ...], timeout: float) -> None:
-    """Layer `layer` of every read (track, blocks of it used) is in the buffers; before the last one,
-    their checksums passed."""
+    """Layer `layer` of every read is in the buffers; the last one only once their checksums passed."""
     last = layer == n_layers - 1
     for track, used in reads:
         if not used:

@@ -1,12 +1,6 @@
 """The collaborators the traffic-manager's storage paths receive, instead of the service.
 
-Owns only the bundle (`TMParts`): the settings, the bus and subjects, the buffer's slot
-pool, the data-plane endpoint with a way to reach another engine's traffic-manager, the
-gateways' read queues, the shared byte counter, `spawn` for supervised tasks, the
-data-plane grants given and held (slot_grants.py), the progress of reads and layers
-(progress.py), and the claim and release of this buffer's prefetched blocks. The
-service builds it once its endpoint is up (`TrafficManagerService.start`).
-"""
+Owns only the bundle (`TMParts`); the service builds it once its endpoint is up."""
 from __future__ import annotations
 
 import asyncio
@@ -32,8 +26,7 @@ NOT_ATTACHED = "engine KV memory not attached yet"
 
 
 class PeersGone:
-    """Per other engine's TM, the `Losses` of its process: resolved when that TM is known gone (it
-    restarted or left), so a request to it fails at once instead of waiting out its reply."""
+    """Per other TM, resolved when that TM is known gone, so a request to it fails at once."""
 
     def __init__(self) -> None:
         self._by_engine: dict[str, Losses] = {}
@@ -70,17 +63,15 @@ class TMParts:
 
     @property
     def group_layers(self) -> int:
-        """Layers per group of a storage read (`read_layer_groups` groups; 0: whole blocks)."""
+        """Layers per group of a storage read (0: whole blocks)."""
         n = self.pool.layout.n_layers if self.pool.layout else 0
         size = -(-n // self.cfg.read_layer_groups) if n else 0
         return size if 0 < size < n else 0
 
     @property
     def progress_subject(self) -> str:
-        """Where gateways report this TM's reads in layer groups (`LayersRead`)."""
         return self.subjects.at(EP.TM_READ_PROGRESS, engine=self.cfg.engine)
 
     @property
     def loaded_subject(self) -> str:
-        """Where this TM's engine hears how its fetches progress (`FetchProgress`)."""
         return self.subjects.at(EP.PE_LOADED, engine=self.cfg.engine)

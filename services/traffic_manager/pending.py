@@ -1,18 +1,8 @@
 """A decode turn's saved blocks kept in the buffer for its next turn, written to the store or not.
 
-Owns what the buffer keeps of a request the decode engine persists from here: its prompt's
-DE-buffer slots (handed over when the DE claims the prompt's save: the stored hits in front
-and the blocks being written) and each generated block's save slot, all under one staged
-entry of the prefetch path (owner `pend-<req_id>`, flagged `pending`). The scheduler's
-`HoldSaves` at the end of the turn names the turn's keys: the entry becomes the leading
-blocks held (a prompt position is trusted only when the prompt's last saved key is the
-scheduler's key there; a generated block is found by its key), and from then on it is
-claimed (never adopted: staged.py), released, dropped under buffer pressure or at its TTL
-like any prefetch.
-A slot still being written is pinned (pool.py): freed meanwhile, it waits for the write.
-Example: a prompt of 6 full blocks, 4 stored, 2 saved at admission, 1 generated block
-saved; `HoldSaves` with the 7 keys: all 7 are offered, 3 of them not yet written.
-"""
+They live under one staged entry of the prefetch path per request and, once `HoldSaves` names the
+turn's keys, are claimed, released or dropped like any prefetch. A slot still being written is
+pinned."""
 from __future__ import annotations
 
 import time
@@ -26,8 +16,8 @@ from shared.messages.traffic_manager import PENDING_OWNER, HoldSaves, Prefetched
 
 
 async def install(parts: TMParts, prefetch: PrefetchPath, store_path) -> None:
-    """Keep DE turns' saved blocks (`pending_hold_s` > 0): the save path hands them over, a save short of
-    room takes theirs (never a prefetch's), `HoldSaves` offers them."""
+    """Keep DE turns' saved blocks (`pending_hold_s` > 0); a save short of room takes theirs, not a
+    prefetch's."""
     if parts.cfg.pending_hold_s <= 0:
         return
     store_path.pending = pend = PendingSaves(parts, prefetch, parts.cfg.pending_hold_s)
@@ -65,9 +55,7 @@ class PendingSaves:
         return pc
 
     def keep_prompt(self, msg: SaveKV) -> None:
-        """The DE claims its prompt's save (`msg.slots`, the tail of the slots it holds): the prompt's
-        full blocks, the stored ones before them too, go to the request's pending entry once the
-        request lets its slots go (`take`: its KV memory has them then)."""
+        """The DE claims its prompt's save: those blocks go to the request's entry once it lets its slots go."""
         pool = self.p.pool
         if not msg.slots or owner_of(msg.req_id) in self.prefetch.entries:
             return
@@ -83,7 +71,6 @@ class PendingSaves:
             self.waiting[msg.req_id] = Pieces(held[:end], msg.block_keys[-1])
 
     def take(self, req_id: str) -> None:
-        """`req_id`'s slots are being freed (pool.before_free): its prompt's go to its pending entry."""
         pc = self.waiting.pop(req_id, None)
         if pc is None:
             return
@@ -96,7 +83,6 @@ class PendingSaves:
         self.m_blocks.labels("kept").inc(len(pc.prompt))
 
     def keep_generated(self, msg: SaveKV, save_owner: str) -> None:
-        """A generated block was copied into `save_owner`'s slot: it joins the request's entry."""
         owner = owner_of(msg.req_id)
         pc = self._live(owner)
         if pc is None or len(msg.block_keys) != 1:
@@ -140,9 +126,7 @@ class PendingSaves:
 
 
 def flip_bytes(pool, offset: int) -> None:
-    """Fault injection (tests only, `fault_flip_pending_bytes`): flip the top bit of every odd byte
-    of the middle layer of the block at `offset` (the sign of each little-endian 2-byte value, a
-    sign or mantissa bit of each 4-byte one): bytes served as the block's, now wrong."""
+    """Fault injection (tests only): flip the top bit of every odd byte of the block's middle layer."""
     lay = pool.layout
     lb = lay.layer_block_nbytes
     start = offset + (lay.n_layers // 2) * lb

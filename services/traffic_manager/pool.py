@@ -1,12 +1,7 @@
 """The traffic-manager's DRAM buffer as a pool of slots, one KV block each.
 
-Owns: the buffer region, its slots (once the engine's KV layout is known), the line of
-requests waiting for room (`WaitLine`; prefetched slots are reclaimed for them), the ids released or cancelled recently (a
-reservation arriving after its cancel is refused), and the requests whose slots a storage
-read still targets (released only when the read ends: a gateway never writes into slots
-that may be someone else's), and the slots a storage write still reads (pinned: a slot freed
-meanwhile, whoever held it, is parked until the write ends). Does not own the data plane, the bus or the KV memory.
-"""
+Never frees a slot a storage read or write still targets. Owns neither the data plane, the bus
+nor the KV memory."""
 from __future__ import annotations
 
 import contextlib
@@ -62,8 +57,7 @@ class BufferPool:
         self.m_free.set(self.free_bytes())
 
     async def allocate_wait(self, owner: str, n: int) -> list[int]:
-        """`n` slots for `owner`, waiting in line (up to the transfer deadline) for room; prefetched
-        blocks give up their slots first when the spare ones are too few (a prefetch never blocks a read)."""
+        """`n` slots, waiting in line up to the transfer deadline; prefetched blocks give theirs up first."""
         short = n - self.line.spare()
         if short > 0 and self.reclaim is not None:
             self.reclaim(short)
@@ -74,7 +68,7 @@ class BufferPool:
         return self.line.spare()
 
     def cancel(self, req_id: str) -> None:
-        """The request was released or cancelled: free its slots; refuse its late reservations."""
+        """Free the request's slots and refuse its late reservations."""
         self.cancelled.add(req_id)
         self.free(req_id)
 
@@ -102,7 +96,6 @@ class BufferPool:
         self.pinned.update(slots)
 
     def unpin(self, slots: list[int]) -> None:
-        """The write reading `slots` ended: those freed meanwhile are free now."""
         done = []
         for s in slots:
             self.pinned[s] -= 1

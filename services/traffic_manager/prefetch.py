@@ -1,24 +1,8 @@
 """The traffic-manager's prefetched blocks: a session's stored KV staged in spare buffer slots during its tool call.
 
-Owns this buffer's staged entries (owner -> keys, slots, expiry, claim) through their life:
-  stage (`Prefetch`): spare slots only (never waiting, never ahead of a waiter), within the
-    buffer's prefetch budget, read by the node's gateway in its bulk lane a chunk at a time
-    (so a latency read waits behind one chunk at most: a few blocks, no more than CHUNK_S of
-    a rate-capped storage NIC), stopping once the entry is dropped or claimed; replied with
-    the leading blocks staged, and where they sit with the entry's stamp in the shared
-    stamp table (shared/kv/staged_table.py): this TM's own engine copies them straight
-    from the buffer and says so afterwards (`Release(used=n)`), no claim on the way;
-  claim (a fetch about to copy them, local or from another traffic-manager): the slots of
-    the leading keys staged so far that match what the fetch expects; pinned from then on;
-    or adopt (this TM is the request's DE): those slots become the request's own;
-  drop: `Release` (the fetch is done, the session ended, or the scheduler gave up on it),
-    the TTL (unclaimed) or a claim lease (a claimer that vanished), and buffer pressure:
-    `reclaim` frees unclaimed entries, the one due back last first, as soon as a real
-    reservation finds too little room, so a prefetch never blocks a read. Every drop
-    revokes the entry's stamp before its slots are freed: an engine copying them meanwhile
-    finds the stamp gone after its copy and fetches the usual way instead.
-A drop while a gateway read still targets the slots frees them when that read ends (pool.py).
-"""
+A prefetch takes only spare slots and reads in the gateway's bulk lane a chunk at a time, so it
+never delays a latency read. Entries are claimed, adopted or dropped (release, TTL, lease,
+buffer pressure); a drop revokes the entry's stamp before its slots are freed."""
 from __future__ import annotations
 
 import asyncio
@@ -125,7 +109,6 @@ class PrefetchPath:
         await d.respond(Prefetched(staged, error, slots=self._publish(e) if staged else None))
 
     def _publish(self, e: Entry) -> StagedSlots | None:
-        """Stamp a staged entry nobody claimed yet, for this TM's own engine to copy directly."""
         got = self.table.publish() if self.table is not None and not e.claimed_until else None
         if got is None:
             return None
@@ -133,7 +116,7 @@ class PrefetchPath:
         return StagedSlots(self.p.pool.buffer.name, self.table.name, e.record, stamp, list(e.slots))
 
     async def _chunk(self, msg: Prefetch, e: Entry, offsets: list[int]) -> int:
-        """Read the next chunk; returns blocks read, -1 when the chain stopped (a miss, a busy lane)."""
+        """Read the next chunk; returns blocks read, -1 when the chain stopped."""
         p, pool = self.p, self.p.pool
         i = len(e.keys)
         end = min(i + self._chunk_blocks(msg.node), len(offsets))  # the slots the budget gave, not every key
@@ -152,8 +135,7 @@ class PrefetchPath:
         return done.blocks if done.blocks == len(keys) else -1
 
     def _chunk_blocks(self, node: str) -> int:
-        """Blocks per bulk read: `prefetch_chunk_blocks`, and no more than CHUNK_S of the node's storage
-        NIC when its rate is known (what a latency read arriving meanwhile waits behind)."""
+        """Blocks per bulk read: no more than CHUNK_S of the node's storage NIC when its rate is known."""
         g = self.p.queues.gateways.get(node)
         rate, bn = (g.read_bytes_per_s if g else 0.0), self.p.pool.block_nbytes
         return max(1, min(self.chunk, int(rate * CHUNK_S / bn))) if rate > 0 and bn else self.chunk
@@ -173,8 +155,7 @@ class PrefetchPath:
         return e.slots[:n]
 
     def adopt(self, owner: str, keys: list[bytes], req_id: str) -> list[int]:
-        """The leading staged blocks matching `keys` become `req_id`'s slots (the request's DE-buffer
-        prompt slots: loaded and freed with it); the entry goes, its other slots back to the pool."""
+        """The leading staged blocks matching `keys` become `req_id`'s own slots; the entry goes."""
         slots = self.claim(owner, keys)
         self._revoke(self.entries.get(owner))  # the slots change hands: no direct copy from now on
         if slots:
@@ -185,14 +166,12 @@ class PrefetchPath:
         return slots
 
     async def on_claim(self, msg: Claim, d: Delivery) -> None:
-        """Another traffic-manager claims: the slots and a grant of exactly them (ended when the
-        entry's slots are freed: released, lease, adopted)."""
+        """Another TM claims: the slots and a grant of exactly them, ended when the slots are freed."""
         slots = self.claim(msg.owner, msg.block_keys)
         grant = self.p.given.give(msg.owner, slots, self.p.pool.block_nbytes) if slots else b""
         await d.respond(Claimed(slots=slots, grant=grant))
 
     def used(self, msg: Release) -> bool:
-        """This TM's engine copied `msg.used` blocks straight from the buffer: they go back."""
         if msg.req_id not in self.entries:
             return False
         self.m_blocks.labels("claimed").inc(msg.used)
@@ -200,7 +179,7 @@ class PrefetchPath:
         return self.drop(msg.req_id, "used")
 
     def drop(self, owner: str, why: str) -> bool:
-        """Free `owner`'s slots (when the read targeting them ends, if one does); False: not staged here."""
+        """Free `owner`'s slots (once the read targeting them ends); False: not staged here."""
         e = self.entries.pop(owner, None)
         if e is None:
             return False
@@ -213,8 +192,7 @@ class PrefetchPath:
         return True
 
     def reclaim(self, n: int, pending_only: bool = False) -> None:
-        """A real reservation needs `n` more slots: drop unclaimed entries, the one due back last first
-        (`pending_only`: a save's, which takes only kept turns' room: pending.py)."""
+        """A reservation needs `n` more slots: drop unclaimed entries, the one due back last first."""
         pool = self.p.pool
         for e in sorted((e for e in self.entries.values() if not e.claimed_until and (e.pending or not pending_only)),
                         key=lambda e: -e.until):
@@ -224,7 +202,6 @@ class PrefetchPath:
             self.drop(e.owner, "pressure")
 
     def reset(self) -> None:
-        """The buffer was cut into new slots (the engine restarted): what was staged is gone."""
         if self.table is not None:
             self.table.clear()
         for e in self.entries.values():
@@ -233,8 +210,7 @@ class PrefetchPath:
         self._note()
 
     def put(self, e: Entry) -> Entry:
-        """Hold `e` (a prefetch, or a kept turn: pending.py); the sweep, asleep while nothing was
-        held, starts again so that `e` runs out too."""
+        """Hold `e` (a prefetch or a kept turn) and restart the expiry sweep."""
         old = self.entries.get(e.owner)
         if old is not None and old is not e:
             self.p.xfers.end(old, T.FAILED, "replaced")
@@ -244,7 +220,7 @@ class PrefetchPath:
         return e
 
     def expire(self, now: float) -> None:
-        """Drop expired entries: unclaimed past their TTL, claimed past their lease."""
+        """Drop unclaimed entries past their TTL and claimed ones past their lease."""
         for e in list(self.entries.values()):
             if (e.claimed_until or e.until) <= now:
                 self.drop(e.owner, "lease" if e.claimed_until else "ttl")
@@ -258,7 +234,6 @@ class PrefetchPath:
             self.expire(time.monotonic())
 
     def staged_bytes(self) -> int:
-        """Bytes of blocks read and held for a claim (what the buffer gives prefetching now)."""
         return sum(len(e.keys) for e in self.entries.values() if not e.pending) * self.p.pool.block_nbytes
 
     def _revoke(self, e: Entry | None) -> None:

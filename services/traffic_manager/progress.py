@@ -1,21 +1,7 @@
-"""Where a traffic-manager keeps track of the layers of a request: read from storage, computed by its
-engine, sent on to the decode engine.
+"""Where a traffic-manager keeps track of the layers of a request: read, computed, and pushed on.
 
-Two registries, both fed from bus handlers and awaited by the fetch and push tasks:
-- `ReadTracks`: per (request, read tag) how far a storage read in layer groups has got
-  (`LayersRead` reports: opened with `blocks` found, `layers` landed) and its final count
-  once the gateway's (or the DE traffic-manager's) reply is in;
-- `LayerStates`: per request the layers its prefill engine has computed (`LayersComputed`)
-  and the layers pushed to the DE buffer; a fetch whose hits live in a window waits here
-  before reusing a layer's slots.
-Waiting is on one asyncio.Event per entry, set on every change (each waiter re-checks its
-own condition). A wait's deadline runs from the entry's last progress, not from the wait's
-start: every change (a layer read, computed or pushed, or the engine's keep-alive while a
-forward runs: `ForwardAlive`) starts it again, so a slow but moving machine
-never fails a healthy request, while a peer that went silent is given up on `timeout`
-after its last sign of life. An entry nobody holds any more is dropped; one that was never
-held (a report arriving late) is dropped after `ttl_s`. Pure asyncio, no I/O.
-"""
+A wait's deadline runs from the entry's last progress, so a slow but moving peer never fails a
+request and a silent one is given up on. Pure asyncio, no I/O."""
 from __future__ import annotations
 
 import asyncio
@@ -25,7 +11,7 @@ from dataclasses import dataclass
 
 
 class Stalled(LookupError):
-    """A wait saw no progress within its deadline (a LookupError: callers that catch one catch this)."""
+    """A wait saw no progress within its deadline."""
 
 
 class Waitable:
@@ -44,8 +30,7 @@ class Waitable:
         self.changed.set()
 
     async def until(self, ready: Callable[[], bool], timeout: float, what: str) -> None:
-        """Wait until `ready()`; raises Stalled(what) (a LookupError) once nothing moved for `timeout`
-        (from the wait's start or the last `note`, whichever is later), RuntimeError when failed."""
+        """Wait until `ready()`; Stalled once nothing moved for `timeout`, RuntimeError when failed."""
         start = time.monotonic()
         while not ready():
             if self.error:
@@ -62,8 +47,6 @@ class Waitable:
 
 @dataclass(eq=False)
 class ReadTrack(Waitable):
-    """One storage read of a fetch: opened (blocks found, eta), layers landed, final verified count."""
-
     opened: int | None = None  # blocks found (None: not opened yet)
     eta_s: float = 0.0
     layers: int = 0
@@ -74,7 +57,7 @@ class ReadTrack(Waitable):
         Waitable.__init__(self)
 
     def has(self, layer: int, last: bool) -> bool:
-        """Layer `layer` is in the buffer (the `last` layer: only once the read is over, checksums checked)."""
+        """Layer `layer` is in the buffer; the `last` one only once the read is over and verified."""
         return self.final is not None or (not last and self.layers > layer)
 
     def finish(self, blocks: int, error: str = "") -> None:
@@ -86,8 +69,6 @@ class ReadTrack(Waitable):
 
 @dataclass(eq=False)
 class LayerState(Waitable):
-    """One request's final forward on this TM's engine: layers computed, layers pushed."""
-
     computed: int = 0  # layers 0..computed-1 have their KV written by the engine
     pushed: int = 0  # layers 0..pushed-1 have landed in the DE buffer
     window: int = 0  # a fetch's hits live in a window of this many layers (0: none)
@@ -96,7 +77,6 @@ class LayerState(Waitable):
         Waitable.__init__(self)
 
     def mark_computed(self, layer: int) -> None:
-        """The engine reports layers 0..layer computed (`LayersComputed`): the push may send them."""
         self.computed = max(self.computed, layer + 1)
         self.note()
 

@@ -1,18 +1,7 @@
-"""The traffic-manager's push (PE side): a prompt's KV from the engine's KV memory to a decode
-engine's buffer, whole or layer by layer while the prompt's final forward computes.
+"""The traffic-manager's push (PE side): a prompt's KV from the engine's KV memory to a decode engine's buffer.
 
-Whole (`PushKV`): reserve DE-buffer slots (unless the DE read path reserved them: then their
-data-plane grant is the one the fetch kept, slot_grants.py; `PushKV.adopt`: the prefetch the
-engine copied straight from that DE's buffer becomes their first slots, never sent), write every
-block the DE buffer lacks in one go, `PushDone`. Layerwise (`PushKV.layerwise`, sent when the
-final forward starts): after the reservation, layer l of every block goes out as soon as the
-engine reports layer l computed (`LayersComputed`, kept in `LayerState.computed`), while layer
-l + 1 computes; `LayerState.pushed` then says layer l has landed, which is what a fetch whose
-hits live in a window waits for before reusing layer l's slots. `PushDone` once the last layer
-has landed: the decode engine is admitted only then. A Release or Cancel of the request (its
-forward failed, it was cancelled) fails the state: the push answers `PushDone(ok=False)` at once.
-Hits in a window are read from the window's ring, not from `src_blocks` (NO_BLOCK there).
-"""
+Whole, or layer by layer while the final forward computes; `PushDone` only once the last layer
+landed. A Release or Cancel of the request answers `PushDone(ok=False)` at once."""
 from __future__ import annotations
 
 import time
@@ -84,7 +73,7 @@ class PushPath:
         await d.respond(PushDone(slots=slots, nbytes=nbytes, seconds=dt))
 
     def _held(self, msg: PushKV) -> tuple[list[int], Grant, int]:
-        """DE read path: the slots, and their grant, came with the staged hits (fetch.py kept it)."""
+        """DE read path: the slots and their grant came with the staged hits."""
         grant = self.p.held.get(msg.req_id, msg.dst_engine)
         if grant is None:
             raise BusError("push", f"no data-plane grant held for {msg.dst_engine}'s slots of {msg.req_id}",
@@ -92,8 +81,7 @@ class PushPath:
         return msg.dst_slots, grant, 0
 
     async def _reserve(self, msg: PushKV) -> tuple[list[int], Grant | None, int]:
-        """The prompt's DE-buffer slots; with `msg.adopt`, the prefetch staged there (which the engine
-        copied straight from that buffer) becomes the first of them: (slots, grant, blocks adopted)."""
+        """The prompt's DE-buffer slots, adopted prefetch first: (slots, grant, blocks adopted)."""
         p = self.p
         ask = Reserve(msg.req_id, len(msg.src_blocks), adopt=msg.adopt, adopt_block_keys=msg.adopt_block_keys)
         res = await p.bus.request(p.subjects.at(EP.TM_RESERVE, engine=msg.dst_engine), ask,
@@ -105,7 +93,7 @@ class PushPath:
 
     async def _layers(self, msg: PushKV, send: list[tuple[int, int]], peer, grant: Grant | None,
                       state: LayerState | None, span) -> None:
-        """Each layer as soon as it is computed (or at once, when not layerwise); `state.pushed` follows."""
+        """Each layer as soon as it is computed (or at once, when not layerwise)."""
         p, lay = self.p, self.p.pool.layout
         lb, n_layers, timeout = lay.layer_block_nbytes, lay.n_layers, p.cfg.transfer_timeout_s
         window = HitWindow.of(msg.window, n_layers)

@@ -1,11 +1,6 @@
 """How long a storage read waits at each node's gateway, and the deadlines that follow.
 
-Owns: every gateway's last announcement (its read queue and storage-NIC read rate) and
-the bytes this traffic-manager asked each node's gateway for and has not read yet (the
-announcement may be a heartbeat old; this TM's own reads are known now). A storage
-read's deadline is the transfer deadline after the queue ahead of it drains: a read
-queued behind minutes of others is slow, not lost.
-"""
+A read's deadline starts once the queue ahead of it drains: queued is slow, not lost."""
 from __future__ import annotations
 
 import contextlib
@@ -24,19 +19,17 @@ class ReadQueues:
         self.gateways[msg.node] = msg
 
     def read_wait(self, node: str, nbytes: int = 0) -> float:
-        """Seconds a read of `nbytes` queued now at `node`'s gateway waits for its storage NIC
-        (0 when uncapped or unknown)."""
+        """Seconds a read of `nbytes` queued now at `node` waits (0 when uncapped or unknown)."""
         g = self.gateways.get(node)
         if g is None or g.read_bytes_per_s <= 0:
             return 0.0
         return (max(g.read_q_bytes, self.reading.get(node, 0)) + nbytes) / g.read_bytes_per_s
 
     def queue_wait(self, node: str, nbytes: int) -> float:
-        """1.5x the wait of a read of `nbytes` queued at `node` now (announcements lag a heartbeat)."""
+        """1.5x the wait of a read queued now: announcements lag a heartbeat."""
         return 1.5 * self.read_wait(node, nbytes)
 
     def deadline(self, node: str, nbytes: int) -> float:
-        """A storage read's deadline: the transfer deadline after the queue ahead of it drains."""
         return self.transfer_timeout_s + self.queue_wait(node, nbytes)
 
     @contextlib.contextmanager

@@ -1,14 +1,7 @@
 """The bounded line of saves waiting for DRAM-buffer room: persistence waits, it never drops silently.
 
-Owns the saves (copies of full KV blocks out of an engine's KV memory, on their way to the
-store) that found no spare buffer slots. They wait first come, first served, and take only
-slots no fetch or reservation waits for (`WaitLine.spare`), so persistence never delays
-the latency path. The line is bounded, in blocks: a save that would make it longer than
-`max_blocks`, or that waits past `wait_s` (kept below the engines' save deadline, so the
-engine never frees blocks a late copy would still read), is dropped -- logged and counted
-by outcome, never silently. Example: bound 8, 6 blocks waiting; a save of 2 waits behind
-them, a save of 3 more is dropped (`dropped_queue_full`).
-"""
+A save takes only spare slots, so it never delays the latency path; past `max_blocks` or `wait_s`
+it is dropped, logged and counted."""
 from __future__ import annotations
 
 import asyncio
@@ -31,11 +24,10 @@ class SaveLine:
 
     @property
     def queued(self) -> int:
-        """Blocks of the saves waiting now."""
         return sum(n for _, n in self.waiting)
 
     async def take(self, owner: str, n: int) -> list[int] | None:
-        """`n` buffer slots for a save, waiting in line for spare room; None when the save is dropped."""
+        """`n` buffer slots for a save; None when the save is dropped."""
         pool = self.pool
         if pool.spare() < n and self.reclaim is not None:
             self.reclaim(n - pool.spare())  # turns' blocks kept for their next turn give way

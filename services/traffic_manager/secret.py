@@ -1,16 +1,8 @@
 """Where a traffic manager's data-plane secret comes from: its setting, else the mesh's bus.
 
-Owns the lookup only (tcp_auth.py owns the handshake). Every traffic manager of one mesh
-must hold the same secret, or their tcp connections are refused. In order:
-1. the setting `data_plane_secret` (`DUALPATH_DATA_PLANE_SECRET`), when it is not empty;
-2. else the mesh's own, kept on its NATS server in the JetStream key-value bucket
-   `<namespace>-mesh`, key `data-plane-secret`: the first traffic manager to start
-   creates it (an atomic create: of two racing, one wins, the other reads the winner's),
-   every later one reads it. The bus is as trusted as the secret: a client that may read
-   the mesh's subjects may read the bucket, so guard NATS with credentials;
-3. else (no JetStream on the server) the process's own secret, with a warning: this
-   traffic manager then talks only to endpoints of its own process.
-"""
+In order: `data_plane_secret` when set; else the mesh's own in the JetStream bucket
+`<namespace>-mesh` (the first TM creates it atomically); else, without JetStream, the process's
+own (then it reaches only endpoints of its process). Owns the lookup only."""
 from __future__ import annotations
 
 import logging
@@ -28,7 +20,7 @@ def bucket_name(namespace: str) -> str:
 
 
 async def mesh_secret(nc: nats.NATS, namespace: str, setting: str, timeout_s: float = 2.0) -> str | None:
-    """The secret to hand to the endpoint; None = the process's own (see the module docstring)."""
+    """The secret to hand to the endpoint; None: the process's own."""
     if setting:
         return setting
     js = nc.jetstream(timeout=timeout_s)

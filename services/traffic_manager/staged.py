@@ -1,13 +1,6 @@
 """A fetch's prefetched blocks: which buffer holds them, claiming them, and giving them back.
 
-A session's stored prefix may have been staged during its tool call (prefetch.py) in this
-traffic-manager's buffer, in another's (then claimed over the bus: `Claim` -> `Claimed`, the
-slots with a data-plane grant of exactly them) or in the request's own DE's buffer (then
-adopted there by the fetch's `Reserve`: they become the prompt's first DE-buffer slots). Once
-the fetch is over, the holder takes the slots back (`Release`). Answers only what a fetch
-asks, and copies them in one go when every hit was prefetched, wherever it sits (`copy_all`:
-one local copy, or one one-sided read of every layer); the layer-by-layer copies are fetch.py's.
-"""
+The layer-by-layer copies are fetch.py's."""
 from __future__ import annotations
 
 import logging
@@ -25,15 +18,13 @@ log = logging.getLogger("traffic_manager.fetch")
 
 
 def adopts(p: TMParts, msg: FetchKV) -> bool:
-    """Prefetched into the request's own DE's buffer (not this one): that TM adopts them (a kept
-    turn's blocks, pending.py, are claimed instead: their reservation would be one the PE never uses)."""
+    """Prefetched into the request's own DE's buffer: that TM adopts them (a kept turn's are claimed)."""
     return bool(msg.staged_owner and msg.staged_blocks > 0 and msg.staged_engine == msg.de_engine
                 and msg.de_engine != p.cfg.engine and not msg.staged_owner.startswith(PENDING_OWNER))
 
 
 async def claim(p: TMParts, msg: FetchKV) -> tuple[list[int], Grant | None]:
-    """Buffer offsets of the leading prefetched blocks still staged for this fetch ([]: none),
-    with the holder's grant of them when the holder is another traffic-manager."""
+    """Buffer offsets of the leading blocks still staged for this fetch, with the holder's grant if remote."""
     n = min(msg.staged_blocks, len(msg.block_keys))
     if not msg.staged_owner or n <= 0:
         return [], None
@@ -51,7 +42,6 @@ async def claim(p: TMParts, msg: FetchKV) -> tuple[list[int], Grant | None]:
 
 
 async def release(p: TMParts, msg: FetchKV) -> None:
-    """The prefetched slots are copied (or the fetch ended): their buffer takes them back."""
     if msg.staged_engine == p.cfg.engine:
         p.drop_local(msg.staged_owner, "used")
         return
@@ -63,8 +53,8 @@ async def release(p: TMParts, msg: FetchKV) -> None:
 
 @dataclass(frozen=True)
 class Held:
-    """Where a fetch's prefetched blocks sit: `slots` claimed here or from another holder (under
-    `grant`), or `adopted`, the prompt's first slots in its DE's buffer (under `de_grant`)."""
+    """Where a fetch's prefetched blocks sit: `slots` claimed (under `grant`) or `adopted` in its DE's
+    buffer."""
 
     slots: list[int]
     grant: Grant | None
@@ -73,13 +63,8 @@ class Held:
 
 
 async def copy_all(p: TMParts, msg: FetchKV, src: Held, prog, m_wait, de_slots: list[int], de_hits: list[int]) -> None:
-    """Every hit was prefetched, into this buffer, another traffic-manager's (a claimed holder) or
-    the request's DE's (adopted there): nothing is read, so nothing overlaps the copy. Every layer
-    goes into KV memory in one local copy or one one-sided read, and `ReadFinished(layers=n)` says
-    so: no `LayersLoaded` follows, the engine computes without waiting on a layer. A failed copy
-    comes before `ReadFinished`: the engine computes the prompt (its blocks are overwritten).
-    `prog` is the fetch's Progress, `m_wait` its phase histogram; `de_slots`/`de_hits` the
-    prompt's DE-buffer slots and the hits already there (adopted: never pushed back)."""
+    """Every hit was prefetched: all layers go into KV memory in one copy, then `ReadFinished(layers=n)`.
+    A failed copy comes before it, so the engine computes the prompt instead."""
     lay = p.pool.layout
     lb, bn, xfer, dst = lay.layer_block_nbytes, lay.block_nbytes, p.cfg.transfer_timeout_s, msg.dst_blocks
     ops = [(off + layer * lb, dst[i] * bn + layer * lb) for layer in range(lay.n_layers)

@@ -1,16 +1,6 @@
 """The traffic-manager's storage paths besides fetch (`fetch.py`): stage and save.
 
-Stage (DE side of the DE read path): reserve buffer slots for a whole prompt (unless the
-fetching TM reserved them already) and have this node's gateway read hit blocks into some
-of them, in layer groups reported straight to the fetching TM; the PE's traffic-manager
-reads each layer one-sidedly as it lands.
-Save: KV memory -> buffer slots (bulk class; a save finding no spare slots waits in the
-bounded line of `saves.py`) -> `SaveCopied` to the engine (its blocks may be reused from
-then on) -> gateway writes each block in the background. A save naming buffer slots (a
-prompt the DE received) writes straight from them. A DE request's saved blocks may stay
-in the buffer past their write, for its next turn (`pending.py`).
-A request's slots are never freed while a gateway read or write still targets them.
-"""
+A request's slots are never freed while a gateway read or write still targets them."""
 from __future__ import annotations
 
 import logging
@@ -87,8 +77,7 @@ class StorePath:
 
     # save --------------------------------------------------------------------------------
     async def save(self, msg: SaveKV, d: Delivery) -> None:
-        """A save's transfer: QUEUED for room -> COPYING out of KV memory -> WRITING to the store (a
-        save of buffer slots: WRITING at once); its write task ends it."""
+        """A save's transfer: QUEUED for room, COPYING out of KV memory, WRITING to the store."""
         t = self.p.xfers.begin(TransferKind.SAVE, msg.req_id, T.WRITING if msg.slots else T.QUEUED)
         try:
             await (self._save_slots(msg, d, t) if msg.slots else self._save_blocks(msg, d, t))
@@ -131,8 +120,7 @@ class StorePath:
         p.spawn(self._write(msg, offsets, d, done, t), name=f"save-{owner}", label="persist")
 
     async def _save_slots(self, msg: SaveKV, d: Delivery, t: Transfer) -> None:
-        """The blocks sit in this buffer already (slots the request holds): write them from there;
-        the slots stay the request's until the write is over (a release meanwhile waits for it)."""
+        """The blocks sit in this buffer already: write them from there, the slots held until then."""
         pool = self.p.pool
         bn = pool.block_nbytes
         if not set(msg.slots) <= {s * bn for s in pool.slots.held(msg.req_id)}:
@@ -153,8 +141,7 @@ class StorePath:
         self.p.spawn(self._write(msg, list(msg.slots), d, done, t), name=f"save-{msg.req_id}", label="persist")
 
     async def _write(self, msg: SaveKV, offsets: list[int], d: Delivery, done, t: Transfer) -> None:
-        """Buffer -> store, a block at a time; then `done` lets the slots go and the save's transfer ends
-        (with the last write that failed, if one did: persistence is best effort)."""
+        """Buffer to store, a block at a time; then `done` frees the slots (a failed write is only logged)."""
         p = self.p
         try:
             with tracer.start_as_current_span("persist", context=d.ctx, attributes={
@@ -178,8 +165,7 @@ class StorePath:
 
 
 def flip_layer_signs(buf: memoryview, offset: int, layout: StoreLayout) -> None:
-    """Fault injection (tests only, `fault_flip_de_bytes`): negate every value (K/V or MLA latent) of
-    the middle layer of the block at `offset` of `buf` -- bytes that passed the store's checksum, now wrong."""
+    """Fault injection (tests only): negate every value of the middle layer of the block at `offset`."""
     import numpy as np
 
     from shared.engine.store_layout import kv_layout

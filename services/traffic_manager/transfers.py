@@ -1,10 +1,6 @@
 """A transfer's state at the traffic manager: one enum, each kind's legal moves, and `Transfers.move`, their only writer.
 
-A transfer is a fetch, push, reservation, load, save or stage (one handler's task, a `Transfer`) or a
-staged entry (a prefetch, a kept turn: prefetch.py's `Entry`). Every live state has a way out on
-failure, release (its request's `Release`/`Cancel`) and deadline (`transfer_timeout_s`, an entry's
-TTL or claim lease): `end` tells which from what ended it. Live counts: gauge `transfers{kind,state}`.
-"""
+Every live state has a way out on failure, release and deadline."""
 from __future__ import annotations
 
 import enum
@@ -65,8 +61,7 @@ LEGAL = {kind: legal_table(paths, ENDS, TERMINAL) for kind, paths in PATHS.items
 
 
 class Transfer:
-    """One handler's transfer; as a context manager it ends when the block does, with the block's
-    exception or the `error` noted meanwhile (an exception, or the terminal state itself)."""
+    """One handler's transfer; as a context manager it ends with the block's exception or `error`."""
 
     __slots__ = ("kind", "req_id", "state", "error", "_owner")
 
@@ -82,8 +77,7 @@ class Transfer:
 
 
 class Transfers:
-    """The TM's live transfers by kind and state, one machine per kind; `released`: requests whose
-    transfers end RELEASED when they fail."""
+    """The TM's live transfers by kind and state, one machine per kind."""
 
     def __init__(self) -> None:
         self.machines = {k: StateMachine(LEGAL[k], TERMINAL, what=f"{k} of", on_move=_event) for k in TransferKind}
@@ -103,15 +97,14 @@ class Transfers:
         return t
 
     def enter(self, rec, state: TransferState) -> None:
-        """A record of its own (`rec.kind`, `rec.state`: a staged entry) enters `state` (once: again is
-        a bug, logged and counted)."""
+        """A record of its own (a staged entry) enters `state`, once."""
         try:
             self.machines[rec.kind].enter(rec, state)
         except IllegalTransition as exc:
             log.error("%s (entered again)", exc)
 
     def move(self, rec, dst: TransferState, why: str = "") -> bool:
-        """`rec` to `dst`; an illegal move is a bug: logged and counted, never fatal."""
+        """An illegal move is a bug: logged and counted, never fatal."""
         if rec.state is dst:
             return True
         try:
@@ -124,8 +117,7 @@ class Transfers:
         return True
 
     def end(self, rec, error: BaseException | TransferState | None = None, why: str = "") -> None:
-        """`rec` is over: DONE without `error`, else RELEASED (its request was released), EXPIRED (a
-        deadline), FAILED, or the terminal state `error` names. Once only: a later end changes nothing."""
+        """`rec` is over: DONE, or RELEASED, EXPIRED, FAILED from `error`. Only the first end counts."""
         if rec.state is None or rec.state in TERMINAL:
             return
         if isinstance(error, TransferState):

@@ -1,18 +1,6 @@
-"""Keep freed tensor memory in the engine's heap instead of handing it back to the kernel.
+"""Keep freed tensor memory in the engine's heap rather than returning it to the kernel.
 
-Owns one knob of the C allocator (glibc `mallopt`), set once when an engine starts.
-Why: every model step allocates temporaries of a few MB (a decode step's gathered K/V,
-attention scores, activations). glibc serves an allocation above its mmap threshold
-with a fresh `mmap` and gives it back with `munmap` on free, so the next step touches
-new pages and takes one page fault per 4 KiB. On SmolLM2 that was most of a decode
-step's gather (batch 16: 216 of 373 ms). With the threshold raised, freed chunks stay
-in the heap and the next step reuses pages that are already mapped, which is what the
-caching allocators of GPU engines do for device memory.
-
-Example: `keep_freed(1024)` -> mmap threshold 1 GiB, trim threshold 2 GiB: chunks
-below 1 GiB come from the heap, and free memory at the heap's top is returned to the
-kernel only past 2 GiB. `keep_freed(0)` changes nothing (glibc's own defaults).
-Elsewhere than glibc (musl, macOS) `mallopt` is absent and this is a no-op that says so.
+glibc's mmap threshold is raised, so each step reuses mapped pages (no-op without glibc).
 """
 from __future__ import annotations
 

@@ -1,24 +1,8 @@
-"""The copies between an engine's host KV region and its KV cache on the compute device.
+"""Copies between an engine's host KV region and its KV cache on the device.
 
-The traffic-manager reaches host memory only: the engine's KV region in POSIX shared memory
-(kv_memory.py). On CPU that region is the very cache the model computes into, and every
-copy here is nothing (`separate` is False). On CUDA the cache is a second tensor on the
-device (so is it on CPU with `kv_mirror`, which runs the device path's copies without a GPU),
-and the engine moves bytes between the two at four points:
-
-- stored KV the TM wrote into the host region goes up layer by layer (`upload(blocks,
-  layer)`; hits in a window by Layer Block, `upload_layer_blocks`, after the compute that
-  used those ring slots) on the copy stream, one event per layer; the forward's compute
-  stream waits on layer l's event before layer l reads it (`wait`): the GPU form of the
-  prefill engine's LayerGate;
-- a prompt the decode engine received goes up whole before the sequence joins;
-- a prefill's new KV goes down layer by layer right after each layer wrote it (`download`
-  waits for the compute stream's work so far), finished before the TM pushes it;
-- a decode block that filled goes down before the TM persists it.
-
-The host region is page-locked (cudaHostRegister) so the copies are asynchronous DMA. Each
-(block, layer) slab is contiguous in both tensors; whole-block copies of consecutive blocks
-are one copy per run. On CPU every copy is a synchronous `copy_` and there are no events.
+On CPU the region is the cache and every copy is nothing (`separate` is False). On CUDA, or on
+CPU with `kv_mirror`, stored KV goes up layer by layer on a copy stream the forward waits on,
+and new KV comes down before the traffic-manager moves it.
 """
 from __future__ import annotations
 
@@ -42,8 +26,7 @@ class DeviceCopies:
         return self._copy(self.cache.data, self.host.data, blocks, layer, after_compute=False)
 
     def upload_layer_blocks(self, layer_blocks: list[int]) -> torch.cuda.Event | None:
-        """Host -> device copies of Layer Blocks by number (block * n_layers + layer: a hit window's
-        ring), after everything the compute stream has queued so far (the slots are being reused)."""
+        """Host -> device copies of Layer Blocks by number, after the compute queued so far."""
         if not self.separate or not layer_blocks:
             return None
         dst, src = self.cache.layer_blocks(), self.host.layer_blocks()
@@ -69,8 +52,7 @@ class DeviceCopies:
             torch.cuda.current_stream(self.cache.data.device).wait_event(event)
 
     def finish(self) -> None:
-        """Block until every copy and compute issued so far is done: the TM may move the bytes, and
-        blocks freed after this are touched by nothing still in flight."""
+        """Block until every copy and compute issued so far is done: its bytes may move, its blocks be freed."""
         if self.stream is not None:
             torch.cuda.current_stream(self.cache.data.device).synchronize()
             self.stream.synchronize()
@@ -99,7 +81,6 @@ class DeviceCopies:
         return done
 
     def _pin(self) -> None:
-        """Page-lock the host region in place (it is shared memory the TM also maps)."""
         data = self.host.data
         err = torch.cuda.cudart().cudaHostRegister(data.data_ptr(), data.numel() * data.element_size(), 0)
         if int(err) != 0:
@@ -108,8 +89,6 @@ class DeviceCopies:
 
 
 def _slabs(blocks: list[int], layer: int | None):
-    """Index tuples of contiguous slabs: one per (block, layer), or one per run of consecutive
-    blocks when all layers move."""
     if layer is not None:
         return [(b, layer) for b in blocks]
     out, ordered = [], sorted(set(blocks))

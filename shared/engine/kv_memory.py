@@ -1,13 +1,4 @@
-"""An engine's KV memory: the paged KV cache the model computes into, and the host KV region
-in POSIX shared memory that its traffic-manager reaches.
-
-The engine computes into `cache`; its traffic-manager attaches the segment (named in the
-engine's announcement) and moves bytes in and out of `host` (local copies, PD transfer,
-storage). On CPU the two are one tensor. On CUDA (`device`), or with `mirror` on CPU,
-`cache` is a second tensor of the same layout on the device and `copies` moves blocks
-between them (kv_device.py). Owns the segment, both cache views, the copies and the block
-allocator; not the model.
-"""
+"""An engine's KV memory: its paged KV cache and the host region its traffic-manager reaches."""
 from __future__ import annotations
 
 from shared.engine.kv_device import DeviceCopies

@@ -1,10 +1,4 @@
-"""The next token of every request of a batch, each drawn from its own generator.
-
-Owns the per-request generators both engines use: a seeded request gets a generator
-seeded for the step it samples (`generator_seed`), so its tokens are the same whichever
-engine computes each step and whichever requests share the batch. torch is imported here,
-so only the model thread's code imports this module.
-"""
+"""The next token of each request in a batch, from its own generator (imports torch)."""
 from __future__ import annotations
 
 import torch
@@ -17,8 +11,7 @@ from shared.model.sampling import sample, token_logprobs
 
 def next_tokens(logits: torch.Tensor, samplings: list[Sampling], steps: list[int]
                 ) -> tuple[list[int], list[TokenLogprob | None]]:
-    """One token per row of `logits` (n, vocab) and its log-probabilities when the request
-    asked for them; `steps[i]` is the index of the token row i samples."""
+    """A token per row of `logits` and its log-probabilities if asked; `steps[i]`: row i's token index."""
     gens = []
     for sp, step in zip(samplings, steps):
         seed = generator_seed(sp, step)

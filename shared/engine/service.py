@@ -1,10 +1,6 @@
-"""The engine base both engine services build on: model and KV memory set-up, the
-announcement, the requests an engine holds, error replies, and shutdown.
+"""The engine base both engine services build on: set-up, announcement, held requests, errors.
 
-Owns what a prefill and a decode engine do alike; not their loops, queues or hand-offs
-(those live in services/prefill_engine and services/decode_engine). An engine holds a
-request from intake until `release`; `stop` answers every held request with a retryable
-error so its scheduler resumes it elsewhere.
+`stop` answers every held request with a retryable error, so its scheduler resumes it elsewhere.
 """
 from __future__ import annotations
 
@@ -62,7 +58,6 @@ class EngineService(Service):
         self.m_free = self.metrics.gauge("kv_free_blocks", "Free KV blocks", ("engine",))
 
     async def load(self) -> None:
-        """Load the model (in the model thread) and create KV memory; called first in `start`."""
         from shared.model.loader import load_model
 
         cfg = self.cfg
@@ -99,7 +94,6 @@ class EngineService(Service):
         return engine_beat_key(msg)
 
     def max_context(self) -> int:
-        """Longest sequence this engine can hold: the model's limit or its whole KV memory."""
         if not self.loaded:
             return 0
         return min(self.loaded.config.max_position, self.cfg.kv_blocks * self.cfg.block_size)

@@ -1,10 +1,6 @@
-"""How an engine's KV blocks are named, sized and laid out in the store (no torch).
+"""How an engine's KV blocks are named, sized and laid out in the store. No torch.
 
-One function turns a model config into its `KVLayout` (`engine_kv_layout`): GQA K/V planes,
-or for an MLA model the latent row (kv_lora_rank + qk_rope_head_dim, plus V3.2's indexer key)
-in the two-plane container of shared/model/kv_geometry.py. The store layout an engine
-announces, the fingerprint that salts its keys and the layout every stored block is checked
-against all come from it, so a block of one layout is never served to an engine of another.
+Layout and key fingerprint both come from `engine_kv_layout`: no block is served across layouts.
 """
 from __future__ import annotations
 
@@ -40,5 +36,4 @@ def kv_layout(layout: StoreLayout) -> KVLayout:
 
 
 def prompt_keys(layout: StoreLayout, tokens: list[int]) -> list[bytes]:
-    """Keys of the full blocks of `tokens`."""
     return block_hashes(tokens, layout.block_size, layout.fingerprint)

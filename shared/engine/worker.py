@@ -1,7 +1,6 @@
 """The model thread: every forward of an engine runs here, off the event loop.
 
-torch releases the GIL inside its kernels, so the loop keeps serving NATS while a
-step computes. One thread: steps of one engine never overlap.
+One thread, so an engine's steps never overlap; torch releases the GIL, so the loop keeps serving.
 """
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""Fixed-size slot allocation with ownership: KV blocks in an engine, buffer slots in a TM.
-
-Owns which slots are free and which request holds each used slot. Pure (no I/O).
-`check_integrity()` verifies the free list and the owner map partition the slots;
-tests call it after every scenario.
-"""
+"""Fixed-size slot allocation with ownership: KV blocks in an engine, buffer slots in a TM."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -71,7 +66,6 @@ class SlotAllocator:
         return self._owner.get(slot)
 
     def release_slots(self, owner: str, slots: list[int]) -> None:
-        """Free just `slots` (held by `owner`)."""
         self.transfer(owner, "\0release", slots)
         self.release("\0release")
 

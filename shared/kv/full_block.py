@@ -1,37 +1,6 @@
 """The Full Block on-disk format: a 4 KiB header, then the payload layer after layer.
 
-A stored block file is ``HEADER_SIZE`` (4096) header bytes followed by exactly
-``payload_length`` payload bytes (``KVLayout.payload_bytes``): layer 0's Layer Block,
-then layer 1's, ... (each ``(2, block_size, n_kv_heads, head_dim)``: K then V for a GQA
-layout, the halves of each token's latent row for an MLA one). The header is padded to
-4 KiB so the payload starts page-aligned (O_DIRECT-able) and can be read straight into a
-buffer slice with one ``preadv`` of two iovecs.
-
-Header (little-endian; byte table in ``docs/kv-format.md``)::
-
-    0    8  magic  b"DPKVBLK\\0"       48  4  n_layers        64  8  payload_length
-    8    2  format version (3)        52  4  block_size      72  8  payload checksum
-    10   2  dtype code                56  4  n_kv_heads      80  2  KV layout code
-    12   4  header size (4096)        60  4  head_dim        82  2  zero
-    16  16  model fingerprint                                84  4  latent_rank
-    32  16  block key                                        88  4  rope_dim
-                                                             92  4  index_dim
-                                                             96  .. zero (reserved)
-                                                             4088 8 header xxh3_64
-                                                                    of bytes [0, 4088)
-
-The payload checksum (version 3, ``segment_sum.py``) is xxh3_64 over the xxh3_64 digests of
-the payload's 1 MiB segments, so a reader may hash the parts of one block on different cores.
-Version-2 blocks (one xxh3_64 over the whole payload) are still read, never written.
-
-The layout code names what the planes hold (``KVKind``: 1 GQA K/V, 2 MLA latent rows);
-a block whose layout (kind, row split or dims) is not the reader's is refused with
-``LayoutMismatch``, even when its byte count matches.
-
-Owns: ``encode_header``, ``decode_header``, ``payload_checksum``, ``payload_hasher``,
-``verify_payload``, ``check_checksum``,
-``layer_block_range`` and the typed format errors.
-Does not own: file I/O, naming or eviction (``services/storage_gateway/store.py``).
+Header bytes: docs/concepts/kv-format.md. No file I/O, naming or eviction here.
 """
 
 from __future__ import annotations
@@ -133,9 +102,7 @@ def payload_checksum(payload: memoryview | bytes, version: int = FORMAT_VERSION)
 
 
 def payload_hasher(version: int = FORMAT_VERSION) -> SegmentHasher | xxhash.xxh3_64:
-    """A streaming hasher whose ``intdigest()`` equals ``payload_checksum`` of the bytes fed to
-    it (lets a reader verify each chunk while it is cache-hot); version 3's can be split and
-    joined (``SegmentHasher``)."""
+    """A streaming hasher whose `intdigest()` equals `payload_checksum` of the bytes fed to it."""
     return SegmentHasher() if version >= 3 else xxhash.xxh3_64()
 
 
@@ -145,14 +112,12 @@ def check_checksum(header: FullBlockHeader, checksum: int) -> None:
 
 
 def layer_block_range(layout: KVLayout, layer: int) -> tuple[int, int]:
-    """(offset, length) of one Layer Block within a Full Block payload."""
     return layout.layer_block_range(layer)
 
 
 def encode_header(
     key: bytes, fingerprint: bytes, layout: KVLayout, checksum: int
 ) -> bytearray:
-    """The ``HEADER_SIZE`` header bytes of one block (checksum = of its payload)."""
     buf = bytearray(HEADER_SIZE)
     _FIELDS.pack_into(
         buf, 0, MAGIC, FORMAT_VERSION, layout.dtype_code, HEADER_SIZE,
@@ -175,7 +140,7 @@ def decode_header(
     expected_fingerprint: bytes | None = None,
     expected_layout: KVLayout | None = None,
 ) -> FullBlockHeader:
-    """Parse and verify a header; raises a ``FullBlockError`` subclass on any fault."""
+    """Parse and verify a header; raises a `FullBlockError` subclass on any fault."""
     if len(buf) < HEADER_SIZE:
         raise SizeMismatch(HEADER_SIZE, len(buf), what="header")
     (magic, version, dcode, hsize, fp, key, n_layers, block_size, n_kv_heads,
@@ -215,7 +180,7 @@ def _check_sizes(layout: KVLayout, plen: int, expected: KVLayout | None) -> None
 
 
 def verify_payload(header: FullBlockHeader, payload: memoryview | bytes) -> None:
-    """Raise ``SizeMismatch`` / ``ChecksumMismatch`` unless the payload matches."""
+    """Raise `SizeMismatch` / `ChecksumMismatch` unless the payload matches."""
     if len(payload) != header.payload_length:
         raise SizeMismatch(header.payload_length, len(payload))
     check_checksum(header, payload_checksum(payload, header.version))

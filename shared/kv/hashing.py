@@ -1,19 +1,7 @@
 """Block identity: the model fingerprint and chained block keys.
 
-A block key names a prefix, not a chunk: ``h_i = H(h_{i-1} || tokens_i)`` where
-``tokens_i`` are the ``block_size`` token ids of block ``i`` as little-endian int32 and
-``h_{-1}`` is the model fingerprint, so the same tokens under another model, dtype or
-layout never share a key. ``H`` is xxh3-128 (16-byte keys). Only full blocks get keys.
-
-Keys are stable across processes and hosts (no Python ``hash()``, fixed byte order).
-They travel as raw bytes; lowercase hex (``key_hex``) is for people and file names.
-
-Example: tokens ``[t0..t127]`` with block_size 64 -> two keys
-``k0 = H(fp || t0..t63)``, ``k1 = H(k0 || t64..t127)``; a trailing partial block
-(tokens 128..150) gets no key.
-
-Owns: ``ModelFingerprint``, ``block_hashes``, ``chain_hash``, ``key_hex``, ``check_key``.
-Does not own: where blocks live (``services/storage_gateway/store.py``).
+A key names a prefix: `h_i = xxh3_128(h_{i-1} || tokens_i as int32 LE)`, `h_{-1}` the model
+fingerprint; only full blocks get keys. Keys travel as raw bytes; hex is for names.
 """
 
 from __future__ import annotations
@@ -101,8 +89,7 @@ class ModelFingerprint:
 
 
 def _as_tokens(token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
-    """Token ids as contiguous little-endian int32; out-of-range ids raise
-    ``OverflowError`` (numpy would silently wrap an int64 array)."""
+    """Contiguous little-endian int32; out-of-range ids raise `OverflowError` (numpy would wrap)."""
     if isinstance(token_ids, np.ndarray) and token_ids.dtype != _TOKEN_DTYPE:
         info = np.iinfo(_TOKEN_DTYPE)
         if token_ids.size and (token_ids.min() < info.min or token_ids.max() > info.max):
@@ -111,10 +98,7 @@ def _as_tokens(token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
 
 
 def chain_hash(parent: bytes, block_tokens: Sequence[int] | np.ndarray) -> bytes:
-    """Key of one block given its parent's key (or the fingerprint for block 0).
-
-    Used by decode to key each block the moment it fills.
-    """
+    """Key of one block given its parent's key (or the fingerprint for block 0)."""
     data = _as_tokens(block_tokens)
     h = xxhash.xxh3_128(parent)
     h.update(memoryview(data).cast("B"))
@@ -124,7 +108,7 @@ def chain_hash(parent: bytes, block_tokens: Sequence[int] | np.ndarray) -> bytes
 def block_hashes(
     token_ids: Sequence[int] | np.ndarray, block_size: int, fingerprint: bytes
 ) -> list[bytes]:
-    """Chained keys of every full block of ``token_ids`` (partial tail ignored)."""
+    """Chained keys of every full block of `token_ids` (partial tail ignored)."""
     if block_size <= 0:
         raise ValueError("block_size must be > 0")
     tokens = _as_tokens(token_ids)
@@ -142,17 +126,15 @@ def block_hashes(
 
 
 def key_hex(key: bytes) -> str:
-    """Lowercase hex of a key: its file name stem."""
     return key.hex()
 
 
 def key_from_hex(text: str) -> bytes:
-    """Inverse of ``key_hex``; ``ValueError`` on a malformed name."""
     return check_key(bytes.fromhex(text))
 
 
 def check_key(key: bytes) -> bytes:
-    """``key`` if it is a block key's size, else ``ValueError`` (keys from the wire)."""
+    """`key` if it is a block key's size, else `ValueError` (keys from the wire)."""
     if len(key) != KEY_BYTES:
         raise ValueError(f"block key must be {KEY_BYTES} bytes, got {len(key)}")
     return key

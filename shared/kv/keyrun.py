@@ -1,11 +1,4 @@
-"""A prompt's block keys packed end to end in one bytes object, read as a sequence of keys.
-
-Owns the compact form in which a front-door worker hands the dispatch core a prompt's keys:
-one `bytes` on the wire (a memory copy to decode, where a list of 500 keys is 500 objects
-made, scanned by the collector and freed) and one small object in the core. `KeyRun` reads
-as a `Sequence[bytes]` of `KEY_BYTES`-byte keys, so the core's index walks and prefix
-comparisons take it as they take a list; `list(run)` makes the keys where a message needs them.
-"""
+"""A prompt's block keys packed end to end in one bytes object, read as a sequence of keys."""
 from __future__ import annotations
 
 from collections.abc import Sequence

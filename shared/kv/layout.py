@@ -1,23 +1,5 @@
-"""The shape of one KV block: what its values mean (GQA K/V or MLA latent), dims, dtype,
-and where each Layer Block sits.
+"""The shape of one KV block: its kind (GQA K/V or MLA latent), dims, dtype and Layer Block offsets.
 
-An engine's paged KV cache is one tensor
-``(num_blocks, n_layers, 2, block_size, n_kv_heads, head_dim)``, so one block's KV for all
-layers is contiguous (a Full Block payload) and layer ``l`` of it is the contiguous
-sub-range ``[l * layer_bytes, (l + 1) * layer_bytes)`` (a Layer Block:
-``[2, block_size, n_kv_heads, head_dim]``). Concatenating the n Layer Blocks gives the Full
-Block, so no layout conversion is ever needed. What the two planes hold is the ``kind``:
-
-- ``KVKind.GQA`` (Llama, Qwen2): plane 0 is K, plane 1 is V of every KV head.
-- ``KVKind.MLA`` (DeepSeek-V2/V3/V3.2): one row per token of width
-  ``W = latent_rank + rope_dim + index_dim`` (the normed latent c_kv, the roped shared key,
-  then V3.2's indexer key), split in halves over the two planes: ``n_kv_heads = 1``,
-  ``head_dim = W / 2``. Two models whose blocks have the same byte count but another kind
-  (or another row split) never read each other's blocks: the kind and split are part of the
-  layout every read is checked against.
-
-Owns: ``KVKind``, ``KVLayout`` and the dtype and kind name <-> code tables used on disk.
-Does not own: hashing (``hashing.py``) or the on-disk header (``full_block.py``).
 No torch here: dtypes are named by string and sized from a table.
 """
 
@@ -53,7 +35,7 @@ KIND_BY_CODE: dict[int, KVKind] = {code: kind for kind, code in KIND_CODES.items
 
 
 class UnknownDtype(ValueError):
-    """A dtype name or code that is not in ``DTYPES``."""
+    """A dtype name or code that is not in `DTYPES`."""
 
     def __init__(self, dtype: str | int) -> None:
         super().__init__(f"unknown KV dtype {dtype!r}")
@@ -84,9 +66,8 @@ def kind_of_code(code: int) -> KVKind:
 
 @dataclass(frozen=True, slots=True)
 class KVLayout:
-    """Dims of one KV block. ``block_size`` is in tokens (default 64). For ``KVKind.MLA``
-    ``n_kv_heads`` is 1 and ``2 * head_dim == latent_rank + rope_dim + index_dim`` (build one
-    with ``KVLayout.mla``); a GQA layout has no row split (all three 0)."""
+    """Dims of one KV block; `block_size` in tokens. MLA: `n_kv_heads` 1 and `2 * head_dim ==
+    latent_rank + rope_dim + index_dim` (build with `KVLayout.mla`); GQA: all three 0."""
 
     n_layers: int
     n_kv_heads: int
@@ -101,7 +82,6 @@ class KVLayout:
     @classmethod
     def mla(cls, n_layers: int, latent_rank: int, rope_dim: int, index_dim: int = 0, dtype: str = "bfloat16",
             block_size: int = 64) -> KVLayout:
-        """The layout of an MLA cache: one row of latent + rope key (+ indexer key) per token."""
         width = latent_rank + rope_dim + index_dim
         return cls(n_layers, 1, width // 2, dtype, block_size, KVKind.MLA, latent_rank, rope_dim, index_dim)
 
@@ -132,16 +112,14 @@ class KVLayout:
 
     @property
     def layer_bytes(self) -> int:
-        """Bytes of one Layer Block: both planes of one layer, ``(2, T, H, D)``."""
+        """Bytes of one Layer Block: both planes of one layer, `(2, T, H, D)`."""
         return 2 * self.block_size * self.n_kv_heads * self.head_dim * self.itemsize
 
     @property
     def payload_bytes(self) -> int:
-        """Bytes of one Full Block payload: every layer, layer after layer."""
         return self.n_layers * self.layer_bytes
 
     def layer_block_range(self, layer: int) -> tuple[int, int]:
-        """(offset, length) of layer ``layer``'s Layer Block within the payload."""
         if not 0 <= layer < self.n_layers:
             raise IndexError(f"layer {layer} out of range [0, {self.n_layers})")
         return layer * self.layer_bytes, self.layer_bytes

@@ -1,19 +1,4 @@
-"""The payload checksum of a Full Block (format version 3): xxh3_64 over the xxh3_64 digests
-of the payload's 1 MiB segments, so the two halves of one block can be read and hashed on
-two cores at once and joined in order.
-
-A streaming xxh3_64 of the whole payload (format version 2) is sequential: a reader can only
-hash on the thread that copies, or hand finished chunks to one other thread, and a warm read
-then runs at copy + hash on one core. With the digest list, a reader splits the payload at a
-segment boundary (``split_point``), each part is copied and hashed by its own thread into its
-own ``SegmentHasher`` (``start`` = the part's payload offset), and ``join`` gives the checksum.
-
-Checksum of payload ``p`` of ``n`` bytes: ``d_i = xxh3_64(p[i*S : (i+1)*S])`` for every
-segment ``i`` (the last one may be short), then ``xxh3_64(le64(d_0) || le64(d_1) || ...)``.
-
-Owns: ``SEGMENT``, ``segmented_checksum``, ``SegmentHasher``, ``split_point``. Does not own the
-header or the version that says which checksum a block carries (``full_block.py``).
-"""
+"""The payload checksum of a Full Block (format version 3): xxh3_64 over its 1 MiB segments' digests."""
 from __future__ import annotations
 
 import struct
@@ -31,22 +16,20 @@ def _bytes(data: memoryview | bytes | bytearray) -> memoryview:
 
 
 def segmented_checksum(payload: memoryview | bytes | bytearray) -> int:
-    """The version-3 checksum of a whole payload, computed in place (no copy)."""
     h = SegmentHasher()
     h.update(payload)
     return h.intdigest()
 
 
 def split_point(n: int) -> int:
-    """The segment boundary nearest the middle of an ``n``-byte payload (0: one segment, no split)."""
+    """The segment boundary nearest the middle of an `n`-byte payload (0: one segment, no split)."""
     segments = -(-n // SEGMENT)
     return (segments // 2) * SEGMENT if segments > 1 else 0
 
 
 class SegmentHasher:
-    """Streaming digests of payload bytes fed in order from payload offset ``start`` (a segment
-    boundary); ``intdigest`` of a hasher started at 0 and fed everything equals
-    ``segmented_checksum``. Updates may be any size; the GIL is released inside each hash."""
+    """Digests of payload bytes fed in order from offset `start` (a segment boundary); one started
+    at 0 and fed everything gives `segmented_checksum`."""
 
     __slots__ = ("start", "fed", "_sums", "_open")
 
@@ -76,15 +59,14 @@ class SegmentHasher:
         self.fed += n
 
     def digests(self) -> bytes:
-        """Every segment's le64 digest so far, the open (short) one last."""
         return bytes(self._sums) + (_LE64.pack(self._open.intdigest()) if self._open is not None else b"")
 
     def intdigest(self) -> int:
         return _hash(self.digests())
 
     def join(self, after: SegmentHasher) -> None:
-        """Append ``after``'s digests: it hashed the bytes right after this hasher's, from a segment
-        boundary (ValueError otherwise); this hasher then stands for both parts."""
+        """Append `after`'s digests: it hashed the bytes right after this hasher's, from a segment
+        boundary (ValueError otherwise)."""
         if self.fed % SEGMENT or after.start != self.start + self.fed:
             raise ValueError(f"part at {after.start} does not follow {self.fed} bytes from {self.start}")
         self._sums += after.digests()

@@ -1,25 +1,8 @@
-"""The stamps of a traffic-manager's prefetched entries in shared memory: what lets its own engine copy them without asking.
+"""Stamps of a traffic-manager's staged entries in shared memory, so its own engine may copy them unasked.
 
-A prefetch (services/traffic_manager/prefetch.py) stages a session's stored blocks in the
-traffic-manager's buffer. Its own prefill engine maps that buffer (same host, POSIX shared
-memory) and may copy the blocks straight into its KV memory, with no message to the
-traffic-manager on the way, under this protocol (a seqlock's reader side):
-
-- writer (the traffic-manager, one process): once an entry's blocks are read and verified,
-  it takes a free record and writes there a stamp never used before (`publish`); the stamp,
-  the record and the slots travel to the engine inside the assignment (`StagedSlots`). Before
-  the entry's slots are freed for any reason (used, TTL, release, buffer pressure, adoption,
-  an engine restart) the record is cleared (`revoke`): clearing comes first, so any later
-  write into those slots (another read, reused slots) happens after it.
-- reader (the engine): copies the slots, then reads the record (`valid`). The stamp still
-  there means the entry held its slots from before the engine heard of it until after the
-  copy ended, so every byte copied is the staged block's. A cleared or reused record means
-  the copy may be torn: the engine discards it and fetches the usual way (FetchKV, which
-  claims what is left and reads the rest from storage). The check needs the copy's loads to
-  happen before the record's load: x86-64's TSO keeps loads in order; the stamp is one aligned
-  8-byte word, written and read whole.
-Stamps start at a random 62-bit value and only grow, so a stamp is never seen twice, also
-across a traffic-manager's restart (a new table, a new buffer).
+A seqlock's reader side: the TM publishes a never-reused stamp once an entry is staged and
+clears it before the entry's slots are freed; the engine copies, then checks the stamp is
+still there, else discards the copy and fetches the usual way.
 """
 from __future__ import annotations
 
@@ -33,7 +16,7 @@ RECORDS = 4096  # entries published at once; one more is simply not published (i
 
 
 class StagedTable:
-    """One table: `RECORDS` 8-byte stamps (0: free) in a shared-memory segment."""
+    """`RECORDS` 8-byte stamps (0: free) in a shared-memory segment."""
 
     def __init__(self, region: ShmRegion, writer: bool):
         self.region = region
@@ -71,13 +54,12 @@ class StagedTable:
             self._free.append(record)
 
     def clear(self) -> None:
-        """Every entry is gone (the buffer was cut anew)."""
         for record in np.flatnonzero(self.stamps):
             self.revoke(int(record))
 
     # reader ---------------------------------------------------------------------------------
     def valid(self, record: int, stamp: int) -> bool:
-        """The entry stamped `stamp` still holds its slots (read after the copy: see the module)."""
+        """The entry still held its slots through a copy made before this call (x86-64 keeps loads in order)."""
         return 0 <= record < len(self.stamps) and int(self.stamps[record]) == stamp
 
     def close(self) -> None:

@@ -1,20 +1,7 @@
 """Where each layer of a prompt's blocks lives in a prefill engine's KV memory, and the hit window.
 
-KV memory is `num_blocks` blocks of all layers; seen as `num_blocks * n_layers` Layer
-Blocks, the Layer Block of (block b, layer l) is number `b * n_layers + l`, at byte offset
-that number times the Layer Block's size. A prompt's blocks normally own all their layers
-(`layer_block(j, l) = blocks[j] * n_layers + l`). With a hit window, the prompt's first
-`hits` blocks (its stored KV) hold only `layers` layers at a time: their Layer Blocks come
-from a ring cut out of a few whole blocks (`ring`), and layer l of hit block j sits in ring
-slot `(l % layers) * hits + j`. Layer l + layers reuses layer l's slots once layer l has been
-computed and handed on, so the hits of a prompt take `ceil(hits * layers / n_layers)` blocks
-instead of `hits`. A read that found fewer hits than the ring was cut for keeps the slots
-(`used` says how many blocks are really in the ring); the others get blocks of their own.
-
-Example: 30 layers, 6 hits, a window of 5 layers: the ring is 1 block (30 Layer Blocks =
-5 layers x 6 hits); layer 7 of hit 2 is ring slot (7 % 5) * 6 + 2 = 14, Layer Block
-ring[0] * 30 + 14. Pure: the prefill engine (tables), its traffic-manager (where loads land
-and pushes start) and the model (per-layer block tables) all map with this one class.
+Layer Block (b, l) is number `b * n_layers + l`. With a hit window the first `hits` blocks hold
+`layers` layers at a time in a ring: layer l of hit j is ring slot `(l % layers) * hits + j`.
 """
 from __future__ import annotations
 
@@ -34,7 +21,6 @@ class HitWindow:
 
     @property
     def in_ring(self) -> int:
-        """Leading blocks read through the ring."""
         return self.hits if self.used is None else self.used
 
     def __post_init__(self) -> None:
@@ -45,7 +31,6 @@ class HitWindow:
 
     @staticmethod
     def of(w, n_layers: int) -> "HitWindow | None":
-        """From a message's window (a `KVWindow`: hits, ring, layers, used), or None for none."""
         return None if w is None else HitWindow(w.hits, tuple(w.ring), w.layers, n_layers, w.used)
 
     @staticmethod
@@ -54,7 +39,6 @@ class HitWindow:
         return -(-hits * layers // n_layers)
 
     def layer_block(self, j: int, layer: int) -> int:
-        """Layer Block number of hit block `j` at `layer`."""
         k = (layer % self.layers) * self.hits + j
         return self.ring[k // self.n_layers] * self.n_layers + k % self.n_layers
 

@@ -1,23 +1,11 @@
-"""The closed vocabularies of the wire, each defined once: load modes, finish reasons, error codes.
-
-All three are `StrEnum`s, so msgspec carries them as their plain string values (a message
-stays readable in `nats sub` and in the journal) and rejects any other string when it
-decodes. Every list of modes elsewhere (API and settings validation, bench and sim
-choices, the generated settings docs) is derived from `LoadMode`; tests hold the rest of
-the code to that (tests/unit/test_load_modes.py).
-"""
+"""The closed vocabularies of the wire, each defined once: load modes, finish reasons, error codes."""
 from __future__ import annotations
 
 from enum import StrEnum
 
 
 class LoadMode(StrEnum):
-    """How a request's stored (hit) KV blocks reach the prefill engine.
-
-    Example: a request with 10 hit blocks, its PE's node with 40 blocks of reads queued,
-    its DE's node with 0: `dualpath` reads all 10 through the DE node's storage NIC;
-    `dualpath-split` gives the DE node the share that makes both queues drain together;
-    `basic` reads all 10 on the PE node; `oracle` reads none and takes them as present."""
+    """How a request's stored (hit) KV blocks reach the prefill engine."""
 
     DUALPATH = "dualpath"  # per request, every hit block on the path whose node has the shorter read queue
     DUALPATH_SPLIT = "dualpath-split"  # a request's hit blocks split across both paths so both queues drain together
@@ -40,7 +28,6 @@ BENCH_MODES = (LoadMode.BASIC, LoadMode.DUALPATH, LoadMode.DUALPATH_SPLIT, LoadM
 
 
 def mode_names() -> tuple[str, ...]:
-    """Every load mode's name, in declaration order (for choices and messages)."""
     return tuple(m.value for m in LoadMode)
 
 
@@ -63,9 +50,7 @@ class FinishReason(StrEnum):
 
 
 class ErrorCode(StrEnum):
-    """What failed, on every failure that crosses the bus: receivers branch on this, never on the text.
-
-    The scheduler maps it to the client's HTTP status (services/scheduler/protocol.py)."""
+    """What failed, on every failure that crosses the bus: receivers branch on this, never on the text."""
 
     NO_ENGINE = "no_engine"  # no engine can serve the request (none announced, none took it in time)
     PROMPT_TOO_LONG = "prompt_too_long"  # the prompt does not fit an engine's context or KV memory

@@ -1,8 +1,6 @@
 """Every subject of the mesh, in one table: its endpoint's name, pattern, message and reply types.
 
-`EP.TM_PUSH.at(ns, engine=e)` builds a subject (nothing else builds one); `endpoint_of` finds
-the endpoint of a subject that arrived as text (a reply address in a message); the bus sends,
-checks and decodes by it. Who sends what on each: the family's module in shared/messages/.
+`EP.TM_PUSH.at(ns, engine=e)` builds a subject; nothing else builds one.
 """
 from __future__ import annotations
 
@@ -76,8 +74,7 @@ _FOUND_MAX = 4096
 
 
 def endpoint_of(subject: str) -> BusEndpoint:
-    """The endpoint `subject` belongs to (a `Subject` says; text is looked up in the table);
-    ValueError when it is no subject of the mesh."""
+    """The endpoint of `subject` (a `Subject`, or text looked up); ValueError when it is none."""
     if isinstance(subject, Subject):
         return subject.endpoint
     ep = _FOUND.get(subject)

@@ -1,9 +1,4 @@
-"""The fleet emulator's own messages (`{ns}.fleet.*`), which no real service sends or reads.
-
-Each emulator process keeps its own index of the store and shares the keys it adds, batched,
-on `{ns}.fleet.stored`; `{ns}.fleet.dump.<name>` asks one process to write what it measured
-(the reply is an empty batch from it). dualpath/fleet/ uses them.
-"""
+"""The fleet emulator's own messages (`{ns}.fleet.*`), which no real service sends or reads."""
 from __future__ import annotations
 
 import msgspec

@@ -1,25 +1,4 @@
-"""Messages between the scheduler's front-door workers and its dispatch core.
-
-Owns the compact wire the two halves of the scheduler service speak when it runs with
-`front_workers` > 0 (worker -> core on `{ns}.scheduler.<core>.front`, one subject so a
-request's messages arrive in order):
-- `Submit`: a tokenized request (or a resumed attempt: only the tokens streamed so far) with
-  its block keys, computed by the worker, and how many of them the store holds (the worker
-  asked a gateway, so the core makes no round trip); the prompt's ids stay with the worker
-  (only its length is sent) unless the core needs them (no keys yet, agent hints, oracle mode);
-- `PrefillOver`: the attempt's first token reached the worker (its prefill engine is free);
-- `Done`: the client got its last event (status, the generated ids, the latencies, the tiers).
-A worker-held prompt never passes the core either: the core addresses each attempt's work to
-the worker (`Forward` on its `scheduler.forward` subject: the prefill engine and its `PrefillWork`
-without the prompt), which fills the prompt in and publishes it to the engine. The engines'
-tokens never pass the core: they go to the worker's own output subject. The
-core reaches a worker's requests on that subject too, with plain `TokenEvent`s (a failure,
-or a retryable `engine_failed` naming the engine that went silent: the worker resumes).
-`Ask` / `Answer` carry /health, /v1/mesh, /metrics and /close_session; `FrontInfo` (also published every
-heartbeat on `{ns}.scheduler.<core>.info`) is what a worker needs to validate and key a
-request: the model, its context, the store layout. `Hint` is an agent's hints as the worker checked
-them (services/scheduler/hints.py parses them), carried on `Submit`.
-"""
+"""Messages between the scheduler's front-door workers and its dispatch core."""
 from __future__ import annotations
 
 import enum
@@ -53,7 +32,6 @@ class Hint:
 
     @property
     def prefetch(self) -> bool:
-        """Stage the session's stored KV into a buffer for its next turn."""
         return self.tool_s is not None and not self.release and self.reuse != Reuse.NONE
 
     def retain_s(self, default_s: float) -> float | None:

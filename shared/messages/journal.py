@@ -1,9 +1,4 @@
-"""The request journal's records, on JetStream (`{ns}.journal.<record>`), JSON-encoded.
-
-A scheduler writes `Accepted` when it takes a request and `Finished` when it answers it, alone
-or several as one `JournalBatch` (a list of both); services/scheduler/journal.py writes and reads
-them.
-"""
+"""The request journal's records, on JetStream (`{ns}.journal.<record>`), JSON-encoded."""
 from __future__ import annotations
 
 import msgspec

@@ -1,12 +1,4 @@
-"""Announcements: every service publishes one on `{ns}.hb` at start and then as a heartbeat.
-
-The scheduler's view of live engines, traffic-managers and gateways is built only
-from these (no static peer list): a new process joins by announcing; one that stops
-heartbeating for `liveness_timeout_s` is dropped from assignment. Announcements hold no
-containers, so they are not tracked by the cycle collector (`gc=False`): a scheduler keeps
-one per process of the fleet and replaces thousands a second, none of which its collections
-need to scan.
-"""
+"""Announcements: every service publishes one on `{ns}.hb` at start and then as a heartbeat."""
 from __future__ import annotations
 
 import msgspec

@@ -1,15 +1,4 @@
-"""Storage-gateway control (`{ns}.storage_gateway.<node>.<verb>`, hit queries on `{ns}.storage_gateway.any.hit`).
-
-Bytes never ride here: a read names the traffic-manager buffer (a POSIX shm segment)
-and the offsets the gateway writes Full Block payloads into; a write names where the
-payload sits. Example (PE read path):
-  PE TM --ReadBlocks(block_keys, shm, offsets)--> its node's gateway
-  gateway reads each block file straight into the buffer, verifies it -> ReadDone(blocks_ok)
-A read in layer groups (`group_layers`, `progress`) also reports as it goes, on `progress`:
-  LayersRead(layers=0, blocks, eta_s) once the files are open and their headers checked, then
-  LayersRead(layers=hi, ...) as each group of layers lands; ReadDone last, after the checksums
-  (a shorter ReadDone than the reports said: a block's checksum failed; its layers are wrong).
-"""
+"""Storage-gateway control messages (`{ns}.storage_gateway.<node>.<verb>`); bytes never ride here."""
 from __future__ import annotations
 
 import enum
@@ -98,9 +87,8 @@ class RetainLevel(enum.IntEnum):
 
 
 class Retain(msgspec.Struct, omit_defaults=True):
-    """A session's eviction hint on stored blocks, to every gateway (each keeps its own eviction
-    index over a shared root): `block_keys` at `level` for `ttl_s`, or with `release` the end of every
-    mark `session` set. Keys may be marked before their blocks are persisted."""
+    """A session's eviction hint, to every gateway: `block_keys` at `level` for `ttl_s`, or with
+    `release` the end of every mark `session` set."""
 
     layout: StoreLayout
     session: str

@@ -1,18 +1,4 @@
-"""Engine output back to the scheduler (`{ns}.scheduler.<scheduler>.out`): hot path, so compact.
-
-Two messages share the subject, told apart by their msgpack type:
-- `TokenEvent` (an array): one request's tokens — the prefill engine's first token, and any
-  engine's failure or cancellation of one request.
-- `StepEvents` (a map): one decode step's new tokens for every running request that answers
-  to this subject, one `TokenEvent` entry each — one bus message per step, not per sequence.
-  The scheduler fans the entries out to its requests.
-
-Example: a decode engine runs requests a, b (scheduler s1) and c (scheduler s2) in one step; it
-publishes StepEvents([a: [tok], b: [tok]]) on `out.s1` and StepEvents([c: [tok]]) on `out.s2`.
-A request's last event has `finish` set (a FinishReason); a failure has finish=error and its
-`code` (an ErrorCode), from which the scheduler picks the client's HTTP status. The prefill
-engine's first-token event says where the prompt's KV came from (`tiers`, a `PromptTiers`).
-"""
+"""Engine output back to the scheduler (`{ns}.scheduler.<scheduler>.out`): hot path, so compact."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,8 +9,7 @@ from shared.messages.codes import ErrorCode, FinishReason
 
 
 class TokenLogprob(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    """One generated token as the model saw it: log_softmax of the raw logits (before
-    temperature and top-p), for requests that asked for log-probabilities."""
+    """One generated token's log_softmax of the raw logits (before temperature and top-p)."""
 
     logprob: float  # of the token actually chosen
     top_ids: list[int] = []  # the most likely ids, most likely first (Sampling.logprobs of them)
@@ -32,8 +17,7 @@ class TokenLogprob(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
 
 
 class PromptTiers(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    """Where one prefill's prompt tokens came from, in tokens; the five sum to the prompt's length.
-    In prompt order: engine or buffer, then storage_pe, storage_de, then computed (shared/tiers.py)."""
+    """Where one prefill's prompt tokens came from, in tokens; the five sum to the prompt's length."""
 
     computed: int = 0  # prefilled by the forward: no stored KV for them (a miss, the prompt's tail)
     engine: int = 0  # taken as already in the engine's KV memory: the oracle's hits (no mode reuses KV there)
@@ -58,11 +42,8 @@ class TokenEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
 
 @dataclass(frozen=True, slots=True)
 class StepEvents:
-    """One decode step's output for the requests of one reply subject, in batch order.
-
-    A dataclass, not a Struct, on purpose: msgspec lets a union hold only one untagged Struct,
-    and TokenEvent's array layout is fixed (older senders); a dataclass encodes as a map, so
-    the `Output` decoder tells the two apart by msgpack type."""
+    """One decode step's output for one reply subject, in batch order. A dataclass, not a Struct: it
+    encodes as a map, so the `Output` decoder tells it from TokenEvent's array."""
 
     events: list[TokenEvent]  # one per request: its token of this step (and finish, logprobs)
     source: str = ""  # the engine that ran the step

@@ -7,8 +7,7 @@ _KEEP = 4096  # subjects remembered per mesh (engines x verbs, reply subjects): 
 
 
 class Subjects:
-    """`Subjects(ns).at(EP.TM_PUSH, engine=e)`: that endpoint's subject in mesh `ns` (the table of
-    endpoints, their message and reply types: shared/messages/endpoints.py)."""
+    """`Subjects(ns).at(EP.TM_PUSH, engine=e)`: that endpoint's subject in mesh `ns`."""
 
     def __init__(self, ns: str = "dp"):
         self.ns = ns

@@ -1,44 +1,6 @@
 """Traffic-manager control (`{ns}.traffic_manager.<engine>.<verb>`). Bytes never ride here.
 
-Push (PE side, after prefill):
-  PE --PushKV--> its TM; TM --Reserve--> DE's TM (reply: buffer slots);
-  TM writes each KV block from PE KV memory into those slots on the data plane;
-  TM --PushDone--> PE (slots, bytes). The PE then admits the request on the DE.
-Load (DE side): DE --LoadKV--> its TM: copy buffer slots -> KV blocks, free the slots.
-Release: free a request's slots (cancel, failure).
-Fetch (PE read path): PE --FetchKV--> its TM, which reports on `pe.<id>.loaded` with one
-  message type per meaning (the `FetchProgress` union, one Decoder: `progress_decoder`):
-    [ReadQueued(eta_s): the read waits behind a storage queue; the PE's deadline waits too]
-    ReadFinished(blocks, de_slots, de_hits, eta_s, layers, staged, de_read): the hit blocks are found
-      (0: a miss after all); their layers land in groups within eta_s (a read in layer groups), or have
-      landed; `layers` > 0: those layers are in KV memory already (every hit was prefetched into the
-      TM's buffer); where they came from: `staged` leading ones from a buffer, `de_read` trailing
-      ones on the DE path, the rest on the PE path (the engine's prompt-token tiers)
-    LayersLoaded(layer) ...: layers 0..layer are in KV memory (the PE computes them meanwhile)
-  or, at any point, FetchFailed(code, error): before ReadFinished the PE computes the whole
-  prompt (nothing reached its KV memory); after, the load failed and so does the prefill.
-Layerwise push (PE side, during the final forward of a prompt): PE --PushKV(layerwise)--> its
-  TM at the forward's start; the PE reports LayersComputed(layer) after each layer, and the TM
-  sends that layer of the prompt's blocks to the DE buffer while the next layer computes;
-  PushDone once the last layer has landed. A Release (or Cancel) of the request ends it early.
-Reads done: when a node's share of a fetch's storage reads is over, the TM tells the schedulers
-  (NodeReadDone, broadcast): that node's read queue no longer counts it.
-Save (persistence): engine --SaveKV--> its TM: copy full blocks KV -> buffer (bulk; waiting in a
-  bounded line for spare slots), reply SaveCopied (the engine may now free those blocks), then
-  write them through the gateway. With `slots` the blocks are already in the TM's buffer (a
-  prompt the DE received): written from there, those slots held until the write is over.
-Prefetch (agent sessions, during a tool call): scheduler --Prefetch(owner, block_keys)--> a TM, which
-  stages the stored blocks in spare buffer slots named `owner` (bulk reads, in chunks) and
-  replies Prefetched. A later FetchKV naming them (`staged_*`) has its TM --Claim--> the
-  holder (reply Claimed: the slots of the leading keys still staged), copies those layer by
-  layer like any buffered block (a local copy, or a one-sided read from the holder), and
-  releases `owner`. When the holder is the request's DE, its Reserve adopts them instead:
-  they become the prompt's first DE-buffer slots, read by the PE like DE-path hits and never
-  pushed back. Unclaimed staged slots go back on Release, at their TTL, or as soon as a
-  real reservation needs the room (a prefetch never blocks a read). Prefetched also says where
-  the blocks sit with a stamp (`StagedSlots`, shared/kv/staged_table.py); when they are in the
-  buffer of the PE's own TM the PE copies them from there itself, no FetchKV, and tells that TM
-  afterwards: Release(owner, used=n).
+Push, load, release, fetch, save and prefetch as exchanged: docs/concepts/request-lifecycle.md.
 """
 from __future__ import annotations
 
@@ -50,8 +12,7 @@ from shared.messages.work import StagedSlots
 
 
 class KVWindow(msgspec.Struct, array_like=True, omit_defaults=True):
-    """A prompt's hit window (shared/kv/window.py `HitWindow`): its first `hits` blocks hold `layers`
-    layers at a time in the Layer Blocks of the `ring` blocks."""
+    """A prompt's hit window (shared/kv/window.py): its first `hits` blocks hold `layers` layers at a time."""
 
     hits: int
     ring: list[int]
@@ -80,8 +41,7 @@ class LayersComputed(msgspec.Struct, array_like=True, gc=False):
 
 
 class ForwardAlive(msgspec.Struct, array_like=True, gc=False):
-    """PE -> its TM: these requests' final forward is still running (a keep-alive: it restarts the
-    TM's deadlines for them, nothing more)."""
+    """PE -> its TM: these requests' final forward still runs (a keep-alive for the TM's deadlines)."""
 
     req_ids: list[str]
 
@@ -103,8 +63,8 @@ class PushDone(msgspec.Struct, omit_defaults=True):
 
 
 class TmAttached(msgspec.Struct, array_like=True):
-    """A TM -> its engine (`engine.<id>.tm`), each time it attaches to the engine's KV memory: a
-    new `instance` means the TM that copied into that memory before is gone, with its copies."""
+    """A TM -> its engine, each time it attaches to the engine's KV memory: a new `instance` means
+    the TM that copied into that memory before is gone, with its copies."""
 
     instance: str
     shm_name: str
@@ -166,8 +126,7 @@ class ReadQueued(_Progress, tag="queued"):
 
 
 class ReadFinished(_Progress, tag="read"):
-    """The storage read is over: `blocks` leading hits sit in the buffers, copied layer by layer next
-    (a short read only means fewer hits: why is on the traffic-manager's `kv_fetch` span)."""
+    """The storage read is over: `blocks` leading hits sit in the buffers, copied layer by layer next."""
 
     blocks: int  # leading hit blocks found (the rest is a miss: computed)
     de_slots: list[int] = []  # DE-path: DE-buffer slots reserved for the whole prompt
@@ -231,8 +190,7 @@ class SaveCopied(msgspec.Struct, omit_defaults=True):
 
 
 class Prefetch(msgspec.Struct, omit_defaults=True):
-    """Stage `block_keys` (a session's stored prefix) in spare slots named `owner`, read by `node`'s
-    gateway in the bulk lane; hold them `ttl_s` unless claimed."""
+    """Stage `block_keys` in spare slots named `owner` (bulk reads), held `ttl_s` unless claimed."""
 
     owner: str
     block_keys: list[bytes]
@@ -251,10 +209,8 @@ PENDING_OWNER = "pend-"  # a kept turn's entry is named this + req_id: claimed b
 
 
 class HoldSaves(msgspec.Struct, omit_defaults=True):
-    """A turn ended (the scheduler): `req_id`'s blocks still in this buffer -- saved, maybe not yet
-    written -- stay there as a staged entry (owner `pend-<req_id>`) for `ttl_s`, offered to the next
-    turn like a prefetch. `block_keys`: the turn's (prompt + generated), in order; answered
-    with `Prefetched` (the leading keys held)."""
+    """A turn ended: `req_id`'s blocks still in this buffer stay as a staged entry (owner
+    `pend-<req_id>`) for `ttl_s`, offered to the next turn; answered with `Prefetched`."""
 
     req_id: str
     block_keys: list[bytes]

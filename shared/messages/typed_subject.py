@@ -1,9 +1,4 @@
-"""A typed subject: one endpoint of the mesh (its pattern, message type, reply type) and its subjects.
-
-`BusEndpoint.at(ns, **params)` is the only way a subject string is built (the table of every
-endpoint is shared/messages/endpoints.py); the `Subject` it returns is a str that remembers its
-endpoint, so the bus checks what is sent on it and decodes what arrives with the right type.
-"""
+"""A typed subject: one endpoint of the mesh (its pattern, message type, reply type) and its subjects."""
 from __future__ import annotations
 
 import re
@@ -23,12 +18,10 @@ def _members(tp: Any) -> list[Any]:
 
 
 def _classes(tp: Any) -> tuple[type, ...]:
-    """What `isinstance` checks a message of type `tp` against (`list` for a batch)."""
     return tuple(typing.get_origin(m) or m for m in _members(tp))
 
 
 def _items(tp: Any) -> tuple[type, ...]:
-    """The classes a batch's items may be (`tp` or a member of it is a `list[...]`)."""
     return tuple(c for m in _members(tp) if typing.get_origin(m) is list for c in _classes(typing.get_args(m)[0]))
 
 
@@ -51,8 +44,8 @@ class Subject(str):
 
 
 class BusEndpoint:
-    """`name` (`tm.push`), `pattern` (`{ns}.traffic_manager.{engine}.push`), the message type `msg`
-    (a Struct, or a union: one Decoder for all) and, on a request/reply endpoint, `reply`'s."""
+    """`name` (`tm.push`), `pattern` (`{ns}.traffic_manager.{engine}.push`), message type `msg`
+    (a Struct, or a union) and, for request/reply, `reply`."""
 
     def __init__(self, name: str, pattern: str, msg: Any, reply: Any = None):
         self.name, self.pattern, self.msg, self.reply = name, pattern, msg, reply
@@ -96,14 +89,12 @@ class BusEndpoint:
 
 
 def _given(msg: object) -> str:
-    """`msg`'s type as the checks name it (a batch with its items' types)."""
     if isinstance(msg, list):
         return f"list[{' | '.join(sorted({type(x).__name__ for x in msg}))}]"
     return type(msg).__name__
 
 
 def _fits(msg: object, classes: tuple[type, ...], items: tuple[type, ...]) -> bool:
-    """`msg` is one of `classes` (a batch: a list of `items`)."""
     if not isinstance(msg, classes):
         return False
     return not isinstance(msg, list) or all(isinstance(x, items) for x in msg)

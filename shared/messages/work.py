@@ -1,16 +1,6 @@
 """Work handed to engines, and cancellation.
 
-Sequence for one request (no stored KV):
-  scheduler --PrefillWork--> PE (`pe.<id>.work`)
-  PE computes the prompt, samples the first token, publishes it on the request's
-     output subject, asks its TM to push the KV to the DE's buffer (tm family),
-  PE --DecodeAdmit--> DE (`de.<id>.admit`): the KV sits in the DE buffer at `buf_slots`
-  DE has its TM copy buffer -> KV memory, frees the buffer, joins the running batch.
-  Anyone --Cancel--> `cancel` (broadcast): every holder frees that request's memory.
-
-Engines see `req_id` as "<request>#<attempt>": a request resumed after a failure runs as a
-new attempt (prompt + tokens already streamed), and cancelling an old attempt never
-touches the new one.
+Engines see `req_id` as "<request>#<attempt>": cancelling an old attempt never touches a resumed one.
 """
 from __future__ import annotations
 
@@ -33,8 +23,7 @@ class Sampling(msgspec.Struct, omit_defaults=True, gc=False):
 
 
 class StagedSlots(msgspec.Struct, array_like=True, omit_defaults=True):
-    """Where a prefetch sits in its traffic-manager's buffer, for that TM's own engine to copy without
-    asking (shared/kv/staged_table.py): valid while the table's `record` still holds `stamp`."""
+    """Where a prefetch sits in its TM's buffer, for that TM's own engine: valid while `record` holds `stamp`."""
 
     buffer: str  # the buffer's shared-memory name
     table: str  # the stamp table's shared-memory name

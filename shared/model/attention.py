@@ -1,11 +1,4 @@
-"""Attention over the paged KV cache, and the cache-free reference attention.
-
-Owns: the per-step index tensors (StepIndex, built once and shared by every layer),
-writing new K/V into cache slots, and causal attention of the new tokens over
-positions [0, own position]. Sequences with one new token (decode) are attended together,
-ragged and unpadded (kernels.paged_decode); sequences with several new tokens (prefill, chunked
-prefill) get one SDPA call each. Linear layers are the caller's business.
-"""
+"""Attention over the paged KV cache, and the cache-free reference attention."""
 
 from __future__ import annotations
 
@@ -29,8 +22,6 @@ SPLIT_KV_SIZE = 2048  # tokens per KV split
 
 @dataclass(frozen=True)
 class DecodeGroup:
-    """All single-token sequences of a step, attended together (ragged, unpadded)."""
-
     rows: torch.Tensor  # (B,) long: index into the step's N tokens
     tables: torch.Tensor  # (B, max_blocks) long: block tables, padded with block 0
     lens: list[int]  # (B,) context length of each sequence, its new token included
@@ -38,8 +29,6 @@ class DecodeGroup:
 
 @dataclass(frozen=True)
 class PrefillSlice:
-    """One multi-token sequence of a step, attended alone."""
-
     first: int  # index into N of its first new token
     count: int  # new tokens
     start_pos: int  # cached tokens before them
@@ -59,9 +48,7 @@ class StepIndex:
     windows: tuple[HitWindow | None, ...] = ()  # per prefill slice; any set: layers index Layer Blocks
 
     def layer(self, kv, layer: int) -> tuple[torch.Tensor, StepIndex]:
-        """What layer `layer` computes against: (one layer of the cache, this index), or, when some
-        slice keeps its hits in a window, (every Layer Block of the cache, this index with each
-        block number turned into that layer's Layer Block numbers)."""
+        """(cache tensor, index) that layer `layer` computes against (every Layer Block with hit windows)."""
         if not any(self.windows):
             return kv.layer_view(layer), self
         n = kv.n_layers
@@ -73,7 +60,6 @@ class StepIndex:
 
     @staticmethod
     def build(batch: ForwardBatch, block_size: int, device: torch.device | str | None = None) -> StepIndex:
-        """The step's index tensors, made on `device` (the cache's) from host lists: one copy each."""
         tokens: list[int] = []
         positions: list[int] = []
         blocks: list[int] = []
@@ -100,12 +86,10 @@ class StepIndex:
 
 
 def _decodes(s: SeqSlice) -> bool:
-    """One new token and a block table of its own: attended with the step's other decode rows."""
     return len(s.token_ids) == 1 and s.window is None
 
 
 def _layer_table(table: torch.Tensor, window: HitWindow | None, layer: int, n_layers: int) -> torch.Tensor:
-    """A slice's block table at `layer` as Layer Block numbers (its hits from the window's ring)."""
     out = table * n_layers + layer
     if window is not None:
         hits = min(window.in_ring, len(out))
@@ -137,10 +121,6 @@ def _prefill_slice(s: SeqSlice, first: int, block_size: int, device) -> PrefillS
 
 
 def write_kv(layer_kv: torch.Tensor, idx: StepIndex, k: torch.Tensor, v: torch.Tensor) -> None:
-    """Store the new tokens' K/V (N, n_kv, hd) in their cache slots.
-
-    layer_kv: (num_blocks, 2, block_size, n_kv, hd), one layer of the cache.
-    """
     layer_kv[:, 0][idx.write_blocks, idx.write_rows] = k
     layer_kv[:, 1][idx.write_blocks, idx.write_rows] = v
 
@@ -148,11 +128,7 @@ def write_kv(layer_kv: torch.Tensor, idx: StepIndex, k: torch.Tensor, v: torch.T
 def paged_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_kv: torch.Tensor, idx: StepIndex
 ) -> torch.Tensor:
-    """Causal attention of the new tokens; returns (N, n_heads, hd).
-
-    q: (N, n_heads, hd); k, v: (N, n_kv, hd) the new tokens' K/V, already written to
-    layer_kv. Cached positions are read from layer_kv.
-    """
+    """Causal attention of the new tokens over the cache, their K/V already written to it -> (N, nh, hd)."""
     out = torch.empty_like(q)
     if idx.decode is not None:
         out[idx.decode.rows] = _decode_attention(q, layer_kv, idx.decode)
@@ -162,13 +138,10 @@ def paged_attention(
 
 
 def _gather(layer_kv: torch.Tensor, kv: int, blocks: torch.Tensor) -> torch.Tensor:
-    """K (kv=0) or V (kv=1) rows of `blocks` (any shape), flattened to (n * bs, n_kv, hd)."""
     return gather_blocks(layer_kv, kv, blocks.reshape(-1))
 
 
 def _decode_attention(q: torch.Tensor, layer_kv: torch.Tensor, g: DecodeGroup) -> torch.Tensor:
-    """Decode rows: contexts up to SPLIT_KV_THRESHOLD in one ragged pass over the paged cache
-    (kernels.paged_decode), longer ones by split-KV + LSE merge (kernels.decode)."""
     qd = q[g.rows]  # (B, nh, hd)
     long = [i for i, t in enumerate(g.lens) if t > SPLIT_KV_THRESHOLD]
     if not long:
@@ -206,10 +179,7 @@ def _prefill_attention(
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Plain causal attention by explicit softmax (the oracle; no SDPA, no cache).
-
-    q: (T, nh, hd); k, v: (T, n_kv, hd) -> (T, nh, hd).
-    """
+    """The oracle: causal attention by explicit softmax, no cache; q (T, nh, hd), k and v (T, n_kv, hd)."""
     t, nh, hd = q.shape
     rep = nh // k.shape[1]
     kr = k.repeat_interleave(rep, dim=1).transpose(0, 1)  # (nh, T, hd)

@@ -1,8 +1,4 @@
-"""ModelConfig: the architecture of one decoder, as one frozen dataclass.
-
-Owns shapes and special ids only; it holds no weights and imports no torch, so the
-scheduler and the planners can read it too.
-"""
+"""ModelConfig: the architecture of one decoder, as one frozen dataclass (no weights, no torch)."""
 
 from __future__ import annotations
 
@@ -56,7 +52,6 @@ class ModelConfig:
 
     @property
     def itemsize(self) -> int:
-        """Bytes per element of weights and KV."""
         return _ITEMSIZE[self.dtype]
 
     @property
@@ -68,8 +63,6 @@ class ModelConfig:
 
     @property
     def kv_bytes_per_token_per_layer(self) -> int:
-        """KV of one token in one layer, in bytes (kv_geometry's formula: GQA K+V, or the MLA latent
-        plus, for V3.2, the indexer key)."""
         m, ix = self.mla, self.indexer
         values = kv_values_per_token_layer(self.n_kv_heads, self.head_dim, m.kv_lora_rank if m else 0,
                                            m.qk_rope_head_dim if m else 0)
@@ -77,5 +70,4 @@ class ModelConfig:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """K and V of one token across all layers, in bytes."""
         return self.n_layers * self.kv_bytes_per_token_per_layer

@@ -1,16 +1,4 @@
-"""The DeepSeek-V3 decoder: MLA attention (mla.py), dense MLP then MoE layers (moe.py).
-
-Owns the modules and the same two forward passes as llama.Llama, so an engine holding
-either model calls it the same way:
-- `forward(batch, kv, hooks)`: new tokens of all sequences as one (N, D) matrix; each
-  layer writes its latent rows into the paged cache (the two-plane container of
-  kv_geometry.py), then attends (decode absorbed, prefill up-projected). Logits of each
-  sequence's last new token.
-- `forward_reference(token_ids)`: no cache, K/V materialised (mla.naive_attention).
-With a V3.2 indexer (cfg.indexer) each query attends to its top-k tokens (indexer.py) in both.
-Parameter names follow the HF DeepSeek-V3 layout minus "model."; layers past
-num_hidden_layers (the multi-token-prediction layer) are not part of this model.
-"""
+"""The DeepSeek-V3 decoder: MLA attention (mla.py), dense MLP then MoE layers (moe.py)."""
 
 from __future__ import annotations
 
@@ -41,7 +29,6 @@ class DeepseekBlock(nn.Module):
 
 class DeepSeekV3(nn.Module):
     def __init__(self, cfg: ModelConfig, device: str | torch.device | None = None) -> None:
-        """Allocates uninitialized weights on `device`; a loader fills them all."""
         super().__init__()
         if cfg.mla is None:
             raise ValueError(f"{cfg.name}: DeepSeekV3 needs an MLA config (arch={cfg.arch!r})")
@@ -58,7 +45,6 @@ class DeepSeekV3(nn.Module):
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: PagedKVCache, hooks: LayerHooks | None = None) -> torch.Tensor:
-        """Compute the batch's new tokens into `kv`; logits (n_seqs, vocab) float32 of each last token."""
         if isinstance(batch, list):
             batch = ForwardBatch(batch)
         self._check_cache(kv)
@@ -82,7 +68,6 @@ class DeepSeekV3(nn.Module):
 
     @torch.inference_mode()
     def forward_reference(self, token_ids: list[int]) -> torch.Tensor:
-        """Full causal pass with K/V materialised, no cache; logits (T, vocab) float32."""
         dev = self.embed_tokens.weight.device
         cos, sin = rope_tables(torch.arange(len(token_ids), device=dev), self.cfg, self.dtype)
         x = self.embed_tokens(torch.tensor(token_ids, dtype=torch.long, device=dev))

@@ -1,12 +1,4 @@
-"""RoPE as DeepSeek-V3 applies it: interleaved pairs (2i, 2i+1), optionally YaRN-scaled.
-
-Owns the rotation tables and the rotations: MLA's rope dims pair (2i, 2i+1)
-(`rope_interleaved`); the V3.2 indexer's pair (i, i + rope/2) (`rope_half`), same angles.
-YaRN (config.json rope_scaling.type "yarn"): dims that turn fast over the trained context
-keep their frequency, slow ones are divided by `factor`, a linear ramp between; cos and sin
-are scaled by mscale(mscale) / mscale(mscale_all_dim), and the attention's softmax scale
-by mscale(mscale_all_dim)^2 (mla.softmax_scale).
-"""
+"""RoPE as DeepSeek-V3 applies it: interleaved pairs (2i, 2i+1), optionally YaRN-scaled."""
 
 from __future__ import annotations
 
@@ -23,7 +15,6 @@ def yarn_mscale(factor: float, mscale: float) -> float:
 
 
 def _yarn_inv_freq(dim: int, theta: float, y: YarnScaling, device=None) -> torch.Tensor:
-    """Frequencies blended between extrapolated (fast dims) and interpolated (slow dims)."""
     exps = torch.arange(0, dim, 2, dtype=torch.float64, device=device) / dim
     extra, inter = 1.0 / theta ** exps, 1.0 / (y.factor * theta ** exps)
 
@@ -50,7 +41,6 @@ def rope_tables(positions: torch.Tensor, cfg: ModelConfig, dtype: torch.dtype):
 
 
 def rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate (N, h, rope) by position: pairs are (2i, 2i + 1)."""
     even, odd = x[..., 0::2], x[..., 1::2]
     return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
 

@@ -1,10 +1,4 @@
-"""The DeepSeek-specific parts of a ModelConfig: MLA, MoE routing and YaRN RoPE scaling.
-
-Owns four frozen dataclasses and their validation only (no torch), so ModelConfig stays
-readable by the CPU-only services. A Llama-family config has none of them (None); a
-DeepSeek-V3 config has MLA and MoE (yarn only when config.json asks for it), a V3.2 one
-also the sparse-attention indexer.
-"""
+"""The DeepSeek-specific parts of a ModelConfig: MLA, MoE routing and YaRN RoPE scaling (no torch)."""
 
 from __future__ import annotations
 
@@ -13,8 +7,6 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class MLAShape:
-    """Multi-head latent attention (DeepSeek-V2/V3): Q via an optional LoRA, KV via a latent."""
-
     q_lora_rank: int = 0  # 0 = plain q_proj (D -> H * (nope + rope)), else q_a -> norm -> q_b
     kv_lora_rank: int = 512  # width of the cached latent c_kv
     qk_nope_head_dim: int = 128  # per-head query/key part without position
@@ -34,7 +26,6 @@ class MLAShape:
 
     @property
     def latent_width(self) -> int:
-        """Values cached per token per layer: the latent plus the rope key."""
         return self.kv_lora_rank + self.qk_rope_head_dim
 
 
@@ -70,8 +61,6 @@ class MoEShape:
 
 @dataclass(frozen=True)
 class YarnScaling:
-    """YaRN RoPE scaling as DeepSeek-V3 configures it (rope_scaling.type == "yarn")."""
-
     factor: float = 40.0
     original_max_position: int = 4096
     beta_fast: float = 32.0
@@ -82,11 +71,7 @@ class YarnScaling:
 
 @dataclass(frozen=True)
 class IndexerShape:
-    """DeepSeek-V3.2 sparse attention: a lightning indexer picks each query's top-k context tokens.
-
-    Per token per layer the indexer caches one key of head_dim values (its first rope_dim
-    values roped), next to the MLA latent. A query's score for a context token is
-    sum_h w_h * relu(q_h . k); MLA then attends to the `topk` best-scored tokens only."""
+    """DeepSeek-V3.2 sparse attention: a lightning indexer picks each query's top-k context tokens."""
 
     n_heads: int = 64  # index_n_heads
     head_dim: int = 128  # index_head_dim

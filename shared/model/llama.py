@@ -1,15 +1,4 @@
-"""The Llama-style decoder (GQA, RoPE, RMSNorm, SwiGLU, optional tied embeddings).
-
-Owns the modules and the two forward passes:
-- `Llama.forward(batch, kv, hooks)`: the one entry point of both engines. All new
-  tokens of all sequences go through the linear layers as one (N, D) matrix; attention
-  reads and writes the paged cache (see attention.py). Returns the logits of each
-  sequence's last new token.
-- `Llama.forward_reference(token_ids)`: a plain full-sequence causal pass with no
-  cache, the test oracle.
-Parameter names follow the Hugging Face Llama layout (minus the "model." prefix), so
-HF checkpoints load by name. Loading weights is loader.py's business.
-"""
+"""The Llama-style decoder (GQA, RoPE, RMSNorm, SwiGLU, optional tied embeddings)."""
 
 from __future__ import annotations
 
@@ -28,15 +17,8 @@ __all__ = ["ForwardBatch", "LayerHooks", "Llama", "SeqSlice"]
 
 
 class LayerHooks(Protocol):
-    """Per-layer callbacks of one forward step; both may block.
-
-    For a 3-layer model the calls are: before_layer(0), after_layer(0),
-    before_layer(1), after_layer(1), before_layer(2), after_layer(2).
-    before_layer(l) runs before layer l reads the cache (layerwise prefill waits there
-    for layer l's stored KV to land); after_layer(l) runs once layer l's new K/V are in
-    the cache (the engine ships that layer's KV from there). Subclass and override one
-    or both; the defaults do nothing.
-    """
+    """Per-layer callbacks of one forward step; both may block. before_layer(l) runs before layer l
+    reads the cache, after_layer(l) once its new K/V are in it."""
 
     def before_layer(self, layer: int) -> None:
         return None
@@ -53,8 +35,6 @@ class Linear(nn.Linear):
 
 
 class Embedding(nn.Embedding):
-    """nn.Embedding that allocates without initializing (see Linear)."""
-
     def reset_parameters(self) -> None:
         return None
 
@@ -97,7 +77,6 @@ class Attention(nn.Module):
         self.o_proj = Linear(q_dim, d, bias=False, device=device)
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """(N, D) -> q (N, nh, hd), k (N, n_kv, hd), v (N, n_kv, hd), RoPE applied."""
         n = x.shape[0]
         q = self.q_proj(x).view(n, self.n_heads, self.hd)
         k = self.k_proj(x).view(n, self.n_kv, self.hd)
@@ -131,7 +110,6 @@ class LlamaBlock(nn.Module):
 
 class Llama(nn.Module):
     def __init__(self, cfg: ModelConfig, device: str | torch.device | None = None) -> None:
-        """Allocates uninitialized weights on `device`; a loader (loader.py) fills them all."""
         super().__init__()
         self.cfg = cfg
         d = cfg.hidden_size

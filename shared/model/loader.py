@@ -1,11 +1,4 @@
-"""load_model(spec): a ready-to-run model (Llama or DeepSeekV3), its tokenizer, config and id.
-
-Owns turning a model spec (see specs.py) into weights: random init from a seed (tiny,
-tiny-mla and `random:<json>`), GGUF (weights_gguf.py) or an HF directory (weights_hf.py;
-weights_deepseek.py when config.json names a DeepSeek-V3 architecture). The
-model id names the weights exactly (file name, or shape + seed), so KV-block
-fingerprints built from it never mix two models' caches.
-"""
+"""load_model(spec): a ready-to-run model (Llama or DeepSeekV3), its tokenizer, config and id."""
 
 from __future__ import annotations
 
@@ -48,9 +41,6 @@ def tiny_config(tok: Tokenizer, dtype: str = "float32", **overrides) -> ModelCon
 
 
 def tiny_mla_config(tok: Tokenizer, dtype: str = "float32") -> ModelConfig:
-    """DeepSeek-V3 at toy size: 3 layers (the first dense), 4 heads with a q LoRA of 48, a
-    64-wide latent + 16 rope dims (80 cached values per token per layer), 8 routed experts in
-    4 groups (2 groups kept, top-2) plus one shared expert; untied output rows, no YaRN."""
     mla = MLAShape(q_lora_rank=48, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32)
     moe = MoEShape(n_routed_experts=8, n_shared_experts=1, experts_per_token=2, moe_intermediate_size=64,
                    first_k_dense_replace=1, n_group=4, topk_group=2, routed_scaling_factor=2.5)
@@ -61,8 +51,6 @@ def tiny_mla_config(tok: Tokenizer, dtype: str = "float32") -> ModelConfig:
 
 
 def random_model(cfg: ModelConfig, seed: int = 0) -> Llama | DeepSeekV3:
-    """A model of shape cfg with weights drawn from `seed` only (same seed, same weights, in
-    any process), by the context-sensitive rule of random_init.py."""
     model = _empty_model(cfg)
     state = random_state(model, cfg, seed)
     with torch.no_grad():
@@ -102,10 +90,7 @@ def _random_spec(arg: str, seed: int, dtype: str) -> LoadedModel:
 
 
 def load_model(spec: str, *, seed: int = 0, dtype: str = "float32", device: str = "cpu") -> LoadedModel:
-    """Load the model named by spec (tiny | tiny-mla | random:<json> | smollm2 | *.gguf | HF dir) onto `device`.
-
-    Weights are built (and random ones drawn) on the host, then moved: the same seed or file
-    gives the same weights on every device."""
+    """The model named by `spec`, built on the host (same weights on every device), then moved to `device`."""
     loaded = _load(spec, seed, dtype)
     if device != "cpu":
         loaded.model.to(device)

@@ -1,24 +1,6 @@
 """Multi-head latent attention (DeepSeek-V2/V3) over the paged cache, and its naive oracle.
 
-Owns the MLA projections and the three ways to attend:
-- **cache rows**: per token per layer the cache keeps one row of width
-  W = kv_lora_rank + qk_rope_head_dim: the normed latent c_kv, then the roped key k_pe
-  shared by all heads. In the engines' two-plane container ((num_blocks, 2, bs, 1, W/2),
-  see kv_geometry.py) a row's first half sits in plane 0 and its second half in plane 1,
-  at the token's slot (`write_rows`, `read_rows`). Splitting each row, rather than the
-  block, keeps a one-plane corruption visible: attention is blind to whole rows moving
-  (their position is baked into k_pe), not to halves of two rows being mixed.
-- **expanded** (prefill, chunked prefill): rows are up-projected by kv_b_proj into full
-  per-head K (nope + rope) and V, then one SDPA per sequence.
-- **absorbed** (decode): W_UK is folded into the query (q_lat = q_nope W_UK, per head) and
-  W_UV into the output, so scores and the weighted sum run over the latent rows directly
-  (MQA with one shared "head" of width W; values are the first kv_lora_rank columns); a
-  decode batch runs ragged straight from the paged cache (kernels.paged_mla).
-- **naive** (`naive_attention`): K and V materialised for the whole sequence, explicit
-  softmax, no cache: the oracle both others are tested against.
-
-RoPE pairs are interleaved (2i, 2i+1) as in DeepSeek's checkpoints (deepseek_rope.py); YaRN
-scaling (cfg.yarn) stretches the frequencies and multiplies the softmax scale by mscale^2.
+Prefill attends expanded (K and V up-projected), decode absorbed (straight over the latent rows).
 """
 
 from __future__ import annotations
@@ -43,8 +25,6 @@ def softmax_scale(cfg: ModelConfig) -> float:
 
 
 def read_rows(layer_kv: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    """Latent rows (len(blocks) * bs, W) of `blocks` from one layer of the two-plane cache,
-    (num_blocks, 2, bs, 1, W/2): plane 0 holds each row's first W/2 values, plane 1 the rest."""
     return gather_rows(layer_kv, blocks)
 
 
@@ -73,19 +53,16 @@ class MLAttention(nn.Module):
         return self.q_a_layernorm(self.q_a_proj(x)) if hasattr(self, "q_b_proj") else x
 
     def queries(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """(N, D) -> q_nope (N, H, nope), q_pe (N, H, rope) roped."""
         q_in = self._q_input(x)
         q = self.q_b_proj(q_in) if hasattr(self, "q_b_proj") else self.q_proj(q_in)
         q = q.view(x.shape[0], self.h, self.nope + self.rope)
         return q[..., : self.nope], rope_interleaved(q[..., self.nope :], cos, sin)
 
     def index_queries(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """The indexer's queries and head weights for (N, D), or None without an indexer."""
         return None if self.indexer is None else self.indexer.queries(x, self._q_input(x), cos, sin)
 
     def latent(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """(N, D) -> cache rows (N, W): normed latent c_kv, the roped shared key k_pe, then
-        (V3.2) the indexer key."""
+        """(N, D) -> cache rows (N, W): normed c_kv, roped k_pe, then (V3.2) the indexer key."""
         a = self.kv_a_proj_with_mqa(x)
         k_pe = rope_interleaved(a[:, None, self.c :], cos, sin)[:, 0]
         parts = [self.kv_a_layernorm(a[:, : self.c]), k_pe]
@@ -110,7 +87,6 @@ class MLAttention(nn.Module):
 
 
 def expand(attn: MLAttention, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cache rows (S, W) -> full K (S, H, nope + rope) and V (S, H, v)."""
     w_uk, w_uv = attn.up_weights()
     c, k_pe = rows[:, : attn.c], rows[:, attn.c : attn.c + attn.rope]
     k_nope = torch.einsum("sc,hdc->shd", c, w_uk)
@@ -139,8 +115,7 @@ def attend_absorbed(attn: MLAttention, q_nope, q_pe, rows, mask: torch.Tensor | 
 
 
 def naive_attention(attn: MLAttention, q_nope, q_pe, rows, index_q=None) -> torch.Tensor:
-    """The oracle: K/V materialised for all T positions, explicit causal (and, with an indexer,
-    top-k) softmax. -> (T, H, v)."""
+    """The oracle: K and V materialised, explicit causal (and top-k) softmax -> (T, H, v)."""
     k, v = expand(attn, rows)
     q = torch.cat([q_nope, q_pe], dim=-1)
     scores = torch.einsum("thd,shd->hts", q, k) * attn.scale
@@ -151,20 +126,14 @@ def naive_attention(attn: MLAttention, q_nope, q_pe, rows, index_q=None) -> torc
 
 
 def write_rows(layer_kv: torch.Tensor, idx: StepIndex, rows: torch.Tensor) -> None:
-    """Store the new tokens' latent rows (N, W) in their cache slots."""
-    half = rows.shape[-1] // 2
+    half = rows.shape[-1] // 2  # each row split over the planes: a one-plane corruption mixes rows, visibly
     layer_kv[:, 0][idx.write_blocks, idx.write_rows, 0] = rows[:, :half]
     layer_kv[:, 1][idx.write_blocks, idx.write_rows, 0] = rows[:, half:]
 
 
 def paged_mla(attn: MLAttention, q_nope, q_pe, new_rows, layer_kv: torch.Tensor, idx: StepIndex,
               index_q=None) -> torch.Tensor:
-    """Causal MLA of the step's new tokens over the cache (their rows already written) -> (N, H, v).
-
-    One-token sequences (decode) use the absorbed form, multi-token ones the expanded form.
-    With an indexer (index_q: its queries and weights for the N tokens) each query attends
-    to its top-k tokens only.
-    """
+    """Causal MLA of the step's new tokens over the cache (their rows already written) -> (N, H, v)."""
     out = q_nope.new_empty(q_nope.shape[0], attn.h, attn.v)
     if idx.decode is not None:
         out[idx.decode.rows] = _decode(attn, q_nope, q_pe, layer_kv, idx.decode, index_q)
@@ -181,7 +150,6 @@ def paged_mla(attn: MLAttention, q_nope, q_pe, new_rows, layer_kv: torch.Tensor,
 
 
 def _decode(attn: MLAttention, q_nope, q_pe, layer_kv: torch.Tensor, g, index_q) -> torch.Tensor:
-    """The decode rows, absorbed, in one ragged pass over the paged latent rows (kernels.paged_mla)."""
     w_uk, w_uv = attn.up_weights()
     q = torch.cat([torch.einsum("bhd,hdc->bhc", q_nope[g.rows], w_uk), q_pe[g.rows]], dim=-1)  # (B, H, c + rope)
     masks = None

@@ -1,17 +1,4 @@
-"""DeepSeek-V3 feed-forward layers: the SwiGLU MLP, and the MoE with `noaux_tc` routing.
-
-Owns routing and the expert sum; which layers are MoE is MoEShape.is_moe_layer's call.
-Routing of one token (`route`), V3's rule:
-  1. scores = sigmoid(x @ gate.T) (fp32), one per routed expert;
-  2. choice = scores + e_score_correction_bias (the bias steers *which* experts only);
-  3. experts form n_group equal groups; a group's merit is the sum of its two best
-     choice values; the topk_group best groups stay, the others' experts are excluded;
-  4. the experts_per_token best choice values among the rest are picked;
-  5. their weights are the unbiased scores, renormalised to sum 1 when norm_topk_prob,
-     then multiplied by routed_scaling_factor.
-Output = sum of weight * expert(x) over picked experts + shared_experts(x). Experts run in
-a per-expert loop over the tokens routed to them (fine on CPU; a grouped GEMM later).
-"""
+"""DeepSeek-V3 feed-forward layers: the SwiGLU MLP, and the MoE with `noaux_tc` routing."""
 
 from __future__ import annotations
 
@@ -24,8 +11,6 @@ from shared.model.llama import Linear
 
 
 class SwiGLU(nn.Module):
-    """down(silu(gate(x)) * up(x)); HF names gate_proj / up_proj / down_proj."""
-
     def __init__(self, d: int, f: int, device=None) -> None:
         super().__init__()
         self.gate_proj = Linear(d, f, bias=False, device=device)
@@ -37,8 +22,6 @@ class SwiGLU(nn.Module):
 
 
 class Router(nn.Module):
-    """mlp.gate: weight (E, D) and e_score_correction_bias (E,)."""
-
     def __init__(self, d: int, shape: MoEShape, device=None) -> None:
         super().__init__()
         self.shape = shape
@@ -50,7 +33,8 @@ class Router(nn.Module):
 
 
 def route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, s: MoEShape):
-    """(N, D) -> expert ids (N, k) long and their weights (N, k) float32 (see module docstring)."""
+    """(N, D) -> expert ids (N, k) and weights (N, k) float32 by V3's `noaux_tc` rule: biased sigmoid
+    scores choose (the topk_group groups best by their top-2 sum, then the top k), unbiased ones weigh."""
     scores = F.linear(x.float(), weight.float()).sigmoid()  # (N, E)
     choice = scores + bias.float()
     n = x.shape[0]
@@ -66,8 +50,6 @@ def route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, s: MoEShape
 
 
 class MoE(nn.Module):
-    """mlp.gate, mlp.experts.{i}, mlp.shared_experts."""
-
     def __init__(self, d: int, shape: MoEShape, device=None) -> None:
         super().__init__()
         f = shape.moe_intermediate_size

@@ -1,33 +1,7 @@
 """Seeded random weights for the `tiny` and `random:` models: cheap, yet context-sensitive.
 
-Owns the init rule only. A random decoder is useless as evidence if its next token
-ignores its context (the first `tiny` repeated one token for every prompt, so a test
-could not tell right KV from wrong). The rule keeps three properties, which
-tests/model/test_tiny_sensitivity.py checks:
-
-- **The context matters.** Query/key projections have gain 2, so attention is neither
-  uniform (every block would look alike) nor one-hot (most blocks would get weight 0);
-  the embedding has unit scale and untied output rows of scale 0.25, so the residual
-  stream carries what attention gathered and the next-token distribution is broad
-  (top probability ~0.2-0.9, not 0.998). Every single-block change of the KV moves the
-  log-probabilities of the following tokens by ~1e-3 or more.
-- **The text is varied and readable.** Hidden channel 0 is a constant: every embedding
-  row has 1 there and no layer writes it (row 0 of o_proj and down_proj is zero), so
-  after the final norm it is a positive number; the output rows put -20 on that channel
-  for every token but newline and printable ASCII; and each output row has 0.3 times its
-  own token's embedding subtracted, so the token just read (still in the residual stream)
-  is not the likeliest next one. Greedy text is then printable and varied (no runs of one
-  token), and end-of-sequence is never the likeliest token: greedy text never ends by
-  itself, sampled text rarely (pass `stop`/`stop_token_ids`/`max_tokens` to end it).
-- **Same seed, same weights**, in any process: parameters are drawn in name order from
-  one torch.Generator.
-
-Tied embeddings (a `random:` spec may ask for them) get the same rule minus the output
-bias, which needs untied output rows. A DeepSeek-V3 model (`tiny-mla`) gets the same rule
-by the HF names: its query projection (q_b_proj / q_proj) and the key rows of kv_b_proj
-carry the gain (its value rows do not, as v_proj does not), every expert's down_proj
-leaves the constant channel alone, and the router's score-correction bias is drawn like
-a bias.
+The next token depends on the context, greedy text is printable and varied and never ends
+by itself, and a seed gives the same weights in any process (tests/model/test_tiny_sensitivity.py).
 """
 from __future__ import annotations
 
@@ -52,7 +26,6 @@ def readable_ids(vocab_size: int) -> torch.Tensor:
 
 
 def random_state(model: torch.nn.Module, cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
-    """Every parameter of `model` (a freshly built Llama or DeepSeekV3 of shape cfg), drawn from `seed`."""
     gen = torch.Generator().manual_seed(seed)
     state = {name: _value(name, p.shape, cfg, gen) for name, p in sorted(model.named_parameters())}
     if "lm_head.weight" in state:  # discourage repeating the token just read (it sits in the residual)

@@ -1,11 +1,4 @@
-"""Single-process reference generation: the mesh's greedy output must match it token for token.
-
-Owns nothing but a loop: one prefill `forward` of the whole prompt into a locally
-allocated PagedKVCache, then one-token decode steps, stopping at max_tokens or an
-end-of-sequence id. `generate_detailed` also reports each chosen token's
-log-probability and the most likely alternatives, by the same function the engines use
-(`sampling.token_logprobs`); `generate` returns the ids only.
-"""
+"""Single-process reference generation: the mesh's greedy output must match it token for token."""
 
 from __future__ import annotations
 
@@ -50,7 +43,6 @@ def generate_detailed(
     ignore_eos: bool = False,
     block_size: int = 64,
 ) -> Generation:
-    """Generated ids and, per id, its log-probability and the `top_logprobs` most likely ids."""
     return _run(loaded, prompt_ids, max_tokens, temperature, top_p, seed, ignore_eos, block_size, top_logprobs)
 
 

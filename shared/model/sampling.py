@@ -1,13 +1,6 @@
-"""Choosing the next token from logits: greedy, temperature, nucleus (top-p), seeded;
-and the log-probabilities reported for the chosen token.
+"""Choosing the next token from logits (greedy, temperature, top-p, seeded), and its log-probabilities.
 
-Owns per-row sampling of one step. Each request brings its own torch.Generator (made
-from its seed by `make_generator`), so its tokens do not depend on which other
-requests share the batch. temperature == 0 means greedy (argmax, no randomness).
-
-`token_logprobs` is the one definition of a reported log-probability, used by both
-engines and the reference: log_softmax of the raw fp32 logits, before temperature and
-top-p (the model's own distribution, as vLLM reports it by default).
+Log-probabilities are of the raw fp32 logits, before temperature and top-p.
 """
 
 from __future__ import annotations
@@ -19,15 +12,12 @@ import torch
 
 
 class TokenLogprobs(NamedTuple):
-    """The model's view of one chosen token (raw distribution, fp32 values as Python floats)."""
-
     logprob: float  # of the token actually chosen, whether or not it is among the top
     top_ids: list[int]  # the most likely ids, most likely first (as many as asked for)
     top_logprobs: list[float]  # their log-probabilities, same order
 
 
 def make_generator(seed: int | None) -> torch.Generator:
-    """A CPU generator seeded with `seed` (or from OS entropy when None)."""
     g = torch.Generator()
     if seed is None:
         g.seed()
@@ -37,10 +27,7 @@ def make_generator(seed: int | None) -> torch.Generator:
 
 
 def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Zero all but the smallest set of most likely tokens whose mass reaches top_p.
-
-    probs: (vocab,) summing to 1 -> (vocab,) renormalized.
-    """
+    """Zero all but the smallest set of most likely tokens whose mass reaches top_p; renormalized."""
     if top_p >= 1.0:
         return probs
     sorted_p, order = probs.sort(descending=True)
@@ -58,10 +45,7 @@ def sample(
     top_p: Sequence[float],
     generators: Sequence[torch.Generator | None],
 ) -> list[int]:
-    """One token per row of logits (n, vocab); per-row temperature, top_p, generator.
-
-    Runs on the host whatever device the logits come from: each request's generator is a CPU
-    one, so a seeded request draws the same tokens on every device."""
+    """One token per row of logits, drawn on the host (CPU generators: a seed draws alike on any device)."""
     logits = logits.float().cpu()
     out = logits.argmax(-1).tolist()  # greedy for every row; sampled rows overwritten
     for i, t in enumerate(temperature):
@@ -76,8 +60,7 @@ def sample(
 
 def token_logprobs(logits: torch.Tensor, chosen: Sequence[int],
                    top_n: Sequence[int | None]) -> list[TokenLogprobs | None]:
-    """Per row of logits (n, vocab): the chosen token's log-probability and the top_n[i] most
-    likely alternatives; None for a row whose top_n is None (nothing is computed for it)."""
+    """Per row: the chosen token's log-probability and the top_n[i] likeliest ids (None: not asked)."""
     out: list[TokenLogprobs | None] = [None] * len(top_n)
     rows = [i for i, n in enumerate(top_n) if n is not None]
     if not rows:

@@ -1,11 +1,7 @@
 """Model specs: the one string that names a model everywhere (config files, CLI). No torch.
 
-    "tiny"              random-init small model + byte tokenizer (seeded)
-    "tiny-mla"          the same for a toy DeepSeek-V3 (MLA latent cache, MoE, first layer dense)
-    "random:<json>"     random-init of any shape: ModelConfig fields as JSON, over tiny's
-    "smollm2"           the default real model (fetched into the cache if missing)
-    "/path/m.gguf"      a GGUF file (llama architecture, gpt2 byte-level BPE tokenizer)
-    "/path/hf_dir"      a Hugging Face directory: config.json + *.safetensors + tokenizer.json
+"tiny" / "tiny-mla" (seeded toy Llama / DeepSeek-V3), "random:<json>" (ModelConfig fields over
+tiny's), "smollm2" (the default GGUF, fetched if missing), a *.gguf file or an HF directory.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""One token id on its own -> the text and raw bytes shown for it in log-probabilities. No torch.
+"""The text and raw bytes shown for one token id in log-probabilities. No torch.
 
-A token alone need not be valid UTF-8: byte-level BPE splits a multi-byte character
-over tokens (the tiny vocabulary is one byte per token). Such a token is shown as
-`bytes:\\xe2\\x80` (OpenAI's spelling) and its raw bytes are recovered from the
-vocabulary (the byte-level alphabet, or a `<0xNN>` byte-fallback piece). Special tokens
-are shown by their text (e.g. `<|im_end|>`), although the completion text leaves them
-out. Results are cached per id (the vocabulary bounds the cache).
+A token that is not valid UTF-8 alone is shown as `bytes:\\xe2\\x80` (OpenAI's spelling).
 """
 
 from __future__ import annotations
@@ -20,7 +15,7 @@ _BYTE_OF = {ch: b for b, ch in enumerate(byte_alphabet())}  # byte-level BPE: st
 
 
 class TokenText:
-    """`text(id)` -> (display string, raw bytes) of one token, for one tokenizer."""
+    """Called with a token id: (display string, raw bytes), cached per id."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tok = tokenizer
@@ -45,7 +40,6 @@ class TokenText:
             return "bytes:" + "".join(f"\\x{b:02x}" for b in raw), raw
 
     def _raw(self, token: int) -> bytes | None:
-        """The token's bytes from its vocabulary piece, when the piece spells bytes."""
         piece = self.tok.inner.id_to_token(token)
         if not piece:
             return None

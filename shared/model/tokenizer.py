@@ -1,12 +1,4 @@
-"""Tokenizer: text <-> ids, streaming detokenization, and chat templates. No torch.
-
-Owns the runtime face of a tokenizer: `encode`, `decode`, `IncrementalDecoder` (text
-deltas as ids arrive, never splitting a multi-byte UTF-8 character), and
-`apply_chat_template` (the model's Jinja template, rendered in a sandbox). Building a
-tokenizer from a GGUF file, an HF directory or the tiny byte vocabulary, and picking the
-builder for a model spec (`load_tokenizer`), is tokenizer_build.py's job.
-The CPU-only scheduler imports this module, so it must never import torch.
-"""
+"""Tokenizer: text <-> ids, streaming detokenization, and chat templates. No torch."""
 
 from __future__ import annotations
 
@@ -37,8 +29,7 @@ class Tokenizer:
         return self.inner.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str) -> list[int]:
-        """Ids of `text`; special tokens written in the text (e.g. <|im_start|>) map to
-        their ids; nothing (no BOS) is added."""
+        """Ids of `text`; special tokens written in it map to their ids; no BOS is added."""
         return self.inner.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
@@ -48,7 +39,6 @@ class Tokenizer:
         return self.inner.token_to_id(token)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The prompt text for `messages` ([{"role": ..., "content": ...}, ...])."""
         if self.chat_template is None:
             raise ChatTemplateError("this model has no chat template")
         try:
@@ -74,14 +64,7 @@ def _raise_template_error(message: str) -> None:
 
 
 class IncrementalDecoder:
-    """Turns a stream of ids into text deltas.
-
-    Keeps two offsets into the ids seen so far: text before `prefix` is settled and
-    emitted; [prefix, read) is context re-decoded with each new id (byte-level BPE
-    pieces only make sense next to their neighbours). A delta is emitted only when the
-    decoded text grew and does not end in U+FFFD (a partial UTF-8 character). Example:
-    "é" split over two byte tokens emits "" then "é".
-    """
+    """Text deltas of a stream of ids, holding back a partial UTF-8 character (U+FFFD)."""
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
         self.tok = tokenizer
@@ -91,7 +74,6 @@ class IncrementalDecoder:
         self.read = 0  # end of what has been emitted
 
     def push(self, ids: int | list[int]) -> str:
-        """Add one or more ids; return the new text (possibly "")."""
         self.ids.extend([ids] if isinstance(ids, int) else ids)
         before = self.tok.decode(self.ids[self.prefix : self.read], self.skip)
         now = self.tok.decode(self.ids[self.prefix :], self.skip)

@@ -1,13 +1,4 @@
-"""Building a Tokenizer from a model's files: tiny byte vocabulary, GGUF metadata, HF dir. No torch.
-
-`load_tokenizer(spec)` picks the builder for a model spec.
-
-GGUF (tokenizer.ggml.model = "gpt2"): byte-level BPE rebuilt with the `tokenizers`
-library from tokenizer.ggml.tokens / merges / token_type; control (3) and
-user-defined (4) tokens become added special tokens; the pre-tokenizer is chosen by
-tokenizer.ggml.pre. HF dir: tokenizer.json as is, the template and special tokens from
-tokenizer_config.json, end-of-sequence ids from config.json / generation_config.json.
-"""
+"""Building a Tokenizer from a model's files: tiny byte vocabulary, GGUF metadata, HF dir. No torch."""
 
 from __future__ import annotations
 
@@ -43,11 +34,7 @@ class UnsupportedTokenizer(ValueError):
 
 
 def byte_alphabet() -> list[str]:
-    """The 256 printable stand-ins of byte-level BPE: byte b -> alphabet[b].
-
-    Printable Latin-1 bytes stand for themselves; the rest are shifted to code points
-    256 and up, in byte order.
-    """
+    """The 256 printable stand-ins of byte-level BPE: byte b -> alphabet[b]."""
     keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     out, shifted = {}, 0
     for b in range(256):
@@ -97,7 +84,6 @@ def _field(reader: gguf.GGUFReader, key: str, default=None):
 
 
 def gguf_tokenizer(path: str, reader: gguf.GGUFReader | None = None) -> Tokenizer:
-    """Rebuild the byte-level BPE tokenizer stored in a GGUF file's metadata."""
     r = reader if reader is not None else gguf.GGUFReader(path)
     model = _field(r, "tokenizer.ggml.model")
     if model != "gpt2":
@@ -121,7 +107,6 @@ def gguf_tokenizer(path: str, reader: gguf.GGUFReader | None = None) -> Tokenize
 
 
 def _eos_ids(tokens: list[str], types: list[int], declared: list[int | None]) -> tuple[int, ...]:
-    """Declared eos/eot ids plus well-known end markers that are control tokens."""
     ids = {i for i in declared if i is not None}
     ids |= {i for i, (t, ty) in enumerate(zip(tokens, types)) if t in END_TOKENS and ty == 3}
     return tuple(sorted(ids))
@@ -141,7 +126,6 @@ def _read_json(path: Path) -> dict:
 
 
 def _token_text(value) -> str | None:
-    """tokenizer_config.json writes special tokens as "text" or {"content": "text", ...}."""
     return value.get("content") if isinstance(value, dict) else value
 
 
@@ -160,7 +144,6 @@ def _hf_template(tc: dict) -> str | None:
 
 
 def hf_tokenizer(directory: str) -> Tokenizer:
-    """tokenizer.json + tokenizer_config.json (+ config / generation_config eos ids)."""
     d = Path(directory)
     inner = HFTokenizer.from_file(str(d / "tokenizer.json"))
     tc = _read_json(d / "tokenizer_config.json")
@@ -177,7 +160,6 @@ def hf_tokenizer(directory: str) -> Tokenizer:
 
 
 def load_tokenizer(spec: str) -> Tokenizer:
-    """The tokenizer of a model spec ("tiny", "tiny-mla", "random:...", "smollm2", *.gguf, HF dir), without torch."""
     kind, arg = resolve_spec(spec)
     if kind in ("tiny", "tiny-mla", "random"):
         return tiny_tokenizer()

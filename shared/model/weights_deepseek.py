@@ -1,12 +1,6 @@
 """Reading a DeepSeek-V3 checkpoint directory (config.json + *.safetensors, HF layout).
 
-Owns the DeepSeek config.json -> ModelConfig mapping (MLA, MoE, YaRN, the V3.2 indexer) and collecting the
-shards under our parameter names: "model." dropped, layers past num_hidden_layers (the
-multi-token-prediction layer) skipped, and FP8 weights dequantized on load. DeepSeek's FP8
-checkpoints store a linear weight as float8_e4m3fn (out, in) plus `<name>_scale_inv`
-float32 (ceil(out/bo), ceil(in/bi)) for blocks of weight_block_size = [bo, bi] (128 x 128):
-the real weight is fp8 * scale_inv of its block. BF16 tensors are only cast to cfg.dtype.
-The tokenizer is tokenizer.json, read by tokenizer_build.hf_tokenizer like any HF model.
+FP8 weights are dequantized on load; layers past num_hidden_layers (MTP) are skipped.
 """
 
 from __future__ import annotations
@@ -93,7 +87,6 @@ def dequantize_fp8(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[i
 
 def load_deepseek(directory: str, *, eos_ids: tuple[int, ...],
                   dtype: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """(config, state dict under our names, every tensor in cfg.dtype)."""
     c = json.loads((Path(directory) / "config.json").read_text())
     cfg = deepseek_config(c, name=c.get("_name_or_path") or Path(directory).name, eos_ids=eos_ids, dtype=dtype)
     block = tuple((c.get("quantization_config") or {}).get("weight_block_size", (128, 128)))
@@ -122,7 +115,6 @@ def _beyond(name: str, n_layers: int) -> bool:
 
 
 def deepseek_config_json(cfg: ModelConfig) -> dict:
-    """The config.json of a DeepSeek-V3 ModelConfig (what deepseek_config reads back)."""
     m, e = cfg.mla, cfg.moe
     out = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "vocab_size": cfg.vocab_size,
            "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,

@@ -1,11 +1,6 @@
 """Reading a GGUF file into a ModelConfig and an HF-named float state dict.
 
-Owns the GGUF -> our-layout mapping: architecture from the `<arch>.*` metadata,
-tensor names (blk.N.attn_q -> layers.N.self_attn.q_proj, ...), dequantization with
-`gguf.quants.dequantize`, and undoing llama.cpp's Q/K row permutation. For the llama
-architecture llama.cpp's converter reorders each head's Q/K rows from rotate-half
-pairs (i, i + hd/2) to interleaved pairs (2i, 2i+1); we invert that so one RoPE
-(rotate-half, llama.py) serves GGUF and HF weights alike. qwen2 GGUFs are not permuted.
+llama.cpp's Q/K row permutation is undone for llama GGUFs, so one RoPE serves GGUF and HF weights.
 """
 
 from __future__ import annotations
@@ -52,7 +47,6 @@ def _meta(r: gguf.GGUFReader, key: str, default=None):
 
 
 def gguf_config(path: str, *, eos_ids: tuple[int, ...], dtype: str) -> ModelConfig:
-    """The architecture in the file's metadata as a ModelConfig."""
     r = open_gguf(path)
     arch = _meta(r, "general.architecture")
     if arch not in _SUPPORTED_ARCHS:
@@ -96,7 +90,6 @@ def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def gguf_state_dict(path: str, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Every tensor dequantized to cfg.dtype, under our parameter names."""
     r = open_gguf(path)
     arch = _meta(r, "general.architecture")
     heads = {"attn_q": cfg.n_heads, "attn_k": cfg.n_kv_heads}

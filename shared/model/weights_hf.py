@@ -1,9 +1,4 @@
-"""Reading a Hugging Face checkpoint directory (config.json + *.safetensors).
-
-Owns the HF -> ModelConfig mapping for the Llama family (llama, mistral, qwen2 with
-its q/k/v biases) and collecting the safetensors shards under our parameter names
-(the "model." prefix dropped). HF weights are already in rotate-half RoPE order.
-"""
+"""Reading a Hugging Face checkpoint directory (config.json + *.safetensors) of the Llama family."""
 
 from __future__ import annotations
 
@@ -55,7 +50,6 @@ def hf_config(directory: str, *, eos_ids: tuple[int, ...], dtype: str) -> ModelC
 
 
 def hf_state_dict(directory: str, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """All shards merged, renamed to our names, cast to cfg.dtype."""
     shards = sorted(Path(directory).glob("*.safetensors"))
     if not shards:
         raise UnsupportedCheckpoint(directory, "no *.safetensors files")

@@ -1,19 +1,4 @@
-"""The scheduling queues and engine assignment, driving the pure policy (`policy/`).
-
-State: one global FIFO of requests waiting for a prefill engine; a global DE pool; one
-private queue per decode-engine group; the `Ledger` of what every placed request puts
-on its engines. Every dispatch round emulates a synchronous pull of every engine group
-(docs/design.md#engine-groups-and-pulls): PE groups take from the FIFO by Algorithm 1
-(`assign_prefill`); requests holding a PE enter the DE pool, which goes to the DE group
-with the smallest total tokens (`pick_de_group`); each DE group then places its private
-queue by the two-level rule (`assign_decode`). A request is dispatched once it has both.
-
-The queues hold the policy's own `Request` values, so a round hands them to the policy
-as they are: its cost grows with the engines and the requests it places, not with the
-requests waiting or running. Ids (requests, engines, nodes, groups) are whatever
-hashable values the caller uses: the mesh's strings, the simulator's ints.
-Pure: values in, decisions out.
-"""
+"""The scheduling queues and engine assignment, driving the pure policy (`policy/`)."""
 from __future__ import annotations
 
 import operator
@@ -43,8 +28,6 @@ class Job(msgspec.Struct, frozen=True):
 
 @dataclass
 class EngineLoad:
-    """One engine as the dispatcher sees it at a pull."""
-
     engine: Hashable
     tok: int = 0  # tok_e: tokens of requests assigned and not finished
     seq: int = 0  # seq_e
@@ -91,12 +74,10 @@ class Dispatcher:
         return len(self.jobs)
 
     def prefill_done(self, req_id: Hashable) -> None:
-        """The request's first token arrived: its prefill engine no longer carries it."""
         self.ledger.prefill_done(req_id)
 
     def remove(self, req_id: Hashable) -> bool:
-        """Forget a request wherever it is (cancelled, finished, resumed): out of the queues and
-        off its engines' loads. True if it was waiting."""
+        """Forget a request wherever it is (queues and engine loads); True if it was waiting."""
         self.ledger.release(req_id)
         self.pe_of.pop(req_id, None)
         rid = self._rid.pop(req_id, None)
@@ -112,15 +93,12 @@ class Dispatcher:
 
     def assign(self, pes: list[EngineLoad], des: list[EngineLoad],
                changed: Iterable[Hashable] | None = None) -> list[Assignment]:
-        """One pull of every group; loads are updated in place as requests are placed. `changed`:
-        as for `pull_decode` (the decode lines the caller changed since its previous pull)."""
         self.pull_prefill(pes)
         return self.pull_decode(des, changed)
 
     # prefill side ----------------------------------------------------------------------
     def pull_prefill(self, pes: list[EngineLoad]) -> int:
-        """The prefill groups of `pes` pull (in rotating order); returns how many requests got a PE.
-        A caller whose groups pull at different times passes one group's lines at a time."""
+        """The prefill groups of `pes` pull, in rotating order; returns how many requests got a PE."""
         roster = self._roster("prefill", pes)
         n, beta = len(roster.groups), self.thresholds.beta
         placed = 0
@@ -145,13 +123,8 @@ class Dispatcher:
 
     # decode side -----------------------------------------------------------------------
     def pull_decode(self, des: list[EngineLoad], changed: Iterable[Hashable] | None = None) -> list[Assignment]:
-        """The decode groups pull: the pool to the group with the fewest tokens, then each group
-        with waiting requests places them; returns the requests that now hold both engines.
-
-        `changed`: the engines whose lines the caller changed since its previous pull with these
-        same lines (None: unknown, every group's figures are read afresh). With it, the groups'
-        token totals and the idle checks are kept between pulls and redone for those groups only;
-        the decisions are the same either way."""
+        """The DE pool to the group with the fewest tokens, then each group places its queue; returns the
+        new assignments. `changed`: the engines whose lines changed since the last pull (None: unknown)."""
         roster = self._roster("decode", des)
         groups = roster.groups
         if not groups:
@@ -192,8 +165,6 @@ class Dispatcher:
         return out
 
     def _roster(self, role: str, lines: list[EngineLoad]) -> "_Roster":
-        """`lines` grouped, with the policy's ids; reused while the caller passes the same lines
-        (one roster kept per role and first line, for callers that pull group by group)."""
         key = (role, id(lines[0]) if lines else None)
         got = self._rosters.get(key)
         if got is None or len(got.lines) != len(lines) or not all(map(operator.is_, got.lines, lines)):
@@ -203,7 +174,6 @@ class Dispatcher:
         return got
 
     def _eng(self, name: Hashable) -> int:
-        """Stable small ints for the policy's value types (it never sees the caller's ids)."""
         got = self._eid.get(name)
         if got is None:
             got = self._eid[name] = self._new_id()
@@ -215,10 +185,6 @@ class Dispatcher:
 
 
 class _Roster:
-    """One pull's engine lines in groups, each line with its policy ids (engine, node); for the
-    decode side also each group's token total and which groups' lines are known to equal their
-    idle snapshot (`same`), both kept between pulls from the changes the caller names."""
-
     def __init__(self, lines: list[EngineLoad], groups: list[list[EngineLoad]], ids) -> None:
         self.lines = lines
         self.groups = groups
@@ -231,7 +197,6 @@ class _Roster:
         self.kept = False  # tot and same hold from a previous pull
 
     def note_changes(self, changed: Iterable[Hashable] | None) -> None:
-        """Bring `tot` and `same` up to date with lines the caller changed (None: any of them)."""
         if changed is None or not self.kept:
             self.tot = [sum([e.tok for e in g]) for g in self.groups]
             self.same.clear()
@@ -252,7 +217,6 @@ def _drop(q: deque[Request], rid: int) -> bool:
 
 
 def _loads(group: list[EngineLoad]) -> tuple:
-    """What a decode group's level-2 pull reads of its engines."""
     return tuple([(e.engine, e.tok, e.seq, e.capacity_tokens) for e in group])
 
 
@@ -262,7 +226,6 @@ def _key(e: EngineLoad) -> Hashable:
 
 
 def _groups(engines: list[EngineLoad]) -> list[list[EngineLoad]]:
-    """Engines grouped by `_key` (leader first: lowest engine id), groups in key order."""
     out: dict[Hashable, list[EngineLoad]] = {}
     for e in sorted(engines, key=lambda e: (_key(e), e.engine)):
         out.setdefault(_key(e), []).append(e)

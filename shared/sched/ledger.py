@@ -1,17 +1,4 @@
-"""Per-engine load figures (tok_e, seq_e) kept up to date as requests move, never recounted.
-
-Owns the charge each placed request puts on its engines: on its prefill engine from the
-moment the dispatcher picks one until its prefill is over (its first token), on its decode
-engine from the decode pick until the request is released (finished, cancelled, resumed
-elsewhere). Every event touches one request's record and two counters, so reading an
-engine's load costs the same whatever the number of requests in flight.
-
-Example: r1 (prompt 100, 10 to generate) is picked for PE p0 -> p0 (100 tok, 1 seq);
-picked for DE d0 -> d0 (110, 1); first token -> p0 (0, 0); finished -> d0 (0, 0).
-Every engine whose counters moved is noted in `touched` until `take_touched()`, so a caller that
-keeps engine lines between rounds refreshes only those (a bounded set: engine ids).
-Pure: no I/O, no clock. Does not decide placements (`dispatch`).
-"""
+"""Per-engine load figures (tok_e, seq_e) kept up to date as requests move, never recounted."""
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
@@ -38,8 +25,6 @@ class Charge:
 
 @mypyc_attr(native_class=False)  # an AssertionError: compiled classes cannot derive from it
 class LedgerError(AssertionError):
-    """The counters disagree with the charges they sum (raised by `check_integrity`)."""
-
     def __init__(self, role: str, engine: Hashable, counted: tuple[int, int], summed: tuple[int, int]):
         super().__init__(f"{role} engine {engine!r}: counters {counted} != charges {summed}")
         self.role, self.engine, self.counted, self.summed = role, engine, counted, summed
@@ -70,14 +55,13 @@ class Ledger:
         self.placed += 1
 
     def prefill_done(self, req: Hashable) -> None:
-        """The request's prefill is over: its prefill engine no longer carries it."""
+        """The request's first token arrived: its prefill engine no longer carries it."""
         c = self.charges.get(req)
         if c is not None:
             self._drop_pe(c)
             self._forget_if_empty(req, c)
 
     def release(self, req: Hashable) -> None:
-        """The request left its engines (finished, cancelled, resumed elsewhere)."""
         c = self.charges.pop(req, None)
         if c is not None:
             self._drop_pe(c)
@@ -85,7 +69,7 @@ class Ledger:
 
     # reads ----------------------------------------------------------------------------
     def pe_load(self, engine: Hashable) -> tuple[int, int]:
-        """(tok_e, seq_e) of a prefill engine: prompt tokens picked for it and not yet prefilled."""
+        """(tok_e, seq_e) of a prefill engine: prompt tokens picked for it, not yet prefilled."""
         tok, seq = self._pe.get(engine, (0, 0))
         return tok, seq
 
@@ -95,7 +79,6 @@ class Ledger:
         return tok, seq
 
     def take_touched(self) -> set[Hashable]:
-        """The engines whose counters moved since the last call (and forget them)."""
         out, self.touched = self.touched, set()
         return out
 
@@ -110,7 +93,6 @@ class Ledger:
                 line.tok, line.seq = row
 
     def check_integrity(self) -> None:
-        """Every counter equals the sum of the charges naming its engine."""
         for role, table in (("prefill", self._pe), ("decode", self._de)):
             summed: dict[Hashable, list[int]] = {}
             for c in self.charges.values():

@@ -1,22 +1,4 @@
-"""Prefetch during a tool call: where a session's stored KV is staged, when, and what is staged now.
-
-Owns the pure half of agent-aware prefetch: `plan` picks the buffer that stages a
-session's stored blocks while its tool call runs (the idlest storage NIC, prefill side
-or decode side by the same rule as a hit's read path, `choose_path`, within each
-buffer's prefetch budget) and when to start (early enough that `margin` times the
-expected read ends before the session is due back); `StagedIndex` remembers what is
-staged where, finds the longest staged prefix of an arriving prompt (block keys are
-chained hashes, so a match on a prompt's block i is a match on blocks 0..i), keeps the
-per-engine budget and says what expired (a turn whose chat template re-spelled the end of
-the last turn still claims the blocks before that). The scheduler service drives it on wall-clock
-time, the simulator on simulated time. Pure: no I/O, no clock.
-
-Example: a turn ends at t=10 s with a 4 s tool call and 20 stored blocks of 1 MB; the
-prefill node's queue holds 30 MB, the decode node's 0, both read 100 MB/s; the decode
-side wins (shorter queue), the read takes 0.2 s, so with margin 2 and lead 0.1 s the
-prefetch starts at 14 - 0.5 = 13.5 s, and the next turn (t=14 s) finds its 20 blocks
-in the decode engine's buffer.
-"""
+"""Tool-call prefetch: where and when to stage a session's stored KV, and what is staged."""
 from __future__ import annotations
 
 import math
@@ -51,16 +33,9 @@ class Plan:
 def plan(blocks: int, block_bytes: int, now: float, return_at: float, holders: Iterable[Holder],
          margin: float = 2.0, lead_s: float = 0.1, unknown_rate_lead_s: float = 2.0, force: str = "auto",
          prefer_pe: bool = False) -> Plan | None:
-    """Where and when to stage `blocks` stored blocks for a session due back at `return_at`.
-
-    Each side's candidate is its holder with the shortest node read queue (then the most
-    room); `choose_path` picks the side; a side with no room leaves the other. With
-    `prefer_pe`, the prefill side wins whenever its read, queue included, still ends
-    (`margin` times over) before the session is due: a prefill engine copies blocks staged in
-    its own traffic-manager's buffer itself, where blocks staged on the decode side cost the
-    next turn a claim round trip and a layer-by-layer pull. `force` "pe" / "de" takes that
-    side only (the scheduler's `read_path` setting). None when nothing is to be read or no
-    buffer has room."""
+    """Where and when to stage `blocks` stored blocks for a session due back at `return_at` (None: nothing
+    to read or no room). `choose_path` picks the side, unless `force` ("pe" / "de") or `prefer_pe`
+    (the prefill side whenever its read still ends `margin` times over before the session is due)."""
     if blocks <= 0:
         return None
     hs = list(holders)
@@ -73,6 +48,7 @@ def plan(blocks: int, block_bytes: int, now: float, return_at: float, holders: I
         side = ReadPath.PE if pe is not None else ReadPath.DE
     elif pe is not None and de is not None and prefer_pe and return_at - now >= _lead(
             pe, min(blocks, pe.room_blocks) * block_bytes, margin, lead_s, unknown_rate_lead_s):
+        # a PE copies from its own TM's buffer; blocks on the DE side cost a claim round trip
         side = ReadPath.PE
         why = f"prefill side: its read ({pe.read_q:.0f} B queued) ends before the session is due"
     elif pe is not None and de is not None:
@@ -89,7 +65,6 @@ def plan(blocks: int, block_bytes: int, now: float, return_at: float, holders: I
 
 
 def _lead(h: Holder, nbytes: int, margin: float, lead_s: float, unknown_rate_lead_s: float) -> float:
-    """How long before the session is due a read of `nbytes` through `h`'s node starts."""
     if h.read_rate > 0:
         return margin * (h.read_q + nbytes) / h.read_rate + lead_s
     return unknown_rate_lead_s
@@ -102,9 +77,7 @@ def _best(holders: Iterable[Holder]) -> Holder | None:
 
 @dataclass
 class RecentBytes:
-    """Prefetch bytes sent to each node lately, decaying with `half_life_s`: during tool calls the
-    storage queues are mostly empty, so the instant queue alone would send every prefetch to the
-    same side (a tie reads on the prefill side); counting what was just sent there spreads them."""
+    """Prefetch bytes sent to each node lately, decaying with `half_life_s`: spreads them over idle queues."""
 
     half_life_s: float = 1.0
     _at: dict[Hashable, tuple[float, float]] = field(default_factory=dict)  # node -> (bytes, when)
@@ -118,8 +91,7 @@ class RecentBytes:
 
 
 def hold_until(return_at: float, tool_s: float, grace_s: float, ttl_s: float | None = None) -> float:
-    """When staged blocks nobody claimed are released: the expected return plus a grace of
-    `grace_s` or the tool call's own length (whichever is longer), never past the TTL."""
+    """When unclaimed staged blocks are released: return_at + max(grace_s, tool_s), never past the TTL."""
     until = return_at + max(grace_s, tool_s)
     return min(until, return_at - tool_s + ttl_s) if ttl_s is not None else until
 
@@ -173,8 +145,7 @@ class StagedIndex:
         return s
 
     def match(self, keys: list[bytes]) -> StagedSession | None:
-        """The unclaimed staged entry sharing the longest prefix with `keys` (its leading blocks may
-        be all or part of what it staged; `common` says how many). None: nothing staged matches."""
+        """The unclaimed staged entry sharing the longest prefix with `keys` (`common` says how long)."""
         if not self.by_key:  # nothing staged anywhere: no walk over the prompt's keys
             return None
         for i in range(len(keys) - 1, -1, -1):

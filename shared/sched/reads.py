@@ -1,15 +1,4 @@
-"""Read-path bookkeeping: per-node pending storage reads and each request's path decision.
-
-Owns the count of hit tokens assigned to each node's storage path and not yet read (the
-scheduler's freshest read-queue signal: gateway announcements lag by a heartbeat; the
-simulator's only one; every node whose count moved is noted in `touched` until `take_touched()`),
-and turns the pure policy (`policy.read_path`) into a decision
-with its reason, by load mode: `dualpath` puts every hit block on the path with the shorter
-queue (`choose_path`), `dualpath-split` splits them so both queues drain together
-(`split_read`), `basic` and `oracle` read on the PE path only. The scheduler service
-releases a request's reads when its prefill is over; the simulator releases each node's
-share as that node's read completes. Pure.
-"""
+"""Read-path bookkeeping: per-node pending storage reads and each request's path decision."""
 from __future__ import annotations
 
 from collections import Counter
@@ -49,9 +38,7 @@ class PendingReads:
 
     def decide(self, mode: LoadMode, hit_blocks: int, pe_node: Id, de_node: Id, block_size: int,
                force: str = "auto") -> PathDecision:
-        """`force` (the dualpath modes only): "auto" = the mode's rule, "pe" / "de" = every hit
-        block on that one path (the scheduler's `read_path` setting: tests, experiments, the
-        simulator's round-robin baseline)."""
+        """`force` (dualpath modes): "auto" is the mode's rule, "pe" / "de" every hit block on that path."""
         mode = mode if isinstance(mode, LoadMode) else LoadMode(mode)
         pq, dq = self.pending[pe_node], self.pending[de_node]
         if hit_blocks <= 0:
@@ -88,7 +75,7 @@ class PendingReads:
             self.held[req_id] = share
 
     def read_done(self, req_id: Id, node: Id) -> None:
-        """One node's share of the request's reads is over (the others still pend)."""
+        """One node's share of the request's reads is over."""
         share = self.held.get(req_id, {})
         tokens = share.pop(node, 0)
         if not share:

@@ -1,9 +1,4 @@
-"""The data plane: how bulk KV bytes move between traffic-managers (never over NATS).
-
-Public API: `create_endpoint`, the Endpoint/Peer contract and descriptors (base.py),
-grants of region byte ranges to peers (grants.py),
-`ShmRegion` (shm_region.py) and the typed errors (errors.py).
-"""
+"""The data plane: how bulk KV bytes move between traffic-managers (never over NATS)."""
 
 from .base import Endpoint, EndpointDesc, Op, Peer, RegionDesc, TrafficClass
 from .errors import (

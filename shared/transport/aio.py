@@ -1,9 +1,4 @@
-"""Asyncio helpers the backends share: a task owner and a transfer deadline.
-
-Owns: `TaskOwner` (every background task of an endpoint or connection has one owner
-that cancels and awaits it on close: no orphan tasks) and `deadline` (turns a
-TimeoutError into a typed TransferTimeout naming the peer and the bytes).
-"""
+"""Asyncio helpers the backends share: a task owner and a transfer deadline."""
 
 from __future__ import annotations
 

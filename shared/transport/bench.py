@@ -1,15 +1,4 @@
-"""`python -m shared.transport.bench`: data-plane figures against their baselines.
-
-Owns the benchmark's command line and its figures as one document. Prints, for 64 MiB
-moved in layer-block-sized pieces (96 KiB), contiguous and scattered: tcp backend vs a
-raw loopback socket, shm backend vs an in-process memcpy, medians of interleaved rounds
-(bench_throughput.py); then, per backend (tcp, shm), the latency-class pull time of one
-layer block and of one layer of a batch of hit blocks, idle vs under saturating bulk,
-with each TM in its own process (bench_isolation.py), and bulk throughput alone vs
-beside latency work; with `--floor`, the same pulls with no transport code beside a bulk
-stream (bench_floor.py): the host's own floor for the latency class under bulk. Runs on uvloop, like the services. Load averages are printed with
-the figures: on a shared machine, compare ratios, and rerun on a quiet one.
-"""
+"""`python -m shared.transport.bench`: data-plane figures against their baselines."""
 
 from __future__ import annotations
 

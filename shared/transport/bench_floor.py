@@ -1,19 +1,4 @@
-"""The host's floor for latency under bulk: the same pulls with no transport code, idle vs beside a bulk stream.
-
-Owns the floor half of `python -m shared.transport.bench --floor`. What a latency-class pull
-can keep of its idle time while bulk saturates the host is bounded by the host itself:
-the bulk stream takes cores and memory bandwidth whoever arbitrates the classes. Two
-pulls are timed with nothing of ours in the path, alone and while two other processes
-stream bulk to each other over a loopback socket (a stand-in for another TM's bulk):
-    memcpy   one piece copied with numpy between two buffers of this process
-    socket   a plain blocking loopback socket: 8 request bytes to a server process, the
-             piece back into a preallocated buffer (`recv_into`)
-Each for one layer block and one layer of a batch of hit blocks. Windows alternate (idle,
-busy) within a round, the bulk pair paused between them, so a shared machine's drift
-hits both alike; figures are medians of per-round medians.
-Example (2 cores, quiet): memcpy of 96 KiB +20% beside bulk, the socket pull +15%: a
-backend's "+10% of idle" cannot be resolved below those.
-"""
+"""The host's floor for latency under bulk: the same pulls with no transport code, idle vs beside a bulk stream."""
 
 from __future__ import annotations
 
@@ -75,7 +60,6 @@ def _listener() -> tuple[socket.socket, int]:
 
 
 def floors(sizes: dict[str, int], samples: int = 60, rounds: int = 3) -> dict[str, dict[str, Floor]]:
-    """{"memcpy"|"socket": {name: Floor}} for each piece size of `sizes` (name -> bytes)."""
     ctx = mp.get_context("fork")
     big = max(sizes.values())
     pull_sock, pull_port = _listener()

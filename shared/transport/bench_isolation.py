@@ -1,23 +1,4 @@
-"""Latency isolation, measured the way the product runs: every TM is its own process.
-
-Owns the isolation half of `python -m shared.transport.bench` (bench.py prints it).
-
-Layout (one run per backend):
-    target  process  the remote TM: owns region "buf" (a /dev/shm segment), serves frames
-    main    process  the initiator TM: region "kv"; times latency-class pulls of layer
-                     blocks from target (one 96 KiB block, and one layer of a batch of
-                     hit blocks), idle and with bulk saturating the link
-    bulk    process  (the "other TM" case) a second initiator pulling bulk from target
-Bulk load is generated two ways, each measured against the same idle figure:
-    same link   the initiator's own bulk pulls on the same peer (prefetch next to the
-                critical path): the class scheduler of one endpoint arbitrates
-    other TM    a separate process pulls bulk from the same target: the target endpoint
-                arbitrates what it serves; the initiator only shares the host's CPUs
-Each round interleaves the three (idle, same link, other TM) in WINDOWS short windows, the
-bulk generators paused between transfers outside their windows, so the drift of a shared
-machine hits every figure alike. Bulk throughput is measured alone (no latency work) and
-in the same-link windows, while latency work runs.
-"""
+"""Latency isolation, measured the way the product runs: every TM is its own process."""
 
 from __future__ import annotations
 
@@ -67,9 +48,7 @@ def layer_ops(block: int, n: int, base: int = 0) -> list[Op]:
 
 
 def rotating(block: int, n: int) -> list[list[Op]]:
-    """Every distinct pull of `n` blocks in [0, BULK_AT): the samples cycle through them, as a
-    running prefill pulls a different layer each time. Pulling one range over and over would
-    time a copy whose bytes sit in the CPU cache when idle, and are evicted by bulk."""
+    """Every distinct pull of `n` blocks in [0, BULK_AT), cycled so that no sample times cache-hot bytes."""
     span = n * block
     return [layer_ops(block, n, base) for base in range(0, BULK_AT - span + 1, span)]
 
@@ -118,8 +97,8 @@ class Initiator:
 
     async def bulk_while(self, run: Callable[[], bool], stop: Callable[[], bool],
                          paused: Callable[[bool], None], tally: dict[str, float]) -> None:
-        """Pull bulk back to back while `run()` (checked between transfers) until `stop()`;
-        `paused(True)` once it holds still; bytes and seconds spent pulling add to `tally`."""
+        """Pull bulk back to back while `run()` until `stop()`; `paused(True)` once it holds still;
+        bytes and seconds pulled add to `tally`."""
         ops = bulk_ops(self.size)
         nbytes = sum(o.length for o in ops)
         while not stop():
@@ -149,7 +128,6 @@ def bulk_main(backend: str, desc: bytes, size: int, conn: Connection, run: Any, 
 
 
 async def _bulk(backend: str, desc: bytes, size: int, conn: Connection, run: Any, idle: Any) -> None:
-    """The other TM: pulls bulk whenever `run` (an mp.Event) is set; sets `idle` while it holds still."""
     async with Initiator(backend, desc, size, "bulk") as ini:
         conn.send_bytes(b"ready")
         tally = {"bytes": 0.0, "s": 0.0}
@@ -171,8 +149,6 @@ class Result:
 
 async def _measure(backend: str, desc: bytes, size: int, block: int, nblocks: int,
                    samples: int, ctx: Any) -> Result:
-    """Idle, same-link and other-TM windows interleaved WINDOWS times, so a shared machine's
-    drift hits all three alike; each figure is the median of all its windows' samples."""
     async with Initiator(backend, desc, size, "pe") as ini:
         one, layer = rotating(block, 1), rotating(block, nblocks)
         await ini.pull_list(layer, 5)  # warm-up: maps, sockets, buffers
@@ -225,11 +201,6 @@ async def _measure(backend: str, desc: bytes, size: int, block: int, nblocks: in
 
 
 def isolation(backend: str, size: int, block: int, nblocks: int, samples: int, rounds: int = 3) -> Result:
-    """Start the target process, measure from this process `rounds` times, stop the target.
-
-    Each round measures idle, same-link and other-TM back to back, so slow drift of a
-    shared machine hits all three alike; every figure is the median over the rounds.
-    """
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
     target = ctx.Process(target=target_main, args=(backend, size, child), daemon=True)

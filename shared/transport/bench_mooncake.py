@@ -1,22 +1,4 @@
-"""`python -m shared.transport.bench_mooncake`: Mooncake's transfer engine beside our tcp backend.
-
-Owns one comparison, for deciding whether the data plane should sit on Mooncake's
-transfer engine (PyPI `mooncake-transfer-engine-non-cuda`; it needs Debian's
-`libibverbs1` to import, even for TCP). It is not a dependency of this project: install it
-into a throwaway venv that also sees ours, and run this from the repository root:
-
-    python3.11 -m venv /tmp/mc && echo "$PWD/.venv/lib/python3.11/site-packages" \\
-        > /tmp/mc/lib/python3.11/site-packages/dualpath.pth
-    /tmp/mc/bin/pip install mooncake-transfer-engine-non-cuda
-    /tmp/mc/bin/python -m shared.transport.bench_mooncake
-
-Moves 64 MiB in 96 KiB pieces (contiguous and scattered destinations, as
-bench_throughput.py) with three movers in one process, once each per round: a raw
-loopback socket, our tcp backend (`peer.write`, BULK), and the engine's TCP transport
-(`batch_transfer_sync_write`, P2P handshake, no metadata server). Prints medians over
-rounds and each mover's median time over the raw socket's in the same round, and each
-mover's CPU (this process's, every thread: both ends and the engines' own threads).
-"""
+"""`python -m shared.transport.bench_mooncake`: Mooncake's transfer engine beside our tcp backend."""
 
 from __future__ import annotations
 
@@ -30,8 +12,6 @@ from .bench_throughput import LAYOUTS, MIB, RawSocket, Rig, Tally, drop_pair, lo
 
 
 class Mooncake:
-    """Two transfer engines (TCP, P2P handshake) in this process, one registered buffer each."""
-
     def __init__(self, total: int) -> None:
         from mooncake.engine import TransferEngine
 

@@ -1,22 +1,4 @@
-"""Data-plane throughput against its baselines, side by side, round after round.
-
-Owns the throughput half of `python -m shared.transport.bench` (bench.py prints it):
-64 MiB moved in layer-block pieces (96 KiB) by the tcp backend beside a raw loopback
-socket, and by the shm backend beside an in-process memcpy of the same pieces, each in
-two layouts:
-    contiguous  piece i lands at slot i: consecutive pieces continue each other, so the
-                shm backend (and copy_local) merges them into one copy (base.coalesce)
-    scattered   piece i lands at slot perm[i] (a fixed permutation with no piece right
-                after its predecessor): nothing merges, every piece is its own copy or
-                frame, as when layer blocks go to free slots of an engine's KV memory
-The baselines move the same bytes to the same places (memcpy piece by piece; the raw
-socket streams, the layout is the receiver's business). Every variant runs once per
-round, in the same order, on rigs set up once; a figure is the median over rounds and a
-ratio the median of the per-round ratios, so a shared machine's drift hits both sides
-of a ratio alike. Every variant is also billed in CPU (this process's, every thread:
-both ends of each mover live here), which a loaded machine does not move the way it
-moves wall time.
-"""
+"""Data-plane throughput against its baselines, side by side, round after round."""
 
 from __future__ import annotations
 
@@ -47,13 +29,7 @@ def slots(n: int, layout: str) -> list[int]:
 
 
 def shm_pair(total: int) -> tuple[ShmRegion, ShmRegion]:
-    """A source segment of random bytes and a zeroed destination, as every mover here uses.
-
-    Every baseline moves between shm segments, like the backends: page-aligned memory.
-    A malloc'd buffer of this size starts 16 bytes past a page (and a cache line), and the
-    kernel's copy into such a destination runs at about a third of its aligned speed on
-    AMD cores: a baseline on heap buffers would be slowed by its allocator, not its job.
-    """
+    """A source segment of random bytes and a zeroed destination: page-aligned, like the backends'."""
     a, b = ShmRegion.create(new_name("bm"), total), ShmRegion.create(new_name("bm"), total)
     a.buf[:] = os.urandom(total)
     b.buf[:] = bytes(total)
@@ -67,9 +43,6 @@ def drop_pair(regions: tuple[ShmRegion, ShmRegion]) -> None:
 
 
 class RawSocket:
-    """A blocking loopback socket pair; `seconds()` streams `total` bytes per block, the receiver
-    (a thread) recv_into one buffer and answers one byte at the end."""
-
     def __init__(self, total: int) -> None:
         self.total = total
         self.regions = shm_pair(total)
@@ -112,8 +85,6 @@ class RawSocket:
 
 
 class Memcpy:
-    """Two shm segments; `seconds(dst_slots)` copies piece i to slot dst_slots[i], in one thread."""
-
     def __init__(self, total: int) -> None:
         self.a, self.b = shm_pair(total)
 
@@ -129,8 +100,6 @@ class Memcpy:
 
 
 class Rig:
-    """Two endpoints of one backend with `total`-byte shm regions, connected."""
-
     def __init__(self, backend: str, total: int) -> None:
         self.backend, self.total = backend, total
 
@@ -167,14 +136,11 @@ class Rig:
 
 
 class Tally:
-    """Wall and CPU seconds of each variant, one entry a round (CPU: this process, every thread)."""
-
     def __init__(self) -> None:
         self.times: dict[str, list[float]] = {}
         self.cpu: dict[str, list[float]] = {}
 
     def note(self, key: str, wall: float, cpu0: float) -> None:
-        """Record a round of `key` that took `wall` seconds and began at process_time() `cpu0`."""
         self.times.setdefault(key, []).append(wall)
         self.cpu.setdefault(key, []).append(time.process_time() - cpu0)
 
@@ -188,7 +154,7 @@ def loadavg() -> list[float]:
 
 
 async def throughput(total: int, block: int, rounds: int = 5) -> dict:
-    """Every throughput figure (GB/s medians, time ratios medians of per-round ratios) as a dict."""
+    """GB/s medians, and time ratios as medians of per-round ratios."""
     n = total // block
     total = n * block
     layouts = {lay: slots(n, lay) for lay in LAYOUTS}

@@ -1,19 +1,4 @@
-"""Traffic classes on a software-scheduled link (tcp, shm): deficit round robin over bytes.
-
-Owns the pure scheduler (`DrrScheduler`, `split`) and a small async sender
-(`ClassSender`) that drains it onto one link. Verbs links do not use this: there each
-class is its own QP with its own service level and the fabric arbitrates.
-
-Model: every transfer is cut into chunks of at most CHUNK bytes (`split`), so a latency
-op never waits behind more than one batch of bulk bytes. Each class has a FIFO and a
-deficit counter; a class's quantum is weight * CHUNK bytes. The scheduler is
-work-conserving: a class with an empty queue banks no credit and is skipped, so bulk
-alone gets the whole link.
-
-Example (weights 99:1, CHUNK 256 KiB): bulk pushes 40 chunks, latency pushes 3.
-pop -> L, L, L (latency credit 99*CHUNK covers them), then B, B, ... (only bulk left).
-With both queues always full: 99 latency chunks, 1 bulk chunk, 99 latency, ...
-"""
+"""Traffic classes on a software-scheduled link (tcp, shm): deficit round robin over bytes."""
 
 from __future__ import annotations
 
@@ -44,14 +29,13 @@ def chunk_for(cls: int) -> int:
 
 
 def split(offset: int, length: int, chunk: int = CHUNK) -> list[tuple[int, int]]:
-    """Cut [offset, offset+length) into (offset, length) pieces of at most `chunk`."""
     if length <= chunk:
         return [(offset, length)]
     return [(offset + o, min(chunk, length - o)) for o in range(0, length, chunk)]
 
 
 class DrrScheduler(Generic[T]):
-    """Deficit round robin across classes 0..n-1; items carry their byte size."""
+    """Deficit round robin across classes 0..n-1 over bytes; a class with nothing queued banks no credit."""
 
     def __init__(self, weights: Sequence[int] = DEFAULT_WEIGHTS, quantum: int = CHUNK) -> None:
         if not weights or any(w <= 0 for w in weights):
@@ -70,7 +54,6 @@ class DrrScheduler(Generic[T]):
         self._count += 1
 
     def push_front(self, cls: int, item: T, nbytes: int) -> None:
-        """Put a preempted item's remainder back at the head of its FIFO."""
         self._queues[cls].appendleft((item, nbytes))
         self._count += 1
 
@@ -85,11 +68,9 @@ class DrrScheduler(Generic[T]):
         return out
 
     def queued(self, cls: int) -> int:
-        """Items waiting in class `cls` (a lock-free peek is fine for a hint)."""
         return len(self._queues[cls])
 
     def pop(self) -> tuple[int, T] | None:
-        """Next (class, item) in DRR order, or None when every queue is empty."""
         if not self._count:
             return None
         while True:
@@ -133,12 +114,8 @@ class DrrScheduler(Generic[T]):
 
 
 class LinkGate:
-    """The asyncio face of a `BulkGate` shared by every link of one endpoint.
-
-    Latency work brackets itself with `open()` / `close()` and reports bytes with
-    `served()`; a bulk frame about to move (sent or read) first awaits `bulk_turn(n)`,
-    which returns at once when no latency work is open (the common, idle case).
-    """
+    """The asyncio face of a `BulkGate` shared by every link of one endpoint: latency work brackets
+    itself with `open()` / `close()`, a bulk frame first awaits `bulk_turn(n)`."""
 
     def __init__(self, weights: Sequence[int] = DEFAULT_WEIGHTS) -> None:
         self.policy = BulkGate(weights)
@@ -157,7 +134,6 @@ class LinkGate:
         self._changed.set()
 
     def poke(self) -> None:
-        """Wake bulk waiters to re-check (e.g. their own link got latency work)."""
         self._changed.set()
 
     async def bulk_turn(self, nbytes: int, preempt: Callable[[], bool] | None = None) -> bool:
@@ -175,19 +151,9 @@ class LinkGate:
 
 
 class ClassSender(Generic[T]):
-    """Drains a DrrScheduler onto one link through `emit(batch)`, one batch at a time.
-
-    `submit` never blocks; `run` is the worker (its owner runs it as a task). `emit`
-    gets the items of one batch (<= batch_bytes, DRR order) and sends them with one
-    syscall where the link allows; a batch of bulk alone is at most BULK_CHUNK bytes, so
-    latency submitted meanwhile waits for one small batch. If `emit` raises, `on_error`
-    gets the exception and the sender stops. With a `gate`: a batch holding bulk bytes
-    first awaits its turn, latency bytes sent are credited, and `submit(..., hold=True)`
-    keeps the gate open until that item is on the wire. The worker yields to the loop after every batch: a
-    socket that always has room must not starve the other links' readers. With `send_now`,
-    a latency item submitted to an idle sender (nothing queued, nothing mid-send) is sent
-    on the spot, a loop turn earlier; what the link did not take is queued first in line.
-    """
+    """Drains a DrrScheduler onto one link through `emit(batch)`: `submit` never blocks, `run` is the
+    worker; if `emit` raises, `on_error` gets it and the sender stops. With a `gate`, a batch holding
+    bulk first awaits its turn, and `submit(..., hold=True)` keeps the gate open until the item is sent."""
 
     def __init__(
         self,

@@ -1,44 +1,4 @@
-"""Memory-to-memory copies, class-scheduled, off the event loop where it pays.
-
-Owns `CopyWorker`: one thread per endpoint that drains a DrrScheduler of copy items. It
-serves both `copy_local` (buffer <-> KV memory, "H2D/D2H" on CPU) and the shm backend's
-peer copies. Large copies run through numpy, which releases the GIL, so two threads copy
-at once and the loop stays responsive.
-
-Latency copies up to LATENCY_INLINE (a layer of a batch of hit blocks) are never queued:
-they run on the caller's thread at once, beside whatever bulk piece the worker is copying
-(two cores, two copies), so a prefill's layer pull waits neither for bulk nor for a thread
-wakeup (measured: shm one-block and layer pulls within +10% of idle under saturating
-bulk, where a queued latency copy waited for the bulk piece in hand and the wakeup). The
-loop is blocked for that copy: the TM is waiting for exactly it. A bulk (or larger)
-transfer of at most INLINE_BYTES found with an idle worker is copied inline too.
-
-A larger latency transfer is queued as items of at most ITEM bytes (group), copied pair
-by pair. A bulk transfer is one SharedCopy (copy_share.py) of pieces of at most SLICE
-bytes (LOOP_TURN when the caller copies). While the calling thread's loop serves no
-latency work (no latency copy in the last LATENCY_QUIET seconds) the caller copies it
-itself, in order, yielding to its loop every LOOP_TURN bytes, so the loop stays
-responsive and a latency copy cuts in between its pieces; it then returns with no thread
-hand-off at all (measured under load: ~5 ms per hand-off, loop -> worker and worker ->
-loop). The worker joins from the back (tokens of ITEM bytes in the BULK FIFO: the DRR
-counts bytes) when the loop has other work (other tasks took LOOP_BUSY of CPU in one of
-the caller's turns); with the loop free it stays out (measured, 64 MiB of scattered 96
-KiB pieces: 0.73x memcpy speed with the worker joining at once, 0.80x without: the two
-copying threads trade the GIL between pieces). It takes the rest when latency work shows
-up, so latency copies keep the loop to themselves. The worker leaves a helping caller
-the last pieces (TAIL), so the caller still completes the transfer. With latency work
-about (or `caller_copies=False`) the worker copies the whole transfer: before every
-piece but the first of a token, if latency work is queued, the token goes back to the
-head of the BULK FIFO and the thread pops again, so a queued latency transfer waits for
-one piece.
-
-Example: `await w.copy([(kv[0:96K], buf[0:96K]), ...682 pairs], TrafficClass.BULK)`, no
-latency copy lately: the loop copies pairs 0 .. 21 (2 MiB), yields, copies 2 MiB more,
-..., and returns after pair 681; the worker never woke. The same with a latency pull 10 ms
-ago: 16 tokens of 4 MiB go to the BULK FIFO, the worker copies 681, 680, ... and resolves the
-future via call_soon_threadsafe. `await w.copy([(kv[0:1M], buf[0:1M])],
-TrafficClass.LATENCY)` copies at once and returns.
-"""
+"""Memory-to-memory copies, class-scheduled, off the event loop where it pays."""
 
 from __future__ import annotations
 
@@ -64,8 +24,7 @@ __all__ = ["SLICE", "CopyWorker", "Pair", "copy_pair", "group"]
 
 
 def copy_pair(dst: View, src: View) -> None:
-    """Copy src into dst, memoryviews or 1-d uint8 arrays (cheapest: arrays, ~1 us less per
-    piece than a view wrapped here); large copies with the GIL released."""
+    """Copy src into dst (memoryviews or 1-d uint8 arrays); large copies release the GIL."""
     if type(dst) is np.ndarray:
         if len(dst) != len(src):  # never broadcast a short source
             raise ValueError(f"copy of {len(src)} bytes into {len(dst)}")
@@ -77,10 +36,6 @@ def copy_pair(dst: View, src: View) -> None:
 
 
 def group(pairs: Sequence[Pair], size: int = ITEM) -> list[list[Pair]]:
-    """The pairs, in order, as items of at most `size` bytes (a longer pair is cut into several).
-
-    Example (size 8): pairs of 3, 3, 3, 20 bytes -> [[3, 3], [3], [8], [8], [4]].
-    """
     out: list[list[Pair]] = []
     cur: list[Pair] = []
     n = 0
@@ -103,8 +58,6 @@ def group(pairs: Sequence[Pair], size: int = ITEM) -> list[list[Pair]]:
 
 
 class _Job:
-    """One transfer: how many items are left and the future to resolve."""
-
     __slots__ = ("left", "fut", "loop")
 
     def __init__(self, left: int, fut: asyncio.Future[None], loop: asyncio.AbstractEventLoop) -> None:
@@ -126,7 +79,9 @@ Item = tuple[list[Pair], _Job]
 
 
 class CopyWorker:
-    """A copy thread fed by a DRR scheduler (see module docstring)."""
+    """A copy thread per endpoint fed by a DRR scheduler. Small latency copies run inline on the
+    caller's thread; a bulk transfer is copied by the caller while its loop has no latency work,
+    the thread joining from the back when the loop is busy and taking the rest when latency shows up."""
 
     def __init__(self, weights: Sequence[int] = DEFAULT_WEIGHTS, name: str = "dp-copy",
                  caller_copies: bool = True) -> None:
@@ -166,8 +121,6 @@ class CopyWorker:
         await fut
 
     async def _shared(self, pairs: Sequence[Pair], cls: int, total: int) -> None:
-        """A bulk transfer: this (calling) thread copies it while its loop is free of latency
-        work, the worker when it is not, or joins when the loop turns out busy."""
         if self._stop:
             raise RuntimeError("copy worker closed")
         helping = self._caller_copies and self._quiet()
@@ -191,7 +144,6 @@ class CopyWorker:
                 fut.cancel()
 
     def _tokens(self, cls: int, job: SharedCopy, nbytes: int, first: bool = False) -> None:
-        """Queue `nbytes` of `job`'s front for the worker, as tokens of at most ITEM bytes."""
         with self._cond:
             if self._stop:
                 if first:
@@ -206,10 +158,8 @@ class CopyWorker:
         return time.monotonic() - self._latency_at >= LATENCY_QUIET
 
     async def _help(self, cls: int, job: SharedCopy) -> bool:
-        """Copy `job` in order on this thread, LOOP_TURN bytes per loop turn; True if this
-        thread completed the transfer, False if the worker will: latency work showed up (the
-        rest is the worker's), or the worker, enlisted once other tasks took LOOP_BUSY or more
-        of one loop turn, holds the last pieces in flight."""
+        """Copy `job` in order here, LOOP_TURN bytes a loop turn; True if this thread completed it, False
+        if the worker will (latency work showed up, or it holds the last pieces in flight)."""
         enlisted = False
         while True:
             if not self._quiet():
@@ -271,9 +221,8 @@ class CopyWorker:
             del batch, what, job  # drop views now: lets shm regions unmap on close
 
     def _claim(self, cls: int, budget: int, job: SharedCopy) -> None:
-        """Copy up to `budget` bytes of `job`'s pieces from the back; if latency work is queued
-        before a piece (but the first of the turn), the rest of the token goes back to the head
-        of the FIFO and the thread pops again."""
+        """Copy up to `budget` bytes of `job`'s pieces from the back; with latency work queued before a
+        piece, the rest of the token goes back to the head of the FIFO."""
         first = True
         while budget > 0:
             if not first and self._sched.queued(0):

@@ -1,26 +1,4 @@
-"""A bulk copy two threads share: the caller claims pieces from the front, the copy worker from the back.
-
-Owns `SharedCopy` (the bookkeeping of one shared transfer: which pieces are claimed, how
-many are in flight, who completes it) and `cut` (a transfer's pairs as pieces of at most
-SLICE bytes). No threads and no waiting here: the CopyWorker (copier.py) drives both sides.
-
-Rules: a piece is claimed by exactly one side, under the transfer's lock; while the caller
-helps, the worker leaves the last TAIL pieces to it, so the caller (already running, on
-its event loop) is normally the one that copies the last piece and completes the transfer:
-no wakeup of the loop from the worker. The call to `finish` that sees nothing unclaimed
-and nothing in flight returns True, exactly once: that side resolves the transfer. A
-failed piece stops further claims; the transfer then completes with that error once the
-piece in flight elsewhere (if any) lands.
-
-The caller goes forward, in the order a memcpy of the pieces would (measured: ~0.9 ms less
-CPU per 64 MiB of scattered pieces than going backward); the worker, joining only when the
-caller's loop has other work, goes backward from the end.
-
-Example: 682 pieces of 96 KiB, helping, the worker enlisted. The caller claims 0, 1, ...
-while the worker (once it runs) claims 681, 680, ...; when two unclaimed pieces are left
-the worker claims no more, the caller copies them, and its last `finish` returns True (the
-worker's last piece landed meanwhile); the caller returns without awaiting anything.
-"""
+"""A bulk copy two threads share: the caller claims pieces from the front, the copy worker from the back."""
 
 from __future__ import annotations
 
@@ -37,8 +15,7 @@ TAIL = 2  # pieces the worker leaves to a helping caller
 
 
 def cut(pairs: Sequence[Pair], size: int = SLICE) -> list[Pair]:
-    """Non-empty pairs, in order, a longer one cut into pieces of at most `size` (numpy slices:
-    no memoryview per piece). Example (size 8): pairs of 3, 0, 20 bytes -> 3, 8, 8, 4."""
+    """Non-empty pairs, in order, a longer one cut into pieces of at most `size` (numpy slices)."""
     out: list[Pair] = []
     for d, s in pairs:
         n = len(d)
@@ -53,7 +30,8 @@ def cut(pairs: Sequence[Pair], size: int = SLICE) -> list[Pair]:
 
 
 class SharedCopy:
-    """One bulk transfer's pieces, claimed from both ends (see module docstring)."""
+    """Each piece is claimed once, under the lock; while the caller helps, the worker leaves it the
+    last TAIL pieces, so the caller normally completes the transfer (no wakeup from the worker)."""
 
     __slots__ = ("pieces", "lo", "hi", "busy", "lock", "fut", "loop", "exc", "helping")
 
@@ -77,8 +55,7 @@ class SharedCopy:
             return self.pieces[self.hi]
 
     def caller_claim(self, nbytes: int) -> list[Pair]:
-        """The caller's next pieces, in order from the front, about `nbytes` of them (at least one
-        while any is unclaimed; none when every piece is claimed)."""
+        """The caller's next pieces from the front, about `nbytes` (at least one while any is unclaimed)."""
         out: list[Pair] = []
         with self.lock:
             while self.hi > self.lo and nbytes > 0:
@@ -90,8 +67,8 @@ class SharedCopy:
             return out
 
     def finish(self, exc: BaseException | None, count: int = 1) -> bool:
-        """`count` claimed pieces landed (or failed with `exc`); True for the one call that
-        completes the transfer (every piece claimed and landed, or failed and none in flight)."""
+        """`count` claimed pieces landed (or failed with `exc`); True for the one call that completes
+        the transfer (every piece claimed and landed, or failed and none in flight)."""
         with self.lock:
             self.busy -= count
             if exc is not None and self.exc is None:
@@ -109,7 +86,6 @@ class SharedCopy:
             return sum(len(d) for d, _ in self.pieces[self.lo : self.hi])
 
     def abandon(self) -> None:
-        """The caller is gone (cancelled): claim nothing more."""
         with self.lock:
             self.helping = False
             self.hi = self.lo

@@ -1,14 +1,10 @@
-"""Typed data-plane errors: every failure that crosses the transport boundary.
-
-Owns the exception classes only. Each carries the fields a caller needs to decide what
-to do (retry elsewhere, drop the peer, fix a bad offset) without parsing a message.
-"""
+"""Typed data-plane errors: every failure that crosses the transport boundary."""
 
 from __future__ import annotations
 
 
 class TransportError(Exception):
-    """Base class of every data-plane error."""
+    ...
 
 
 class BackendUnavailable(TransportError):
@@ -30,8 +26,6 @@ class RegionNotFound(TransportError):
 
 
 class OutOfBounds(TransportError):
-    """offset+length does not fit inside the region."""
-
     def __init__(self, region: str, offset: int, length: int, size: int) -> None:
         super().__init__(f"region {region!r}: [{offset}, {offset}+{length}) outside size {size}")
         self.region = region
@@ -41,10 +35,7 @@ class OutOfBounds(TransportError):
 
 
 class NotGranted(TransportError):
-    """A transfer reaches bytes its grant does not cover (or no live grant at all).
-
-    `why` says which: "read" / "write" (the direction is not granted, or the range is
-    outside the grant), "no live grant" (never given, or revoked)."""
+    """A transfer reaches bytes its grant does not cover; `why`: "read", "write" or "no live grant"."""
 
     def __init__(self, region: str, offset: int, length: int, why: str) -> None:
         super().__init__(f"region {region!r}: [{offset}, {offset}+{length}) not granted ({why})")
@@ -64,8 +55,6 @@ class PeerGone(TransportError):
 
 
 class TransferTimeout(TransportError):
-    """A transfer did not complete before its deadline."""
-
     def __init__(self, peer: str, timeout: float, nbytes: int) -> None:
         super().__init__(f"transfer of {nbytes} B with {peer!r} exceeded {timeout:.3f}s")
         self.peer = peer
@@ -84,9 +73,7 @@ class RemoteError(TransportError):
 
 
 class AuthFailed(PeerGone):
-    """A data-plane handshake failed: the other end is not of this mesh (or is no endpoint).
-
-    A PeerGone, so whoever drops a gone peer drops this one too; `reason` never holds a secret."""
+    """A data-plane handshake failed (a PeerGone, so it is dropped alike); `reason` holds no secret."""
 
     def __init__(self, peer: str, reason: str) -> None:
         super().__init__(peer, f"authentication failed: {reason}")

@@ -1,22 +1,4 @@
-"""Cross-link class arbitration: when latency work is open anywhere on an endpoint, bulk waits.
-
-Owns `BulkGate`, pure policy (no I/O, no asyncio; the clock is an argument). The tcp
-backend gives each class its own socket, so a per-socket DRR cannot rank one class
-against the other: bulk bytes on the bulk socket compete with latency bytes for the
-event loop, the CPUs and the loopback/NIC. The gate is shared by every link of one
-endpoint (initiator and server side) and decides, per bulk frame, whether it may move now.
-
-Rules (weights wl:wb, default 99:1):
-  - no latency activity open -> bulk always admitted (work-conserving, no credit banked);
-  - latency open -> bulk earns wb/wl of every latency byte served; a bulk frame is
-    admitted when the credit covers it (the DRR share, so bulk is never starved by a
-    latency backlog);
-  - liveness: a bulk frame held for `max_hold` seconds is admitted anyway (a latency
-    transfer stuck on a slow remote must not freeze bulk).
-
-Example (99:1, max_hold 5 ms): open(); admit(256K, t=0) -> False; served(1.5M) (credit
-15.9K); admit(256K, t=1ms) -> False; close() -> admit(256K, t=1.1ms) -> True.
-"""
+"""Cross-link class arbitration: when latency work is open anywhere on an endpoint, bulk waits."""
 
 from __future__ import annotations
 
@@ -27,7 +9,8 @@ MAX_HOLD_S = 0.005
 
 
 class BulkGate:
-    """Counts open latency activities and rations bulk frames against them."""
+    """Pure policy: while latency is open, bulk earns wb/wl of each latency byte served and a frame
+    held `max_hold` s goes anyway; with none open, bulk always goes."""
 
     def __init__(self, weights: Sequence[int] = DEFAULT_WEIGHTS, max_hold: float = MAX_HOLD_S) -> None:
         if len(weights) != 2 or any(w <= 0 for w in weights):
@@ -54,7 +37,6 @@ class BulkGate:
             self._held_since = None
 
     def served(self, nbytes: int) -> None:
-        """Latency bytes moved: bulk earns its weighted share while latency is open."""
         if self.open_count:
             self._credit += nbytes * self._ratio
 

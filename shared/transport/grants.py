@@ -1,20 +1,4 @@
-"""Grants: which byte ranges of which region a peer may reach, for one transfer.
-
-Owns `Grant` (the capability a serving endpoint hands out over the control plane),
-`GrantTable` (the serving side's live grants, checked on every frame a peer sends) and
-the small per-connection handles a wire names grants by (`Bindings` serving, `Handles`
-initiating); owns no I/O. A region registered for peers (`remote=True`) is still
-unreachable until its owner grants part of it: `ep.grant("buf", [(off, len), ...])`
-makes a random 16-byte token that only the requester learns (in a bus reply), and
-`ep.revoke(g)` ends it (the slots were freed, the request ended). The server checks each
-frame against *its own* copy of the grant, never the ranges a peer claims.
-
-Example: DE TM reserves slots 3 and 4 (blocks of 1 MiB) for req r1 ->
-`g = ep.grant("buf", [(3 << 20, 1 << 20), (4 << 20, 1 << 20)])` -> one range
-[3 MiB, 5 MiB) -> Reserved(slots, grant=encode(g)); the PE TM writes with
-`peer.write(ops, LATENCY, grant=g)`; an op at 5 MiB raises NotGranted on both sides;
-LoadKV frees the slots -> `ep.revoke(g)` -> any later frame naming g is refused.
-"""
+"""Grants: which byte ranges of which region a peer may reach, for one transfer."""
 
 from __future__ import annotations
 
@@ -31,7 +15,8 @@ MAX_HANDLES = 4096  # grant handles one connection may hold bound; past it, revo
 
 
 class Grant(msgspec.Struct, frozen=True, array_like=True, gc=False):
-    """Reach `region` at [starts[i], ends[i]) for each i (sorted, disjoint), reading and/or writing."""
+    """Reach `region` at [starts[i], ends[i]) (sorted, disjoint); a random `token` only its requester
+    learns, checked by the server against its own copy."""
 
     token: bytes
     region: str
@@ -41,7 +26,6 @@ class Grant(msgspec.Struct, frozen=True, array_like=True, gc=False):
     write: bool = True
 
     def covers(self, offset: int, length: int, write: bool) -> bool:
-        """Whether [offset, offset+length) lies inside one range, for that direction."""
         if not (self.write if write else self.read):
             return False
         i = bisect.bisect_right(self.starts, offset) - 1
@@ -66,9 +50,7 @@ def coalesce(ranges: Iterable[tuple[int, int]]) -> tuple[list[int], list[int]]:
 
 
 def check_grant(peer: str, grant: Grant | None, ops: list, write: bool) -> Grant:
-    """The initiator's own check that every op lies inside `grant` (shm and verbs rely on it;
-    tcp's server checks again, against its own copy of the grant). On the hot path of every
-    transfer: one bisect per op, inlined."""
+    """The initiator's own check that every op lies inside `grant` (tcp's server checks again)."""
     if grant is None:
         raise NotGranted(ops[0].remote_region if ops else "?", 0, 0, f"no grant given for {peer}")
     region, starts, ends, bisect_right = grant.region, grant.starts, grant.ends, bisect.bisect_right
@@ -87,7 +69,6 @@ _decoder = msgspec.msgpack.Decoder(Grant)
 
 
 def encode_grant(g: Grant | None) -> bytes:
-    """A grant as it rides in a control message (empty: none)."""
     return _encoder.encode(g) if g is not None else b""
 
 
@@ -120,8 +101,7 @@ class GrantTable:
         return token in self._live
 
     def view(self, token: bytes, offset: int, length: int, write: bool) -> memoryview:
-        """The slice a peer's frame may touch; NotGranted unless its grant is live and covers it.
-        On the hot path of every frame: a dict lookup and one bisect."""
+        """The slice a peer's frame may touch; NotGranted unless its grant is live and covers it."""
         entry = self._live.get(token)
         if entry is None:
             raise NotGranted("?", offset, length, "no live grant")
@@ -136,11 +116,8 @@ class GrantTable:
 
 
 class Bindings:
-    """A serving connection's handles: a wire's small grant handle -> the token bound to it.
-
-    A peer binds (`bind`) once per grant and connection, then names the handle in every
-    frame; `view` checks the frame against the live grant, so an unbound handle, an
-    unknown token (it binds, then fails like a revoked one) or a revoked grant reach nothing."""
+    """A serving connection's handles -> bound tokens; `view` checks each frame against the live
+    grant, so an unbound handle, an unknown token or a revoked grant reach nothing."""
 
     def __init__(self, table: GrantTable) -> None:
         self.table = table
@@ -158,8 +135,6 @@ class Bindings:
 
 
 class Handles:
-    """The initiator's side of one connection's bindings: token -> the handle it bound."""
-
     def __init__(self) -> None:
         self._of: dict[bytes, int] = {}
         self._next = 0

@@ -1,15 +1,4 @@
-"""What every endpoint has locally: regions, copy worker, liveness marker, announcement.
-
-Owns `LocalSide`, the shared half of all backends: region registration, grants of their
-byte ranges to peers (`grant` / `revoke`, grants.py), `copy_local`
-(buffer <-> KV memory, class-scheduled on the CopyWorker), the liveness segment peers on
-the same host check (byte 0 is 1 while open), and the base `EndpointDesc`. Backends add
-their wire (server, QPs) on top.
-
-Example: `register("buf", shm.buf, shm_name=shm.name)` -> RegionDesc(rid=1, shm=...);
-`await copy_local([Op("buf", 0, "kv", 8192, 4096)], LATENCY)` copies buf[0:4096] into
-kv[8192:12288].
-"""
+"""What every endpoint has locally: regions, copy worker, liveness marker, announcement."""
 
 from __future__ import annotations
 
@@ -43,8 +32,6 @@ class Liveness:
 
 
 class LocalSide:
-    """Regions + local copies + liveness; subclassed by each backend's Endpoint."""
-
     backend = "local"
 
     def __init__(self, node: str, weights: Sequence[int] = DEFAULT_WEIGHTS, timeout: float | None = None) -> None:
@@ -62,18 +49,15 @@ class LocalSide:
         return self.regions.add(name, buf, shm_name=shm_name, remote=remote)
 
     def unregister(self, name: str) -> None:
-        """Forget region `name` (e.g. an engine's KV memory before its restarted engine's is registered)."""
         self.regions.drop(name)
 
     def grant(self, region: str, ranges: Iterable[tuple[int, int]] | None = None, *, read: bool = True,
               write: bool = True) -> Grant:
-        """Let the holder of the returned grant reach `ranges` ((offset, length) pairs; None = the
-        whole region) of `region`, which must be registered for peers; until `revoke`."""
         view = self.regions.remote_view(region)
         return self.grants.add(region, len(view), view, ranges, read, write)
 
     def revoke(self, grant: Grant) -> bool:
-        """End `grant` (frames naming it are refused from now on); False if it was not live."""
+        """False if `grant` was not live."""
         return self.grants.revoke(grant.token)
 
     def base_desc(self, **extra: object) -> EndpointDesc:
@@ -83,7 +67,6 @@ class LocalSide:
         )
 
     async def copy_local(self, ops: list[Op], cls: TrafficClass, *, timeout: float | None = None) -> None:
-        """Copy local_region[local_offset:] -> remote_region[remote_offset:] (both local)."""
         pairs = [
             (self.regions.resolve(o.remote_region, o.remote_offset, o.length),
              self.regions.resolve(o.local_region, o.local_offset, o.length))

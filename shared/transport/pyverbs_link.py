@@ -1,17 +1,4 @@
-"""`python -m shared.transport.pyverbs_link`: make the system's pyverbs importable from the venv.
-
-Owns one install step (`make install` runs it). pyverbs is not on PyPI: Debian ships it
-as `python3-pyverbs`, compiled for the system Python, in /usr/lib/python3/dist-packages.
-A venv does not see that directory, and adding all of it (a .pth line) would let every
-Debian package shadow a missing venv dependency. So this links the one `pyverbs` package
-into the venv's site-packages, and only when its extension modules were built for this
-interpreter's ABI (same `EXT_SUFFIX`, e.g. `.cpython-311-x86_64-linux-gnu.so`: Debian's
-3.11.2 build loads in a pyenv 3.11.7 venv; a 3.12 venv would need pyverbs built for 3.12).
-
-Example: `link()` -> ("linked", ".venv/lib/python3.11/site-packages/pyverbs -> /usr/lib/
-python3/dist-packages/pyverbs"); without the Debian package -> ("absent", "... apt-get
-install python3-pyverbs ..."). It never fails the install: no pyverbs means no verbs backend.
-"""
+"""`python -m shared.transport.pyverbs_link`: make the system's pyverbs importable from the venv."""
 
 from __future__ import annotations
 
@@ -23,7 +10,6 @@ SYSTEM_PYVERBS = "/usr/lib/python3/dist-packages/pyverbs"
 
 
 def abi_matches(pkg: str, ext_suffix: str) -> bool:
-    """Whether `pkg` holds extension modules built for `ext_suffix`."""
     exts = [n for n in os.listdir(pkg) if n.endswith(".so")]
     return bool(exts) and any(n.endswith(ext_suffix) for n in exts)
 

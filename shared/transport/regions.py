@@ -1,18 +1,4 @@
-"""Local region table: name -> memoryview, with bounds checks; which regions peers may be granted.
-
-Owns the bookkeeping every backend shares; owns no I/O. `resolve` is on the hot path of
-every op, so it is a dict lookup plus one comparison and a slice.
-
-A region is registered for remote peers (`remote=True`, a transfer area such as the DRAM
-buffer) or kept local (`remote=False`, e.g. the engine's KV memory: reached only by
-`copy_local`). Only the former is announced (`remote_descs`) and only it can be granted
-(`remote_view`, what grants.py slices): a peer then reaches the ranges a grant covers.
-
-Example: `t.add("buf", mv)` -> RegionDesc(name="buf", size=len(mv), rid=1);
-`t.resolve("buf", 4096, 512)` -> mv[4096:4608]; `t.resolve("buf", len(mv), 1)` raises
-OutOfBounds("buf", len(mv), 1, len(mv)); after `t.add("kv", kv, remote=False)`,
-`t.remote_view("kv")` raises RegionNotFound("kv").
-"""
+"""Local region table: name -> memoryview, with bounds checks; which regions peers may be granted."""
 
 from __future__ import annotations
 
@@ -38,7 +24,7 @@ def check_bounds(region: str, offset: int, length: int, size: int) -> None:
 
 
 class RegionTable:
-    """Regions of one endpoint. Ids start at 1 and are never reused."""
+    """Ids start at 1 and are never reused."""
 
     def __init__(self) -> None:
         self._by_name: dict[str, tuple[RegionDesc, memoryview]] = {}
@@ -59,7 +45,6 @@ class RegionTable:
         return desc
 
     def descs(self) -> list[RegionDesc]:
-        """Every region, local ones included (this endpoint's own bookkeeping)."""
         return [d for d, _ in self._by_name.values()]
 
     def remote_descs(self) -> list[RegionDesc]:
@@ -81,8 +66,7 @@ class RegionTable:
         return mv[offset : offset + length]
 
     def array(self, name: str) -> np.ndarray:
-        """The whole region as a uint8 array (made once): what the copy worker copies from without
-        a conversion per piece (slicing one array costs less than slicing a view and wrapping it)."""
+        """The whole region as a uint8 array, made once (cheaper to slice than a view)."""
         arr = self._arrays.get(name)
         if arr is None:
             try:
@@ -92,22 +76,19 @@ class RegionTable:
         return arr
 
     def resolve_array(self, name: str, offset: int, length: int) -> np.ndarray:
-        """`resolve` as a uint8 array slice."""
         arr = self.array(name)
         check_bounds(name, offset, length, len(arr))
         return arr[offset : offset + length]
 
     def remote_view(self, name: str) -> memoryview:
-        """The whole view of a region granted to peers (what a grant slices); RegionNotFound for
-        a local one, so no grant can ever open the engine's KV memory."""
+        """RegionNotFound for a local region, so no grant can ever open the engine's KV memory."""
         try:
             return self._by_rid[self._by_name[name][0].rid][1]
         except KeyError:
             raise RegionNotFound(name) from None
 
     def drop(self, name: str) -> int:
-        """Forget region `name` (its memory is released by its owner); returns its position among
-        `descs()` before the drop. RegionNotFound if it is not registered."""
+        """Forget region `name`; returns its position among `descs()` before the drop."""
         try:
             desc, _ = self._by_name[name]
         except KeyError:
@@ -119,7 +100,6 @@ class RegionTable:
         return at
 
     def clear(self) -> None:
-        """Forget every region (views are released by their owners)."""
         self._arrays.clear()
         self._by_name.clear()
         self._by_rid.clear()

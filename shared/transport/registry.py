@@ -1,13 +1,4 @@
-"""Backends by name: `create_endpoint("shm" | "tcp" | "verbs" | "auto", ...)`.
-
-Owns the name -> factory table and the "auto" rule; a backend's heavy import (pyverbs)
-happens only inside its factory.
-
-"auto": verbs when an RDMA device is present, else tcp; either way a peer on the same
-host whose regions are all shm segments is served by the shm fast path (ShmPeer).
-Example: `ep = create_endpoint("auto", node="pe0-tm")` on a laptop -> TcpEndpoint with
-shm_fast_path=True; `await ep.connect(de_desc)` -> ShmPeer if de_desc.host_id matches.
-"""
+"""Backends by name: `create_endpoint("shm" | "tcp" | "verbs" | "auto", ...)`."""
 
 from __future__ import annotations
 
@@ -57,11 +48,7 @@ def _auto_tcp(reason: str) -> str:
 
 
 def choose(backend: str) -> tuple[str, str]:
-    """The backend `backend` resolves to on this host, and why (for start-up logs).
-
-    Example: `choose("auto")` on a laptop -> ("tcp", "auto: verbs unavailable (no RDMA
-    device: ...); same-host peers use shm"); `choose("shm")` -> ("shm", "requested").
-    """
+    """What `backend` resolves to here, and why: "auto" is verbs with an RDMA device, else tcp."""
     if backend != "auto":
         return backend, "requested"
     from .verbs import probe  # imports pyverbs only if it is installed
@@ -82,8 +69,8 @@ def create_endpoint(
     weights: Sequence[int] = DEFAULT_WEIGHTS,
     **opts: Any,
 ) -> Endpoint:
-    """Build an endpoint (not started). opts: timeout (s), shm_fast_path, secret (tcp and verbs: the
-    mesh's data-plane secret; none = this process's own), verbs: device, port_num, gid_index, sl."""
+    """An endpoint, not started. opts: timeout (s), shm_fast_path, secret (the mesh's data-plane
+    secret; none = this process's own); verbs: device, port_num, gid_index, sl."""
     try:
         factory = BACKENDS[backend]
     except KeyError:

@@ -1,15 +1,4 @@
-"""The shm backend: peers on the same host copy straight into each other's segments.
-
-Owns `ShmEndpoint` (no server: regions are /dev/shm segments announced by name) and
-`ShmPeer` (attaches the remote's segments lazily and copies with the CopyWorker). The
-same `ShmPeer` is the "auto" fast path of the tcp and verbs endpoints when the remote
-has the same `host_id` and its regions are shm segments.
-
-Example: DE TM announces desc(regions=[RegionDesc("buf", 1 GiB, shm="dp-buf-ab12")],
-alive="dp-alive-cd34", pid=4242). PE TM: `peer = await ep.connect(desc)` maps
-dp-alive-cd34; `await peer.write([Op("kv", 0, "buf", 0, 96K)], LATENCY)` maps dp-buf-ab12
-once, checks the liveness byte and pid 4242, then copies kv[0:96K] -> buf[0:96K].
-"""
+"""The shm backend: peers on the same host copy straight into each other's segments."""
 
 from __future__ import annotations
 
@@ -29,12 +18,11 @@ from .shm_region import ShmRegion, process_alive
 
 
 def shm_reachable(local_host_id: str, remote: EndpointDesc) -> bool:
-    """True when `remote` can be served by plain shared memory from here."""
     return remote.host_id == local_host_id and bool(remote.alive) and all(r.shm for r in remote.regions)
 
 
 class ShmPeer(Peer):
-    """Copies to/from a same-host endpoint's segments (see module docstring)."""
+    """Copies to/from a same-host endpoint's segments; also the "auto" fast path of tcp and verbs."""
 
     def __init__(self, regions: RegionTable, copier: CopyWorker, remote: EndpointDesc, timeout: float | None) -> None:
         self.name = remote.node
@@ -64,9 +52,7 @@ class ShmPeer(Peer):
         await self._run(self._pairs(coalesce(ops), False), cls, timeout)
 
     def _pairs(self, ops: list[Op], write: bool) -> list[Pair]:
-        """(dst, src) of each op: slices of the remote segment's and the local region's arrays.
-        On the hot path of every transfer (682 ops for 64 MiB of layer blocks): ops naming the
-        regions of the first op are sliced inline, any other op through the general lookups."""
+        """(dst, src) array slices of each op; ops on the first op's regions are sliced inline (hot path)."""
         if not ops:
             return []
         rname, lname = ops[0].remote_region, ops[0].local_region
@@ -134,8 +120,6 @@ class ShmPeer(Peer):
 
 
 class ShmEndpoint(LocalSide, Endpoint):
-    """Same-host-only endpoint; register regions with `shm_name` to make them reachable."""
-
     backend = "shm"
 
     def __init__(self, node: str, weights: Sequence[int] = DEFAULT_WEIGHTS, timeout: float | None = None) -> None:

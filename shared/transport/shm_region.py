@@ -1,21 +1,7 @@
 """POSIX shared-memory regions, without multiprocessing's resource_tracker.
 
-Owns: creating, attaching, closing and unlinking one segment under /dev/shm, and telling
-a live segment from an orphan. In Python 3.11 `multiprocessing.shared_memory` registers
-even *attached* segments with the resource tracker, which unlinks them when the
-attaching process exits; a traffic-manager attaching its engine's KV cache would then
-destroy it. Here only the creator (or whoever calls `unlink`) ever removes a segment.
-
-A segment is alive while its creator holds a shared `flock` on it: taken before the name
-appears, held until the creator closes it or dies. That holds across processes that
-cannot see each other's pids (containers sharing one /dev/shm volume each have their own
-pid namespace), so `reap_orphans` unlinks only segments nobody holds, never by pid, and
-`unlink_own` unlinks what this process created, by its own record, never by the pid in a
-name (a sibling container's process can have the same pid).
-
-Example: the engine calls `ShmRegion.create(new_name("kv"), 64 << 20)` and announces the
-name; its traffic-manager calls `ShmRegion.attach(name)` and writes into `.buf`; the TM
-exiting leaves the segment intact; the engine calls `close()` then `unlink()`.
+Only the creator (or whoever calls `unlink`) removes a segment. A segment is alive while its
+creator holds a shared `flock` on it, which holds across pid namespaces.
 """
 
 from __future__ import annotations
@@ -36,7 +22,6 @@ def new_name(tag: str = "r") -> str:
 
 
 def _creator(name: str) -> int | None:
-    """The creating pid encoded by `new_name` (None for names it did not make)."""
     parts = name.rsplit("-", 2)
     if len(parts) != 3 or not name.startswith(PREFIX) or not parts[1].isdigit():
         return None
@@ -76,9 +61,7 @@ def _held(path: str) -> bool:
 
 
 def _mapped_by(pid: int, name: str) -> bool:
-    """Whether process `pid` (as this pid namespace sees it) maps segment `name`: how a
-    creator that takes no lock (an older version) still counts as alive. In another pid
-    namespace the same pid is some other process, which does not map it."""
+    """Whether `pid` maps segment `name`: how a creator of an older, lockless version counts as alive."""
     try:
         with open(f"/proc/{pid}/maps") as f:
             return any(line.rstrip().endswith("/" + name) or f"/{name} (deleted)" in line for line in f)
@@ -89,13 +72,7 @@ def _mapped_by(pid: int, name: str) -> bool:
 
 
 def reap_orphans(shm_dir: str = SHM_DIR) -> list[str]:
-    """Unlink segments (named by `new_name`) that no process holds: their creator closed
-    them or was killed before it could unlink them.
-
-    A segment whose creator lock is free is kept only while the pid in its name maps it
-    (a creator of an older version, which took no lock). Processes that still map a
-    reaped segment keep their mapping; only the name goes.
-    """
+    """Unlink segments (named by `new_name`) that no process holds; those mapping one keep the mapping."""
     reaped = []
     try:
         names = os.listdir(shm_dir)
@@ -149,10 +126,8 @@ class ShmRegion:
 
     @classmethod
     def create(cls, name: str, size: int) -> ShmRegion:
-        """Create a new zero-filled segment; fails if `name` already exists (FileExistsError).
-
-        The segment is made under a hidden name, locked, then linked to `name`, so no
-        reaper ever sees `name` unlocked while its creator lives."""
+        """A new zero-filled segment (FileExistsError if `name` exists), made under a hidden name, locked,
+        then linked, so no reaper ever sees `name` unlocked."""
         if size <= 0:
             raise ValueError(f"shm size must be > 0, got {size}")
         path = _path(name)
@@ -173,7 +148,6 @@ class ShmRegion:
 
     @classmethod
     def attach(cls, name: str) -> ShmRegion:
-        """Map an existing segment (FileNotFoundError if it does not exist)."""
         fd = os.open(_path(name), os.O_RDWR)
         try:
             size = os.fstat(fd).st_size
@@ -182,13 +156,8 @@ class ShmRegion:
             os.close(fd)
 
     def close(self) -> None:
-        """Unmap; the segment stays until someone unlinks it (closed by its creator, it is an
-        orphan that `reap_orphans` may unlink). Idempotent.
-
-        If slices of `.buf` are still alive elsewhere (a view held by a finished task's
-        frame, a numpy array), the mapping is dropped here and unmapped by the garbage
-        collector once the last view goes: never an error on a shutdown path.
-        """
+        """Unmap (idempotent); the segment stays until unlinked. Views still alive elsewhere are
+        unmapped by the garbage collector later, never an error."""
         if self._mm is None:
             return
         mm, self._mm = self._mm, None

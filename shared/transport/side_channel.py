@@ -1,16 +1,4 @@
-"""The verbs backend's side channel: one authenticated request and reply per tcp connection.
-
-Owns the listener, the framing (u32 length + body) and the order: the mesh-secret
-handshake (tcp_auth.py) runs first, so a connection that fails it is closed before a
-byte of its setup request is read, and nothing about the endpoint (QP numbers, regions,
-rkeys) is sent to it. What the bodies mean (ConnectRequest / ConnectReply) is
-verbs_plan.py's; this module needs no RDMA device and is tested on plain sockets.
-
-Sequence (PE connects to DE):
-    PE -> DE  tcp connect; handshake (both prove the secret)   else: closed, AuthFailed
-    PE -> DE  len | ConnectRequest                               DE: answer = handle(body)
-    DE -> PE  len | ConnectReply                                 then the DE closes
-"""
+"""The verbs backend's side channel: one authenticated request and reply per tcp connection."""
 
 from __future__ import annotations
 
@@ -48,7 +36,7 @@ async def _read_body(sock: socket.socket, peer: str) -> bytes:
 
 
 class SideChannel:
-    """Listens on host:port; answers each authenticated request with `handle(body)`."""
+    """Answers each request with `handle(body)`; a connection failing the handshake is closed unread."""
 
     def __init__(self, node: str, key: bytes, handle: Callable[[bytes], Awaitable[bytes]]) -> None:
         self.node, self.key, self.handle = node, key, handle

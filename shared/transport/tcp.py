@@ -1,23 +1,4 @@
-"""The tcp backend: one asyncio server per endpoint; per peer, one socket per traffic class.
-
-Owns `TcpEndpoint` (accept loop + region table; each accepted socket is served by a
-`ServerConn`, tcp_server.py) and `TcpPeer` (the initiator: frames ops, schedules them by
-class, matches ACK / DATA / ERR to pending transfers). Wire format: tcp_wire.py.
-Every socket is authenticated before its first frame (tcp_auth.py: both ends prove the
-mesh secret); the accepting side closes a socket that fails before it reads a frame, so
-a stranger never names a region. An authenticated peer's frames reach only what a
-live grant covers (grants.py): a frame names a grant handle bound on its socket by a
-GRANT frame, never a region.
-
-Example: `await peer.write(ops, BULK)` with 672 ops of 96K -> runs that continue each
-other are merged (base.coalesce) and the pieces go as WRITEV frames of up to 1 MiB
-(tcp_wire.py), the last with ACK_ME, handed in one call to the bulk socket's sender
-thread (tcp_send.py); the server's reader thread receives each frame's segments into
-"buf" (tcp_bulk.py) and answers ACK(req); the reader task resolves req's future. A
-latency write is cut into WRITE frames of at most CHUNK, sent by a ClassSender on the
-loop (as are the server's answers). If the socket closes first, every pending transfer
-fails with PeerGone.
-"""
+"""The tcp backend: one asyncio server per endpoint; per peer, one socket per traffic class."""
 
 from __future__ import annotations
 
@@ -54,8 +35,6 @@ class _Pending:
 
 
 class TcpPeer(Peer):
-    """Initiator side of one connection (see module docstring)."""
-
     def __init__(self, socks: list[socket.socket], local: RegionTable, remote: EndpointDesc, lp: LocalSide) -> None:
         self.name = remote.node
         self._local = local
@@ -130,8 +109,7 @@ class TcpPeer(Peer):
         await self._wait(req, fut, sum(o.length for o in ops), timeout)
 
     def _handle(self, cls: TrafficClass, grant: Grant) -> int:
-        """The handle `grant` has on class `cls`'s socket; the first use binds it with a GRANT
-        frame queued ahead of the transfer's frames (one socket per class keeps them in order)."""
+        """The handle `grant` has on class `cls`'s socket; its first use queues a GRANT frame ahead."""
         h, new = self._handles[cls].of(grant.token)
         if new:
             self.links[cls].sender.submit(cls, [header(Kind.GRANT, cls, 0, 0, h, 0, 0, TOKEN), grant.token],

@@ -1,19 +1,7 @@
 """The tcp data plane's handshake: both ends prove they hold the mesh secret before any frame.
 
-Owns the challenge-response only (HMAC-SHA256, constant-time compare); it owns no region
-and sends nothing that names one. Every member of a mesh is given the same secret over
-its authenticated control plane (setting `data_plane_secret`); an endpoint given none
-uses a secret of its own process, so it talks only to endpoints of that process
-(tests, benches) and never accepts a stranger.
-
-Sequence on every accepted socket (S = server, C = initiator, K = key(secret)):
-    S -> C  MAGIC | ns                       ns: 32 random bytes
-    C -> S  nc | HMAC(K, "client" | ns | nc) nc: 32 random bytes
-    S       compare_digest(mac, expected)? no -> close (nothing else is ever sent)
-    S -> C  HMAC(K, "server" | nc | ns)      the initiator checks the server too
-    C       compare_digest? no -> close, AuthFailed
-Only then do frames (tcp_wire.py) flow. Fresh nonces on both sides: a recorded exchange
-cannot be replayed to either end. The link is authenticated, not encrypted (like RDMA).
+HMAC-SHA256 over fresh nonces from both ends: authenticated, not encrypted. An endpoint given
+no secret uses its own process's, so it never accepts a stranger.
 """
 
 from __future__ import annotations

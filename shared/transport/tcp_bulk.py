@@ -1,23 +1,4 @@
-"""The tcp server's bulk receive half on its own thread.
-
-Owns `BulkReader`: once a server connection is seen to carry bulk frames (each traffic
-class has its own socket), one thread reads its frames with blocking receives straight
-into the granted region slices (the connection's `view` checks each frame's grant). The kernel-to-region copy then releases the GIL and runs beside
-the event loop, which keeps sending (the initiator's frames when both endpoints share a
-process, every other link's frames otherwise); per frame the loop does nothing at all
-unless the frame needs an answer (ACK, DATA, ERR): the thread queues those and hands the
-queue over in one loop wakeup whenever it is about to wait on the socket.
-
-Class rules stay the loop's: a bulk payload is read only after the endpoint's LinkGate
-admits it (asked from the thread only while latency work is open: `gate.policy.busy`),
-and a latency frame, should one arrive here, opens/credits/closes the gate on the loop.
-
-Example: initiator writes 64 MiB in 96 KiB ops over BULK: the loop reads the first
-header, sees cls BULK, starts the reader; the thread reads header, payload into
-"buf"[off:off+96K], header, payload, ...; on the ACK_ME frame it posts
-`submit(LATENCY, ACK(req))` to the loop. EOF or a broken socket ends the thread, and
-`done` (a loop future) resolves with the reason.
-"""
+"""The tcp server's bulk receive half on its own thread."""
 
 from __future__ import annotations
 
@@ -38,8 +19,6 @@ Bind = Callable[[int, bytes], None]  # a GRANT frame: handle -> token
 
 
 class BulkReader:
-    """Serves one connection's frames on a thread (see module docstring)."""
-
     def __init__(self, fs: FrameSock, view: View, bind: Bind, gate: LinkGate, submit: Submit) -> None:
         self.fs, self.view, self.bind, self.gate, self.submit = fs, view, bind, gate, submit
         self.loop = asyncio.get_running_loop()
@@ -73,7 +52,6 @@ class BulkReader:
             self.done.set_result(reason)
 
     def _post(self, fn: Callable[..., object], *args: object) -> None:
-        """Queue `fn(*args)` for the loop; a burst of frames is handed over in one wakeup."""
         self._out.append((fn, args))
 
     def _flush(self) -> None:

@@ -1,20 +1,4 @@
-"""The tcp initiator's bulk sender: a thread that owns the bulk socket's sends.
-
-Owns `BulkSender`. An initiator's bulk socket carries bulk frames only (WRITE payloads,
-READ requests, GRANT), so no class scheduling is needed on it: frames go out in FIFO
-order, many per `sendmsg` (batches of up to BULK_BATCH bytes), from a thread, so the copy
-into the kernel and the waits for buffer room run with the GIL released beside the event
-loop, and the loop pays one hand-over per transfer instead of one scheduler turn per
-piece. Traffic classes still rank across sockets: before each sendmsg the thread reads
-the endpoint gate (gate.py); while latency work is open anywhere on the endpoint it
-takes its turn through the loop (`LinkGate.bulk_turn`) for at most BULK_CHUNK bytes, so
-latency pieces overtake bulk every BULK_CHUNK bytes however large the bulk frames are.
-
-Example: `write` of 672 pieces of 96 KiB -> 63 WRITEV frames of ~1 MiB (tcp_wire.py) ->
-one `submit_many` (one wakeup) -> the thread hands each frame to sendmsg, which takes
-what the socket buffer has room for; a latency pull that opens the gate meanwhile holds
-bulk after the call in flight, until its credit or close admits BULK_CHUNK more.
-"""
+"""The tcp initiator's bulk sender: a thread that owns the bulk socket's sends."""
 
 from __future__ import annotations
 
@@ -32,8 +16,6 @@ Bufs = list[bytes | memoryview]
 
 
 class BulkSender:
-    """FIFO frames onto one socket from a thread (see module docstring)."""
-
     def __init__(self, sock: socket.socket, gate: LinkGate, on_error: Callable[[BaseException], None]) -> None:
         self.sock, self.gate, self.on_error = sock, gate, on_error
         self.loop = asyncio.get_running_loop()
@@ -86,8 +68,6 @@ class BulkSender:
                 continue
 
     def _send(self, bufs: Bufs) -> None:
-        """Send `bufs`; while latency work is open (a racy read is fine: a miss sends one call
-        early), in calls of at most BULK_CHUNK bytes, each after its gate turn."""
         sock, poller, allowed = self.sock, None, 0
         while bufs and not self._stop:
             if allowed <= 0 and self.gate.policy.busy:

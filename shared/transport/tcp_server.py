@@ -1,14 +1,4 @@
-"""The tcp backend's accepting side: one authenticated socket's frames served against the regions.
-
-Owns `FrameLink` (a FrameSock plus its class-scheduled sender, shared by both sides) and
-`ServerConn`, which services the frames a remote initiator sends: WRITE / WRITEV payloads
-land in granted region slices by receives straight into them, READs are answered with
-DATA frames, GRANT binds a handle on this socket; a bulk socket that pushes is read by a
-thread (tcp_bulk.py). On a latency socket, bulk of the whole endpoint waits (LinkGate) from
-the moment a frame's bytes arrive (`ReadySock`, in the loop's I/O callback) until the frame
-is served, so a bulk batch the loop runs before the frame's coroutine gets its turn does
-not go out first. Wire format: tcp_wire.py; the initiator and the endpoint: tcp.py.
-"""
+"""The tcp backend's accepting side: one authenticated socket's frames served against the regions."""
 
 from __future__ import annotations
 
@@ -31,9 +21,8 @@ Bufs = list[bytes | memoryview]
 
 
 class ReadySock(FrameSock):
-    """A FrameSock that calls `on_ready()` the moment bytes arrive for the reader waiting on it,
-    before the reader's coroutine gets its turn (a loop turn later: after one more bulk batch).
-    A readiness the loop reports late (the bytes were already taken) is checked with a peek."""
+    """A FrameSock that calls `on_ready()` as bytes arrive, a loop turn before the reader runs, so
+    bulk waits from then on; a late readiness is checked with a peek."""
 
     on_ready: Callable[[], None] | None = None
 
@@ -79,8 +68,6 @@ class FrameLink:
 
 
 class ServerConn:
-    """Serves one initiator's frames against the endpoint's regions."""
-
     def __init__(self, sock: socket.socket, grants: GrantTable, weights: Sequence[int], gate: LinkGate) -> None:
         self.bindings = Bindings(grants)  # grant handles (a frame's rid) of this socket only
         self.view, self.bind = self.bindings.view, self.bindings.bind
@@ -124,8 +111,6 @@ class ServerConn:
                 self.link.fs.sock.shutdown(socket.SHUT_RDWR)  # the initiator sees the end at once
 
     def _latency_arrived(self) -> None:
-        """Bytes came in on this latency socket: bulk of the whole endpoint waits (LinkGate) from
-        now until the frame is served, not from when this coroutine gets its loop turn."""
         if not self._arrived:
             self._arrived = True
             self.gate.open()

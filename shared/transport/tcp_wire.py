@@ -1,29 +1,7 @@
 """The tcp backend's wire: a 32-byte frame header and a non-blocking framed socket.
 
-Owns the frame format and the socket I/O primitives (`FrameSock`): vectored sends (many
-frames, one `sendmsg`) and receives that land payloads straight in a region slice.
-
-Frame = Header [+ payload of `length` bytes]:
-    kind u8 | cls u8 | flags u16 | req u32 | rid u32 | idx u32 | offset u64 | length u64
-    WRITE  i->s  payload = bytes for region rid at offset; flags ACK_ME on a transfer's last frame
-    READ   i->s  no payload; asks for region rid [offset, offset+length), tagged (req, idx)
-    DATA   s->i  payload = those bytes, tagged (req, idx): the initiator knows where they go
-    ACK    s->i  write transfer `req` complete (all its frames were written, in order)
-    ERR    s->i  payload = msgpack WireError; transfer `req` failed on the server
-    GRANT  i->s  payload = a 16-byte grant token; from now on frames with rid == this frame's
-                 rid (a handle the initiator picked for this socket) reach what it grants
-    WRITEV i->s  idx = k segments (at most MAX_SEGS), length = their total; payload = a table
-                 of k (offset u64, length u64) then the k segments' bytes, back to back:
-                 one frame carries many pieces (bulk pushes, up to BULK_FRAME bytes)
-WRITE and READ name no region: their rid is a grant handle, and the server checks each
-frame against the live grant bound to it (grants.py); an unbound or revoked handle, or a
-range the grant does not cover, is answered with ERR (code 4) and touches nothing.
-Example: write of 2 ops = [GRANT(rid 1) + token][WRITE(req 7, rid 1, idx 0) + 96K]
-[WRITE(req 7, rid 1, idx 1, ACK_ME) + 96K] in one sendmsg -> the server reads each payload
-into the granted slice -> ACK(req 7). The next transfer under the same grant sends no GRANT.
-A bulk push of the same 2 ops is one frame: [WRITEV(req 7, rid 1, idx 2, ACK_ME, length
-192K) + table (off0, 96K, off1, 96K) + 96K + 96K]; the server checks both segments
-against the grant before it receives a byte, then receives them with one vectored call.
+Header: kind u8 | cls u8 | flags u16 | req u32 | rid u32 | idx u32 | offset u64 | length u64.
+A frame names a grant handle (rid) bound by a GRANT frame, never a region.
 """
 
 from __future__ import annotations
@@ -101,7 +79,6 @@ _ERR_DECODER = msgspec.msgpack.Decoder(WireError)
 
 
 def decode_error(payload: bytes, peer: str = "") -> TransportError:
-    """The typed exception an ERR frame's payload stands for (raised on the initiator's side)."""
     e = _ERR_DECODER.decode(payload)
     if e.code == 1:
         return RegionNotFound(e.name, where="remote")
@@ -117,8 +94,6 @@ def header(kind: Kind, cls: int, flags: int, req: int, rid: int, idx: int, offse
 
 
 class FrameSock:
-    """A non-blocking stream socket: `sendv` (vectored) and a staged frame reader."""
-
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -134,10 +109,8 @@ class FrameSock:
         self._budget = YIELD_EVERY  # bytes this socket may take before it lets the loop run others
 
     async def _recv_into(self, buf: memoryview) -> int:
-        """One receive into `buf` (> 0 bytes): at once if the kernel holds bytes, else after the
-        loop sees the fd readable. The fd stays registered while frames keep coming (no
-        register/unregister pair per receive, as `loop.sock_recv_into` pays); the first
-        readiness nobody waits for unregisters it."""
+        """One receive into `buf` (> 0 bytes); the fd stays registered with the loop while frames keep
+        coming, not once per receive as `loop.sock_recv_into` does."""
         if self._budget <= 0:  # a socket that always has bytes must not starve the other links
             self._budget = YIELD_EVERY
             await asyncio.sleep(0)
@@ -173,7 +146,6 @@ class FrameSock:
             self._loop.remove_reader(self._fd)
 
     async def sendv(self, bufs: list[bytes | memoryview]) -> None:
-        """Send every buffer, in order, with as few sendmsg calls as the kernel allows."""
         while bufs:
             try:
                 n = self.sock.sendmsg(bufs[:IOV_MAX])
@@ -228,7 +200,6 @@ class FrameSock:
         return bytes(out)
 
     async def skip(self, length: int) -> None:
-        """Discard `length` payload bytes (refused or orphaned frames)."""
         scratch = memoryview(bytearray(min(length, STAGING) or 1))
         while length:
             n = min(length, len(scratch))
@@ -261,7 +232,6 @@ class FrameSock:
         return h
 
     def read_into_sync(self, dst: memoryview) -> None:
-        """Fill `dst` exactly: staged bytes first, the rest straight from the socket."""
         n = min(len(dst), self._end - self._start)
         if n:
             dst[:n] = self._sview[self._start : self._start + n]
@@ -277,8 +247,8 @@ class FrameSock:
             length -= n
 
     def fill_sync(self, bufs: list[memoryview], limit: int) -> int:
-        """Fill the head of `bufs` with at most `limit` bytes: staged bytes if any, else one
-        vectored receive of what the kernel holds (waiting for some); returns how many."""
+        """Fill the head of `bufs` with at most `limit` bytes (staged ones, else one vectored receive of
+        what the kernel holds); returns how many."""
         have = self._end - self._start
         if have:
             n = min(have, len(bufs[0]), limit)
@@ -298,11 +268,9 @@ class FrameSock:
 
     @property
     def staged_header(self) -> bool:
-        """A whole header is already staged (the next read_header_sync needs no syscall)."""
         return self._end - self._start >= HLEN
 
     def _recv_some_sync(self, dst: memoryview, at_least: int) -> int:
-        """Receive into `dst` until at least `at_least` bytes came; returns how many."""
         got, poller = 0, None
         while got < at_least:
             try:
@@ -316,7 +284,6 @@ class FrameSock:
         return got
 
     def _wait_readable(self, poller):
-        """Block this (non-loop) thread until the socket is readable; returns the poller to reuse."""
         if poller is None:
             (poller := select.poll()).register(self.sock.fileno(), select.POLLIN)
         poller.poll()
@@ -336,8 +303,8 @@ def cap_kernel_queue(sock: socket.socket, send: int = BULK_SOCKBUF, receive: int
 
 def vector_frames(cls: int, req: int, handle: int, pieces: list[tuple[int, memoryview]],
                   frame_bytes: int = BULK_FRAME) -> list[tuple[list[bytes | memoryview], int]]:
-    """WRITEV frames (bufs, wire bytes) carrying `pieces` ((offset, bytes), each <= frame_bytes),
-    in order, at most MAX_SEGS segments and `frame_bytes` payload bytes a frame; ACK_ME on the last."""
+    """WRITEV frames (bufs, wire bytes) of `pieces` ((offset, bytes), each <= frame_bytes), in order,
+    at most MAX_SEGS segments and `frame_bytes` payload bytes each; ACK_ME on the last."""
     out: list[tuple[list[bytes | memoryview], int]] = []
     i, n = 0, len(pieces)
     while i < n:
@@ -354,8 +321,7 @@ def vector_frames(cls: int, req: int, handle: int, pieces: list[tuple[int, memor
 
 
 def segments(table: bytes, total: int) -> list[tuple[int, int]]:
-    """A WRITEV table as (offset, length) pairs; ConnectionError if it contradicts the header
-    (the stream can no longer be framed: the connection is dropped)."""
+    """A WRITEV table as (offset, length) pairs; ConnectionError if it contradicts the header."""
     flat = struct.unpack(f"<{len(table) // 8}Q", table)
     segs = list(zip(flat[::2], flat[1::2], strict=True))
     if sum(n for _, n in segs) != total:
@@ -364,14 +330,12 @@ def segments(table: bytes, total: int) -> list[tuple[int, int]]:
 
 
 def table_bytes(k: int) -> int:
-    """Bytes of a WRITEV table of `k` segments; ConnectionError beyond MAX_SEGS."""
     if not 0 < k <= MAX_SEGS:
         raise ConnectionAbortedError(f"WRITEV with {k} segments (1..{MAX_SEGS} allowed)")
     return k * SEG.size
 
 
 def head_bufs(bufs: list[bytes | memoryview], limit: int) -> list[bytes | memoryview]:
-    """The first `limit` bytes of a buffer list (the last buffer cut), for one bounded send or receive."""
     out: list[bytes | memoryview] = []
     for b in bufs:
         if limit <= 0 or len(out) >= IOV_MAX:
@@ -389,7 +353,6 @@ def _set_once(fut: asyncio.Future[None]) -> None:
 
 
 def advance_bufs(bufs: list[bytes | memoryview], n: int) -> list[bytes | memoryview]:
-    """Drop the first `n` bytes from a buffer list."""
     i = 0
     while i < len(bufs) and n >= len(bufs[i]):
         n -= len(bufs[i])

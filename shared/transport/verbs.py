@@ -1,20 +1,7 @@
 """The verbs backend's device half: pyverbs RC QPs, MRs, RDMA WRITE/READ, CQ polling.
 
-Owns `load_pyverbs` / `probe` (is there a usable device, and if not, why), and
-`VerbsEndpoint` / `VerbsPeer`. Pure logic (batching, MR translation, setup messages,
-SLs) lives in verbs_plan.py. Imported only by the registry's verbs factory.
-
-Connection setup rides a small TCP side channel on the endpoint's host:port
-(side_channel.py), authenticated with the mesh secret before any setup message:
-  PE: create QP[LATENCY] (SL 3), QP[BULK] (SL 0) -> send ConnectRequest(qpns, psns, gid, regions)
-  DE: create its two QPs, move them to RTS against the PE's -> reply ConnectReply(...)
-  PE: move its QPs to RTS against the DE's; peer.write(ops, LATENCY) posts chained RDMA
-  WRITEs on QP[LATENCY] (signaled only on the last) and polls CQ[LATENCY] until it lands.
-Local copies (copy_local) use the CopyWorker; a loopback QP for CNIC-assisted copies is
-not done yet. Grants (grants.py) are checked by the initiator only: a region's MR and
-rkey cover all of it, so a member of the mesh that ignores its grants could reach the
-whole DRAM buffer (never the KV memory: its MR has no remote access). Enforcing grants
-in the NIC needs one MR (or memory window) per grant; not done.
+Grants are checked by the initiator only: an MR covers a whole region, so a peer that ignores
+its grant reaches the whole buffer (never the KV memory, which has no remote access).
 """
 
 from __future__ import annotations
@@ -77,8 +64,6 @@ def buffer_address(buf: memoryview) -> int:
 
 
 class _Device:
-    """Context, PD and one CQ per class on one port."""
-
     def __init__(self, name: str, port_num: int, gid_index: int) -> None:
         from pyverbs.cq import CQ
         from pyverbs.device import Context
@@ -232,7 +217,6 @@ class VerbsEndpoint(LocalSide, Endpoint):
 
     @property
     def refused(self) -> int:
-        """Side-channel connections closed because their handshake failed."""
         return self._side.refused
 
     def desc(self) -> EndpointDesc:
@@ -248,7 +232,6 @@ class VerbsEndpoint(LocalSide, Endpoint):
             self.dev.to_rts(qps[m.cls], m, theirs[m.cls], msg.lid, msg.gid)
 
     async def _on_setup(self, body: bytes) -> bytes:
-        """An authenticated peer's ConnectRequest -> our QPs at RTS against its -> ConnectReply."""
         req = decode_setup(body)
         if not isinstance(req, ConnectRequest):
             raise PeerGone("?", f"expected a ConnectRequest, got {type(req).__name__}")

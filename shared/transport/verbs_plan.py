@@ -1,17 +1,4 @@
-"""The verbs backend's pure parts: MR bookkeeping, WR batching, setup messages, SLs.
-
-Owns everything about RDMA that needs no device, so it is unit-tested anywhere:
-- `MrBook`: region name -> (addr, length, lkey) locally and (addr, size, rkey) remotely;
-  `translate(op)` bounds-checks and turns an Op into a `Wr` (laddr, lkey, raddr, rkey, len).
-- `plan(wrs)`: cuts a list of Wrs into doorbell batches (<= max_wr WRs, <= max_bytes),
-  splitting any Wr above max_msg; only the last WR of a batch is signaled.
-- `ConnectRequest` / `ConnectReply`: what two endpoints exchange to bring up one RC QP
-  per traffic class (QPN, PSN, SL) plus LID/GID and every region's addr/rkey.
-- `SL_DEFAULT`: service level per class (latency on a high-priority lane, bulk low).
-
-Example: 3 layer blocks of 96 KiB, max_wr=2 -> batches [[w0, w1*], [w2*]] (* signaled);
-the device side posts w0->w1 with one doorbell, waits for w1's completion, posts w2.
-"""
+"""The verbs backend's pure parts: MR bookkeeping, WR batching, setup messages, SLs."""
 
 from __future__ import annotations
 

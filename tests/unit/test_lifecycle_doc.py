@@ -1,8 +1,15 @@
-"""docs/request-lifecycle.md names every state machine's states and moves as the code has them."""
+"""docs/concepts/request-lifecycle.md names every state machine's states and moves as the code has them,
+and every message its sequence diagrams send exists."""
 from __future__ import annotations
 
+import importlib
+import pkgutil
+import re
+
+import msgspec
 import pytest
 
+import shared.messages
 from dualpath.lifecycle_doc import DOC, spliced
 
 pytestmark = pytest.mark.unit
@@ -10,4 +17,14 @@ pytestmark = pytest.mark.unit
 
 def test_the_generated_states_in_the_doc_are_current():
     text = DOC.read_text()
-    assert spliced(text) == text, "docs/request-lifecycle.md is stale: python -m dualpath.lifecycle_doc --write"
+    assert spliced(text) == text, "docs/concepts/request-lifecycle.md is stale: python -m dualpath.lifecycle_doc --write"
+
+
+def test_every_message_in_the_sequence_diagrams_is_a_message_type():
+    types = {name for info in pkgutil.iter_modules(shared.messages.__path__)
+             for name, v in vars(importlib.import_module(f"shared.messages.{info.name}")).items()
+             if isinstance(v, type) and issubclass(v, msgspec.Struct)}
+    diagrams = re.findall(r"```mermaid\n(.*?)```", DOC.read_text(), re.S)
+    sent = {m for d in diagrams for m in re.findall(r"^\s*\w+-?-[>x]{1,2}\w+: ([A-Z]\w+)", d, re.M)}
+    assert len(diagrams) >= 5 and len(sent) >= 15, (len(diagrams), sorted(sent))
+    assert sent <= types, f"not a message type in shared/messages: {sorted(sent - types)}"

@@ -87,7 +87,7 @@ def test_the_scheduler_setting_takes_every_mode_and_names_them_when_wrong():
     assert field_docs(SchedulerConfig)["mode"].endswith(": " + " | ".join(mode_names()))  # --help and the docs
 
 
-@pytest.mark.parametrize("doc,heading", [("README.md", "Glossary"), ("docs/design.md", "Load modes")])
+@pytest.mark.parametrize("doc,heading", [("README.md", "Glossary"), ("docs/concepts/design.md", "Load modes")])
 def test_the_docs_describe_every_mode(doc, heading):
     text = (ROOT / doc).read_text(encoding="utf-8")
     section = text.split(f"## {heading}", 1)[1].split("\n## ", 1)[0]

@@ -1,4 +1,4 @@
-"""DE assignment, levels 1 and 2 (docs/design.md#decode-engine-assignment), on hand-built states."""
+"""DE assignment, levels 1 and 2 (docs/concepts/design.md#decode-engine-assignment), on hand-built states."""
 from collections import deque
 
 import pytest

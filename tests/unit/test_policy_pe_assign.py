@@ -1,4 +1,4 @@
-"""Algorithm 1 (docs/design.md#prefill-engine-assignment-algorithm-1) on hand-built group states."""
+"""Algorithm 1 (docs/concepts/design.md#prefill-engine-assignment-algorithm-1) on hand-built group states."""
 from collections import deque
 
 import pytest

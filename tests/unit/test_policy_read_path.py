@@ -1,4 +1,4 @@
-"""Read-path choice and the split-read variant (docs/design.md#read-path-choice)."""
+"""Read-path choice and the split-read variant (docs/concepts/design.md#read-path-choice)."""
 import pytest
 
 from shared.sched.policy import ReadPath, choose_path, split_read

@@ -1,43 +1,6 @@
-"""Scheduling policy as pure code (explained in docs/design.md#scheduling).
+"""Scheduling policy as pure functions: values in, decisions out.
 
-Values in, decisions out: no I/O, no clocks, no nats / torch / asyncio. The scheduler
-service, the engines and the cluster simulator (`dualpath.sim`) all call these
-functions unchanged.
-
-API for the scheduler service
------------------------------
-State it keeps: one global FIFO `deque[Request]` for prefill, one global DE pool
-(list), one private `deque[Request]` per DE group. Engines report `EngineReport`
-values (seq_e, tok_e, read_q of the engine's node, free KV memory).
-
-- A PE group pulls::
-
-      assignments = assign_prefill(pe_queue, reports, PeThresholds(alpha, beta))
-
-  pops the assigned requests from the head of `pe_queue` (Algorithm 1) and returns
-  `[EngineAssignment(rid, engine), ...]` in FIFO order.
-- A DE group pulls::
-
-      target = pick_de_group({group: total_tok, ...})          # level 1
-      private[target].extend(pool); pool.clear()
-      assignments = assign_decode(private[pulling_group], reports)   # level 2
-
-  `assign_decode` removes the placed requests from the private queue (not strictly
-  FIFO: a request that fits no engine stays where it was).
-- Once a request has both engines::
-
-      path = choose_path(pe_node_read_q, de_node_read_q)               # ReadPath.PE/DE
-      pe_blocks, de_blocks = split_read(n_blocks, pe_q, de_q, pe_rate, de_rate)
-
-- A PE forms a forward batch from its ready requests::
-
-      batch = plan_batch([ReadyPrefill(rid, cached, remaining), ...], attn_model, quota)
-
-  returns `[PlannedChunk(rid, cached, bsz), ...]`; the last chunk may be partial (chunked
-  prefill, size found by binary search).
-
-Units: tokens for tok_e, read_q, len(r); free memory and a request's `mem` in any one
-unit the caller chooses (the simulator uses tokens of KV).
+Units: tokens for tok_e, read_q and a request's length; free memory and `mem` in one caller-chosen unit.
 """
 from shared.sched.policy.de_assign import assign_decode, pick_de_group, z_threshold
 from shared.sched.policy.intra_pe import AttentionModel, PlannedChunk, ReadyPrefill, balanced_quota, plan_batch

@@ -1,16 +1,4 @@
-"""Decode-engine assignment in two levels (docs/design.md#decode-engine-assignment).
-
-Level 1 (`pick_de_group`): the global pool, drained when any DE group pulls, goes to
-the DE group with the smallest total tok. Level 2 (`assign_decode`): inside the pulling
-group, place requests of its private queue on engines whose free KV memory fits them,
-preferring engines that stay at or below the high-token threshold Z (smallest seq_e
-first), otherwise the fitting engine with the smallest tok_e.
-
-Example: two engines, free memory 10 and 10, tok 0 and 8, seq 0 and 1; queue r1(len 4,
-mem 4), r2(len 4, mem 4). R = {r1, r2} (8 <= 20), Z = 1.05 * (8 + 8) / 2 = 8.4.
-r1: both fit and both stay <= Z? engine 2 would reach 12 > Z, so only engine 1
-qualifies -> engine 1 (tok 4). r2: engine 1 -> 8 <= Z qualifies -> engine 1.
-"""
+"""Decode-engine assignment: the pool to a DE group, then requests to its engines."""
 from __future__ import annotations
 
 from collections import deque
@@ -54,12 +42,8 @@ def assign_decode(
     factor: float = Z_FACTOR,
     lookahead: int = LOOKAHEAD,
 ) -> list[EngineAssignment]:
-    """Level 2 for one DE group; removes the placed requests from `queue`.
-
-    Scans from the head; a request that fits no engine keeps its place. The scan ends
-    after |R| + lookahead entries or when no engine has memory left, so its cost stays
-    bounded when the group is full.
-    """
+    """Level 2 for one DE group: removes the placed requests from `queue`, the rest keep their place.
+    Prefers fitting engines that stay at or below Z (fewest seq_e first), else the smallest tok_e."""
     if not reports or not queue:
         return []
     tok = [r.tokens for r in reports]

@@ -1,14 +1,4 @@
-"""Intra-PE batching under a compute quota (docs/design.md#batching-inside-a-prefill-engine).
-
-Owns the attention-time model over (cached, bsz) pairs and the batch planner: take a
-PE's ready requests in FIFO order while the estimated attention time of the batch stays
-within the quota; the first request that would exceed it gets the largest chunk that
-still fits (binary search), and the batch ends there (chunked prefill).
-
-Example: quota 0.3 s; requests a(cached 0, remaining 4096), b(cached 30000, remaining
-500). If a costs 0.1 s and a+b would cost 0.45 s, b gets the largest bsz' <= 500 with
-t(a, b[:bsz']) <= 0.3 s, rounded down to `align` tokens.
-"""
+"""Intra-PE batching under a compute quota: the attention-time model and the batch planner."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,14 +11,8 @@ from typing import Iterable
 class AttentionModel:
     """Estimated attention time of a forward batch, in seconds.
 
-    For one request with `cached` tokens of KV and `bsz` new tokens, token i of the new
-    ones attends to cached + i tokens. Terms (all seconds):
-      per_pair * sum_i (cached + i)                 full attention (or a sparse indexer)
-      per_capped_pair * sum_i min(cached + i, cap)  attention over at most `cap` tokens
-                                                    (sliding window / top-k sparse)
-      per_token * bsz                               per-token projections in attention
-    plus `per_batch` once per batch. Coefficients come from FLOPs fitted to profiled time.
-    """
+    A request's `bsz` new tokens after `cached` ones cost, over i = 1..bsz: per_pair * sum(cached + i)
+    + per_capped_pair * sum(min(cached + i, cap)) + per_token * bsz; a batch adds per_batch once."""
 
     per_pair: float = 0.0
     per_capped_pair: float = 0.0
@@ -37,7 +21,6 @@ class AttentionModel:
     per_batch: float = 0.0
 
     def request_time(self, cached: int, bsz: int) -> float:
-        """Attention time of one request's `bsz` new tokens after `cached` tokens."""
         if bsz <= 0:
             return 0.0
         pairs = bsz * cached + bsz * (bsz + 1) // 2
@@ -47,13 +30,11 @@ class AttentionModel:
         return t
 
     def batch_time(self, pairs: Iterable[tuple[int, int]]) -> float:
-        """Attention time of a batch given its (cached, bsz) pairs."""
         total = sum(self.request_time(c, b) for c, b in pairs)
         return total + self.per_batch if total > 0 else 0.0
 
 
 def _capped_pairs(cached: int, bsz: int, cap: int) -> int:
-    """sum over i = 1..bsz of min(cached + i, cap)."""
     if cached >= cap:
         return bsz * cap
     below = min(bsz, cap - cached)  # tokens whose span is still under the cap
@@ -70,8 +51,6 @@ class ReadyPrefill(msgspec.Struct, frozen=True):
 
 
 class PlannedChunk(msgspec.Struct, frozen=True):
-    """Compute `bsz` tokens of request `rid` after its `cached` tokens in this batch."""
-
     rid: int
     cached: int
     bsz: int
@@ -84,17 +63,11 @@ def plan_batch(
     align: int = 1,
     max_tokens: int = 0,
 ) -> list[PlannedChunk]:
-    """Chunks for one forward batch; empty only when `work` has nothing to compute.
+    """Chunks for one forward batch, FIFO; empty only when `work` has nothing to compute.
 
-    `work` may be a lazy iterable: it is consumed only until the quota is full.
-
-    FIFO; a request that would push the estimate over `quota` is cut to the largest
-    multiple of `align` that fits (binary search on the monotone time), and ends the
-    batch. The first chunk of a batch always has at least min(align, remaining) tokens
-    so that progress is guaranteed. `max_tokens` (> 0) caps the batch's new tokens, the
-    first chunk included. A `whole` request is never cut: it ends the batch before it when
-    it does not fit, and goes alone (over the quota) when it is first.
-    """
+    A request over the quota is cut to the largest multiple of `align` that fits, at least min(align,
+    remaining) when first, and ends the batch; `max_tokens` (> 0) caps the batch's new tokens. A `whole`
+    request is never cut: alone when first, else left out. `work` is read only until the batch is full."""
     out: list[PlannedChunk] = []
     used = model.per_batch
     budget_tokens = max_tokens if max_tokens > 0 else -1
@@ -136,18 +109,8 @@ def _largest_fit(model: AttentionModel, cached: int, hi: int, room: float, align
 
 
 def balanced_quota(times: Iterable[float], target: float) -> float:
-    """The largest per-GPU attention budget c that keeps a step unit's GPUs within `target`.
-
-    `times` are the attention times the GPUs of one step unit (attention DP, one EP stage
-    after it) would run under the plain quota, one per GPU with work. Capping each at c
-    gives max/avg = c / mean(min(t, c)); that grows with c, so the largest c at or under
-    `target` is found segment by segment between the sorted times. Returns max(times) when
-    the batches are already within `target` (nothing is cut), 0.0 for no times.
-
-    Example: times [0.30, 0.10, 0.10, 0.10], target 1.05: uncapped 0.30 / 0.15 = 2.0; capped
-    at c = 0.1068 the mean is 0.1017 and c / mean = 1.05, so the first GPU's batch is cut to
-    0.1068 s (chunked prefill) and the others wait 7 ms for it instead of 200 ms.
-    """
+    """The largest per-GPU attention budget c keeping a step unit's max/avg within `target`, given each
+    working GPU's attention time under the plain quota (max(times) when nothing needs cutting)."""
     ts = sorted(t for t in times if t > 0.0)
     n = len(ts)
     if n == 0:

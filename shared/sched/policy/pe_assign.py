@@ -1,13 +1,4 @@
-"""Prefill-engine assignment: Algorithm 1 of the paper (docs/design.md#prefill-engine-assignment-algorithm-1).
-
-Owns the classification of a pulling PE group's engines and the FIFO hand-out of the
-global queue's head. Does not choose the read path (read_path.py) or batch (intra_pe.py).
-
-Example: alpha=100, beta=1000; engines A(tok 0, read_q 0) and B(tok 0, read_q 500).
-A is class 2, B class 3. Requests r1(600), r2(600), r3(600) arrive: r1 -> A (class 2
-first; A's tok becomes 600), r2 -> A (still class 2, tok 1200 > beta: A is now class 1),
-r3 -> B (class 2 is empty, so class 3), and B takes from then on until it exceeds beta.
-"""
+"""Prefill-engine assignment: Algorithm 1 of the paper."""
 from __future__ import annotations
 
 import heapq
@@ -20,11 +11,8 @@ from shared.sched.policy.types import EngineAssignment, EngineClass, EngineRepor
 
 @dataclass(frozen=True, slots=True)
 class PeThresholds:
-    """alpha: a short read queue (tokens a node reads from storage in ~3 s);
-    beta: the token cap of one engine (tokens one GPU processes in ~5 s)."""
-
-    alpha: int
-    beta: int
+    alpha: int  # a node's read queue at or below this is short (tokens)
+    beta: int  # an engine above this tok_e is overloaded
 
 
 def classify(report: EngineReport, tokens: int, th: PeThresholds) -> EngineClass:
@@ -39,12 +27,8 @@ def classify(report: EngineReport, tokens: int, th: PeThresholds) -> EngineClass
 def assign_prefill(
     queue: deque[Request], reports: Sequence[EngineReport], th: PeThresholds
 ) -> list[EngineAssignment]:
-    """Hand out requests from the head of `queue` to the pulling group's engines.
-
-    Pops every assigned request from `queue`; the rest stay in order. Each request goes
-    to the class-2 engine with the smallest tok_e, else the class-3 one; ties go to the
-    engine listed first. Stops when the queue or both classes are empty.
-    """
+    """Hand out requests from the head of `queue` (popped) to the pulling group's engines: each to the
+    class-2 engine with the smallest tok_e, else to a class-3 one; ties to the engine listed first."""
     ideal: list[tuple[int, int]] = []  # (tok_e, position in reports)
     pressured: list[tuple[int, int]] = []
     for i, rep in enumerate(reports):
