@@ -36,19 +36,23 @@ def check_record(path: Path, doc) -> dict:
 
 
 def header(cond: dict) -> list[str]:
-    """The run's line (date, machine, load average start -> end, CPU and wall time) and its command."""
+    """The run's line (date, machine, load average start -> end, CPU and wall time) and its command.
+
+    Flagged as not quiet by the record's own verdict (shared/benchrun.py: busy at the start, or
+    others' load beyond 1.5), else when a record without one saw a load average above 1.5."""
     m = cond["machine"]
     usable = f", {m['usable_cores']} usable" if m.get("usable_cores") not in (None, m["cores"]) else ""
-    start, end = cond["load_start"][0], cond["load_end"][0]
+    start, end, others = cond["load_start"][0], cond["load_end"][0], cond.get("others_load")
+    beyond = f" ({others:.2f} beyond its own work)" if end > QUIET_LOAD and others is not None else ""
     line = (f"{cond['date']} · {m['cpu']}, {m['cores']} cores{usable}, {num(m['memory_gib'], 1)} GiB · "
-            f"load average {start:.2f} → {end:.2f} · CPU {num(cond.get('cpu_s'), 1)} s over "
+            f"load average {start:.2f} → {end:.2f}{beyond} · CPU {num(cond.get('cpu_s'), 1)} s over "
             f"{num(cond.get('wall_s'), 1)} s wall")
-    if max(start, end) > QUIET_LOAD:
-        why = cond.get("flagged") or f"the 1-minute load average reached {max(start, end):.2f}"
-        line += f" · **load above {QUIET_LOAD}: not a quiet run** ({why})"
+    why = cond["flagged"] if "flagged" in cond else (
+        f"load average {max(start, end):.2f} (> {QUIET_LOAD})" if max(start, end) > QUIET_LOAD else "")
+    if why:
+        line += f" · **not a quiet run**: {why}"
     fence = "sh" if cond["command"].startswith(".venv/bin/") else "text"  # a runnable command, or as recorded
     return [line, "", f"```{fence}", cond["command"], "```", ""]
-
 
 def num(v, digits: int = 2, unit: str = "") -> str:
     """A figure for a table cell: n/a for None or NaN."""

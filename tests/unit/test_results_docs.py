@@ -15,7 +15,7 @@ import pytest
 
 from dualpath.results import pages
 from dualpath.results.__main__ import main as results_main
-from dualpath.results.common import ReportError
+from dualpath.results.common import ReportError, header
 from shared.benchrun import command_line, machine, start
 
 pytestmark = pytest.mark.unit
@@ -52,10 +52,25 @@ def test_each_report_has_its_date_machine_load_times_and_command(written):
            "--scale 0.06 --max-turns 8 --offline --json docs/results/data/bench-tiny.json\n```" in bench
     assert "not a quiet run" not in bench
     flagged = _section((written / "bench.md").read_text(), "bench-online-tiny")
-    assert "load average 2.30 → 1.90" in flagged and "**load above 1.5: not a quiet run** (load average 2.30 " \
-                                                     "at the start (> 1.5))" in flagged
+    assert "load average 2.30 → 1.90 (0.00 beyond its own work)" in flagged
+    assert "**not a quiet run**: load average 2.30 at the start (> 1.5)\n" in flagged
     for page in ("sim.md", "fleet.md", "chaos.md"):
         assert (written / page).read_text().count("· load average ") == (2 if page == "sim.md" else 1)
+
+
+@pytest.mark.parametrize("load,others,flagged,says", [
+    ((0.3, 2.1), 0.2, "", "load average 0.30 → 2.10 (0.20 beyond its own work) · CPU"),
+    ((0.3, 2.1), 1.8, "load average beyond this run's own work reached 1.80 (> 1.5)", "**not a quiet run**: load "
+                                                                                      "average beyond"),
+    ((1.6, 0.9), None, None, "**not a quiet run**: load average 1.60 (> 1.5)"),  # a record without a verdict
+    ((0.3, 0.9), None, None, "load average 0.30 → 0.90 · CPU"),
+])
+def test_a_run_above_the_quiet_load_is_flagged(load, others, flagged, says):
+    cond = {"date": "d", "machine": {"cpu": "c", "cores": 2, "memory_gib": 1.0}, "load_start": [load[0]],
+            "load_end": [load[1]], "command": "dualpath bench", "others_load": others, "flagged": flagged}
+    line, _, fence, *_ = header({k: v for k, v in cond.items() if v is not None})
+    assert says in line and ("not a quiet run" in line) == ("not a quiet" in says)
+    assert fence == "```text"  # not a command to run as written (no .venv/bin/)
 
 
 def test_the_bench_page_has_each_modes_figures_and_the_plots(written):
