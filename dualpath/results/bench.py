@@ -57,18 +57,13 @@ def offline(doc: dict) -> list[str]:
         if r["kind"] == "offline":
             by.setdefault(run_name(r), []).append(r)
     roles = (doc.get("config") or {}).get("node_roles") or {}
-    rows = []
-    for m, v in doc["summary"]["offline"].items():
-        rs = by.get(m, [])
-        nodes = sorted({n for r in rs for n in r.get("storage_read_bytes_per_node") or {}},
-                       key=lambda n: ("(decode)" in node_label(n, roles), n))  # prefill nodes first
-        reads = {n: spread((r.get("storage_read_bytes_per_node") or {}).get(n) for r in rs)["median"] for n in nodes}
-        rows.append([m, num(v["jct_s"]["median"]), num(v["bound_s"]["median"]),
-                     num(v["jct_over_bound"]["median"], 2, "x"), TERM_NAMES.get(v.get("limit"), v.get("limit") or "n/a"),
-                     f"{num(_median(rs, 'ttft_p50_s'))} / {num(_median(rs, 'ttft_p99_s'))}",
-                     f"{num(_ms(_median(rs, 'tpot_p50_s')), 1)} / {num(_ms(_median(rs, 'tpot_p99_s')), 1)}",
-                     ", ".join(f"{node_label(n, roles)} {num(b / 1e6)}" for n, b in reads.items() if b is not None)
-                     or "n/a", num((v.get("predicted_jct_s") or {}).get("median"))])
+    rows = [[m, num(v["jct_s"]["median"]), num(v["bound_s"]["median"]), num(v["jct_over_bound"]["median"], 2, "x"),
+             TERM_NAMES.get(v.get("limit"), v.get("limit") or "n/a"),
+             f"{num(_median(by.get(m, []), 'ttft_p50_s'))} / {num(_median(by.get(m, []), 'ttft_p99_s'))}",
+             f"{num(_ms(_median(by.get(m, []), 'tpot_p50_s')), 1)} / "
+             f"{num(_ms(_median(by.get(m, []), 'tpot_p99_s')), 1)}",
+             _reads(by.get(m, []), roles), num((v.get("predicted_jct_s") or {}).get("median"))]
+            for m, v in doc["summary"]["offline"].items()]
     out = table(["mode", "JCT s", "bound s", "JCT/bound", "bound set by", "TTFT p50 / p99 s", "TPOT p50 / p99 ms",
                  "storage MB read per node", "simulator's JCT s"], rows)
     names = {"speedup": "speed-up", "bound_ratio": "ratio of the bounds", "of_bound_ratio": "speed-up / bound ratio",
@@ -76,6 +71,14 @@ def offline(doc: dict) -> list[str]:
     for pair, vals in (doc["summary"].get("pairs") or {}).items():
         out.append(f"- {pair}: " + "; ".join(f"{names.get(k, k)} {num(s['median'], 2, 'x')}" for k, s in vals.items()))
     return out + [""] if doc["summary"].get("pairs") else out
+
+
+def _reads(rows: list[dict], roles: dict) -> str:
+    """Median storage MB read per node over the runs, prefill nodes first."""
+    per = [r.get("storage_read_bytes_per_node") or {} for r in rows]
+    nodes = sorted({n for p in per for n in p}, key=lambda n: ("(decode)" in node_label(n, roles), n))
+    mb = {n: spread(p.get(n) for p in per)["median"] for n in nodes}
+    return ", ".join(f"{node_label(n, roles)} {num(b / 1e6)}" for n, b in mb.items() if b is not None) or "n/a"
 
 
 def online_table(online: list[dict]) -> list[str]:
