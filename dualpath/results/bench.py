@@ -1,7 +1,6 @@
 """The bench page's sections: a `dualpath bench` report's setup, offline and online figures, plots.
 
-The figures are the report's own (medians over its repeats); the plots are the bench's
-(dualpath/bench/report.py), drawn again from the same JSON.
+Figures and plots are the report's own (dualpath/bench/report.py), from the same JSON.
 """
 from __future__ import annotations
 
@@ -74,7 +73,6 @@ def offline(doc: dict) -> list[str]:
 
 
 def _reads(rows: list[dict], roles: dict) -> str:
-    """Median storage MB read per node over the runs, prefill nodes first."""
     per = [r.get("storage_read_bytes_per_node") or {} for r in rows]
     nodes = sorted({n for p in per for n in p}, key=lambda n: ("(decode)" in node_label(n, roles), n))
     mb = {n: spread(p.get(n) for p in per)["median"] for n in nodes}
@@ -104,7 +102,6 @@ def capacity(search: dict) -> list[str]:
 
 
 def plots(doc: dict, out: Path) -> list[str]:
-    """The bench's own PNGs of this report (JCT by mode, TTFT/TPOT against APS, MB read per node)."""
     from dualpath.bench.report import plots as draw
 
     doc.setdefault("summary", summary(doc["runs"]))

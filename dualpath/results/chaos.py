@@ -1,8 +1,4 @@
-"""The chaos page's sections: the fault-and-cancel matrix, cells passed per kind, action and phase.
-
-A cell is one process kind killed or frozen (or a client leaving) in one phase of a request,
-as `python -m dualpath.bench.chaos` ran and judged it; failed cells are listed with their outcome.
-"""
+"""The chaos page's sections: the fault-and-cancel matrix, cells passed per kind, action and phase."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,7 +1,6 @@
 """What every results section shares: the run record it must carry, its header lines, table cells.
 
-A report without its date, machine, load average at start and end or command is refused
-(`ReportError`, naming the file and the key); nothing here knows one tool's figures.
+A report without its date, machine, load average or command is refused, naming the file and the key.
 """
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ GLOSSARY = "[glossary](../../README.md#glossary)"
 
 
 class ReportError(ValueError):
-    """A report the results pages cannot use; the message names the file and what is wrong."""
+    pass  # a report the pages cannot use: the message names the file and what is wrong
 
 
 def check_record(path: Path, doc) -> dict:
@@ -36,10 +35,8 @@ def check_record(path: Path, doc) -> dict:
 
 
 def header(cond: dict) -> list[str]:
-    """The run's line (date, machine, load average start -> end, CPU and wall time) and its command.
-
-    Flagged as not quiet by the record's own verdict (shared/benchrun.py: busy at the start, or
-    others' load beyond 1.5), else when a record without one saw a load average above 1.5."""
+    """The run's line and its command; not quiet by the record's own verdict (shared/benchrun.py),
+    or, in a record without one, by a load average above 1.5."""
     m = cond["machine"]
     usable = f", {m['usable_cores']} usable" if m.get("usable_cores") not in (None, m["cores"]) else ""
     start, end, others = cond["load_start"][0], cond["load_end"][0], cond.get("others_load")
@@ -55,7 +52,6 @@ def header(cond: dict) -> list[str]:
     return [line, "", f"```{fence}", cond["command"], "```", ""]
 
 def num(v, digits: int = 2, unit: str = "") -> str:
-    """A figure for a table cell: n/a for None or NaN."""
     if v is None or (isinstance(v, float) and (math.isnan(v) or math.isinf(v))):
         return "n/a"
     if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -64,7 +60,6 @@ def num(v, digits: int = 2, unit: str = "") -> str:
 
 
 def table(head: list[str], rows: list[list[str]]) -> list[str]:
-    """A markdown table (and a blank line after it)."""
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     return out + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows] + [""]
 

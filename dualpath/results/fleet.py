@@ -1,8 +1,4 @@
-"""The fleet page's sections: `python -m dualpath.bench.fleet` reports, its table and a plot.
-
-The columns are the benchmark's own (dualpath/bench/fleet.py: the whole scheduler, or with
-`--core-only` its dispatch core alone); a figure a row lacks is n/a.
-"""
+"""The fleet page's sections: `python -m dualpath.bench.fleet` reports, its table and a plot."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -38,7 +34,6 @@ def lines(doc: dict) -> list[str]:
 
 
 def plots(doc: dict, out: Path) -> list[str]:
-    """Time from arrival to assignment (p50, p99) against the fleet's size."""
     rows = sorted((r for r in doc["rows"] if r.get("assign_p50_ms") is not None), key=lambda r: r["engines"])
     if not rows:
         return []

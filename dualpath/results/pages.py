@@ -1,7 +1,6 @@
 """The results pages: each report in docs/results/data/ read, checked and laid out under its kind.
 
-`build` gives every page's text and draws the plots; `write` puts both in place; `stale` names
-what differs from the committed pages (plots by name only: PNG bytes vary with the library).
+`stale` compares plots by name only: PNG bytes vary with the plotting library.
 """
 from __future__ import annotations
 

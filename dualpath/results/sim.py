@@ -1,7 +1,6 @@
 """The sim page's sections: `dualpath sim --reproduce` (published beside simulated) and plain runs.
 
-A reproduce report's rows are [experiment, metric, published text, simulated, published value,
-reason]; the gap and the 15% flag are the reproduction's own (dualpath/sim/reproduce.py).
+The gap and its 15% flag are the reproduction's own (dualpath/sim/reproduce.py).
 """
 from __future__ import annotations
 
@@ -55,7 +54,6 @@ def runs(doc: dict) -> list[str]:
 
 
 def plots(doc: dict, out: Path) -> list[str]:
-    """A reproduction's gaps as bars (the ±15% band shaded); none for a plain run."""
     if "rows" not in doc:
         return []
     import matplotlib
