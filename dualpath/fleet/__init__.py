@@ -4,5 +4,5 @@
 shared store's index; `prefill` and `decode` are the emulated engines; `group` runs many of
 them (with their traffic-managers' and gateways' announcements) in one process; `agents`
 drives the scheduler over HTTP; `driver` starts everything and measures. The benchmark is
-`python -m dualpath.bench.fleet` (docs/fleet.md).
+`python -m dualpath.bench.fleet` (docs/guides/fleet.md).
 """

@@ -3,7 +3,7 @@
 Each dialect says some of five things (session, expected return, retention TTL, reuse,
 release); where several dialects in one request say the same thing, the first in `ORDER`
 decides. Every dialect present is checked even when overridden: a bad value is a 400 naming
-the field in its own dialect. docs/agent-hints.md has the table. Pure.
+the field in its own dialect. docs/guides/agent-hints.md has the table. Pure.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Pure msgspec Structs, decoded with the request body (protocol.py), so a value of the wrong
 type is a 400 whose `param` is the field's path in the client's own dialect (e.g.
 `nvext.cache_control.ttl`). Unknown fields are ignored. What each field means here is
-hint_dialects.py's job; docs/agent-hints.md has the table.
+hint_dialects.py's job; docs/guides/agent-hints.md has the table.
 """
 from __future__ import annotations
 

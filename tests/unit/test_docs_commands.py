@@ -1,4 +1,4 @@
-"""Every command in README.md and docs/*.md runs as written on a fresh clone after `make install`.
+"""Every command in README.md and docs/**/*.md runs as written on a fresh clone after `make install`.
 
 Commands are the lines of ```sh blocks (run as written: through `.venv/bin/` or `make`)
 and inline `code` that starts like a command (a mention in prose: `dualpath sim`,
@@ -25,7 +25,7 @@ import pytest
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 FENCE = re.compile(r"```(sh|bash|shell)\n(.*?)```", re.S)
 INLINE = re.compile(r"(?<!`)`((?:\.venv/bin/[a-z]|make |dualpath |python -m )[^`]*)`(?!`)")
 DURATION = re.compile(r"\d+(\.\d+)?\s*(s|sec|seconds?|min|minutes?|h|hours?)\b|\b(a|one) (minute|second)|seconds\b|"
@@ -77,7 +77,7 @@ ALL = [(p.relative_to(ROOT).as_posix(), n, c, comment, fenced) for p in PAGES
 
 def test_the_pages_have_commands_to_check():
     assert len([a for a in ALL if a[0] == "README.md" and a[4]]) >= 5
-    assert any(a[0] == "docs/deploy.md" and a[4] for a in ALL)
+    assert any(a[0] == "docs/guides/compose.md" and a[4] for a in ALL)
 
 
 @pytest.mark.parametrize("page,line,cmd,comment,fenced", ALL, ids=[f"{a[0]}:{a[1]}" for a in ALL])
@@ -292,7 +292,7 @@ def test_readme_commands_that_take_a_while_say_how_long(page, line, cmd, comment
 TOPS = ("dualpath", "services", "shared", "kernels", "tests", "deploy")
 SOURCES = [p for top in TOPS for p in (ROOT / top).rglob("*")
            if p.suffix in (".py", ".md", ".toml", ".yml", ".sh", ".json") and p.is_file()] + PAGES + [ROOT / "Makefile"]
-DOC_REF = re.compile(r"docs/([a-z0-9_-]+\.md)(#[a-z0-9-]+)?")
+DOC_REF = re.compile(r"docs/((?:[a-z0-9_-]+/)*[a-z0-9_-]+\.md)(#[a-z0-9-]+)?")
 OUTSIDE = re.compile(r"\.\./shared|\bspec/[a-z]+\.md|\bspec (section|§|\d)|\bspec §|[Ss]pec section \d|"
                      r"\bspec \d\.\d|in the spec\b|\bDESIGN\.md\b|\bhandbook\b")
 
@@ -319,10 +319,10 @@ def test_every_docs_reference_names_a_page_and_heading_that_exist():
             elif m.group(2) and m.group(2) not in _anchors(page):
                 bad.append(f"{src.relative_to(ROOT)}: {m.group(0)} (no such heading)")
     for page in PAGES:  # relative links between pages
-        for link in re.findall(r"\]\(([a-z0-9_-]+\.md)(#[a-z0-9-]+)?\)", page.read_text()):
-            target = page.parent / link[0]
-            assert target.is_file(), f"{page.name} links to missing {link[0]}"
-            assert not link[1] or link[1] in _anchors(target), f"{page.name} links to missing {link[0]}{link[1]}"
+        for link in re.findall(r"\]\(((?:\.\./|[a-z0-9_-]+/)*[a-zA-Z0-9_-]+\.md)(#[a-z0-9-]+)?\)", page.read_text()):
+            target = (page.parent / link[0]).resolve()
+            assert target.is_file(), f"{page.relative_to(ROOT)} links to missing {link[0]}"
+            assert not link[1] or link[1] in _anchors(target), f"{page.relative_to(ROOT)} links to missing {link[0]}{link[1]}"
     assert not bad, bad
 
 
