@@ -87,12 +87,12 @@ def test_the_scheduler_setting_takes_every_mode_and_names_them_when_wrong():
     assert field_docs(SchedulerConfig)["mode"].endswith(": " + " | ".join(mode_names()))  # --help and the docs
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/design.md"])
-def test_the_docs_describe_every_mode(doc):
+@pytest.mark.parametrize("doc,heading", [("README.md", "Glossary"), ("docs/design.md", "Load modes")])
+def test_the_docs_describe_every_mode(doc, heading):
     text = (ROOT / doc).read_text(encoding="utf-8")
-    section = text.split("## Load modes", 1)[1].split("\n## ", 1)[0]
+    section = text.split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
     for name in mode_names():
-        assert f"`{name}`" in section, f"{doc} 'Load modes' does not describe `{name}`"
+        assert f"`{name}`" in section, f"{doc} '{heading}' does not describe `{name}`"
 
 
 # --- the scheduler service: each request's read path by its mode -------------------------------------
