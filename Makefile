@@ -7,7 +7,7 @@ ARGS   ?=
 # WITH_APT=0: never run apt-get (then no python3-pyverbs: the verbs backend is off unless installed otherwise)
 WITH_APT ?= 1
 
-.PHONY: install run test test-unit test-integration gpu-check bench clean compose-check sim-fast docs \
+.PHONY: install run test test-unit test-integration gpu-check bench clean compose-check sim-fast docs results \
 	compose compose-build compose-up compose-down compose-logs
 
 install: $(STAMP)
@@ -113,6 +113,11 @@ compose-down: install
 
 compose-logs: install
 	$(IN_COMPOSE_DIR) logs $(ARGS)
+
+# The results pages (docs/results/*.md, plots under docs/results/img/) from the JSON reports in
+# docs/results/data/ (docs/results/README.md: the commands that make each report).
+results: install
+	$(PY) -m dualpath.results --write
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -4,10 +4,13 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import platform
+import shlex
 import sys
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Iterator
 
@@ -26,8 +29,38 @@ class BenchBusy(RuntimeError):
         self.holder = holder
 
 
+def machine() -> dict:
+    """The machine a run ran on: CPU model, cores (all, and those this process may use), memory."""
+    cpu = platform.processor() or platform.machine()
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name")) or cpu
+    except (OSError, StopIteration):
+        pass
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"cpu": cpu, "cores": os.cpu_count(), "usable_cores": usable, "memory_gib": round(mem / 2**30, 1),
+            "system": f"{platform.system()} {platform.release()}", "python": platform.python_version()}
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """The run's command as typed from the repository root: `.venv/bin/dualpath bench ...` or
+    `.venv/bin/python -m dualpath.bench.fleet ...` (the path the venv was reached by dropped)."""
+    argv = list(sys.argv if argv is None else argv)
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if argv and spec is not None and spec.name and argv[0].endswith(".py"):  # run with python -m
+        head = [".venv/bin/python", "-m", spec.name.removesuffix(".__main__")]
+    elif argv and Path(argv[0]).name == "dualpath":
+        head = [".venv/bin/dualpath"]
+    else:
+        head = [".venv/bin/python", argv[0]] if argv and argv[0].endswith(".py") else argv[:1]
+    return shlex.join(head + argv[1:])
+
+
 @dataclass
 class Conditions:
+    """A run's record (`report()`: a report's "conditions"): start, machine, command, load, CPU."""
+
     name: str
     load_start: list[float] = field(default_factory=list)
     load_end: list[float] = field(default_factory=list)
@@ -35,6 +68,10 @@ class Conditions:
     cpu_s: float = 0.0  # this process and the children it reaped (a mesh it started included)
     others_load: float = 0.0  # the 1-minute load average at the end beyond this run's own cores
     flagged: str = ""  # why the figures are not figures ("": quiet)
+    date: str = field(default_factory=lambda: datetime.now().astimezone().isoformat(timespec="seconds"))  # start
+    machine: dict = field(default_factory=machine)
+    command: str = field(default_factory=command_line)
+    argv: list[str] = field(default_factory=lambda: list(sys.argv))
     _t0: float = field(default_factory=time.monotonic, repr=False)
     _c0: float = field(default_factory=lambda: _cpu(), repr=False)
 
@@ -89,12 +126,17 @@ def bench_run(name: str, say=None) -> Iterator[Conditions]:
         f.truncate()
         f.write(json.dumps({"pid": os.getpid(), "name": name, "since": time.strftime("%Y-%m-%d %H:%M:%S")}))
         f.flush()
-        cond = Conditions(name, load_start=_load())
+        cond = start(name)
         try:
             yield cond
         finally:
             cond.measure()
             (say or (lambda line: print(line, file=sys.stderr, flush=True)))(cond.line())
+
+
+def start(name: str) -> Conditions:
+    """A run's conditions from now, without the lock (a tool that is no benchmark of the mesh)."""
+    return Conditions(name, load_start=_load())
 
 
 def _holder(f) -> dict:

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import httpx
 
+from shared.benchrun import Conditions, start
+
 KINDS = {  # kind -> the process-name prefix in the mesh
     "scheduler": "scheduler", "prefill": "prefill-", "decode": "decode-", "tm-p": "tm-p", "tm-d": "tm-d",
     "gateway-p": "gateway-p", "gateway-d": "gateway-d", "nats": "nats"}
@@ -280,14 +282,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m dualpath.bench.chaos", description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--kinds", default=",".join(KINDS), help=f"process kinds to fault, of {', '.join(KINDS)}")
-    ap.add_argument("--json", default="", help="write the cells here")
+    ap.add_argument("--json", default="", help="write {cells, conditions} here")
     ap.add_argument("--log-dir", default="", help="keep the mesh's logs here")
     return ap
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, conditions: Conditions | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
+    conditions = conditions or start("dualpath.bench.chaos")
     kinds = [k for k in args.kinds.split(",") if k]
     bad = [k for k in kinds if k not in KINDS]
     if bad or args.repeats < 1:
@@ -299,11 +302,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(done) - len(failed)} passed, {len(failed)} failed")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump([asdict(c) for c in done], f, indent=1)
+            json.dump({"cells": [asdict(c) for c in done], "conditions": conditions.measure().report()}, f, indent=1)
     return 1 if failed else 0
 
 
 if __name__ == "__main__":  # one benchmark at a time; its load and CPU said at the end
     from shared.benchrun import alone
 
-    raise SystemExit(alone("dualpath.bench.chaos", lambda conditions: main()))
+    raise SystemExit(alone("dualpath.bench.chaos", lambda conditions: main(conditions=conditions)))

@@ -12,6 +12,7 @@ import sys
 
 from dualpath.fleet.driver import Fleet, FleetSpec
 from dualpath.fleet.front import drive_core
+from shared.benchrun import Conditions, start
 
 COLUMNS = (
     ("engines", "engines", "{:d}"), ("req/s want", "target_rate", "{:.1f}"), ("assign/s", "assign_per_s", "{:.1f}"),
@@ -62,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a scheduler setting, e.g. journal=false (repeatable)")
     p.add_argument("--log-dir", default="", help="keep every process's log here")
-    p.add_argument("--json", help="write the rows here")
+    p.add_argument("--json", help="write {core_only, rows, conditions} here")
     p.add_argument("--profile", default="", help="write the scheduler's cProfile statistics to PATH.<engines>")
     p.add_argument("--core-only", action="store_true",
                    help="drive the dispatch core alone at --load x the paper's request rate: a synthetic front door "
@@ -73,9 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, conditions: Conditions | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
+    conditions = conditions or start("dualpath.bench.fleet")
     extra = {}
     for item in args.set:
         key, sep, value = item.partition("=")
@@ -104,11 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows, CORE_COLUMNS if args.core_only else COLUMNS))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(rows, fh, indent=1)
+            json.dump({"core_only": args.core_only, "rows": rows, "conditions": conditions.measure().report()},
+                      fh, indent=1)
     return 0
 
 
 if __name__ == "__main__":  # one benchmark at a time; its load and CPU said at the end
     from shared.benchrun import alone
 
-    raise SystemExit(alone("dualpath.bench.fleet", lambda conditions: main()))
+    raise SystemExit(alone("dualpath.bench.fleet", lambda conditions: main(conditions=conditions)))

@@ -86,9 +86,12 @@ def run(args: argparse.Namespace) -> int:
         for name in names:
             print(format_report(sweep(load_hardware(name))))
         return 0
+    from shared.benchrun import start
+    args.conditions = start("dualpath sim")  # the record its JSON carries
     if args.reproduce:
         from dualpath.sim.reproduce import main as reproduce
-        return reproduce(quick=args.quick, full=args.full, json_path=args.json_path, online=not args.no_online)
+        return reproduce(quick=args.quick, full=args.full, json_path=args.json_path, online=not args.no_online,
+                         conditions=args.conditions)
     if args.ablation:
         from dualpath.sim.ablation import main as ablation
         ablation(quick=args.quick)
@@ -130,5 +133,6 @@ def _simulate(args: argparse.Namespace) -> int:
         print(format_hints(runs))
     if args.json_path:
         with open(args.json_path, "w", encoding="utf-8") as fh:
-            json.dump({"config": base, "runs": [r.to_dict() for r in runs]}, fh, indent=1)
+            json.dump({"config": base, "runs": [r.to_dict() for r in runs],
+                       "conditions": args.conditions.measure().report()}, fh, indent=1)
     return 0

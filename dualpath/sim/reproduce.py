@@ -15,6 +15,7 @@ from dualpath.sim.engine import run_sim
 from dualpath.sim.hardware import HARDWARE
 from dualpath.sim.metrics import SimResult
 from dualpath.sim.window import format_report, sweep
+from shared.benchrun import Conditions, start
 from shared.messages.codes import LoadMode
 
 BASIC, DUAL, ORACLE = LoadMode.BASIC, LoadMode.DUALPATH, LoadMode.ORACLE
@@ -62,9 +63,10 @@ def capacity(cfg: SimConfig, log: list, guess: float, iters: int) -> tuple[float
     return ok, best
 
 
-def main(quick: bool = False, full: bool = False, json_path: str | None = None, online: bool = True) -> int:
+def main(quick: bool = False, full: bool = False, json_path: str | None = None, online: bool = True,
+         conditions: Conditions | None = None) -> int:
     global _T0
-    _T0 = time.perf_counter()
+    conditions, _T0 = conditions or start("dualpath sim --reproduce"), time.perf_counter()
     size = "quick: a quarter of the lengths, a fifth of the agents" if quick else "full size"
     print(f"reproducing the published figures ({size}; one line per simulator run) ...", flush=True)
     log: list = []
@@ -150,9 +152,14 @@ def main(quick: bool = False, full: bool = False, json_path: str | None = None, 
     for name in HARDWARE:
         print(format_report(sweep(HARDWARE[name])))
     if json_path:
-        with open(json_path, "w", encoding="utf-8") as fh:
-            json.dump({"rows": rows, "runs": log}, fh, indent=1, default=str)
+        write_json(json_path, rows, log, conditions)
     return 0
+
+
+def write_json(path: str, rows: list, log: list, conditions: Conditions) -> None:
+    """{"rows": [[experiment, metric, published text, simulated, published, reason]], "runs", "conditions"}."""
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump({"rows": rows, "runs": log, "conditions": conditions.measure().report()}, fh, indent=1, default=str)
 
 
 def _capacity_rows(base: SimConfig, lag: float, scale: float, quick: bool, log: list, rows: list) -> None:

@@ -85,7 +85,7 @@ class _Common(msgspec.Struct, kw_only=True):
     return_token_ids: bool = False  # vLLM extension: prompt and completion token ids in the choice
     dualpath_mode: LoadMode | None = None  # benchmark override of the deployment's load mode
     agent_hints: AgentHints | None = None  # agent-aware KV: retention, prefetch during tool calls, release
-    # the same in other servers' dialects (hint_dialects.py; docs/agent-hints.md)
+    # the same in other servers' dialects (hint_dialects.py; docs/guides/agent-hints.md)
     agent_hint: VllmAgentHint | None = None  # vLLM's session-aware KV cache hints
     kv_hints: KvHints | None = None  # vLLM's versioned envelope: `agent_hint` actions
     nvext: NvExt | None = None  # Dynamo: agent_hints, cache_control, agent_context (the rest is ignored)

@@ -1,4 +1,4 @@
-"""Every command in README.md and docs/*.md runs as written on a fresh clone after `make install`.
+"""Every command in README.md and docs/**/*.md runs as written on a fresh clone after `make install`.
 
 Commands are the lines of ```sh blocks (run as written: through `.venv/bin/` or `make`)
 and inline `code` that starts like a command (a mention in prose: `dualpath sim`,
@@ -77,7 +77,7 @@ ALL = [(p.relative_to(ROOT).as_posix(), n, c, comment, fenced) for p in PAGES
 
 def test_the_pages_have_commands_to_check():
     assert len([a for a in ALL if a[0] == "README.md" and a[4]]) >= 5
-    assert any(a[0] == "docs/deploy.md" and a[4] for a in ALL)
+    assert any(a[0] == "docs/guides/compose.md" and a[4] for a in ALL)
 
 
 @pytest.mark.parametrize("page,line,cmd,comment,fenced", ALL, ids=[f"{a[0]}:{a[1]}" for a in ALL])
@@ -319,10 +319,10 @@ def test_every_docs_reference_names_a_page_and_heading_that_exist():
             elif m.group(2) and m.group(2) not in _anchors(page):
                 bad.append(f"{src.relative_to(ROOT)}: {m.group(0)} (no such heading)")
     for page in PAGES:  # relative links between pages
-        for link in re.findall(r"\]\(((?:\.\./|[a-z0-9_-]+/)*[a-z0-9_-]+\.md)(#[a-z0-9-]+)?\)", page.read_text()):
+        for link in re.findall(r"\]\(((?:\.\./|[a-z0-9_-]+/)*[a-zA-Z0-9_-]+\.md)(#[a-z0-9-]+)?\)", page.read_text()):
             target = (page.parent / link[0]).resolve()
-            assert target.is_file(), f"{page.name} links to missing {link[0]}"
-            assert not link[1] or link[1] in _anchors(target), f"{page.name} links to missing {link[0]}{link[1]}"
+            assert target.is_file(), f"{page.relative_to(ROOT)} links to missing {link[0]}"
+            assert not link[1] or link[1] in _anchors(target), f"{page.relative_to(ROOT)} links to missing {link[0]}{link[1]}"
     assert not bad, bad
 
 

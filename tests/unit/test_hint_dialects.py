@@ -1,5 +1,5 @@
 """Agent hints in other servers' dialects (services/scheduler/hint_dialects.py): each maps onto the
-scheduler's `Hint` as docs/agent-hints.md's table says, on both endpoints; what has no meaning
+scheduler's `Hint` as docs/guides/agent-hints.md's table says, on both endpoints; what has no meaning
 here changes nothing; a bad value is a 400 naming the field in the client's own dialect; where
 dialects overlap, the documented precedence decides."""
 from __future__ import annotations
