@@ -42,6 +42,8 @@ def machine() -> dict:
     return {"cpu": cpu, "cores": os.cpu_count(), "usable_cores": usable, "memory_gib": round(mem / 2**30, 1),
             "system": f"{platform.system()} {platform.release()}", "python": platform.python_version()}
 
+CLI = "dualpath"  # the console script's name
+
 
 def command_line(argv: list[str] | None = None) -> str:
     """The run's command as typed from the repository root: `.venv/bin/dualpath bench ...` or
@@ -50,7 +52,7 @@ def command_line(argv: list[str] | None = None) -> str:
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     if argv and spec is not None and spec.name and argv[0].endswith(".py"):  # run with python -m
         head = [".venv/bin/python", "-m", spec.name.removesuffix(".__main__")]
-    elif argv and Path(argv[0]).name == "dualpath":
+    elif argv and Path(argv[0]).name == CLI:
         head = [".venv/bin/dualpath"]
     else:
         head = [".venv/bin/python", argv[0]] if argv and argv[0].endswith(".py") else argv[:1]

@@ -9,6 +9,7 @@ from pathlib import Path
 from dualpath.bench.metrics import run_name, spread, summary
 from dualpath.bench.report import TERM_NAMES, node_label
 from dualpath.results.common import GLOSSARY, num, table
+from shared.messages.codes import LoadMode
 
 TITLE = "Bench: a real mesh on this machine"
 INTRO = [f"Each section is one `dualpath bench` report (terms: {GLOSSARY}).",
@@ -95,7 +96,8 @@ def capacity(search: dict) -> list[str]:
     caps = {m: s.get("capacity_aps") for m, s in search.items()}
     out = ["Capacity at the SLO (the highest APS whose level held): "
            + ", ".join(f"{m} {num(c, 3)} APS" for m, c in caps.items()) + "."]
-    over = [f"{m} {c / caps['basic']:.2f}x" for m, c in caps.items() if m != "basic" and c and caps.get("basic")]
+    base = caps.get(LoadMode.BASIC)
+    over = [f"{m} {c / base:.2f}x" for m, c in caps.items() if m != LoadMode.BASIC and c and base]
     if over:
         out.append("Over basic: " + ", ".join(over) + ".")
     return out + [""]

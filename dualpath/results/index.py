@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 from dualpath.results.common import GLOSSARY, table
+from dualpath.sim.config import SGLANG
+from shared.messages.codes import LoadMode
+
+SIM_MODES = ",".join((LoadMode.BASIC, LoadMode.DUALPATH, LoadMode.ORACLE, SGLANG))
 
 OUT = "docs/results/data"
 RECIPES = [  # (report, command, how long on 2 cores)
@@ -12,11 +16,11 @@ RECIPES = [  # (report, command, how long on 2 cores)
                       f"--set scheduler.pe-beta-tokens=32768 --offline --repeat 3 --json {OUT}/bench-smollm2.json",
      "~10-18 min"),
     ("bench-online-tiny", f".venv/bin/dualpath bench --up --model tiny --snic-gbit 0.05 --trace gen:32k --agents 12 "
-                          f"--scale 0.2 --max-turns 6 --search-aps --modes basic,dualpath --slo-ttft 2 "
+                          f"--scale 0.2 --max-turns 6 --search-aps --modes {LoadMode.BASIC},{LoadMode.DUALPATH} --slo-ttft 2 "
                           f"--slo-tpot 0.05 --min-turns 120 --min-seconds 60 --aps-start 0.25 "
                           f"--json {OUT}/bench-online-tiny.json", "~25 min"),
     ("sim-2p4d", f".venv/bin/dualpath sim --topology 2P4D --trace gen:64k --agents 200 --offline "
-                 f"--modes basic,dualpath,oracle,sglang --json {OUT}/sim-2p4d.json", "~1 min"),
+                 f"--modes {SIM_MODES} --json {OUT}/sim-2p4d.json", "~1 min"),
     ("sim-reproduce-quick", f".venv/bin/dualpath sim --reproduce --quick --no-online "
                             f"--json {OUT}/sim-reproduce-quick.json", "~15 min"),
     ("fleet", f".venv/bin/python -m dualpath.bench.fleet --engines 96 384 1152 --load 0.02 --warmup-s 10 "

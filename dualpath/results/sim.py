@@ -4,6 +4,8 @@ The gap and its 15% flag are the reproduction's own (dualpath/sim/reproduce.py).
 """
 from __future__ import annotations
 
+from shared.messages.codes import LoadMode
+
 from pathlib import Path
 
 from dualpath.results.common import GLOSSARY, num, table
@@ -40,7 +42,7 @@ def reproduce(doc: dict) -> list[str]:
 
 def runs(doc: dict) -> list[str]:
     c = doc.get("config") or {}
-    basic = next((r["jct_s"] for r in doc["runs"] if r["mode"] == "basic" and r.get("hints", "off") == "off"), None)
+    basic = next((r["jct_s"] for r in doc["runs"] if r["mode"] == LoadMode.BASIC and r.get("hints", "off") == "off"), None)
     rows = [[r["mode"] + (f" (hints {r['hints']})" if r.get("hints", "off") != "off" else ""), num(r["jct_s"], 0),
              f"{basic / r['jct_s']:.2f}x" if basic and r.get("jct_s") else "-",
              f"{num(r.get('ttft_p50_s'))} / {num(r.get('ttft_p90_s'))}",

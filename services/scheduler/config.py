@@ -24,7 +24,7 @@ class SchedulerConfig(CommonConfig):
     pe_alpha_tokens: int = 50_000  # Algorithm 1 alpha: a "short" node read queue (~3 s of storage reads)
     pe_beta_tokens: int = 4_096  # Algorithm 1 beta: a prefill engine's token cap (~5 s of prefill on a CPU)
     api_keys: tuple[str, ...] = ()  # Bearer keys required on the API when set (DUALPATH_API_KEYS=k1,k2); /health stays open
-    mode: LoadMode = LoadMode.DUALPATH  # how stored KV is loaded when a request names no dualpath_mode (README: Load modes)
+    mode: LoadMode = LoadMode.DUALPATH  # how stored KV is loaded when a request names no dualpath_mode (the README glossary: load modes)
     read_path: str = "auto"  # dualpath modes: auto (the mode's rule) | pe | de (every hit on that path: tests)
     prefetch: bool = True  # act on agent hints' tool calls: stage the session's stored KV in a buffer meanwhile
     prefetch_prefer_pe: bool = True  # stage on the prefill side whenever its read ends before the session is due (else: the idler NIC)
