@@ -8,7 +8,7 @@ ARGS   ?=
 WITH_APT ?= 1
 
 .PHONY: install run test test-unit test-integration gpu-check bench clean compose-check sim-fast docs results \
-	compose compose-build compose-up compose-down compose-logs
+	compose compose-build compose-up compose-down compose-logs mutants
 
 install: $(STAMP)
 
@@ -47,6 +47,15 @@ sim-fast: install
 docs: install
 	$(PY) -m dualpath.docgen --write
 	@if [ -f dualpath/lifecycle_doc.py ]; then $(PY) -m dualpath.lifecycle_doc --write; fi
+
+# Mutation testing (not part of `make test`): mutmut over the policy, the dispatcher, block keys and
+# format, the traffic manager's fetch/push/progress, the hand-off, decode persistence and the planner,
+# against the unit and model tiers ([tool.mutmut] in pyproject.toml); prints the score per module and
+# the survivors, and writes docs/results/data/mutants.json (then `make results`).
+MUTMUT_VERSION ?= 3.8.1
+mutants: install
+	$(PY) -m pip install -q 'mutmut==$(MUTMUT_VERSION)'
+	$(PY) -m dualpath.mutants $(ARGS)
 
 # The whole mesh on one machine: embedded nats-server, directory store, default model.
 run: install

@@ -28,6 +28,7 @@ RECIPES = [  # (report, command, how long on 2 cores)
     ("fleet-core", f".venv/bin/python -m dualpath.bench.fleet --core-only --engines 1152 --load 1.0 --warmup-s 10 "
                    f"--measure-s 20 --idle-s 8 --json {OUT}/fleet-core.json", "~1.5 min"),
     ("chaos", f".venv/bin/python -m dualpath.bench.chaos --repeats 3 --json {OUT}/chaos.json", "~3 min a repeat"),
+    ("mutants", "make mutants", "~30 min"),
 ]
 
 
@@ -45,7 +46,7 @@ def page(found: dict[str, list[str]], titles: dict[str, str]) -> str:
         lines += ["No reports yet: data/ holds none. The commands below make them.", ""]
     lines += ["## Making the reports", "",
               "One at a time on an otherwise idle machine, from the repository root; then `make results`, and",
-              "commit data/ with the pages. A report's name starts with its kind (bench, sim, fleet, chaos).", "",
+              "commit data/ with the pages. A report's name starts with its kind (bench, sim, fleet, chaos, mutants).", "",
               "```sh"]
     lines += [f"{cmd}  # {took}" for _, cmd, took in RECIPES]
     return "\n".join(lines + ["```", ""])

@@ -9,11 +9,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from dualpath.results import bench, chaos, fleet, index, sim
+from dualpath.results import bench, chaos, fleet, index, mutants, sim
 from dualpath.results.common import ReportError, check_record, header
 
-KINDS = {"bench": bench, "sim": sim, "fleet": fleet, "chaos": chaos}  # in page order
-SHAPES = {"bench": ("runs",), "sim": ("rows", "runs"), "fleet": ("rows",), "chaos": ("cells",)}  # any one of
+KINDS = {"bench": bench, "sim": sim, "fleet": fleet, "chaos": chaos, "mutants": mutants}  # in page order
+SHAPES = {"bench": ("runs",), "sim": ("rows", "runs"), "fleet": ("rows",), "chaos": ("cells",), "mutants": ("modules",)}  # any one of
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
 GENERATED = "Written by `make results` from the JSON reports in [data/](data/): edit those, not this page."
 

@@ -14,7 +14,7 @@ from services.decode_engine.config import DecodeEngineConfig
 from services.decode_engine.persist import Persister
 from services.decode_engine.running import DecodeRequest, RunningSeq, admit_order, filled_block, finish_reason
 from services.decode_engine.states import TERMINAL, DeLife, DeState
-from shared.bus import BusError, Delivery, error_code
+from shared.bus import BusError, Delivery, Losses, error_code
 from shared.engine.requests import RecentSet, stop_ids
 from shared.engine.service import EngineService
 from shared.messages.codes import ErrorCode, FinishReason
@@ -42,8 +42,8 @@ class DecodeEngineService(EngineService):
         self.ready: list[RunningSeq] = []  # RUNNING, joining the batch at the next step
         self.running: list[RunningSeq] = []  # RUNNING or STOPPING, in the batch
         self.life = DeLife(self.metrics)  # each request's state: the one writer of DecodeRequest.state
-        self.tm_gone: asyncio.Future | None = None  # set when its TM restarts (made by the first load)
         self.cancelled = RecentSet()  # cancels that may arrive before their admission
+        self.tm = Losses()  # resolves when its TM is gone: a load waiting on it fails at once
         self.persister: Persister | None = None
         m = self.metrics
         self.m_tokens = m.counter("tokens_total", "Tokens generated")
@@ -60,6 +60,7 @@ class DecodeEngineService(EngineService):
         await self.bus.subscribe(self.subjects.at(EP.DE_ADMIT, engine=self.engine), self._on_admit)
         await self.bus.subscribe(self.subjects.at(EP.CANCEL), self._on_cancel)
         await self.watch_tm()
+        self.bus.losses.on_reconnect.append(self._reconnected)
         self.spawn(self._loop(), name="decode-loop")
 
     # admission ----------------------------------------------------------------
@@ -72,6 +73,7 @@ class DecodeEngineService(EngineService):
                                 ErrorCode.PROMPT_TOO_LONG))
             return
         req = DecodeRequest(msg.req_id, list(msg.prompt), msg.sampling, msg.reply, d.ctx, admit=msg)
+        req.connection = self.bus.losses.current()
         req.generated.append(msg.first_token)
         why = "" if msg.oracle else await self.persister.claim_prompt(req, msg)  # on its way to the store now
         if why:
@@ -145,12 +147,10 @@ class DecodeEngineService(EngineService):
         self.wake.set()
 
     async def _copy_in(self, req: DecodeRequest, admit: DecodeAdmit) -> None:
-        n = len(admit.buf_slots)
-        if self.tm_gone is None:
-            self.tm_gone = asyncio.get_running_loop().create_future()
+        n, gone = len(admit.buf_slots), self.tm.current()
         asked = asyncio.ensure_future(self.bus.request(self.subjects.at(EP.TM_LOAD, engine=self.engine), LoadKV(
             req.req_id, admit.buf_slots, req.blocks[:n]), timeout=self.cfg.load_timeout_s))
-        await asyncio.wait([asked, self.tm_gone], return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([asked, gone], return_when=asyncio.FIRST_COMPLETED)
         if not asked.done():  # the TM that was copying died: no answer will come
             asked.cancel()
             raise BusError("load", "its traffic manager restarted", ErrorCode.KV_TRANSFER)
@@ -181,20 +181,31 @@ class DecodeEngineService(EngineService):
         return seq
 
     async def tm_restarted(self) -> None:
-        gone, self.tm_gone = self.tm_gone, None
-        if gone is not None:
-            gone.set_result(None)  # every load waiting on the old TM fails now
+        self.tm.lost()  # every load and save waiting on the old TM fails now
+        if self.persister is not None:
+            self.persister.tm.lost()
+
+    def _reconnected(self) -> None:
+        """Back on NATS: a Cancel sent meanwhile may be lost and the scheduler resumes what it placed, so each
+        held request ends here, with a retryable error its scheduler ignores when it resumed it already."""
+        for req in list(self.held.values()):
+            if req.state not in TERMINAL and req.state is not DeState.STOPPING and req.connection.done():
+                self.spawn(self.publish_error(req, ErrorCode.ENGINE_FAILED, "its decode engine lost NATS", True))
+                self.cancelled.add(req.req_id)
+                self.spawn(self._cancel_held(req, "its decode engine lost NATS"), name=f"cancel-{req.req_id}")
 
     async def _on_cancel(self, msg: Cancel, d: Delivery) -> None:
         self.cancelled.add(msg.req_id)
         req = self.held.get(msg.req_id)
         log.info("cancel %s (%s)%s", msg.req_id, msg.reason, "" if req else " - not held")
-        if req is None:
-            return
+        if req is not None:
+            await self._cancel_held(req, msg.reason or "cancelled")
+
+    async def _cancel_held(self, req: DecodeRequest, why: str) -> None:
         if req.state is DeState.ADMITTED:
             await self._drop_waiting(req)
         elif req.state in (DeState.LOADING, DeState.RUNNING, DeState.STOPPING):
-            self._stop(req, DeState.CANCELLED, msg.reason or "cancelled")  # a cancel wins over a failure
+            self._stop(req, DeState.CANCELLED, why)  # a cancel wins over a failure
         self.wake.set()
 
     def _background_failed(self, req: DecodeRequest, error: str) -> None:

@@ -11,7 +11,7 @@ from collections import Counter
 from typing import Callable
 
 from services.decode_engine.running import RunningSeq
-from shared.bus import Bus, BusError
+from shared.bus import Bus, BusError, Losses
 from shared.engine.requests import EngineRequest
 from shared.kv.hashing import chain_hash
 from shared.messages.storage_gateway import StoreLayout
@@ -28,6 +28,7 @@ class Persister:
                  release: Callable[[EngineRequest], None], on_failure: Callable[[EngineRequest, str], None]):
         self.layout, self.node, self.bus, self.subject, self.timeout_s = layout, node, bus, subject, timeout_s
         self.spawn, self.release, self.on_failure = spawn, release, on_failure
+        self.tm = Losses()  # resolves when the engine's TM is gone: a save waiting on it fails at once
         self.pending: Counter[str] = Counter()  # req_id -> saves not yet copied out
         self.deferred: dict[str, EngineRequest] = {}  # released while saves were pending: released after them
         self.m_saved = metrics.counter("persisted_blocks_total", "Full blocks handed to persistence")
@@ -43,7 +44,8 @@ class Persister:
         msg = SaveKV(req.req_id, [], list(admit.block_keys[start:n_full]), self.node, self.layout,
                      slots=list(admit.buf_slots[start:n_full]))
         try:
-            res = await self.bus.request(self.subject, msg, timeout=self.timeout_s, ctx=req.ctx)
+            res = await self.bus.request(self.subject, msg, timeout=self.timeout_s, ctx=req.ctx,
+                                         abort=self.tm.current())
         except BusError as exc:
             return exc.reason
         self.m_saved.inc(res.copied)
@@ -73,7 +75,8 @@ class Persister:
     async def _request(self, req: EngineRequest, msg: SaveKV, count: bool = True) -> None:
         """`count`: the save reads the request's KV blocks, so they are kept until copied out."""
         try:
-            res = await self.bus.request(self.subject, msg, timeout=self.timeout_s, ctx=req.ctx)
+            res = await self.bus.request(self.subject, msg, timeout=self.timeout_s, ctx=req.ctx,
+                                         abort=self.tm.current())
             self.m_saved.inc(res.copied)
             if res.error:
                 log.warning("persist of %s: %s", req.req_id, res.error)

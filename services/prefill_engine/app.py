@@ -62,6 +62,7 @@ class PrefillEngineService(EngineService):
         await self.bus.subscribe(self.subjects.at(EP.PE_LOADED, engine=self.engine), self._on_loaded)
         await self.bus.subscribe(self.subjects.at(EP.CANCEL), self._on_cancel)
         await self.watch_tm()
+        self.bus.losses.on_reconnect.append(self._reconnected)
         self.spawn(self._loop(), name="prefill-loop")
 
     def parts(self) -> None:
@@ -86,6 +87,7 @@ class PrefillEngineService(EngineService):
                                                          code=ErrorCode.PROMPT_TOO_LONG))
             return
         req = PrefillRequest(msg.req_id, msg.prompt, msg.sampling, msg.reply, d.ctx, work=msg)
+        req.connection = self.bus.losses.current()
         self.held[req.req_id] = req
         hits = usable_hits(msg, self.cfg.block_size)
         if msg.mode == LoadMode.ORACLE:  # no I/O: the hit KV is taken as present (output not meaningful)
@@ -308,15 +310,33 @@ class PrefillEngineService(EngineService):
     async def tm_restarted(self) -> None:
         """The old TM's transfers never land: what waits on one fails (retryable) or is freed now."""
         for req in list(self.held.values()):
-            if req.copies_done(self.loaded.config.n_layers) and (req.push is None or req.push.done()):
+            if self._in_transfer(req):
+                await self._transfers_gone(req, ErrorCode.KV_TRANSFER, "its traffic manager restarted")
+
+    def _in_transfer(self, req: PrefillRequest) -> bool:
+        return not req.copies_done(self.loaded.config.n_layers) or (req.push is not None and not req.push.done())
+
+    async def _transfers_gone(self, req: PrefillRequest, code: ErrorCode, why: str) -> None:
+        if req.load is not None:
+            req.load.gone, req.load.reading = True, False
+            req.load.fail(why, code)
+        if req.push is not None:
+            req.push.cancel()  # the hand-off sees it fail and releases the blocks
+        else:
+            await self._load_failed(req, code, why)
+
+    def _reconnected(self) -> None:
+        """Back on NATS: a Cancel or a load's news sent meanwhile may be lost, and the scheduler resumes what it
+        placed; so each held attempt ends here with a retryable error (ignored by a scheduler that resumed it)."""
+        why = "its prefill engine lost NATS"
+        for req in list(self.held.values()):
+            if req.state in ENDING or not req.connection.done():  # arrived since: its messages are whole
                 continue
-            if req.load is not None:
-                req.load.gone, req.load.reading = True, False
-                req.load.fail("its traffic manager restarted", ErrorCode.KV_TRANSFER)
-            if req.push is not None:
-                req.push.cancel()  # the hand-off sees it fail and releases the blocks
+            if self._in_transfer(req):
+                self.spawn(self._transfers_gone(req, ErrorCode.ENGINE_FAILED, why), name=f"abandon-{req.req_id}")
             else:
-                await self._load_failed(req, ErrorCode.KV_TRANSFER, "its traffic manager restarted")
+                self.spawn(self.publish_error(req, ErrorCode.ENGINE_FAILED, why, True), name=f"abandon-{req.req_id}")
+                self._cancel(req)
 
     def _estimate(self, req: PrefillRequest) -> float:
         """Seconds a forward computing `req` alone takes, at the measured rate."""

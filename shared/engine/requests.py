@@ -21,6 +21,7 @@ class EngineRequest:
     blocks: list[int] = field(default_factory=list)  # KV blocks held in this engine
     generated: list[int] = field(default_factory=list)
     cancelled: bool = False
+    connection: object = None  # the bus's Losses.current() when it arrived: done once that connection dropped
 
     @property
     def tokens(self) -> int:

@@ -10,8 +10,8 @@ from dualpath.bench.chaos import Cell, row, run
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CELLS = [("decode", "kill", "decode"), ("decode", "freeze", "prefill"), ("tm-d", "kill", "prefill"),
-         ("tm-p", "kill", "prefill"), ("prefill", "kill", "persist"), ("client", "leave", "prefill"),
-         ("client", "leave", "decode")]
+         ("tm-d", "kill", "decode"), ("tm-p", "kill", "prefill"), ("prefill", "kill", "persist"),
+         ("nats", "kill", "prefill"), ("client", "leave", "prefill"), ("client", "leave", "decode")]
 
 
 def test_each_cell_ends_its_requests_frees_everything_and_serves_the_next(tmp_path):

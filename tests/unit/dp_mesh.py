@@ -19,6 +19,7 @@ from services.traffic_manager.push import PushPath
 from services.traffic_manager.read_queues import ReadQueues
 from services.traffic_manager.slot_grants import GrantsGiven, GrantsHeld
 from services.traffic_manager.store_path import StorePath
+from shared.bus import Losses
 from shared.messages.registry import KVRegion
 from shared.messages.storage_gateway import ReadBlocks, ReadDone, StoreLayout, WriteBlock, WriteDone
 from shared.messages.subjects import Subjects
@@ -139,6 +140,7 @@ class Mesh:
 
     def __init__(self, spawn: Tasks, prefetched: list[int] = ()):
         """`prefetched`: buffer offsets of the leading hits staged in the PE TM's own buffer (claimed)."""
+        self.losses = Losses()  # the real bus's: engines keep a request's connection
         self.spawn, self.storage = spawn, Storage()
         self.heard: list[tuple[str, object]] = []  # published
         self.asked: list[tuple[str, object]] = []  # requested

@@ -47,3 +47,19 @@ def test_a_run_on_a_busy_machine_is_flagged(start, others, flagged):
     assert (flagged in why) if flagged else why == ""
     c.flagged = why
     assert ("NOT QUIET" in c.line()) == bool(flagged)
+
+
+def test_the_cpu_counts_descendants_still_running():
+    """A mesh the run started is still up when its report is written: its CPU counts all the same."""
+    from shared import benchrun
+
+    child = subprocess.Popen([sys.executable, "-c", "import time\nt=time.process_time()\n"
+                              "while time.process_time() - t < 0.3: pass\nprint('burnt', flush=True)\ntime.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "burnt"
+        assert benchrun._running_descendants_cpu() >= 0.3
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()

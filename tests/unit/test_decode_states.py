@@ -12,6 +12,7 @@ from services.decode_engine.app import DecodeEngineService
 from services.decode_engine.config import DecodeEngineConfig
 from services.decode_engine.running import DecodeRequest
 from services.decode_engine.states import LEGAL, LIVE, TERMINAL, DeState
+from shared.bus import Losses
 from shared.messages.codes import ErrorCode, FinishReason
 from shared.messages.stream import TokenEvent
 from shared.messages.traffic_manager import Release
@@ -23,6 +24,7 @@ S = DeState
 
 class Bus:
     def __init__(self):
+        self.losses = Losses()  # the real bus's: engines keep a request's connection
         self.sent: list[tuple[str, object]] = []
 
     async def publish(self, subject, msg, ctx=None):
@@ -159,4 +161,24 @@ def test_an_illegal_move_is_refused_counted_and_shown():
         text = svc.metrics.render().decode()
         assert "dualpath_decode_engine_illegal_transitions_total 1.0" in text
         assert 'dualpath_decode_engine_requests{state="admitted"} 1.0' in text
+    run(go)
+
+
+def test_after_a_nats_reconnect_a_request_held_from_before_ends_and_its_scheduler_hears_it_retryable():
+    async def go(svc):
+        old = request("d1")
+        old.connection = svc.bus.losses.current()
+        svc._hold(old)
+        svc._loading(old, [0, 1])
+        await svc._load(old)  # running
+        svc.bus.losses.lost()  # the connection it came on drops
+        new = request("d2")
+        new.connection = svc.bus.losses.current()  # admitted after the reconnect
+        svc._hold(new)
+        svc._reconnected()
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert old.state is S.STOPPING and old.ending is S.CANCELLED and new.state is S.ADMITTED
+        (ev,) = [m for _, m in svc.bus.sent if isinstance(m, TokenEvent)]
+        assert ev.req_id == "d1" and ev.retryable and ev.code is ErrorCode.ENGINE_FAILED
     run(go)

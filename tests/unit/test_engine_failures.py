@@ -16,7 +16,7 @@ from services.prefill_engine.config import PrefillEngineConfig
 from services.prefill_engine.layers import LayerGate, LoadError, LoadProgress
 from services.prefill_engine.life import PeState
 from services.prefill_engine.record import PrefillRequest
-from shared.bus import BusError
+from shared.bus import BusError, Losses
 from shared.kv.allocator import SlotAllocator
 from shared.kv.window import NO_BLOCK
 from shared.messages.codes import ErrorCode, FinishReason, LoadMode
@@ -39,6 +39,7 @@ class Bus:
     with `publish_too`)."""
 
     def __init__(self, fail_with: Exception | None = None, publish_too: bool = False):
+        self.losses = Losses()  # the real bus's: engines keep a request's connection
         self.sent: list[tuple[str, object]] = []
         self.fail_with, self.publish_too = fail_with, publish_too
 

@@ -28,6 +28,7 @@ from services.traffic_manager.push import PushPath
 from services.traffic_manager.read_queues import ReadQueues
 from services.traffic_manager.slot_grants import GrantsGiven, GrantsHeld
 from services.traffic_manager.transfers import Transfers
+from shared.bus import Losses
 from shared.kv.allocator import SlotAllocator
 from shared.kv.staged_table import StagedTable
 from shared.messages.codes import LoadMode
@@ -97,6 +98,7 @@ def test_a_tm_offers_its_memory_only_when_its_endpoint_serves_same_host_peers_by
 
 class Bus:
     def __init__(self):
+        self.losses = Losses()  # the real bus's: engines keep a request's connection
         self.sent: list[tuple[str, object]] = []
 
     async def publish(self, subject, msg, ctx=None):

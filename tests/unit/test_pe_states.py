@@ -19,6 +19,7 @@ from services.prefill_engine.config import PrefillEngineConfig
 from services.prefill_engine.life import ENDING, HELD, LEGAL, PeLife, PeState
 from services.prefill_engine.metrics import PrefillMetrics
 from services.prefill_engine.record import PrefillRequest
+from shared.bus import Losses
 from shared.messages.codes import ErrorCode, LoadMode
 from shared.messages.traffic_manager import LayersLoaded, PushDone, PushKV, ReadFinished, SaveCopied, SaveKV
 from shared.messages.work import Ack, Cancel, DecodeAdmit, PrefillWork, Sampling
@@ -129,6 +130,7 @@ class Bus:
     """Records what is published and asked; answers pushes (once `gate` opens), admissions and saves."""
 
     def __init__(self):
+        self.losses = Losses()  # the real bus's: engines keep a request's connection
         self.sent: list[tuple[str, object]] = []
         self.gate = asyncio.Event()
         self.gate.set()
@@ -288,4 +290,27 @@ def test_the_announcement_counts_the_requests_held_from_their_states():
         await svc._on_cancel(Cancel("a"), SimpleNamespace(ctx=None))
         assert svc.announce().seq == 1 and svc.metrics.registry.get_sample_value(
             "dualpath_prefill_engine_queue_length") == 1
+    run(go)
+
+
+@pytest.mark.parametrize("state", [P.READING, P.READY, P.WAITING_BLOCKS])
+def test_after_a_nats_reconnect_an_attempt_held_from_before_ends_with_a_retryable_error(state):
+    """Its Cancel may have been lost while the connection was down (the scheduler resumed it)."""
+    async def go(tg):
+        svc = engine(tg, kv_blocks=3 if state is P.WAITING_BLOCKS else 32)
+        req = await _to(svc, state, tg)
+        svc.bus.losses.lost()  # the connection it came on drops
+        later = await intake(svc, work("r2", hits=0)) if state is P.WAITING_BLOCKS else None
+        svc._reconnected()
+        await settle()
+        if state is not P.WAITING_BLOCKS:
+            await until(lambda: req.state is P.RELEASED or req.state is P.FAILED)
+            if req.state is P.FAILED:  # a layer copy may still land: freed with the last one
+                await svc._on_loaded(LayersLoaded("r1", LAYOUT.n_layers - 1), None)
+        (ev,) = errors(svc.bus.sent)
+        assert ev.req_id == "r1" and ev.retryable and ev.code is ErrorCode.ENGINE_FAILED
+        if later is None:
+            ended(svc, req, errors_sent=1)
+        else:  # the one that arrived after the reconnect goes on
+            assert req.state is P.RELEASED and later.state not in ENDING and svc.held == {"r2": later}
     run(go)

@@ -14,6 +14,7 @@ from services.traffic_manager.parts import TMParts
 from services.traffic_manager.progress import LayerState, ReadTrack, Registry
 from services.traffic_manager.read_queues import ReadQueues
 from services.traffic_manager.slot_grants import GrantsHeld
+from shared.bus import Losses
 from shared.messages.registry import KVRegion
 from shared.messages.storage_gateway import StoreLayout
 from shared.messages.subjects import Subjects
@@ -30,6 +31,7 @@ class Bus:
     """The DE's traffic-manager: adopts the two prefetched blocks as the prompt's first slots."""
 
     def __init__(self):
+        self.losses = Losses()  # the real bus's: engines keep a request's connection
         self.heard, self.asked = [], []
 
     async def request(self, subject, msg, timeout, abort=None):
