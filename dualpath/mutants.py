@@ -56,11 +56,12 @@ def summary(rows: list[dict]) -> float:
 
 
 def show(rows: list[dict], survivors: list[dict]) -> None:
-    print(f"{'module':46} {'mutants':>7} {'killed':>7} {'equiv':>6} {'score':>6}")
+    print(f"{'module':46} {'mutants':>7} {'checked':>7} {'killed':>7} {'equiv':>6} {'score':>6}")
     for r in rows:
-        print(f"{r['module']:46} {r['mutants']:7d} {r['killed']:7d} {r['equivalent']:6d} {r['score']:6.1%}")
-    print(f"{'all':46} {sum(r['mutants'] for r in rows):7d} {sum(r['killed'] for r in rows):7d} "
-          f"{sum(r['equivalent'] for r in rows):6d} {summary(rows):6.1%}")
+        print(f"{r['module']:46} {r['mutants']:7d} {r['counted']:7d} {r['killed']:7d} {r['equivalent']:6d} "
+              f"{r['score']:6.1%}")
+    print(f"{'all':46} {sum(r['mutants'] for r in rows):7d} {sum(r['counted'] for r in rows):7d} "
+          f"{sum(r['killed'] for r in rows):7d} {sum(r['equivalent'] for r in rows):6d} {summary(rows):6.1%}")
     for s in survivors:
         print(f"survived: {s['mutant']} ({s['status']})  see: mutmut show {s['mutant']}")
 

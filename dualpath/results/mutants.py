@@ -9,17 +9,20 @@ TITLE = "Mutants: the mutation score"
 INTRO = ["Each section is one `make mutants` report: mutmut's mutants of the scheduling policy, the dispatcher,",
          "block keys and format, the traffic manager's fetch/push/progress, the prefill engine's hand-off, decode",
          "persistence and the planner, run against the unit and model tiers. The score is the share killed among",
-         "the mutants counted; the equivalent ones (no test can tell them from the original) are listed with why."]
+         "the mutants checked (a run cut short leaves some unchecked); equivalent ones, no test can tell from the",
+         "original, are left out and listed with why."]
 
 
 def lines(doc: dict) -> list[str]:
-    rows = [[f"`{r['module']}`", r["mutants"], r["killed"], r["equivalent"], f"{r['score']:.1%}"]
-            for r in doc["modules"]]
-    rows.append(["all", sum(r["mutants"] for r in doc["modules"]), sum(r["killed"] for r in doc["modules"]),
-                 sum(r["equivalent"] for r in doc["modules"]), f"{doc['score']:.1%}"])
-    out = table(["module", "mutants", "killed", "equivalent", "score"], rows)
+    mods = doc["modules"]
+    rows = [[f"`{r['module']}`", r["mutants"], r["counted"], r["killed"], r["equivalent"], f"{r['score']:.1%}"]
+            for r in mods]
+    rows.append(["all", *(sum(r[k] for r in mods) for k in ("mutants", "counted", "killed", "equivalent")),
+                 f"{doc['score']:.1%}"])
+    out = table(["module", "mutants", "checked", "killed", "equivalent", "score"], rows)
     if doc["survivors"]:
-        out += ["Survivors:", ""] + [f"- `{s['mutant']}` ({s['status']})" for s in doc["survivors"]] + [""]
+        out += [f"{len(doc['survivors'])} survivors: their names are in the report's JSON (data/), and "
+                "`make mutants` prints each with the `mutmut show` command that shows its change.", ""]
     if doc.get("equivalent"):
         out += ["Equivalent:", ""] + [f"- `{n}`: {why}" for n, why in doc["equivalent"].items()] + [""]
     return out
