@@ -1,4 +1,4 @@
-"""docs/reference/structures.md: one line per module, its docstring's first sentence, under its directory.
+"""docs/structures.md (beside the four kinds: the maintainers' map): one line per module, its docstring's first sentence, under its directory.
 
 The preamble and the service-name table are structures_head.md; the module lines come from the
 modules' own docstrings (read with `ast`, nothing imported), directories and modules sorted.
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from dualpath.docgen.common import REFERENCE, ROOT, heading
 
-PAGE = REFERENCE / "structures.md"
+PAGE = REFERENCE.parent / "structures.md"
 TOPS = ("services", "shared", "dualpath", "kernels", "deploy")
 ABBREVIATIONS = ("e.g", "i.e", "vs", "cf", "etc", "incl", "approx")
 _END = re.compile(r"[.!?](?=\s|$)")
@@ -43,6 +43,7 @@ def summary(path: str) -> str:
 
 def render() -> str:
     lines = heading("Module map", "the modules' docstrings", [*PREAMBLE.splitlines(), ""])
+    lines[2] = lines[2].replace("../../README.md", "../README.md")  # one folder up from the reference pages
     by_dir: dict[str, list[str]] = {}
     for path in modules():
         by_dir.setdefault(path.rsplit("/", 1)[0], []).append(path)

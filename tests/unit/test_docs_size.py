@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 KINDS = {"concepts", "guides", "reference", "results"}
 HAND_WORDS = 16_000
-GENERATED_PAGES = {"reference/settings.md", "reference/cli.md", "reference/structures.md"}
+GENERATED_PAGES = {"reference/settings.md", "reference/cli.md", "structures.md"}
+MAP = "structures.md"  # the module map, generated: beside the four kinds, for maintainers
 GENERATED_BELOW = "<!-- generated below"
 GENERATED_BLOCK = re.compile(r"<!-- generated: (\w+) -->.*?<!-- end generated: \1 -->", re.S)
 
@@ -25,7 +26,7 @@ def hand_written(rel: str, text: str) -> list[str]:
 
 
 def test_every_page_is_one_of_the_four_kinds():
-    stray = [p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md") if p.relative_to(DOCS).parts[0] not in KINDS]
+    stray = [p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md") if p.relative_to(DOCS).parts[0] not in KINDS | {MAP}]
     assert not stray, f"pages outside concepts/guides/reference/results: {stray}"
 
 

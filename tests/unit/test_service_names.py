@@ -45,7 +45,7 @@ def test_subjects_carry_the_receiving_services_name():
            s.at(EP.TM_PUSH, engine="e"), s.at(EP.SG_READ, node="n"), s.at(EP.SG_HIT), s.at(EP.SCHED_OUT, scheduler="i")}
     assert {x.split(".")[1] for x in got} == {"prefill_engine", "decode_engine", "traffic_manager",
                                               "storage_gateway", "scheduler"}
-    families = {ep.pattern.split(".")[1] for ep in ENDPOINTS}  # the rest belong to no service (docs/reference/structures.md)
+    families = {ep.pattern.split(".")[1] for ep in ENDPOINTS}  # the rest belong to no service (docs/structures.md)
     assert families - set(SERVICES) == {"hb", "cancel", "engine", "fleet", "journal"}
 
 

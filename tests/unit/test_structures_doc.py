@@ -1,4 +1,4 @@
-"""docs/reference/structures.md: every module once, under its directory, sorted, as its docstring's first sentence.
+"""docs/structures.md: every module once, under its directory, sorted, as its docstring's first sentence.
 
 The page is generated (dualpath/docgen/structures.py); this checks the sentence rule, that the
 committed page is what the generator makes from the modules now, and that every module has a
@@ -33,7 +33,7 @@ def test_first_sentence_is_whole_and_stops_at_the_first_end(doc, sentence):
 # --- the page --------------------------------------------------------------------------------
 
 def test_the_page_is_what_the_modules_docstrings_give_now():
-    assert PAGE.read_text() == render(), "docs/reference/structures.md is stale: python -m dualpath.docgen --write"
+    assert PAGE.read_text() == render(), "docs/structures.md is stale: python -m dualpath.docgen --write"
 
 
 def test_every_module_is_listed_once_under_its_directory():
