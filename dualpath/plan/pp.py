@@ -113,7 +113,7 @@ def chunk_splits(seq: int, chunks: int, share: float) -> tuple[ChunkSplit, ...]:
 
 
 def _solve(a: float, y: float) -> float:
-    """x in [0, 1] with (1-a)*x + a*x^2 = y."""
-    if a < 1e-12:
-        return y
-    return (-(1 - a) + math.sqrt((1 - a) ** 2 + 4 * a * y)) / (2 * a)
+    """x in [0, 1] with (1-a)*x + a*x^2 = y; the root as 2y / (b + sqrt(b^2 + 4ay)), exact as a -> 0."""
+    if y <= 0:
+        return 0.0
+    return 2 * y / ((1 - a) + math.sqrt((1 - a) ** 2 + 4 * a * y))

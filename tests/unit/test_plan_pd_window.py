@@ -97,3 +97,42 @@ def test_the_papers_evaluated_node_ratios_sit_inside_its_window():
     for p, d in ((1, 1), (2, 1), (1, 2), (2, 4), (48, 96), (44, 88)):
         assert w.lower.ratio <= p / d <= w.upper.ratio
     assert {"1P2D", "1P1D", "2P1D", "3P1D"} <= set(w.examples) and "4P1D" not in w.examples
+
+
+PAPER = pd.PDInputs(gpus_per_node=8, snic=1, cnic_gbs=50, dram_gbs=500)
+
+
+def test_examples_list_every_reduced_ratio_once_in_order():
+    assert pd.window(PAPER).examples == ("1P4D", "1P3D", "1P2D", "2P3D", "3P4D", "1P1D", "4P3D", "3P2D",
+                                         "2P1D", "3P1D")
+    wide = pd.window(PAPER, max_nodes=8).examples
+    assert wide[:3] == ("1P7D", "1P6D", "1P5D") and wide[-1] == "7P2D"  # 7/2 is the upper end itself
+    assert len(wide) == len(set(wide)) == 37
+
+
+def test_a_window_of_one_point_is_feasible():
+    # lower s/(g-s) = 2/4 and DRAM (400/(50*2) - 3)/2 = 1/2: the window is exactly P/D = 1/2
+    w = pd.window(pd.PDInputs(gpus_per_node=6, snic=2, cnic_gbs=50, dram_gbs=400))
+    assert w.lower.ratio == w.upper.ratio == 0.5 and w.feasible and w.examples == ("1P2D",)
+
+
+def test_an_empty_window_lists_nothing_even_within_the_rounding_slack():
+    # the upper end falls 5e-14 under the lower: empty, though 1/2 is within the 1e-12 slack
+    w = pd.window(pd.PDInputs(gpus_per_node=6, snic=2, cnic_gbs=50, dram_gbs=399.99999999999))
+    assert w.upper.ratio < w.lower.ratio == 0.5 and not w.feasible and w.examples == ()
+
+
+@pytest.mark.parametrize(("inp", "lower", "upper", "examples"), [
+    # inputs found so that an end plus/minus the 1e-12 slack is exactly a node ratio
+    (pd.PDInputs(3, 0.60000000000024, 50, 10_000), 0.25, 2.0, ("1P4D", "2P1D")),
+    (pd.PDInputs(9, 3.000000000004, 50, 10_000), 0.5, 1.0, ("1P2D", "3P4D")),
+])
+def test_ratios_within_the_slack_of_an_end_count(inp, lower, upper, examples):
+    w = pd.window(inp)
+    assert w.lower.ratio - 1e-12 == lower or w.upper.ratio + 1e-12 == upper
+    assert (w.examples[0], w.examples[-1]) == examples
+
+
+def test_a_tiny_snic_never_offers_zero_prefill_nodes():
+    w = pd.window(pd.PDInputs(gpus_per_node=8, snic=1e-13, cnic_gbs=50, dram_gbs=10_000))
+    assert w.lower.ratio < 1e-12 and w.examples[0] == "1P4D" and w.examples[-1] == "4P1D"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 
 import pytest
 
@@ -95,3 +96,43 @@ def test_stage_split_rejects_bad_shapes():
         pp.stage_split(8, 2, tail=1.0)
     with pytest.raises(ValueError, match="stages"):
         pp.min_max_split(2, [])
+
+
+def test_stage_split_ratios_against_the_even_split():
+    s = pp.stage_split(61, 4, tail=0.5)  # even split 15/15/16/15 + tail 7.625 on the last stage
+    mean = (17 * 3 + 17.625) / 4
+    assert s.max_over_mean == 17.625 / mean and s.naive_max_over_mean == 22.625 / mean
+    assert pp.stage_split(61, 4).naive_max_over_mean == 16 / 15.25  # one extra layer, one stage
+    assert pp.stage_split(60, 4).naive_max_over_mean == 1.0  # no remainder: no stage gets more
+
+
+@pytest.mark.parametrize(("layers", "stages"), [(8, 0), (3, 4)])
+def test_stage_split_names_the_bad_shape(layers, stages):
+    with pytest.raises(ValueError, match=f"^need 1 <= stages <= layers, got stages={stages} layers={layers}$"):
+        pp.stage_split(layers, stages)
+
+
+def test_chunk_split_names_and_edges():
+    assert [c.name for c in pp.chunk_splits(10, 2, 0.5)] == ["equal", "sqrt", "equal-time"]
+    one = pp.chunk_splits(10, 1, 0.5)
+    assert all(c.bounds == (0, 10) and c.max_over_mean == 1.0 for c in one)
+    assert pp.chunk_splits(4, 4, 0.0)[0].sizes == (1, 1, 1, 1)
+    assert pp.chunk_splits(100, 2, 1.0)[2].bounds == (0, 71, 100)  # a = 1: s_k = T*sqrt(k/m)
+
+
+@pytest.mark.parametrize("share", [0.0, 1e-12, 1e-11, 1e-6])
+def test_equal_time_split_with_little_attention_is_the_equal_split(share):
+    eq, _, exact = pp.chunk_splits(10**6, 4, share)
+    assert exact.bounds == eq.bounds == (0, 250_000, 500_000, 750_000, 1_000_000)
+    assert exact.max_over_mean == pytest.approx(1.0, abs=1e-5)
+
+
+@pytest.mark.parametrize(("args", "msg"), [
+    ((10, 0, 0.5), "need 1 <= chunks <= seq, got chunks=0 seq=10"),
+    ((3, 4, 0.5), "need 1 <= chunks <= seq, got chunks=4 seq=3"),
+    ((10, 2, -0.1), "attention share must be in [0, 1], got -0.1"),
+    ((10, 2, 1.5), "attention share must be in [0, 1], got 1.5"),
+])
+def test_chunk_splits_name_the_bad_input(args, msg):
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
+        pp.chunk_splits(*args)
