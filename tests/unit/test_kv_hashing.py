@@ -124,3 +124,32 @@ def test_token_ids_outside_int32_are_rejected() -> None:
         block_hashes([2**31] * 64, 64, FP.digest())
     with pytest.raises(OverflowError):
         block_hashes(np.full(64, 2**31, dtype=np.int64), 64, FP.digest())
+
+
+def test_an_mla_fingerprint_round_trips_and_spells_its_row_split() -> None:
+    layout = KVLayout.mla(n_layers=3, latent_rank=24, rope_dim=6, index_dim=2, block_size=4)
+    fp = ModelFingerprint.from_layout("ds", layout, layout_version=7)
+    assert fp.layout == layout and fp.layout_version == 7
+    assert fp.canonical() == "\x1f".join(
+        ["dualpath-kv/v7", "ds", "bfloat16", "bs=4", "L=3", "H=1", "D=16", "kv=mla", "C=24", "R=6", "I=2"]
+    ).encode()
+
+
+def test_the_int32_range_ends_are_token_ids() -> None:
+    lo, hi = np.iinfo(np.int32).min, np.iinfo(np.int32).max
+    wide = np.array([lo, hi], dtype=np.int64)
+    assert block_hashes(wide, 2, FP.digest()) == block_hashes([lo, hi], 2, FP.digest())
+    with pytest.raises(OverflowError, match="^token id outside int32$"):
+        block_hashes(np.array([lo - 1, 0], dtype=np.int64), 2, FP.digest())
+
+
+def test_block_size_one_keys_every_token_and_zero_is_refused() -> None:
+    keys = block_hashes([5, 6, 7], 1, FP.digest())
+    assert keys == [chain_hash(FP.digest(), [5]), chain_hash(keys[0], [6]), chain_hash(keys[1], [7])]
+    with pytest.raises(ValueError, match="^block_size must be > 0$"):
+        block_hashes([5, 6], 0, FP.digest())
+
+
+def test_a_wire_key_of_the_wrong_size_names_its_length() -> None:
+    with pytest.raises(ValueError, match="^block key must be 16 bytes, got 2$"):
+        key_from_hex("abcd")

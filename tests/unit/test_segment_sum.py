@@ -86,3 +86,29 @@ def test_version_2_keeps_its_whole_payload_xxh3() -> None:
     h = payload_hasher(2)
     h.update(data)
     assert h.intdigest() == payload_checksum(data, 2) == xxhash.xxh3_64_intdigest(data)
+
+
+@pytest.mark.parametrize("shape", [(SEGMENT + 5,), (3, SEGMENT // 2 + 1)], ids=["1d", "2d"])
+def test_a_typed_or_shaped_buffer_is_hashed_as_its_bytes(shape: tuple[int, ...]) -> None:
+    words = np.random.default_rng(3).integers(0, 2**16, shape, dtype=np.uint16)
+    want = segmented_checksum(words.tobytes())
+    assert segmented_checksum(memoryview(words)) == want
+    rows = words.view(np.uint8)  # a multi-dimensional byte view
+    assert segmented_checksum(memoryview(rows)) == want
+
+
+@pytest.mark.parametrize("n", [-3 * SEGMENT, 0, 1, SEGMENT])
+def test_no_split_point_below_two_segments(n: int) -> None:
+    assert split_point(n) == 0
+
+
+def test_joined_hashers_keep_counting_and_join_again() -> None:
+    data = _data(3 * SEGMENT + 10, 4)
+    a, b, c = SegmentHasher(), SegmentHasher(SEGMENT), SegmentHasher(2 * SEGMENT)
+    a.update(data[:SEGMENT])
+    b.update(data[SEGMENT : 2 * SEGMENT])
+    c.update(data[2 * SEGMENT :])
+    a.join(b)
+    assert a.fed == 2 * SEGMENT
+    a.join(c)
+    assert a.fed == len(data) and a.intdigest() == segmented_checksum(data)
