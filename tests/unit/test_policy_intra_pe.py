@@ -125,3 +125,26 @@ def test_balanced_quota_is_the_largest_budget_within_the_target():
             assert ratio(c * (1 + 1e-6)) > target * (1 - 1e-9)
 
     check()
+
+
+def test_balanced_quota_ignores_idle_gpus():
+    from shared.sched.policy import balanced_quota
+    assert balanced_quota([0.0, 0.1, 0.3], 1.2) == balanced_quota([0.1, 0.3], 1.2) == 0.12 / 0.8
+    assert balanced_quota([0.0, 0.0], 1.2) == 0.0
+
+
+@pytest.mark.parametrize(("times", "quota"), [
+    ([1.0, 0.3], 1.0),  # max/avg exactly the target: nothing is cut
+    ([0.5, 2.5, 4.0], 2.5),  # cutting 4.0 to 2.5 lands exactly on the target
+    ([0.5, 0.7, 4.0], 0.7),
+])
+def test_balanced_quota_on_a_breakpoint_is_exact(times, quota):
+    from shared.sched.policy import balanced_quota
+    target = quota * len(times) / sum(min(t, quota) for t in times)
+    assert balanced_quota(times, target) == quota
+
+
+def test_balanced_quota_below_one_cuts_every_gpu_to_the_smallest():
+    from shared.sched.policy import balanced_quota
+    assert balanced_quota([0.4, 0.2, 0.3], 0.9) == 0.2  # max/avg < 1 is out of reach
+    assert balanced_quota([0.4], 0.9) == 0.4

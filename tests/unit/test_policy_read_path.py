@@ -39,3 +39,19 @@ def test_split_rejects_bad_input_and_handles_zero_blocks():
     assert split_read(0, 5, 5) == (0, 0)
     with pytest.raises(ValueError):
         split_read(3, 0, 0, pe_rate=0)
+
+
+def test_split_uses_64_token_blocks_by_default():
+    # DE 64.5 tokens ahead, 2 blocks: the PE side needs 1 + 64.5 / 128 = 1.504 blocks -> 2 (1.496 at 65)
+    assert split_read(2, pe_read_q=0, de_read_q=64.5) == (2, 0)
+    assert split_read(2, pe_read_q=0, de_read_q=64.5, block_tokens=65) == (1, 1)
+    assert split_read(3, pe_read_q=0, de_read_q=1, block_tokens=1) == (2, 1)  # one-token blocks are fine
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"blocks": -1}, {"block_tokens": 0}, {"pe_rate": 0.0}, {"de_rate": 0.0},
+])
+def test_split_refuses_bad_arguments(kwargs):
+    args = {"blocks": 4, "pe_read_q": 0, "de_read_q": 0} | kwargs
+    with pytest.raises(ValueError, match="^split_read needs blocks >= 0 and positive rates and block size$"):
+        split_read(**args)
