@@ -1,6 +1,7 @@
 """Attention TP x DP layouts in exact figures: per-card KV, read bandwidth, traffic, GQA limits."""
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -41,6 +42,12 @@ def test_dense_gqa_has_no_moe_traffic_and_notes_replication():
         assert not by[t].allowed and by[t].note == "TP > n_kv=3: KV heads replicated"
     assert by[1].kv_read_gbs == pytest.approx(by[1].kv_bytes_per_card / 0.0005 / 1e9, rel=1e-12)
     assert plan.recommended_tp == 1
+
+
+def test_a_dense_model_has_no_moe_traffic_whatever_its_top_k_says():
+    arch = dataclasses.replace(load_arch("llama-3-70b"), experts_per_token=8)  # no routed experts
+    plan = attention.plan_attention(arch, attention.AttnInputs(8, 8, 1024))
+    assert [lay.moe_a2a_bd for lay in plan.layouts] == [0.0] * 4
 
 
 def test_near_best_keeps_layouts_within_ten_percent():
