@@ -118,6 +118,7 @@ class PrefillEngineService(EngineService):
         self._unqueue(req)
         if state in HELD:
             self.move(req, P.CANCELLING, "cancelled: its forward or hand-off ends it")
+            req.leave()  # a hand-off waiting on a decode side that may be dead stops waiting
             return
         self.move(req, P.CANCELLED, "cancelled")
         if state is not P.READING:

@@ -155,7 +155,8 @@ class Handoff:
         if work.mode == LoadMode.ORACLE:
             pushed = PushDone()  # no PD transfer in the oracle mode
         elif req.push is not None:  # sent layer by layer during the forward
-            await asyncio.wait([req.push])
+            await asyncio.wait([req.push, req.left()], return_when=asyncio.FIRST_COMPLETED)
+            await self.abort_push(req)  # its client left: the TM stops it (a no-op once the push is over)
             pushed = req.pushed or PushDone(ok=False, error="the push task failed", code=ErrorCode.INTERNAL)
             if pushed.ok and req.computed_at and self.pm is not None:
                 self.pm.tail.observe(time.perf_counter() - req.computed_at)
@@ -172,7 +173,7 @@ class Handoff:
                             pe_engine=self.engine, prompt=req.prompt, block_keys=work.block_keys,
                             persisted_blocks=stored_blocks(req, self.store.block_size), oracle=work.mode == LoadMode.ORACLE)
         ack = await self.bus.request(self.subjects.at(EP.DE_ADMIT, engine=work.de_engine), admit,
-                                     timeout=self.timeout_s)
+                                     timeout=self.timeout_s, abort=req.left())  # a DE killed meanwhile never replies
         if not ack.ok:
             raise BusError("admit", ack.error, ack.code)
 

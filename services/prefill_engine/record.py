@@ -38,6 +38,18 @@ class PrefillRequest(EngineRequest):
     push: asyncio.Task | None = None  # its layerwise push to the DE, from its final forward on
     pushed: Any = None  # ... its outcome (PushDone), once over
     computed_at: float = 0.0  # perf_counter when its last layer was computed (hand-off tail metric)
+    gone: asyncio.Future | None = None  # resolved when its client left: the hand-off's waits on the DE end on it
+
+    def left(self) -> asyncio.Future:
+        """The future its hand-off's waits on the decode side end on (resolved by `leave`)."""
+        if self.gone is None:
+            self.gone = asyncio.get_running_loop().create_future()
+        return self.gone
+
+    def leave(self) -> None:
+        fut = self.left()
+        if not fut.done():
+            fut.set_result(None)
 
     @property
     def done(self) -> int:
