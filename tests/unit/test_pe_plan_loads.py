@@ -7,15 +7,21 @@ from types import SimpleNamespace
 
 import pytest
 
+from services.prefill_engine.config import PrefillEngineConfig
+from services.prefill_engine.handoff import Handoff
+from services.prefill_engine.link import PeLink
 from services.prefill_engine.plan_read import PlanLoads, plan_loads
+from services.prefill_engine.record import PrefillRequest
 from shared.messages.codes import ErrorCode, FinishReason
 from shared.messages.plan import KvPlan, KvRange, PlanError, Source
 from shared.messages.stream import TokenEvent
-from shared.messages.traffic_manager import FetchKV
-from shared.messages.work import PrefillWork, Sampling, StagedSlots
+from shared.messages.subjects import Subjects
+from shared.messages.traffic_manager import FetchKV, PushDone, PushKV
+from shared.messages.work import Ack, DecodeAdmit, PrefillWork, Sampling, StagedSlots
 from shared.sched.plan import InBuffer, PlanEnds, PlanInput, dualpath_split, oracle
 from tests.unit.pe_util import intake, run
-from tests.unit.test_engine_failures import BS, Bus, Engine
+from tests.unit.plan_util import present_plan
+from tests.unit.test_engine_failures import BS, LAYOUT, Bus, Engine
 
 pytestmark = pytest.mark.unit
 
@@ -86,3 +92,24 @@ def test_the_fetch_carries_the_plans_paths():
         assert (f.node, f.de_node, f.de_engine) == ("nA", "nB", "de0")
     run(go)
 
+
+
+@pytest.mark.parametrize(("plan", "pushed"), [(KvPlan(), True), (present_plan(2), False)])
+def test_the_plans_flags_decide_the_push_and_what_the_de_is_told(plan, pushed):
+    sent = []
+
+    class HBus:
+        async def request(self, subject, msg, timeout=5.0, ctx=None, abort=None):
+            sent.append(msg)
+            return PushDone(slots=[4096, 8192, 0]) if isinstance(msg, PushKV) else Ack()
+
+    async def go():
+        h = Handoff(PeLink(HBus(), Subjects("t"), "pe", lambda coro, name=None: asyncio.ensure_future(coro)),
+                    PrefillEngineConfig(handoff_timeout_s=5.0, node="nA"), LAYOUT, ())
+        w = work(plan, PROMPT[:2 * BS + 3], KEYS[:2])
+        req = PrefillRequest("r1", w.prompt, w.sampling, "out", None, work=w, blocks=[5, 6, 7], computed=len(w.prompt))
+        await h._push_and_admit(req, 7)
+    asyncio.run(go())
+    (admit,) = [m for m in sent if isinstance(m, DecodeAdmit)]
+    assert any(isinstance(m, PushKV) for m in sent) is pushed
+    assert (admit.buf_slots, admit.persist) == (([4096, 8192, 0], True) if pushed else ([], False))
