@@ -20,10 +20,11 @@ from services.prefill_engine.life import ENDING, HELD, LEGAL, PeLife, PeState
 from services.prefill_engine.metrics import PrefillMetrics
 from services.prefill_engine.record import PrefillRequest
 from shared.bus import BusError, Losses
-from shared.messages.codes import ErrorCode, LoadMode
+from shared.messages.codes import ErrorCode
 from shared.messages.traffic_manager import LayersLoaded, PushDone, PushKV, ReadFinished, Release, SaveCopied, SaveKV
 from shared.messages.work import Ack, Cancel, DecodeAdmit, PrefillWork, Sampling
 from shared.metrics import Metrics
+from tests.unit.plan_util import pe_plan
 from tests.unit.state_util import assert_illegal
 from tests.unit.pe_util import bare_prefill, errors, finish_forward, intake, run
 from tests.unit.test_engine_failures import BS, KV, LAYOUT
@@ -169,7 +170,7 @@ def engine(tg, timeout: float = 600.0, kv_blocks: int = 32, estimate: float = 0.
 def work(rid: str = "r1", hits: int = 3) -> PrefillWork:
     prompt = list(range(hits * BS + 5))
     return PrefillWork(rid, prompt, Sampling(), "de0", "out", block_keys=[bytes([i]) * 16 for i in range(hits)],
-                       hit_blocks=hits, mode=LoadMode.BASIC, pe_blocks=hits)
+                       plan=pe_plan(hits, "pe0"))
 
 
 async def until(pred) -> None:
