@@ -55,3 +55,9 @@ def test_split_refuses_bad_arguments(kwargs):
     args = {"blocks": 4, "pe_read_q": 0, "de_read_q": 0} | kwargs
     with pytest.raises(ValueError, match="^split_read needs blocks >= 0 and positive rates and block size$"):
         split_read(**args)
+
+
+def test_a_single_block_goes_to_the_shorter_queue():
+    assert split_read(1, pe_read_q=0, de_read_q=64) == (1, 0)
+    assert split_read(1, pe_read_q=64, de_read_q=0) == (0, 1)
+    assert split_read(0, pe_read_q=0, de_read_q=64) == (0, 0)
