@@ -144,6 +144,12 @@ def test_balanced_quota_on_a_breakpoint_is_exact(times, quota):
     assert balanced_quota(times, target) == quota
 
 
+def test_balanced_quota_when_rounding_leaves_no_room():
+    from shared.sched.policy import balanced_quota
+    # 3c <= 1.5 * (0.787 + c) gives c = 0.787 exactly; rounding carries the search to k = 1 with no room left
+    assert balanced_quota([1e-20, 0.7872074792269987, 3.39659627811526], 1.5) == 0.7872074792269987
+
+
 def test_balanced_quota_below_one_cuts_every_gpu_to_the_smallest():
     from shared.sched.policy import balanced_quota
     assert balanced_quota([0.4, 0.2, 0.3], 0.9) == 0.2  # max/avg < 1 is out of reach
