@@ -61,3 +61,9 @@ def test_a_single_block_goes_to_the_shorter_queue():
     assert split_read(1, pe_read_q=0, de_read_q=64) == (1, 0)
     assert split_read(1, pe_read_q=64, de_read_q=0) == (0, 1)
     assert split_read(0, pe_read_q=0, de_read_q=64) == (0, 0)
+
+
+def test_a_queue_tie_goes_to_the_node_given_fewer_tokens():
+    assert choose_path(7, 7, pe_served=1) is ReadPath.DE  # DE served nothing yet
+    assert choose_path(7, 7, de_served=1) is ReadPath.PE
+    assert choose_path(7, 7, pe_served=5, de_served=5) is ReadPath.PE
