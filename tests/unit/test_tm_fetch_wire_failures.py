@@ -17,7 +17,7 @@ from shared.messages.storage_gateway import ReadBlocks, ReadDone
 from shared.messages.traffic_manager import (FetchFailed, FetchKV, KVWindow, LayersLoaded, NodeReadDone, ReadFinished,
                                              Reserve, Reserved, Stage, Staged)
 from shared.transport.errors import TransportError
-from tests.unit.fetch_wire import DE_NODE, LAYERS, LAYOUT, PE_NODE, Wire
+from tests.unit.fetch_wire import BN, DE_NODE, DE_SLOT0, LAYERS, LAYOUT, PE_NODE, Wire
 from tests.unit.test_tm_fetch_wire import run, spans, split  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.unit
@@ -117,7 +117,9 @@ def test_a_read_that_stops_short_leaves_fewer_hits_and_says_why(spans, kind, ans
     wire = Wire()
     wire.on[kind] = answer
     p, _ = run(wire, split())
-    assert {(m.blocks, tuple(m.de_hits)) for m in wire.of(ReadFinished)} == {(blocks, tuple(de_hits))}
+    (done,) = wire.of(ReadFinished)
+    reserved = [(DE_SLOT0 + i) * BN for i in range(6)]
+    assert (done.blocks, done.de_hits, done.de_slots) == (blocks, de_hits, reserved if de_hits else [])
     assert sorted(m.node for m in wire.of(NodeReadDone)) == [PE_NODE, DE_NODE]
     (span,) = [s for s in exporter.get_finished_spans() if s.name == "kv_fetch"]
     assert (span.attributes["blocks_ok"], span.attributes["error"]) == (blocks, why)
