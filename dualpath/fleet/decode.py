@@ -27,7 +27,8 @@ class Seq:
     tail: list[int]  # the prompt's last partial block (the block persistence completes)
     keys: list[bytes]  # the prompt's full-block keys
     todo: int  # tokens the request may generate in all
-    oracle: bool
+    persist: bool  # the plan saves its blocks
+    pushed: bool  # its PE pushed its KV: loaded before it runs
     generated: list[int] = field(default_factory=list)
     cancelled: bool = False
 
@@ -79,7 +80,8 @@ class DecodeEngine:
         bs = self.kv.block_size
         tail = msg.prompt[(msg.prompt_len // bs) * bs:]
         s = Seq(msg.req_id, msg.reply, msg.prompt_len, msg.prompt[0] if msg.prompt else 0, tail,
-                list(msg.block_keys[: msg.prompt_len // bs]), msg.sampling.max_tokens, msg.oracle, [msg.first_token])
+                list(msg.block_keys[: msg.prompt_len // bs]), msg.sampling.max_tokens, msg.persist, bool(msg.buf_slots),
+                [msg.first_token])
         self.held[s.req_id] = s
         self.waiting.append(s)
         await d.respond(Ack())
@@ -106,7 +108,7 @@ class DecodeEngine:
             self.waiting.popleft()
             self.used += s.need
             self.loading += 1
-            delay = 0.0 if s.oracle else self.host.timing.transfer_s(s.prompt_len)
+            delay = 0.0 if not s.pushed else self.host.timing.transfer_s(s.prompt_len)
             asyncio.get_running_loop().call_later(delay, self._loaded, s)
 
     def _loaded(self, s: Seq) -> None:
@@ -155,7 +157,7 @@ class DecodeEngine:
             await self.host.bus.publish(reply, StepEvents(events, self.engine))
 
     def _persist(self, s: Seq) -> None:
-        if s.oracle:
+        if not s.persist:
             return
         lay = self.host.layout
         keys = s.keys

@@ -14,8 +14,9 @@ from typing import Protocol
 from dualpath.fleet.store import StoreIndex, generated_token
 from dualpath.fleet.timing import FleetTiming
 from shared.bus import Bus, BusError, Delivery
-from shared.messages.codes import ErrorCode, FinishReason, LoadMode
+from shared.messages.codes import ErrorCode, FinishReason
 from shared.messages.endpoints import EP
+from shared.messages.plan import Source, loaded
 from shared.messages.registry import EngineAnnounce, KVRegion
 from shared.messages.storage_gateway import StoreLayout
 from shared.messages.stream import TokenEvent
@@ -81,18 +82,21 @@ class PrefillEngine:
         bs = self.host.layout.block_size
         p = Prompt(msg)
         self.held[msg.req_id] = p
-        hits = min(msg.hit_blocks, len(msg.block_keys), (len(msg.prompt) - 1) // bs)
-        if not hits or msg.mode == LoadMode.ORACLE:
+        plan = msg.plan
+        hits = min(loaded(plan), len(msg.block_keys), (len(msg.prompt) - 1) // bs)
+        if not hits or any(r.source == Source.PRESENT for r in plan.ranges):
             p.done = hits * bs
             self._ready(p)
             return
         now = time.monotonic()
-        pe_blocks = min(hits, msg.pe_blocks) if msg.mode.both_paths else hits
+        de = _de_path(msg)
+        pe_blocks = max(0, min(hits, de.start if de else hits))  # buffered blocks count as PE-path reads here
+        pe = next((r for r in plan.ranges if r.source == Source.STORE and r.engine != msg.de_engine), None)
         at = now
         if pe_blocks:
-            at = self.host.read_done_at(msg.read_node or self.node, pe_blocks * bs, now)
+            at = self.host.read_done_at(pe.node if pe and pe.node else self.node, pe_blocks * bs, now)
         if hits > pe_blocks:  # DE path: the DE node's gateway reads, its compute NIC forwards
-            at = max(at, self.host.read_done_at(msg.de_node, (hits - pe_blocks) * bs, now))
+            at = max(at, self.host.read_done_at(de.node, (hits - pe_blocks) * bs, now))
         p.done = hits * bs
         asyncio.get_running_loop().call_later(at - now, self._ready, p)
 
@@ -135,21 +139,22 @@ class PrefillEngine:
         w = p.work
         first = generated_token(w.prompt[0], len(w.prompt))
         done = w.sampling.max_tokens <= 1
-        hit_tokens = min(w.hit_blocks * self.host.layout.block_size, len(w.prompt) - 1)
+        hit_tokens = min(w.plan.stored * self.host.layout.block_size, len(w.prompt) - 1)
         bus = self.host.bus
         await bus.publish(w.reply, TokenEvent(w.req_id, [first], 0, finish=FinishReason.LENGTH if done else None,
                                               source=self.engine, cached_tokens=hit_tokens))
         try:
             if done or p.cancelled:
                 return
-            de_hits = 0 if not w.mode.both_paths else max(0, w.hit_blocks - w.pe_blocks)
+            de = _de_path(w)
+            de_hits = de.end - de.start if de else 0
             sent = len(w.prompt) - de_hits * self.host.layout.block_size
-            if w.mode != LoadMode.ORACLE:
+            if w.plan.push:
                 await asyncio.sleep(self.host.timing.transfer_s(max(0, sent)))
-            n_blocks = -(-len(w.prompt) // self.host.layout.block_size)
+            n_blocks = -(-len(w.prompt) // self.host.layout.block_size) if w.plan.push else 0
             admit = DecodeAdmit(w.req_id, len(w.prompt), first, w.sampling, w.reply, list(range(n_blocks)),
                                 pe_engine=self.engine, prompt=w.prompt, block_keys=w.block_keys,
-                                persisted_blocks=w.hit_blocks, oracle=w.mode == LoadMode.ORACLE)
+                                persisted_blocks=w.plan.stored, persist=w.plan.persist)
             try:
                 ack = await bus.request(self.host.subjects.at(EP.DE_ADMIT, engine=w.de_engine), admit, timeout=30.0)
             except BusError as exc:
@@ -164,3 +169,8 @@ class PrefillEngine:
     async def _error(self, w: PrefillWork, code: ErrorCode, error: str) -> None:
         await self.host.bus.publish(w.reply, TokenEvent(w.req_id, [], finish=FinishReason.ERROR, source=self.engine,
                                                         error=error, code=code))
+
+
+def _de_path(w: PrefillWork):
+    """The plan's DE-path range (stored blocks the DE's TM lands), if any."""
+    return next((r for r in w.plan.ranges if r.source == Source.STORE and r.engine == w.de_engine), None)

@@ -75,7 +75,7 @@ class DecodeEngineService(EngineService):
         req = DecodeRequest(msg.req_id, list(msg.prompt), msg.sampling, msg.reply, d.ctx, admit=msg)
         req.connection = self.bus.losses.current()
         req.generated.append(msg.first_token)
-        why = "" if msg.oracle else await self.persister.claim_prompt(req, msg)  # on its way to the store now
+        why = await self.persister.claim_prompt(req, msg) if msg.persist else ""  # on its way to the store now
         if why:
             await d.respond(Ack(False, f"prompt not saved: {why}", ErrorCode.CANCELLED))
             return
@@ -128,7 +128,7 @@ class DecodeEngineService(EngineService):
         with tracer.start_as_current_span("kv_load", context=req.ctx, attributes={
                 "req_id": req.req_id, "blocks": len(admit.buf_slots), "engine": self.engine}) as span:
             try:
-                if not admit.oracle:  # oracle mode: no KV was moved, nothing to copy
+                if admit.buf_slots:  # none: the PE pushed nothing, nothing to copy
                     await self._copy_in(req, admit)
                 seq = self._join(req, admit)
             except Exception as exc:  # noqa: BLE001 - a failed load fails its request, not the engine
@@ -170,10 +170,10 @@ class DecodeEngineService(EngineService):
             return None
         seq = RunningSeq(req, pos=admit.prompt_len, last=req.generated[-1], max_pos=self._limit(req),
                          stops=stop_ids(req.sampling, self.loaded.config.eos_ids))
-        if not admit.oracle:
+        if admit.persist:
             self.persister.prompt(seq, admit)
         else:
-            seq.persist = False  # oracle: nothing is persisted
+            seq.persist = False  # the plan saves nothing
         req.admit = None
         seq.span = req.span = tracer.start_span("decode", context=req.ctx, attributes={
             "req_id": req.req_id, "engine": self.engine, "prompt_tokens": admit.prompt_len})

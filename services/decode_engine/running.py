@@ -29,7 +29,7 @@ class RunningSeq:
     max_pos: int  # context limit for this sequence (blocks reserved up to here)
     stops: set[int] = field(default_factory=set)
     keys: list[bytes] = field(default_factory=list)  # store keys of the full blocks so far
-    persist: bool = True  # save full blocks as they fill (off in the oracle mode)
+    persist: bool = True  # save full blocks as they fill (off when the plan saves nothing)
     span: Any = None  # the request's decode span (OpenTelemetry), ended when it leaves
 
     def context(self, start: int, end: int) -> list[int]:

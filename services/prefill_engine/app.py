@@ -15,18 +15,20 @@ from opentelemetry import trace
 from services.prefill_engine import memory
 from services.prefill_engine.batching import Chunk, attention_model, forward, one_forward, pick
 from services.prefill_engine.config import PrefillEngineConfig
-from services.prefill_engine.fetch import Fetcher, usable_hits
+from services.prefill_engine.fetch import Fetcher
 from services.prefill_engine.handoff import Handoff
 from services.prefill_engine.layers import LoadError
 from services.prefill_engine.life import ENDING, HELD, PeLife, PeState
 from services.prefill_engine.link import PeLink
 from services.prefill_engine.metrics import PrefillMetrics
 from services.prefill_engine.outcomes import Abandon, Fail, Free, LoadFailed, Outcome, Ready, Send
+from services.prefill_engine.plan_read import plan_loads
 from services.prefill_engine.record import PrefillRequest
 from shared.bus import Delivery
 from shared.engine.service import EngineService
 from shared.states import IllegalTransition
-from shared.messages.codes import ErrorCode, FinishReason, LoadMode
+from shared.messages.codes import ErrorCode, FinishReason
+from shared.messages.plan import PlanError
 from shared.messages.endpoints import EP
 from shared.messages.registry import EngineAnnounce
 from shared.messages.stream import TokenEvent, TokenLogprob
@@ -82,23 +84,30 @@ class PrefillEngineService(EngineService):
     # intake -------------------------------------------------------------
     async def _on_work(self, msg: PrefillWork, d: Delivery) -> None:
         if len(msg.prompt) > self.max_context():
-            await self.bus.publish(msg.reply, TokenEvent(msg.req_id, [], finish=FinishReason.ERROR, source=self.engine,
-                                                         error="prompt longer than the engine's KV memory",
-                                                         code=ErrorCode.PROMPT_TOO_LONG))
+            await self._refuse(msg, ErrorCode.PROMPT_TOO_LONG, "prompt longer than the engine's KV memory")
             return
-        req = PrefillRequest(msg.req_id, msg.prompt, msg.sampling, msg.reply, d.ctx, work=msg)
+        try:
+            loads = plan_loads(msg, self.engine, self.cfg.block_size)
+        except PlanError as exc:
+            await self._refuse(msg, exc.code, f"KV plan not executable: {exc}")
+            return
+        req = PrefillRequest(msg.req_id, msg.prompt, msg.sampling, msg.reply, d.ctx, work=msg, loads=loads)
         req.connection = self.bus.losses.current()
         self.held[req.req_id] = req
-        hits = usable_hits(msg, self.cfg.block_size)
-        if msg.mode == LoadMode.ORACLE:  # no I/O: the hit KV is taken as present (output not meaningful)
+        hits = loads.hits
+        if loads.present:  # no I/O: the hit KV is taken as present (output not meaningful)
             req.hit_tokens = hits * self.cfg.block_size
-        if hits and msg.mode != LoadMode.ORACLE:
+        if hits and not loads.present:
             self.life.enter(req, P.WAITING_BLOCKS, f"{hits} stored blocks to load")
             self.fetcher.waiting.append(req)
         else:
             self.life.enter(req, P.READY, "nothing to load")
             self.queue.append(req)
         self.wake.set()
+
+    async def _refuse(self, msg: PrefillWork, code: ErrorCode, error: str) -> None:
+        await self.bus.publish(msg.reply, TokenEvent(msg.req_id, [], finish=FinishReason.ERROR, source=self.engine,
+                                                     error=error, code=code))
 
     async def _on_loaded(self, msg: FetchProgress, d: Delivery) -> None:
         req = self.held.get(msg.req_id)
@@ -118,6 +127,7 @@ class PrefillEngineService(EngineService):
         self._unqueue(req)
         if state in HELD:
             self.move(req, P.CANCELLING, "cancelled: its forward or hand-off ends it")
+            req.leave()  # a hand-off waiting on a decode side that may be dead stops waiting
             return
         self.move(req, P.CANCELLED, "cancelled")
         if state is not P.READING:
@@ -214,7 +224,7 @@ class PrefillEngineService(EngineService):
         step_span = tracer.start_span("prefill_batch", links=[trace.Link(sp.get_span_context()) for sp in spans],
                                       attributes={"engine": self.engine, "batch_size": len(batch),
                                                   "tokens": sum(c.bsz for c in batch)})
-        pushes = [c.req for c in batch if c.cached + c.bsz >= len(c.req.prompt) and c.req.work.mode.moves_kv]
+        pushes = [c.req for c in batch if c.cached + c.bsz >= len(c.req.prompt) and c.req.work.plan.push]
         for c in batch:
             self.move(c.req, P.COMPUTING, f"in a forward of {len(batch)}")
         for r in pushes:  # each layer goes to the DE as soon as it is computed (in about `expect_s`)
@@ -343,7 +353,7 @@ class PrefillEngineService(EngineService):
         return (len(req.prompt) - req.hit_tokens) * self.s_per_token
 
     def _allocate(self, req: PrefillRequest) -> bool:
-        """KV blocks for a request that loads nothing (a miss, or the oracle's hits)."""
+        """KV blocks for a request that loads nothing (a miss, or hits its plan takes as present)."""
         cfg, hits = self.cfg, req.hit_tokens // self.cfg.block_size
         window = cfg.hit_window_layers if hits and one_forward(cfg, self.attn_model, req.hit_tokens,
                                                                len(req.prompt)) else 0

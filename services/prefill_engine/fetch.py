@@ -26,24 +26,15 @@ from shared.messages.endpoints import EP
 from shared.messages.storage_gateway import StoreLayout
 from shared.messages.traffic_manager import (FetchFailed, FetchKV, FetchProgress, KVWindow, LayersLoaded,
                                              ReadFinished, ReadQueued, Release)
-from shared.messages.work import PrefillWork
 
 log = logging.getLogger("prefill_engine.fetch")
 tracer = trace.get_tracer("prefill_engine")
 
 
-def usable_hits(work: PrefillWork, block_size: int) -> int:
-    """Hit blocks worth loading: at least the prompt's last token is always computed."""
-    return min(work.hit_blocks, len(work.block_keys), (len(work.prompt) - 1) // block_size)
-
-
 def stored_blocks(req: PrefillRequest, block_size: int) -> int:
-    """The prompt's leading blocks the store holds: the scheduler's count if the read found them all."""
+    """The prompt's leading blocks the store holds: the plan's count if the read found them all."""
     found = req.hit_tokens // block_size
-    work = req.work
-    if work is None or found < usable_hits(work, block_size):
-        return found
-    return work.hit_blocks
+    return found if found < req.loads.hits else max(found, req.loads.stored)
 
 
 class Fetcher:
@@ -63,22 +54,22 @@ class Fetcher:
         kv, cfg, out = self.kv, self.cfg, []
         while self.waiting:
             req = self.waiting[0]
-            work = req.work
-            n = usable_hits(work, cfg.block_size)
+            ld = req.loads
+            n = ld.hits
             # every hit prefetched (staged in a buffer during the tool call): its layers need no read
             # to wait for, so they come in whole rather than a window's layers at a time (the window's
-            # per-layer hand-offs cost a prefetched turn 1.4x the oracle's TTFT on the tiny model);
+            # per-layer hand-offs cost a prefetched turn 1.4x the no-I/O bound's TTFT on the tiny model);
             # prefetched into a buffer this engine maps (its own TM's, a same-host one's): one copy, no message
-            staged = bool(work.staged_engine) and work.staged_blocks >= n
+            staged = bool(ld.staged_engine) and ld.staged >= n
             fits = one_forward(cfg, self.attn, n * cfg.block_size, len(req.prompt))
             if not memory.allocate(kv, req, n, cfg.hit_window_layers if fits and not staged else 0, self.n_layers):
                 return out
             self.waiting.pop(0)
             req.load = LoadProgress(req.req_id, req.window)
-            if min(work.pe_blocks, n) < n or (work.staged_blocks and work.staged_engine == work.de_engine):
-                req.de_held = work.de_engine  # DE-buffer slots are reserved for it (adopted prefetches too)
+            if ld.pe_blocks < n or (ld.staged and ld.staged_engine == req.work.de_engine):
+                req.de_held = req.work.de_engine  # DE-buffer slots are reserved for it (adopted prefetches too)
             fetch = self._fetch_kv(req, n)
-            if staged and work.staged_slots is not None and (done := self._direct(req, fetch)) is not None:
+            if staged and ld.staged_slots is not None and (done := self._direct(req, fetch)) is not None:
                 out += done
                 continue
             req.deadline = time.monotonic() + cfg.handoff_timeout_s
@@ -86,31 +77,31 @@ class Fetcher:
         return out
 
     def _fetch_kv(self, req: PrefillRequest, n: int) -> FetchKV:
-        work, w = req.work, req.window
-        return FetchKV(req.req_id, work.block_keys[:n], req.blocks[:n], work.read_node or self.cfg.node,
-                       self.store, min(work.pe_blocks, n), de_engine=work.de_engine, de_node=work.de_node,
-                       prompt_blocks=len(req.blocks), staged_engine=work.staged_engine,
-                       staged_owner=work.staged_owner, staged_blocks=min(work.staged_blocks, n),
+        work, ld, w = req.work, req.loads, req.window
+        return FetchKV(req.req_id, work.block_keys[:n], req.blocks[:n], ld.node or self.cfg.node,
+                       self.store, min(ld.pe_blocks, n), de_engine=work.de_engine, de_node=ld.de_node,
+                       prompt_blocks=len(req.blocks), staged_engine=ld.staged_engine,
+                       staged_owner=ld.staged_owner, staged_blocks=min(ld.staged, n),
                        window=KVWindow(w.hits, list(w.ring), w.layers) if w else None)
 
     def _direct(self, req: PrefillRequest, fetch: FetchKV) -> list[Outcome] | None:
         """Copy hits from a TM buffer this engine maps; None when the entry went meanwhile (fetch as
         usual)."""
-        n, work = len(fetch.block_keys), req.work
+        n, ld = len(fetch.block_keys), req.loads
         with tracer.start_as_current_span("kv_staged_copy", context=req.ctx, attributes={
                 "req_id": req.req_id, "blocks": n, "prefetched_blocks": n, "read_at_arrival_blocks": 0,
                 "bytes": n * self.copier.block_nbytes}) as span:
-            ok = self.copier.copy(work.staged_slots, fetch.dst_blocks)
+            ok = self.copier.copy(ld.staged_slots, fetch.dst_blocks)
             span.set_attribute("ok", ok)
         if self.m_direct is not None:
             self.m_direct.labels("copied" if ok else "refused").inc(n)
         if not ok:
             return None
-        if work.staged_engine == work.de_engine != self.engine:
-            req.adopt, req.adopt_blocks = work.staged_owner, n
+        if ld.staged_engine == req.work.de_engine != self.engine:
+            req.adopt, req.adopt_blocks = ld.staged_owner, n
         else:
-            self.spawn(self.bus.publish(self.subjects.at(EP.TM_RELEASE, engine=work.staged_engine),
-                                        Release(work.staged_owner, used=n)), name=f"release-staged-{req.req_id}")
+            self.spawn(self.bus.publish(self.subjects.at(EP.TM_RELEASE, engine=ld.staged_engine),
+                                        Release(ld.staged_owner, used=n)), name=f"release-staged-{req.req_id}")
         return self._read_done(req, ReadFinished(req.req_id, n, layers=self.n_layers, staged=n))
 
     async def send(self, req: PrefillRequest, fetch: FetchKV) -> AsyncIterator[Outcome]:

@@ -20,7 +20,7 @@ from services.prefill_engine.outcomes import Fail, Free, Outcome
 from services.prefill_engine.record import PrefillRequest
 from shared.bus import BusError, error_code
 from shared.engine.requests import stop_ids
-from shared.messages.codes import ErrorCode, FinishReason, LoadMode
+from shared.messages.codes import ErrorCode, FinishReason
 from shared.messages.endpoints import EP
 from shared.messages.stream import TokenEvent, TokenLogprob
 from shared.messages.storage_gateway import StoreLayout
@@ -42,7 +42,7 @@ class Handoff:
     def start_push(self, req: PrefillRequest, expect_s: float = 0.0) -> None:
         """The final forward is about to start (about `expect_s`): its TM pushes layers as computed."""
         work = req.work
-        if work is None or work.mode == LoadMode.ORACLE or req.push is not None:
+        if work is None or not work.plan.push or req.push is not None:
             return
         req.de_held = work.de_engine  # the push may reserve slots there
         w = req.window
@@ -132,7 +132,7 @@ class Handoff:
     async def persist(self, req: PrefillRequest) -> None:
         """Save the prompt's blocks the store lacks; returns once its TM copied them out."""
         work = req.work
-        if work is None or work.mode == LoadMode.ORACLE or req.computed is None:
+        if work is None or not work.plan.persist or req.computed is None:
             return
         bs = self.store.block_size
         n_full = min(len(req.prompt) // bs, len(work.block_keys), len(req.blocks))
@@ -150,12 +150,13 @@ class Handoff:
             log.warning("persisting the prompt of %s: %s", req.req_id, res.error)
 
     async def _push_and_admit(self, req: PrefillRequest, first: int) -> None:
-        """KV to the DE's buffer (none in the oracle mode), then the admission; BusError on failure."""
+        """KV to the DE's buffer (unless the plan pushes none), then the admission; BusError on failure."""
         work = req.work
-        if work.mode == LoadMode.ORACLE:
-            pushed = PushDone()  # no PD transfer in the oracle mode
+        if not work.plan.push:
+            pushed = PushDone()  # no PD transfer: the DE loads nothing
         elif req.push is not None:  # sent layer by layer during the forward
-            await asyncio.wait([req.push])
+            await asyncio.wait([req.push, req.left()], return_when=asyncio.FIRST_COMPLETED)
+            await self.abort_push(req)  # its client left: the TM stops it (a no-op once the push is over)
             pushed = req.pushed or PushDone(ok=False, error="the push task failed", code=ErrorCode.INTERNAL)
             if pushed.ok and req.computed_at and self.pm is not None:
                 self.pm.tail.observe(time.perf_counter() - req.computed_at)
@@ -170,9 +171,9 @@ class Handoff:
             raise BusError("push", "cancelled", ErrorCode.CANCELLED)
         admit = DecodeAdmit(req.req_id, len(req.prompt), first, req.sampling, req.reply, pushed.slots,
                             pe_engine=self.engine, prompt=req.prompt, block_keys=work.block_keys,
-                            persisted_blocks=stored_blocks(req, self.store.block_size), oracle=work.mode == LoadMode.ORACLE)
+                            persisted_blocks=stored_blocks(req, self.store.block_size), persist=work.plan.persist)
         ack = await self.bus.request(self.subjects.at(EP.DE_ADMIT, engine=work.de_engine), admit,
-                                     timeout=self.timeout_s)
+                                     timeout=self.timeout_s, abort=req.left())  # a DE killed meanwhile never replies
         if not ack.ok:
             raise BusError("admit", ack.error, ack.code)
 

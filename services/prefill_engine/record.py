@@ -9,16 +9,17 @@ from typing import Any
 
 from services.prefill_engine.layers import LoadProgress
 from services.prefill_engine.life import PeState
+from services.prefill_engine.plan_read import PlanLoads
 from shared.kv.window import HitWindow
 from shared.engine.requests import EngineRequest
-from shared.messages.codes import LoadMode
 from shared.messages.stream import PromptTiers
 from shared.messages.work import PrefillWork
 
 
 @dataclass(eq=False)
 class PrefillRequest(EngineRequest):
-    work: PrefillWork | None = None  # what the scheduler asked for (hits, DE, mode)
+    work: PrefillWork | None = None  # what the scheduler asked for (its KV plan, its DE)
+    loads: PlanLoads = field(default_factory=PlanLoads)  # what its plan loads, in the fetch's terms
     state: PeState | None = None  # where it is (written by PeLife.move alone)
     span: Any = None  # its span at this engine, from intake to release: its moves are its events
     load: LoadProgress | None = None  # its stored KV: the read, then layer by layer (None: nothing to load)
@@ -38,6 +39,18 @@ class PrefillRequest(EngineRequest):
     push: asyncio.Task | None = None  # its layerwise push to the DE, from its final forward on
     pushed: Any = None  # ... its outcome (PushDone), once over
     computed_at: float = 0.0  # perf_counter when its last layer was computed (hand-off tail metric)
+    gone: asyncio.Future | None = None  # resolved when its client left: the hand-off's waits on the DE end on it
+
+    def left(self) -> asyncio.Future:
+        """The future its hand-off's waits on the decode side end on (resolved by `leave`)."""
+        if self.gone is None:
+            self.gone = asyncio.get_running_loop().create_future()
+        return self.gone
+
+    def leave(self) -> None:
+        fut = self.left()
+        if not fut.done():
+            fut.set_result(None)
 
     @property
     def done(self) -> int:
@@ -48,7 +61,7 @@ class PrefillRequest(EngineRequest):
         """Its prompt's tokens by where their KV came from (shared/tiers.py)."""
         n = len(self.prompt)
         hit = min(self.hit_tokens, n)
-        if self.work is not None and self.work.mode == LoadMode.ORACLE:
+        if self.loads.present:  # taken as in KV memory: no tier moved them
             return PromptTiers(computed=n - hit, engine=hit)
         buffer = min(self.staged_hits * block_size, hit)
         de = min(self.de_read_hits * block_size, hit - buffer)

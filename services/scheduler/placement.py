@@ -14,9 +14,11 @@ from services.scheduler.view import MeshView
 from shared.messages.codes import LoadMode
 from shared.messages.endpoints import EP, forward_subject
 from shared.messages.front import Forward
+from shared.messages.plan import Source, first
 from shared.messages.work import PrefillWork
 from shared.sched.dispatch import EngineLoad
 from shared.sched.ledger import Ledger
+from shared.sched.plan import InBuffer, PlanEnds, PlanInput, build, prompt_blocks
 from shared.sched.prefetch import common
 from shared.sched.reads import PathDecision, PendingReads
 from shared.tracing import recording
@@ -92,7 +94,7 @@ class Placed:
                 "read_path": p.path, "pe_path_blocks": p.pe_blocks, "de_path_blocks": p.de_blocks,
                 "pe_read_queue_tokens": p.pe_queue, "de_read_queue_tokens": p.de_queue, "read_path_reason": p.reason,
                 "prefetched_blocks": self.prefetched, "read_at_arrival_blocks": p.pe_blocks + p.de_blocks,
-                "prefetch_engine": self.work.staged_engine}
+                "prefetch_engine": b.engine if (b := first(self.work.plan, Source.BUFFER)) else ""}
 
 
 def place(rec: InFlight, pe: str, de: str, view: MeshView, reads: PendingReads, reply: str,
@@ -101,17 +103,19 @@ def place(rec: InFlight, pe: str, de: str, view: MeshView, reads: PendingReads, 
     pe_node, de_node = view.node_of(pe), view.node_of(de)
     layout = view.store_layout()
     bs = layout.block_size if layout else DEFAULT_BLOCK
-    usable = min(rec.hit_blocks, (rec.work_len - 1) // bs) if LoadMode(rec.mode).moves_kv else 0
+    hits = max(0, min(rec.hit_blocks, (rec.work_len - 1) // bs))
+    usable = hits if LoadMode(rec.mode).moves_kv else 0  # hits read now, or staged already
     staged = rec.staged
     s = min(common(staged.keys, rec.block_keys), usable) if staged is not None else 0  # prefetched: not read now
     path = reads.decide(rec.mode, usable - s, pe_node, de_node, bs, force=read_path)
     reads.hold(rec.req_id, path, pe_node, de_node, bs)
+    buffered = InBuffer(s, staged.engine, staged.owner, staged.slots if _copyable(view, pe, staged) else None) \
+        if s else None
+    plan = build(rec.mode, PlanInput(prompt_blocks(rec.work_len, bs), hits, rec.hit_blocks,
+                                     PlanEnds(pe, pe_node, de, de_node), path.pe_blocks, buffered))
     remote = rec.remote_prompt  # a worker's ids and keys: it fills them in (`addressed`)
     work = PrefillWork(rec.wire_id, [] if remote else rec.work_prompt, rec.work_sampling(), de, reply,
-                       block_keys=[] if remote else list(rec.block_keys),
-                       hit_blocks=rec.hit_blocks, read_node=pe_node, mode=rec.mode, pe_blocks=s + path.pe_blocks,
-                       de_node=de_node, staged_engine=staged.engine if s else "", staged_owner=staged.owner if s else "",
-                       staged_blocks=s, staged_slots=staged.slots if s and _copyable(view, pe, staged) else None)
+                       block_keys=[] if remote else list(rec.block_keys), plan=plan)
     return Placed(work, path, s)
 
 

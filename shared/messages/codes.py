@@ -61,4 +61,5 @@ class ErrorCode(StrEnum):
     BUFFER_FULL = "buffer_full"  # no DRAM-buffer slots for the request
     CANCELLED = "cancelled"  # the request was cancelled while the work was under way
     SHUTTING_DOWN = "shutting_down"  # the service holding the request is stopping
+    BAD_PLAN = "bad_plan"  # the scheduler's KV plan cannot be executed (a bug: never retried)
     INTERNAL = "internal"  # a bug: an error nobody expected

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import msgspec
 
-from shared.messages.codes import ErrorCode, LoadMode
+from shared.messages.codes import ErrorCode
+from shared.messages.plan import KvPlan, StagedSlots  # noqa: F401 - StagedSlots: where engines import it from
 
 
 class Sampling(msgspec.Struct, omit_defaults=True, gc=False):
@@ -22,16 +23,6 @@ class Sampling(msgspec.Struct, omit_defaults=True, gc=False):
     logprobs: int | None = None
 
 
-class StagedSlots(msgspec.Struct, array_like=True, omit_defaults=True):
-    """Where a prefetch sits in its TM's buffer, for that TM's own engine: valid while `record` holds `stamp`."""
-
-    buffer: str  # the buffer's shared-memory name
-    table: str  # the stamp table's shared-memory name
-    record: int
-    stamp: int
-    slots: list[int]  # buffer byte offsets of the staged blocks, in prompt order
-
-
 class PrefillWork(msgspec.Struct, omit_defaults=True):
     req_id: str
     prompt: list[int]
@@ -39,15 +30,7 @@ class PrefillWork(msgspec.Struct, omit_defaults=True):
     de_engine: str  # where the KV goes after prefill
     reply: str  # output subject of the scheduler that owns the request
     block_keys: list[bytes] = []  # keys of the prompt's full blocks (chained hashes, 16 bytes each)
-    hit_blocks: int = 0  # leading block_keys present in the store (load instead of compute)
-    read_node: str = ""  # the PE's node: its storage-gateway reads the PE-path hit blocks
-    mode: LoadMode = LoadMode.DUALPATH  # how the hits are loaded (oracle: no KV I/O at all)
-    pe_blocks: int = 0  # hit blocks [0, pe_blocks) read on the PE path, the rest on the DE path (the scheduler counts)
-    de_node: str = ""  # the DE's node (its storage-gateway reads the DE-path hit blocks)
-    staged_engine: str = ""  # prefetched during a tool call: whose TM buffer holds hit blocks [0, staged_blocks)
-    staged_owner: str = ""  # the name of those buffer slots
-    staged_blocks: int = 0  # (pe_blocks counts them: [staged_blocks, pe_blocks) is read on the PE path)
-    staged_slots: StagedSlots | None = None  # staged in the PE's own TM buffer: copy them from there directly
+    plan: KvPlan = msgspec.field(default_factory=KvPlan)  # where each block's KV comes from (none: all computed)
 
 
 class DecodeAdmit(msgspec.Struct, omit_defaults=True):
@@ -61,7 +44,7 @@ class DecodeAdmit(msgspec.Struct, omit_defaults=True):
     prompt: list[int] = []  # the prompt's token ids (block hashing for persistence)
     block_keys: list[bytes] = []  # keys of the prompt's full blocks (for persistence)
     persisted_blocks: int = 0  # leading blocks already in the store
-    oracle: bool = False  # no KV moved: nothing to load, nothing to persist
+    persist: bool = True  # the plan saves the prompt's (and the generated) blocks; buf_slots empty: nothing to load
 
 
 class Cancel(msgspec.Struct, omit_defaults=True):

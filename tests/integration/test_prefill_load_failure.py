@@ -18,13 +18,14 @@ import uuid
 import pytest
 
 from shared.bus import Bus
-from shared.messages.codes import ErrorCode, FinishReason, LoadMode
+from shared.messages.codes import ErrorCode, FinishReason
 from shared.messages.endpoints import EP
 from shared.messages.registry import EngineAnnounce
 from shared.messages.stream import TokenEvent
 from shared.messages.subjects import Subjects
 from shared.messages.traffic_manager import FetchFailed, FetchKV, LayersLoaded, ReadFinished
 from shared.messages.work import PrefillWork, Sampling
+from tests.unit.plan_util import pe_plan
 from tests.integration.natsutil import NatsServer
 
 pytestmark = pytest.mark.integration
@@ -72,8 +73,8 @@ async def _scenario(url: str, ns: str) -> dict:
         prompt = list(range(1, 3 * BS + 6))
         keys = [bytes([i]) * 16 for i in range(3)]
         await bus.publish(subjects.at(EP.PE_WORK, engine=ENGINE), PrefillWork(
-            "lf-1#0", prompt, Sampling(max_tokens=8), "de-nowhere", out, block_keys=keys, hit_blocks=3,
-            mode=LoadMode.BASIC, pe_blocks=3))
+            "lf-1#0", prompt, Sampling(max_tokens=8), "de-nowhere", out, block_keys=keys,
+            plan=pe_plan(3, ENGINE)))
         fetch = await fetches.get()
         loaded = subjects.at(EP.PE_LOADED, engine=ENGINE)
         await bus.publish(loaded, ReadFinished(fetch.req_id, 3))  # read done: 3 hits in the buffer

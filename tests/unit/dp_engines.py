@@ -17,10 +17,10 @@ from services.prefill_engine.life import PeState
 from services.prefill_engine.record import PrefillRequest
 from shared.engine.store_layout import prompt_keys
 from shared.kv.allocator import SlotAllocator
-from shared.messages.codes import LoadMode
 from shared.messages.endpoints import EP
 from shared.messages.traffic_manager import LayersComputed
 from shared.messages.work import Ack, DecodeAdmit, PrefillWork, Sampling
+from shared.sched.plan import PlanEnds, PlanInput, dualpath_split, prompt_blocks
 from tests.unit.dp_mesh import BS, DE, DE_NODE, HUGE, LAYERS, LAYOUT, PE, PE_NODE, SLOTS, SUBJECTS, Mesh, Tasks
 from tests.unit.pe_util import bare_prefill, errors, finish_forward, intake
 from tests.unit.tm_util import Reply
@@ -31,8 +31,9 @@ KEYS = prompt_keys(LAYOUT, PROMPT)  # the store keys of its full blocks, each ch
 
 def work(hits: int, pe_blocks: int, max_tokens: int = 64) -> PrefillWork:
     """PROMPT's assignment: `hits` leading blocks stored, [0, pe_blocks) of them read on the PE path."""
-    return PrefillWork("r#0", PROMPT, Sampling(max_tokens=max_tokens), DE, "out", block_keys=KEYS, hit_blocks=hits,
-                       read_node=PE_NODE, mode=LoadMode.DUALPATH, pe_blocks=pe_blocks, de_node=DE_NODE)
+    plan = dualpath_split(PlanInput(prompt_blocks(len(PROMPT), BS), min(hits, (len(PROMPT) - 1) // BS), hits,
+                                    PlanEnds(PE, PE_NODE, DE, DE_NODE), pe_blocks))
+    return PrefillWork("r#0", PROMPT, Sampling(max_tokens=max_tokens), DE, "out", block_keys=KEYS, plan=plan)
 
 
 class Prefill:

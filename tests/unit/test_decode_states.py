@@ -40,7 +40,7 @@ def engine(**cfg) -> DecodeEngineService:
 
 
 def request(rid: str = "d1") -> DecodeRequest:
-    admit = DecodeAdmit(rid, 20, 7, Sampling(max_tokens=4), "out", [0, 4096], oracle=True)
+    admit = DecodeAdmit(rid, 20, 7, Sampling(max_tokens=4), "out", [], persist=False)
     return DecodeRequest(rid, list(range(20)), admit.sampling, "out", None, admit=admit, generated=[7])
 
 

@@ -19,12 +19,13 @@ from services.prefill_engine.record import PrefillRequest
 from shared.bus import BusError, Losses
 from shared.kv.allocator import SlotAllocator
 from shared.kv.window import NO_BLOCK
-from shared.messages.codes import ErrorCode, FinishReason, LoadMode
+from shared.messages.codes import ErrorCode, FinishReason
 from shared.messages.storage_gateway import StoreLayout
 from shared.messages.stream import TokenEvent
 from shared.messages.traffic_manager import FetchFailed, FetchKV, LayersLoaded, ReadFinished, ReadQueued
 from shared.messages.work import DecodeAdmit, PrefillWork, Sampling
 from shared.metrics import Metrics
+from tests.unit.plan_util import pe_plan
 from tests.unit.pe_util import bare_prefill, intake, run
 
 pytestmark = pytest.mark.unit
@@ -89,7 +90,7 @@ class Engine:
     async def submit(self, rid: str = "r1", hits: int = 3) -> PrefillRequest:
         prompt = list(range(hits * BS + 5))
         work = PrefillWork(rid, prompt, Sampling(), "pe-x", "out", block_keys=[bytes([i]) * 16 for i in range(hits)],
-                           hit_blocks=hits, mode=LoadMode.BASIC, pe_blocks=hits)
+                           plan=pe_plan(hits, "pe"))
         return await intake(self.svc, work)
 
     async def progress(self, msg) -> None:

@@ -28,3 +28,13 @@ def test_every_message_in_the_sequence_diagrams_is_a_message_type():
     sent = {m for d in diagrams for m in re.findall(r"^\s*\w+-?-[>x]{1,2}\w+: ([A-Z]\w+)", d, re.M)}
     assert len(diagrams) >= 5 and len(sent) >= 15, (len(diagrams), sorted(sent))
     assert sent <= types, f"not a message type in shared/messages: {sorted(sent - types)}"
+
+
+def test_the_kv_plan_section_names_every_source_and_only_message_types():
+    from shared.messages.plan import Source
+    section = DOC.read_text().split("## The KV plan", 1)[1].split("\n## ", 1)[0]
+    assert [m.value for m in Source] == re.findall(r"^- `(\w+)`", section, re.M)  # each source, in order
+    mods = [importlib.import_module(f"shared.messages.{m}") for m in ("plan", "work")]
+    types = {name for mod in mods for name, v in vars(mod).items() if isinstance(v, type)}
+    named = set(re.findall(r"`([A-Z][a-z]\w+)`", section))
+    assert {"KvPlan", "KvRange", "Source", "DecodeAdmit"} <= named <= types, sorted(named - types)

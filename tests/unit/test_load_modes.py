@@ -16,7 +16,8 @@ from shared.config import ConfigError, field_docs, load_config
 from shared.messages.codes import BENCH_MODES, COMPARED, LoadMode, mode_names, parse_modes
 from shared.messages.registry import EngineAnnounce, KVRegion, TrafficManagerAnnounce
 from shared.messages.storage_gateway import StoreLayout
-from shared.messages.work import Sampling
+from shared.messages.plan import Source, blocks
+from shared.messages.work import PrefillWork, Sampling
 from shared.sched.reads import PendingReads
 
 pytestmark = pytest.mark.unit
@@ -117,24 +118,29 @@ def placed(mode: LoadMode, pe_queue: int, de_queue: int):
     return place(rec, "pe0", "de0", view(), reads, "out.s1")
 
 
+def pe_path(work: PrefillWork) -> int:
+    return blocks(work.plan, Source.STORE, "pe0")
+
+
 @pytest.mark.parametrize(("pe_queue", "de_queue", "pe_blocks"), [(100, 0, 0), (0, 100, 10), (0, 0, 10)])
 def test_dualpath_mode_reads_every_hit_on_the_shorter_queues_path(pe_queue, de_queue, pe_blocks):
     p = placed(LoadMode.DUALPATH, pe_queue, de_queue)
     assert (p.path.pe_blocks, p.path.de_blocks) == (pe_blocks, 10 - pe_blocks)
-    assert p.work.pe_blocks == pe_blocks and p.work.mode is LoadMode.DUALPATH  # the count, explicit on the wire
+    assert pe_path(p.work) == pe_blocks and p.work.plan.push and p.work.plan.persist  # the count, explicit on the wire
 
 
 def test_dualpath_split_mode_splits_a_requests_hits_across_both_paths():
     p = placed(LoadMode.DUALPATH_SPLIT, 100, 0)  # 16-token blocks: PE 100 + 32, DE 0 + 128 tokens
     assert (p.path.pe_blocks, p.path.de_blocks) == (2, 8)
-    assert p.work.pe_blocks == 2 and p.span_attributes(InFlight("r1", [], Sampling()))["read_path"] == "split"
+    assert pe_path(p.work) == 2 and p.span_attributes(InFlight("r1", [], Sampling()))["read_path"] == "split"
 
 
 @pytest.mark.parametrize("mode", [LoadMode.BASIC, LoadMode.ORACLE])
 def test_basic_reads_on_the_pe_path_and_oracle_reads_nothing(mode):
     p = placed(mode, 10**6, 0)
     want = 10 if mode is LoadMode.BASIC else 0
-    assert (p.path.pe_blocks, p.path.de_blocks, p.work.pe_blocks) == (want, 0, want)
+    assert (p.path.pe_blocks, p.path.de_blocks, pe_path(p.work)) == (want, 0, want)
+    assert blocks(p.work.plan, Source.PRESENT) == 10 - want and p.work.plan.push is (mode is LoadMode.BASIC)
 
 
 @pytest.mark.parametrize("argv", [["sim", "--modes", "dualpath,fast"],

@@ -38,6 +38,7 @@ from shared.messages.storage_gateway import StoreLayout
 from shared.messages.stream import PromptTiers
 from shared.messages.subjects import Subjects
 from shared.messages.traffic_manager import FetchKV, PushDone, PushKV, Release, Reserve, Reserved
+from shared.messages.plan import KvPlan, KvRange, Source
 from shared.messages.work import PrefillWork, Sampling, StagedSlots
 from shared.metrics import Metrics
 from shared.sched.prefetch import StagedSession
@@ -84,8 +85,9 @@ def _placed(view: MeshView, holder: str, pending: bool = False) -> PrefillWork:
 ])
 def test_the_assignment_names_staged_slots_the_prefill_engine_can_map(pe_shm, de_shm, holder, pending, named):
     work = _placed(_view(pe_shm, de_shm), holder, pending)
-    assert work.staged_engine == holder and work.staged_blocks == HITS
-    assert (work.staged_slots is not None) == named
+    (buf,) = [r for r in work.plan.ranges if r.source == Source.BUFFER]
+    assert (buf.start, buf.end, buf.engine, buf.owner) == (0, HITS, holder, "pf-1")
+    assert (buf.slots is not None) == named
 
 
 def test_a_tm_offers_its_memory_only_when_its_endpoint_serves_same_host_peers_by_shm():
@@ -137,9 +139,9 @@ async def _start(host, holder: str, revoke: bool = False):
     if revoke:
         host.table.revoke(record)
     slots = [5 * BLOCK, 6 * BLOCK, 2 * BLOCK]
-    work = PrefillWork("r1", list(range(5 * BS + 1)), Sampling(), "de0", "out", block_keys=KEYS[:5], hit_blocks=HITS,
-                       pe_blocks=HITS, staged_engine=holder, staged_owner="pf-1", staged_blocks=HITS,
-                       staged_slots=StagedSlots(host.buf.name, host.table.name, record, stamp, slots))
+    work = PrefillWork("r1", list(range(5 * BS + 1)), Sampling(), "de0", "out", block_keys=KEYS[:5], plan=KvPlan(
+        [KvRange(0, HITS, Source.BUFFER, engine=holder, owner="pf-1",
+                 slots=StagedSlots(host.buf.name, host.table.name, record, stamp, slots))], stored=HITS))
     bus, kv = Bus(), KV(host.kv)
     cfg = PrefillEngineConfig(block_size=BS, handoff_timeout_s=600, engine="pe0", namespace="t")
     svc = bare_prefill(bus, kv, LAYOUT, cfg, spawn=lambda coro, name=None, **_: asyncio.ensure_future(coro))

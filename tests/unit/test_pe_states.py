@@ -19,11 +19,12 @@ from services.prefill_engine.config import PrefillEngineConfig
 from services.prefill_engine.life import ENDING, HELD, LEGAL, PeLife, PeState
 from services.prefill_engine.metrics import PrefillMetrics
 from services.prefill_engine.record import PrefillRequest
-from shared.bus import Losses
-from shared.messages.codes import ErrorCode, LoadMode
-from shared.messages.traffic_manager import LayersLoaded, PushDone, PushKV, ReadFinished, SaveCopied, SaveKV
+from shared.bus import BusError, Losses
+from shared.messages.codes import ErrorCode
+from shared.messages.traffic_manager import LayersLoaded, PushDone, PushKV, ReadFinished, Release, SaveCopied, SaveKV
 from shared.messages.work import Ack, Cancel, DecodeAdmit, PrefillWork, Sampling
 from shared.metrics import Metrics
+from tests.unit.plan_util import pe_plan
 from tests.unit.state_util import assert_illegal
 from tests.unit.pe_util import bare_prefill, errors, finish_forward, intake, run
 from tests.unit.test_engine_failures import BS, KV, LAYOUT
@@ -134,6 +135,8 @@ class Bus:
         self.sent: list[tuple[str, object]] = []
         self.gate = asyncio.Event()
         self.gate.set()
+        self.admit_gate = asyncio.Event()  # cleared: the DE never replies (killed after taking the admission)
+        self.admit_gate.set()
 
     async def publish(self, subject, msg, ctx=None):
         self.sent.append((subject, msg))
@@ -142,8 +145,13 @@ class Bus:
         self.sent.append((subject, msg))
         if isinstance(msg, PushKV):
             await self.gate.wait()
-            return PushDone(slots=list(range(len(msg.blocks))))
+            return PushDone(slots=list(range(len(msg.src_blocks))))
         if isinstance(msg, DecodeAdmit):
+            waits = [asyncio.ensure_future(self.admit_gate.wait())] + ([abort] if abort is not None else [])
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            if not self.admit_gate.is_set():
+                waits[0].cancel()
+                raise BusError(subject, "the responder went away before its reply")
             return Ack()
         if isinstance(msg, SaveKV):
             return SaveCopied(len(msg.blocks))
@@ -162,7 +170,7 @@ def engine(tg, timeout: float = 600.0, kv_blocks: int = 32, estimate: float = 0.
 def work(rid: str = "r1", hits: int = 3) -> PrefillWork:
     prompt = list(range(hits * BS + 5))
     return PrefillWork(rid, prompt, Sampling(), "de0", "out", block_keys=[bytes([i]) * 16 for i in range(hits)],
-                       hit_blocks=hits, mode=LoadMode.BASIC, pe_blocks=hits)
+                       plan=pe_plan(hits, "pe0"))
 
 
 async def until(pred) -> None:
@@ -223,6 +231,20 @@ def test_a_cancel_in_any_state_ends_the_request_and_frees_its_blocks_once_nothin
             svc.bus.gate.set()
             await settle()
         ended(svc, req)
+    run(go)
+
+
+def test_a_cancel_while_the_hand_off_waits_on_a_killed_decode_engine_ends_it_at_once():
+    async def go(tg):
+        svc = engine(tg)  # the hand-off's own deadline (600 s) never passes here
+        req = await _to(svc, P.HANDING_OFF, tg)
+        svc.bus.admit_gate.clear()  # the DE took the admission and died: no reply ever comes
+        svc.bus.gate.set()
+        await until(lambda: any(isinstance(m, DecodeAdmit) for _, m in svc.bus.sent))
+        await svc._on_cancel(Cancel("r1"), SimpleNamespace(ctx=None))  # the scheduler resumed it elsewhere
+        await until(lambda: req.state is P.RELEASED)
+        ended(svc, req)
+        assert any(isinstance(m, Release) and "de0" in sub for sub, m in svc.bus.sent), "DE slots kept"
     run(go)
 
 

@@ -14,17 +14,19 @@ from services.prefill_engine.handoff import Handoff
 from services.prefill_engine.link import PeLink
 from services.prefill_engine.metrics import PrefillMetrics
 from services.prefill_engine.outcomes import Free
+from services.prefill_engine.plan_read import plan_loads
 from services.prefill_engine.record import PrefillRequest
 from services.scheduler.inflight import InFlight
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.protocol import usage
-from shared.messages.codes import ErrorCode, FinishReason, LoadMode
+from shared.messages.codes import ErrorCode, FinishReason
 from shared.messages.front import Done, FrontMsg
 from shared.messages.stream import PromptTiers, TokenEvent
 from shared.messages.traffic_manager import FetchFailed, ReadFinished
 from shared.messages.work import PrefillWork, Sampling
 from shared.metrics import Metrics
 from shared.tiers import NAMES, as_dict, clip, total
+from tests.unit.plan_util import present_plan
 from tests.unit.pe_util import run
 from tests.unit.test_engine_failures import BS, LAYOUT, Bus, Engine
 
@@ -87,8 +89,9 @@ def test_the_engine_splits_its_prompt_by_the_reads_report(report, want):
 
 def test_the_oracles_hits_are_taken_as_already_in_engine_memory():
     prompt = list(range(3 * BS + 5))
-    work = PrefillWork("r1", prompt, Sampling(), "de", "out", hit_blocks=3, mode=LoadMode.ORACLE)
-    req = PrefillRequest("r1", prompt, work.sampling, "out", None, work=work, hit_tokens=3 * BS)
+    work = PrefillWork("r1", prompt, Sampling(), "de", "out", block_keys=[bytes(16)] * 3, plan=present_plan(3))
+    req = PrefillRequest("r1", prompt, work.sampling, "out", None, work=work, hit_tokens=3 * BS,
+                         loads=plan_loads(work, "pe0", BS))
     assert req.prompt_tiers(BS) == PromptTiers(computed=5, engine=3 * BS)
 
 
@@ -108,8 +111,10 @@ def test_every_tier_is_exported_per_engine_from_the_start_and_counts_prefilled_p
 
 def test_the_first_token_carries_the_split():
     bus, prompt = Bus(), list(range(2 * BS + 3))
-    work = PrefillWork("r1", prompt, Sampling(max_tokens=1), "de", "out", mode=LoadMode.ORACLE)
-    req = PrefillRequest("r1", prompt, work.sampling, "out", None, work=work, hit_tokens=2 * BS)
+    work = PrefillWork("r1", prompt, Sampling(max_tokens=1), "de", "out", block_keys=[bytes(16)] * 2,
+                       plan=present_plan(2))
+    req = PrefillRequest("r1", prompt, work.sampling, "out", None, work=work, hit_tokens=2 * BS,
+                         loads=plan_loads(work, "pe0", BS))
     req.tiers = req.prompt_tiers(BS)
 
     async def go():
