@@ -73,6 +73,7 @@ class Wire:
         self.heard: list[tuple[str, object]] = []
         self.moved: list[tuple] = []  # (kind, peer, ops, class, timeout, grant)
         self.names: list[str] = []  # names tasks were spawned under
+        self.reached: list[str] = []  # engines whose data plane was reached (`peer`)
         self.found: dict[str, int] = {}  # read tag -> leading blocks found (default: all)
         self.errors: dict[str, str] = {}  # read tag -> the reply's error
         self.hold: dict[str, asyncio.Event] = {}  # read tag -> its reply waits for this
@@ -124,6 +125,7 @@ class Wire:
         return ReadDone(blocks=found, error=self.errors.get(tag, ""))
 
     async def peer(self, engine: str) -> Endpoint:
+        self.reached.append(engine)
         return Endpoint(self, engine)
 
     def spawn(self, coro, name=None, **_):

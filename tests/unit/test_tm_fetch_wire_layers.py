@@ -73,6 +73,7 @@ def test_layers_loaded_tells_each_layer_once_and_before_every_wait(spans, monkey
     p, _ = run(wire, FetchKV("r#0", KEYS, [6, 1, 8, 3, 12], PE_NODE, LAYOUT, pe_blocks=5))
     assert not wire.of(FetchFailed)
     assert [m.layer for m in wire.of(LayersLoaded)] == loaded
+    assert {s for s, m in wire.heard if isinstance(m, LayersLoaded)} == {p.loaded_subject}
 
 
 def test_a_window_slot_is_refilled_only_after_the_push_took_its_layer_on(spans):

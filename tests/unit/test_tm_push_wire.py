@@ -68,8 +68,9 @@ def _span(exporter):
     return span
 
 
-def test_a_whole_push_reserves_adopts_and_writes_the_rest(spans):
+def test_a_whole_push_reserves_adopts_and_writes_the_rest(spans, monkeypatch):
     exporter, parent = spans
+    monkeypatch.setattr(push_module, "time", Clock(1.0))  # the push takes one second
     wire = Wire()
 
     async def reserve(msg):
@@ -77,7 +78,7 @@ def test_a_whole_push_reserves_adopts_and_writes_the_rest(spans):
     wire.on[Reserve] = reserve
     msg = PushKV("r#0", SRC, DE, 64, skip=[2], adopt="pf-1", adopt_block_keys=[b"k" * 16])
     done, p = push(wire, msg, parent=parent, before=lambda p: p.held.keep("r#0", DE, wire.given.give("x", [0], BN)))
-    assert done == PushDone(slots=SLOTS, nbytes=2 * BN, seconds=0.0)
+    assert done == PushDone(slots=SLOTS, nbytes=2 * BN, seconds=1.0)
     (subject, ask, timeout, abort), = wire.asked
     assert (subject, ask, timeout) == (SUBJECTS.at(EP.TM_RESERVE, engine=DE), Reserve(
         "r#0", 4, adopt="pf-1", adopt_block_keys=[b"k" * 16]), T)
@@ -88,7 +89,7 @@ def test_a_whole_push_reserves_adopts_and_writes_the_rest(spans):
     assert grant == decode_grant(wire.given._by_req["r#0"][1])
     assert (sample(p, "bytes_total", kind="pd_push"), sample(p, "bytes_total", kind="prefetch_used")) == (2 * BN, BN)
     assert (sample(p, "transfer_seconds_count", kind="pd_push"), sample(p, "transfer_seconds_sum", kind="pd_push")) == (
-        1, 0)
+        1, 1.0)
     assert p.held.get("r#0", DE) is None  # the request's last transfer here: its grants go
     span = _span(exporter)
     assert span.parent.span_id == next(s for s in exporter.get_finished_spans() if s.name == "parent").context.span_id
@@ -174,6 +175,7 @@ def test_a_layerwise_push_writes_each_layer_once_computed(spans):
         assert cls is TrafficClass.LATENCY and timeout == T
     assert [e.attributes["layer"] for e in _span(exporter).events if e.name == "layer_pushed"] == [0, LAYERS - 1]
     assert (sample(p, "push_layer_seconds_count"), sample(p, "push_layer_seconds_sum")) == (LAYERS, 0)
+    assert sample(p, "push_layer_seconds_bucket", le="0.0001") == LAYERS  # buckets fine enough for one layer
 
 
 def test_a_window_push_not_layerwise_writes_every_layer_at_once(spans):
@@ -208,3 +210,10 @@ def test_metrics_are_named_and_described_for_the_dashboards():
     assert "# HELP dualpath_traffic_manager_fetch_seconds Storage read time of a fetch\n" in text
     assert ("# HELP dualpath_traffic_manager_push_layer_seconds One layer of a layerwise push, on the data plane\n"
             in text)
+
+
+def test_a_push_with_every_block_skipped_reaches_no_peer(spans):
+    wire = Wire()
+    done, p = push(wire, PushKV("r#0", SRC[:2], DE, 32, dst_slots=SLOTS[:2], skip=[0, 1]),
+                   before=lambda p: p.held.keep("r#0", DE, wire.given.give("r#0", SLOTS, BN)))
+    assert done == PushDone(slots=SLOTS[:2], seconds=0.0) and wire.reached == [] and wire.moved == []
