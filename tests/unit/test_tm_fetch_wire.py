@@ -124,14 +124,16 @@ def _span_id(exporter, name: str) -> int:
     return next(s for s in exporter.get_finished_spans() if s.name == name).context.span_id
 
 
-@pytest.mark.parametrize("gateways, pe_blocks, queued", [
-    (((7.0, 0), (11.0, 0)), 3, 0.429),  # the PE path's queue is the longer
-    (((11.0, 0), (7.0, 0)), 3, 0.429),  # the DE path's
-    (((24.0, 0), (12.0, 0)), 3, None),  # 0.25 s: a quarter of the deadline is not long enough to tell
-    (((0.0, 0), (12.0, 4)), 5, None),  # no DE path: the DE node's queue is none of its business
+@pytest.mark.parametrize("gateways, pe_blocks, queued, timeout_s", [
+    (((7.0, 0), (11.0, 0)), 3, 0.429, T),  # the PE path's queue is the longer
+    (((11.0, 0), (7.0, 0)), 3, 0.429, T),  # the DE path's
+    (((24.0, 0), (12.0, 0)), 3, None, T),  # 0.25 s: a quarter of the deadline is not long enough to tell
+    (((11.0, 0), (7.0, 0)), 3, None, 2.0),  # 0.429 s of a 2 s deadline
+    (((0.0, 0), (12.0, 4)), 5, None, T),  # no DE path: the DE node's queue is none of its business
 ])
-def test_the_engine_hears_of_a_storage_queue_a_quarter_of_the_deadline_long(spans, gateways, pe_blocks, queued):
+def test_the_engine_hears_of_a_storage_queue_a_quarter_of_the_deadline_long(spans, gateways, pe_blocks, queued,
+                                                                             timeout_s):
     wire = Wire()
-    p, _ = run(wire, split(pe_blocks), gateways=gateways)
+    p, _ = run(wire, split(pe_blocks), gateways=gateways, timeout_s=timeout_s)
     assert [m.eta_s for m in wire.of(ReadQueued)] == ([queued] if queued else [])
     assert not wire.of(FetchFailed)
