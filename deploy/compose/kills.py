@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 
 from checks import CheckFailed, _expect, _wait
-from lifecycle import Ending, StreamInFlight, _try_complete, kill_engine
+from lifecycle import StreamEnding, StreamInFlight, _try_complete, kill_engine
 from stack import Stack, StackError
 
 STREAM_END_S = StreamInFlight.READ_TIMEOUT_S + 30  # past the stream's own read timeout: a hang guard only
@@ -73,7 +73,7 @@ def _s(seconds: float) -> str:
     return f"{seconds:.1f}s" if seconds >= 0 else "-"
 
 
-def outcome(end: Ending, ref: Ending) -> str:
+def outcome(end: StreamEnding, ref: StreamEnding) -> str:
     """How the stream ended, against the reference (the same request, nothing killed)."""
     if end.hung:
         return "hung"
@@ -131,7 +131,7 @@ def _served(stack: Stack) -> bool:
         return False
 
 
-def check_kill(stack: Stack, target: Target, ref: Ending) -> KillResult:
+def check_kill(stack: Stack, target: Target, ref: StreamEnding) -> KillResult:
     """SIGKILL `target` with a stream in flight; the stream's end, the restart, the next completion."""
     r = KillResult(target, "not finished", False)
     try:
@@ -141,7 +141,7 @@ def check_kill(stack: Stack, target: Target, ref: Ending) -> KillResult:
     return r
 
 
-def _kill_and_watch(stack: Stack, target: Target, ref: Ending, r: KillResult) -> None:
+def _kill_and_watch(stack: Stack, target: Target, ref: StreamEnding, r: KillResult) -> None:
     stack.wait_healthy(300)
     cid = stack.ids(target.service)[0]
     before = stack.inspect(cid)
@@ -160,7 +160,7 @@ def _kill_and_watch(stack: Stack, target: Target, ref: Ending, r: KillResult) ->
     r.serve_s = time.monotonic() - t0
 
 
-def reference(stack: Stack) -> Ending:
+def reference(stack: Stack) -> StreamEnding:
     """The column's request once with nothing killed: the tokens a stream must end with."""
     end = StreamInFlight(api_url(stack), wait_first=False, n=TOKENS).ending(STREAM_END_S)
     _expect(end.token_ids is not None and len(end.token_ids) == TOKENS and not (end.error or end.lost),

@@ -131,7 +131,7 @@ def check_killed_engine_restarts(stack: Stack, url: str, service: str = "prefill
 
 
 @dataclass(frozen=True)
-class Ending:
+class StreamEnding:
     """How a streamed completion ended, as its client saw it."""
 
     text: str = ""
@@ -188,10 +188,10 @@ class StreamInFlight:
             self.token_ids = tuple(chunk["token_ids"])
         self.first.set()
 
-    def ending(self, timeout: float) -> Ending:
+    def ending(self, timeout: float) -> StreamEnding:
         """How it ended (CheckFailed when it has not within `timeout`: hung)."""
         _expect(self.done.wait(timeout), "kill", f"the stream in flight ended ({self.chunks} chunks so far)")
-        return Ending(self.text, self.token_ids, self.error, self.lost, self.hung, self.at)
+        return StreamEnding(self.text, self.token_ids, self.error, self.lost, self.hung, self.at)
 
     def ended(self, timeout: float) -> str:
         e = self.ending(timeout)
@@ -209,4 +209,4 @@ def _try_complete(url: str) -> dict | None:
 
 
 __all__ = ["check_scaled_engines_work", "check_stopping_a_replica_spares_its_siblings",
-           "check_killed_engine_restarts", "kill_engine", "CRASH_SIGNAL", "Ending", "StreamInFlight"]
+           "check_killed_engine_restarts", "kill_engine", "CRASH_SIGNAL", "StreamEnding", "StreamInFlight"]

@@ -16,13 +16,13 @@ sys.path.insert(0, str(ROOT / "deploy" / "compose"))
 import check  # noqa: E402
 import kills  # noqa: E402
 from checks import CheckFailed  # noqa: E402
-from lifecycle import Ending, StreamInFlight  # noqa: E402
+from lifecycle import StreamEnding, StreamInFlight  # noqa: E402
 
 from dualpath.bench.chaos import KINDS  # noqa: E402
 
 pytestmark = pytest.mark.unit
 
-REF = Ending(text="abc", token_ids=(1, 2, 3))
+REF = StreamEnding(text="abc", token_ids=(1, 2, 3))
 BY_KIND = {t.kind: t for t in kills.TARGETS}
 
 
@@ -44,13 +44,14 @@ def test_every_mesh_service_of_the_compose_file_is_killed_and_each_engine_contai
 
 
 @pytest.mark.parametrize(("end", "want"), [
-    (Ending(text="abc", token_ids=(1, 2, 3)), "exact"),
-    (Ending(text="abd", token_ids=(1, 2, 4)), "wrong (3 tokens, want 3; 1 differ)"),
-    (Ending(text="abcc", token_ids=(1, 2, 3, 3)), "wrong (4 tokens, want 3; 0 differ)"),
-    (Ending(text="ab", error="decode engine de-1 left"), "error event (decode engine de-1 left)"),
-    (Ending(text="ab", lost="RemoteProtocolError: peer closed"), "lost connection (RemoteProtocolError: peer closed)"),
-    (Ending(text="ab", hung=True), "hung"),
-    (Ending(text="ab"), "cut short (no last chunk, 2 characters, no error)"),
+    (StreamEnding(text="abc", token_ids=(1, 2, 3)), "exact"),
+    (StreamEnding(text="abd", token_ids=(1, 2, 4)), "wrong (3 tokens, want 3; 1 differ)"),
+    (StreamEnding(text="abcc", token_ids=(1, 2, 3, 3)), "wrong (4 tokens, want 3; 0 differ)"),
+    (StreamEnding(text="ab", error="decode engine de-1 left"), "error event (decode engine de-1 left)"),
+    (StreamEnding(text="ab", lost="RemoteProtocolError: peer closed"),
+     "lost connection (RemoteProtocolError: peer closed)"),
+    (StreamEnding(text="ab", hung=True), "hung"),
+    (StreamEnding(text="ab"), "cut short (no last chunk, 2 characters, no error)"),
 ])
 def test_a_streams_end_is_judged_against_the_reference(end, want):
     assert kills.outcome(end, REF) == want
