@@ -98,8 +98,9 @@ class FetchPath:
     async def failed(self, msg: FetchKV, prog: Progress, exc: Exception) -> None:
         why = exc.reason if isinstance(exc, BusError) else f"{type(exc).__name__}: {exc}"
         code = error_code(exc, ErrorCode.KV_TRANSFER if isinstance(exc, EXPECTED) else ErrorCode.INTERNAL)
-        log.warning("fetch %s failed (read %s, %d layers in place): %s: %s", msg.req_id,
-                    "done" if prog.read else "not done", prog.layers, code, why)
+        read = "done" if prog.read else "not done"  # pragma: no mutate
+        log.warning("fetch %s failed (read %s, %d layers in place): %s: %s",  # pragma: no mutate
+                    msg.req_id, read, prog.layers, code, why)  # pragma: no mutate
         await self.p.bus.publish(self.p.loaded_subject, FetchFailed(msg.req_id, code, why, prog.layers))
 
     async def _run(self, msg: FetchKV, k: int, owner: str, prog: Progress, span, tracks,

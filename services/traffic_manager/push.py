@@ -60,7 +60,8 @@ class PushPath:
                 span.record_exception(exc)
                 if state is not None:  # a fetch waiting to reuse a window's slots learns it now
                     state.fail(f"push failed: {exc}")
-                code = ErrorCode.CANCELLED if isinstance(exc, RuntimeError) else error_code(exc, ErrorCode.KV_TRANSFER)
+                released = isinstance(exc, RuntimeError) and not isinstance(exc, BusError)  # the state failed
+                code = ErrorCode.CANCELLED if released else error_code(exc, ErrorCode.KV_TRANSFER)
                 await d.respond(PushDone(ok=False, error=str(exc), code=code))
                 return
             finally:
