@@ -2,7 +2,7 @@
 """Build the compose stack's images, run the stack, check it, tear it down: `make compose-check`.
 
 Uses the running Docker daemon or starts dockerd; builds from the upstream base or offline
-(images.py); runs checks.py and lifecycle.py, then scaled; `docker compose down -v` whatever
+(images.py); runs checks.py, kills.py and lifecycle.py, then scaled; `docker compose down -v` whatever
 happened. Exit code 0: all passed; 1: a check failed; 2: it could not run.
 """
 from __future__ import annotations
@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import checks  # noqa: E402
 import dockerd  # noqa: E402
 import images  # noqa: E402
+import kills  # noqa: E402
 import lifecycle  # noqa: E402
 from stack import COMPOSE_DIR, Stack, StackError, compose_command  # noqa: E402
 
@@ -102,7 +103,8 @@ class Run:
         self.passed(checks.check_metrics(stack, url))
         self.passed(checks.check_nats_credentials(stack, url, self.nats_user, self.nats_password))
         self.measure_latency(url)
-        self.passed(lifecycle.check_killed_engine_restarts(stack, url, "prefill-engine", "process"))
+        killed = self.kill_column(stack)
+        url = kills.api_url(stack)  # the scheduler's restart may have moved its published port
         self.passed(lifecycle.check_killed_engine_restarts(stack, url, "decode-engine", "docker-kill"))
         stack.up("--scale", "prefill-engine=2", "--scale", "decode-engine=2")
         stack.wait_healthy(600, expect=SERVICES_AT_SCALE_1 + 2)
@@ -110,6 +112,16 @@ class Run:
         self.passed(checks.check_metrics(stack, url))
         self.passed(lifecycle.check_stopping_a_replica_spares_its_siblings(stack, url))
         stack.wait_healthy(600, expect=SERVICES_AT_SCALE_1 + 2)
+        _expect_no_failed_kill(killed)
+
+    def kill_column(self, stack: Stack) -> list[str]:
+        """Each process kind SIGKILLed with a stream in flight (kills.py), one line each; the failed kinds."""
+        t0 = time.monotonic()
+        results = kills.kill_column(stack, log=self.log)
+        self.figures["kill_column"] = kills.figures(results)
+        self.figures["kill_column_s"] = round(time.monotonic() - t0, 1)
+        self.results += [r.line() for r in results if r.passed]
+        return [r.target.kind for r in results if not r.passed]
 
     def measure_latency(self, url: str) -> None:
         """A completion's latency through compose; with --compare-up, alternating with `dualpath up` here."""
@@ -203,6 +215,12 @@ class Run:
             Path(self.args.figures).write_text(json.dumps(self.figures, indent=2) + "\n")
         self.log("all checks passed" if rc == 0 else "FAILED")
         return rc
+
+
+def _expect_no_failed_kill(failed: list[str]) -> None:
+    """The kill column's failures, raised after the checks that follow it have run too."""
+    if failed:
+        raise checks.CheckFailed("kill column", f"failed for {', '.join(failed)} (its lines above)")
 
 
 def _exit_on_sigterm(signum, frame) -> None:

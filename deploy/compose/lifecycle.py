@@ -9,6 +9,7 @@ import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import httpx
 
@@ -129,39 +130,73 @@ def check_killed_engine_restarts(stack: Stack, url: str, service: str = "prefill
             f"the stream in flight at the kill: {ended}")
 
 
+@dataclass(frozen=True)
+class StreamEnding:
+    """How a streamed completion ended, as its client saw it."""
+
+    text: str = ""
+    token_ids: tuple[int, ...] | None = None  # from the last chunk (None: no last chunk)
+    error: str = ""  # the error event's message
+    lost: str = ""  # the connection broke: the exception
+    hung: bool = False  # no byte for the read timeout
+    at: float = 0.0  # time.monotonic() at the end
+
+
 class StreamInFlight:
-    """A streamed completion under way at the kill: it must end (every token once, or an error)."""
+    """A streamed completion under way at a kill: it must end (every token once, or an error)."""
 
     N = 300
+    READ_TIMEOUT_S = 300.0  # no byte this long: hung
 
-    def __init__(self, url: str):
-        self.url, self.tokens, self.chunks, self.error, self.done = url, 0, 0, "", threading.Event()
-        self.first = threading.Event()
+    def __init__(self, url: str, wait_first: bool = True, n: int = N):
+        self.url, self.n, self.tokens, self.chunks, self.text, self.error = url, n, 0, 0, "", ""
+        self.token_ids: tuple[int, ...] | None = None
+        self.lost, self.hung, self.at = "", False, 0.0
+        self.first, self.done = threading.Event(), threading.Event()
         threading.Thread(target=self._run, daemon=True).start()
-        _expect(self.first.wait(120), "kill", "a streamed completion's first chunk before the kill")
+        if wait_first:
+            _expect(self.first.wait(120), "kill", "a streamed completion's first chunk before the kill")
 
     def _run(self) -> None:
-        body = {"prompt": "the stream in flight at the kill " * 8, "max_tokens": self.N, "temperature": 0,
-                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+        body = {"prompt": "the stream in flight at the kill " * 8, "max_tokens": self.n, "temperature": 0,
+                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+                "return_token_ids": True}
         try:
-            with httpx.stream("POST", self.url + "/v1/completions", json=body, timeout=300) as r:
+            with httpx.stream("POST", self.url + "/v1/completions", json=body, timeout=self.READ_TIMEOUT_S) as r:
+                if r.status_code != 200:
+                    self.error = f"HTTP {r.status_code}: {r.read()[:300]!r}"
+                    return
                 for line in r.iter_lines():
                     if line.startswith("data: {"):
-                        chunk = json.loads(line[6:])
-                        self.error = chunk.get("error", {}).get("message", "") or self.error
-                        self.chunks += bool(chunk.get("choices"))
-                        self.tokens = chunk.get("usage", {}).get("completion_tokens", self.tokens)
-                        self.first.set()
+                        self._chunk(json.loads(line[6:]))
+        except httpx.TimeoutException:
+            self.hung = True
         except httpx.HTTPError as exc:
-            self.error = self.error or f"{type(exc).__name__}: {exc}"
+            self.lost = f"{type(exc).__name__}: {exc}"
         finally:
+            self.at = time.monotonic()
             self.first.set()
             self.done.set()
 
-    def ended(self, timeout: float) -> str:
+    def _chunk(self, chunk: dict) -> None:
+        self.error = (chunk.get("error") or {}).get("message", "") or self.error
+        choices = chunk.get("choices") or []
+        self.chunks += bool(choices)
+        self.text += "".join(c.get("text") or "" for c in choices)
+        self.tokens = (chunk.get("usage") or {}).get("completion_tokens", self.tokens)
+        if "token_ids" in chunk:
+            self.token_ids = tuple(chunk["token_ids"])
+        self.first.set()
+
+    def ending(self, timeout: float) -> StreamEnding:
+        """How it ended (CheckFailed when it has not within `timeout`: hung)."""
         _expect(self.done.wait(timeout), "kill", f"the stream in flight ended ({self.chunks} chunks so far)")
-        _expect(self.tokens >= self.N or self.error, "kill", f"{self.tokens} of {self.N} tokens and no error")
-        return f"ended with an error event ({self.error})" if self.error else f"resumed, all {self.N} tokens"
+        return StreamEnding(self.text, self.token_ids, self.error, self.lost, self.hung, self.at)
+
+    def ended(self, timeout: float) -> str:
+        e = self.ending(timeout)
+        _expect(self.tokens >= self.n or e.error or e.lost, "kill", f"{self.tokens} of {self.n} tokens and no error")
+        return f"ended with an error event ({e.error or e.lost})" if e.error or e.lost else f"resumed, all {self.n} tokens"
 
 
 def _try_complete(url: str) -> dict | None:
@@ -174,4 +209,4 @@ def _try_complete(url: str) -> dict | None:
 
 
 __all__ = ["check_scaled_engines_work", "check_stopping_a_replica_spares_its_siblings",
-           "check_killed_engine_restarts", "kill_engine", "CRASH_SIGNAL"]
+           "check_killed_engine_restarts", "kill_engine", "CRASH_SIGNAL", "StreamEnding", "StreamInFlight"]

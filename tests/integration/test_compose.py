@@ -20,6 +20,7 @@ sys.path.insert(0, str(ROOT / "deploy" / "compose"))
 
 import checks  # noqa: E402
 import images  # noqa: E402
+import kills  # noqa: E402
 import lifecycle  # noqa: E402
 from stack import COMPOSE_DIR, Stack, compose_command, daemon_reachable  # noqa: E402
 
@@ -106,6 +107,16 @@ def test_stopping_one_replica_spares_the_shared_memory_of_its_siblings(running):
         stack.up("--scale", "prefill-engine=2", "--scale", "decode-engine=2")
         stack.wait_healthy(600, expect=SERVICES_AT_SCALE_1 + 2)
     print(lifecycle.check_stopping_a_replica_spares_its_siblings(stack, url))
+
+
+@pytest.mark.parametrize("kind", [t.kind for t in kills.TARGETS])
+def test_each_process_kind_killed_with_a_stream_in_flight(running, kind):
+    """Last: a killed scheduler may come back on another published port (kills.api_url finds it)."""
+    stack = running[0]
+    target = next(t for t in kills.TARGETS if t.kind == kind)
+    r = kills.check_kill(stack, target, kills.reference(stack))
+    print(r.line())
+    assert r.passed, r.line()
 
 
 def test_otlp_sink_keeps_what_an_sdk_exports(tmp_path):
