@@ -3,14 +3,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dualpath.results.common import table
+from dualpath.results.common import GLOSSARY, table
 
 TITLE = "Mutants: the mutation score"
 INTRO = ["Each section is one `make mutants` report: mutmut's mutants of the scheduling policy, the dispatcher,",
          "block keys and format, the traffic manager's fetch/push/progress, the prefill engine's hand-off, decode",
          "persistence and the planner, run against the unit and model tiers. The score is the share killed among",
          "the mutants checked (a run cut short leaves some unchecked); equivalent ones, no test can tell from the",
-         "original, are left out and listed with why."]
+         f"original, are left out and listed with why (terms: {GLOSSARY})."]
 
 
 def lines(doc: dict) -> list[str]:
