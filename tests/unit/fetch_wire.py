@@ -8,6 +8,10 @@ import secrets
 from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
 from services.traffic_manager.parts import TMParts
 from services.traffic_manager.progress import LayerState, ReadTrack, Registry
 from services.traffic_manager.read_queues import ReadQueues
@@ -157,3 +161,12 @@ def parts(wire: Wire, prefix: str, timeout_s: float = 2.0, gateways=((0.0, 0), (
 
 def sample(p: TMParts, name: str, **labels) -> float | None:
     return p.metrics.registry.get_sample_value(f"dualpath_traffic_manager_{name}", labels)
+
+
+def capture_spans(monkeypatch, module):
+    """`module`'s spans into an in-memory exporter, its clock scripted: (exporter, a parent tracer)."""
+    exporter, provider = InMemorySpanExporter(), TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(module, "tracer", provider.get_tracer("test"))
+    monkeypatch.setattr(module, "time", Clock())
+    return exporter, provider.get_tracer("parent")

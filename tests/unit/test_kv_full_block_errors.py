@@ -21,11 +21,10 @@ from shared.kv.full_block import (
 )
 from shared.kv.layout import KVLayout
 
+from tests.unit.test_kv_full_block import FP, KEY, LAYOUT
+
 pytestmark = pytest.mark.unit
 
-LAYOUT = KVLayout(n_layers=3, n_kv_heads=2, head_dim=8, dtype="bfloat16", block_size=4)
-KEY = bytes(range(16))
-FP = bytes(range(100, 116))
 _VERSION_AT, _DTYPE_AT, _HSIZE_AT, _PLEN_AT, _SUM_AT = 8, 10, 12, 64, 72
 
 

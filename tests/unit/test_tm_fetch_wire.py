@@ -9,9 +9,6 @@ from types import SimpleNamespace
 
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from services.traffic_manager import fetch as fetch_module
 from services.traffic_manager.fetch import FetchPath
@@ -22,8 +19,8 @@ from shared.messages.traffic_manager import (FetchFailed, FetchKV, LayersLoaded,
                                              ReadQueued, Reserve, Stage)
 from shared.transport.base import Op, TrafficClass
 from shared.transport.grants import decode_grant
-from tests.unit.fetch_wire import (BN, DE, DE_NODE, DE_SLOT0, LAYERS, LAYOUT, LB, PE, PE_NODE, SUBJECTS, Clock,
-                                   Wire, parts, sample)
+from tests.unit.fetch_wire import (BN, DE, DE_NODE, DE_SLOT0, LAYERS, LAYOUT, LB, PE, PE_NODE, SUBJECTS, Wire,
+                                   capture_spans, parts, sample)
 
 pytestmark = pytest.mark.unit
 KEYS = [bytes([i]) * 16 for i in range(5)]
@@ -40,11 +37,7 @@ def split(pe_blocks: int = 3, **kw) -> FetchKV:
 
 @pytest.fixture
 def spans(monkeypatch):
-    exporter, provider = InMemorySpanExporter(), TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(fetch_module, "tracer", provider.get_tracer("test"))
-    monkeypatch.setattr(fetch_module, "time", Clock())
-    return exporter, provider.get_tracer("parent")
+    return capture_spans(monkeypatch, fetch_module)
 
 
 def run(wire: Wire, msg: FetchKV, gateways=((0.0, 0), (0.0, 0)), timeout_s: float = T, parent=None):

@@ -7,9 +7,6 @@ import asyncio
 
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from services.traffic_manager import push as push_module
 from services.traffic_manager.fetch import FetchPath
@@ -21,7 +18,7 @@ from shared.messages.traffic_manager import KVWindow, PushDone, PushKV, Reserve,
 from shared.transport.base import Op, TrafficClass
 from shared.transport.errors import TransportError
 from shared.transport.grants import decode_grant
-from tests.unit.fetch_wire import BN, DE, DE_SLOT0, LAYERS, LB, SUBJECTS, Clock, Wire, parts, sample
+from tests.unit.fetch_wire import BN, DE, DE_SLOT0, LAYERS, LB, SUBJECTS, Clock, Wire, capture_spans, parts, sample
 from tests.unit.tm_util import Reply
 
 pytestmark = pytest.mark.unit
@@ -32,11 +29,7 @@ SLOTS = [(DE_SLOT0 + i) * BN for i in range(4)]
 
 @pytest.fixture
 def spans(monkeypatch):
-    exporter, provider = InMemorySpanExporter(), TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(push_module, "tracer", provider.get_tracer("test"))
-    monkeypatch.setattr(push_module, "time", Clock())
-    return exporter, provider.get_tracer("parent")
+    return capture_spans(monkeypatch, push_module)
 
 
 def push(wire: Wire, msg: PushKV, state: LayerState | None = None, timeout_s: float = T, attached: bool = True,
