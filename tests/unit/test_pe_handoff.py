@@ -161,7 +161,8 @@ def test_a_cancelled_request_sends_no_token_and_frees_its_push_and_de_slots():
         gate.set()
         assert await task == [Free(req)]
         assert not bus.published(TokenEvent) and not bus.of(PushKV) and not bus.of(DecodeAdmit)
-        await asyncio.sleep(0)  # the spawned release of its DE slots
+        while len(bus.published(Release)) < 2:  # the spawned release of its DE slots
+            await asyncio.sleep(0)
         assert bus.published(Release)[1:] == [(at("TM_RELEASE", "de0"), Release("r1"))]
         assert names == ["release-de-r1"] and req.de_held == ""
         assert len(bus.of(SaveKV)) == 1
