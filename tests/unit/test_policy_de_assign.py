@@ -14,7 +14,7 @@ def rep(engine: int, tokens: int, seq: int, free: int) -> EngineReport:
 
 def test_level1_picks_smallest_total_tokens_ties_by_id():
     assert pick_de_group({3: 50, 1: 70, 2: 50}) == 2
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^pick_de_group needs at least one DE group$"):
         pick_de_group({})
 
 
