@@ -9,6 +9,7 @@ import re
 
 from dualpath.sim.config import SGLANG, SIM_MODES, parse_sim_modes
 from shared.messages.codes import COMPARED, LoadMode
+from shared.sched.policy.read_path import NEAR_TIE
 
 
 def register(subparsers) -> None:
@@ -33,6 +34,9 @@ def register(subparsers) -> None:
                         "SGLang + Mooncake-style baseline the simulator alone models)")
     p.add_argument("--assign", default="policy", choices=("policy", "rr"),
                    help="engine assignment: the scheduler's policy, or round-robin (the balance figure's baseline)")
+    p.add_argument("--read-near-tie", type=float, default=NEAR_TIE, metavar="FRACTION",
+                   help="dualpath mode: read queues within FRACTION of the longer one count as a tie, "
+                        "going to the node given fewer tokens (0 = exact ties only)")
     p.add_argument("--no-layerwise", action="store_true",
                    help="load each request's stored KV into HBM before its compute (no layerwise overlap)")
     p.add_argument("--model-traffic", type=float, default=1.0,
@@ -109,7 +113,7 @@ def _simulate(args: argparse.Namespace) -> int:
     P, D = parse_topology(args.topology)
     base = dict(model=args.model, hardware=args.hardware, P=P, D=D, trace=args.trace,
                 agents=args.agents, scale=args.scale, seed=args.seed, aps=args.aps,
-                duration_s=args.duration if args.aps > 0 else 0.0, assign=args.assign,
+                duration_s=args.duration if args.aps > 0 else 0.0, assign=args.assign, read_near_tie=args.read_near_tie,
                 pull_s=args.pull, quota_s=args.quota, attn_balance=args.attn_balance, think_s=args.think,
                 tool_calls=args.tool_calls,
                 layerwise=not args.no_layerwise, model_traffic=args.model_traffic, pe_ep_nodes=args.pe_ep_nodes,

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shared.messages.codes import LoadMode, mode_names
+from shared.sched.policy.read_path import NEAR_TIE
 
 # The mesh's load modes (LoadMode), plus one the simulator alone models: an SGLang +
 # Mooncake-style engine — PE path only, each request's whole stored prompt in HBM before its
@@ -37,6 +38,7 @@ class SimConfig:
     duration_s: float = 0.0  # online: simulated seconds; 0 = until all agents finish
     mode: str = LoadMode.DUALPATH  # how hits are read: a LoadMode (oracle: no I/O cost), or SGLANG
     assign: str = "policy"  # policy (Algorithm 1 + DE levels) | rr (round-robin)
+    read_near_tie: float = NEAR_TIE  # dualpath: read queues within this fraction of the longer one tie (PendingReads)
     layerwise: bool = True  # load hit KV layer by layer under the compute (False: before it)
     pull_s: float = 0.05  # engine groups pull every pull_s
     quota_s: float = 0.3  # intra-PE compute quota (attention time per forward)
@@ -82,6 +84,8 @@ class SimConfig:
             raise ValueError(f"hints must be off, on or mixed, got {self.hints!r}")
         if self.attn_balance != 0 and self.attn_balance < 1:
             raise ValueError(f"attn_balance must be 0 (off) or >= 1, got {self.attn_balance}")
+        if not 0 <= self.read_near_tie < 1:
+            raise ValueError(f"read_near_tie must be in [0, 1), got {self.read_near_tie}")
         if self.tool_calls < 0:
             raise ValueError(f"tool_calls must be >= 0, got {self.tool_calls}")
         if self.block_tokens < 1:

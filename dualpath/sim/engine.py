@@ -50,6 +50,7 @@ class Simulation:
         self.th = thresholds or self._thresholds()
         self.sched = SimDispatch(self.c, self.th, LoadMode.BASIC if cfg.reads_on_pe_only else LoadMode(cfg.mode),
                                  cfg.assign_kind, self._on_assigned, self.w.block)
+        self.sched.reads.near_tie = cfg.read_near_tie  # the dispatcher's constructor is at its 6 parameters
         self.prefill = Prefill(self.model, cfg.quota_s, cfg.chunk_align, self.oracle, self.whole_first,
                                cfg.model_traffic, cfg.attn_balance)
         self.heap: list[tuple[float, int, Handler, Any]] = []

@@ -56,7 +56,7 @@ class SchedulerService(Service):
         self.inflight: dict[str, InFlight] = {}
         self.life = Lifecycle()  # each request's state: the one writer of InFlight.state
         self.kick = asyncio.Event()
-        self.reads = PendingReads()
+        self.reads = PendingReads(near_tie=cfg.read_near_tie)
         self.lines = Lines()  # the dispatcher's engine lines, kept between rounds
         self.oracle = OracleIndex()
         self.http: HttpServer | None = None

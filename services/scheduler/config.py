@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from shared.config import require
 from shared.messages.codes import LoadMode
+from shared.sched.policy.read_path import NEAR_TIE
 from shared.service_config import CommonConfig
 
 
@@ -26,6 +27,7 @@ class SchedulerConfig(CommonConfig):
     api_keys: tuple[str, ...] = ()  # Bearer keys required on the API when set (DUALPATH_API_KEYS=k1,k2); /health stays open
     mode: LoadMode = LoadMode.DUALPATH  # how stored KV is loaded when a request names no dualpath_mode (the README glossary: load modes)
     read_path: str = "auto"  # dualpath modes: auto (the mode's rule) | pe | de (every hit on that path: tests)
+    read_near_tie: float = NEAR_TIE  # dualpath mode: read queues within this fraction of the longer one tie (fewer tokens served wins)
     prefetch: bool = True  # act on agent hints' tool calls: stage the session's stored KV in a buffer meanwhile
     prefetch_prefer_pe: bool = True  # stage on the prefill side whenever its read ends before the session is due (else: the idler NIC)
     prefetch_margin: float = 2.0  # start a prefetch this many expected read times before the session is due back
@@ -41,6 +43,7 @@ class SchedulerConfig(CommonConfig):
         require(0 <= self.front_workers <= 64, "front_workers", self.front_workers, "0..64")
         require(self.max_body_bytes > 0, "max_body_bytes", self.max_body_bytes, "must be > 0")
         require(self.read_path in ("auto", "pe", "de"), "read_path", self.read_path, "auto, pe or de")
+        require(0 <= self.read_near_tie < 1, "read_near_tie", self.read_near_tie, "0 <= x < 1")
         require(self.pe_alpha_tokens >= 0, "pe_alpha_tokens", self.pe_alpha_tokens, "must be >= 0")
         require(self.pe_beta_tokens > 0, "pe_beta_tokens", self.pe_beta_tokens, "must be > 0")
         require(self.prefetch_margin >= 0, "prefetch_margin", self.prefetch_margin, "must be >= 0")

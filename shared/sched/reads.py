@@ -8,7 +8,7 @@ import msgspec
 
 from shared.messages.codes import LoadMode
 from shared.sched.ledger import Id
-from shared.sched.policy.read_path import ReadPath, choose_path, split_read
+from shared.sched.policy.read_path import NEAR_TIE, ReadPath, choose_path, queues_tie, split_read
 
 
 class PathDecision(msgspec.Struct, frozen=True):
@@ -31,6 +31,7 @@ class PendingReads:
     held: dict[Id, dict[Id, int]] = field(default_factory=dict)  # req_id -> {node: tokens}
     touched: set[Id] = field(default_factory=set)  # nodes whose pending count moved since take_touched()
     served: Counter[Id] = field(default_factory=Counter)  # node -> hit tokens ever given it (ties balance on it)
+    near_tie: float = NEAR_TIE  # read queues within this fraction of the longer one count as a tie
 
     def take_touched(self) -> set[Id]:
         out, self.touched = self.touched, set()
@@ -51,14 +52,23 @@ class PendingReads:
         if force == "de":
             return PathDecision(0, hit_blocks, pq, dq, "read_path setting: DE path only")
         if mode == LoadMode.DUALPATH:
-            pe_side = choose_path(pq, dq, self.served[pe_node], self.served[de_node]) is ReadPath.PE
-            why = f"shorter read queue (PE {pq}, DE {dq} tokens)" if pq != dq else \
-                f"equal read queues: the node given fewer tokens (PE {self.served[pe_node]}, DE {self.served[de_node]})"
-            return PathDecision(hit_blocks if pe_side else 0, 0 if pe_side else hit_blocks, pq, dq, why)
+            ps, ds = self.served[pe_node], self.served[de_node]
+            pe_side = choose_path(pq, dq, ps, ds, self.near_tie) is ReadPath.PE
+            return PathDecision(hit_blocks if pe_side else 0, 0 if pe_side else hit_blocks, pq, dq,
+                                self._why(pq, dq, ps, ds))
         pe_b, de_b = split_read(hit_blocks, pq, dq, block_tokens=block_size)
         why = f"split so both read queues drain together (PE {pq} + {pe_b * block_size}, " \
               f"DE {dq} + {de_b * block_size} tokens)"
         return PathDecision(pe_b, de_b, pq, dq, why)
+
+    def _why(self, pq: int, dq: int, ps: int, ds: int) -> str:
+        """The dualpath decision's reason, naming the rule that decided it."""
+        if not queues_tie(pq, dq, self.near_tie):
+            return f"shorter read queue (PE {pq}, DE {dq} tokens)"
+        fewer = f"the node given fewer tokens (PE {ps}, DE {ds})"
+        if pq == dq:
+            return f"equal read queues: {fewer}"
+        return f"near-equal read queues (within {self.near_tie * 100:g}%; PE {pq}, DE {dq} tokens): {fewer}"
 
     def hold(self, req_id: Id, d: PathDecision, pe_node: Id, de_node: Id, block_size: int) -> None:
         self.done(req_id)  # a second hold replaces the first; it never leaks pending tokens

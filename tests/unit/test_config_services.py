@@ -55,6 +55,8 @@ BAD = [
     (SchedulerConfig, "scheduler", {}, "http_port", "-1"),
     (SchedulerConfig, "scheduler", {}, "max_body_bytes", "0"),
     (SchedulerConfig, "scheduler", {}, "liveness_timeout_s", "0"),
+    (SchedulerConfig, "scheduler", {}, "read_near_tie", "1"),
+    (SchedulerConfig, "scheduler", {}, "read_near_tie", "-0.1"),
     (PrefillEngineConfig, "prefill_engine", {}, "max_batch_tokens", "0"),
     (PrefillEngineConfig, "prefill_engine", {}, "handoff_timeout_s", "-1"),
     (PrefillEngineConfig, "prefill_engine", {}, "kv_blocks", "0"),
@@ -102,6 +104,17 @@ def test_gateway_rejects_negative_bandwidth_caps():
         with pytest.raises(ConfigError) as info:
             load(StorageGatewayConfig, "storage_gateway", overrides={name: "-0.5"})
         assert info.value.key == name
+
+
+def test_the_scheduler_read_near_tie_setting_reaches_its_pending_reads():
+    from services.scheduler.app import SchedulerService
+    cfg = load(SchedulerConfig, "scheduler", env={"DUALPATH_READ_NEAR_TIE": "0.25"},
+               overrides={"http_port": "0", "model": "tiny"})
+    svc = SchedulerService(cfg)
+    try:
+        assert svc.reads.near_tie == 0.25
+    finally:
+        svc.http_sock.close()
 
 
 @pytest.mark.parametrize("port", ["0", "1", "65535"])

@@ -67,3 +67,32 @@ def test_a_queue_tie_goes_to_the_node_given_fewer_tokens():
     assert choose_path(7, 7, pe_served=1) is ReadPath.DE  # DE served nothing yet
     assert choose_path(7, 7, de_served=1) is ReadPath.PE
     assert choose_path(7, 7, pe_served=5, de_served=5) is ReadPath.PE
+
+
+@pytest.mark.parametrize("near", [0.0, 0.5])
+def test_queues_apart_by_more_than_the_tolerance_go_to_the_shorter_whatever_was_served(near):
+    # 100 vs 40: 60 apart, over 0.5 x 100
+    assert choose_path(100, 40, pe_served=0, de_served=10**6, near=near) is ReadPath.DE
+    assert choose_path(40, 100, pe_served=10**6, de_served=0, near=near) is ReadPath.PE
+
+
+def test_queues_within_the_tolerance_go_to_the_node_given_fewer_tokens():
+    # 100 vs 50: 50 apart, exactly 0.5 x 100: near-equal at 0.5, the shorter wins at 0
+    assert choose_path(100, 50, pe_served=0, de_served=9, near=0.5) is ReadPath.PE
+    assert choose_path(50, 100, pe_served=9, de_served=0, near=0.5) is ReadPath.DE
+    assert choose_path(100, 60, pe_served=9, de_served=0, near=0.5) is ReadPath.DE
+    assert choose_path(100, 50, pe_served=0, de_served=9, near=0.0) is ReadPath.DE
+    assert choose_path(100, 99, pe_served=0, de_served=9) is ReadPath.DE  # the default: exact ties only
+
+
+@pytest.mark.parametrize("near", [0.0, 0.5])
+def test_an_exact_tie_on_equal_served_reads_on_the_pe_path(near):
+    assert choose_path(7, 7, pe_served=5, de_served=5, near=near) is ReadPath.PE
+    assert choose_path(0, 0, near=near) is ReadPath.PE
+    assert choose_path(7, 7, pe_served=1, near=near) is ReadPath.DE
+
+
+@pytest.mark.parametrize("near", [-0.1, 1.0, 1.5, float("nan")])
+def test_a_tolerance_outside_0_to_1_is_refused_naming_it(near):
+    with pytest.raises(ValueError, match=f"near .*{near}"):
+        choose_path(10, 5, near=near)

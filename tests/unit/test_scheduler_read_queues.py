@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from services.scheduler.oracle import OracleIndex
+from shared.sched.policy.read_path import NEAR_TIE
 from shared.sched.reads import PendingReads
 
 pytestmark = pytest.mark.unit
@@ -163,3 +164,21 @@ def test_equal_queues_go_to_the_node_given_fewer_tokens_so_bytes_balance():
     rq.pending["nB"] = 1  # a queue differs: the paper's rule, whatever was served
     rq.served["nA"] += 10_000
     assert rq.decide("dualpath", 10, "nA", "nB", BS).path == "pe"
+
+
+def test_dualpath_near_equal_queues_go_to_the_node_given_fewer_tokens_and_say_so():
+    def decide(near: float, de_queue: int):
+        rq = PendingReads(near_tie=near)
+        rq.pending.update({"nA": 1000, "nB": de_queue})
+        rq.served.update({"nA": 0, "nB": 5000})  # the DE node was given more so far
+        return rq.decide("dualpath", 10, "nA", "nB", BS)
+
+    assert PendingReads().near_tie == NEAR_TIE
+    near = decide(0.25, 800)  # 200 apart, within 25% of 1000
+    assert near.path == "pe" and near.reason.startswith("near-equal read queues (within 25%")
+    assert "PE 0, DE 5000" in near.reason
+    exact = decide(0.0, 800)
+    assert exact.path == "de" and exact.reason.startswith("shorter read queue")
+    far = decide(0.25, 700)  # 300 apart
+    assert far.path == "de" and far.reason.startswith("shorter read queue")
+    assert decide(0.25, 1000).reason.startswith("equal read queues")

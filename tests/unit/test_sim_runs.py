@@ -54,6 +54,30 @@ def test_cli_writes_the_documented_json(tmp_path, capsys):
         assert all(isinstance(r[key], float) for r in runs)
 
 
+def test_the_read_near_tie_flag_reaches_the_simulated_schedulers_pending_reads(monkeypatch, capsys):
+    import dualpath.sim.engine as engine
+
+    class Built(Exception):
+        pass
+
+    seen: list[float] = []
+
+    def build_only(cfg):  # the simulation as run_sim would build it, not run
+        seen.append(Simulation(cfg).sched.reads.near_tie)
+        raise Built
+
+    monkeypatch.setattr(engine, "run_sim", build_only)
+    argv = ["sim", "--model", "ds-27b", "--topology", "1P1D", "--trace", "gen:32k:10", "--agents", "10",
+            "--modes", "dualpath", "--no-progress"]
+    with pytest.raises(Built):
+        main([*argv, "--read-near-tie", "0.2"])
+    assert seen == [0.2]
+    assert Simulation(SimConfig(agents=10, trace="gen:32k:10")).sched.reads.near_tie == SimConfig().read_near_tie
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--read-near-tie", "1"])
+    assert exit_.value.code == 2 and "read_near_tie must be in [0, 1), got 1.0" in capsys.readouterr().err
+
+
 def test_cli_rejects_a_bad_topology():
     from dualpath.sim.cli import parse_topology
     assert parse_topology("48P96D") == (48, 96)

@@ -9,11 +9,23 @@ class ReadPath(IntEnum):
     DE = 1  # storage -> DE node DRAM -> (CNIC) -> PE HBM
 
 
-def choose_path(pe_read_q: int, de_read_q: int, pe_served: int = 0, de_served: int = 0) -> ReadPath:
-    """Shorter node read queue wins; a tie goes to the node given fewer tokens (`*_served`), then to PE."""
-    if de_read_q != pe_read_q:
+NEAR_TIE = 0.0  # queues within this fraction of the longer one count as a tie (0 = exact ties only)
+
+
+def choose_path(pe_read_q: int, de_read_q: int, pe_served: int = 0, de_served: int = 0,
+                near: float = 0.0) -> ReadPath:
+    """Shorter node read queue wins unless within `near` of the longer one: then the node given
+    fewer tokens (`*_served`), then PE."""
+    if not 0 <= near < 1:
+        raise ValueError(f"near must be in [0, 1), got {near!r}")
+    if not queues_tie(pe_read_q, de_read_q, near):
         return ReadPath.DE if de_read_q < pe_read_q else ReadPath.PE
     return ReadPath.DE if de_served < pe_served else ReadPath.PE
+
+
+def queues_tie(pe_read_q: int, de_read_q: int, near: float) -> bool:
+    """The two queues differ by at most `near` of the longer one (near = 0: equal)."""
+    return abs(pe_read_q - de_read_q) <= near * max(pe_read_q, de_read_q)
 
 
 def split_read(
