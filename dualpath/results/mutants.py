@@ -8,7 +8,9 @@ from dualpath.results.common import GLOSSARY, table
 TITLE = "Mutants: the mutation score"
 INTRO = ["Each section is one `make mutants` report: mutmut's mutants of the scheduling policy, the dispatcher,",
          "block keys and format, the traffic manager's fetch/push/progress, the prefill engine's hand-off, decode",
-         "persistence and the planner, run against the unit and model tiers. The score is the share killed among",
+         "persistence and the planner, run against the unit and model tiers. Mutants checked from 2026-12-06 on ran",
+         "without the simulator's two end-to-end files (test_sim_runs, test_sim_online: minutes per mutant), so",
+         "a mutant only those would kill counts as a survivor there. The score is the share killed among",
          "the mutants checked (a run cut short leaves some unchecked); equivalent ones, no test can tell from the",
          f"original, are left out and listed with why (terms: {GLOSSARY})."]
 

@@ -5,7 +5,37 @@ from shared.sched.policy import AttentionModel, ReadyPrefill, plan_batch
 from shared.sched.policy.intra_pe import PlannedChunk
 
 pytestmark = pytest.mark.unit
-M = AttentionModel(per_pair=1e-6, per_token=1e-5)
+
+
+class Counted(AttentionModel):
+    """Counts its evaluations; a chunk search that never ends fails at once instead of hanging the suite."""
+
+    calls = 0
+    LIMIT = 100_000
+
+    def request_time(self, cached: int, bsz: int) -> float:
+        Counted.calls += 1
+        if Counted.calls > Counted.LIMIT:
+            raise AssertionError(f"over {Counted.LIMIT} attention-time evaluations: the chunk search does not end")
+        return super().request_time(cached, bsz)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_count():
+    Counted.calls = 0
+
+
+M = Counted(per_pair=1e-6, per_token=1e-5)
+
+
+@pytest.mark.parametrize("hi,align", [(4096, 1), (4096, 64), (1000, 7), (1, 1)])
+def test_the_chunk_search_is_a_binary_search(hi, align):
+    """A request over the quota costs at most log2(hi / align) + 2 evaluations: one for the whole, one per halving."""
+    quota = M.request_time(0, hi) / 3
+    Counted.calls = 0
+    out = plan_batch([ReadyPrefill(1, 0, hi)], M, quota=quota, align=align)
+    assert Counted.calls <= max(1, (hi // align)).bit_length() + 2
+    assert M.request_time(0, out[0].bsz) <= quota or out[0].bsz == min(align, hi)
 
 
 def test_attention_time_counts_causal_pairs_and_tokens():
@@ -49,7 +79,7 @@ def test_lazy_work_is_consumed_only_as_far_as_needed():
     assert len(seen) == 3
 
 
-LINEAR = AttentionModel(per_token=1.0)  # one second per new token: exact sums, exact boundaries
+LINEAR = Counted(per_token=1.0)  # one second per new token: exact sums, exact boundaries
 
 
 def test_a_chunk_that_exactly_fills_the_quota_is_taken():
