@@ -3,26 +3,9 @@ import pytest
 
 from shared.sched.policy import AttentionModel, ReadyPrefill, plan_batch
 from shared.sched.policy.intra_pe import PlannedChunk
+from tests.unit.counted_model import Counted, fresh_count  # noqa: F401 (an autouse fixture)
 
 pytestmark = pytest.mark.unit
-
-
-class Counted(AttentionModel):
-    """Counts its evaluations; a chunk search that never ends fails at once instead of hanging the suite."""
-
-    calls = 0
-    LIMIT = 100_000
-
-    def request_time(self, cached: int, bsz: int) -> float:
-        Counted.calls += 1
-        if Counted.calls > Counted.LIMIT:
-            raise AssertionError(f"over {Counted.LIMIT} attention-time evaluations: the chunk search does not end")
-        return super().request_time(cached, bsz)
-
-
-@pytest.fixture(autouse=True)
-def _fresh_count():
-    Counted.calls = 0
 
 
 M = Counted(per_pair=1e-6, per_token=1e-5)
@@ -44,7 +27,7 @@ def test_attention_time_counts_causal_pairs_and_tokens():
 
 
 def test_capped_pairs_for_sparse_attention():
-    m = AttentionModel(per_capped_pair=1.0, cap=5)
+    m = Counted(per_capped_pair=1.0, cap=5)
     assert m.request_time(3, 4) == 4 + 5 + 5 + 5  # spans 4,5,6,7 capped at 5
     assert m.request_time(100, 2) == 10
 
@@ -87,7 +70,7 @@ def test_a_chunk_that_exactly_fills_the_quota_is_taken():
 
 
 def test_the_per_batch_cost_counts_against_the_quota():
-    m = AttentionModel(per_token=1.0, per_batch=5.0)
+    m = Counted(per_token=1.0, per_batch=5.0)
     assert [c.bsz for c in plan_batch([ReadyPrefill(1, 0, 20)], m, quota=15.0)] == [10]
     assert m.batch_time([]) == 0.0 and m.batch_time([(100, 0)]) == 0.0  # no work, no batch cost
 
@@ -116,7 +99,7 @@ def test_the_progress_chunk_never_exceeds_remaining_or_max_tokens():
 
 
 def test_a_whole_request_is_never_cut():
-    m = AttentionModel(per_token=0.1)
+    m = Counted(per_token=0.1)
     # fits: taken whole like any other
     assert plan_batch([ReadyPrefill(0, 0, 2, whole=True)], m, quota=1.0) == [PlannedChunk(0, 0, 2)]
     # does not fit behind another: the batch ends before it

@@ -5,6 +5,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from tests.unit.counted_model import Counted
 from shared.sched.policy import (AttentionModel, EngineReport, PeThresholds, ReadyPrefill,
                                        Request, assign_decode, assign_prefill, plan_batch, split_read)
 
@@ -74,7 +75,8 @@ def test_split_read_leaves_both_queues_within_a_block_of_each_other(n, pq, dq, p
 @given(st.lists(st.tuples(st.integers(0, 20000), st.integers(1, 5000)), min_size=1, max_size=10),
        st.floats(1e-4, 1.0), st.sampled_from([0, 0, 8, 100, 3000]))
 def test_plan_batch_is_a_fifo_prefix_within_quota(work, quota, max_tokens):
-    model = AttentionModel(per_pair=1e-8, per_token=1e-6, per_batch=1e-5)
+    Counted.calls = 0  # a search that never ends fails, not hangs
+    model = Counted(per_pair=1e-8, per_token=1e-6, per_batch=1e-5)
     items = [ReadyPrefill(i, c, r) for i, (c, r) in enumerate(work)]
     out = plan_batch(items, model, quota, align=16, max_tokens=max_tokens)
     if max_tokens:
