@@ -237,3 +237,14 @@ def test_cancelling_a_request_leaves_the_other_idle_groups_skipped(monkeypatch):
     d.remove("doomed")
     d.assign(pes, des, [])
     assert [[r.mem for r in q] for q, _ in calls] == [[6000]]  # gb only, big_b left in its queue
+
+
+# removal ---------------------------------------------------------------------------------
+def test_removing_a_request_in_the_pool_keeps_the_others_and_forgets_its_pe():
+    d = Dispatcher()
+    for rid in ("r0", "r1"):
+        job(d, rid, 10)
+    assert d.pull_prefill([pe("p")]) == 2  # both in the DE pool, each holding a PE
+    assert d.remove("r0") and "r0" not in d.pe_of
+    assert [(a.req_id, a.pe) for a in d.pull_decode([de("d0")])] == [("r1", "p")]
+    assert d.waiting() == 0 and d.pe_of == {}
