@@ -1,4 +1,6 @@
 """Intra-PE batching: attention-time model, compute quota, chunk binary search (7.5)."""
+import math
+
 import pytest
 
 from shared.sched.policy import AttentionModel, ReadyPrefill, plan_batch
@@ -167,3 +169,43 @@ def test_balanced_quota_below_one_cuts_every_gpu_to_the_smallest():
     from shared.sched.policy import balanced_quota
     assert balanced_quota([0.4, 0.2, 0.3], 0.9) == 0.2  # max/avg < 1 is out of reach
     assert balanced_quota([0.4], 0.9) == 0.4
+
+
+@pytest.mark.parametrize("hi,align", [(4096, 64), (1000, 7), (100, 1)])
+def test_when_no_unit_fits_the_chunk_search_only_halves_down(hi, align):
+    """Nothing fits (a huge first request): the whole is priced twice, then floor(log2(units + 1)) probes."""
+    out = plan_batch([ReadyPrefill(1, 0, hi)], M, quota=1e-12, align=align)
+    assert [c.bsz for c in out] == [min(align, hi)]
+    assert Counted.calls == 2 + (hi // align + 1).bit_length() - 1
+
+
+def test_pair_counts_are_exact_integers_rounded_once():
+    b = 2**28 + 1  # b * (b + 1) / 2 is past float precision: halving a float would round it twice
+    exact = float(4 * b + b * (b + 1) // 2)
+    assert AttentionModel(per_pair=1.0).request_time(4, b) == exact
+    assert AttentionModel(per_capped_pair=1.0, cap=2**29).request_time(4, b) == exact  # under the cap
+
+
+def test_no_new_tokens_cost_nothing_even_at_an_unbounded_rate():
+    m = AttentionModel(per_pair=math.inf, per_token=math.inf)
+    assert m.request_time(7, 0) == 0.0
+    assert m.batch_time([(7, 0), (0, 1)]) == math.inf
+
+
+def test_a_max_tokens_budget_used_up_exactly_ends_the_batch():
+    work = [ReadyPrefill(1, 0, 30), ReadyPrefill(2, 0, 10)]
+    assert plan_batch(work, LINEAR, quota=1000.0, max_tokens=30) == [PlannedChunk(1, 0, 30)]
+
+
+def test_a_max_tokens_of_one_is_a_cap_of_one_token():
+    assert plan_batch([ReadyPrefill(1, 0, 5)], LINEAR, quota=100.0, max_tokens=1) == [PlannedChunk(1, 0, 1)]
+
+
+def test_a_request_with_no_room_left_is_not_planned_as_an_empty_chunk():
+    work = [ReadyPrefill(1, 0, 10), ReadyPrefill(2, 0, 10)]
+    assert plan_batch(work, LINEAR, quota=10.5, align=4) == [PlannedChunk(1, 0, 10)]
+
+
+def test_a_whole_request_that_exactly_fills_the_quota_behind_another_is_taken():
+    work = [ReadyPrefill(1, 0, 4), ReadyPrefill(2, 0, 6, whole=True), ReadyPrefill(3, 0, 1)]
+    assert plan_batch(work, LINEAR, quota=10.0) == [PlannedChunk(1, 0, 4), PlannedChunk(2, 0, 6)]
