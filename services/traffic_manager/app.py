@@ -5,6 +5,7 @@ managers; the storage paths get their collaborators from parts.py. Every request
 also when it fails, with the failure's `ErrorCode`."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -16,6 +17,7 @@ from services.traffic_manager.config import TrafficManagerConfig
 from services.traffic_manager.fetch import FetchPath
 from services.traffic_manager.parts import NOT_ATTACHED, PeersGone, TMParts
 from services.traffic_manager.pending import install as install_pending
+from services.traffic_manager.lost_reserves import orphaned
 from services.traffic_manager.pool import BufferPool
 from services.traffic_manager.prefetch import PrefetchPath
 from services.traffic_manager.progress import LayerState, ReadTrack, Registry
@@ -63,6 +65,7 @@ class TrafficManagerService(Service):
                                lambda owner: self.given.take_back(owner) if self.given else None)  # slots freed
         self.given: GrantsGiven | None = None  # set in start(), once the endpoint exists
         self.held = GrantsHeld()
+        self.reserved_on: dict[str, asyncio.Future] = {}  # a reservation -> the NATS connection it came on
         self.queues = ReadQueues(cfg.transfer_timeout_s)
         self.endpoint = None
         self.kv_region: ShmRegion | None = None
@@ -114,6 +117,7 @@ class TrafficManagerService(Service):
         await self.bus.subscribe(s.at(EP.TM_CLAIM, engine=e), lambda msg, d: self.prefetch.on_claim(msg, d))
         await install_pending(parts, self.prefetch, self.store_path)  # DE turns' saved blocks kept for the next
         await self.bus.subscribe(s.at(EP.CANCEL), self._on_release)
+        self.bus.losses.on_reconnect.append(self._reconnected)
 
     def announce(self) -> TrafficManagerAnnounce:
         ep, pf = self.endpoint, self.prefetch  # shm_host: same-host prefill engines may copy its prefetches
@@ -235,6 +239,7 @@ class TrafficManagerService(Service):
                 await d.respond(Reserved(ok=False, error=f"DE buffer full: {exc}", code=ErrorCode.BUFFER_FULL))
                 return
         self.pool.note_free()
+        self.reserved_on[msg.req_id] = self.bus.losses.current()
         bn = self.pool.block_nbytes
         offsets = adopted + [s * bn for s in slots]
         await d.respond(Reserved(slots=offsets, adopted=len(adopted), grant=self.given.give(msg.req_id, offsets, bn)))
@@ -263,13 +268,26 @@ class TrafficManagerService(Service):
                 return
             finally:
                 if msg.release:
+                    self.reserved_on.pop(msg.req_id, None)
                     self.pool.free(msg.req_id)
         dt = time.perf_counter() - t0
         self.m_bytes.labels("h2d").inc(nbytes)
         self.m_xfer.labels("h2d").observe(dt)
         await d.respond(PushDone(nbytes=nbytes, seconds=dt))
 
+    def _reconnected(self) -> None:
+        """Back on NATS: a Release or Cancel sent meanwhile may be lost, and the engines end what they held on
+        the old connection; so each reservation made on it is freed here (its grant ends with it)."""
+        slots = self.pool.slots
+        for req_id in orphaned(self.reserved_on, lambda r: slots is not None and bool(slots.held(r))):
+            log.warning("freeing %s's reservation: made before NATS was lost, its release may be lost", req_id)
+            self.xfers.release(req_id)
+            self.pool.free(req_id)
+            self.held.drop(req_id)
+            self.layers.fail(lambda key, r=req_id: key == r, "its traffic manager lost NATS")
+
     async def _on_release(self, msg, d: Delivery) -> None:
+        self.reserved_on.pop(msg.req_id, None)
         self.xfers.release(msg.req_id)  # its transfers that fail from now on were released
         used = isinstance(msg, Release) and msg.used and self.prefetch and self.prefetch.used(msg)
         if not (used or self.prefetch and self.prefetch.drop(msg.req_id, "released")):
