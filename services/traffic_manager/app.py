@@ -62,7 +62,7 @@ class TrafficManagerService(Service):
         self.m_xfer = m.histogram("transfer_seconds", "Transfer time", ("kind",))
         self.pool = BufferPool(ShmRegion.create(new_name("tm-buf"), cfg.buffer_mb << 20), cfg.transfer_timeout_s,
                                m.gauge("buffer_free_bytes", "Free DRAM buffer bytes"),
-                               lambda owner: self.given.take_back(owner) if self.given else None)  # slots freed
+                               self._slots_freed)
         self.given: GrantsGiven | None = None  # set in start(), once the endpoint exists
         self.held = GrantsHeld()
         self.reserved_on: dict[str, asyncio.Future] = {}  # a reservation -> the NATS connection it came on
@@ -268,12 +268,17 @@ class TrafficManagerService(Service):
                 return
             finally:
                 if msg.release:
-                    self.reserved_on.pop(msg.req_id, None)
                     self.pool.free(msg.req_id)
         dt = time.perf_counter() - t0
         self.m_bytes.labels("h2d").inc(nbytes)
         self.m_xfer.labels("h2d").observe(dt)
         await d.respond(PushDone(nbytes=nbytes, seconds=dt))
+
+    def _slots_freed(self, owner: str) -> None:
+        """The pool freed `owner`'s slots: its data-plane grant and its reservation's record end with them."""
+        self.reserved_on.pop(owner, None)
+        if self.given is not None:
+            self.given.take_back(owner)
 
     def _reconnected(self) -> None:
         """Back on NATS: a Release or Cancel sent meanwhile may be lost, and the engines end what they held on
@@ -287,7 +292,6 @@ class TrafficManagerService(Service):
             self.layers.fail(lambda key, r=req_id: key == r, "its traffic manager lost NATS")
 
     async def _on_release(self, msg, d: Delivery) -> None:
-        self.reserved_on.pop(msg.req_id, None)
         self.xfers.release(msg.req_id)  # its transfers that fail from now on were released
         used = isinstance(msg, Release) and msg.used and self.prefetch and self.prefetch.used(msg)
         if not (used or self.prefetch and self.prefetch.drop(msg.req_id, "released")):
