@@ -8,6 +8,7 @@ import argparse
 import re
 
 from dualpath.sim.config import SGLANG, SIM_MODES, parse_sim_modes
+from dualpath.sim.efficiency import DECODE_EFF, PREFILL_EFF
 from shared.messages.codes import COMPARED, LoadMode
 from shared.sched.policy.read_path import NEAR_TIE
 
@@ -63,6 +64,12 @@ def register(subparsers) -> None:
                         "--quick shrinks every run (tens of minutes on 2 shared cores), the default size is far longer")
     p.add_argument("--ablation", action="store_true",
                    help="the paper's ablation: JCT change as each technique is added, beside the published one")
+    p.add_argument("--fit-efficiency", action="store_true",
+                   help="refit the engines' efficiency (the simulator's one fitted input) to the paper's 2P4D row")
+    p.add_argument("--prefill-eff", type=float, default=PREFILL_EFF, metavar="SHARE",
+                   help="share of the kernels' published rates a prefill engine reaches (default: the fitted one)")
+    p.add_argument("--decode-eff", type=float, default=DECODE_EFF, metavar="SHARE",
+                   help="share of the kernels' published rates a decode engine reaches (default: the fitted one)")
     p.add_argument("--quick", action="store_true", help="with --reproduce or --ablation: smaller runs")
     p.add_argument("--full", action="store_true", help="with --reproduce: include 48P96D / 48K agents")
     p.add_argument("--no-online", action="store_true",
@@ -96,6 +103,9 @@ def run(args: argparse.Namespace) -> int:
         from dualpath.sim.reproduce import main as reproduce
         return reproduce(quick=args.quick, full=args.full, json_path=args.json_path, online=not args.no_online,
                          conditions=args.conditions)
+    if args.fit_efficiency:
+        from dualpath.sim.efficiency import main as fit_efficiency
+        return fit_efficiency()
     if args.ablation:
         from dualpath.sim.ablation import main as ablation
         ablation(quick=args.quick)
@@ -118,6 +128,7 @@ def _simulate(args: argparse.Namespace) -> int:
                 tool_calls=args.tool_calls,
                 layerwise=not args.no_layerwise, model_traffic=args.model_traffic, pe_ep_nodes=args.pe_ep_nodes,
                 de_ep_nodes=args.de_ep_nodes, attn_tp=args.attn_tp, window_s=args.window,
+                prefill_eff=args.prefill_eff, decode_eff=args.decode_eff,
                 steady_lag_s=args.steady_lag, progress=not args.no_progress)
     try:
         modes = parse_sim_modes(args.modes)

@@ -84,12 +84,13 @@ class Group:
 class StepUnit:
     """Engines that run forward steps together: a prefill EP domain's PEs, or a single PE."""
 
-    __slots__ = ("engines", "busy", "busy_s", "batch", "step_s", "t_start", "lanes")
+    __slots__ = ("engines", "busy", "busy_s", "compute_s", "batch", "step_s", "t_start", "lanes")
 
     def __init__(self, engines: list[Engine]) -> None:
         self.engines = engines
         self.busy = False
         self.busy_s = 0.0  # seconds spent in forward steps
+        self.compute_s = 0.0  # of them, the steps' compute and collectives (not waiting on a layerwise load)
         self.batch: list = []
         self.step_s = 0.0
         self.t_start = 0.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shared.messages.codes import LoadMode, mode_names
+from dualpath.sim.efficiency import DECODE_EFF, PREFILL_EFF
 from shared.sched.policy.read_path import NEAR_TIE
 
 # The mesh's load modes (LoadMode), plus one the simulator alone models: an SGLang +
@@ -55,6 +56,9 @@ class SimConfig:
     de_ep_nodes: int = 4  # nodes of one decode EP domain, at most D
     attn_tp: int = 1  # attention TP degree (1 = attention DP, the paper's layout)
     model_traffic: float = 1.0  # scale of the model's collectives on the CNICs (0 = none)
+    # share of the kernels' published rates a whole engine reaches (dualpath/sim/efficiency.py: fitted)
+    prefill_eff: float = PREFILL_EFF
+    decode_eff: float = DECODE_EFF
     # mesh only: CPU seconds a node's engine loses per byte its storage NIC moves (its storage
     # path shares the engine's cores, dualpath/sim/hostcpu.py); 0 = none, as on a real cluster
     kv_cpu_s_per_byte: float = 0.0
@@ -94,6 +98,8 @@ class SimConfig:
             raise ValueError("agents, P and D must be >= 1")
         if self.pe_ep_nodes < 1 or self.de_ep_nodes < 1 or self.attn_tp < 1:
             raise ValueError("pe_ep_nodes, de_ep_nodes and attn_tp must be >= 1")
+        if not (0 < self.prefill_eff <= 1 and 0 < self.decode_eff <= 1):
+            raise ValueError(f"prefill_eff and decode_eff must be in (0, 1], got {self.prefill_eff}, {self.decode_eff}")
         if self.model_traffic < 0:
             raise ValueError(f"model_traffic must be >= 0, got {self.model_traffic}")
         if self.host_cores < 0 or self.background_cores < 0:

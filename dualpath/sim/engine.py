@@ -18,7 +18,7 @@ from dualpath.sim.dispatch import SimDispatch
 from dualpath.sim.hardware import load_hardware
 from dualpath.sim.hostcpu import HostPool, KvCpu
 from dualpath.sim.metrics import SimResult, collect
-from dualpath.sim.models import SimModel, build_model
+from dualpath.sim.models import Rates, SimModel, build_model
 from dualpath.sim.online import StopRule
 from dualpath.sim.prefetch import SimPrefetch
 from dualpath.sim.prefill import C_H2D, C_PD, C_PERSIST, Prefill, bind_stages, book, stage_end
@@ -39,7 +39,8 @@ class Simulation:
         self.hw = load_hardware(cfg.hardware) if isinstance(cfg.hardware, str) else cfg.hardware
         pe = Layout(min(cfg.pe_ep_nodes, cfg.P), self.hw.gpus, cfg.attn_tp)
         de = Layout(min(cfg.de_ep_nodes, cfg.D), self.hw.gpus, cfg.attn_tp)
-        self.model = model or build_model(cfg.model, self.hw, pe, de)
+        self.model = model or build_model(cfg.model, self.hw, pe, de,
+                                          Rates(prefill_eff=cfg.prefill_eff, decode_eff=cfg.decode_eff))
         self.c = Cluster(cfg.P, cfg.D, self.hw, self.model, cfg.group_nodes, pe.ep_nodes, cfg.model_traffic)
         bind_stages(self.c.engines)
         self.w = workload or load_workload(cfg.trace, cfg.agents, cfg.scale, cfg.seed, cfg.aps, cfg.block_tokens,

@@ -60,17 +60,18 @@ class Rates:
     # computed tokens/s per GPU; 14.8k output tokens/s per node while decoding at 20-22
     # tokens/s per user, so ~88 sequences per GPU at 1/21 s a step. The prompt length is not
     # published: assumed 4K tokens. `end_to_end` turns these into the share of the kernel
-    # rates that survives: about 1/3 for prefill, 0.44 for decode. Neither is applied by
-    # default: both are averages over a day of varying load (a lower bound on what a
-    # saturated engine reaches), and that service decodes with multi-token prediction (often
-    # two tokens a step), so 20-22 tokens/s per user is not one step's time.
+    # rates that survives: about 1/3 for prefill, 0.44 for decode. They are a cross-check on
+    # the fitted efficiencies (dualpath/sim/efficiency.py), not an input: both are averages
+    # over a day of varying load, and that service decodes with multi-token prediction.
     prod_prefill_tok_s_node: float = 73_700.0
     prod_hit: float = 0.563
     prod_decode_tok_s_node: float = 14_800.0
     prod_tpot_s: float = 1 / 21
     prod_ctx: int = 4096
-    prefill_e2e: bool = False  # scale prefill to the production figure (a lower bound: see above)
-    decode_e2e: bool = False
+    # What share of the rates above a whole engine reaches (launch gaps, stragglers, imperfect
+    # overlap): 1.0 = the kernels' own. The simulator runs with the fitted ones (SimConfig).
+    prefill_eff: float = 1.0
+    decode_eff: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +129,7 @@ class SimModel:
 
 def end_to_end(r: Rates, hw: Hardware) -> tuple[float, float]:
     """(prefill, decode) share of the kernel rates that DeepSeek's V3 service reaches (see Rates)."""
-    raw = replace(r, prefill_e2e=False, decode_e2e=False)
+    raw = replace(r, prefill_eff=1.0, decode_eff=1.0)
     v3 = build_model("ds-v3", hw, Layout(4, hw.gpus), Layout(18, hw.gpus), raw)
     hit = int(r.prod_ctx * r.prod_hit)
     new = r.prod_ctx - hit
@@ -144,8 +145,7 @@ def build_model(name: str, hw: Hardware, pe: Layout | None = None, de: Layout | 
                 rates: Rates | None = None) -> SimModel:
     """SimModel for a preset name or config path on `hw`; `pe` / `de`: the prefill and decode layouts."""
     r = rates or Rates()
-    fp, fd = end_to_end(r, hw) if r.prefill_e2e or r.decode_e2e else (1.0, 1.0)
-    fp, fd = (fp if r.prefill_e2e else 1.0), (fd if r.decode_e2e else 1.0)
+    fp, fd = r.prefill_eff, r.decode_eff
     pe = pe or Layout(1, hw.gpus)
     de = de or Layout(1, hw.gpus)
     arch = load_arch(name)

@@ -165,6 +165,7 @@ class Prefill:
         if sent:
             t = m.comm_latency_s + max(max(e.cnic_r.model_burst(now, b), e.cnic_w.model_burst(now, b)) for e, b in sent)
             step = t if t > step else step
+        unit.compute_s += step
         load = load_end - now
         step = step + load if self.whole_first else (step if step > load else load)
         if len(unit.engines) > 1 and attn_sum > 0 and all(chunks for _, _, chunks in batch):

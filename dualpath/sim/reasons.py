@@ -138,3 +138,23 @@ def ablation_reason(row: tuple, table: list) -> tuple:
            f"before computing; that costs what loading takes next to compute, and dual-path loading gains "
            f"only where basic is storage-bound (row A)")
     return exp, metric, pub_text, sim, pub, why
+
+
+def busy_shares(r: SimResult) -> list[tuple[str, float]]:
+    """Each resource's busy share of the run, busiest first (the first binds)."""
+    u = r.link_util
+
+    def link(*names: str) -> float:
+        return max(u.get(n, {}).get("mean", 0.0) for n in names)
+
+    shares = [("prefill GPUs computing", r.pe_compute), ("prefill SNICs", link("p.snic_r")),
+              ("decode SNICs", link("d.snic_r")), ("prefill CNICs", link("p.cnic_r", "p.cnic_w")),
+              ("decode CNICs", link("d.cnic_r", "d.cnic_w")), ("prefill DRAM", link("p.dram")),
+              ("decode DRAM", link("d.dram"))]
+    return sorted(shares, key=lambda s: -s[1])
+
+
+def binding(label: str, r: SimResult) -> str:
+    top = busy_shares(r)
+    return (f"{label}: binds on {top[0][0]} ({top[0][1]:.0%} busy), then {top[1][0]} ({top[1][1]:.0%}), "
+            f"{top[2][0]} ({top[2][1]:.0%}); prefill step units in forward steps {r.pe_busy:.0%}")
