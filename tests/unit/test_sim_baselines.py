@@ -9,7 +9,9 @@ from dualpath.sim.config import SimConfig
 from dualpath.sim.engine import Simulation, run_sim
 
 pytestmark = pytest.mark.unit
-SMALL = SimConfig(model="ds-v3.2-660b", P=1, D=2, trace="gen:32k:20", agents=120, scale=0.25, pe_ep_nodes=1)
+# on the kernels' own rates (efficiency 1): storage weighs most at this small size
+SMALL = SimConfig(model="ds-v3.2-660b", P=1, D=2, trace="gen:32k:20", agents=120, scale=0.25, pe_ep_nodes=1,
+                  prefill_eff=1.0, decode_eff=1.0)
 
 
 @pytest.fixture(scope="module")

@@ -82,11 +82,11 @@ def test_the_compiled_build_gives_the_pinned_figures():
         "from tests.unit.test_sim_golden import PINNED, SMALL\n"
         "assert e.__file__.endswith('.so'), e.__file__\n"
         "e.run_sim(SimConfig(progress=True, **SMALL))\n"  # the progress bar too: a typed attribute once refused it
-        "print(json.dumps([[m, a, {k: e.run_sim(SimConfig(mode=m, assign=a, **SMALL)).to_dict()[k] for k in want}]"
-        " for (m, a), want in PINNED.items()]))\n"))
+        "print(json.dumps([[m, a, n, {k: e.run_sim(SimConfig(mode=m, assign=a, read_near_tie=n, **SMALL)).to_dict()[k]"
+        " for k in want}] for (m, a, n), want in PINNED.items()]))\n"))
     first, figures = got.splitlines()
     assert first.startswith("compiled (mypyc")
     assert _activate_in_child(fast.OUT, build="pure").strip() == "pure Python (DUALPATH_SIM_BUILD=pure)"
     from tests.unit.test_sim_golden import PINNED
-    for mode, assign, fig in json.loads(figures):
-        assert fig == pytest.approx(PINNED[(mode, assign)], rel=1e-12, abs=0)
+    for mode, assign, near, fig in json.loads(figures):
+        assert fig == pytest.approx(PINNED[(mode, assign, near)], rel=1e-12, abs=0)

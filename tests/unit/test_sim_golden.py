@@ -53,3 +53,14 @@ def test_attention_balance_keeps_cut_steps_apart():
     assert f["uncut_ratio"] == pytest.approx(0.20 / 0.0875)
     assert f["ratio"] == pytest.approx((0.30 / 0.2975 + 0.20 / 0.0875) / 2)
     assert f["wait_share"] == pytest.approx(((0.30 - 0.2975) + (0.20 - 0.0875)) / 0.9)
+
+
+FITTED = dict(jct_s=240.74443032041637, requests=7431, events=36101, ttft_p50_s=0.08283771407434415,
+              tpot_p50_s=0.03808039320283996, attn_max_over_avg=3.6220467461007346,
+              snic_max_over_avg=1.545035307079779)
+
+
+def test_small_run_at_the_fitted_efficiencies_matches_pinned_figures():
+    """The defaults (dualpath/sim/efficiency.py): a refit changes these on purpose."""
+    r = run_sim(SimConfig(mode="dualpath", agents=60, scale=0.25)).to_dict()
+    assert {k: r[k] for k in FITTED} == pytest.approx(FITTED, rel=1e-12, abs=0)

@@ -9,7 +9,9 @@ from dualpath.sim.config import SimConfig
 from dualpath.sim.engine import Simulation, run_sim
 
 pytestmark = pytest.mark.unit
-SMALL = SimConfig(model="ds-v3.2-660b", P=1, D=2, trace="gen:32k:40", agents=400, scale=0.25)
+# on the kernels' own rates (efficiency 1): a storage-bound setup at this small size
+SMALL = SimConfig(model="ds-v3.2-660b", P=1, D=2, trace="gen:32k:40", agents=400, scale=0.25, prefill_eff=1.0,
+                  decode_eff=1.0)
 
 
 @pytest.fixture(scope="module")
