@@ -22,18 +22,24 @@ def lines(doc: dict) -> list[str]:
 
 
 def reproduce(doc: dict) -> list[str]:
-    from dualpath.sim.reproduce import FLAG, gap
+    from dualpath.sim.reproduce import FLAG, QUICK, gap
 
     rows, notes = [], []
+    comparable = doc.get("comparable", True)
     for exp, metric, pub_text, sim, pub, why in doc["rows"]:
         sim = None if sim is None or sim != sim else sim  # NaN: not simulated
         g = gap(sim, pub)
-        star = sim is None or (g is not None and abs(g) > FLAG)
-        rows.append([exp, metric.strip(), pub_text, num(sim), "" if g is None else f"{g * 100:+.0f}%",
-                     "*" if star else ""])
+        star = comparable and (sim is None or (g is not None and abs(g) > FLAG))
+        gap_s = "" if g is None else (f"{g * 100:+.0f}%" if comparable else "n/c")
+        rows.append([exp, metric.strip(), pub_text, num(sim), gap_s, "*" if star else ""])
         if star and why:
             notes.append(f"- {exp} {metric.strip()}: {' '.join(str(why).split())}")
-    out = [f"{len(doc.get('runs') or [])} simulator runs.", ""]
+    out = [f"{len(doc.get('runs') or [])} simulator runs."
+           + (f" Engines at {doc['prefill_eff']:g} (prefill) and {doc['decode_eff']:g} (decode) of the kernels' "
+              f"published rates, the one fitted input." if "prefill_eff" in doc else ""), ""]
+    if not comparable:
+        out += [QUICK[0].upper() + QUICK[1:] + ".", ""]
+    out += [f"- {line}" for line in doc.get("regime", [])] + ([""] if doc.get("regime") else [])
     out += table(["", "metric", "published", "simulated", "gap", ""], rows)
     if notes:
         out += [f"\\* gap over {FLAG:.0%}, or not simulated:", ""] + notes + [""]

@@ -64,12 +64,7 @@ def register(subparsers) -> None:
                         "--quick shrinks every run (tens of minutes on 2 shared cores), the default size is far longer")
     p.add_argument("--ablation", action="store_true",
                    help="the paper's ablation: JCT change as each technique is added, beside the published one")
-    p.add_argument("--fit-efficiency", action="store_true",
-                   help="refit the engines' efficiency (the simulator's one fitted input) to the paper's 2P4D row")
-    p.add_argument("--prefill-eff", type=float, default=PREFILL_EFF, metavar="SHARE",
-                   help="share of the kernels' published rates a prefill engine reaches (default: the fitted one)")
-    p.add_argument("--decode-eff", type=float, default=DECODE_EFF, metavar="SHARE",
-                   help="share of the kernels' published rates a decode engine reaches (default: the fitted one)")
+    _efficiency_args(p)
     p.add_argument("--quick", action="store_true", help="with --reproduce or --ablation: smaller runs")
     p.add_argument("--full", action="store_true", help="with --reproduce: include 48P96D / 48K agents")
     p.add_argument("--no-online", action="store_true",
@@ -77,6 +72,33 @@ def register(subparsers) -> None:
     p.add_argument("--pd-window", action="store_true",
                    help="P/D window sweep per hardware preset (docs/concepts/design.md#the-pd-ratio-window)")
     p.set_defaults(func=run)
+
+
+def _efficiency_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--fit-efficiency", action="store_true",
+                   help="refit the engines' efficiency (the simulator's one fitted input) to the paper's 2P4D row")
+    p.add_argument("--prefill-eff", type=float, default=PREFILL_EFF, metavar="SHARE",
+                   help="share of the kernels' published rates a prefill engine reaches (default: the fitted one)")
+    p.add_argument("--decode-eff", type=float, default=DECODE_EFF, metavar="SHARE",
+                   help="share of the kernels' published rates a decode engine reaches (default: the fitted one)")
+
+
+def _fit_efficiency() -> int:
+    """Refit the efficiencies on the paper's 2P4D DS-660B offline row and print the constants to keep."""
+    from dataclasses import replace
+
+    from dualpath.sim import efficiency as eff
+    from dualpath.sim.config import SimConfig
+    from dualpath.sim.engine import run_sim
+
+    base = SimConfig(model="ds-v3.2-660b", P=2, D=4, trace="gen:64k", agents=eff.FIT_AGENTS)
+    print(f"fitting the engines' efficiency: DS-660B 2P4D, {eff.FIT_AGENTS} agents offline, dualpath/oracle JCT "
+          f"<= {eff.FIT_TARGET} (production shares prefill {eff.PROD_PREFILL}, decode {eff.PROD_DECODE})", flush=True)
+    scale, _ = eff.fit(lambda m, pe, de: run_sim(replace(base, mode=m, prefill_eff=pe, decode_eff=de)).jct_s,
+                       say=lambda s: print(s, flush=True))
+    pe, de = eff.effs(scale)
+    print(f"fitted: SCALE = {scale:.4f} -> prefill {pe:.4f}, decode {de:.4f} (dualpath/sim/efficiency.py)")
+    return 0
 
 
 def parse_topology(text: str) -> tuple[int, int]:
@@ -104,8 +126,7 @@ def run(args: argparse.Namespace) -> int:
         return reproduce(quick=args.quick, full=args.full, json_path=args.json_path, online=not args.no_online,
                          conditions=args.conditions)
     if args.fit_efficiency:
-        from dualpath.sim.efficiency import main as fit_efficiency
-        return fit_efficiency()
+        return _fit_efficiency()
     if args.ablation:
         from dualpath.sim.ablation import main as ablation
         ablation(quick=args.quick)

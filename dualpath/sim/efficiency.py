@@ -1,12 +1,8 @@
-"""The one fitted input of the simulator: what share of the kernels' rates a whole engine reaches.
+"""The simulator's one fitted input: the share of the kernels' rates each engine kind reaches.
 
-Everything else in the compute model comes from the architecture and published kernel rates
-(`dualpath.sim.models.Rates`). Two efficiencies scale those rates, one per engine kind. Their
-ratio is DeepSeek's published production service's (`models.end_to_end`: 73.7k input tokens/s
-per prefill node, 14.8k output tokens/s per decode node, on H800s); one scale, common to both,
-is fitted by `fit` to one published figure of the paper: DualPath's offline JCT at 2P4D with
-2,000 agents is close to Oracle's, read as within FIT_TARGET. Every other row of
-`dualpath sim --reproduce` is then a prediction. `dualpath sim --fit-efficiency` reruns the fit.
+Their ratio is DeepSeek's production service's (`models.end_to_end`); one common scale is fitted
+(`fit`, run by `dualpath sim --fit-efficiency`) to one published figure: DualPath's offline JCT at
+2P4D with 2,000 agents close to Oracle's, read as within FIT_TARGET. All else is predicted.
 """
 from __future__ import annotations
 
@@ -14,7 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 # Fitted by `dualpath sim --fit-efficiency` (the scale below times the production shares).
-SCALE = 1.0
+SCALE = 1.2179
 PROD_PREFILL = 0.339  # models.end_to_end(Rates(), h800), rounded; a unit test checks them
 PROD_DECODE = 0.441
 PREFILL_EFF = round(PROD_PREFILL * SCALE, 4)
@@ -68,20 +64,3 @@ def fit(jct: Callable[[str, float, float], float], lo: float = 1.0, hi: float = 
         else:
             hi = mid
     return lo, points
-
-
-def main(agents: int = FIT_AGENTS) -> int:
-    """Run the fit on the paper's 2P4D DS-660B offline row and print the constants to keep."""
-    from dataclasses import replace
-
-    from dualpath.sim.config import SimConfig
-    from dualpath.sim.engine import run_sim
-
-    base = SimConfig(model="ds-v3.2-660b", P=2, D=4, trace="gen:64k", agents=agents)
-    print(f"fitting the engines' efficiency: DS-660B 2P4D, {agents} agents offline, dualpath/oracle JCT "
-          f"<= {FIT_TARGET} (production shares prefill {PROD_PREFILL}, decode {PROD_DECODE})", flush=True)
-    scale, _ = fit(lambda m, p, d: run_sim(replace(base, mode=m, prefill_eff=p, decode_eff=d)).jct_s,
-                   say=lambda s: print(s, flush=True))
-    p, d = effs(scale)
-    print(f"fitted: SCALE = {scale:.4f} -> PREFILL_EFF {p:.4f}, DECODE_EFF {d:.4f} (dualpath/sim/efficiency.py)")
-    return 0

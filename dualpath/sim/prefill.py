@@ -155,11 +155,7 @@ class Prefill:
                 last = ready[len(chunks) - 1]
                 every_cut = len(chunks) < len(ready) or chunks[-1].bsz < last.miss - last.done
             if not self.oracle:
-                for i in range(len(chunks)):
-                    r = ready[i]
-                    if r.done == 0 and r.hit:
-                        t = stage_end(now, C_LOAD, r, m.kv_bytes, with_miss=False)
-                        load_end = t if t > load_end else load_end
+                load_end = _load_end(now, ready[:len(chunks)], m.kv_bytes, load_end)
             batch.append((e, ready[:len(chunks)], chunks))
         step = worst + pooled / len(unit.engines)
         if sent:
@@ -213,6 +209,15 @@ class AttnBalance:
                 "uncut_ratio": (self.ratio_sum - self.cut_ratio_sum) / (n - k) if n > k else nan,
                 "mean_attn_s": self.mean_sum / n if n else nan,
                 "wait_share": self.wait_s / self.step_s if self.step_s else nan}
+
+
+def _load_end(now: float, reqs: list[Req], kvb: float, end: float) -> float:
+    """When the layerwise loads of the hit KV of `reqs` starting this step end (at least `end`)."""
+    for r in reqs:
+        if r.done == 0 and r.hit:
+            t = stage_end(now, C_LOAD, r, kvb, with_miss=False)
+            end = t if t > end else end
+    return end
 
 
 def _lanes(engines: list, now: float, sent: dict | None, step: float) -> None:

@@ -26,9 +26,14 @@ FLAG = 0.15
 ATTN_BALANCE = 1.05  # the balancing batcher's target in the reproduction (its rows in B)
 
 
+_DONE: dict[SimConfig, SimResult] = {}  # a configuration two rows share runs once
+
+
 def _run(cfg: SimConfig, log: list) -> SimResult:
+    if cfg in _DONE:
+        return _DONE[cfg]
     t = time.perf_counter()
-    r = run_sim(cfg)
+    r = _DONE[cfg] = run_sim(cfg)
     log.append({"config": cfg.__dict__, "result": r.to_dict()})
     online = f" aps={cfg.aps:g}: {r.stop_reason} at {r.run_s:.0f} s, window TTFT {r.ttft_window_s:.2f} s" \
         if cfg.aps else f": JCT {r.jct_s:.0f} s"
@@ -68,6 +73,7 @@ def main(quick: bool = False, full: bool = False, json_path: str | None = None, 
          conditions: Conditions | None = None) -> int:
     global _T0
     conditions, _T0 = conditions or start("dualpath sim --reproduce"), time.perf_counter()
+    _DONE.clear()
     size = "quick: a quarter of the lengths, a fifth of the agents" if quick else "full size"
     print(f"reproducing the published figures ({size}; one line per simulator run) ...", flush=True)
     print(f"engines at {PREFILL_EFF:g} (prefill) and {DECODE_EFF:g} (decode) of the kernels' published rates: "
@@ -98,26 +104,7 @@ def main(quick: bool = False, full: bool = False, json_path: str | None = None, 
     rows.append(("B", "SNIC max/avg, round-robin", "1.53", rr.snic_max_over_avg, 1.53, reasons.snic_rr(rr, base)))
     rows.append(("B", "SNIC max/avg, scheduler", "1.18", a[DUAL].snic_max_over_avg, 1.18,
                  reasons.snic_policy(a[DUAL], base)))
-    rows.append(("B", "attention max/avg across GPUs", "< 1.06", a[DUAL].attn_max_over_avg, 1.06,
-                 reasons.attention(a[DUAL])))
-    cut = a[DUAL].attn_balance.get("cut_ratio", float("nan"))
-    rows.append(("B", "  the same, steps the quota cut on every GPU", "< 1.06", cut if cut == cut else None, 1.06,
-                 "no step in which the quota cut every GPU's batch (see the row above)"))
-    rows.append(("B", "  the same, each GPU's attention summed over the run", "< 1.06",
-                 a[DUAL].attn_balance.get("run_ratio"), 1.06,
-                 f"{a[DUAL].requests} requests over the GPUs: Algorithm 1 evens the prompt tokens each GPU is given, "
-                 f"not their attention time, which grows with each prompt's context"))
-    # the balancing batcher (--attn-balance), read where it can be: full size (a quick run's GPUs hold
-    # too little ready work for a 64-token chunk to be a small step)
-    plain = a[DUAL] if not quick else _run(replace(base, mode=DUAL, agents=2000, scale=1.0), log)
-    regime = [reasons.binding(f"2P4D dualpath, {'quick' if quick else 'full size'} ({base.agents} agents)", a[DUAL])]
-    if quick:
-        regime.append(reasons.binding("2P4D dualpath, full size (2000 agents)", plain))
-    bal = _run(replace(base, mode=DUAL, agents=2000, scale=1.0, attn_balance=ATTN_BALANCE), log)
-    rows.append(("B", f"  the same, batches cut to balance (--attn-balance {ATTN_BALANCE:g})", "< 1.06",
-                 bal.attn_max_over_avg, 1.06, reasons.attention_balanced(bal, plain)))
-    rows.append(("B", "  its JCT over the paper's batcher (2000 agents)", "(not given)",
-                 bal.jct_s / plain.jct_s, None, ""))
+    regime = _attention_rows(a[DUAL], base, quick, log, rows)
 
     print("C. P/D sweep, DS-27B, 64K trace")
     c_base = replace(base, model="ds-27b", agents=150 if quick else 600)
@@ -159,14 +146,43 @@ def main(quick: bool = False, full: bool = False, json_path: str | None = None, 
     for name in HARDWARE:
         print(format_report(sweep(HARDWARE[name])))
     if json_path:
-        write_json(json_path, rows, log, conditions)
+        write_json(json_path, rows, log, conditions, {"comparable": not quick, "regime": regime,
+                                                      "prefill_eff": PREFILL_EFF, "decode_eff": DECODE_EFF})
     return 0
 
 
-def write_json(path: str, rows: list, log: list, conditions: Conditions) -> None:
-    """{"rows": [[experiment, metric, published text, simulated, published, reason]], "runs", "conditions"}."""
+def _attention_rows(dual: SimResult, base: SimConfig, quick: bool, log: list, rows: list) -> list[str]:
+    """B's attention rows (per step, quota-cut steps, per run, the balancing batcher); returns the binding
+    resources of the 2P4D dualpath row, at this size and (quick) at full size."""
+    rows.append(("B", "attention max/avg across GPUs", "< 1.06", dual.attn_max_over_avg, 1.06,
+                 reasons.attention(dual)))
+    cut = dual.attn_balance.get("cut_ratio", float("nan"))
+    rows.append(("B", "  the same, steps the quota cut on every GPU", "< 1.06", cut if cut == cut else None, 1.06,
+                 "no step in which the quota cut every GPU's batch (see the row above)"))
+    rows.append(("B", "  the same, each GPU's attention summed over the run", "< 1.06",
+                 dual.attn_balance.get("run_ratio"), 1.06,
+                 f"{dual.requests} requests over the GPUs: Algorithm 1 evens the prompt tokens each GPU is given, "
+                 f"not their attention time, which grows with each prompt's context"))
+    # the balancing batcher (--attn-balance), read where it can be: full size (a quick run's GPUs hold
+    # too little ready work for a 64-token chunk to be a small step)
+    plain = dual if not quick else _run(replace(base, mode=DUAL, agents=2000, scale=1.0), log)
+    regime = [reasons.binding(f"2P4D dualpath, {'quick' if quick else 'full size'} ({base.agents} agents)", dual)]
+    if quick:
+        regime.append(reasons.binding("2P4D dualpath, full size (2000 agents)", plain))
+    bal = _run(replace(base, mode=DUAL, agents=2000, scale=1.0, attn_balance=ATTN_BALANCE), log)
+    rows.append(("B", f"  the same, batches cut to balance (--attn-balance {ATTN_BALANCE:g})", "< 1.06",
+                 bal.attn_max_over_avg, 1.06, reasons.attention_balanced(bal, plain)))
+    rows.append(("B", "  its JCT over the paper's batcher (2000 agents)", "(not given)",
+                 bal.jct_s / plain.jct_s, None, ""))
+    return regime
+
+
+def write_json(path: str, rows: list, log: list, conditions: Conditions, about: dict | None = None) -> None:
+    """{"rows": [[experiment, metric, published text, simulated, published, reason]], "runs", "conditions",
+    and `about`'s keys: comparable (False for --quick), regime (binding resources), the efficiencies}."""
+    doc = {"rows": rows, "runs": log, "conditions": conditions.measure().report(), **(about or {})}
     with open(path, "w", encoding="utf-8") as fh:
-        json.dump({"rows": rows, "runs": log, "conditions": conditions.measure().report()}, fh, indent=1, default=str)
+        json.dump(doc, fh, indent=1, default=str)
 
 
 def _capacity_rows(base: SimConfig, lag: float, scale: float, quick: bool, log: list, rows: list) -> None:
