@@ -400,8 +400,11 @@ def _capacity(args, url: str, mesh: dict, lo: int, hi: int, extra_pids: tuple[in
     rate = args.snic_gbit * 1e9 / 8 if args.snic_gbit else None
     local = args.up or url.startswith(("http://127.", "http://localhost"))
     if rates is not None and local and args.offline and not args.tool_calls:  # what the prediction needs
+        from dualpath.bench.corun import corun_rates
         from dualpath.bench.kvcpu import probe_mesh
 
+        print("probing each engine beside the other (a prefill while a batch decodes) ...", file=sys.stderr, flush=True)
+        rates.update(corun_rates(url, lo, hi, rates))
         print("probing the KV path's CPU (without KV, then with KV on both paths) ...", file=sys.stderr, flush=True)
         block_bytes = max((e.get("kv_block_bytes") or 0 for e in engines), default=0)
         rates.update(probe_mesh(url, lo, hi, mesh.get("max_context") or 0, extra_pids,

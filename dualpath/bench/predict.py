@@ -49,7 +49,8 @@ def rates(doc: dict, cap, mesh: dict, settings: list, snic_gbit: float):
         decode_nodes=cap.decode_nodes, kv_tokens_per_engine=kv_tokens, alpha_tokens=alpha, beta_tokens=beta,
         decode_per_ctx_s=probe.get("decode_per_ctx_s", 0.0), decode_probe_ctx=probe.get("decode_probe_ctx", 0),
         kv_cpu_s_per_byte=probe.get("kv_cpu_s_per_byte", 0.0),
-        host_cores=cap.cores if "background_cores" in probe else 0, background_cores=probe.get("background_cores", 0.0))
+        host_cores=cap.cores if "background_cores" in probe else 0, background_cores=probe.get("background_cores", 0.0),
+        corun_prefill_slow=probe.get("corun_prefill_slow", 1.0), corun_decode_slow=probe.get("corun_decode_slow", 1.0))
 
 
 def add_predictions(doc: dict, cap, mesh: dict, settings: list, snic_gbit: float,

@@ -252,7 +252,8 @@ def probe_rates(url: str, lo: int, hi: int, n_prompt: int = 256, n_gen: int = 16
         return {"prefill_tok_s": 1.0 / per_token, "turn_overhead_s": max(0.0, small - n_small * per_token),
                 "decode_step_s": step1, "decode_per_seq_s": max(0.0, (step_k - step1) / (batch - 1)),
                 "decode_per_ctx_s": per_ctx,
-                "decode_probe_ctx": n_small + n_gen // 2, "probe_prompt_tokens": n_prompt, "probe_batch": batch}
+                "decode_probe_ctx": n_small + n_gen // 2, "probe_prompt_tokens": n_prompt, "probe_batch": batch,
+                "probe_small_tokens": n_small}
     return asyncio.run(go())
 
 

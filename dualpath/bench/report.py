@@ -101,8 +101,9 @@ def _offline(doc: dict, summ: dict) -> list[str]:
                   f"{pr['data_plane_bytes_s'] / 1e9:.2f} GB/s; alpha {pr['alpha_tokens']}, beta "
                   f"{pr['beta_tokens']} tokens; KV path's CPU {pr.get('kv_cpu_s_per_byte', 0.0) * 1e9:.1f} ns "
                   f"per storage byte, taken from the node's engine; {pr.get('host_cores', 0)} cores shared by "
-                  f"the engines, {pr.get('background_cores', 0.0):.2f} of them kept busy by the rest of the mesh "
-                  "(dualpath/sim/hostcpu.py)", ""]
+                  f"the engines, {pr.get('background_cores', 0.0):.2f} of them kept busy by the rest of the mesh; "
+                  f"beside the other engine a prefill takes {pr.get('corun_prefill_slow', 1.0):.2f}x, a decode "
+                  f"step {pr.get('corun_decode_slow', 1.0):.2f}x its time alone (dualpath/sim/hostcpu.py)", ""]
         without = {m: _sp(v.get("measured_over_no_sharing"), "x", 2) for m, v in summ["offline"].items()
                    if (v.get("measured_over_no_sharing") or {}).get("median") is not None}
         if without:

@@ -1,7 +1,7 @@
 """The simulator fitted to a running mesh: its probed rates in, each mode's predicted offline JCT out.
 
 `predict` builds a cluster of the mesh's shape from `MeshRates` and replays the bench's turn
-lengths. It cannot know the engines' contention with each other or with other work.
+lengths; the engines' contention on the shared host is what the bench probed of it (hostcpu.py).
 """
 from __future__ import annotations
 
@@ -36,6 +36,8 @@ class MeshRates:
     decode_probe_ctx: int = 0  # context tokens of the sequences the decode step was probed with
     host_cores: int = 0  # cores every engine shares (0: each has its own)
     background_cores: float = 0.0  # of them, what the mesh's other processes keep busy
+    corun_prefill_slow: float = 1.0  # a prefill's time while the decode engine steps beside it, over alone
+    corun_decode_slow: float = 1.0  # a decode step's time while the prefill engine computes beside it, over alone
 
 
 def mesh_hardware(r: MeshRates) -> Hardware:
@@ -68,20 +70,24 @@ def predict(r: MeshRates, trajectories: list[list[tuple[int, int]]], modes: list
             write_lag: bool = True) -> dict[str, float]:
     """Predicted offline JCT (s) of each mode for these jobs' (append, gen) turns; `shared_cores`
     charges the KV path's CPU to the engines, `write_lag` hits only blocks already written."""
+    return {mode: simulate(r, trajectories, mode, forward_share, shared_cores, write_lag).jct_s for mode in modes}
+
+
+def simulate(r: MeshRates, trajectories: list[list[tuple[int, int]]], mode: str,
+             forward_share: float = FORWARD_SHARE, shared_cores: bool = True, write_lag: bool = True):
+    """The SimResult of one mode (`predict`'s run, with its TTFT / TPOT and engines' busy shares)."""
     from dualpath.sim.engine import Simulation
     from dualpath.sim.workload import from_turns
 
-    hw, model = mesh_hardware(r), mesh_model(r, forward_share)
-    out = {}
-    for mode in modes:
-        cfg = SimConfig(model="mesh", hardware=hw, P=r.prefill_nodes, D=r.decode_nodes, agents=len(trajectories),
-                        mode=mode, pull_s=0.005, quota_s=PE_QUOTA_S, chunk_align=16,
-                        block_tokens=r.block_tokens, think_s=r.turn_overhead_s * (1 - forward_share),
-                        pe_ep_nodes=1, de_ep_nodes=1, model_traffic=0.0,
-                        kv_cpu_s_per_byte=r.kv_cpu_s_per_byte if shared_cores else 0.0,
-                        host_cores=r.host_cores if shared_cores else 0,
-                        background_cores=r.background_cores, write_lag=write_lag)
-        sim = Simulation(cfg, model, from_turns([tuple(t) for t in trajectories], r.block_tokens),
-                         thresholds=PeThresholds(alpha=r.alpha_tokens, beta=r.beta_tokens))
-        out[mode] = sim.run().jct_s
-    return out
+    shared = shared_cores and r.host_cores > 0
+    cfg = SimConfig(model="mesh", hardware=mesh_hardware(r), P=r.prefill_nodes, D=r.decode_nodes,
+                    agents=len(trajectories), mode=mode, pull_s=0.005, quota_s=PE_QUOTA_S, chunk_align=16,
+                    block_tokens=r.block_tokens, think_s=r.turn_overhead_s * (1 - forward_share),
+                    pe_ep_nodes=1, de_ep_nodes=1, model_traffic=0.0,
+                    kv_cpu_s_per_byte=r.kv_cpu_s_per_byte if shared_cores else 0.0,
+                    host_cores=r.host_cores if shared else 0, background_cores=r.background_cores,
+                    host_corun_prefill=max(1.0, r.corun_prefill_slow) if shared else 1.0,
+                    host_corun_decode=max(1.0, r.corun_decode_slow) if shared else 1.0, write_lag=write_lag)
+    sim = Simulation(cfg, mesh_model(r, forward_share), from_turns([tuple(t) for t in trajectories], r.block_tokens),
+                     thresholds=PeThresholds(alpha=r.alpha_tokens, beta=r.beta_tokens))
+    return sim.run()

@@ -66,6 +66,10 @@ class SimConfig:
     # background_cores of them busy (dualpath/sim/hostcpu.py); 0 = each engine has its own cores
     host_cores: float = 0.0
     background_cores: float = 0.0
+    # mesh only, with host_cores: how much longer a prefill / decode engine computes while the other
+    # kind computes beside it, as the bench's co-run probe measured (dualpath/bench/corun.py); 1 = none
+    host_corun_prefill: float = 1.0
+    host_corun_decode: float = 1.0
     # a turn hits only the blocks of earlier turns already written through the storage NIC when
     # it arrives (dualpath/sim/stored.py); False: every earlier full block, at once
     write_lag: bool = False
@@ -104,6 +108,9 @@ class SimConfig:
             raise ValueError(f"model_traffic must be >= 0, got {self.model_traffic}")
         if self.host_cores < 0 or self.background_cores < 0:
             raise ValueError("host_cores and background_cores must be >= 0")
+        if self.host_corun_prefill < 1 or self.host_corun_decode < 1:
+            raise ValueError(f"host_corun_prefill and host_corun_decode must be >= 1, got "
+                             f"{self.host_corun_prefill}, {self.host_corun_decode}")
         if self.kv_cpu_s_per_byte < 0:
             raise ValueError(f"kv_cpu_s_per_byte must be >= 0, got {self.kv_cpu_s_per_byte}")
 

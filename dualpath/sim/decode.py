@@ -19,13 +19,14 @@ EPS = 1e-9
 
 class DecodeState(Generic[R]):
     __slots__ = ("model", "links", "comm", "heap", "steps", "t_last", "step_s", "ctx_base", "capped",
-                 "version", "n", "batch_s", "slow")
+                 "version", "n", "batch_s", "busy_s", "slow")
 
     def __init__(self, model: SimModel, links: tuple[Link, ...] = (), traffic: float = 1.0) -> None:
         self.model = model
         self.links: tuple[Link, ...] = links if traffic > 0 else ()  # the engine's CNIC, both ways
         self.comm = model.decode_comm_bytes * traffic  # CNIC bytes per token per step
         self.batch_s = 0.0  # integral of the batch size over time
+        self.busy_s = 0.0  # time a batch ran, stepping or stalled (a real engine's step seconds)
         self.heap: list[tuple[float, int, R, int, float]] = []  # (finish step, rid, request, prompt, step joined)
         self.steps = 0.0
         self.t_last = 0.0
@@ -42,6 +43,7 @@ class DecodeState(Generic[R]):
         if self.n:
             self.steps += (now - self.t_last) / self.step_s
             self.batch_s += self.n * (now - self.t_last)
+            self.busy_s += now - self.t_last
         self.t_last = now
 
     def stall(self, now: float, secs: float) -> None:
@@ -49,6 +51,7 @@ class DecodeState(Generic[R]):
         self.advance(now)
         if self.n and secs > 0:
             self.batch_s += self.n * secs
+            self.busy_s += secs
             self.t_last += secs
             self.version += 1
 

@@ -16,7 +16,7 @@ from dualpath.sim.collectives import Layout
 from dualpath.sim.config import SGLANG, SimConfig
 from dualpath.sim.dispatch import SimDispatch
 from dualpath.sim.hardware import load_hardware
-from dualpath.sim.hostcpu import HostPool, KvCpu
+from dualpath.sim.hostcpu import DECODE, PREFILL, HostPool, KvCpu
 from dualpath.sim.metrics import SimResult, collect
 from dualpath.sim.models import Rates, SimModel, build_model
 from dualpath.sim.online import StopRule
@@ -75,7 +75,8 @@ class Simulation:
         self.bar: Any = None  # a tqdm bar while progress is shown (Any: the compiled build checks types)
         self.pf = SimPrefetch(self, cfg.hints) if cfg.hints != "off" and not self.oracle else None
         self.kvcpu = KvCpu(cfg.kv_cpu_s_per_byte) if cfg.kv_cpu_s_per_byte > 0 and not self.oracle else None
-        self.pool = HostPool(cfg.host_cores, cfg.background_cores) if cfg.host_cores > 0 else None
+        self.pool = HostPool(cfg.host_cores, cfg.background_cores, cfg.host_corun_prefill,
+                             cfg.host_corun_decode) if cfg.host_cores > 0 else None
         self.lag = WriteLag(self.w.block) if cfg.write_lag and not self.oracle else None
         self.after_tool: dict[int, bool] = {}  # rid -> the turn followed a tool call
         self.ttft_after_tool: list[tuple[bool, float]] = []  # (its agent hinted, TTFT) of those turns
@@ -218,7 +219,7 @@ class Simulation:
             if self.kvcpu is not None:
                 self._kv_owed(unit)  # what the storage path used while the unit was idle is free
             if self.pool is not None:
-                dt *= self.pool.slow(self._busy_engines() + len(unit.engines))
+                dt *= self.pool.slow(self._busy_engines() + len(unit.engines), PREFILL)
             unit.busy = True
             unit.busy_s += dt
             unit.t_start = self.now
@@ -233,7 +234,7 @@ class Simulation:
     def _pool_update(self) -> None:
         """Every running decode batch steps at the speed the host's busy engines leave it."""
         assert self.pool is not None
-        slow = self.pool.slow(self._busy_engines())
+        slow = self.pool.slow(self._busy_engines(), DECODE)
         for e in self.c.des:
             d = e.decode
             if d is not None and d.n and d.slow != slow:

@@ -1,12 +1,14 @@
 """The KV path's CPU taken from a node's engine: a mesh whose storage path shares its host's cores.
 
 With `kv_cpu_s_per_byte` = c, each byte a node's storage NIC moves costs its busy engine c
-seconds; with `host_cores` = H, E busy engines and b background cores each run at H / (E + b).
+seconds; with `host_cores` = H, E busy engines and b background cores each run at H / (E + b),
+and no faster than the probed co-run slowdown of its kind while another engine computes.
 """
 from __future__ import annotations
 
 from dualpath.sim.resources import Link
 
+PREFILL, DECODE = "prefill", "decode"  # engine kinds, each with its co-run slowdown
 EPS_S = 1e-9  # a charge below this is dropped (ends the stretch of a step: c * rate < 1 converges)
 
 
@@ -35,15 +37,23 @@ class KvCpu:
 
 
 class HostPool:
-    """The host's cores shared by its busy engines and the rest of the mesh."""
+    """The host's cores shared by its busy engines and the rest of the mesh.
 
-    __slots__ = ("cores", "background")
+    Time-slicing alone misses what engines computing at once cost each other on one host (shared
+    caches, memory bandwidth, sibling threads, wake-ups): `corun` is that slowdown per engine kind,
+    measured by the bench's probe (dualpath/bench/corun.py); 1.0 = none known."""
 
-    def __init__(self, cores: float, background: float = 0.0) -> None:
+    __slots__ = ("cores", "background", "corun")
+
+    def __init__(self, cores: float, background: float = 0.0, corun_prefill: float = 1.0,
+                 corun_decode: float = 1.0) -> None:
         self.cores = cores
         self.background = background
+        self.corun = {PREFILL: corun_prefill, DECODE: corun_decode}
 
-    def slow(self, busy_engines: int) -> float:
-        """How much longer an engine's compute takes while `busy_engines` compute at once (>= 1)."""
+    def slow(self, busy_engines: int, kind: str = DECODE) -> float:
+        """How much longer a `kind` engine's compute takes while `busy_engines` compute at once (>= 1)."""
         want = busy_engines + self.background
-        return want / self.cores if want > self.cores else 1.0
+        sliced = want / self.cores if want > self.cores else 1.0
+        together = self.corun[kind] if busy_engines > 1 else 1.0
+        return together if together > sliced else sliced

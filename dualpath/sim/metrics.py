@@ -37,6 +37,7 @@ class SimResult:
     pe_busy: float  # share of the span the prefill step units spend in forward steps (mean over units)
     pe_compute: float  # of the span, the share those steps compute (pe_busy less the wait on layerwise loads)
     de_batch: float  # mean decode batch per decode engine over the span
+    de_busy: float  # share of the span a decode engine runs a batch, stepping or stalled (mean over engines)
     link_util: dict[str, dict[str, float]] = field(default_factory=dict)
     lanes: dict[str, dict[str, float]] = field(default_factory=dict)  # CNIC class -> model GB, slowdowns
     # attention max/avg apart (prefill.AttnBalance): steps the quota cut on every GPU ("cut_ratio", their
@@ -98,7 +99,8 @@ def collect(sim, span: float, wall: float) -> SimResult:
         attn_max_over_avg=attn, attn_balance={**balance, "run_ratio": _run_ratio(c),
                                                       "quota_tokens": _quota_tokens(sim)}, pe_busy=_mean([u.busy_s / span for u in c.units]) if span > 0 else 0.0,
         pe_compute=_mean([u.compute_s / span for u in c.units]) if span > 0 else 0.0,
-        de_batch=_mean([e.decode.batch_s / span for e in c.des]) if span > 0 else 0.0, link_util=_link_util(c, span), lanes=_lanes(c),
+        de_batch=_mean([e.decode.batch_s / span for e in c.des]) if span > 0 else 0.0,
+        de_busy=_mean([e.decode.busy_s / span for e in c.des]) if span > 0 else 0.0, link_util=_link_util(c, span), lanes=_lanes(c),
         windows=[list(w) for w in v.windows] if v else [], events=sim.events,
         wall_s=wall, events_per_s=sim.events / wall if wall > 0 else 0.0,
         alpha=sim.th.alpha, beta=sim.th.beta, hints=sim.cfg.hints, after_tool=_after_tool(sim),

@@ -163,3 +163,53 @@ def test_set_slow_stretches_the_remaining_steps():
     assert d.next_finish() == pytest.approx(1.0)
     d.set_slow(0.5, 2.0)  # half done: the other half at twice the time
     assert d.next_finish() == pytest.approx(1.5)
+
+
+def test_engines_computing_at_once_take_the_probed_co_run_slowdown_of_their_kind():
+    from dualpath.sim.hostcpu import DECODE, PREFILL, HostPool
+
+    pool = HostPool(2.0, 0.0, corun_prefill=1.4, corun_decode=1.8)
+    assert pool.slow(1, PREFILL) == pool.slow(1, DECODE) == 1.0  # alone: as probed
+    assert pool.slow(2, PREFILL) == pytest.approx(1.4) and pool.slow(2, DECODE) == pytest.approx(1.8)
+    assert HostPool(2.0, 1.0, 1.2, 1.2).slow(2, DECODE) == pytest.approx(1.5)  # time-slicing, when it costs more
+
+
+def _mesh_sim(agents, **host):
+    from dualpath.sim.calibrate import mesh_hardware, mesh_model
+    from dualpath.sim.engine import Simulation
+    from shared.sched.policy import PeThresholds
+
+    cfg = SimConfig(model="mesh", hardware=mesh_hardware(RATES), P=1, D=1, agents=len(agents), mode="oracle",
+                    pull_s=0.005, quota_s=4.0, chunk_align=16, block_tokens=16, pe_ep_nodes=1, de_ep_nodes=1,
+                    model_traffic=0.0, host_cores=2, **host)
+    return Simulation(cfg, mesh_model(RATES), from_turns([tuple(a) for a in agents], 16),
+                      thresholds=PeThresholds(50_000, 4096))
+
+
+def test_beside_a_decoding_batch_a_prefill_takes_the_co_run_slowdown():
+    agents = [[(16, 3000)], [(16, 2), (1600, 2)]]  # B's second prompt computes while A decodes for ~30 s
+    alone, beside = _mesh_sim(agents), _mesh_sim(agents, host_corun_prefill=1.4)
+    alone.run()
+    beside.run()
+    forward = RATES.turn_overhead_s + (1600 + 2) / RATES.prefill_tok_s  # 16 of its 18 earlier tokens cached
+    assert max(alone.ttft) == pytest.approx(forward, abs=0.006)  # two engines on two cores: no time-slicing
+    assert max(beside.ttft) == pytest.approx(max(alone.ttft) + 0.4 * forward, abs=1e-6)
+
+
+def test_beside_a_computing_prefill_engine_a_decode_batch_steps_at_the_co_run_slowdown():
+    sim = _mesh_sim([[(16, 2)]], host_corun_decode=1.8)
+    d, unit = sim.c.des[0].decode, sim.c.units[0]
+    d.join(0.0, 1, "a", 100, 10)
+    sim._pool_update()
+    assert d.slow == 1.0  # the prefill engine idles
+    unit.busy = True
+    sim._pool_update()
+    assert d.slow == pytest.approx(1.8)
+    unit.busy = False
+    sim._pool_update()
+    assert d.slow == 1.0
+
+
+def test_config_rejects_a_co_run_speed_up():
+    with pytest.raises(ValueError, match="host_corun_prefill"):
+        SimConfig(host_corun_decode=0.9)

@@ -1,0 +1,112 @@
+"""The co-run probe (dualpath/bench/corun.py) and stored reports predicted again (dualpath/bench/repredict.py).
+
+The rate probe times each engine alone; on one host the engines computing at once slow each
+other beyond time-slicing. The probe's figures, or a stored report's oracle runs, give that slowdown.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from dualpath.bench import corun
+from dualpath.bench.corun import probe_corun, split_steps
+from dualpath.bench.repredict import busy_s, corun_from_oracle, repredict, stored_rates
+from dualpath.sim.calibrate import MeshRates
+
+pytestmark = pytest.mark.unit
+
+DATA = Path(__file__).resolve().parents[2] / "docs" / "results" / "data"
+RATES = MeshRates(prefill_tok_s=2000.0, turn_overhead_s=0.05, decode_step_s=0.01, decode_per_seq_s=0.002,
+                  snic_bytes_s=1e6, data_plane_bytes_s=1e9, kv_bytes_per_token=1000.0, block_tokens=16,
+                  prefill_nodes=1, decode_nodes=1, kv_tokens_per_engine=100_000, alpha_tokens=50_000,
+                  beta_tokens=4096, host_cores=2)
+AGENTS = [[(16, 300)], [(16, 40), (800, 40), (400, 40)], [(16, 2), (1600, 30), (64, 200)]]
+
+
+def _steps(start: float, n: int, step: float) -> list[float]:
+    return [start + i * step for i in range(n)]
+
+
+def test_steps_beside_the_prefill_are_timed_apart_from_those_around_it():
+    # 3 ms a step, 6 ms while a prefill computes in [0.030, 0.060]; the step across 0.060 is left out
+    s = _steps(0.0, 11, 0.003) + _steps(0.036, 5, 0.006) + _steps(0.063, 10, 0.003)
+    during, around = split_steps([s, [t + 0.0005 for t in s]], 0.030, 0.060)
+    assert during == pytest.approx(0.006) and around == pytest.approx(0.003)
+
+
+def test_too_few_steps_on_either_side_is_none():
+    s = _steps(0.0, 20, 0.003)
+    assert split_steps([s], 0.0301, 0.0329) is None  # no whole step inside
+    assert split_steps([s], 0.003, 0.054) is None  # 2 steps outside
+
+
+def test_the_probe_sends_the_prefill_once_the_batch_decodes_and_compares_it_with_alone(monkeypatch):
+    events: list[asyncio.Event] = []  # one a repeat: set once its fresh prompt is sent
+    window: list[float] = []
+
+    async def one_turn(client, url, prompt, gen, mode, t0, stamps_out=None):
+        if gen == 1:  # the fresh prompt: 50 ms beside the batch
+            window[:] = [time.perf_counter(), 0.05]
+            events[-1].set()
+            events.append(asyncio.Event())
+            return SimpleNamespace(error="", ttft=0.05), []
+        if not events:
+            events.append(asyncio.Event())
+        sent, first = events[-1], time.perf_counter() - 0.03  # its first token came 30 ms ago
+        for t in (first, first + 0.003):  # then its first step: it decodes
+            stamps_out.append(t)
+        await sent.wait()
+        lo, ttft = window
+        for t in (_steps(first + 0.006, int((lo - first) / 0.003) - 2, 0.003) + _steps(lo + 0.001, 8, 0.006)
+                  + _steps(lo + ttft + 0.001, 20, 0.003)):  # 3 ms a step, 6 ms while the prefill computes
+            stamps_out.append(t)
+        return SimpleNamespace(error="", ttft=1e-4), []
+
+    monkeypatch.setattr(corun, "one_turn", one_turn)
+    got = asyncio.run(probe_corun(None, "", 0, 10, (4, 8, 32), (0.025, 0.003), repeat=2))
+    assert got == {"corun_prefill_slow": pytest.approx(2.0), "corun_decode_slow": pytest.approx(2.0)}
+
+
+def test_a_stream_failing_before_the_batch_decodes_fails_the_probe_without_waiting(monkeypatch):
+    async def one_turn(client, url, prompt, gen, mode, t0, stamps_out=None):
+        return SimpleNamespace(error="HTTP 503", ttft=float("nan")), []
+
+    monkeypatch.setattr(corun, "one_turn", one_turn)
+    with pytest.raises(RuntimeError, match="HTTP 503"):
+        asyncio.run(probe_corun(None, "", 0, 10, (2, 8, 32), (0.025, 0.003)))
+
+
+def test_the_oracle_fit_finds_the_slowdowns_that_gave_the_engines_their_seconds():
+    truth = replace(RATES, corun_prefill_slow=1.5, corun_decode_slow=1.8)
+    measured = busy_s(truth, AGENTS, "oracle")
+    assert measured != busy_s(RATES, AGENTS, "oracle")  # the engines do overlap in this workload
+    got = corun_from_oracle(RATES, AGENTS, measured)
+    assert got.corun_prefill_slow == pytest.approx(1.5, rel=0.02)
+    assert got.corun_decode_slow == pytest.approx(1.8, rel=0.02)
+
+
+def _doc(probe: dict) -> dict:
+    rows = [{"mode": "oracle", "kind": "offline", "jct_s": 9.0,
+             "usage": {"prefill_s": {"p0": 2.0}, "decode_s": {"d1": 5.0}}}]
+    return {"prediction": {"rates": vars(RATES), "probe": probe, "turns": {"oracle": AGENTS}}, "runs": rows}
+
+
+def test_probed_slowdowns_are_used_as_they_are_and_an_older_report_takes_its_oracle_runs():
+    assert stored_rates(_doc({"corun_decode_slow": 1.0})) == RATES
+    fitted = stored_rates(_doc({}))
+    assert busy_s(fitted, AGENTS, "oracle") == pytest.approx((2.0, 5.0), rel=0.01)
+    assert repredict(_doc({}))["oracle"]["predicted_jct_s"] > repredict(_doc({"corun_decode_slow": 1.0}))["oracle"][
+        "predicted_jct_s"]
+
+
+@pytest.mark.parametrize("name", ["bench-tiny", "bench-smollm2"])
+def test_the_stored_bench_reports_are_predicted_within_15_percent(name):
+    got = repredict(json.loads((DATA / f"{name}.json").read_text()))
+    assert set(got) == {"basic", "dualpath", "dualpath-split", "oracle"}
+    assert all(0.85 <= v["measured_over_predicted"] <= 1.15 for v in got.values()), got
