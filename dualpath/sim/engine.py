@@ -281,9 +281,11 @@ class Simulation:
                 if self.oracle:
                     self.push(now, self._join, r)
                     continue
-                pd_end = max(now, stage_end(unit.t_start, C_PD, r, kvb))
-                join = book(pd_end, C_H2D, r, r.hit * kvb, r.miss * kvb)
-                self.push(join, self._join, r)
+                pd_end = stage_end(unit.t_start, C_PD, r, kvb)
+                if pd_end > now:  # the copy into HBM is booked once the prompt's KV is all there
+                    self.push(pd_end, self._h2d, r)
+                else:
+                    self._h2d(r)
             if gone:
                 e.queue = [r for r in e.queue if r.done < r.miss]
         unit.batch = []
@@ -303,6 +305,11 @@ class Simulation:
         t0 = max(self.now, snic.free_at)
         book(self.now, C_PERSIST, r, 0, 0, (end - first) * self.kvb)
         self.lag.wrote(r.agent, t0, snic.free_at, first, end)
+
+    def _h2d(self, r: Req) -> None:
+        """The prompt's KV is in the decode node's buffer: its copy into HBM is booked from now, so a link
+        is not held idle for a copy that cannot start yet."""
+        self.push(book(self.now, C_H2D, r, r.hit * self.kvb, r.miss * self.kvb), self._join, r)
 
     def _join(self, r: Req) -> None:
         r.t_join = self.now

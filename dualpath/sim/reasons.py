@@ -49,11 +49,15 @@ def oracle_gap(a: dict, cfg: SimConfig) -> str:
             f"on dualpath's critical path here; TTFT p50 {d.ttft_p50_s:.2f} s vs oracle's {o.ttft_p50_s:.2f} s")
 
 
-def appends(gains: dict[float, float]) -> str:
+def appends(gains: dict[float, float], cfg: SimConfig) -> str:
     parts = ", ".join(f"x{f:g}: {g:.2f}x" for f, g in sorted(gains.items()))
+    lo, hi = min(gains.values()), max(gains.values())
+    bw = _snic_gbs(cfg)
     return (f"speedup by append scale {parts}: longer appends mean more compute per stored byte, so storage "
-            f"weighs less and the gain shrinks; the published range is narrower and higher, as for row A's "
-            f"speedup (the same cause)")
+            f"weighs less and the gain shrinks. The unknown input is row A's: a node's storage read rate in the "
+            f"paper's runs (assumed {bw:.0f} GB/s). Basic is storage-bound at every scale, so its JCT goes as "
+            f"1 / that rate: {bw * hi / 1.99:.0f} GB/s would put the highest gain at 1.99x and "
+            f"{bw * lo / 1.82:.0f} GB/s the lowest at 1.82x")
 
 
 def snic_rr(r: SimResult, cfg: SimConfig) -> str:
@@ -135,8 +139,11 @@ def ablation_reason(row: tuple, table: list) -> tuple:
     exp, metric, pub_text, sim, pub, _ = row
     steps = ", ".join(f"{name} {jct:.0f} s" for name, jct, _, _ in table)
     why = (f"JCTs: {steps}. Without layerwise prefill a step waits for its batch's stored KV to reach HBM "
-           f"before computing; that costs what loading takes next to compute, and dual-path loading gains "
-           f"only where basic is storage-bound (row A)")
+           f"before computing; here that adds the load to each step, which costs JCT only where the prefill "
+           f"GPUs bind, and Basic is storage-bound (row A), so layerwise prefill gains little. The input we do "
+           f"not know is how the paper's engine without it holds KV: if each request's whole stored prompt must "
+           f"sit in HBM through its prefill, HBM caps the batch, which this model does not; no value of an "
+           f"input it has closes the row")
     return exp, metric, pub_text, sim, pub, why
 
 

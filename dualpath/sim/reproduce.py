@@ -98,7 +98,7 @@ def main(quick: bool = False, full: bool = False, json_path: str | None = None, 
         d = _run(replace(base, mode=DUAL, append_scale=f), log)
         gains[f] = b.jct_s / d.jct_s
     lo_g, hi_g = min(gains.values()), max(gains.values())
-    why = reasons.appends(gains)
+    why = reasons.appends(gains, base)
     rows.append(("A", "min speedup over appends x0.5, x1, x2", "1.82x", lo_g, 1.82, why))
     rows.append(("A", "max speedup over appends x0.5, x1, x2", "1.99x", hi_g, 1.99, why))
     rows.append(("B", "SNIC max/avg, round-robin", "1.53", rr.snic_max_over_avg, 1.53, reasons.snic_rr(rr, base)))
