@@ -55,13 +55,17 @@ def rates(doc: dict, cap, mesh: dict, settings: list, snic_gbit: float):
 
 def add_predictions(doc: dict, cap, mesh: dict, settings: list, snic_gbit: float,
                     lengths: dict[str, list[list[tuple[int, int]]]]) -> None:
-    """Predicted JCT beside measured on every offline row (None where it cannot be predicted)."""
+    """Predicted JCT beside measured on every offline row (None where it cannot be predicted); the
+    co-run slowdowns are the probe's, raised to what the oracle runs' engines measured where higher."""
+    from dualpath.bench.repredict import oracle_corun
     from dualpath.sim.calibrate import predict
 
     offline = [r for r in doc["runs"] if r["kind"] == "offline"]
     if not offline:
         return
     r = rates(doc, cap, mesh, settings, snic_gbit)
+    if r is not None:
+        r = oracle_corun(r, doc, lengths.get("oracle"))
     doc["prediction"] = {"rates": vars(r) if r else None, "probe": dict(getattr(cap, "rates", None) or {}),
                          "turns": lengths}  # each mode's replayed (append, gen) turns: the prediction can be rerun
     for row in offline:

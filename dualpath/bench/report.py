@@ -103,7 +103,8 @@ def _offline(doc: dict, summ: dict) -> list[str]:
                   f"per storage byte, taken from the node's engine; {pr.get('host_cores', 0)} cores shared by "
                   f"the engines, {pr.get('background_cores', 0.0):.2f} of them kept busy by the rest of the mesh; "
                   f"beside the other engine a prefill takes {pr.get('corun_prefill_slow', 1.0):.2f}x, a decode "
-                  f"step {pr.get('corun_decode_slow', 1.0):.2f}x its time alone (dualpath/sim/hostcpu.py)", ""]
+                  f"step {pr.get('corun_decode_slow', 1.0):.2f}x its time alone (dualpath/sim/hostcpu.py; the "
+                  f"probe's {_probed_corun(doc)}, raised to what the oracle runs' engines computed where more)", ""]
         without = {m: _sp(v.get("measured_over_no_sharing"), "x", 2) for m, v in summ["offline"].items()
                    if (v.get("measured_over_no_sharing") or {}).get("median") is not None}
         if without:
@@ -123,6 +124,11 @@ def _offline(doc: dict, summ: dict) -> list[str]:
     lines += [""] + [f"- storage MB read per node, {m} (median): " + " ".join(
         f"{node}:{_mb(sorted(bs)[len(bs) // 2])}" for node, bs in sorted(per.items())) for m, per in nodes.items()]
     return lines + [""]
+
+
+def _probed_corun(doc: dict) -> str:
+    pr = (doc.get("prediction") or {}).get("probe") or {}
+    return f"{pr.get('corun_prefill_slow', 1.0):.2f}x / {pr.get('corun_decode_slow', 1.0):.2f}x"
 
 
 def _online(online: list[dict]) -> list[str]:
