@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 # Fitted by `dualpath sim --fit-efficiency` (the scale below times the production shares).
-SCALE = 1.2179
+SCALE = 1.5744
 PROD_PREFILL = 0.339  # models.end_to_end(Rates(), h800), rounded; a unit test checks them
 PROD_DECODE = 0.441
 PREFILL_EFF = round(PROD_PREFILL * SCALE, 4)
