@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 # Fitted by `dualpath sim --fit-efficiency` (the scale below times the production shares).
-SCALE = 1.5744
+SCALE = 1.5546
 PROD_PREFILL = 0.339  # models.end_to_end(Rates(), h800), rounded; a unit test checks them
 PROD_DECODE = 0.441
 PREFILL_EFF = round(PROD_PREFILL * SCALE, 4)
@@ -32,8 +32,8 @@ class FitPoint:
 
 
 def effs(scale: float) -> tuple[float, float]:
-    """(prefill, decode) efficiency at `scale` times the production shares, each at most 1."""
-    return min(1.0, PROD_PREFILL * scale), min(1.0, PROD_DECODE * scale)
+    """(prefill, decode) efficiency at `scale` times the production shares, each at most 1, rounded as kept."""
+    return min(1.0, round(PROD_PREFILL * scale, 4)), min(1.0, round(PROD_DECODE * scale, 4))
 
 
 def fit(jct: Callable[[str, float, float], float], lo: float = 1.0, hi: float = 1 / PROD_DECODE,

@@ -29,14 +29,13 @@ def speedup(a: dict, cfg: SimConfig) -> str:
     t2 = _storage_s(b, cfg.P, cfg)
     need = 1.87 * d.jct_s
     bw = _snic_gbs(cfg) * b.jct_s / need  # basic is storage-bound: its JCT goes as 1 / the read rate
+    util = (cfg.P * d.link_util["p.snic_r"]["mean"] + cfg.D * d.link_util["d.snic_r"]["mean"]) / (cfg.P + cfg.D)
     return (f"basic reads {_read_tb(b):.0f} TB through {cfg.P} prefill SNICs ({t2:.0f} s at {_snic_gbs(cfg):.0f} "
             f"GB/s each; PE SNICs {b.link_util['p.snic_r']['mean']:.0%} busy, JCT {b.jct_s:.0f} s): storage-bound, "
             f"so its JCT goes as 1 / a node's storage read rate. dualpath {d.jct_s:.0f} s sits "
             f"{d.jct_s / o.jct_s:.2f}x oracle ({o.jct_s:.0f} s). The unknown input is the rate 3FS reads at per "
             f"node in the paper's runs (assumed here: 90% of the 400 Gbps SNIC): at {bw:.0f} GB/s basic would take "
-            f"{need:.0f} s, 1.87x dualpath (dualpath, its SNICs "
-            f"{(cfg.P * d.link_util['p.snic_r']['mean'] + cfg.D * d.link_util['d.snic_r']['mean']) / (cfg.P + cfg.D):.0%}"
-            f" busy, would move less)")
+            f"{need:.0f} s, 1.87x dualpath (dualpath, its SNICs {util:.0%} busy, would move less)")
 
 
 def oracle_gap(a: dict, cfg: SimConfig) -> str:
