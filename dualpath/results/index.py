@@ -10,7 +10,7 @@ SIM_MODES = ",".join((LoadMode.BASIC, LoadMode.DUALPATH, LoadMode.ORACLE, SGLANG
 OUT = "docs/results/data"
 RECIPES = [  # (report, command, how long on 2 cores)
     ("bench-tiny", f".venv/bin/dualpath bench --up --model tiny --snic-gbit 0.1 --trace gen:32k --agents 12 "
-                   f"--scale 0.06 --max-turns 8 --offline --json {OUT}/bench-tiny.json", "under a minute"),
+                   f"--scale 0.06 --max-turns 8 --offline --repeat 3 --json {OUT}/bench-tiny.json", "~1.5 min"),
     ("bench-smollm2", f".venv/bin/dualpath bench --up --model smollm2 --snic-gbit 0.05 --trace gen:32k --agents 8 "
                       f"--scale 0.03 --max-turns 6 --kv-blocks 512 --buffer-mb 1024 "
                       f"--set scheduler.pe-beta-tokens=32768 --offline --repeat 3 --json {OUT}/bench-smollm2.json",
@@ -21,9 +21,9 @@ RECIPES = [  # (report, command, how long on 2 cores)
                           f"--json {OUT}/bench-online-tiny.json", "~25 min"),
     ("sim-2p4d", f".venv/bin/dualpath sim --topology 2P4D --trace gen:64k --agents 200 --offline "
                  f"--modes {SIM_MODES} --json {OUT}/sim-2p4d.json", "~1 min"),
-    ("sim-reproduce", f".venv/bin/dualpath sim --reproduce --no-online --json {OUT}/sim-reproduce.json", "~30 min"),
+    ("sim-reproduce", f".venv/bin/dualpath sim --reproduce --no-online --json {OUT}/sim-reproduce.json", "~10 min"),
     ("sim-reproduce-quick", f".venv/bin/dualpath sim --reproduce --quick --no-online "
-                            f"--json {OUT}/sim-reproduce-quick.json", "~15 min"),
+                            f"--json {OUT}/sim-reproduce-quick.json", "~3 min"),
     ("fleet", f".venv/bin/python -m dualpath.bench.fleet --engines 96 384 1152 --load 0.02 --warmup-s 10 "
               f"--measure-s 20 --idle-s 8 --json {OUT}/fleet.json", "~8 min"),
     ("fleet-core", f".venv/bin/python -m dualpath.bench.fleet --core-only --engines 1152 --load 1.0 --warmup-s 10 "
