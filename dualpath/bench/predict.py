@@ -59,13 +59,14 @@ def add_predictions(doc: dict, cap, mesh: dict, settings: list, snic_gbit: float
     co-run slowdowns are the probe's, raised to what the oracle runs' engines measured where higher."""
     from dualpath.bench.repredict import oracle_corun
     from dualpath.sim.calibrate import predict
+    from shared.messages.codes import LoadMode
 
     offline = [r for r in doc["runs"] if r["kind"] == "offline"]
     if not offline:
         return
     r = rates(doc, cap, mesh, settings, snic_gbit)
     if r is not None:
-        r = oracle_corun(r, doc, lengths.get("oracle"))
+        r = oracle_corun(r, doc, lengths.get(LoadMode.ORACLE))
     doc["prediction"] = {"rates": vars(r) if r else None, "probe": dict(getattr(cap, "rates", None) or {}),
                          "turns": lengths}  # each mode's replayed (append, gen) turns: the prediction can be rerun
     for row in offline:

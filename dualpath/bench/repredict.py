@@ -10,6 +10,7 @@ import statistics
 from dataclasses import replace
 
 from dualpath.sim.calibrate import MeshRates, simulate
+from shared.messages.codes import LoadMode
 
 ROUNDS = 12  # secant steps of the oracle fit
 TOL = 0.002  # relative: the fit's busy seconds this close to the measured ones
@@ -21,7 +22,7 @@ def _offline(doc: dict, mode: str) -> list[dict]:
 
 def oracle_busy(doc: dict) -> tuple[float, float] | None:
     """Median (prefill, decode) compute seconds of the oracle runs, summed over engines; None without."""
-    rows = [r for r in _offline(doc, "oracle") if (r.get("usage") or {}).get("prefill_s")]
+    rows = [r for r in _offline(doc, LoadMode.ORACLE) if (r.get("usage") or {}).get("prefill_s")]
     if not rows:
         return None
     pe = statistics.median(sum(r["usage"]["prefill_s"].values()) for r in rows)
@@ -46,10 +47,10 @@ def corun_from_oracle(r: MeshRates, turns: list, measured: tuple[float, float],
     """`r` with the co-run slowdowns (each >= its `floor`) that give the simulated oracle run the `measured`
     (prefill, decode) compute seconds; each found by secant steps, the other held at its last value."""
     lo_p, lo_d = floor
-    prev = (lo_p, lo_d, *busy_s(replace(r, corun_prefill_slow=lo_p, corun_decode_slow=lo_d), turns, "oracle"))
+    prev = (lo_p, lo_d, *busy_s(replace(r, corun_prefill_slow=lo_p, corun_decode_slow=lo_d), turns, LoadMode.ORACLE))
     kp, kd = (max(lo, lo * m / b) if b > 0 else lo for lo, m, b in zip(floor, measured, prev[2:]))
     for _ in range(ROUNDS):
-        pe, de = busy_s(replace(r, corun_prefill_slow=kp, corun_decode_slow=kd), turns, "oracle")
+        pe, de = busy_s(replace(r, corun_prefill_slow=kp, corun_decode_slow=kd), turns, LoadMode.ORACLE)
         if abs(pe / measured[0] - 1) < TOL and abs(de / measured[1] - 1) < TOL:
             break
         nkp = _secant(prev[0], prev[2], kp, pe, measured[0], lo_p)
@@ -77,7 +78,7 @@ def stored_rates(doc: dict) -> MeshRates | None:
     probe = pred.get("probe") or {}
     r = replace(MeshRates(**pred["rates"]), corun_prefill_slow=probe.get("corun_prefill_slow", 1.0),
                 corun_decode_slow=probe.get("corun_decode_slow", 1.0))  # the probe's: a report may hold raised ones
-    return oracle_corun(r, doc, (pred.get("turns") or {}).get("oracle"))
+    return oracle_corun(r, doc, (pred.get("turns") or {}).get(LoadMode.ORACLE))
 
 
 def repredict(doc: dict) -> dict[str, dict[str, float]]:

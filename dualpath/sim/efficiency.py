@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from shared.messages.codes import LoadMode
+
 # Fitted by `dualpath sim --fit-efficiency` (the scale below times the production shares).
 SCALE = 1.5546
 PROD_PREFILL = 0.339  # models.end_to_end(Rates(), h800), rounded; a unit test checks them
@@ -47,7 +49,7 @@ def fit(jct: Callable[[str, float, float], float], lo: float = 1.0, hi: float = 
 
     def at(s: float) -> FitPoint:
         p, d = effs(s)
-        pt = FitPoint(s, jct("dualpath", p, d), jct("oracle", p, d))
+        pt = FitPoint(s, jct(LoadMode.DUALPATH, p, d), jct(LoadMode.ORACLE, p, d))
         points.append(pt)
         say(f"  scale {s:.3f} (prefill {p:.3f}, decode {d:.3f}): dualpath {pt.dualpath_s:.0f} s, "
             f"oracle {pt.oracle_s:.0f} s, ratio {pt.ratio:.3f}")
