@@ -162,6 +162,7 @@ def summary(rows: list[dict]) -> dict:
             "jct_over_bound": spread(r.get("jct_over_bound") for r in rs),
             "predicted_jct_s": spread(r.get("predicted_jct_s") for r in rs),
             "measured_over_predicted": spread(r.get("measured_over_predicted") for r in rs),
+            "measured_over_probe_only": spread(r.get("measured_over_probe_only") for r in rs),
             "measured_over_no_sharing": spread(r["jct_s"] / r["predicted_no_sharing_jct_s"] for r in rs
                                                if r.get("predicted_no_sharing_jct_s")),
             "hit_ratio": spread(r["hit_ratio"] for r in rs),

@@ -1,7 +1,8 @@
 """The simulator's prediction of an offline bench run: each mode's JCT from the rates the bench probed.
 
-Puts `predicted_jct_s` and `measured_over_predicted` on each offline row (None when nothing was
-probed); with the CPU probe, also `predicted_no_sharing_jct_s` (engines on cores of their own).
+Puts `predicted_jct_s` and `measured_over_predicted` on each offline row (None when nothing was probed),
+the same at the probe's co-run slowdowns alone (`*_probe_only`), and with the CPU probe
+`predicted_no_sharing_jct_s` (engines on cores of their own); the rows' rule: dualpath/bench/repredict.py.
 """
 from __future__ import annotations
 
@@ -55,31 +56,14 @@ def rates(doc: dict, cap, mesh: dict, settings: list, snic_gbit: float):
 
 def add_predictions(doc: dict, cap, mesh: dict, settings: list, snic_gbit: float,
                     lengths: dict[str, list[list[tuple[int, int]]]]) -> None:
-    """Predicted JCT beside measured on every offline row (None where it cannot be predicted); the
-    co-run slowdowns are the probe's, raised to what the oracle runs' engines measured where higher."""
-    from dualpath.bench.repredict import oracle_corun
-    from dualpath.sim.calibrate import predict
-    from shared.messages.codes import LoadMode
+    """Predicted JCT beside measured on every offline row (None where it cannot be predicted); a row of
+    repeat k takes the probe's co-run slowdowns raised to what the OTHER repeats' oracle runs measured."""
+    from dualpath.bench.repredict import predict_rows
 
-    offline = [r for r in doc["runs"] if r["kind"] == "offline"]
-    if not offline:
+    if not any(r["kind"] == "offline" for r in doc["runs"]):
         return
     r = rates(doc, cap, mesh, settings, snic_gbit)
-    if r is not None:
-        r = oracle_corun(r, doc, lengths.get(LoadMode.ORACLE))
-    doc["prediction"] = {"rates": vars(r) if r else None, "probe": dict(getattr(cap, "rates", None) or {}),
+    doc["prediction"] = {"rates": vars(r) if r else None,  # at the probe's slowdowns; each repeat's: corun_by_repeat
+                         "probe": dict(getattr(cap, "rates", None) or {}),
                          "turns": lengths}  # each mode's replayed (append, gen) turns: the prediction can be rerun
-    for row in offline:
-        row["predicted_jct_s"] = row["measured_over_predicted"] = None
-        row["predicted_no_sharing_jct_s"] = None
-    if r is None:
-        return
-    for row in offline:
-        turns = lengths.get(row["mode"])
-        if not turns:
-            continue
-        got = predict(r, turns, [row["mode"]])[row["mode"]]
-        row["predicted_jct_s"] = got
-        row["measured_over_predicted"] = row["jct_s"] / got if got else None
-        if r.kv_cpu_s_per_byte or r.host_cores:  # what the simulator predicts when the KV path has cores of its own
-            row["predicted_no_sharing_jct_s"] = predict(r, turns, [row["mode"]], shared_cores=False)[row["mode"]]
+    predict_rows(doc, r, lengths)

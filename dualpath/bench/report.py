@@ -78,38 +78,20 @@ def _offline(doc: dict, summ: dict) -> list[str]:
     what = f"medians of {n} runs [min-max]" if n > 1 else "one run"
     lines = [f"## Offline (all agents start together; closed loop per agent; {what})", "",
              "| mode | JCT s | lower bound s | JCT/bound | bound set by | simulator's prediction s "
-             "| measured/predicted | hit ratio | storage read max/avg |", "|---|---|---|---|---|---|---|---|---|"]
+             "| measured/predicted | measured/predicted, the probe's co-run alone | hit ratio | storage read max/avg |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for m, v in summ["offline"].items():
         lines.append(f"| {m} | {_sp(v['jct_s'])} | {_sp(v['bound_s'])} | {_sp(v['jct_over_bound'], 'x', 2)} "
                      f"| {TERM_NAMES.get(v['limit'], v['limit'] or 'n/a')} | {_sp(v.get('predicted_jct_s'))} "
-                     f"| {_sp(v.get('measured_over_predicted'), 'x', 2)} | {_sp(v['hit_ratio'])} "
+                     f"| {_sp(v.get('measured_over_predicted'), 'x', 2)} "
+                     f"| {_sp(v.get('measured_over_probe_only'), 'x', 2)} | {_sp(v['hit_ratio'])} "
                      f"| {_sp(v['read_max_over_avg'], 'x', 2)} |")
     lines += ["", "Lower bound = the largest of its terms (seconds; medians), each a resource the run needs "
               "(dualpath/bench/bound.py):", "",
               "| mode | " + " | ".join(TERM_NAMES.values()) + " |", "|---" * (len(TERM_NAMES) + 1) + "|"]
     for m, v in summ["offline"].items():
         lines.append(f"| {m} | " + " | ".join(_f((v["terms"][k] or {}).get("median")) for k in TERM_NAMES) + " |")
-    lines += ["", "Prediction: `dualpath sim` replaying the same turns on a cluster of this mesh's shape, fitted "
-              "to the probed rates (dualpath/sim/calibrate.py).", ""]
-    pr = (doc.get("prediction") or {}).get("rates")
-    if pr:
-        lines += [f"- probed: prefill {pr['prefill_tok_s']:.0f} tok/s + {pr['turn_overhead_s'] * 1e3:.0f} ms a "
-                  f"turn; decode step {pr['decode_step_s'] * 1e3:.1f} ms + {pr['decode_per_seq_s'] * 1e3:.1f} ms "
-                  f"per further sequence + {pr.get('decode_per_ctx_s', 0.0) * 1e6:.2f} us per context token; "
-                  f"KV {pr['kv_bytes_per_token']:.0f} B/token; storage NIC "
-                  f"{(pr['snic_bytes_s'] or 0) / 1e6:.1f} MB/s per node; data plane "
-                  f"{pr['data_plane_bytes_s'] / 1e9:.2f} GB/s; alpha {pr['alpha_tokens']}, beta "
-                  f"{pr['beta_tokens']} tokens; KV path's CPU {pr.get('kv_cpu_s_per_byte', 0.0) * 1e9:.1f} ns "
-                  f"per storage byte, taken from the node's engine; {pr.get('host_cores', 0)} cores shared by "
-                  f"the engines, {pr.get('background_cores', 0.0):.2f} of them kept busy by the rest of the mesh; "
-                  f"beside the other engine a prefill takes {pr.get('corun_prefill_slow', 1.0):.2f}x, a decode "
-                  f"step {pr.get('corun_decode_slow', 1.0):.2f}x its time alone (dualpath/sim/hostcpu.py; the "
-                  f"probe's {_probed_corun(doc)}, raised to what the oracle runs' engines computed where more)", ""]
-        without = {m: _sp(v.get("measured_over_no_sharing"), "x", 2) for m, v in summ["offline"].items()
-                   if (v.get("measured_over_no_sharing") or {}).get("median") is not None}
-        if without:
-            lines += ["- measured/predicted without shared cores (the KV path and each engine on cores of its own): "
-                      + "; ".join(f"{m} {s}" for m, s in without.items()), ""]
+    lines += _prediction(doc, summ)
     names = {"speedup": "speed-up (basic JCT / its JCT)", "bound_ratio": "ratio of the bounds (basic / its)",
              "of_bound_ratio": "speed-up / bound ratio", "jct_ratio": "JCT / oracle JCT"}
     for pair, vals in summ.get("pairs", {}).items():
@@ -126,7 +108,49 @@ def _offline(doc: dict, summ: dict) -> list[str]:
     return lines + [""]
 
 
-def _probed_corun(doc: dict) -> str:
+def _prediction(doc: dict, summ: dict) -> list[str]:
+    """The rates the prediction took, its co-run slowdowns and the modes' measured/predicted without shared cores."""
+    lines = ["", "Prediction: `dualpath sim` replaying the same turns on a cluster of this mesh's shape, fitted "
+             "to the probed rates (dualpath/sim/calibrate.py).", ""]
+    pr = (doc.get("prediction") or {}).get("rates")
+    if not pr:
+        return lines
+    lines += [f"- probed: prefill {pr['prefill_tok_s']:.0f} tok/s + {pr['turn_overhead_s'] * 1e3:.0f} ms a "
+              f"turn; decode step {pr['decode_step_s'] * 1e3:.1f} ms + {pr['decode_per_seq_s'] * 1e3:.1f} ms "
+              f"per further sequence + {pr.get('decode_per_ctx_s', 0.0) * 1e6:.2f} us per context token; "
+              f"KV {pr['kv_bytes_per_token']:.0f} B/token; storage NIC "
+              f"{(pr['snic_bytes_s'] or 0) / 1e6:.1f} MB/s per node; data plane "
+              f"{pr['data_plane_bytes_s'] / 1e9:.2f} GB/s; alpha {pr['alpha_tokens']}, beta "
+              f"{pr['beta_tokens']} tokens; KV path's CPU {pr.get('kv_cpu_s_per_byte', 0.0) * 1e9:.1f} ns "
+              f"per storage byte, taken from the node's engine; {pr.get('host_cores', 0)} cores shared by "
+              f"the engines, {pr.get('background_cores', 0.0):.2f} of them kept busy by the rest of the mesh; "
+              + _corun_text(doc, pr), ""]
+    without = {m: _sp(v.get("measured_over_no_sharing"), "x", 2) for m, v in summ["offline"].items()
+               if (v.get("measured_over_no_sharing") or {}).get("median") is not None}
+    if without:
+        lines += ["- measured/predicted without shared cores (the KV path and each engine on cores of its own): "
+                  + "; ".join(f"{m} {s}" for m, s in without.items()), ""]
+    return lines
+
+
+def _corun_text(doc: dict, pr: dict) -> str:
+    """How much slower each engine computes beside the other: the probe's, and what each repeat took."""
+    each = (doc.get("prediction") or {}).get("corun_by_repeat")
+    if each is None:  # an older report: raised to what all its oracle runs computed (in sample)
+        return (f"beside the other engine a prefill takes {pr.get('corun_prefill_slow', 1.0):.2f}x, a decode "
+                f"step {pr.get('corun_decode_slow', 1.0):.2f}x its time alone (dualpath/sim/hostcpu.py; the "
+                f"probe's {probed_corun(doc)}, raised to what the oracle runs' engines computed where more)")
+    return (f"beside the other engine a prefill and a decode step take {probed_corun(doc)} their time alone as "
+            f"probed (dualpath/sim/hostcpu.py); each repeat's prediction raises these, where more, to what the "
+            f"oracle runs of the OTHER repeats computed (one repeat: the probe's alone): {corun_taken(each)}")
+
+
+def corun_taken(each: dict) -> str:
+    """"repeat 0 1.50x / 1.20x, ...": the co-run slowdowns (prefill / decode step) each repeat's prediction took."""
+    return ", ".join(f"repeat {k} {p:.2f}x / {d:.2f}x" for k, (p, d) in sorted(each.items(), key=lambda x: int(x[0])))
+
+
+def probed_corun(doc: dict) -> str:
     pr = (doc.get("prediction") or {}).get("probe") or {}
     return f"{pr.get('corun_prefill_slow', 1.0):.2f}x / {pr.get('corun_decode_slow', 1.0):.2f}x"
 

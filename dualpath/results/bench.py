@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dualpath.bench.metrics import run_name, spread, summary
-from dualpath.bench.report import TERM_NAMES, node_label
+from dualpath.bench.report import TERM_NAMES, corun_taken, node_label, probed_corun
 from dualpath.results.common import GLOSSARY, num, table
 from shared.messages.codes import LoadMode
 
@@ -15,7 +15,8 @@ TITLE = "Bench: a real mesh on this machine"
 INTRO = [f"Each section is one `dualpath bench` report (terms: {GLOSSARY}).",
          "Offline, all agents start together: per mode the JCT beside its physical lower bound (the largest",
          "of the resources the run needed, and which one set it), TTFT and TPOT percentiles, storage MB read per",
-         "node, and the simulator's prediction from the rates the bench probed on the mesh; medians when a report",
+         "node, and the simulator's prediction from the rates the bench probed on the mesh (each repeat's co-run",
+         "slowdowns raised to what the other repeats' oracle runs measured: out of sample); medians when a report",
          "repeated its runs. Online, Poisson arrivals: per mode and load level the percentiles, the SLO",
          "attainment and whether the level held."]
 
@@ -62,15 +63,31 @@ def offline(doc: dict) -> list[str]:
              f"{num(_median(by.get(m, []), 'ttft_p50_s'))} / {num(_median(by.get(m, []), 'ttft_p99_s'))}",
              f"{num(_ms(_median(by.get(m, []), 'tpot_p50_s')), 1)} / "
              f"{num(_ms(_median(by.get(m, []), 'tpot_p99_s')), 1)}",
-             _reads(by.get(m, []), roles), num((v.get("predicted_jct_s") or {}).get("median"))]
+             _reads(by.get(m, []), roles), num((v.get("predicted_jct_s") or {}).get("median")), _over(v)]
             for m, v in doc["summary"]["offline"].items()]
     out = table(["mode", "JCT s", "bound s", "JCT/bound", "bound set by", "TTFT p50 / p99 s", "TPOT p50 / p99 ms",
-                 "storage MB read per node", "simulator's JCT s"], rows)
+                 "storage MB read per node", "simulator's JCT s", "measured/predicted (the probe's co-run alone)"],
+                rows) + _corun(doc)
     names = {"speedup": "speed-up", "bound_ratio": "ratio of the bounds", "of_bound_ratio": "speed-up / bound ratio",
              "jct_ratio": "JCT ratio"}
     for pair, vals in (doc["summary"].get("pairs") or {}).items():
         out.append(f"- {pair}: " + "; ".join(f"{names.get(k, k)} {num(s['median'], 2, 'x')}" for k, s in vals.items()))
     return out + [""] if doc["summary"].get("pairs") else out
+
+
+def _over(v: dict) -> str:
+    """Median measured/predicted, and in brackets the same at the probe's co-run slowdowns alone."""
+    got, alone = ((v.get(k) or {}).get("median") for k in ("measured_over_predicted", "measured_over_probe_only"))
+    return num(got, 2, "x") + (f" ({num(alone, 2, 'x')})" if alone is not None else "")
+
+
+def _corun(doc: dict) -> list[str]:
+    """The co-run slowdowns the prediction took: the probe's, raised per repeat to the other repeats' oracle runs."""
+    each = (doc.get("prediction") or {}).get("corun_by_repeat")
+    if not each:
+        return []
+    return [f"Co-run slowdowns (prefill / decode step): the probe's {probed_corun(doc)}; each repeat's prediction "
+            f"raises them to what the other repeats' oracle runs computed: {corun_taken(each)}.", ""]
 
 
 def _reads(rows: list[dict], roles: dict) -> str:

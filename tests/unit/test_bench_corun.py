@@ -1,12 +1,14 @@
 """The co-run probe (dualpath/bench/corun.py) and stored reports predicted again (dualpath/bench/repredict.py).
 
 The rate probe times each engine alone; on one host the engines computing at once slow each
-other beyond time-slicing. The probe's figures, or a stored report's oracle runs, give that slowdown.
+other beyond time-slicing. The probe's figures, raised for each repeat to what the other repeats'
+oracle runs show, give that slowdown.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -16,8 +18,9 @@ import pytest
 
 from dualpath.bench import corun
 from dualpath.bench.corun import probe_corun, split_steps
-from dualpath.bench.repredict import busy_s, corun_from_oracle, repredict, stored_rates
-from dualpath.sim.calibrate import MeshRates
+from dualpath.bench.repredict import base_rates, busy_s, corun_from_oracle, oracle_busy, predict_rows, repredict, \
+    stored_rates
+from dualpath.sim.calibrate import MeshRates, simulate
 
 pytestmark = pytest.mark.unit
 
@@ -102,8 +105,62 @@ def _doc(probe: dict, measured: tuple[float, float] = (2.0, 5.0)) -> dict:
 def test_an_older_report_takes_its_oracle_runs():
     fitted = stored_rates(_doc({}))
     assert busy_s(fitted, AGENTS, "oracle") == pytest.approx((2.0, 5.0), rel=0.01)
-    assert repredict(_doc({}))["oracle"]["predicted_jct_s"] > repredict(_doc({}, busy_s(RATES, AGENTS, "oracle")))[
-        "oracle"]["predicted_jct_s"]
+
+
+def _repeats(probe: dict, measured: list[tuple[float, float]]) -> dict:
+    """`_doc` with one oracle and one basic row a repeat, repeat k's oracle engines having computed measured[k]."""
+    doc = _doc(probe)
+    doc["runs"] = [{"mode": mode, "kind": "offline", "jct_s": 9.0, "repeat": k,
+                    "usage": {"prefill_s": {"p0": m[0]}, "decode_s": {"d1": m[1]}}}
+                   for k, m in enumerate(measured) for mode in ("oracle", "basic")]
+    doc["prediction"]["turns"]["basic"] = AGENTS
+    return doc
+
+
+def _predicted(doc: dict) -> dict[tuple[int, str], float]:
+    predict_rows(doc, base_rates(doc), doc["prediction"]["turns"])
+    return {(r["repeat"], r["mode"]): r["predicted_jct_s"] for r in doc["runs"]}
+
+
+SLOW = busy_s(replace(RATES, corun_prefill_slow=1.5, corun_decode_slow=1.8), AGENTS, "oracle")
+SLOWER = busy_s(replace(RATES, corun_prefill_slow=2.5, corun_decode_slow=2.8), AGENTS, "oracle")
+
+
+def test_a_repeats_prediction_does_not_read_its_own_oracle_runs():
+    before = _predicted(_repeats({}, [SLOW, SLOW]))
+    after = _predicted(_repeats({}, [SLOWER, SLOW]))  # only repeat 0's engines measured more
+    for mode in ("oracle", "basic"):
+        assert after[0, mode] == before[0, mode]
+        assert after[1, mode] > before[1, mode]
+
+
+def test_each_repeat_takes_the_slowdowns_the_other_repeats_oracle_runs_show():
+    doc = _repeats({"corun_prefill_slow": 1.1, "corun_decode_slow": 1.2}, [SLOW, busy_s(RATES, AGENTS, "oracle")])
+    assert oracle_busy(doc, exclude_repeat=1) == SLOW and oracle_busy(doc, exclude_repeat=0) != SLOW
+    _predicted(doc)
+    (p0, d0), (p1, d1) = (doc["prediction"]["corun_by_repeat"][k] for k in ("0", "1"))
+    assert (p0, d0) == (1.1, 1.2)  # repeat 1's engines computed less than the probe says: the probe's
+    assert p1 == pytest.approx(1.5, rel=0.02) and d1 == pytest.approx(1.8, rel=0.02)  # repeat 0's
+    assert stored_rates(doc, 0).corun_decode_slow == d0 and stored_rates(doc, 1).corun_decode_slow == d1
+
+
+def test_with_one_repeat_the_prediction_takes_the_probes_slowdowns():
+    doc = _repeats({"corun_prefill_slow": 1.1, "corun_decode_slow": 1.2}, [SLOWER])
+    got = _predicted(doc)
+    assert doc["prediction"]["corun_by_repeat"] == {"0": [1.1, 1.2]}
+    probed = replace(RATES, corun_prefill_slow=1.1, corun_decode_slow=1.2)
+    assert got[0, "oracle"] == simulate(probed, AGENTS, "oracle").jct_s
+    assert repredict(doc)["oracle"]["measured_over_probe_only"] == repredict(doc)["oracle"]["measured_over_predicted"]
+
+
+def test_repredict_gives_the_medians_of_the_rows_predictions_and_leaves_the_report_as_it_is():
+    doc = _repeats({}, [SLOW, SLOWER, SLOW])
+    got = repredict(doc)
+    assert "predicted_jct_s" not in doc["runs"][0]
+    rows = _predicted(doc)
+    assert got["oracle"]["predicted_jct_s"] == statistics.median(rows[k, "oracle"] for k in range(3))
+    assert got["basic"]["measured_over_probe_only"] == 9.0 / simulate(RATES, AGENTS, "basic").jct_s
+    assert got["basic"]["measured_over_predicted"] < got["basic"]["measured_over_probe_only"]
 
 
 def test_probed_slowdowns_are_raised_to_what_the_oracle_runs_engines_measured():

@@ -61,6 +61,25 @@ def test_offline_report_shows_the_simulators_prediction_beside_the_measured_jct(
     assert "- probed: prefill 2000 tok/s + 20 ms a turn; decode step 10.0 ms" in text
 
 
+def test_offline_report_gives_each_repeats_slowdowns_and_the_probes_alone_beside_measured_over_predicted():
+    runs = [_run("basic", jct=j, repeat=k) for k, j in enumerate((12.0, 10.0))]
+    for r, pred, alone in zip(runs, (10.0, 12.5), (8.0, 8.0)):
+        r.update(predicted_jct_s=pred, measured_over_predicted=r["jct_s"] / pred, predicted_probe_only_jct_s=alone,
+                 measured_over_probe_only=r["jct_s"] / alone)
+    rates = {"prefill_tok_s": 2000.0, "turn_overhead_s": 0.02, "decode_step_s": 0.01, "decode_per_seq_s": 0.001,
+             "kv_bytes_per_token": 2048.0, "snic_bytes_s": 2.1e7, "data_plane_bytes_s": 3e9, "alpha_tokens": 1,
+             "beta_tokens": 2, "corun_prefill_slow": 1.1, "corun_decode_slow": 1.0}
+    pred = {"rates": rates, "probe": {"corun_prefill_slow": 1.1, "corun_decode_slow": 1.0},
+            "corun_by_repeat": {"1": [1.6, 1.45], "0": [1.5, 1.2]}}
+    text = markdown(_doc(runs, repeat=2, prediction=pred))
+    assert "| measured/predicted | measured/predicted, the probe's co-run alone |" in text
+    assert "| 11.250 [10.000-12.500] | 1.00x [0.80-1.20] | 1.38x [1.25-1.50] |" in text
+    assert "take 1.10x / 1.00x their time alone as probed" in text
+    assert "oracle runs of the OTHER repeats computed (one repeat: the probe's alone): repeat 0 1.50x / 1.20x, " \
+           "repeat 1 1.60x / 1.45x" in text
+    assert "raised to what the oracle runs' engines computed where more" not in text  # an older report's wording
+
+
 def test_online_report_has_levels_the_failed_term_and_the_capacity_ratio():
     runs = [_run("dualpath", "online", 0.5), _run("dualpath", "online", 1.0), _run("basic", "online", 0.5)]
     runs[1].update(slo_holds=False, slo_failed="tpot")

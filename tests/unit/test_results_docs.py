@@ -13,8 +13,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from dualpath.bench.metrics import summary
 from dualpath.results import pages
 from dualpath.results.__main__ import main as results_main
+from dualpath.results.bench import offline
 from dualpath.results.common import ReportError, header
 from shared.benchrun import command_line, machine, start
 
@@ -81,6 +83,8 @@ def test_the_bench_page_has_each_modes_figures_and_the_plots(written):
     assert "| basic | 20.40 | 17.00 | 1.20x | storage read | 0.43 / 1.84 | 12.0 / 31.0 | p0 (prefill) 1.50, " \
            "d0 (decode) 0.00 | 19.00 |" in bench
     assert "| oracle | 10.90 | 8.00 | 1.36x | decode compute |" in bench
+    assert "| simulator's JCT s | measured/predicted (the probe's co-run alone) |" in bench
+    assert "| 10.10 | 1.08x |" in bench  # an older report: no figures at the probe's slowdowns alone
     assert "- dualpath/basic: speed-up 1.67x; ratio of the bounds 1.87x" in bench
     assert "Setup: model tiny, 1P1D, trace gen:32k, 12 agents, scale 0.06, storage NIC 0.1 Gbit/s per node" in bench
     for png in ("jct_by_mode", "storage_read_bytes"):
@@ -90,6 +94,19 @@ def test_the_bench_page_has_each_modes_figures_and_the_plots(written):
     assert "| basic | 0.500 | 48 | 0.80 / 1.80 | 12.0 / 31.0 | 0.95 | no (ttft) |" in online
     assert "basic 0.250 APS, dualpath 0.500 APS." in online and "Over basic: dualpath 2.00x." in online
     assert "![ttft_tpot_vs_aps](img/bench-online-tiny/ttft_tpot_vs_aps.png)" in online
+
+
+def test_the_bench_page_gives_the_probes_slowdowns_alone_and_each_repeats():
+    rows = [{"mode": "oracle", "kind": "offline", "jct_s": 2.0, "repeat": k, "hit_ratio": 0.9,
+             "predicted_jct_s": 2.0 / x, "measured_over_predicted": x, "predicted_probe_only_jct_s": 1.6,
+             "measured_over_probe_only": 1.25} for k, x in enumerate((1.02, 1.08))]
+    doc = {"runs": rows, "summary": summary(rows), "prediction": {
+        "probe": {"corun_prefill_slow": 1.61, "corun_decode_slow": 1.0}, "corun_by_repeat": {"0": [1.6, 1.4],
+                                                                                          "1": [1.62, 1.5]}}}
+    text = "\n".join(offline(doc))
+    assert "| 1.05x (1.25x) |" in text
+    assert "the probe's 1.61x / 1.00x; each repeat's prediction raises them to what the other repeats' oracle runs " \
+           "computed: repeat 0 1.60x / 1.40x, repeat 1 1.62x / 1.50x." in text
 
 
 def test_the_sim_page_puts_published_beside_simulated_with_the_gap(written):
