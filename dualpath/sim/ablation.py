@@ -11,6 +11,12 @@ from dualpath.sim.config import SimConfig
 from shared.messages.codes import LoadMode
 
 PUBLISHED = (None, -17.21, -38.19, -45.62)  # % JCT change from Basic, 660B, 64K
+# Free HBM per prefill GPU (GB) at which "+ layerwise prefill" reaches the published -17.21%, found at full
+# scale (2,000 agents) by running Basic at a few caps (`--pe-free-hbm`) against "+ layerwise" (5116 s):
+# HBM_SWEEP's (GB, Basic JCT s), then linear interpolation between 1.15 and 2.0 GB to 5116 / (1 - 0.1721) s.
+SWEEP_LAYERWISE_S = 5116.0
+HBM_SWEEP = ((9.16, 5130.0), (2.0, 5870.0), (1.15, 6389.0), (0.001, 6596.0))  # 9.16: physical; 0.001: 1 req/batch
+CLOSING_PE_FREE_HBM_GB = 1.5
 STEPS = (
     ("Basic", dict(mode=LoadMode.BASIC, layerwise=False, assign="rr")),
     ("+ layerwise prefill", dict(mode=LoadMode.BASIC, layerwise=True, assign="rr")),
@@ -23,9 +29,9 @@ def configs(base: SimConfig) -> list[tuple[str, SimConfig]]:
     return [(name, replace(base, **kw)) for name, kw in STEPS]
 
 
-def base_config(quick: bool) -> SimConfig:
+def base_config(quick: bool, pe_free_hbm_gb: float = 0.0) -> SimConfig:
     return SimConfig(model="ds-v3.2-660b", P=2, D=4, trace="gen:64k", agents=400 if quick else 2000,
-                     scale=0.25 if quick else 1.0)
+                     scale=0.25 if quick else 1.0, pe_free_hbm_gb=pe_free_hbm_gb)
 
 
 def rows(jcts: list[float]) -> list[tuple[str, float, float, float | None]]:
@@ -43,14 +49,17 @@ def format_rows(table: list[tuple[str, float, float, float | None]]) -> str:
     return "\n".join(out)
 
 
-def main(quick: bool = False, run=None) -> list[tuple[str, float, float, float | None]]:
+def main(quick: bool = False, run=None, pe_free_hbm_gb: float = 0.0) -> list[tuple[str, float, float, float | None]]:
     from dualpath.sim.engine import run_sim
 
     run = run or run_sim
     jcts = []
-    for name, cfg in configs(base_config(quick)):
+    for name, cfg in configs(base_config(quick, pe_free_hbm_gb)):
         r = run(cfg)
-        print(f"  {name}: JCT {r.jct_s:.0f} s", flush=True)
+        cap = r.hbm_cap
+        hbm = (f" (HBM holds {cap['tokens']:,.0f} KV tokens per prefill GPU, {cap['gb']:.1f} GB: it cut "
+               f"{cap['cut_share']:.0%} of {cap['steps']:.0f} steps)") if cap else ""
+        print(f"  {name}: JCT {r.jct_s:.0f} s{hbm}", flush=True)
         jcts.append(r.jct_s)
     table = rows(jcts)
     print(format_rows(table))

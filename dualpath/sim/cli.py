@@ -38,8 +38,7 @@ def register(subparsers) -> None:
     p.add_argument("--read-near-tie", type=float, default=NEAR_TIE, metavar="FRACTION",
                    help="dualpath mode: read queues within FRACTION of the longer one count as a tie, "
                         "going to the node given fewer tokens (0 = exact ties only)")
-    p.add_argument("--no-layerwise", action="store_true",
-                   help="load each request's stored KV into HBM before its compute (no layerwise overlap)")
+    _layerwise_args(p)
     p.add_argument("--model-traffic", type=float, default=1.0,
                    help="scale of the model's collectives on the CNICs (EP all-to-all, TP all-reduce); 0 = none")
     p.add_argument("--pe-ep-nodes", type=int, default=2, help="nodes of one prefill EP domain (step unit)")
@@ -72,6 +71,14 @@ def register(subparsers) -> None:
     p.add_argument("--pd-window", action="store_true",
                    help="P/D window sweep per hardware preset (docs/concepts/design.md#the-pd-ratio-window)")
     p.set_defaults(func=run)
+
+
+def _layerwise_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-layerwise", action="store_true",
+                   help="load each request's stored KV into HBM before its compute (no layerwise overlap)")
+    p.add_argument("--pe-free-hbm", type=float, default=0.0, metavar="GB",
+                   help="without layerwise: HBM per prefill GPU for its batch's whole KV (0 = 90%% of HBM less "
+                        "its weights and 4 GB); also with --ablation")
 
 
 def _efficiency_args(p: argparse.ArgumentParser) -> None:
@@ -129,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
         return _fit_efficiency()
     if args.ablation:
         from dualpath.sim.ablation import main as ablation
-        ablation(quick=args.quick)
+        ablation(quick=args.quick, pe_free_hbm_gb=args.pe_free_hbm)
         return 0
     return _simulate(args)
 
@@ -147,7 +154,7 @@ def _simulate(args: argparse.Namespace) -> int:
                 duration_s=args.duration if args.aps > 0 else 0.0, assign=args.assign, read_near_tie=args.read_near_tie,
                 pull_s=args.pull, quota_s=args.quota, attn_balance=args.attn_balance, think_s=args.think,
                 tool_calls=args.tool_calls,
-                layerwise=not args.no_layerwise, model_traffic=args.model_traffic, pe_ep_nodes=args.pe_ep_nodes,
+                layerwise=not args.no_layerwise, pe_free_hbm_gb=args.pe_free_hbm, model_traffic=args.model_traffic, pe_ep_nodes=args.pe_ep_nodes,
                 de_ep_nodes=args.de_ep_nodes, attn_tp=args.attn_tp, window_s=args.window,
                 prefill_eff=args.prefill_eff, decode_eff=args.decode_eff,
                 steady_lag_s=args.steady_lag, progress=not args.no_progress)

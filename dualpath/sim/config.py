@@ -41,6 +41,9 @@ class SimConfig:
     assign: str = "policy"  # policy (Algorithm 1 + DE levels) | rr (round-robin)
     read_near_tie: float = NEAR_TIE  # dualpath: read queues within this fraction of the longer one tie (PendingReads)
     layerwise: bool = True  # load hit KV layer by layer under the compute (False: before it)
+    # without layerwise: HBM (GB) a prefill GPU has for its batch's whole KV; 0 = the physical figure
+    # (SimModel.prefill_free_bytes: 90% of HBM less its weights and 4 GB)
+    pe_free_hbm_gb: float = 0.0
     pull_s: float = 0.05  # engine groups pull every pull_s
     quota_s: float = 0.3  # intra-PE compute quota (attention time per forward)
     attn_balance: float = 0.0  # > 0: a step unit's batches cut to keep attention max/avg within this
@@ -111,6 +114,8 @@ class SimConfig:
         if self.host_corun_prefill < 1 or self.host_corun_decode < 1:
             raise ValueError(f"host_corun_prefill and host_corun_decode must be >= 1, got "
                              f"{self.host_corun_prefill}, {self.host_corun_decode}")
+        if self.pe_free_hbm_gb < 0:
+            raise ValueError(f"pe_free_hbm_gb must be >= 0, got {self.pe_free_hbm_gb}")
         if self.kv_cpu_s_per_byte < 0:
             raise ValueError(f"kv_cpu_s_per_byte must be >= 0, got {self.kv_cpu_s_per_byte}")
 

@@ -54,6 +54,8 @@ class Simulation:
         self.sched.reads.near_tie = cfg.read_near_tie  # the dispatcher's constructor is at its 6 parameters
         self.prefill = Prefill(self.model, cfg.quota_s, cfg.chunk_align, self.oracle, self.whole_first,
                                cfg.model_traffic, cfg.attn_balance)
+        if self.whole_first and cfg.pe_free_hbm_gb > 0:  # the constructor is at its 7 parameters
+            self.prefill.hbm.tokens = self.model.prefill_kv_tokens(cfg.pe_free_hbm_gb * 1e9)
         self.heap: list[tuple[float, int, Handler, Any]] = []
         self.think_s = cfg.think_s
         self.pull_s = cfg.pull_s

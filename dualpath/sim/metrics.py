@@ -45,6 +45,10 @@ class SimResult:
     # ("mean_attn_s"); the share of step time a GPU waits on the slowest one's attention
     # ("wait_share"); attention summed over the run per GPU, max/avg ("run_ratio")
     attn_balance: dict[str, float] = field(default_factory=dict)
+    # without layerwise prefill (prefill.HbmCap): the KV a prefill GPU's HBM holds ("tokens", "gb"), the
+    # step units' steps, those where it cut some GPU's batch ("cut_steps", "cut_share"), the per-GPU
+    # "batches" and "cut_batches", and "over": batches of one request that alone exceeds it; {} with layerwise
+    hbm_cap: dict[str, float] = field(default_factory=dict)
     windows: list = field(default_factory=list)  # online: (end s, TTFT s, TPOT s) per judged window
     events: int = 0
     wall_s: float = 0.0
@@ -98,6 +102,7 @@ def collect(sim, span: float, wall: float) -> SimResult:
         snic_max_over_avg=_max_over_avg(reads) if sim.cfg.mode != LoadMode.ORACLE else float("nan"),
         attn_max_over_avg=attn, attn_balance={**balance, "run_ratio": _run_ratio(c),
                                                       "quota_tokens": _quota_tokens(sim)}, pe_busy=_mean([u.busy_s / span for u in c.units]) if span > 0 else 0.0,
+        hbm_cap=sim.prefill.hbm.figures(sim.model.kv_bytes),
         pe_compute=_mean([u.compute_s / span for u in c.units]) if span > 0 else 0.0,
         de_batch=_mean([e.decode.batch_s / span for e in c.des]) if span > 0 else 0.0,
         de_busy=_mean([e.decode.busy_s / span for e in c.des]) if span > 0 else 0.0, link_util=_link_util(c, span), lanes=_lanes(c),

@@ -101,6 +101,7 @@ class SimModel:
     decode_comm_bytes: float  # CNIC bytes per decoded token (each direction)
     comm_latency_s: float  # fixed part of one step's collectives
     capacity_tokens: int = 0  # KV tokens a decode engine holds, when known (a mesh's blocks)
+    pe_weight_bytes: float = 0.0  # on one prefill engine (its EP domain splits the routed experts)
 
     def kv_capacity_tokens(self) -> int:
         """KV tokens one decode engine can hold (90% of HBM minus weights and 4 GB)."""
@@ -110,6 +111,19 @@ class SimModel:
         if free <= 0:
             raise ValueError(f"{self.name}: weights do not fit in HBM")
         return int(free // self.kv_bytes)
+
+    def prefill_free_bytes(self) -> float:
+        """HBM one prefill engine has for KV: the decode rule (90% of HBM less weights and 4 GB of
+        activations and workspace), its own weights; 0 when the weights do not fit; inf when HBM is unknown."""
+        if self.hbm_bytes <= 0:
+            return float("inf")
+        free = self.hbm_bytes * 0.9 - self.pe_weight_bytes - 4e9
+        return free if free > 0 else 0.0
+
+    def prefill_kv_tokens(self, free_bytes: float = 0.0) -> float:
+        """KV tokens (all layers) one prefill engine holds in `free_bytes` (0: prefill_free_bytes())."""
+        free = free_bytes if free_bytes > 0 else self.prefill_free_bytes()
+        return float(free // self.kv_bytes) if free != float("inf") else free
 
     def decode_compute_s(self, batch: int, ctx_sum: float, capped_sum: float) -> float:
         """One decode step's compute for `ctx_sum` context tokens (`capped_sum`: each capped at top-k)."""
@@ -156,9 +170,7 @@ def build_model(name: str, hw: Hardware, pe: Layout | None = None, de: Layout | 
     index = arch.index_bytes_per_token(1)
     linear = arch.prefill_flops_per_token()
     routed_active = p.routed_experts * arch.experts_per_token / arch.n_routed_experts if arch.is_moe else 0
-    ep_gpus = de.ep_nodes * de.gpus
-    ep = max(1, min(ep_gpus, arch.n_routed_experts)) if arch.is_moe else 1
-    weights = (p.total - p.routed_experts) * wb + p.routed_experts * wb / ep
+    weights = _engine_weights(arch, p, wb, de)
     L = arch.num_layers
     if arch.is_mla:  # absorbed form over the latent (FlashMLA's FLOP count): d_k = latent + rope, d_v = latent
         mla_pair = 2.0 * arch.num_heads * (2 * arch.kv_lora_rank + arch.qk_rope_head_dim) * L
@@ -175,7 +187,7 @@ def build_model(name: str, hw: Hardware, pe: Layout | None = None, de: Layout | 
         pooled_fraction=min(2.0 * routed_active / linear, 1.0) if linear else 0.0,
         attention=_attention_model(arch, r, fp),
         prefill_comm_bytes=cnic_bytes_per_token(arch, pe, prefill=True),
-        weight_bytes=weights, hbm_bytes=hw.hbm_gb * G,
+        weight_bytes=weights, hbm_bytes=hw.hbm_gb * G, pe_weight_bytes=_engine_weights(arch, p, wb, pe),
         d_overhead_s=r.decode_overhead_s, d_gemm_s_per_token=linear / (r.gemm_decode * T * fd),
         d_weights_s=weights / (r.weight_read * G * fd),
         d_att_s_per_capped=mla_pair / (decode_att_rate * fd) if sparse else 0.0,
@@ -184,6 +196,12 @@ def build_model(name: str, hw: Hardware, pe: Layout | None = None, de: Layout | 
         d_kv_s_per_ctx=index / (kv_bw * fd) if sparse else main / (kv_bw * fd),
         decode_comm_bytes=cnic_bytes_per_token(arch, de, prefill=False),
         comm_latency_s=2 * arch.num_moe_layers * r.ep_latency_s if de.ep_nodes > 1 else 0.0)
+
+
+def _engine_weights(arch, p, wb: float, lay: Layout) -> float:
+    """Weight bytes on one GPU of `lay`: the routed experts split over its EP domain's GPUs, the rest whole."""
+    ep = max(1, min(lay.ep_nodes * lay.gpus, arch.n_routed_experts)) if arch.is_moe else 1
+    return (p.total - p.routed_experts) * wb + p.routed_experts * wb / ep
 
 
 def _attention_model(arch, r: Rates, f: float = 1.0) -> AttentionModel:

@@ -1,7 +1,7 @@
 """Prefill forward steps of a step unit, planned by the policy's intra-PE batcher.
 
 A step lasts the longer of its compute and its EP all-to-all, but never less than the
-layerwise load of its hit KV (`whole_first`: load, then compute).
+layerwise load of its hit KV (`whole_first`: load, then compute, the batch's whole KV in HBM).
 """
 from __future__ import annotations
 
@@ -94,6 +94,10 @@ def stage_end(now: float, table: dict[ReadPath, StageLinks], r: Req, kvb: float,
     return end
 
 
+Planned = tuple[Engine, list[Req], list[PlannedChunk], float]  # engine, ready, its chunks, their attention s
+INF = float("inf")
+
+
 class Prefill:
     """Plans and times the forward steps of every step unit."""
 
@@ -107,35 +111,22 @@ class Prefill:
         self.whole_first = whole_first
         self.comm = model.prefill_comm_bytes * traffic  # CNIC bytes per prefilled token
         self.attn = AttnBalance()
+        # whole_first: a batch's whole KV (cached + new tokens, all layers) sits in HBM through its forward
+        self.hbm = HbmCap(model.prefill_kv_tokens() if whole_first else INF)
 
     def plan(self, unit: StepUnit, now: float) -> float:
         """Fill unit.batch; returns the step duration (0 when nothing is ready)."""
-        m, att, comm = self.m, self.m.attention, self.comm
-        planned: list[tuple[Engine, list[Req], list[PlannedChunk], float]] = []
-        busy = False
-        for e in unit.engines:
-            ready = [r for r in e.queue if r.ready]
-            if not ready:
-                planned.append((e, ready, [], 0.0))
-                continue
-            chunks = plan_batch(self._work(ready), att, self.quota, self.align)
-            planned.append((e, ready, chunks, att.batch_time((c.cached, c.bsz) for c in chunks)))
-            busy = True
-        if not busy:
+        planned = self._planned(unit)
+        if not planned:
             if unit.lanes:
                 _lanes(unit.engines, now, None, 1.0)
                 unit.lanes = False
             return 0.0
-        if self.balance and len(planned) > 1:
-            cap = balanced_quota((a for _, _, _, a in planned), self.balance)
-            for i, (e, ready, chunks, a) in enumerate(planned):
-                if a > cap:  # cut to the unit's balanced budget: the rest waits for the next step
-                    chunks = plan_batch(self._work(ready), att, cap, self.align)
-                    planned[i] = (e, ready, chunks, att.batch_time((c.cached, c.bsz) for c in chunks))
+        m = self.m
         batch: list[tuple[Engine, list[Req], list[PlannedChunk]]] = []
         sent: list[tuple[Engine, float]] = []
         worst = pooled = attn_max = attn_sum = 0.0
-        every_cut = True  # the quota cut every GPU's batch (each had more ready work than it)
+        every_cut = True  # the quota (or HBM) cut every GPU's batch (each had more ready work than it)
         load_end = now
         for e, ready, chunks, attn in planned:
             if not chunks:
@@ -143,8 +134,8 @@ class Prefill:
                 continue
             tokens = sum(c.bsz for c in chunks)
             lin = tokens * m.linear_s_per_token
-            if comm:
-                sent.append((e, tokens * comm))
+            if self.comm:
+                sent.append((e, tokens * self.comm))
             pooled += lin * m.pooled_fraction
             own = attn + lin * (1.0 - m.pooled_fraction)
             worst = own if own > worst else worst
@@ -172,9 +163,87 @@ class Prefill:
         unit.batch = batch
         return step
 
+    def _planned(self, unit: StepUnit) -> list[Planned]:
+        """Each engine's batch under the quota, the unit's balanced budget and HBM; [] when none is ready."""
+        att = self.m.attention
+        planned: list[Planned] = []
+        busy = False
+        for e in unit.engines:
+            ready = [r for r in e.queue if r.ready]
+            if not ready:
+                planned.append((e, ready, [], 0.0))
+                continue
+            chunks = plan_batch(self._work(ready), att, self.quota, self.align)
+            planned.append((e, ready, chunks, att.batch_time((c.cached, c.bsz) for c in chunks)))
+            busy = True
+        if not busy:
+            return []
+        if self.balance and len(planned) > 1:
+            cap = balanced_quota((a for _, _, _, a in planned), self.balance)
+            for i, (e, ready, chunks, a) in enumerate(planned):
+                if a > cap:  # cut to the unit's balanced budget: the rest waits for the next step
+                    chunks = plan_batch(self._work(ready), att, cap, self.align)
+                    planned[i] = (e, ready, chunks, att.batch_time((c.cached, c.bsz) for c in chunks))
+        if self.hbm.tokens != INF:
+            self._fit_hbm(planned)
+        return planned
+
+    def _fit_hbm(self, planned: list[Planned]) -> None:
+        """Cut each engine's batch to the KV its HBM holds (the rest waits for the next step), and count."""
+        att, cut = self.m.attention, False
+        for i, (e, ready, chunks, a) in enumerate(planned):
+            if not chunks:
+                continue
+            kept, over = fit_hbm(chunks, self.hbm.tokens, self.align)
+            self.hbm.batches += 1
+            self.hbm.over += 1 if over else 0
+            if len(kept) < len(chunks) or kept[-1].bsz < chunks[len(kept) - 1].bsz:
+                cut = True
+                self.hbm.cut_batches += 1
+                planned[i] = (e, ready, kept, att.batch_time((c.cached, c.bsz) for c in kept))
+        self.hbm.steps += 1
+        self.hbm.cut_steps += 1 if cut else 0
+
     @staticmethod
     def _work(ready: list[Req]) -> Iterator[ReadyPrefill]:
         return (ReadyPrefill(r.rid, r.hit + r.done, r.miss - r.done) for r in ready)
+
+
+def fit_hbm(chunks: list[PlannedChunk], cap: float, align: int) -> tuple[list[PlannedChunk], bool]:
+    """The chunks whose KV (cached + new tokens each) fits `cap` tokens: a prefix, its last chunk's new
+    tokens cut to a multiple of `align` where some fit; a first chunk that alone exceeds the cap runs whole.
+    Returns (kept, whether the kept batch is one chunk over the cap)."""
+    used = 0
+    for i, c in enumerate(chunks):
+        need = c.cached + c.bsz
+        if used + need <= cap:
+            used += need
+            continue
+        room = int((cap - used - c.cached) // align * align)
+        if room > 0:
+            return chunks[:i] + [PlannedChunk(c.rid, c.cached, room)], False
+        return (chunks[:i], False) if i else (chunks[:1], True)
+    return chunks, False
+
+
+class HbmCap:
+    """Without layerwise prefill: the KV tokens a prefill GPU's HBM holds, and the steps and batches it cut."""
+
+    __slots__ = ("tokens", "steps", "cut_steps", "batches", "cut_batches", "over")
+
+    def __init__(self, tokens: float) -> None:
+        self.tokens = tokens  # inf: no cap (layerwise, or HBM unknown)
+        self.steps = self.cut_steps = 0  # step units' steps, and those where it cut some GPU's batch
+        self.batches = self.cut_batches = 0  # per GPU
+        self.over = 0  # batches of one chunk that alone exceeds the cap (run anyway)
+
+    def figures(self, kv_bytes: float) -> dict[str, float]:
+        if self.tokens == INF:
+            return {}
+        n, b = self.steps, self.batches
+        return {"tokens": self.tokens, "gb": self.tokens * kv_bytes / 1e9, "steps": n, "cut_steps": self.cut_steps,
+                "cut_share": self.cut_steps / n if n else 0.0, "batches": b, "cut_batches": self.cut_batches,
+                "over": self.over}
 
 
 class AttnBalance:

@@ -1,6 +1,7 @@
 """Why a reproduced figure differs from the published one, with the arithmetic from the runs' figures."""
 from __future__ import annotations
 
+from dualpath.sim import ablation
 from dualpath.sim.config import SimConfig
 from dualpath.sim.hardware import load_hardware
 from dualpath.sim.metrics import SimResult
@@ -140,16 +141,45 @@ def capacity(got: dict, pub: float) -> str:
             f"is known to ~10-20%, and the ratio to ~25%); published {pub}x")
 
 
-def ablation_reason(row: tuple, table: list) -> tuple:
+def ablation_reason(row: tuple, table: list, basic: SimResult, cfg: SimConfig) -> tuple:
+    """Row F's reason: the HBM cap on Basic's prefill batches, and the free HBM that would close the row."""
     exp, metric, pub_text, sim, pub, _ = row
     steps = ", ".join(f"{name} {jct:.0f} s" for name, jct, _, _ in table)
-    why = (f"JCTs: {steps}. Without layerwise prefill a step waits for its batch's stored KV to reach HBM "
-           f"before computing; here that adds the load to each step, which costs JCT only where the prefill "
-           f"GPUs bind, and Basic is storage-bound (row A), so layerwise prefill gains little. The input we do "
-           f"not know is how the paper's engine without it holds KV: if each request's whole stored prompt must "
-           f"sit in HBM through its prefill, HBM caps the batch, which this model does not; no value of an "
-           f"input it has closes the row")
+    why = f"JCTs: {steps}. " + hbm_cap(basic, cfg)
+    _, _, change, published = table[1]
+    if abs(change / published - 1) > 0.15:
+        pts = ", ".join(f"{gb:g} GB {(ablation.SWEEP_LAYERWISE_S / jct - 1) * 100:+.1f}%"
+                        for gb, jct in ablation.HBM_SWEEP)
+        why += (f". The input we do not know is the HBM the paper's prefill engine leaves for KV beside its "
+                f"weights, activations and EP buffers (here the decode engine's rule, a 4 GB reserve): at about "
+                f"{ablation.CLOSING_PE_FREE_HBM_GB:g} GB per GPU (~{ablation.CLOSING_PE_FREE_HBM_GB * 1e9 / _kvb(basic):,.0f}"
+                f" tokens) the row reaches {published:+.2f}% (full-scale runs of Basic "
+                f"against + layerwise: {pts}; the last is one request a batch, the floor)")
     return exp, metric, pub_text, sim, pub, why
+
+
+def _kvb(r: SimResult) -> float:
+    c = r.hbm_cap
+    return c["gb"] * 1e9 / c["tokens"] if c.get("tokens") else float("nan")
+
+
+def hbm_cap(r: SimResult, cfg: SimConfig) -> str:
+    """What the HBM cap did to a run without layerwise prefill (its batches' whole KV in HBM)."""
+    c = r.hbm_cap
+    if not c:
+        return "this run prefills layerwise: HBM caps no batch"
+    hbm = load_hardware(cfg.hardware).hbm_gb
+    snic = r.link_util["p.snic_r"]["mean"]
+    bound = "and Basic is storage-bound (row A)" if snic >= 0.9 else "as in Basic here, its storage now less busy"
+    source = (f"set to {cfg.pe_free_hbm_gb:g} GB" if cfg.pe_free_hbm_gb else
+              f"90% of its {hbm:g} GB less its weights ({0.9 * hbm - 4 - c['gb']:.1f} GB, the routed experts "
+              f"split over its EP domain) and 4 GB")
+    return (f"Without layerwise prefill each request of a prefill batch holds its whole KV (cached + new "
+            f"tokens, all layers) in HBM through its forward, so a prefill GPU's free HBM caps its batch: "
+            f"{source}, {c['gb']:.1f} GB = {c['tokens']:,.0f} tokens. In Basic it cut {c['cut_share']:.1%} of "
+            f"{c['steps']:,.0f} steps ({c['cut_batches']:,.0f} of {c['batches']:,.0f} GPU batches; "
+            f"{c['over']:,.0f} were one request alone over it); the load before compute costs JCT only where "
+            f"the prefill GPUs bind, {bound} (PE SNICs {snic:.0%} busy)")
 
 
 def busy_shares(r: SimResult) -> list[tuple[str, float]]:

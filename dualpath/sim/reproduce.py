@@ -140,7 +140,9 @@ def main(quick: bool = False, full: bool = False, json_path: str | None = None, 
     table = ablation.main(quick, run=lambda cfg: _run(cfg, log))
     for name, _, change, pub in table[1:]:
         rows.append(("F", f"ablation {name}: JCT change", f"{pub:+.2f}%", change, pub, ""))
-    rows = [reasons.ablation_reason(r, table) if r[0] == "F" else r for r in rows]
+    basic_cfg = ablation.configs(ablation.base_config(quick))[0][1]
+    basic = _run(basic_cfg, log)  # run above, kept in _DONE
+    rows = [reasons.ablation_reason(r, table, basic, basic_cfg) if r[0] == "F" else r for r in rows]
 
     print()
     print("\n".join(regime))

@@ -13,7 +13,7 @@ import msgspec
 from opentelemetry import trace
 
 from services.prefill_engine import memory
-from services.prefill_engine.batching import Chunk, attention_model, forward, one_forward, pick
+from services.prefill_engine.batching import Chunk, attention_model, forward, layerwise_pushes, one_forward, pick
 from services.prefill_engine.config import PrefillEngineConfig
 from services.prefill_engine.fetch import Fetcher
 from services.prefill_engine.handoff import Handoff
@@ -224,11 +224,12 @@ class PrefillEngineService(EngineService):
         step_span = tracer.start_span("prefill_batch", links=[trace.Link(sp.get_span_context()) for sp in spans],
                                       attributes={"engine": self.engine, "batch_size": len(batch),
                                                   "tokens": sum(c.bsz for c in batch)})
-        pushes = [c.req for c in batch if c.cached + c.bsz >= len(c.req.prompt) and c.req.work.plan.push]
+        expect_s = sum(c.bsz for c in batch) * self.s_per_token
+        pushes = layerwise_pushes(batch, expect_s, self.cfg.layerwise_push_min_s)
         for c in batch:
             self.move(c.req, P.COMPUTING, f"in a forward of {len(batch)}")
         for r in pushes:  # each layer goes to the DE as soon as it is computed (in about `expect_s`)
-            self.handoff.start_push(r, expect_s=sum(c.bsz for c in batch) * self.s_per_token)
+            self.handoff.start_push(r, expect_s=expect_s)
         loop = asyncio.get_running_loop()
         computed = (lambda layer: loop.call_soon_threadsafe(self._computed, pushes, layer)) if pushes else None
         alive = self.spawn(self.handoff.keepalive(pushes), name="keepalive")  # until the forward ends

@@ -47,6 +47,15 @@ def pick(queue: list[PrefillRequest], allocate: Callable[[PrefillRequest], bool]
     return [Chunk(ready[c.rid], c.cached, c.bsz) for c in chunks]
 
 
+def layerwise_pushes(batch: list[Chunk], expect_s: float, min_s: float) -> list[PrefillRequest]:
+    """The batch's finishing prompts whose KV goes to their DE layer by layer while it computes: every one
+    when the forward is expected to take `min_s` or more, else only those whose hits live in a window (its
+    ring's layers are reused); the others push whole after their first token, which a short forward on
+    shared cores computes sooner without the per-layer messages beside it."""
+    return [c.req for c in batch if c.cached + c.bsz >= len(c.req.prompt) and c.req.work.plan.push
+            and (expect_s >= min_s or c.req.window is not None)]
+
+
 def written_blocks(batch: list[Chunk], block_size: int) -> list[int]:
     return sorted({b for c in batch for b in c.req.blocks[c.cached // block_size:-(-(c.cached + c.bsz) // block_size)]})
 

@@ -45,12 +45,7 @@ class Handoff:
         if work is None or not work.plan.push or req.push is not None:
             return
         req.de_held = work.de_engine  # the push may reserve slots there
-        w = req.window
-        adopt = req.adopt if not req.de_slots else ""  # copied from the DE's buffer: adopted there, not sent
-        msg = PushKV(req.req_id, req.blocks, work.de_engine, len(req.prompt), dst_slots=req.de_slots,
-                     skip=req.de_hits, layerwise=True,
-                     window=KVWindow(w.hits, list(w.ring), w.layers, w.used) if w else None,
-                     adopt=adopt, adopt_block_keys=work.block_keys[:req.adopt_blocks] if adopt else [])
+        msg = push_msg(req, layerwise=True)
         req.push = self.spawn(self._push(req, msg, 2 * (self.timeout_s + expect_s)), name=f"push-{req.req_id}")
 
     async def keepalive(self, reqs: list[PrefillRequest]) -> None:
@@ -161,10 +156,8 @@ class Handoff:
             if pushed.ok and req.computed_at and self.pm is not None:
                 self.pm.tail.observe(time.perf_counter() - req.computed_at)
         else:
-            pushed = await self.bus.request(
-                self.subjects.at(EP.TM_PUSH, engine=self.engine),
-                PushKV(req.req_id, req.blocks, work.de_engine, len(req.prompt), dst_slots=req.de_slots,
-                       skip=req.de_hits), timeout=self.timeout_s)
+            pushed = await self.bus.request(self.subjects.at(EP.TM_PUSH, engine=self.engine),
+                                            push_msg(req, layerwise=False), timeout=self.timeout_s, ctx=req.ctx)
         if not pushed.ok:
             raise BusError("push", pushed.error, pushed.code)
         if _cancelled(req):
@@ -176,6 +169,16 @@ class Handoff:
                                      timeout=self.timeout_s, abort=req.left())  # a DE killed meanwhile never replies
         if not ack.ok:
             raise BusError("admit", ack.error, ack.code)
+
+
+def push_msg(req: PrefillRequest, layerwise: bool) -> PushKV:
+    """The request's push: its blocks to its DE (a hit window's ring, a DE-buffer prefetch adopted there)."""
+    work, w = req.work, req.window
+    adopt = req.adopt if not req.de_slots else ""  # copied from the DE's buffer: adopted there, not sent
+    return PushKV(req.req_id, req.blocks, work.de_engine, len(req.prompt), dst_slots=req.de_slots,
+                  skip=req.de_hits, layerwise=layerwise,
+                  window=KVWindow(w.hits, list(w.ring), w.layers, w.used) if w else None,
+                  adopt=adopt, adopt_block_keys=work.block_keys[:req.adopt_blocks] if adopt else [])
 
 
 def _cancelled(req: PrefillRequest) -> bool:

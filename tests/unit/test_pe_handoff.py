@@ -13,6 +13,7 @@ import pytest
 from opentelemetry import context as otel_context
 
 from services.prefill_engine import handoff as handoff_mod
+from services.prefill_engine.batching import Chunk, layerwise_pushes
 from services.prefill_engine.config import PrefillEngineConfig
 from services.prefill_engine.handoff import Handoff
 from services.prefill_engine.life import PeState
@@ -207,6 +208,32 @@ def test_the_layerwise_push_names_the_blocks_the_de_and_the_window(case):
                                adopt="pf-1" if adopt else "", adopt_block_keys=KEYS[:2] if adopt else [])
         assert req.pushed == PushDone(slots=[0, 4096])
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("case", ["window", "adopt"])
+def test_a_push_after_the_first_token_carries_the_window_and_adoption_the_layerwise_one_would(case):
+    async def go():
+        bus = HBus()
+        window = HitWindow(2, (20, 21), 2, 4, used=1) if case == "window" else None
+        req = request(hit_tokens=2 * BS, window=window, adopt="pf-1", adopt_blocks=2,
+                      loads=PlanLoads(hits=2, stored=4))
+        assert await outcomes(handoff(bus), req) == [Free(req)]
+        push = bus.asked[0]
+        assert (push.subject, push.ctx) == (at("TM_PUSH", "pe"), CTX)
+        assert push.msg == PushKV("r1", req.blocks, "de0", len(PROMPT), layerwise=False,
+                                  window=KVWindow(2, [20, 21], 2, 1) if window else None,
+                                  adopt="pf-1", adopt_block_keys=KEYS[:2])
+    asyncio.run(go())
+
+
+def test_only_a_forward_expected_long_enough_pushes_layer_by_layer_but_a_windowed_prompt_always_does():
+    done, windowed, partial, kept = (request(), request(window=HitWindow(2, (20, 21), 2, 4)), request(),
+                                     request(plan=KvPlan(push=False)))
+    batch = [Chunk(done, 0, len(PROMPT)), Chunk(windowed, 0, len(PROMPT)), Chunk(partial, 0, len(PROMPT) - 1),
+             Chunk(kept, 0, len(PROMPT))]
+    assert layerwise_pushes(batch, 0.03, 0.02) == [done, windowed]  # a finishing prompt that pushes
+    assert layerwise_pushes(batch, 0.01, 0.02) == [windowed]  # short: whole after the first token
+    assert layerwise_pushes(batch, 0.0, 0.0) == [done, windowed]  # 0: always layerwise
 
 
 @pytest.mark.parametrize("req", [

@@ -1,12 +1,19 @@
-"""The SGLang + Mooncake-style baseline, prefill without layerwise loading, and the ablation command."""
+"""The SGLang + Mooncake-style baseline, prefill without layerwise loading (its HBM cap), and the ablation command."""
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
 from dualpath.cli import main
-from dualpath.sim import ablation
+from dualpath.sim import ablation, reasons
+from dualpath.sim.cluster import Req
+from dualpath.sim.collectives import Layout
 from dualpath.sim.config import SimConfig
 from dualpath.sim.engine import Simulation, run_sim
+from dualpath.sim.hardware import HARDWARE
+from dualpath.sim.models import build_model
+from dualpath.sim.prefill import fit_hbm
+from shared.sched.policy import PlannedChunk
 
 pytestmark = pytest.mark.unit
 # on the kernels' own rates (efficiency 1): storage weighs most at this small size
@@ -51,3 +58,75 @@ def test_the_cli_runs_an_sglang_mode(capsys):
                "--scale", "0.2", "--modes", "sglang,dualpath", "--no-progress"])
     out = capsys.readouterr().out
     assert rc == 0 and "sglang" in out and "TTST p50" in out and "CNIC lanes" in out
+
+
+# --- without layerwise prefill, a batch's whole KV sits in HBM: the prefill GPU's free HBM caps it ---
+KVB = build_model("ds-v3.2-660b", HARDWARE["h800"]).kv_bytes  # bytes per KV token, all layers
+
+
+def _planned(cfg: SimConfig, sizes: list[tuple[int, int]]) -> tuple[Simulation, list]:
+    """One forward step of the first step unit with requests of (hit, new) tokens ready on its first GPU."""
+    sim = Simulation(cfg)
+    unit = sim.c.units[0]
+    e = unit.engines[0]
+    for i, (hit, new) in enumerate(sizes):
+        r = Req(i, 0, hit + new, hit, 1, 0.0)
+        r.pe, r.de, r.pe_hit, r.ready = e, sim.c.des[0], hit, True
+        e.queue.append(r)
+    assert sim.prefill.plan(unit, 0.0) > 0
+    _, reqs, chunks = unit.batch[0]
+    return sim, [(c.rid, c.cached, c.bsz) for c in chunks]
+
+
+def _cap(gb: float, layerwise: bool = False) -> SimConfig:
+    return replace(SMALL, mode="basic", layerwise=layerwise, pe_free_hbm_gb=gb)
+
+
+def test_the_hbm_cap_cuts_a_batch_whose_kv_exceeds_it_and_not_one_under_it():
+    three = [(10_000, 64)] * 3  # 30,192 KV tokens
+    sim, chunks = _planned(_cap(25_000 * KVB / 1e9), three)
+    assert chunks == [(0, 10_000, 64), (1, 10_000, 64)]  # the third waits for the next step
+    assert (sim.prefill.hbm.steps, sim.prefill.hbm.cut_steps, sim.prefill.hbm.over) == (1, 1, 0)
+    sim, chunks = _planned(_cap(31_000 * KVB / 1e9), three)
+    assert [c[0] for c in chunks] == [0, 1, 2] and sim.prefill.hbm.cut_steps == 0
+
+
+def test_the_hbm_cap_cuts_a_request_that_only_partly_fits_to_aligned_new_tokens():
+    assert fit_hbm([PlannedChunk(1, 10_000, 64), PlannedChunk(2, 5_000, 3_000)], 16_000, 64) == (
+        [PlannedChunk(1, 10_000, 64), PlannedChunk(2, 5_000, 896)], False)  # 16,000 - 10,064 - 5,000 = 936
+    assert fit_hbm([PlannedChunk(1, 10_000, 64)], 10_064, 64) == ([PlannedChunk(1, 10_000, 64)], False)
+
+
+def test_a_request_bigger_than_the_hbm_cap_still_runs_alone():
+    sim, chunks = _planned(_cap(20_000 * KVB / 1e9), [(30_000, 64), (1_000, 64)])
+    assert chunks == [(0, 30_000, 64)]
+    assert sim.prefill.hbm.over == 1 and sim.prefill.hbm.cut_steps == 1
+
+
+def test_layerwise_prefill_is_never_cut_by_hbm():
+    sim, chunks = _planned(_cap(1_000 * KVB / 1e9, layerwise=True), [(30_000, 64)] * 3)
+    assert [c[0] for c in chunks] == [0, 1, 2]
+    assert sim.prefill.hbm.steps == 0 and sim.prefill.hbm.figures(KVB) == {}
+
+
+def test_the_prefill_engines_free_hbm_comes_from_its_own_ep_domain():
+    hw = HARDWARE["h800"]
+    m = build_model("ds-v3.2-660b", hw, Layout(2, 8), Layout(4, 8))  # the paper's 2P4D: EP16 and EP32
+    assert m.pe_weight_bytes > m.weight_bytes  # routed experts over 16 GPUs, not 32
+    assert m.prefill_free_bytes() == pytest.approx(0.9 * 80e9 - m.pe_weight_bytes - 4e9)
+    assert 150_000 < m.prefill_kv_tokens() < 300_000 and m.prefill_kv_tokens(1e9) == 1e9 // m.kv_bytes
+    assert build_model("ds-v3.2-660b", hw, Layout(1, 8)).prefill_kv_tokens() == 0  # 660B FP8 over 8 GPUs: no room
+
+
+def test_the_ablation_reason_reports_the_cap_and_the_free_hbm_that_closes_the_row():
+    cap = dict(tokens=213_336.0, gb=9.16, steps=22_855.0, cut_steps=228.0, cut_share=0.01, batches=200_000.0,
+               cut_batches=300.0, over=0.0)
+    basic = SimpleNamespace(hbm_cap=cap, link_util={"p.snic_r": {"mean": 0.93}})
+    table = ablation.rows([5130.0, 5116.0, 2930.0, 2592.0])
+    row = ("F", "ablation + layerwise prefill: JCT change", "-17.21%", table[1][2], -17.21, "")
+    why = reasons.ablation_reason(row, table, basic, SimConfig())[-1]
+    assert "9.2 GB = 213,336 tokens" in why and "1.0% of 22,855 steps" in why and "weights (58.8 GB" in why
+    assert f"about {ablation.CLOSING_PE_FREE_HBM_GB:g} GB per GPU" in why
+    closed = ablation.rows([6179.0, 5116.0, 2930.0, 2592.0])
+    why = reasons.ablation_reason(row, closed, basic, replace(SimConfig(), pe_free_hbm_gb=1.5))[-1]
+    assert "set to 1.5 GB" in why and "we do not know" not in why
