@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dualpath.bench import hints
 from dualpath.bench.metrics import run_name, spread, summary
 from dualpath.bench.report import TERM_NAMES, corun_taken, node_label, probed_corun
 from dualpath.results.common import GLOSSARY, num, table
@@ -31,7 +32,7 @@ def lines(doc: dict) -> list[str]:
         out += online_table(online)
     if doc.get("search"):
         out += capacity(doc["search"])
-    return out
+    return out + hints.markdown(doc)
 
 
 def setup(doc: dict) -> str:

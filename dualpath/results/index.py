@@ -15,6 +15,9 @@ RECIPES = [  # (report, command, how long on 2 cores)
                       f"--scale 0.03 --max-turns 6 --kv-blocks 512 --buffer-mb 1024 "
                       f"--set scheduler.pe-beta-tokens=32768 --offline --repeat 3 --json {OUT}/bench-smollm2.json",
      "~10-18 min"),
+    ("bench-hints", f".venv/bin/dualpath bench --up --model tiny --snic-gbit 0.1 --trace gen:32k --agents 6 "
+                    f"--scale 0.05 --max-turns 6 --offline --tool-calls 0.5 --hints on "
+                    f"--modes {LoadMode.DUALPATH},{LoadMode.ORACLE} --repeat 5 --json {OUT}/bench-hints.json", "~2 min"),
     ("bench-online-tiny", f".venv/bin/dualpath bench --up --model tiny --snic-gbit 0.05 --trace gen:32k --agents 12 "
                           f"--scale 0.2 --max-turns 6 --search-aps --modes {LoadMode.BASIC},{LoadMode.DUALPATH} --slo-ttft 2 "
                           f"--slo-tpot 0.05 --min-turns 120 --min-seconds 60 --aps-start 0.25 "

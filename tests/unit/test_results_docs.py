@@ -109,6 +109,21 @@ def test_the_bench_page_gives_the_probes_slowdowns_alone_and_each_repeats():
            "computed: repeat 0 1.60x / 1.40x, repeat 1 1.62x / 1.50x." in text
 
 
+def test_the_bench_page_gives_the_agent_hints_ratios_of_a_hinted_run():
+    from dualpath.results.bench import lines
+    rows = [{"mode": m, "kind": "offline", "jct_s": 2.0, "repeat": 0, "hit_ratio": 0.9, "hints": h,
+             "hinted_turns": n, "hinted_ttft_p50_s": t, "hinted_ttft_p99_s": t, "unhinted_turns": 6 - n,
+             "unhinted_ttft_p50_s": 0.02, "unhinted_ttft_p99_s": 0.03}
+            for m, h, n, t in (("dualpath", "on", 5, 0.022), ("oracle", "off", 0, None))]
+    doc = {"runs": rows, "summary": summary(rows), "hint_ratios": {"dualpath/on: hinted / oracle TTFT p50": 1.1},
+           "hint_ratios_each": {"dualpath/on: hinted / oracle TTFT p50": [1.0, 1.1, 1.3]}}
+    text = "\n".join(lines(doc))
+    assert "## Agent hints (turns after a tool call)" in text and "| dualpath | on | 0 |" in text
+    assert "- dualpath/on: hinted / oracle TTFT p50: 1.10x (median of 3: 1.00, 1.10, 1.30)" in text
+    plain = [{k: v for k, v in r.items() if "hint" not in k} for r in rows]
+    assert "Agent hints" not in "\n".join(lines({"runs": plain, "summary": summary(plain)}))  # not a hints run
+
+
 def test_the_sim_page_puts_published_beside_simulated_with_the_gap(written):
     text = (written / "sim.md").read_text()
     rep = _section(text, "sim-reproduce-quick")
