@@ -200,7 +200,7 @@ def _capacity_rows(base: SimConfig, lag: float, scale: float, quick: bool, log: 
         caps[name] = got
         ratio = got[DUAL][0] / got[BASIC][0] if got[BASIC][0] else None
         rows.append(("D", f"APS at SLO {name}: {got[DUAL][0]:.2f} vs {got[BASIC][0]:.2f}", f"{pub}x",
-                     ratio, pub, reasons.capacity(got, pub)))
+                     ratio, pub, reasons.capacity(got, pub, model)))
     ratios = [v[DUAL][0] / v[BASIC][0] for v in caps.values() if v[BASIC][0]]
     rows.append(("D", "mean capacity gain (two models here, three published)", "1.96x",
                  sum(ratios) / len(ratios) if ratios else None, 1.96, ""))

@@ -130,3 +130,18 @@ def test_the_ablation_reason_reports_the_cap_and_the_free_hbm_that_closes_the_ro
     closed = ablation.rows([6179.0, 5116.0, 2930.0, 2592.0])
     why = reasons.ablation_reason(row, closed, basic, replace(SimConfig(), pe_free_hbm_gb=1.5))[-1]
     assert "set to 1.5 GB" in why and "we do not know" not in why
+
+
+def _cap_run(snic_p: float, snic_d: float, gpu: float) -> SimpleNamespace:
+    util = {"p.snic_r": {"mean": snic_p}, "d.snic_r": {"mean": snic_d}}
+    return SimpleNamespace(link_util=util, pe_compute=gpu)
+
+
+def test_a_capacity_row_off_by_more_than_15pct_names_what_binds_and_for_ds27b_the_efficiency_that_closes():
+    got = {"basic": (0.54, _cap_run(0.95, 0.0, 0.54)), "dualpath": (1.08, _cap_run(0.96, 0.96, 0.62))}
+    why = reasons.capacity(got, 1.67, "ds-27b")
+    assert "dualpath binds on prefill SNICs (96% busy) and decode SNICs (96%)" in why
+    assert "basic on prefill SNICs (95% busy) and prefill GPUs computing (54%)" in why
+    assert "at about 0.17 of the kernels' rates" in why  # 0.20 * 1.67 * 0.54 / (1.03 / 0.95)
+    assert "binds on" not in reasons.capacity(got, 2.0, "ds-27b")  # within 15%: the search's precision only
+    assert "efficiency" not in reasons.capacity(got, 1.67, "ds-v3.2-660b")
