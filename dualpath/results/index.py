@@ -24,7 +24,7 @@ RECIPES = [  # (report, command, how long on 2 cores)
                           f"--json {OUT}/bench-online-tiny.json", "~25 min"),
     ("sim-2p4d", f".venv/bin/dualpath sim --topology 2P4D --trace gen:64k --agents 200 --offline "
                  f"--modes {SIM_MODES} --json {OUT}/sim-2p4d.json", "~1 min"),
-    ("sim-reproduce", f".venv/bin/dualpath sim --reproduce --no-online --json {OUT}/sim-reproduce.json", "~10 min"),
+    ("sim-reproduce", f".venv/bin/dualpath sim --reproduce --json {OUT}/sim-reproduce.json", "~27 min"),
     ("sim-reproduce-quick", f".venv/bin/dualpath sim --reproduce --quick --no-online "
                             f"--json {OUT}/sim-reproduce-quick.json", "~3 min"),
     ("fleet", f".venv/bin/python -m dualpath.bench.fleet --engines 96 384 1152 --load 0.02 --warmup-s 10 "
