@@ -39,14 +39,17 @@ class Handoff:
         self.pm = pm  # hand-off time, and its tail: from the last layer computed to the last layer landed
 
     # layerwise push ------------------------------------------------------------------------
-    def start_push(self, req: PrefillRequest, expect_s: float = 0.0) -> None:
-        """The final forward is about to start (about `expect_s`): its TM pushes layers as computed."""
+    def start_push(self, req: PrefillRequest, expect_s: float = 0.0, layerwise: bool = True) -> None:
+        """The final forward is about to start (about `expect_s`): its TM pushes layers as computed; or
+        (not `layerwise`) the forward is over and the whole KV goes at once. Either way a task in `req.push`,
+        which a TM restart or a client leaving ends at once."""
         work = req.work
         if work is None or not work.plan.push or req.push is not None:
             return
         req.de_held = work.de_engine  # the push may reserve slots there
-        msg = push_msg(req, layerwise=True)
-        req.push = self.spawn(self._push(req, msg, 2 * (self.timeout_s + expect_s)), name=f"push-{req.req_id}")
+        msg = push_msg(req, layerwise)
+        limit = 2 * (self.timeout_s + expect_s) if layerwise else self.timeout_s  # layerwise: the forward's too
+        req.push = self.spawn(self._push(req, msg, limit), name=f"push-{req.req_id}")
 
     async def keepalive(self, reqs: list[PrefillRequest]) -> None:
         """While their forward runs: keep this engine's TM's waits on it alive (`ForwardAlive`)."""
@@ -149,15 +152,13 @@ class Handoff:
         work = req.work
         if not work.plan.push:
             pushed = PushDone()  # no PD transfer: the DE loads nothing
-        elif req.push is not None:  # sent layer by layer during the forward
+        else:
+            self.start_push(req, layerwise=False)  # a short forward's: the whole KV now (a no-op after layerwise)
             await asyncio.wait([req.push, req.left()], return_when=asyncio.FIRST_COMPLETED)
             await self.abort_push(req)  # its client left: the TM stops it (a no-op once the push is over)
             pushed = req.pushed or PushDone(ok=False, error="the push task failed", code=ErrorCode.INTERNAL)
             if pushed.ok and req.computed_at and self.pm is not None:
                 self.pm.tail.observe(time.perf_counter() - req.computed_at)
-        else:
-            pushed = await self.bus.request(self.subjects.at(EP.TM_PUSH, engine=self.engine),
-                                            push_msg(req, layerwise=False), timeout=self.timeout_s, ctx=req.ctx)
         if not pushed.ok:
             raise BusError("push", pushed.error, pushed.code)
         if _cancelled(req):

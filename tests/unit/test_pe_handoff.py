@@ -436,6 +436,24 @@ def test_a_client_leaving_during_the_layerwise_push_stops_it_and_waits_for_it():
     asyncio.run(go())
 
 
+def test_a_push_after_the_first_token_is_a_task_a_tm_restart_ends_at_once():
+    async def go():
+        never = asyncio.Event()
+
+        async def stuck(msg, abort):  # the old TM took the push and died: no reply would ever come
+            await never.wait()
+        bus, req = HBus(push=stuck), request()
+        task = asyncio.ensure_future(outcomes(handoff(bus), req))
+        while not bus.of(PushKV):
+            await asyncio.sleep(0)
+        assert req.push is not None and not req.push.done() and not bus.of(PushKV)[0].msg.layerwise
+        req.push.cancel()  # what the engine does for a request in transfer when its TM restarts
+        got = await task
+        assert isinstance(got[0], Fail) and got[0].code is ErrorCode.INTERNAL and got[-1] == Free(req)
+        assert not bus.of(DecodeAdmit)
+    asyncio.run(go())
+
+
 # --- the prompt stored from here ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("prompt", "keys", "blocks", "hits", "loads", "saved"), [
