@@ -127,7 +127,9 @@ def test_the_oracles_hits_count_as_engine_memory(mesh):
                              "max_tokens": 8})
     assert r2.status_code == 200, r2.text
     split = _split(r2.json())
-    assert split["engine"] >= 8 * BS  # the scheduler's own index: taken as present, nothing read
+    # the scheduler's own index: taken as present, nothing read; at least p1's own 7 full blocks (479 bytes):
+    # the block after them holds generated tokens, which a decode and re-encode may not give back as they were
+    assert split["engine"] >= 7 * BS
     assert split["buffer"] == split["storage_pe"] == split["storage_de"] == 0
     _counted(probe, before, [split])
 
