@@ -136,13 +136,7 @@ def main(quick: bool = False, full: bool = False, json_path: str | None = None, 
                  big.jct_s / a[DUAL].jct_s, 1.0, ""))
     rows.append(("E", "online 44P88D / 2P4D throughput", "22x", None, 22.0, reasons.NOT_RUN_44P88D))
 
-    print("F. ablation, DS-660B 2P4D, 64K trace")
-    table = ablation.main(quick, run=lambda cfg: _run(cfg, log))
-    for name, _, change, pub in table[1:]:
-        rows.append(("F", f"ablation {name}: JCT change", f"{pub:+.2f}%", change, pub, ""))
-    basic_cfg = ablation.configs(ablation.base_config(quick))[0][1]
-    basic = _run(basic_cfg, log)  # run above, kept in _DONE
-    rows = [reasons.ablation_reason(r, table, basic, basic_cfg) if r[0] == "F" else r for r in rows]
+    _ablation_rows(quick, log, rows)
 
     print()
     print("\n".join(regime))
@@ -177,6 +171,17 @@ def _attention_rows(dual: SimResult, base: SimConfig, quick: bool, log: list, ro
     rows.append(("B", "  its JCT over the paper's batcher (2000 agents)", "(not given)",
                  bal.jct_s / plain.jct_s, None, ""))
     return plain
+
+
+def _ablation_rows(quick: bool, log: list, rows: list) -> None:
+    """F: each technique's JCT change, with the reason from Basic's run (its HBM cap)."""
+    print("F. ablation, DS-660B 2P4D, 64K trace")
+    table = ablation.main(quick, run=lambda cfg: _run(cfg, log))
+    basic_cfg = ablation.configs(ablation.base_config(quick))[0][1]
+    basic = _run(basic_cfg, log)  # run above, kept in _DONE
+    for name, _, change, pub in table[1:]:
+        row = ("F", f"ablation {name}: JCT change", f"{pub:+.2f}%", change, pub, "")
+        rows.append(reasons.ablation_reason(row, table, basic, basic_cfg))
 
 
 def write_json(path: str, rows: list, log: list, conditions: Conditions, about: dict | None = None) -> None:

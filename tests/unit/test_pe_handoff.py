@@ -438,14 +438,14 @@ def test_a_client_leaving_during_the_layerwise_push_stops_it_and_waits_for_it():
 
 def test_a_push_after_the_first_token_is_a_task_a_tm_restart_ends_at_once():
     async def go():
-        never = asyncio.Event()
+        asked, never = asyncio.Event(), asyncio.Event()
 
         async def stuck(msg, abort):  # the old TM took the push and died: no reply would ever come
+            asked.set()
             await never.wait()
         bus, req = HBus(push=stuck), request()
         task = asyncio.ensure_future(outcomes(handoff(bus), req))
-        while not bus.of(PushKV):
-            await asyncio.sleep(0)
+        await asked.wait()
         assert req.push is not None and not req.push.done() and not bus.of(PushKV)[0].msg.layerwise
         req.push.cancel()  # what the engine does for a request in transfer when its TM restarts
         got = await task
